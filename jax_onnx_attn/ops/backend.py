@@ -1,0 +1,40 @@
+"""Backend selection shared by every op: "reference" (pure jax.numpy, any platform), "cuda" (our FFI
+kernels) or "auto" (the CUDA kernels where XLA compiles for a CUDA device, the reference elsewhere).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Literal
+
+import jax
+
+from jax_onnx_attn._extension import build_info, has_cuda
+
+Backend = Literal["auto", "reference", "cuda"]
+BACKENDS: tuple[str, ...] = ("auto", "reference", "cuda")
+
+
+def check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+
+
+def dispatch(op: str, backend: str, reference_fn: Callable, cuda_fn: Callable | None, *args,
+             unsupported: str | None = None):
+    """Call `reference_fn(*args)` or `cuda_fn(*args)`; both must return the same pytree of arrays.
+
+    `cuda_fn=None` (with `unsupported` saying why) means the CUDA kernels do not cover this call:
+    "auto" then uses the reference and "cuda" raises.
+    """
+    check_backend(backend)
+    if backend == "reference":
+        return reference_fn(*args)
+    if cuda_fn is None or not has_cuda():
+        if backend == "cuda":
+            why = unsupported if cuda_fn is None else build_info()["reason"]
+            raise NotImplementedError(f"{op}: backend='cuda' is not available for this call: {why}")
+        return reference_fn(*args)
+    if backend == "cuda":
+        return cuda_fn(*args)
+    # "auto": XLA keeps only the branch of the platform it compiles for.
+    return jax.lax.platform_dependent(*args, cuda=cuda_fn, default=reference_fn)

@@ -1,0 +1,72 @@
+"""Attention math shared by the reference implementations of both operators.
+
+Layout is BHSD everywhere: q [B, Hq, S, D], k [B, Hkv, T, D], v [B, Hkv, T, Dv]. Query head h uses
+KV head h // (Hq // Hkv) (the interleaved mapping of ONNX Attention and GroupQueryAttention), which is
+a reshape of Hq into (Hkv, G): no K/V is repeated. Products accumulate in float32 (float64 for f64).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+
+def accumulation_dtype(dtype) -> jnp.dtype:
+    """f64 stays f64; every other float type accumulates in f32."""
+    return jnp.dtype(jnp.float64) if jnp.dtype(dtype) == jnp.float64 else jnp.dtype(jnp.float32)
+
+
+def _group(q, hkv: int):
+    b, hq, s, d = q.shape
+    if hq % hkv:
+        raise ValueError(f"query heads {hq} are not a multiple of KV heads {hkv}")
+    return q.reshape(b, hkv, hq // hkv, s, d)
+
+
+def logits(q, k, scale, acc_dtype=None):
+    """scale * q @ k^T per head -> [B, Hq, S, T] in the accumulation dtype."""
+    acc = acc_dtype or accumulation_dtype(q.dtype)
+    qg = _group(q, k.shape[1])
+    x = jnp.einsum("bkgsd,bktd->bkgst", qg, k, preferred_element_type=acc,
+                   precision=lax.Precision.HIGHEST)
+    b, hkv, g, s, t = x.shape
+    return (x * jnp.asarray(scale, acc)).reshape(b, hkv * g, s, t)
+
+
+def apply_softcap(x, softcap: float):
+    """softcap * tanh(x / softcap); softcap <= 0 means off."""
+    if softcap is None or softcap <= 0:
+        return x
+    c = jnp.asarray(softcap, x.dtype)
+    return c * jnp.tanh(x / c)
+
+
+def softmax(x, sink=None):
+    """Softmax over the last axis that gives 0 for a row with no finite logit (never NaN).
+
+    `sink` (broadcastable to x[..., :1]) is an extra logit that enters the max and the denominator
+    but has no value row (attention sinks / smooth softmax). Computed in x's dtype.
+    """
+    m = jnp.max(x, axis=-1, keepdims=True)
+    if sink is not None:
+        sink = jnp.asarray(sink, x.dtype)
+        m = jnp.maximum(m, sink)
+    # A row that is all -inf has m = -inf; shifting by 0 instead keeps exp() at 0, not NaN.
+    m = jnp.where(jnp.isfinite(m), m, jnp.zeros_like(m))
+    e = jnp.exp(x - lax.stop_gradient(m))
+    denom = jnp.sum(e, axis=-1, keepdims=True)
+    if sink is not None:
+        denom = denom + jnp.exp(sink - m)
+    safe = jnp.where(denom > 0, denom, jnp.ones_like(denom))
+    return jnp.where(denom > 0, e / safe, jnp.zeros_like(e))
+
+
+def weighted_values(p, v, acc_dtype=None):
+    """p [B, Hq, S, T] @ v [B, Hkv, T, Dv] -> [B, Hq, S, Dv] in the accumulation dtype."""
+    acc = acc_dtype or accumulation_dtype(v.dtype)
+    b, hq, s, t = p.shape
+    hkv = v.shape[1]
+    pg = p.reshape(b, hkv, hq // hkv, s, t)
+    y = jnp.einsum("bkgst,bktd->bkgsd", pg, v, preferred_element_type=acc,
+                   precision=lax.Precision.HIGHEST)
+    return y.reshape(b, hq, s, v.shape[-1])

@@ -1,0 +1,34 @@
+"""Device-side error status, shared by every kernel that can see a bad runtime value.
+
+Ops that write a KV cache return an int32 status per batch row: 0 when everything was written,
+otherwise a bitwise OR of the flags below. The write that caused a flag was skipped (never out of
+bounds). Checking the status is the caller's choice, so the hot path never synchronises.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+OK = 0
+#: The rows to write into the KV cache fall outside [0, capacity): that batch row's write was skipped.
+KV_WRITE_OUT_OF_RANGE = 1
+
+_NAMES = {KV_WRITE_OUT_OF_RANGE: "KV write out of range (write skipped)"}
+
+
+def describe(status) -> list[str]:
+    """Human-readable problems in a status array (host side; this synchronises)."""
+    status = np.asarray(status)
+    problems = []
+    for b, value in enumerate(status.reshape(-1)):
+        for flag, name in _NAMES.items():
+            if int(value) & flag:
+                problems.append(f"batch {b}: {name}")
+    return problems
+
+
+def check(status) -> None:
+    """Raise RuntimeError if any flag is set (host side; this synchronises)."""
+    problems = describe(status)
+    if problems:
+        raise RuntimeError("device status: " + "; ".join(problems))

@@ -1,0 +1,31 @@
+"""Test helpers shared by the test suite, notebooks and benchmarks: the one table of tolerances."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+#: (rtol, atol) per dtype of the values being compared. One table for every test in the project.
+TOLERANCES: dict[np.dtype, tuple[float, float]] = {
+    np.dtype(np.float64): (1e-9, 1e-9),
+    np.dtype(np.float32): (1e-4, 1e-4),
+    np.dtype(np.float16): (5e-3, 5e-3),
+    np.dtype(ml_dtypes.bfloat16): (3e-2, 3e-2),
+}
+
+
+def tolerance(dtype) -> tuple[float, float]:
+    """(rtol, atol) for comparing values of `dtype`."""
+    return TOLERANCES[np.dtype(dtype)]
+
+
+def assert_close(actual, expected, dtype=None, *, err_msg: str = "") -> None:
+    """assert_allclose in float64 with the tolerance of `dtype` (default: expected's dtype).
+
+    Infinities must match exactly and NaN never passes unless both sides have it at the same place.
+    """
+    expected = np.asarray(expected)
+    dtype = np.dtype(dtype) if dtype is not None else expected.dtype
+    rtol, atol = tolerance(dtype)
+    np.testing.assert_allclose(np.asarray(actual).astype(np.float64), expected.astype(np.float64),
+                               rtol=rtol, atol=atol, err_msg=err_msg)
