@@ -1,0 +1,26 @@
+// Every FFI handler symbol the module exports, and the table module.cc registers them from.
+// Target names are prefixed "jax_onnx_attn_" on the Python side (jax_onnx_attn/_extension.py).
+#pragma once
+
+#include "xla/ffi/api/ffi.h"
+
+#ifdef JOA_WITH_CUDA
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaKvAppend);  // ffi/kv_cache/append.cu
+#endif
+
+namespace joa {
+
+struct Target {
+  const char* name;
+  XLA_FFI_Handler* handler;
+};
+
+#ifdef JOA_WITH_CUDA
+inline constexpr Target kTargets[] = {
+    {"kv_append", JoaKvAppend},
+};
+#else
+inline constexpr Target* kTargets = nullptr;
+#endif
+
+}  // namespace joa
