@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import ml_dtypes
 import numpy as np
 
@@ -29,3 +31,15 @@ def assert_close(actual, expected, dtype=None, *, err_msg: str = "") -> None:
     rtol, atol = tolerance(dtype)
     np.testing.assert_allclose(np.asarray(actual).astype(np.float64), expected.astype(np.float64),
                                rtol=rtol, atol=atol, err_msg=err_msg)
+
+
+def hlo_copies_of(hlo_text: str, shape, dtype) -> list[str]:
+    """Lines of compiled HLO text that copy a whole array of `shape`/`dtype` (e.g. a KV cache).
+
+    Donation works when this is empty: XLA updated the buffer in place instead of copying it.
+    """
+    hlo_type = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64",
+                "int32": "s32", "int8": "s8", "uint8": "u8"}[np.dtype(dtype).name]
+    dims = ",".join(str(int(d)) for d in shape)
+    pattern = re.compile(rf"= {hlo_type}\[{dims}\]\{{[^}}]*\}} copy(-start)?\(")
+    return [line.strip() for line in hlo_text.splitlines() if pattern.search(line)]

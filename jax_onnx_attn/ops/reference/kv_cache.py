@@ -19,10 +19,12 @@ def kv_append(cache, new, start):
     start = start.astype(jnp.int32)
     ok = (start >= 0) & (start <= capacity - s)
 
+    zero = jnp.int32(0)  # index dtypes must agree (int64 under x64 otherwise)
+
     def one(c, n, pos, fits):
         pos = jnp.clip(pos, 0, capacity - s)
-        current = lax.dynamic_slice(c, (0, pos, 0), n.shape)
-        return lax.dynamic_update_slice(c, jnp.where(fits, n, current), (0, pos, 0))
+        current = lax.dynamic_slice(c, (zero, pos, zero), n.shape)
+        return lax.dynamic_update_slice(c, jnp.where(fits, n, current), (zero, pos, zero))
 
     out = jax.vmap(one)(cache, new, start, ok)
     status = jnp.where(ok, st.OK, st.KV_WRITE_OUT_OF_RANGE).astype(jnp.int32)

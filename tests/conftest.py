@@ -1,0 +1,30 @@
+"""Shared pytest setup: GPU tests skip, with the reason shown, where no CUDA GPU or CUDA build exists."""
+
+from __future__ import annotations
+
+import jax
+import pytest
+
+import jax_onnx_attn
+
+
+def _gpu_skip_reason() -> str | None:
+    info = jax_onnx_attn.build_info()
+    if not info["cuda"]:
+        return f"the extension has no CUDA kernels: {info['reason']}"
+    try:
+        if not jax.devices("gpu"):
+            return "no CUDA GPU visible to jax"
+    except RuntimeError as e:
+        return f"no CUDA GPU visible to jax ({str(e).splitlines()[0]})"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = _gpu_skip_reason()
+    if reason is None:
+        return
+    skip = pytest.mark.skip(reason=f"GPU test: {reason}")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,45 @@
+"""The compiled extension: build info, target registration, and the status flags it shares with Python."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jax_onnx_attn
+from jax_onnx_attn import _extension
+from jax_onnx_attn.ops import status
+
+
+def test_build_info_reports_what_was_built():
+    info = jax_onnx_attn.build_info()
+    assert set(info) >= {"cuda", "cuda_version", "cuda_architectures", "jaxlib_headers", "targets", "reason"}
+    if info["cuda"]:
+        assert info["reason"] is None
+        assert info["cuda_version"] and any(a.startswith("90a") for a in info["cuda_architectures"])
+        assert "jax_onnx_attn_kv_append" in info["targets"]
+        assert all(t.startswith(_extension.TARGET_PREFIX) for t in info["targets"])
+    else:
+        assert info["reason"], "a build without CUDA must say why"
+        assert info["targets"] == []
+
+
+def test_registration_happens_once_and_is_harmless_without_a_gpu():
+    first = _extension.register_targets()
+    second = _extension.register_targets()
+    assert first is second  # cached: registered once per process
+    assert set(first) == set(jax_onnx_attn.build_info()["targets"])
+    # Registering CUDA targets on a CPU-only jax leaves CPU computations working.
+    assert float(jax.jit(lambda x: x + 1)(jnp.float32(1))) == 2.0
+
+
+@pytest.mark.skipif(_extension._ffi is None, reason="extension not built")
+def test_status_flags_agree_between_cuda_and_python():
+    flags = dict(_extension._ffi.status_flags())
+    assert flags == {"OK": status.OK, "KV_WRITE_OUT_OF_RANGE": status.KV_WRITE_OUT_OF_RANGE}
+
+
+def test_cuda_backend_unavailable_is_a_clear_error():
+    if jax_onnx_attn.has_cuda():
+        pytest.skip("this build has CUDA")
+    with pytest.raises(NotImplementedError, match="backend='cuda'"):
+        jax_onnx_attn.ops.kv_append(jnp.zeros((1, 1, 4, 8)), jnp.zeros((1, 1, 1, 8)),
+                                    jnp.zeros((1,), jnp.int32), backend="cuda")
