@@ -5,7 +5,7 @@ set -uo pipefail
 out=${OUT:-/tmp/joa-out}
 mkdir -p "$out"
 src=$(pwd)
-if [ -d .git ]; then  # build exactly what is committed, not half-edited files
+if git rev-parse -q --verify HEAD >/dev/null 2>&1; then  # build exactly what is committed, not half-edited files
   rm -rf /tmp/joa && mkdir -p /tmp/joa && git archive HEAD | tar -x -C /tmp/joa && src=/tmp/joa
 fi
 cd "$src"
