@@ -133,3 +133,14 @@ def test_handler_is_captured_in_a_command_buffer(tmp_path):
     assert created or in_dump, (
         f"kv_append ({names}) not seen in a command buffer; log tail:\n{log[-3000:]}\n"
         f"thunk files: {[f.name for f in thunk_files]}")
+
+
+def test_auto_backend_picks_the_kernel_without_a_conditional_or_copy():
+    cache = jnp.zeros((2, 4, 256, 64), jnp.float16)
+    new = jnp.ones((2, 4, 3, 64), jnp.float16)
+    start = jnp.array([0, 100], jnp.int32)
+    step = jax.jit(lambda c, n, p: ops.kv_append(c, n, p), donate_argnums=0)  # backend="auto"
+    hlo = step.lower(cache, new, start).compile().as_text()
+    assert 'custom_call_target="jax_onnx_attn_kv_append"' in hlo
+    assert " conditional(" not in hlo, "platform_dependent left a runtime branch"
+    assert hlo_copies_of(hlo, cache.shape, cache.dtype) == []
