@@ -6,6 +6,7 @@
 
 #ifdef JOA_WITH_CUDA
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaKvAppend);  // ffi/kv_cache/append.cu
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaDecodeAttention);  // ffi/attention/decode.cu
 #endif
 
 namespace joa {
@@ -18,6 +19,7 @@ struct Target {
 #ifdef JOA_WITH_CUDA
 inline constexpr Target kTargets[] = {
     {"kv_append", JoaKvAppend},
+    {"decode_attention", JoaDecodeAttention},
 };
 #else
 inline constexpr Target* kTargets = nullptr;

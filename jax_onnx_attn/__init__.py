@@ -7,10 +7,11 @@ Public API:
 
 from jax_onnx_attn._extension import build_info, has_cuda, register_targets
 from jax_onnx_attn import ops
+from jax_onnx_attn.onnx import load  # ONNX -> JAX: load(model) -> LoweredModel
 
 __version__ = "0.1.0"
 
 # Registering at import makes the CUDA targets available to every jit in the process.
 register_targets()
 
-__all__ = ["build_info", "has_cuda", "ops", "__version__"]
+__all__ = ["build_info", "has_cuda", "load", "ops", "__version__"]

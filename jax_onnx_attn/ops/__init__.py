@@ -4,3 +4,10 @@ from jax_onnx_attn.ops import status
 from jax_onnx_attn.ops.kv_cache import kv_append
 
 __all__ = ["kv_append", "status"]
+from jax_onnx_attn.ops.attention import (AttentionOutputs, CachedAttentionOutputs, attention,
+                                         attention_with_cache)
+
+__all__ += ["attention", "attention_with_cache", "AttentionOutputs", "CachedAttentionOutputs"]
+from jax_onnx_attn.ops.gqa import GroupQueryAttentionOutput, group_query_attention
+
+__all__ += ["group_query_attention", "GroupQueryAttentionOutput"]

@@ -7,8 +7,11 @@ donated cache is updated in place. Every handler is command-buffer compatible.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jax_onnx_attn._extension import target
 
@@ -23,3 +26,85 @@ def kv_append(cache, new, start):
         vmap_method="sequential",
     )
     return call(cache, new, start.astype(jnp.int32))
+
+
+# --- decode attention (ffi/attention/decode.cu, engine in ffi/kernels/decode/) ---------------------
+
+#: KV rows per engine tile; split sizes are multiples of it (kBlockN in ffi/kernels/decode/params.h).
+DECODE_BLOCK_N = 64
+#: Most splits the combine takes (kMaxSplits in ffi/kernels/decode/combine.cuh).
+DECODE_MAX_SPLITS = 256
+#: Head dims the decode engine is compiled for.
+DECODE_HEAD_DIMS = (64, 80, 96, 128, 256)
+# CTA slots the split planner aims to fill: an H200's 132 SMs. A constant, not a device query, so a
+# given call shape always gets the same splits, hence the same bits, on any GPU.
+_PLAN_SMS = 132
+
+
+def _decode_block_rows(rows: int) -> int:
+    """Packed query rows per CTA (BlockRows in ffi/kernels/decode/launch.cuh)."""
+    return 16 if rows <= 16 else 32 if rows <= 32 else 64 if rows <= 64 else 128
+
+
+def decode_split_rows(batch: int, kv_heads: int, rows: int, capacity: int, head_dim: int) -> int:
+    """KV rows per split for a decode call: a pure function of static shapes.
+
+    With enough (batch, KV head, M block) CTAs to fill the GPU there is one split (no combine).
+    Otherwise it takes the fewest splits whose wave efficiency is within 85% of the best (the FA3
+    heuristic), each split a whole number of tiles. rows = (Hq / Hkv) * S.
+    """
+    block = _decode_block_rows(rows)
+    ctas = batch * kv_heads * -(-rows // block)
+    tiles = max(1, -(-capacity // DECODE_BLOCK_N))
+    # CTAs per SM that shared memory and registers allow: two up to d128 and 64 rows per CTA.
+    slots = _PLAN_SMS * (2 if head_dim <= 128 and block <= 64 else 1)
+    if ctas >= 0.8 * slots:
+        return tiles * DECODE_BLOCK_N
+    options = []
+    for per_split in range(1, tiles + 1):
+        n = -(-tiles // per_split)
+        if n > DECODE_MAX_SPLITS:
+            continue
+        work = ctas * n
+        options.append((n, per_split, work / (math.ceil(work / slots) * slots)))
+    best = max(eff for _, _, eff in options)
+    n, per_split, _ = min((o for o in options if o[2] >= 0.85 * best), key=lambda o: o[0])
+    return per_split * DECODE_BLOCK_N
+
+
+def decode_workspace_elems(batch: int, kv_heads: int, rows: int, capacity: int, head_dim: int,
+                           split_rows: int) -> int:
+    """f32 elements of the split partials (WorkspaceElems in ffi/kernels/decode/host.h), >= 1."""
+    splits = -(-capacity // split_rows)
+    return batch * kv_heads * splits * rows * (head_dim + 1) if splits > 1 else 1
+
+
+def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, *, scale: float,
+                     softcap: float = 0.0, causal: bool = True, left: int = -1, right: int = -1,
+                     split_rows: int | None = None, pdl: bool = True):
+    """q [B, Hq, S, D] f16/bf16, k_cache / v_cache [B, Hkv, C, D], kv_len int32 [B] -> [B, Hq, S, D].
+
+    Semantics of `jax_onnx_attn.ops.reference.decode.decode_attention`. bias: None or
+    [B|1, Hq|1, S|1, T] f32/f16/bf16/bool; sink: None or [Hq]. split_rows overrides the planner (a
+    multiple of DECODE_BLOCK_N); pdl launches the combine as a programmatic dependent launch.
+    """
+    b, hq, s, d = q.shape
+    hkv, c = k_cache.shape[1], k_cache.shape[2]
+    rows = (hq // hkv) * s
+    if split_rows is None:
+        split_rows = decode_split_rows(b, hkv, rows, c, d)
+    ws = decode_workspace_elems(b, hkv, rows, c, d, split_rows)
+    placeholder = jnp.zeros((1,), jnp.float32)
+    call = jax.ffi.ffi_call(
+        target("decode_attention"),
+        (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((ws,), jnp.float32)),
+        vmap_method="sequential",
+    )
+    out, _ = call(q, k_cache, v_cache, kv_len.astype(jnp.int32),
+                  placeholder if bias is None else bias,
+                  placeholder if sink is None else sink.astype(jnp.float32),
+                  scale=np.float32(scale), softcap=np.float32(softcap if softcap > 0 else 0.0),
+                  causal=bool(causal), left=int(left), right=int(right),
+                  has_bias=bias is not None, has_sink=sink is not None,
+                  split_rows=int(split_rows), pdl=bool(pdl))
+    return out

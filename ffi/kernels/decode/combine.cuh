@@ -1,0 +1,76 @@
+// Merges the split partials of DecodeSplitKernel: for each packed row,
+//   M = max(max_s lse_s, sink), w_s = 2^(lse_s - M), out = sum_s w_s O_s / (sum_s w_s + 2^(sink - M)).
+// One warp per row; splits are summed in index order and the lane sums through a fixed shuffle
+// tree, so the result is bitwise reproducible. Splits that saw no key (lse = -inf) weigh 0 and their
+// (unwritten) partials are skipped.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/decode/engine.cuh"
+#include "kernels/decode/params.h"
+#include "kernels/ptx.cuh"
+
+namespace joa::decode {
+
+inline constexpr int kCombineWarps = 4;
+inline constexpr int kMaxSplits = 256;
+
+template <typename T, int kD>
+__global__ void __launch_bounds__(32 * kCombineWarps)
+    DecodeCombineKernel(const __grid_constant__ DecodeParams p) {
+  __shared__ float s_w[kCombineWarps][kMaxSplits];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t row_id = int64_t(blockIdx.x) * kCombineWarps + warp;  // over [B, Hkv, M]
+  // Launched as a programmatic dependent of the split kernel: wait until its partials are visible.
+  ptx::WaitForPrimary();
+  if (row_id >= int64_t(p.batch) * p.kv_heads * p.rows) return;
+  const int R = int(row_id % p.rows);
+  const int64_t bh = row_id / p.rows;
+  const int kvh = int(bh % p.kv_heads), b = int(bh / p.kv_heads);
+  const int h = kvh * p.group + R / p.q_len, i = R % p.q_len;
+  const int64_t first = bh * p.splits * p.rows + R;  // partial row of split 0; split s at + s * M
+
+  float mx = -INFINITY;
+  for (int s = lane; s < p.splits; s += 32) mx = fmaxf(mx, p.part_lse[first + int64_t(s) * p.rows]);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  const float sink = p.sink ? p.sink[h] * kLog2e : -INFINITY;
+  mx = fmaxf(mx, sink);
+
+  T* out = static_cast<T*>(p.out) + b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s;
+  if (mx == -INFINITY) {  // no visible key in any split and no sink
+    for (int d = lane * 4; d < kD; d += 128) {
+      Vec4<T> y;
+      y.v[0] = y.v[1] = y.v[2] = y.v[3] = T(0.f);
+      *reinterpret_cast<Vec4<T>*>(out + d) = y;
+    }
+    return;
+  }
+  float sum = 0.f;
+  for (int s = lane; s < p.splits; s += 32) {
+    const float w = ptx::Exp2(p.part_lse[first + int64_t(s) * p.rows] - mx);
+    s_w[warp][s] = w;
+    sum += w;
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  if (sink != -INFINITY) sum += ptx::Exp2(sink - mx);
+  __syncwarp();
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  for (int d = lane * 4; d < kD; d += 128) {
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+    for (int s = 0; s < p.splits; ++s) {
+      const float w = s_w[warp][s];
+      if (w == 0.f) continue;
+      const float4 x = *reinterpret_cast<const float4*>(p.part_o + (first + int64_t(s) * p.rows) * kD + d);
+      acc.x += w * x.x; acc.y += w * x.y; acc.z += w * x.z; acc.w += w * x.w;
+    }
+    Vec4<T> y;
+    y.v[0] = T(acc.x * inv); y.v[1] = T(acc.y * inv); y.v[2] = T(acc.z * inv); y.v[3] = T(acc.w * inv);
+    *reinterpret_cast<Vec4<T>*>(out + d) = y;
+  }
+}
+
+}  // namespace joa::decode

@@ -1,0 +1,331 @@
+// The split-KV decode engine: one CTA per (split, KV head x M block, batch row).
+//
+// A CTA holds its packed query rows (G heads x S rows of one KV head) in shared memory and streams
+// the KV tiles of its split through a cp.async ring of kStages stages (16-byte copies, zero fill
+// past the valid rows, so unwritten cache rows are never read). Warps are laid out kWarpsM x kWarpsN:
+// each owns 16 query rows and a 1 / kWarpsN slice of every KV tile, runs S = Q K^T and O += P V on
+// mma.sync m16n8k16 (f32 accumulation) with an online softmax, and the warps that share rows merge
+// their (max, sum, O) through shared memory at the end in a fixed order. With one split the CTA
+// writes the normalised output (sinks applied); otherwise the split's normalised partial and its
+// log2-sum-exp go to the workspace for DecodeCombineKernel (combine.cuh).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "kernels/decode/params.h"
+#include "kernels/decode/variant.cuh"
+#include "kernels/ptx.cuh"
+
+namespace joa::decode {
+
+template <typename T, int kD, int kWarpsM, int kWarpsN>
+struct EngineConfig {
+  static_assert(kD % 16 == 0, "head dim must be a multiple of 16");
+  static constexpr int kWarps = kWarpsM * kWarpsN;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kBlockM = 16 * kWarpsM;
+  static constexpr int kWarpN = kBlockN / kWarpsN;  // KV columns of a tile per warp
+  static_assert(kWarpN % 16 == 0, "a warp's KV slice must be whole k16 steps of P V");
+  static constexpr int kChunk = kWarpN < 32 ? kWarpN : 32;  // columns per softmax update
+  // Three stages keep ~2 tiles of KV in flight per CTA; the large-M and d256 tiles take two so that
+  // two CTAs (or one d256 CTA) still fit an SM's shared memory.
+  static constexpr int kStages = (kD <= 128 && kBlockM <= 32) ? 3 : 2;
+  // Q fragments stay in registers except at d256, where they would push the O accumulators
+  // (128 registers) into spills; there they are re-read from shared memory per k step.
+  static constexpr bool kQInRegs = kD <= 128;
+  // Rows padded by 16 bytes: consecutive rows start 4 banks apart, so ldmatrix is conflict-free.
+  static constexpr int kStride = kD + 8;
+  static constexpr int kOStride = kD + 8;  // f32 merge rows, padded likewise
+  static constexpr int kVecs = kD / 8;     // 16-byte vectors per row
+  static constexpr int kQBytes = kBlockM * kStride * int(sizeof(T));
+  static constexpr int kTileElems = kBlockN * kStride;
+  static constexpr int kPipeBytes = kStages * 2 * kTileElems * int(sizeof(T));
+  static constexpr int kMergeBytes = kWarps * 16 * (kOStride + 2) * 4;
+  static constexpr int kSmemBytes = kQBytes + (kPipeBytes > kMergeBytes ? kPipeBytes : kMergeBytes);
+};
+
+// Copies rows [0, n_rows) of a [n_rows, kD] tile whose row i is at src + i * row_stride into
+// shared memory with row stride kStride; rows outside [valid_lo, valid_hi) become zeros.
+template <typename T, int kD, int kRows, int kThreads, int kStride>
+__device__ __forceinline__ void LoadRows(T* dst, const T* src, int64_t row_stride, int valid_lo,
+                                         int valid_hi, int tid) {
+  constexpr int kVecs = kD / 8;
+  constexpr int kTotal = kRows * kVecs;
+  constexpr int kIters = (kTotal + kThreads - 1) / kThreads;
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    const int c = tid + it * kThreads;
+    if (kTotal % kThreads == 0 || c < kTotal) {
+      const int r = c / kVecs;
+      const int col = (c % kVecs) * 8;
+      const bool valid = r >= valid_lo && r < valid_hi;
+      const T* g = valid ? src + r * row_stride + col : src;
+      ptx::CpAsync16(ptx::SmemAddr(dst + r * kStride + col), g, valid);
+    }
+  }
+}
+
+template <typename T>
+struct alignas(8) Vec4 {
+  T v[4];
+};
+
+template <typename T, int kD, int kWarpsM, int kWarpsN, class Variant>
+__global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
+    DecodeSplitKernel(const __grid_constant__ DecodeParams p) {
+  using Cfg = EngineConfig<T, kD, kWarpsM, kWarpsN>;
+  constexpr int kBlockM = Cfg::kBlockM, kStride = Cfg::kStride, kStages = Cfg::kStages;
+  constexpr int kChunk = Cfg::kChunk, kThreads = Cfg::kThreads;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* s_q = reinterpret_cast<T*>(smem);
+  T* s_kv = reinterpret_cast<T*>(smem + Cfg::kQBytes);  // stage st: K tile 2 st, V tile 2 st + 1
+
+  const int split = blockIdx.x;
+  const int kvh = blockIdx.y / p.m_blocks;
+  const int mb = blockIdx.y % p.m_blocks;
+  const int b = blockIdx.z;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp / kWarpsN, wn = warp % kWarpsN;
+  const int row0 = mb * kBlockM;  // first packed row of the CTA
+
+  // The combine (if any) may be scheduled now; it waits for this grid to finish before reading.
+  ptx::LaunchDependents();
+
+  const int len = min(max(p.kv_len[b], 0), p.capacity);
+  const Variant var(p, len);
+  const KeyBounds kb = var.Bounds(len - p.q_len, len - 1);
+  const int n_begin = max(kb.lo, split * p.split_rows);
+  const int n_end = min(kb.hi, min((split + 1) * p.split_rows, p.capacity));
+  const int t_begin = n_begin / kBlockN;
+  const int t_end = n_end > n_begin ? (n_end + kBlockN - 1) / kBlockN : t_begin;
+
+  // Q rows of the CTA: packed row R = g * S + i is q[b, kvh * G + g, i]; rows past M are zeros.
+  {
+    constexpr int kTotal = kBlockM * Cfg::kVecs;
+    for (int c = tid; c < kTotal; c += kThreads) {
+      const int r = c / Cfg::kVecs, col = (c % Cfg::kVecs) * 8;
+      const int R = row0 + r;
+      const bool valid = R < p.rows;
+      const T* src = static_cast<const T*>(p.q);
+      if (valid) {
+        const int h = kvh * p.group + R / p.q_len, i = R % p.q_len;
+        src += b * p.q_stride_b + h * p.q_stride_h + i * p.q_stride_s + col;
+      }
+      ptx::CpAsync16(ptx::SmemAddr(s_q + r * kStride + col), src, valid);
+    }
+  }
+
+  const T* k_base = static_cast<const T*>(p.k) + b * p.k_stride_b + kvh * p.k_stride_h;
+  const T* v_base = static_cast<const T*>(p.v) + b * p.v_stride_b + kvh * p.v_stride_h;
+  auto load_tile = [&](int t, int st) {
+    const int n0 = t * kBlockN;
+    T* s_k = s_kv + (2 * st) * Cfg::kTileElems;
+    LoadRows<T, kD, kBlockN, kThreads, kStride>(s_k, k_base + n0 * p.k_stride_n, p.k_stride_n,
+                                                n_begin - n0, n_end - n0, tid);
+    LoadRows<T, kD, kBlockN, kThreads, kStride>(s_k + Cfg::kTileElems, v_base + n0 * p.v_stride_n,
+                                                p.v_stride_n, n_begin - n0, n_end - n0, tid);
+  };
+
+  // The two packed rows this thread holds in the mma accumulator layout: lane / 4 and lane / 4 + 8.
+  QueryRow rows[2];
+#pragma unroll
+  for (int r2 = 0; r2 < 2; ++r2) {
+    const int R = min(row0 + wm * 16 + (lane >> 2) + 8 * r2, p.rows - 1);  // padding: any real row
+    const int h = kvh * p.group + R / p.q_len, i = R % p.q_len;
+    rows[r2].pos = len - p.q_len + i;
+    rows[r2].bias_off = b * p.bias_stride_b + h * p.bias_stride_h + i * p.bias_stride_s;
+  }
+
+  float o[kD / 8][4];
+#pragma unroll
+  for (int dt = 0; dt < kD / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.f, 0.f};
+  uint32_t qa[Cfg::kQInRegs ? kD / 16 : 1][4];
+
+  // Prologue: Q and the first kStages - 1 tiles; Q lands in the first commit group.
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (t_begin + s < t_end) load_tile(t_begin + s, s);
+    ptx::CpAsyncCommit();
+  }
+
+  const uint32_t q_addr = ptx::SmemAddr(s_q + (wm * 16 + (lane & 15)) * kStride + (lane >> 4) * 8);
+  // ldmatrix lane offsets: K tiles as the col-major B of Q K^T, V tiles transposed for P V.
+  const int k_row = (lane & 7) + ((lane >> 4) << 3), k_col = ((lane >> 3) & 1) * 8;
+  const int v_row = (lane & 7) + (((lane >> 3) & 1) << 3), v_col = (lane >> 4) * 8;
+
+  for (int t = t_begin; t < t_end; ++t) {
+    const int it = t - t_begin;
+    ptx::CpAsyncWait<kStages - 2>();
+    __syncthreads();  // tile t is in; every warp is done with the stage the next load overwrites
+    {
+      const int tn = t + kStages - 1;
+      if (tn < t_end) load_tile(tn, (it + kStages - 1) % kStages);
+      ptx::CpAsyncCommit();
+    }
+    if constexpr (Cfg::kQInRegs) {
+      if (it == 0) {
+#pragma unroll
+        for (int kk = 0; kk < kD / 16; ++kk) ptx::LdMatrixX4(qa[kk], q_addr + kk * 32);
+      }
+    }
+    const T* s_k = s_kv + (2 * (it % kStages)) * Cfg::kTileElems;
+    const T* s_v = s_k + Cfg::kTileElems;
+    const int n0 = t * kBlockN;
+    const bool full = n0 >= kb.full_lo && n0 + kBlockN <= kb.full_hi;
+
+#pragma unroll
+    for (int ch = 0; ch < Cfg::kWarpN / kChunk; ++ch) {
+      const int c0 = wn * Cfg::kWarpN + ch * kChunk;  // first tile column of the chunk
+      float s[kChunk / 8][4];
+#pragma unroll
+      for (int nt = 0; nt < kChunk / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        uint32_t a[4];
+        if constexpr (Cfg::kQInRegs) {
+          a[0] = qa[kk][0]; a[1] = qa[kk][1]; a[2] = qa[kk][2]; a[3] = qa[kk][3];
+        } else {
+          ptx::LdMatrixX4(a, q_addr + kk * 32);
+        }
+#pragma unroll
+        for (int np = 0; np < kChunk / 16; ++np) {
+          uint32_t bk[4];
+          ptx::LdMatrixX4(bk, ptx::SmemAddr(s_k + (c0 + np * 16 + k_row) * kStride + kk * 16 + k_col));
+          ptx::Mma16816<T>(s[2 * np], a, bk[0], bk[1]);
+          ptx::Mma16816<T>(s[2 * np + 1], a, bk[2], bk[3]);
+        }
+      }
+
+      // Scores in the log2 domain; hidden keys -inf (the bias is read only for visible keys).
+#pragma unroll
+      for (int nt = 0; nt < kChunk / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int j = n0 + c0 + nt * 8 + 2 * (lane & 3) + (e & 1);
+          const QueryRow& row = rows[e >> 1];
+          s[nt][e] = (full || var.Visible(row, j)) ? var.Score(s[nt][e], row, j) : -INFINITY;
+        }
+      }
+
+      // Online softmax per row; the 4 lanes of a quad share a row.
+#pragma unroll
+      for (int r2 = 0; r2 < 2; ++r2) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < kChunk / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r2], s[nt][2 * r2 + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m[r2], mx);
+        // A row with no visible key yet keeps max -inf; shifting by 0 keeps exp2 at 0, not NaN.
+        const float m_use = m_new == -INFINITY ? 0.f : m_new;
+        const float corr = ptx::Exp2(m[r2] - m_use);
+        m[r2] = m_new;
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < kChunk / 8; ++nt) {
+          s[nt][2 * r2] = ptx::Exp2(s[nt][2 * r2] - m_use);
+          s[nt][2 * r2 + 1] = ptx::Exp2(s[nt][2 * r2 + 1] - m_use);
+          sum += s[nt][2 * r2] + s[nt][2 * r2 + 1];
+        }
+        l[r2] = l[r2] * corr + sum;
+#pragma unroll
+        for (int dt = 0; dt < kD / 8; ++dt) {
+          o[dt][2 * r2] *= corr;
+          o[dt][2 * r2 + 1] *= corr;
+        }
+      }
+
+      // O += P V: two adjacent n8 score tiles form the A operand of one k16 step.
+#pragma unroll
+      for (int kc = 0; kc < kChunk / 16; ++kc) {
+        const uint32_t pa[4] = {ptx::Pack2<T>(s[2 * kc][0], s[2 * kc][1]),
+                                ptx::Pack2<T>(s[2 * kc][2], s[2 * kc][3]),
+                                ptx::Pack2<T>(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                                ptx::Pack2<T>(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+        const uint32_t v_addr = ptx::SmemAddr(s_v + (c0 + kc * 16 + v_row) * kStride + v_col);
+#pragma unroll
+        for (int dp = 0; dp < kD / 16; ++dp) {
+          uint32_t bv[4];
+          ptx::LdMatrixX4Trans(bv, v_addr + dp * 32);
+          ptx::Mma16816<T>(o[2 * dp], pa, bv[0], bv[1]);
+          ptx::Mma16816<T>(o[2 * dp + 1], pa, bv[2], bv[3]);
+        }
+      }
+    }
+  }
+
+  // Row sums were kept per lane; reduce over the quad.
+#pragma unroll
+  for (int r2 = 0; r2 < 2; ++r2) {
+    l[r2] += __shfl_xor_sync(0xffffffffu, l[r2], 1);
+    l[r2] += __shfl_xor_sync(0xffffffffu, l[r2], 2);
+  }
+
+  // Merge the kWarpsN warps that share rows, through shared memory (the pipeline's, now idle).
+  ptx::CpAsyncWait<0>();
+  __syncthreads();
+  float* s_o = reinterpret_cast<float*>(smem + Cfg::kQBytes);  // [warp][16][kOStride]
+  float* s_m = s_o + Cfg::kWarps * 16 * Cfg::kOStride;        // [warp][16]
+  float* s_l = s_m + Cfg::kWarps * 16;                         // [warp][16]
+  {
+    float* w_o = s_o + warp * 16 * Cfg::kOStride;
+#pragma unroll
+    for (int dt = 0; dt < kD / 8; ++dt) {
+      const int col = dt * 8 + 2 * (lane & 3);
+      *reinterpret_cast<float2*>(w_o + (lane >> 2) * Cfg::kOStride + col) = make_float2(o[dt][0], o[dt][1]);
+      *reinterpret_cast<float2*>(w_o + ((lane >> 2) + 8) * Cfg::kOStride + col) = make_float2(o[dt][2], o[dt][3]);
+    }
+    if ((lane & 3) == 0) {
+      s_m[warp * 16 + (lane >> 2)] = m[0];
+      s_m[warp * 16 + (lane >> 2) + 8] = m[1];
+      s_l[warp * 16 + (lane >> 2)] = l[0];
+      s_l[warp * 16 + (lane >> 2) + 8] = l[1];
+    }
+  }
+  __syncthreads();
+
+  const bool single = p.splits == 1;
+  const int64_t part_row0 = ((int64_t(b) * p.kv_heads + kvh) * p.splits + split) * p.rows;
+  constexpr int kD4 = kD / 4;
+  for (int idx = tid; idx < kBlockM * kD4; idx += kThreads) {
+    const int r = idx / kD4, d = (idx % kD4) * 4;
+    const int R = row0 + r;
+    if (R >= p.rows) continue;
+    const int w0 = (r >> 4) * kWarpsN, rr = r & 15;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarpsN; ++w) mx = fmaxf(mx, s_m[(w0 + w) * 16 + rr]);
+    const int h = kvh * p.group + R / p.q_len, i = R % p.q_len;
+    // With one split the sink enters here; with several the combine adds it once.
+    const float sink = (single && p.sink) ? p.sink[h] * kLog2e : -INFINITY;
+    mx = fmaxf(mx, sink);
+    const float m_use = mx == -INFINITY ? 0.f : mx;
+    float sum = sink == -INFINITY ? 0.f : ptx::Exp2(sink - m_use);
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int w = 0; w < kWarpsN; ++w) {
+      const float f = ptx::Exp2(s_m[(w0 + w) * 16 + rr] - m_use);
+      sum += s_l[(w0 + w) * 16 + rr] * f;
+      const float4 x = *reinterpret_cast<const float4*>(s_o + ((w0 + w) * 16 + rr) * Cfg::kOStride + d);
+      acc.x += x.x * f; acc.y += x.y * f; acc.z += x.z * f; acc.w += x.w * f;
+    }
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    acc.x *= inv; acc.y *= inv; acc.z *= inv; acc.w *= inv;
+    if (single) {
+      Vec4<T> y;
+      y.v[0] = T(acc.x); y.v[1] = T(acc.y); y.v[2] = T(acc.z); y.v[3] = T(acc.w);
+      *reinterpret_cast<Vec4<T>*>(static_cast<T*>(p.out) + b * p.o_stride_b + h * p.o_stride_h +
+                                  i * p.o_stride_s + d) = y;
+    } else {
+      *reinterpret_cast<float4*>(p.part_o + (part_row0 + R) * kD + d) = acc;
+      if (d == 0) p.part_lse[part_row0 + R] = sum > 0.f ? mx + log2f(sum) : -INFINITY;
+    }
+  }
+}
+
+}  // namespace joa::decode

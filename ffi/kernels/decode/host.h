@@ -1,0 +1,123 @@
+// Host helpers shared by the operator handlers that drive the decode engine: validation of the
+// dense BHSD / cache layouts, the workspace size, and the launch itself. Everything here depends on
+// static shapes and attributes only.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "common/ffi.h"
+#include "kernels/decode/decode.h"
+#include "kernels/decode/params.h"
+
+namespace joa::decode {
+
+inline constexpr int kMaxSplitsHost = 256;  // = kMaxSplits of combine.cuh (s_w is sized by it)
+
+// f32 elements of the workspace: normalised partial outputs [B, Hkv, splits, M, D] then their
+// log2-sum-exps [B, Hkv, splits, M]; nothing when there is one split.
+inline int64_t WorkspaceElems(int64_t batch, int64_t kv_heads, int64_t splits, int64_t rows, int64_t d) {
+  return splits > 1 ? batch * kv_heads * splits * rows * (d + 1) : 0;
+}
+
+// The static attributes that select the variant.
+struct VariantAttrs {
+  float scale, softcap;
+  bool causal;
+  int64_t left, right;
+};
+
+// Fills shapes, strides, splits and variant of `p` for dense q / out [B, Hq, S, D] and caches
+// [B, Hkv, C, D] (pointers, kv_len, bias and sink are the caller's). Returns an error message or "".
+inline std::string Configure(DecodeParams& p, int64_t batch, int64_t q_heads, int64_t q_len,
+                             int64_t head_dim, int64_t kv_heads, int64_t capacity,
+                             int64_t split_rows, const VariantAttrs& v) {
+  if (!SupportedHeadDim(int(head_dim))) {
+    return "head dim " + std::to_string(head_dim) + " is not one of 64, 80, 96, 128, 256";
+  }
+  if (kv_heads <= 0 || q_heads % kv_heads != 0) return "query heads must be a multiple of KV heads";
+  if (capacity <= 0 || capacity > (int64_t(1) << 30)) return "cache capacity out of range";
+  if (split_rows <= 0 || split_rows % kBlockN != 0) {
+    return "split_rows must be a positive multiple of " + std::to_string(kBlockN);
+  }
+  const int64_t splits = (capacity + split_rows - 1) / split_rows;
+  if (splits > kMaxSplitsHost) return "more than 256 splits: raise split_rows";
+  const int64_t rows = (q_heads / kv_heads) * q_len;
+  if (batch > 65535 || kv_heads * ((rows + 15) / 16) > 65535) return "batch or heads too large for the grid";
+  p.batch = int(batch);
+  p.q_heads = int(q_heads);
+  p.kv_heads = int(kv_heads);
+  p.q_len = int(q_len);
+  p.capacity = int(capacity);
+  p.group = int(q_heads / kv_heads);
+  p.rows = int(rows);
+  p.splits = int(splits);
+  p.split_rows = int(std::min<int64_t>(split_rows, int64_t(1) << 30));
+  p.q_stride_s = p.o_stride_s = head_dim;
+  p.q_stride_h = p.o_stride_h = q_len * head_dim;
+  p.q_stride_b = p.o_stride_b = q_heads * q_len * head_dim;
+  p.k_stride_n = p.v_stride_n = head_dim;
+  p.k_stride_h = p.v_stride_h = capacity * head_dim;
+  p.k_stride_b = p.v_stride_b = kv_heads * capacity * head_dim;
+  p.scale = v.scale;
+  p.softcap = v.softcap;
+  p.causal = v.causal;
+  p.left = int(std::max<int64_t>(-1, std::min<int64_t>(v.left, int64_t(1) << 30)));
+  p.right = int(std::max<int64_t>(-1, std::min<int64_t>(v.right, int64_t(1) << 30)));
+  p.bias = nullptr;
+  p.bias_type = BiasType::kNone;
+  p.bias_stride_b = p.bias_stride_h = p.bias_stride_s = 0;
+  p.bias_len = 0;
+  p.sink = nullptr;
+  p.part_o = p.part_lse = nullptr;
+  return "";
+}
+
+// Points p at a bias buffer [Bb, Hb, Sb, Tb] (Bb in {1, B}, Hb in {1, Hq}, Sb in {1, S}).
+inline std::string ConfigureBias(DecodeParams& p, const ffi::AnyBuffer& bias) {
+  auto d = bias.dimensions();
+  if (d.size() != 4) return "bias must be rank 4 [B|1, Hq|1, S|1, T]";
+  if ((d[0] != 1 && d[0] != p.batch) || (d[1] != 1 && d[1] != p.q_heads) || (d[2] != 1 && d[2] != p.q_len)) {
+    return "bias dims must be [B|1, Hq|1, S|1, T]";
+  }
+  switch (bias.element_type()) {
+    case ffi::DataType::F32: p.bias_type = BiasType::kF32; break;
+    case ffi::DataType::F16: p.bias_type = BiasType::kF16; break;
+    case ffi::DataType::BF16: p.bias_type = BiasType::kBF16; break;
+    case ffi::DataType::PRED: p.bias_type = BiasType::kBool; break;
+    default: return "bias must be f32, f16, bf16 or bool";
+  }
+  p.bias = bias.untyped_data();
+  p.bias_len = int(std::min<int64_t>(d[3], int64_t(1) << 30));
+  p.bias_stride_s = d[2] == 1 ? 0 : d[3];
+  p.bias_stride_h = d[1] == 1 ? 0 : d[2] * d[3];
+  p.bias_stride_b = d[0] == 1 ? 0 : d[1] * d[2] * d[3];
+  return "";
+}
+
+// Points the partials at the workspace (checking its size) and launches the engine.
+inline ffi::Error LaunchDecode(DecodeParams& p, ffi::DataType dtype, int64_t head_dim, float* workspace,
+                               int64_t workspace_elems, bool pdl, cudaStream_t stream, const char* op) {
+  const int64_t need = WorkspaceElems(p.batch, p.kv_heads, p.splits, p.rows, head_dim);
+  if (workspace_elems < need) {
+    return InvalidArgument(std::string(op) + ": workspace has " + std::to_string(workspace_elems) +
+                           " f32 elements, needs " + std::to_string(need));
+  }
+  if (p.splits > 1) {
+    p.part_o = workspace;
+    p.part_lse = workspace + int64_t(p.batch) * p.kv_heads * p.splits * p.rows * head_dim;
+  }
+  if (p.batch == 0 || p.rows == 0) return ffi::Error::Success();
+  const LaunchOptions opt{p.softcap > 0.f || p.bias != nullptr, pdl};
+  cudaError_t err;
+  switch (dtype) {
+    case ffi::DataType::F16: err = LaunchHeadDim<__half>(int(head_dim), p, opt, stream); break;
+    case ffi::DataType::BF16: err = LaunchHeadDim<__nv_bfloat16>(int(head_dim), p, opt, stream); break;
+    default: return InvalidArgument(std::string(op) + ": the decode kernels take f16 and bf16 only");
+  }
+  if (err != cudaSuccess) return ffi::Error::Internal(std::string(op) + ": " + cudaGetErrorString(err));
+  return ffi::Error::Success();
+}
+
+}  // namespace joa::decode

@@ -1,0 +1,69 @@
+// Host-side launch of the decode engine: the warp layout from the packed row count, the variant,
+// the split kernel and (with several splits) the combine. Geometry depends only on the params'
+// static shapes, never on device data, so a handler can be captured in a command buffer.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "kernels/decode/combine.cuh"
+#include "kernels/decode/engine.cuh"
+#include "kernels/decode/params.h"
+
+namespace joa::decode {
+
+// Packed rows per CTA for a row count: 16 (4 warps splitting each KV tile), 32 (2 x 2), 64 (4 x 1)
+// or 128 (8 x 1, more M blocks beyond). Mirrored by jax_onnx_attn/ops/cuda.py's split planner.
+inline int BlockRows(int rows) { return rows <= 16 ? 16 : rows <= 32 ? 32 : rows <= 64 ? 64 : 128; }
+
+template <typename T, int kD, int kWarpsM, int kWarpsN, class Variant>
+cudaError_t LaunchLayout(DecodeParams p, bool pdl, cudaStream_t stream) {
+  using Cfg = EngineConfig<T, kD, kWarpsM, kWarpsN>;
+  auto* split_kernel = DecodeSplitKernel<T, kD, kWarpsM, kWarpsN, Variant>;
+  // A function attribute, not stream work: allowed while XLA captures the stream; set on every
+  // launch because it is per device.
+  cudaError_t err = cudaFuncSetAttribute(split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         Cfg::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  p.m_blocks = (p.rows + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  const dim3 grid(unsigned(p.splits), unsigned(p.kv_heads * p.m_blocks), unsigned(p.batch));
+  split_kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  err = cudaGetLastError();
+  if (err != cudaSuccess || p.splits == 1) return err;
+
+  const int64_t rows = int64_t(p.batch) * p.kv_heads * p.rows;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned((rows + kCombineWarps - 1) / kCombineWarps));
+  cfg.blockDim = dim3(32 * kCombineWarps);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, DecodeCombineKernel<T, kD>, p);
+}
+
+template <typename T, int kD, class Variant>
+cudaError_t LaunchVariant(const DecodeParams& p, bool pdl, cudaStream_t stream) {
+  switch (BlockRows(p.rows)) {
+    case 16: return LaunchLayout<T, kD, 1, 4, Variant>(p, pdl, stream);
+    case 32: return LaunchLayout<T, kD, 2, 2, Variant>(p, pdl, stream);
+    case 64: return LaunchLayout<T, kD, 4, 1, Variant>(p, pdl, stream);
+    default: return LaunchLayout<T, kD, 8, 1, Variant>(p, pdl, stream);
+  }
+}
+
+template <typename T, int kD>
+cudaError_t Launch(const DecodeParams& p, const LaunchOptions& opt, cudaStream_t stream) {
+  return opt.logit_variant ? LaunchVariant<T, kD, LogitVariant>(p, opt.pdl, stream)
+                           : LaunchVariant<T, kD, MaskVariant>(p, opt.pdl, stream);
+}
+
+}  // namespace joa::decode
+
+// Explicit instantiations live in one translation unit per (dtype, head dim) (inst/*.cu), so the
+// build compiles them in parallel; handlers include decode.h only.
+#define JOA_DECODE_INSTANTIATE(T, D)                                               \
+  template cudaError_t joa::decode::Launch<T, D>(const joa::decode::DecodeParams&, \
+                                                 const joa::decode::LaunchOptions&, cudaStream_t);

@@ -1,0 +1,1 @@
+"""Benchmarks: this project and its peers in one process on the same GPU (see `python -m jax_onnx_attn.bench`)."""

@@ -1,0 +1,19 @@
+"""`python -m jax_onnx_attn.bench <suite> [options]`: benchmark suites (decode)."""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    suites = ("decode",)
+    if not argv or argv[0] not in suites:
+        print(f"usage: python -m jax_onnx_attn.bench {{{','.join(suites)}}} [--help]", file=sys.stderr)
+        return 2
+    from jax_onnx_attn.bench import decode
+    return decode.main(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,315 @@
+"""Decode attention: our split-KV engine vs jax.nn.dot_product_attention (xla, cudnn) and torch SDPA.
+
+Every implementation runs in this process on the same GPU, on inputs of the same shapes in its own
+native layout (ours and torch BHSD, jax BTNH). Timing: K dependent calls (each call's output is the
+next call's query) inside one jitted function / one captured torch CUDA graph, dispatched M times
+back to back; per-call time = wall time / (M * K); the median of several such samples after a
+warm-up run. XLA captures the K custom calls in a command buffer, so our small-case numbers are
+in-graph latencies. KV sets smaller than 256 MB are rotated (R copies read in turn) so that repeated
+calls do not read them from the 50 MB L2.
+
+Figure: effective bandwidth = K+V bytes read per call / time. Ours runs bottom-right causal; for
+q_len > 1 the peers run without a mask (none of them offers bottom-right causal without a mask
+tensor), which only makes them faster.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch shares the GPU
+
+import argparse
+import dataclasses
+import json
+import math
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from typing import Callable
+
+HBM_PEAK_GBS = 4800.0  # H200 datasheet
+ROTATE_BYTES = 256 << 20  # KV sets below this are rotated through several copies
+MAX_KV_BYTES = 36 << 30   # skip cases whose K+V exceed this (peers need room too)
+MAX_LOGIT_BYTES = 8 << 30  # the xla implementation materialises [B, Hq, S, C] f32 logits
+IMPLS = ("ours", "jax-xla", "jax-cudnn", "torch-flash", "torch-cudnn")
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    batch: int
+    ctx: int
+    q_len: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    dtype: str  # "bf16" | "fp16"
+
+    @property
+    def kv_bytes(self) -> int:
+        return 2 * self.batch * self.kv_heads * self.ctx * self.head_dim * 2
+
+    @property
+    def rotations(self) -> int:
+        return max(1, min(32, math.ceil(ROTATE_BYTES / self.kv_bytes)))
+
+    @property
+    def calls(self) -> int:
+        """Dependent calls per jitted function / graph."""
+        return self.rotations if self.rotations > 1 else 4
+
+    def label(self) -> str:
+        return (f"B={self.batch} ctx={self.ctx} S={self.q_len} {self.q_heads}/{self.kv_heads} "
+                f"d{self.head_dim} {self.dtype}")
+
+
+def _jax_dtype(name):
+    import jax.numpy as jnp
+    return {"bf16": jnp.bfloat16, "fp16": jnp.float16}[name]
+
+
+def _time_loop(run: Callable[[], None], sync: Callable[[], None], calls: int, target_s: float,
+               reps: int) -> float:
+    """Median seconds per call: `run` dispatches `calls` dependent calls without waiting."""
+    run()
+    sync()  # warm-up (compilation, graph capture)
+    t0 = time.perf_counter()
+    run()
+    sync()
+    once = max(time.perf_counter() - t0, 1e-6)
+    m = max(2, min(500, math.ceil(target_s / once)))
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(m):
+            run()
+        sync()
+        samples.append((time.perf_counter() - t0) / (m * calls))
+    return statistics.median(samples)
+
+
+def bench_jax(case: Case, impl: str, target_s: float, reps: int) -> float:
+    import jax
+    import jax.numpy as jnp
+
+    from jax_onnx_attn.ops import cuda
+
+    b, s, hq, hkv, d, c = case.batch, case.q_len, case.q_heads, case.kv_heads, case.head_dim, case.ctx
+    dt = _jax_dtype(case.dtype)
+    scale = 1.0 / math.sqrt(d)
+    r, k_calls = case.rotations, case.calls
+    keys = jax.random.split(jax.random.PRNGKey(case.batch * 7 + c), 2 * r + 1)
+    if impl == "ours":
+        q_shape, kv_shape = (b, hq, s, d), (b, hkv, c, d)
+
+        def attn(q, k, v, lens):
+            return cuda.decode_attention(q, k, v, lens, scale=scale, causal=True)
+    else:
+        q_shape, kv_shape = (b, s, hq, d), (b, c, hkv, d)
+        which = impl.split("-")[1]
+
+        def attn(q, k, v, lens):
+            return jax.nn.dot_product_attention(q, k, v, scale=scale, implementation=which)
+    q = jax.random.normal(keys[0], q_shape, dt)
+    ks = [jax.random.normal(keys[1 + i], kv_shape, dt) for i in range(r)]
+    vs = [jax.random.normal(keys[1 + r + i], kv_shape, dt) for i in range(r)]
+    lens = jnp.full((b,), c, jnp.int32)
+
+    @jax.jit
+    def run(q, ks, vs, lens):
+        for i in range(k_calls):
+            q = attn(q, ks[i % r], vs[i % r], lens).astype(q.dtype)
+        return q
+
+    state = {"q": q}
+
+    def go():
+        state["q"] = run(state["q"], ks, vs, lens)
+
+    try:
+        return _time_loop(go, lambda: state["q"].block_until_ready(), k_calls, target_s, reps)
+    finally:
+        del ks, vs, state
+
+
+def bench_torch(case: Case, impl: str, target_s: float, reps: int) -> float:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    b, s, hq, hkv, d, c = case.batch, case.q_len, case.q_heads, case.kv_heads, case.head_dim, case.ctx
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[case.dtype]
+    backend = {"torch-flash": SDPBackend.FLASH_ATTENTION, "torch-cudnn": SDPBackend.CUDNN_ATTENTION}[impl]
+    r, k_calls = case.rotations, case.calls
+    g = torch.Generator(device="cuda").manual_seed(c)
+    q0 = torch.randn(b, hq, s, d, dtype=dt, device="cuda", generator=g)
+    ks = [torch.randn(b, hkv, c, d, dtype=dt, device="cuda", generator=g) for _ in range(r)]
+    vs = [torch.randn(b, hkv, c, d, dtype=dt, device="cuda", generator=g) for _ in range(r)]
+    try:
+        with sdpa_kernel([backend]):
+            def step(q):
+                for i in range(k_calls):
+                    q = F.scaled_dot_product_attention(q, ks[i % r], vs[i % r], enable_gqa=hq != hkv)
+                return q
+
+            static_q = q0.clone()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                step(static_q)  # warm-up outside the graph (workspace, heuristics)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = step(static_q)
+            del out
+            return _time_loop(graph.replay, torch.cuda.synchronize, k_calls, target_s, reps)
+    finally:
+        del ks, vs
+        torch.cuda.empty_cache()
+
+
+def _run(cmd: list[str]) -> str:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def environment() -> dict:
+    import jax
+    import jaxlib
+
+    from jax_onnx_attn import build_info
+    info = {
+        "gpu": _run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.max.sm,"
+                     "clocks.mem,clocks.max.mem,temperature.gpu,power.draw", "--format=csv"]),
+        "jax": jax.__version__, "jaxlib": jaxlib.__version__, "python": platform.python_version(),
+        "devices": [str(x) for x in jax.devices()],
+        "build": build_info(),
+        "commit": os.environ.get("JOA_GIT_COMMIT") or _run(["git", "describe", "--always", "--dirty"]),
+        "hbm_peak_gbs": HBM_PEAK_GBS,
+    }
+    try:
+        import torch
+        info["torch"] = torch.__version__
+        info["torch_cuda"] = torch.version.cuda
+        info["cudnn_torch"] = torch.backends.cudnn.version()
+    except ImportError:
+        info["torch"] = None
+    return info
+
+
+def default_cases(args) -> list[Case]:
+    cases = []
+    for dtype in args.dtypes:
+        for heads in args.heads:
+            hq, hkv = map(int, heads.split("/"))
+            for d in args.dims:
+                for b in args.batch:
+                    for c in args.ctx:
+                        for s in args.qlen:
+                            cases.append(Case(b, c, s, hq, hkv, d, dtype))
+    # The headline configuration first (bf16, 32/8, d128), so a time budget keeps it.
+    cases.sort(key=lambda x: (x.dtype != "bf16", (x.q_heads, x.kv_heads) != (32, 8), x.head_dim != 128))
+    return cases
+
+
+def _impl_skip(case: Case, impl: str) -> str | None:
+    if case.kv_bytes > MAX_KV_BYTES:
+        return "beyond memory"
+    if impl == "jax-xla" and case.batch * case.q_heads * case.q_len * case.ctx * 4 > MAX_LOGIT_BYTES:
+        return "logits beyond memory"
+    return None
+
+
+def format_table(results: list[dict], impls: list[str]) -> str:
+    peers = [i for i in impls if i != "ours"]
+    head = ["case", "ours us", "GB/s", "%peak"] + [f"{p} us" for p in peers] + [f"x{p}" for p in peers]
+    rows = [head]
+    for res in results:
+        t = res["impls"]
+        ours = t.get("ours", {}).get("us")
+        row = [res["label"], f"{ours:.1f}" if ours else "-",
+               f"{t['ours']['gbs']:.0f}" if ours else "-",
+               f"{100 * t['ours']['gbs'] / HBM_PEAK_GBS:.0f}" if ours else "-"]
+        for p in peers:
+            us = t.get(p, {}).get("us")
+            row.append(f"{us:.1f}" if us else t.get(p, {}).get("skip", "err")[:12])
+        for p in peers:
+            us = t.get(p, {}).get("us")
+            row.append(f"{us / ours:.2f}" if us and ours else "-")
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return "\n".join("  ".join(x.rjust(w) if i else x.ljust(w) for i, (x, w) in enumerate(zip(r, widths)))
+                     for r in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m jax_onnx_attn.bench decode", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32, 128])
+    ap.add_argument("--ctx", type=int, nargs="+", default=[1024, 4096, 16384, 131072])
+    ap.add_argument("--qlen", type=int, nargs="+", default=[1, 4, 16])
+    ap.add_argument("--heads", nargs="+", default=["32/8", "64/8"], help="Hq/Hkv pairs")
+    ap.add_argument("--dims", type=int, nargs="+", default=[128, 256])
+    ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp16"], choices=["bf16", "fp16"])
+    ap.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
+    ap.add_argument("--target-ms", type=float, default=40.0, help="wall time per timing sample")
+    ap.add_argument("--reps", type=int, default=5, help="timing samples (median reported)")
+    ap.add_argument("--max-seconds", type=float, default=float("inf"),
+                    help="stop starting new cases after this long (partial results are kept)")
+    ap.add_argument("--out", help="write the JSON results here")
+    args = ap.parse_args(argv)
+
+    env = environment()
+    print(json.dumps({k: env[k] for k in ("gpu", "jax", "jaxlib", "torch", "commit")}, indent=1))
+    if not env["build"]["cuda"]:
+        print(f"no CUDA kernels in this build: {env['build']['reason']}", file=sys.stderr)
+        return 1
+    results: list[dict] = []
+    start = time.perf_counter()
+    for case in default_cases(args):
+        if time.perf_counter() - start > args.max_seconds:
+            print(f"time budget reached: stopping before {case.label()}")
+            break
+        res = {**dataclasses.asdict(case), "label": case.label(), "kv_bytes": case.kv_bytes,
+               "rotations": case.rotations, "calls_per_graph": case.calls, "impls": {}}
+        for impl in args.impls:
+            why = _impl_skip(case, impl)
+            if why:
+                res["impls"][impl] = {"skip": why}
+                continue
+            try:
+                fn = bench_jax if impl.startswith(("ours", "jax")) else bench_torch
+                sec = fn(case, impl, args.target_ms / 1e3, args.reps)
+                res["impls"][impl] = {"us": sec * 1e6, "gbs": case.kv_bytes / sec / 1e9}
+            except Exception as e:  # a peer that cannot run a shape is a result, not a crash
+                res["impls"][impl] = {"skip": f"error: {type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+        results.append(res)
+        t = res["impls"]
+        print(f"{case.label():44s} " + "  ".join(
+            f"{i}={t[i]['us']:.1f}us/{t[i]['gbs']:.0f}GB/s" if "us" in t[i] else f"{i}={t[i]['skip'][:40]}"
+            for i in args.impls), flush=True)
+        if args.out:
+            _write(args.out, env, results, args)
+    env["gpu_after"] = _run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw",
+                             "--format=csv"])
+    print()
+    print(format_table(results, args.impls))
+    print("\nus: per call; GB/s: K+V bytes / time; %peak of 4800 GB/s; xPEER: peer time / our time")
+    if args.out:
+        _write(args.out, env, results, args)
+        print(f"wrote {args.out}")
+    return 0
+
+
+def _write(path, env, results, args):
+    with open(path, "w") as f:
+        json.dump({"suite": "decode", "env": env, "args": vars(args), "results": results}, f, indent=1,
+                  default=str)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,420 @@
+"""Figures from the benchmark JSON under bench/results/: speed against the peers and the roofline.
+
+Used by notebooks/04_performance.ipynb and by `python tools/plot_bench.py`, which regenerates
+docs/images/*.png from the committed JSON. matplotlib is imported lazily (the `notebooks` extra).
+
+Input: every `*.json` in the results folder, each one run of `python -m jax_onnx_attn.bench <suite>
+--out FILE` (the harness's schema):
+
+    {"suite": "decode",                                  # "prefill" suites are read the same way
+     "env": {"gpu": "<nvidia-smi CSV: header line, then name, driver, clocks, ...>", "commit": ...},
+     "results": [{"batch": 8, "ctx": 8192, "q_len": 1, "q_heads": 32, "kv_heads": 8, "head_dim": 128,
+                  "dtype": "bf16",                       # bf16 | fp16 | fp32
+                  "impls": {"ours": {"us": 20.1, "gbs": 3338.0},       # per-call time (µs)
+                            "jax-xla": {"skip": "error: ..."}, ...}}, ...]}
+
+Each measured impl of each case becomes one flat record (`load_results`): impl, phase, dtype
+(numpy name), batch, q_heads, kv_heads, head_dim, q_len, kv_len, causal, time_s, tflops, gbps,
+intensity, gpu (the GPU's name), source (file name). Skipped impls are left out. A measurement is
+identified by KEY_FIELDS; a later file (by name) replaces an earlier one's measurement of the same
+thing. Metrics, as DESIGN.md defines them:
+
+- TFLOP/s = 4·B·Hq·S·T·D / time (QKᵀ and PV), halved for causal prefill with S == T;
+- effective GB/s = K + V bytes read / time = 2·B·Hkv·T·D·itemsize / time (the harness's "gbs" when
+  it gives one);
+- arithmetic intensity (roofline x) = FLOPs / (Q + K + V + output bytes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+#: The folder of the committed benchmark JSON and of the regenerated figures, from the repo root.
+RESULTS_DIR = Path("bench/results")
+IMAGES_DIR = Path("docs/images")
+
+#: What identifies one measurement (a later file's record with the same key replaces an earlier one).
+KEY_FIELDS = ("impl", "phase", "dtype", "batch", "q_heads", "kv_heads", "head_dim", "q_len", "kv_len",
+              "causal", "gpu")
+#: Fields every result of the harness carries.
+REQUIRED = ("batch", "ctx", "q_len", "q_heads", "kv_heads", "head_dim", "dtype", "impls")
+#: Our own kernels' name in "impls"; every other impl is a peer.
+OURS = "ours"
+
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "bfloat16": "bfloat16",
+           "float16": "float16", "float32": "float32"}
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+    """Roofline limits of one GPU: HBM bandwidth (GB/s) and dense peak TFLOP/s per dtype."""
+
+    name: str
+    hbm_gbps: float
+    peak_tflops: dict
+
+    def peak(self, dtype: str) -> float | None:
+        """Dense peak TFLOP/s for a numpy dtype name ("bfloat16", ...), or None when unknown."""
+        return self.peak_tflops.get(dtype)
+
+
+#: NVIDIA H200 SXM: 4.8 TB/s HBM3e; ~989 TFLOP/s dense bf16/fp16 tensor core; 67 TFLOP/s fp32 (CUDA cores).
+H200 = Hardware("NVIDIA H200", 4800.0, {"bfloat16": 989.0, "float16": 989.0, "float32": 67.0})
+HARDWARE = {"H200": H200}
+
+
+class NoResults(FileNotFoundError):
+    """No usable benchmark JSON; the message says what is missing and how to make it."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Loading
+
+def hardware_for(gpu: str | None) -> Hardware | None:
+    """The Hardware whose key occurs in the GPU name (e.g. "NVIDIA H200"), or None."""
+    for key, hw in HARDWARE.items():
+        if gpu and key.lower() in gpu.lower():
+            return hw
+    return None
+
+
+def gpu_name(env: dict) -> str | None:
+    """The GPU's name from a run's env: its "gpu" field is nvidia-smi's CSV (header, then one line
+    per GPU starting with the name) or a plain name."""
+    text = (env or {}).get("gpu")
+    if not text:
+        return None
+    lines = [line for line in str(text).splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].lower().startswith("name"):
+        return lines[1].split(",")[0].strip()
+    return lines[0].split(",")[0].strip()
+
+
+def flops(r: dict) -> float:
+    """FLOPs of one attention call: 4·B·Hq·S·T·D, halved for causal prefill with S == T."""
+    f = 4.0 * r["batch"] * r["q_heads"] * r["q_len"] * r["kv_len"] * r["head_dim"]
+    if r.get("causal") and r["q_len"] == r["kv_len"]:
+        f /= 2
+    return f
+
+
+def kv_bytes(r: dict) -> float:
+    """Bytes of K and V read once: 2·B·Hkv·T·D·itemsize."""
+    return 2.0 * r["batch"] * r["kv_heads"] * r["kv_len"] * r["head_dim"] * _ITEMSIZE[r["dtype"]]
+
+
+def io_bytes(r: dict) -> float:
+    """Minimum HBM traffic: Q and the output (B·Hq·S·D each) plus K and V."""
+    return kv_bytes(r) + 2.0 * r["batch"] * r["q_heads"] * r["q_len"] * r["head_dim"] * _ITEMSIZE[r["dtype"]]
+
+
+def _records(case: dict, suite: str | None, gpu: str | None, source: str) -> list[dict]:
+    """The flat records of one harness result (one per impl that was measured)."""
+    missing = [f for f in REQUIRED if f not in case]
+    if missing:
+        raise ValueError(f"{source}: a result lacks {missing}: {case}")
+    dtype = _DTYPES.get(str(case["dtype"]))
+    if dtype is None:
+        raise ValueError(f"{source}: unknown dtype {case['dtype']!r} (known: {sorted(_DTYPES)})")
+    base = {f: case[f] for f in ("batch", "q_len", "q_heads", "kv_heads", "head_dim")}
+    base.update(dtype=dtype, kv_len=case["ctx"], gpu=gpu, source=source)
+    base["phase"] = suite if suite in ("prefill", "decode") else (
+        "prefill" if case["q_len"] == case["ctx"] else "decode")
+    # The decode suite runs bottom-right causal; a prefill suite says so per case (default causal).
+    base["causal"] = bool(case.get("causal", True))
+    out = []
+    for impl, m in case["impls"].items():
+        if "us" not in m:
+            continue  # {"skip": why}: not measured
+        r = {**base, "impl": impl, "time_s": m["us"] * 1e-6}
+        r["tflops"] = m.get("tflops", flops(r) / r["time_s"] / 1e12)
+        r["gbps"] = m.get("gbs", kv_bytes(r) / r["time_s"] / 1e9)
+        r["intensity"] = flops(r) / io_bytes(r)
+        out.append(r)
+    return out
+
+
+def load_results(results_dir: str | Path = RESULTS_DIR) -> list[dict]:
+    """Every measurement in `results_dir/*.json` as flat records, the latest per KEY_FIELDS (see the
+    module docstring). Raises NoResults when the folder holds no JSON with measurements."""
+    results_dir = Path(results_dir)
+    files = sorted(results_dir.glob("*.json")) if results_dir.is_dir() else []
+    latest: dict[tuple, dict] = {}
+    for path in files:
+        doc = json.loads(path.read_text())
+        gpu = gpu_name(doc.get("env", {}))
+        for case in doc.get("results", []):
+            for r in _records(case, doc.get("suite"), gpu, path.name):
+                latest[tuple(r.get(f) for f in KEY_FIELDS)] = r
+    if not latest:
+        where = f"{results_dir}/ has no *.json" if not files else \
+            f"the {len(files)} JSON file(s) in {results_dir}/ hold no measurements"
+        raise NoResults(
+            f"no benchmark results to plot: {where}. Measure on the GPU machine with "
+            f"`python -m jax_onnx_attn.bench decode --out {RESULTS_DIR}/<name>.json`, "
+            f"commit the JSON, then run `python tools/plot_bench.py`.")
+    return list(latest.values())
+
+
+def main_gpu(records: Sequence[dict]) -> str | None:
+    """The GPU most records were measured on (figures show one GPU at a time)."""
+    counts = Counter(r.get("gpu") for r in records)
+    return counts.most_common(1)[0][0] if counts else None
+
+
+def select(records: Iterable[dict], **where) -> list[dict]:
+    """Records whose fields equal every keyword given (None values are ignored)."""
+    return [r for r in records if all(v is None or r.get(k) == v for k, v in where.items())]
+
+
+# --------------------------------------------------------------------------------------------------
+# Figures
+
+def _plt():
+    import matplotlib
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker  # noqa: F401
+    return matplotlib, plt
+
+
+#: Peers in a fixed colour order, so one peer has one colour in every panel.
+PEERS = ("jax-xla", "jax-cudnn", "torch-flash", "torch-cudnn", "reference")
+
+
+def _style(impls: Iterable[str]) -> dict:
+    """impl -> matplotlib kwargs: ours bold black, each peer its own colour of the cycle."""
+    _, plt = _plt()
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    others = sorted(i for i in impls if i != OURS and i not in PEERS)
+    style = {}
+    for impl in sorted(impls, key=lambda s: (s != OURS, s)):
+        if impl == OURS:
+            style[impl] = dict(color="black", lw=2.2, marker="o", zorder=5)
+        else:
+            index = PEERS.index(impl) if impl in PEERS else len(PEERS) + others.index(impl)
+            style[impl] = dict(color=colors[index % len(colors)], lw=1.3, marker="s", ms=4)
+    return style
+
+
+#: The fields a figure holds fixed: one line per impl needs the same problem on the x axis.
+SHAPE_FIELDS = ("dtype", "q_heads", "kv_heads", "head_dim", "causal")
+_METRIC = {"prefill": ("tflops", "TFLOP/s"), "decode": ("gbps", "effective GB/s (K+V read)")}
+
+
+def problem(records: Sequence[dict], phase: str) -> dict:
+    """The `select` filter (besides the phase) of one figure: the phase's most measured
+    SHAPE_FIELDS and, for decode, the smallest query length measured (1 = plain decode)."""
+    recs = select(records, phase=phase)
+    if not recs:
+        return {}
+    counts = Counter(tuple(r.get(f) for f in SHAPE_FIELDS) for r in recs)
+    where = dict(zip(SHAPE_FIELDS, counts.most_common(1)[0][0]))
+    if phase == "decode":
+        where["q_len"] = min(r["q_len"] for r in select(recs, **where))
+    return where
+
+
+def _title(phase: str, where: dict) -> str:
+    text = f"{phase}: {where.get('dtype')}, Hq={where.get('q_heads')}/Hkv={where.get('kv_heads')}, " \
+           f"D={where.get('head_dim')}"
+    if phase == "decode":
+        text += f", S={where.get('q_len')}"
+    elif where.get("causal"):
+        text += ", causal"
+    return text
+
+
+def plot_vs_context(records: Sequence[dict], phase: str, ax=None, hardware: Hardware | None = None,
+                    batch: int | None = None, **where):
+    """TFLOP/s (prefill) or effective GB/s (decode) against the context length T, one line per impl
+    (per impl and batch when `batch` is None and several were measured), with the hardware limit
+    drawn in (peak TFLOP/s or HBM bandwidth). `where` narrows the records (default: `problem`)."""
+    _, plt = _plt()
+    where = {**problem(records, phase), **where}
+    recs = select(records, phase=phase, batch=batch, **where)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 4), layout="constrained")
+    metric, unit = _METRIC[phase]
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("context length T (keys)")
+    ax.set_ylabel(unit)
+    ax.set_title(_title(phase, where) + (f", B={batch}" if batch else ""), fontsize=9)
+    ax.grid(True, which="major", alpha=0.3)
+    if hardware is not None:
+        limit = hardware.hbm_gbps if phase == "decode" else hardware.peak(where.get("dtype"))
+        if limit:
+            what = "HBM bandwidth" if phase == "decode" else f"dense {where.get('dtype')} peak"
+            ax.axhline(limit, color="crimson", ls="--", lw=1)
+            ax.text(0.01, limit, f" {hardware.name} {what}: {limit:g}", color="crimson", fontsize=7,
+                    va="bottom", transform=ax.get_yaxis_transform())
+            ax.set_ylim(0, limit * 1.12)
+    if not recs:
+        ax.text(0.5, 0.5, f"no {phase} results", ha="center", va="center", transform=ax.transAxes)
+        return ax
+    style = _style({r["impl"] for r in recs})
+    batches = sorted({r["batch"] for r in recs})
+    dashes = ["-", "--", ":", "-."]
+    for impl in style:
+        for bi, b in enumerate(batches):
+            pts = sorted(select(recs, impl=impl, batch=b), key=lambda r: r["kv_len"])
+            if pts:
+                label = impl if len(batches) == 1 else f"{impl}, B={b}"
+                ax.plot([r["kv_len"] for r in pts], [r[metric] for r in pts], ls=dashes[bi % 4],
+                        label=label, **style[impl])
+    ax.legend(fontsize=7, ncol=2 if len(batches) > 1 else 1)
+    return ax
+
+
+def ratio_table(records: Sequence[dict], ours: str = OURS) -> list[dict]:
+    """Per configuration measured for `ours` and a peer: {config fields..., "peer", "ratio"} with
+    ratio = our metric / the peer's (TFLOP/s for prefill, GB/s for decode; > 1: we are faster)."""
+    shape = [f for f in KEY_FIELDS if f != "impl"]
+    peers: dict[tuple, list[dict]] = {}
+    for p in records:
+        if p["impl"] != ours:
+            peers.setdefault(tuple(p.get(f) for f in shape), []).append(p)
+    rows = []
+    for r in select(records, impl=ours):
+        metric = _METRIC[r["phase"]][0]
+        for p in peers.get(tuple(r.get(f) for f in shape), []):
+            rows.append({**{f: r.get(f) for f in shape}, "peer": p["impl"], "ratio": r[metric] / p[metric]})
+    return rows
+
+
+def plot_ratio_vs_context(records: Sequence[dict], phase: str, ax=None, batch: int | None = None,
+                          ours: str = OURS, **where):
+    """Our metric over each peer's against the context length (1 = parity, above: we are faster)."""
+    matplotlib, plt = _plt()
+    where = {**problem(records, phase), **where}
+    rows = ratio_table(select(records, phase=phase, batch=batch, **where), ours)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3), layout="constrained")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    times = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}×")
+    ax.yaxis.set_major_formatter(times)
+    ax.yaxis.set_minor_formatter(times)
+    ax.tick_params(axis="y", which="minor", labelsize=7)
+    ax.axhline(1.0, color="black", lw=1)
+    ax.set_xlabel("context length T (keys)")
+    ax.set_ylabel(f"{ours} / peer")
+    ax.grid(True, which="both", alpha=0.3)
+    if not rows:
+        ax.text(0.5, 0.5, f"no configuration measured for both {ours!r} and a peer", ha="center",
+                va="center", transform=ax.transAxes, fontsize=8)
+        return ax
+    style = _style({r["peer"] for r in rows})
+    batches = sorted({r["batch"] for r in rows})
+    dashes = ["-", "--", ":", "-."]
+    for peer in style:
+        for bi, b in enumerate(batches):
+            pts = sorted((r for r in rows if r["peer"] == peer and r["batch"] == b),
+                         key=lambda r: r["kv_len"])
+            if pts:
+                label = f"vs {peer}" if len(batches) == 1 else f"vs {peer}, B={b}"
+                ax.plot([r["kv_len"] for r in pts], [r["ratio"] for r in pts], ls=dashes[bi % 4],
+                        label=label, **style[peer])
+    ax.legend(fontsize=7)
+    return ax
+
+
+def plot_phase(records: Sequence[dict], phase: str, hardware: Hardware | None = None, **where):
+    """One figure for a phase: a column per batch size, the metric on top and our ratio to each
+    peer below (when our kernels were measured). Returns the Figure."""
+    _, plt = _plt()
+    where = {**problem(records, phase), **where}
+    recs = select(records, phase=phase, **where)
+    batches = sorted({r["batch"] for r in recs}) or [None]
+    with_ratio = bool(ratio_table(recs))
+    rows = 2 if with_ratio else 1
+    fig, axes = plt.subplots(rows, len(batches), figsize=(4.2 * len(batches), 3.4 * rows),
+                             squeeze=False, layout="constrained")
+    for col, b in enumerate(batches):
+        plot_vs_context(recs, phase, axes[0, col], hardware, batch=b, **where)
+        if with_ratio:
+            plot_ratio_vs_context(recs, phase, axes[1, col], batch=b, **where)
+    return fig
+
+
+def plot_roofline(records: Sequence[dict], ax=None, hardware: Hardware | None = H200,
+                  dtype: str = "bfloat16"):
+    """Achieved TFLOP/s against arithmetic intensity (FLOP per byte of Q, K, V and output), under
+    the roofline min(peak, intensity × HBM bandwidth). Prefill circles, decode triangles."""
+    _, plt = _plt()
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 4.5), layout="constrained")
+    recs = select(records, dtype=dtype)
+    x_lo, x_hi = 0.5, 1e5
+    if recs:
+        xs = [r["intensity"] for r in recs]
+        x_lo, x_hi = min(x_lo, min(xs) / 2), max(x_hi, max(xs) * 2)
+    if hardware is not None and hardware.peak(dtype):
+        peak, bw = hardware.peak(dtype), hardware.hbm_gbps / 1e3  # TB/s -> TFLOP/s per FLOP/B
+        x = np.logspace(np.log10(x_lo), np.log10(x_hi), 200)
+        ax.plot(x, np.minimum(peak, x * bw), color="crimson", lw=2,
+                label=f"{hardware.name} roofline: {hardware.hbm_gbps / 1e3:g} TB/s, {peak:g} TFLOP/s")
+        ax.axvline(peak / bw, color="crimson", ls=":", lw=1)
+    style = _style({r["impl"] for r in recs})
+    for impl in style:
+        for phase, marker in (("prefill", "o"), ("decode", "^")):
+            pts = select(recs, impl=impl, phase=phase)
+            if pts:
+                kw = {k: v for k, v in style[impl].items() if k in ("color", "zorder")}
+                ax.scatter([r["intensity"] for r in pts], [r["tflops"] for r in pts], marker=marker,
+                           s=40 if impl == OURS else 18, alpha=0.85, label=f"{impl} {phase}", **kw)
+    if not recs:
+        ax.text(0.5, 0.5, f"no {dtype} results yet", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(x_lo, x_hi)
+    ax.set_ylim(0.1, 2000)
+    ax.set_xlabel("arithmetic intensity (FLOP / byte of Q, K, V, O)")
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title(f"roofline, {dtype}", fontsize=10)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    return ax
+
+
+def regenerate(results_dir: str | Path = RESULTS_DIR, images_dir: str | Path = IMAGES_DIR) -> list[Path]:
+    """Write every figure as PNG into `images_dir` from the JSON in `results_dir`; returns the paths.
+
+    Figures (of the GPU with the most measurements): prefill_tflops.png and decode_gbps.png for the
+    phases measured (`plot_phase`), and roofline.png. Raises NoResults when there is nothing to plot.
+    """
+    _, plt = _plt()
+    records = load_results(results_dir)
+    gpu = main_gpu(records)
+    records = select(records, gpu=gpu)
+    hw = hardware_for(gpu)
+    images_dir = Path(images_dir)
+    images_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+
+    def save(fig, name):
+        path = images_dir / name
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+
+    for phase in ("prefill", "decode"):
+        if select(records, phase=phase):
+            save(plot_phase(records, phase, hw), f"{phase}_{_METRIC[phase][0]}.png")
+    dtype = Counter(r["dtype"] for r in records).most_common(1)[0][0]
+    fig, ax = plt.subplots(figsize=(7, 4.5), layout="constrained")
+    plot_roofline(records, ax, hw, dtype)
+    save(fig, "roofline.png")
+    return written
+
+
+__all__ = ["Hardware", "H200", "HARDWARE", "NoResults", "RESULTS_DIR", "IMAGES_DIR", "OURS",
+           "KEY_FIELDS", "SHAPE_FIELDS", "load_results", "select", "main_gpu", "gpu_name",
+           "hardware_for", "problem", "flops", "kv_bytes", "io_bytes", "plot_vs_context",
+           "ratio_table", "plot_ratio_vs_context", "plot_phase", "plot_roofline", "regenerate"]

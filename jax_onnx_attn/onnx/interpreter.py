@@ -1,0 +1,161 @@
+"""The graph interpreter: runs an ONNX graph node by node at trace time.
+
+It is called inside `jax.jit` once per input-shape signature. Each node's handler gets NumPy inputs
+where they are known at trace time and jax arrays otherwise, and computes in NumPy when every input is
+NumPy (constant folding of shape arithmetic), in jax.numpy otherwise. Subgraphs (If branches) run in
+a scope that sees the enclosing values.
+
+A `hook` lets the fixed-capacity cache step intercept nodes (KV Concat, attention masks, the
+builder's GQA) without the op handlers knowing about it.
+"""
+
+from __future__ import annotations
+
+from collections import ChainMap
+from typing import Any, Callable
+
+import jax.numpy as jnp
+import numpy as np
+import onnx
+
+from jax_onnx_attn.onnx import registry
+from jax_onnx_attn.onnx.values import ShapeOnly, attribute_value, is_static, np_dtype, to_jax, \
+    traced_dtype
+
+#: hook(ctx, inputs) -> outputs (a tuple) to replace the node's handler, or None to run it.
+Hook = Callable[["NodeContext", list], Any]
+
+
+class NodeContext:
+    """Everything a handler may need besides its inputs.
+
+    node: the NodeProto; key: its resolved OpKey (ctx.version is key.since_version); attrs: decoded
+    attributes; xp: numpy when every input is static, else jax.numpy; interp: the Interpreter (for
+    subgraphs and the values of other nodes); env: the current scope's values.
+    """
+
+    def __init__(self, node: onnx.NodeProto, key: registry.OpKey, inputs: list, interp: "Interpreter",
+                 env):
+        self.node = node
+        self.key = key
+        self.version = key.since_version
+        self.attrs = {a.name: attribute_value(a) for a in node.attribute}
+        self.interp = interp
+        self.env = env
+        self.static = all(v is None or is_static(v) for v in inputs)
+        self.xp = np if self.static else jnp
+
+    def attr(self, name: str, default=None):
+        return self.attrs.get(name, default)
+
+    def fail(self, msg: str, exc=ValueError):
+        raise exc(f"{self.key} node {self.node.name or self.node.output[0]!r}: {msg}")
+
+    def operands(self, *values):
+        """Values in the world of ctx.xp: unchanged for NumPy, jax arrays (int64 clipped) otherwise."""
+        if self.static:
+            return values if len(values) != 1 else values[0]
+        out = tuple(to_jax(v) for v in values)
+        return out if len(out) != 1 else out[0]
+
+    def static_value(self, v, what: str) -> np.ndarray:
+        """An input that must be known at trace time (a shape, axes, pads, ...)."""
+        if v is None:
+            return None
+        if not is_static(v):
+            self.fail(f"{what} must be known at trace time (it decides a shape), but it depends on "
+                      f"the model's inputs or weights")
+        return np.asarray(v)
+
+    def dtype(self, elem_type: int) -> np.dtype:
+        """The dtype an ONNX elem type maps to here (after load(dtype=...) and, traced, JAX's)."""
+        d = self.interp.map_dtype(np_dtype(elem_type))
+        return d if self.static else traced_dtype(d)
+
+    def producer(self, name: str):
+        """The node that outputs `name` (None for graph inputs and initializers)."""
+        return self.interp.producers.get(name)
+
+    def value(self, name: str):
+        return self.env.get(name) if name else None
+
+
+class Interpreter:
+    """Runs a model's main graph (and subgraphs) for one set of input values.
+
+    float_map: {onnx float dtype: dtype} applied to constants, casts and inputs (load(dtype=...)).
+    """
+
+    def __init__(self, model: onnx.ModelProto, float_map: dict | None = None,
+                 hook: Hook | None = None):
+        self.model = model
+        self.opsets = registry.model_opsets(model)
+        self.float_map = {np.dtype(k): np.dtype(v) for k, v in (float_map or {}).items()}
+        self.hook = hook
+        self.producers: dict[str, onnx.NodeProto] = {}
+        for node in registry.iter_nodes(model.graph):
+            for o in node.output:
+                if o:
+                    self.producers[o] = node
+        self._keys: dict[int, registry.OpKey] = {}
+
+    def map_dtype(self, dtype) -> np.dtype:
+        dtype = np.dtype(dtype)
+        return self.float_map.get(dtype, dtype)
+
+    def key(self, node: onnx.NodeProto) -> registry.OpKey:
+        k = self._keys.get(id(node))
+        if k is None:
+            k = self._keys[id(node)] = registry.resolve(node.domain, node.op_type, self.opsets)
+        return k
+
+    def run_graph(self, graph: onnx.GraphProto, env) -> list:
+        """Run `graph`'s nodes in `env` (a dict or ChainMap, updated in place); return its outputs."""
+        for node in graph.node:
+            self.run_node(node, env)
+        missing = [o.name for o in graph.output if o.name not in env]
+        if missing:
+            raise ValueError(f"graph {graph.name!r}: outputs {missing} were never computed")
+        return [env[o.name] for o in graph.output]
+
+    def run_subgraph(self, graph: onnx.GraphProto, env) -> list:
+        """Run a subgraph (If branch) in a child scope of `env`."""
+        scope = ChainMap({}, env)
+        for init in graph.initializer:
+            # Subgraph initializers are params (see loader); they are in the outer env by name.
+            if init.name not in env:
+                raise KeyError(f"subgraph initializer {init.name!r} is not loaded")
+        return self.run_graph(graph, scope)
+
+    def run_node(self, node: onnx.NodeProto, env) -> None:
+        try:
+            inputs = [env[n] if n else None for n in node.input]
+        except KeyError as e:
+            raise ValueError(f"node {node.name or node.op_type!r} reads {e.args[0]!r}, which is not "
+                             f"computed before it (the graph is not topologically sorted, or the "
+                             f"input is missing)") from None
+        key = self.key(node)
+        ctx = NodeContext(node, key, inputs, self, env)
+        outputs = self.hook(ctx, inputs) if self.hook is not None else None
+        if outputs is None:
+            handler = registry.lookup(key)
+            if handler is None:
+                raise registry.UnsupportedOpsError([key])
+            shape_only = [n for n, v in zip(node.input, inputs) if isinstance(v, ShapeOnly)]
+            if shape_only and node.op_type != "Shape":
+                ctx.fail(f"reads {shape_only}, whose data the fixed-capacity cache step replaces; "
+                         f"only Shape may read it ({inputs[node.input.index(shape_only[0])].why})")
+            outputs = handler(ctx, *inputs)
+        if not isinstance(outputs, (tuple, list)):
+            outputs = (outputs,)
+        for name, value in zip(node.output, outputs):
+            if name:
+                env[name] = value
+        wanted = [n for n in node.output[len(outputs):] if n]
+        if wanted:
+            ctx.fail(f"outputs {wanted} are not produced by this implementation", NotImplementedError)
+
+
+def run_model(interp: Interpreter, env: dict) -> list:
+    """Run the main graph; `env` must hold every graph input and initializer."""
+    return interp.run_graph(interp.model.graph, env)

@@ -1,0 +1,169 @@
+"""`load`: an ONNX model as a params pytree and a pure, jittable `apply(params, inputs)`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import onnx
+import onnx.inliner
+
+from jax_onnx_attn.onnx import ops as _ops  # noqa: F401  (registers every handler)
+from jax_onnx_attn.onnx import registry
+from jax_onnx_attn.onnx.interpreter import Hook, Interpreter
+from jax_onnx_attn.onnx.values import ShapeOnly, np_dtype, tensor_to_numpy, to_jax
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(jnp.bfloat16), np.dtype(np.float64))
+
+#: Integer initializers up to this many elements (rank <= 1) stay NumPy so that shape arithmetic
+#: built on them folds; everything else (weights, packed quantised weights) is a param.
+STATIC_INIT_MAX = 1024
+
+
+def _is_static_initializer(arr: np.ndarray) -> bool:
+    return (not np.issubdtype(arr.dtype, np.floating) and arr.ndim <= 1
+            and arr.size <= STATIC_INIT_MAX)
+
+
+def _primary_float(arrays) -> np.dtype | None:
+    """The float dtype holding most weight bytes: the model's compute type (f32, f16 or bf16)."""
+    nbytes: dict[np.dtype, int] = {}
+    for a in arrays:
+        if a.dtype in _FLOATS:
+            nbytes[a.dtype] = nbytes.get(a.dtype, 0) + a.nbytes
+    return max(nbytes, key=nbytes.get) if nbytes else None
+
+
+class LoweredModel:
+    """An ONNX model lowered to JAX.
+
+    Attributes:
+      model: the ModelProto (local functions inlined).
+      params: {initializer name: jax.Array}: weights (float tensors, cast to `dtype` when given) and
+        packed quantised weights. Small integer initializers are kept as trace-time constants.
+      input_names, output_names: the graph's inputs (initializers excluded) and outputs, in order.
+      dtype: the dtype the model's float type was mapped to, or None.
+      float_type: the model's own float type (the dtype of most weight bytes), or None.
+    """
+
+    def __init__(self, model: onnx.ModelProto, params: dict, constants: dict, float_map: dict,
+                 float_type):
+        self.model = model
+        self.params = params
+        self._constants = constants
+        self._float_map = float_map
+        self.float_type = float_type
+        self.dtype = float_map.get(float_type) if float_type is not None else None
+        init_names = {t.name for t in model.graph.initializer}
+        self.input_names = [i.name for i in model.graph.input if i.name not in init_names]
+        self.output_names = [o.name for o in model.graph.output]
+        self._interp = Interpreter(model, float_map)
+
+    # -- introspection -------------------------------------------------------------------------
+    def input_info(self) -> dict[str, tuple[tuple, np.dtype]]:
+        """{input name: (dims, dtype)}; a dim is an int or the producer's symbolic name (str)."""
+        out = {}
+        for vi in self.model.graph.input:
+            if vi.name in self.input_names:
+                tt = vi.type.tensor_type
+                dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                             for d in tt.shape.dim)
+                out[vi.name] = (dims, self._interp.map_dtype(np_dtype(tt.elem_type)))
+        return out
+
+    # -- running ---------------------------------------------------------------------------------
+    def _prepare_input(self, value):
+        if isinstance(value, ShapeOnly):
+            return value  # a placeholder of the cache step: only Shape reads it
+        arr = value if isinstance(value, jax.Array) else np.asarray(value)
+        mapped = self._interp.map_dtype(np.dtype(arr.dtype))
+        if mapped != arr.dtype:
+            arr = arr.astype(mapped)
+        # Inputs are always traced (jax arrays): folding the graph on concrete input data would run
+        # a different (NumPy) code path than the jitted one.
+        return to_jax(arr)
+
+    def run(self, params: Mapping, inputs: Mapping, hook: Hook | None = None) -> dict:
+        """`apply` with an optional node hook (used by the fixed-capacity cache step)."""
+        missing = [n for n in self.input_names if n not in inputs]
+        extra = [n for n in inputs if n not in self.input_names]
+        if missing or extra:
+            raise ValueError(f"apply: inputs missing {missing}, unknown {extra}; the model's inputs "
+                             f"are {self.input_names}")
+        env: dict = dict(self._constants)
+        env.update(params)
+        for name in self.input_names:
+            env[name] = self._prepare_input(inputs[name])
+        interp = self._interp if hook is None else Interpreter(self.model, self._float_map, hook)
+        outs = interp.run_graph(self.model.graph, env)
+        return {n: to_jax(v) for n, v in zip(self.output_names, outs)}
+
+    def apply(self, params: Mapping, inputs: Mapping) -> dict:
+        """Run the model: pure and jittable.
+
+        Args:
+          params: the `params` pytree (or one of the same structure, e.g. on another device).
+          inputs: {graph input name: array}, every input of `input_names`. Floats of the model's
+            float type are cast to `dtype`; int64 inputs become int32 unless jax_enable_x64 is on.
+
+        Returns:
+          {output name: jax.Array} in the model's declared order (`output_names`).
+        """
+        return self.run(params, inputs)
+
+    __call__ = apply
+
+    def fixed_cache_step(self, batch: int, capacity: int):
+        """A decode/prefill step over fixed-capacity KV buffers: see `FixedCacheStep`."""
+        from jax_onnx_attn.onnx.cache_step import FixedCacheStep
+        return FixedCacheStep(self, batch, capacity)
+
+
+def load(model, dtype=None, *, base_dir: str | os.PathLike | None = None) -> LoweredModel:
+    """Lower an ONNX model to JAX.
+
+    Args:
+      model: a path to a .onnx file (external data next to it is read), or a ModelProto (external
+        data is read from `base_dir` when the proto does not carry it yet).
+      dtype: None keeps the model's types; a float dtype (e.g. jnp.bfloat16) replaces the model's
+        float type (the dtype of most weight bytes) everywhere: weights, constants, casts, inputs.
+        Norms, softmax and attention still accumulate in float32.
+      base_dir: where external data lives for a ModelProto argument.
+
+    Returns:
+      LoweredModel (`params`, `apply`, `fixed_cache_step`, `input_names`, `output_names`, `model`).
+
+    Raises:
+      UnsupportedOpsError: listing every (domain, op_type, since_version) without a handler.
+    """
+    if isinstance(model, (str, os.PathLike)):
+        path = Path(model)
+        model = onnx.load(str(path), load_external_data=True)
+        base_dir = None
+    elif not isinstance(model, onnx.ModelProto):
+        raise TypeError(f"load: expected a path or an onnx.ModelProto, got {type(model).__name__}")
+    if model.functions:
+        # Model-local functions (onnxscript/torch exports may carry them) become plain nodes.
+        model = onnx.inliner.inline_local_functions(model)
+    registry.check_coverage(model)
+
+    arrays = {}
+    for t in (t for g in registry.iter_graphs(model.graph) for t in g.initializer):
+        arrays[t.name] = tensor_to_numpy(t, None if base_dir is None else str(base_dir))
+    float_type = _primary_float(a for a in arrays.values() if not _is_static_initializer(a))
+    float_map = {}
+    if dtype is not None and float_type is not None:
+        float_map[float_type] = np.dtype(dtype)
+    params, constants = {}, {}
+    for name, arr in arrays.items():
+        if _is_static_initializer(arr):
+            constants[name] = arr
+        else:
+            if arr.dtype in float_map:
+                arr = arr.astype(float_map[arr.dtype])
+            params[name] = to_jax(arr)
+    return LoweredModel(model, params, constants, float_map, float_type)

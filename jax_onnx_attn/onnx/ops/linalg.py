@@ -1,0 +1,120 @@
+"""Matrix products: MatMul, Gemm, Einsum and onnxruntime's weight-only quantised MatMulNBits.
+
+float32 products run at HIGHEST precision (no TF32 on GPUs: parity with onnxruntime's fp32); half
+types accumulate in float32 and round once.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jax_onnx_attn.onnx.registry import MS_DOMAIN, register
+from jax_onnx_attn.onnx.values import to_jax
+
+_HALF = (np.dtype(np.float16), np.dtype(jnp.bfloat16))
+
+
+def _dot_kwargs(dtype) -> dict:
+    if np.dtype(dtype) in _HALF:
+        return dict(preferred_element_type=jnp.float32)
+    return dict(precision=lax.Precision.HIGHEST)
+
+
+def matmul_jax(a, b):
+    """a @ b (NumPy matmul broadcasting) in a's dtype with the module's precision rule."""
+    a, b = to_jax(a), to_jax(b)
+    if not jnp.issubdtype(a.dtype, jnp.floating):
+        return jnp.matmul(a, b)
+    return jnp.matmul(a, b, **_dot_kwargs(a.dtype)).astype(a.dtype)
+
+
+@register("MatMul", 9, 13)
+def matmul(ctx, a, b):
+    if ctx.static:
+        return np.matmul(a, b)
+    return matmul_jax(a, b)
+
+
+@register("Gemm", 9, 11, 13)
+def gemm(ctx, a, b, c=None):
+    a, b, c = ctx.operands(a, b, c)
+    if ctx.attr("transA", 0):
+        a = a.T
+    if ctx.attr("transB", 0):
+        b = b.T
+    y = np.matmul(a, b) if ctx.static else matmul_jax(a, b)
+    alpha, beta = ctx.attr("alpha", 1.0), ctx.attr("beta", 1.0)
+    if alpha != 1.0:
+        y = y * np.asarray(alpha, y.dtype)
+    if c is not None:
+        y = y + (c * np.asarray(beta, y.dtype) if beta != 1.0 else c)
+    return y
+
+
+@register("Einsum", 12)
+def einsum(ctx, *xs):
+    eq = ctx.attr("equation")
+    xs = ctx.operands(*xs)
+    xs = xs if isinstance(xs, tuple) else (xs,)
+    if ctx.static:
+        return np.einsum(eq, *xs)
+    kw = _dot_kwargs(xs[0].dtype) if jnp.issubdtype(xs[0].dtype, jnp.floating) else {}
+    return jnp.einsum(eq, *xs, **kw).astype(xs[0].dtype)
+
+
+def _unpack_bits(packed, bits: int):
+    """uint8 [..., n_bytes] -> uint8 [..., n_bytes * 8 / bits], lowest bits first (ORT's layout)."""
+    if bits == 8:
+        return packed
+    per_byte = 8 // bits
+    shifts = jnp.arange(per_byte, dtype=jnp.uint8) * bits
+    vals = (packed[..., None] >> shifts) & jnp.uint8((1 << bits) - 1)
+    return vals.reshape(packed.shape[:-1] + (packed.shape[-1] * per_byte,))
+
+
+def dequantize_nbits(b_quant, scales, zero_points, *, k: int, n: int, bits: int, block_size: int,
+                     dtype):
+    """MatMulNBits' B as a dense [K, N] matrix of `dtype`.
+
+    b_quant: uint8 [N, k_blocks, block_size * bits / 8]; scales: [N * k_blocks] (or [N, k_blocks]);
+    zero_points: None (midpoint 2^(bits-1)), uint8 packed [N * ceil(k_blocks * bits / 8)], or
+    `dtype`-typed [N * k_blocks]. Element j of a block sits in bits (j % per_byte) * bits of byte
+    j // per_byte, lowest first. W[k, n] = (q - zp) * scale[n, k // block_size].
+    """
+    k_blocks = -(-k // block_size)
+    q = _unpack_bits(to_jax(b_quant).reshape(n, k_blocks, -1), bits)       # [N, kb, block]
+    q = q[..., :block_size].astype(jnp.float32)
+    s = to_jax(scales).reshape(n, k_blocks, 1).astype(jnp.float32)
+    if zero_points is None:
+        zp = jnp.float32(1 << (bits - 1))
+    else:
+        zp = to_jax(zero_points)
+        if zp.dtype == jnp.uint8:
+            zp = _unpack_bits(zp.reshape(n, -1), bits)[:, :k_blocks]
+        zp = zp.reshape(n, k_blocks, 1).astype(jnp.float32)
+    w = ((q - zp) * s).reshape(n, k_blocks * block_size)[:, :k]            # [N, K]
+    return w.T.astype(dtype)
+
+
+@register("MatMulNBits", 1, domain=MS_DOMAIN)
+def matmul_nbits(ctx, a, b_quant, scales, zero_points=None, g_idx=None, bias=None):
+    """A [..., K] @ dequant(B) [K, N] (+ bias [N]); 2- to 8-bit weights in blocks along K.
+
+    The weight is dequantised inside the traced program (XLA fuses it into the product), so params
+    keep the packed bytes. accuracy_level is a speed hint for onnxruntime (it may quantise A to int8
+    at level 4); the result here is the exact product with the dequantised weight.
+    """
+    if g_idx is not None:
+        ctx.fail("g_idx (act-order) weights are not supported", NotImplementedError)
+    k, n, bits, block = (int(ctx.attr(x)) for x in ("K", "N", "bits", "block_size"))
+    if bits not in (2, 4, 8):
+        ctx.fail(f"bits={bits} is not supported (2, 4 or 8)", NotImplementedError)
+    a = to_jax(a)
+    w = dequantize_nbits(b_quant, scales, zero_points, k=k, n=n, bits=bits, block_size=block,
+                         dtype=a.dtype)
+    y = matmul_jax(a, w)
+    if bias is not None:
+        y = y + to_jax(bias).astype(y.dtype)
+    return y

@@ -1,0 +1,85 @@
+"""Normalisations: RMSNormalization-23, LayerNormalization-17 and onnxruntime's (Skip)(Simplified)
+LayerNormalization contrib ops. Statistics run in float32 (stash_type 1) and round once.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from jax_onnx_attn.onnx.registry import MS_DOMAIN, register
+from jax_onnx_attn.onnx.values import to_jax
+from jax_onnx_attn.ops.reference.core import accumulation_dtype
+from jax_onnx_attn.ops.reference.norm import rms_norm
+
+
+def _norm_axes(ctx, x) -> tuple[int, ...]:
+    """Normalised axes: from `axis` (default -1) to the last, as every op here defines them."""
+    axis = ctx.attr("axis", -1)
+    axis = axis + x.ndim if axis < 0 else axis
+    return tuple(range(axis, x.ndim))
+
+
+def _inv_std(x, axes, eps, center: bool):
+    acc = accumulation_dtype(x.dtype)
+    xf = x.astype(acc)
+    mean = jnp.mean(xf, axis=axes, keepdims=True) if center else None
+    centred = xf - mean if center else xf
+    inv = lax.rsqrt(jnp.mean(jnp.square(centred), axis=axes, keepdims=True) + jnp.asarray(eps, acc))
+    return centred, mean, inv
+
+
+@register("RMSNormalization", 23)
+@register("SimplifiedLayerNormalization", 1)
+def simplified_layer_norm(ctx, x, scale):
+    """RMSNormalization-23 / onnxruntime SimplifiedLayerNormalization: x / rms(x) * scale.
+
+    Outputs Y (and SimplifiedLayerNormalization's optional inv_std_var, float32).
+    """
+    x = to_jax(x)
+    axes = _norm_axes(ctx, x)
+    eps = ctx.attr("epsilon", 1e-5)
+    y = rms_norm(x, to_jax(scale), eps, axis=axes)
+    if len([o for o in ctx.node.output if o]) > 1:
+        _, _, inv = _inv_std(x, axes, eps, center=False)
+        return y, inv
+    return y
+
+
+@register("SkipSimplifiedLayerNormalization", 1, domain=MS_DOMAIN)
+def skip_simplified_layer_norm(ctx, x, skip, gamma, bias=None):
+    """s = x + skip (+ bias); outputs (rms_norm(s) * gamma, mean (unused: None), inv_std_var, s)."""
+    s = to_jax(x) + to_jax(skip)
+    if bias is not None:
+        s = s + to_jax(bias)
+    eps = ctx.attr("epsilon", 1e-5)
+    y = rms_norm(s, to_jax(gamma), eps, axis=-1)
+    wants_inv = len(ctx.node.output) > 2 and bool(ctx.node.output[2])
+    inv = _inv_std(s, (s.ndim - 1,), eps, center=False)[2] if wants_inv else None
+    return y, None, inv, s
+
+
+def _layer_norm(x, scale, bias, axes, eps):
+    centred, mean, inv = _inv_std(x, axes, eps, center=True)
+    y = centred * inv * scale.astype(centred.dtype)
+    if bias is not None:
+        y = y + bias.astype(centred.dtype)
+    return y.astype(x.dtype), mean, inv
+
+
+@register("LayerNormalization", 17)
+def layer_norm(ctx, x, scale, bias=None):
+    x = to_jax(x)
+    axes = _norm_axes(ctx, x)
+    y, mean, inv = _layer_norm(x, to_jax(scale), to_jax(bias), axes, ctx.attr("epsilon", 1e-5))
+    return y, mean, inv
+
+
+@register("SkipLayerNormalization", 1, domain=MS_DOMAIN)
+def skip_layer_norm(ctx, x, skip, gamma, beta=None, bias=None):
+    s = to_jax(x) + to_jax(skip)
+    if bias is not None:
+        s = s + to_jax(bias)
+    y, mean, inv = _layer_norm(s, to_jax(gamma), to_jax(beta), (s.ndim - 1,),
+                               ctx.attr("epsilon", 1e-5))
+    return y, mean, inv, s

@@ -1,0 +1,94 @@
+"""What flows along the edges of a graph at trace time, and the dtype rules for it.
+
+A value is one of
+  * a NumPy array: known at trace time (initializers kept static, Constant nodes, shape arithmetic).
+    Ops whose inputs are all NumPy compute in NumPy, so Reshape / Slice / Expand / Range see
+    concrete shapes and the traced program has static shapes;
+  * a jax.Array (a tracer under jit): everything that depends on the model's inputs or weights;
+  * `ShapeOnly`: a placeholder that has a shape and dtype but no data, for graph inputs whose data
+    the fixed-capacity cache step replaces (Shape may read it; any other use is an error);
+  * None: an omitted optional input.
+
+Integer tensors follow ONNX (int64) while static; traced ones follow JAX's canonical dtypes, so int64
+becomes int32 unless jax_enable_x64 is on (static int64 values are clipped into int32 range when they
+enter a traced computation, which is what INT64_MAX-style sentinels need).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+
+class ShapeOnly:
+    """A graph value whose shape and dtype are known but whose data is deliberately absent."""
+
+    def __init__(self, shape, dtype, why: str):
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = np.dtype(dtype)
+        self.ndim = len(self.shape)
+        self.why = why
+
+    def __repr__(self) -> str:
+        return f"ShapeOnly({self.shape}, {self.dtype}, {self.why!r})"
+
+
+def is_static(v: Any) -> bool:
+    """True for values known at trace time (NumPy arrays / scalars)."""
+    return isinstance(v, (np.ndarray, np.generic))
+
+
+def np_dtype(elem_type: int) -> np.dtype:
+    """numpy dtype of an ONNX TensorProto elem type (bfloat16 / float8 via ml_dtypes)."""
+    if elem_type == onnx.TensorProto.BFLOAT16:
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+
+
+def traced_dtype(dtype) -> np.dtype:
+    """The dtype a traced value of `dtype` has in JAX (int64 -> int32 without x64)."""
+    return np.dtype(jax.dtypes.canonicalize_dtype(np.dtype(dtype)))
+
+
+def to_jax(v):
+    """A value as a jax array, clipping static 64-bit integers into the traced integer range."""
+    if v is None or isinstance(v, jax.Array):
+        return v
+    if isinstance(v, ShapeOnly):
+        raise TypeError(f"{v} has no data; it can only be read by Shape")
+    arr = np.asarray(v)
+    target = traced_dtype(arr.dtype)
+    if arr.dtype != target and np.issubdtype(arr.dtype, np.integer):
+        info = np.iinfo(target)
+        arr = np.clip(arr, info.min, info.max).astype(target)
+    return jnp.asarray(arr)
+
+
+def tensor_to_numpy(t: onnx.TensorProto, base_dir: str | None = None) -> np.ndarray:
+    """A TensorProto as NumPy (external data read from base_dir when not loaded yet)."""
+    if base_dir is not None and onnx.external_data_helper.uses_external_data(t):
+        onnx.external_data_helper.load_external_data_for_tensor(t, base_dir)
+    arr = numpy_helper.to_array(t)
+    if t.data_type == onnx.TensorProto.BFLOAT16 and arr.dtype != ml_dtypes.bfloat16:
+        arr = arr.view(ml_dtypes.bfloat16)
+    return arr
+
+
+def attribute_value(attr: onnx.AttributeProto):
+    """An attribute as a Python value: ints/floats/str, lists, NumPy (tensors), GraphProto."""
+    if attr.type == onnx.AttributeProto.TENSOR:
+        return tensor_to_numpy(attr.t)
+    if attr.type == onnx.AttributeProto.TENSORS:
+        return [tensor_to_numpy(t) for t in attr.tensors]
+    v = helper.get_attribute_value(attr)
+    if isinstance(v, bytes):
+        return v.decode()
+    if isinstance(v, list) and v and isinstance(v[0], bytes):
+        return [s.decode() for s in v]
+    return v

@@ -1,0 +1,395 @@
+"""com.microsoft::GroupQueryAttention as a JAX op: trace-time validation, static shapes, dispatch."""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_onnx_attn.ops import decode_paths
+from jax_onnx_attn.ops.backend import dispatch
+from jax_onnx_attn.ops.dtypes import FLOAT_DTYPES
+from jax_onnx_attn.ops.reference import gqa as reference
+from jax_onnx_attn.ops.reference import quant
+
+OP = "group_query_attention"
+QUANT_TYPES = ("NONE", "PER_TENSOR", "PER_CHANNEL")
+
+
+class GroupQueryAttentionOutput(NamedTuple):
+    """The op's results.
+
+    output:        [B, S, N·D], the query's dtype.
+    present_key:   [B, Hkv, P', D] (uint8 [.., D/2] for int4), the cache dtype; P' is the past
+                   capacity P for a shared buffer or a sliding-window cache, else
+                   max(total_sequence_length, P).
+    present_value: like present_key.
+    output_qk:     [B, N, S, total_sequence_length] when qk_output is 1 or 2, else None.
+    status:        int32 [B], 0 or flags of `jax_onnx_attn.ops.status` (a refused cache write).
+    """
+    output: jax.Array
+    present_key: jax.Array
+    present_value: jax.Array
+    output_qk: jax.Array | None
+    status: jax.Array
+
+
+def _fail(name: str, rule: str, exc=ValueError):
+    raise exc(f"{OP}: {name}: {rule}")
+
+
+def _array(name, x):
+    if x is None:
+        return None
+    if isinstance(x, (int, float, bool)) or not hasattr(x, "dtype"):
+        x = np.asarray(x)
+    return jnp.asarray(x) if not isinstance(x, jax.Array) else x
+
+
+def _static_int(name, value) -> int:
+    """A value that decides output shapes: a Python int or a concrete (non-traced) array."""
+    if value is None:
+        _fail(name, "is required")
+    try:
+        arr = np.asarray(value)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        _fail(name, "must be known at trace time (a Python int or a concrete array, not a traced "
+                    "value): it sets the present_key and output_qk shapes. Pass it as a static "
+                    "argument of the jit, or close over a concrete array", TypeError)
+    if arr.size != 1:
+        _fail(name, f"must be a scalar or a 1-element tensor, got shape {arr.shape}")
+    if not np.issubdtype(arr.dtype, np.integer):
+        _fail(name, f"must be an integer, got {arr.dtype}", TypeError)
+    return int(arr.reshape(()))
+
+
+def _check_same_dtype(name, x, dtype):
+    if x is not None and x.dtype != dtype:
+        _fail(name, f"must have the query's dtype {dtype}, got {x.dtype}", TypeError)
+
+
+def _check_shape(name, x, shape):
+    if x is not None and tuple(x.shape) != tuple(shape):
+        _fail(name, f"must have shape {list(shape)}, got {list(x.shape)}")
+
+
+def _check_int(name, x, shape):
+    if x is None:
+        return None
+    if not jnp.issubdtype(x.dtype, jnp.integer):
+        _fail(name, f"must be an integer tensor, got {x.dtype}", TypeError)
+    _check_shape(name, x, shape)
+    return x.astype(jnp.int32)
+
+
+def _check_scale(name, x, mode, hkv, d):
+    """k_scale / v_scale -> float32 broadcastable to a [B, Hkv, L, D] cache."""
+    if x is None:
+        _fail(name, f"is required when the cache is quantised ({mode})")
+    if x.dtype != jnp.float32:
+        _fail(name, f"must be float32, got {x.dtype}", TypeError)
+    if mode == "PER_TENSOR":
+        if x.size != 1:
+            _fail(name, f"PER_TENSOR takes one element, got shape {list(x.shape)}")
+        return x.reshape(())
+    if x.size != hkv * d:
+        _fail(name, f"PER_CHANNEL takes kv_num_heads*head_size = {hkv * d} elements "
+                    f"([1, {hkv}, 1, {d}]), got shape {list(x.shape)}")
+    return x.reshape(1, hkv, 1, d)
+
+
+def group_query_attention(query, key=None, value=None, past_key=None, past_value=None,
+                          seqlens_k=None, total_sequence_length=None, cos_cache=None,
+                          sin_cache=None, position_ids=None, attention_bias=None, head_sink=None,
+                          k_scale=None, v_scale=None, q_norm_weight=None, k_norm_weight=None,
+                          query_seqlens=None, *, num_heads: int, kv_num_heads: int,
+                          scale: float = 0.0, softcap: float = 0.0, local_window_size: int = -1,
+                          do_rotary: int = 0, rotary_interleaved: int = 0, smooth_softmax: int = -1,
+                          qk_output: int = 0, causal: int = 1, sliding_window_cache: int = 0,
+                          k_quant_type: str = "NONE", v_quant_type: str = "NONE",
+                          kv_cache_bit_width: int = 0, qk_norm_epsilon: float = 1e-6,
+                          q_norm_epsilon: float | None = None, k_norm_epsilon: float | None = None,
+                          shared_buffer: bool = False, backend: str = "auto"
+                          ) -> GroupQueryAttentionOutput:
+    """com.microsoft::GroupQueryAttention (onnxruntime contrib op), inputs and attributes by their
+    ONNX names. Semantics are onnxruntime's CPU kernel, plus what it lacks (bf16, q/k norm, any
+    batch size for multi-token steps with a past, output_qk with a sliding-window cache).
+
+    B batch, S query length, N = num_heads, Hkv = kv_num_heads, D head size, P past capacity,
+    T_b = seqlens_k[b] + 1 (tokens in the cache after this step), total = total_sequence_length.
+
+    Inputs (dtype T = float32 / float16 / bfloat16, float64 on the reference backend):
+      query: [B, S, N·D] T, or packed [B, S, (N + 2·Hkv)·D] (Q | K | V) when key/value are None.
+      key, value: [B, S, Hkv·D] T; or [B, 0, Hkv·D] for a KV-shared layer (nothing appended,
+        the query attends to the T_b cached rows, the last query at position T_b - 1).
+      past_key, past_value: [B, Hkv, P, D] T, int8 (8-bit) or uint8 [B, Hkv, P, D/2] (4-bit).
+      seqlens_k: integer [B], T_b - 1; read on the device, drives every mask and write.
+      total_sequence_length: Python int or concrete integer scalar / 1-element array (static):
+        S == total marks a first prompt; it sets present's length (non-shared) and output_qk's
+        width. A traced value raises TypeError.
+      cos_cache, sin_cache: [max_position >= total, R/2] T, R/2 a multiple of 8, R <= D
+        (partial rotary), D % 16 == 0; used when do_rotary=1.
+      position_ids: integer [B, S]; rotary positions. On a first prompt only position_ids[0, 0]
+        is read (onnxruntime's behaviour): positions are s + position_ids[0, 0] for every row.
+        Without it positions are past_b + s.
+      attention_bias: [B|1, N|1, S, total] T, added after softcap, indexed by absolute key position.
+      head_sink: [N] T, a per-head extra softmax logit (attention sink), in any dtype.
+      k_scale, v_scale: float32, 1 element (PER_TENSOR) or Hkv·D ([1, Hkv, 1, D], PER_CHANNEL).
+      q_norm_weight, k_norm_weight: [D] T, per-head RMSNorm of Q and K before rotary.
+      query_seqlens: integer [B], valid (right-padded) rows of a multi-token chunk (onnxruntime
+        1.32); the chunk's tokens start at past_b = T_b - query_seqlens[b].
+
+    Attributes (keyword-only): num_heads, kv_num_heads; scale (0 -> 1/sqrt(D)); softcap (> 0:
+      x = softcap·tanh(x / softcap)); local_window_size W (-1 off; a query sees the W most recent
+      keys including its own); do_rotary, rotary_interleaved; smooth_softmax (1: sink logit 0);
+      qk_output (1: logits after scale/softcap/bias, 2: probabilities; masked entries 0); causal
+      (0: every row sees keys [0, T_b)); sliding_window_cache (1: window-sized cache with
+      onnxruntime's block eviction, rows [0, L(T_b)) hold the most recent positions);
+      k_quant_type, v_quant_type ("NONE" | "PER_TENSOR" | "PER_CHANNEL", equal), kv_cache_bit_width
+      (8 or 4 when quantised: quantised on write, dequantised on read); qk_norm_epsilon
+      (q_norm_epsilon / k_norm_epsilon override it).
+      shared_buffer: True models onnxruntime's shared past/present buffer: present is past with
+        the new rows written in place at past_b (donate past_key/past_value to the jit and XLA
+        reuses the buffer). False: a new present of length max(total, P), past rows [0, past_b)
+        copied, zeros after the new rows. Ignored by a sliding-window cache (always capacity P).
+      backend: "auto", "reference" or "cuda".
+
+    Per batch row: past_b = 0 on a first prompt, else T_b - S (or T_b - query_seqlens[b]). Query s
+    sits at position p = past_b + s and sees keys [max(0, p + 1 - W), L), L = min(p + 1, T_b)
+    (causal) or T_b. Right padding (T_b < S on a first prompt) is native: padded queries see the
+    T_b keys (those in their window, which counts back from p). Scores: scale·q·k -> softcap -> + bias -> mask -> softmax (with the sink in the max
+    and the denominator) -> ·V, in float32.
+
+    A query row with no visible key gives 0 (onnxruntime gives 0 or NaN depending on its code
+    path; 0 is the documented choice). A batch row whose cache write or keys would fall outside
+    the cache (seqlens_k beyond the capacity, or T_b < S on a later step: only the device knows)
+    is not written, outputs 0 and gets status KV_WRITE_OUT_OF_RANGE.
+
+    Raises ValueError / TypeError "group_query_attention: <input>: <rule>" at trace time for
+    invalid shapes, dtypes, attributes and step types.
+    """
+    # ---- attributes ----
+    for name, val in (("num_heads", num_heads), ("kv_num_heads", kv_num_heads)):
+        if not isinstance(val, (int, np.integer)) or val <= 0:
+            _fail(name, f"must be a positive int, got {val!r}")
+    n, hkv = int(num_heads), int(kv_num_heads)
+    if n % hkv:
+        _fail("num_heads", f"must be a multiple of kv_num_heads ({n} % {hkv} = {n % hkv})")
+    for name, val in (("causal", causal), ("do_rotary", do_rotary),
+                      ("rotary_interleaved", rotary_interleaved),
+                      ("sliding_window_cache", sliding_window_cache)):
+        if int(val) not in (0, 1):
+            _fail(name, f"must be 0 or 1, got {val!r}")
+    if int(qk_output) not in (0, 1, 2):
+        _fail("qk_output", f"must be 0, 1 (logits) or 2 (probabilities), got {qk_output!r}")
+    window = int(local_window_size)
+    if window < -1:
+        _fail("local_window_size", f"must be -1 (off) or >= 0, got {window}")
+    if not causal and window != -1:
+        _fail("local_window_size", "must be -1 when causal is 0")
+    if k_quant_type not in QUANT_TYPES:
+        _fail("k_quant_type", f"must be one of {QUANT_TYPES}, got {k_quant_type!r}")
+    if v_quant_type not in QUANT_TYPES:
+        _fail("v_quant_type", f"must be one of {QUANT_TYPES}, got {v_quant_type!r}")
+    if k_quant_type != v_quant_type:
+        _fail("v_quant_type", f"must equal k_quant_type ({k_quant_type!r}), got {v_quant_type!r}")
+    quantized = k_quant_type != "NONE"
+    bits = int(kv_cache_bit_width)
+    if quantized and bits not in (4, 8):
+        _fail("kv_cache_bit_width", f"must be 4 or 8 for a quantised cache, got {bits}")
+    eps = {}
+    for name, val in (("qk_norm_epsilon", qk_norm_epsilon), ("q_norm_epsilon", q_norm_epsilon),
+                      ("k_norm_epsilon", k_norm_epsilon)):
+        if val is not None and not (math.isfinite(val) and val > 0):
+            _fail(name, f"must be finite and positive, got {val!r}")
+        eps[name] = val
+
+    # ---- query / key / value ----
+    query, key, value = _array("query", query), _array("key", key), _array("value", value)
+    if query is None:
+        _fail("query", "is required")
+    if query.ndim != 3:
+        _fail("query", f"must be 3-D [B, S, hidden], got shape {list(query.shape)}")
+    if query.dtype not in FLOAT_DTYPES:
+        _fail("query", f"must be one of {[str(t) for t in FLOAT_DTYPES]}, got {query.dtype}",
+              TypeError)
+    dtype = query.dtype
+    b, s, hidden = query.shape
+    if (key is None) != (value is None):
+        _fail("key" if key is None else "value", "key and value must be both given or both absent "
+                                                 "(absent: packed QKV in query)")
+    packed = key is None
+    heads_in_query = n + 2 * hkv if packed else n
+    if hidden % heads_in_query:
+        what = "(num_heads + 2*kv_num_heads)" if packed else "num_heads"
+        _fail("query", f"hidden size {hidden} is not a multiple of {what} = {heads_in_query}")
+    d = hidden // heads_in_query
+    if d % 8:
+        _fail("query", f"head_size must be a multiple of 8, got {d}")
+    kv_len = s
+    if not packed:
+        for name, x in (("key", key), ("value", value)):
+            if x.ndim != 3:
+                _fail(name, f"must be 3-D [B, S, kv_num_heads*head_size], got {list(x.shape)}")
+            _check_same_dtype(name, x, dtype)
+            if x.shape[0] != b:
+                _fail(name, f"batch size {x.shape[0]} differs from the query's {b}")
+            if x.shape[1] not in (s, 0):
+                _fail(name, f"sequence length must be the query's ({s}) or 0 (KV-shared layer), "
+                            f"got {x.shape[1]}")
+            if x.shape[2] != hkv * d:
+                _fail(name, f"hidden size must be kv_num_heads*head_size = {hkv * d}, got {x.shape[2]}")
+        if key.shape[1] != value.shape[1]:
+            _fail("value", f"sequence length {value.shape[1]} differs from the key's {key.shape[1]}")
+        kv_len = key.shape[1]
+
+    # ---- past KV ----
+    past_key, past_value = _array("past_key", past_key), _array("past_value", past_value)
+    if (past_key is None) != (past_value is None):
+        _fail("past_key" if past_key is None else "past_value",
+              "past_key and past_value must be both given or both absent")
+    cache_d = d // 2 if quantized and bits == 4 else d
+    if quantized:
+        cache_dtype = quant.storage_dtype(bits)
+    else:
+        cache_dtype = dtype
+    past_len = 0
+    if past_key is not None:
+        for name, x in (("past_key", past_key), ("past_value", past_value)):
+            if x.ndim != 4:
+                _fail(name, f"must be 4-D [B, kv_num_heads, P, head_size], got {list(x.shape)}")
+            if (x.shape[0], x.shape[1], x.shape[3]) != (b, hkv, cache_d):
+                _fail(name, f"must be [{b}, {hkv}, P, {cache_d}], got {list(x.shape)}")
+            if x.dtype != cache_dtype:
+                what = (f"{bits}-bit quantised cache" if quantized else "the query's dtype")
+                _fail(name, f"must be {cache_dtype} ({what}), got {x.dtype}", TypeError)
+        if past_key.shape[2] != past_value.shape[2]:
+            _fail("past_value", f"length {past_value.shape[2]} differs from past_key's {past_key.shape[2]}")
+        past_len = past_key.shape[2]
+    elif quantized:
+        _fail("past_key", "is required for a quantised cache (it sets the cache's type)")
+    if shared_buffer and past_key is None:
+        _fail("past_key", "is required with shared_buffer=True (it is the buffer)")
+    if kv_len == 0 and past_key is None:
+        _fail("past_key", "is required when key/value have no rows (KV-shared layer)")
+
+    # ---- lengths ----
+    seqlens_k = _array("seqlens_k", seqlens_k)
+    if seqlens_k is None:
+        _fail("seqlens_k", "is required")
+    seqlens_k = _check_int("seqlens_k", seqlens_k, (b,))
+    total = _static_int("total_sequence_length", total_sequence_length)
+    query_seqlens = _check_int("query_seqlens", _array("query_seqlens", query_seqlens), (b,))
+    if total < 1:
+        _fail("total_sequence_length", f"must be >= 1, got {total}")
+    windowed = bool(sliding_window_cache)
+    if not windowed and total < s:
+        _fail("total_sequence_length", f"must be >= the query length {s}, got {total}")
+    if query_seqlens is not None:
+        if not causal:
+            _fail("query_seqlens", "requires causal=1")
+        if past_key is None:
+            _fail("query_seqlens", "requires past_key and past_value")
+        if kv_len != s:
+            _fail("query_seqlens", "requires key/value with the query's sequence length")
+        first_prompt = False
+    else:
+        first_prompt = s == total
+        if not first_prompt and s > 1 and past_key is None:
+            _fail("past_key", f"is required for a multi-token step that is not a first prompt "
+                              f"(S={s} != total_sequence_length={total})")
+    if windowed:
+        if window <= 0:
+            _fail("local_window_size", "must be > 0 with sliding_window_cache=1")
+        if past_key is None:
+            _fail("past_key", "is required with sliding_window_cache=1 (its length is the capacity)")
+        if past_len < window:
+            _fail("past_key", f"capacity {past_len} must be >= local_window_size {window} with "
+                              f"sliding_window_cache=1")
+        present_len = past_len
+    elif shared_buffer:
+        present_len = past_len
+    else:
+        present_len = max(total, past_len)
+        # onnxruntime's rule: a growing cache (total = P + S) or a static one (total <= P).
+        if past_key is not None and total != past_len + kv_len and total > past_len:
+            _fail("total_sequence_length", f"must be P + S = {past_len + kv_len} (growing cache) "
+                                           f"or <= P = {past_len} (static cache), got {total}")
+        if past_key is None and not first_prompt:
+            _fail("past_key", f"is required when S={s} != total_sequence_length={total}")
+
+    # ---- rotary ----
+    cos_cache, sin_cache = _array("cos_cache", cos_cache), _array("sin_cache", sin_cache)
+    if (cos_cache is None) != (sin_cache is None):
+        _fail("cos_cache" if cos_cache is None else "sin_cache",
+              "cos_cache and sin_cache must be both given or both absent")
+    if do_rotary and cos_cache is None:
+        _fail("cos_cache", "is required when do_rotary=1")
+    if cos_cache is not None:
+        for name, x in (("cos_cache", cos_cache), ("sin_cache", sin_cache)):
+            _check_same_dtype(name, x, dtype)
+            if x.ndim != 2:
+                _fail(name, f"must be 2-D [max_position, rotary_dim/2], got {list(x.shape)}")
+            if d % 16:
+                _fail(name, f"rotary needs head_size to be a multiple of 16, got {d}")
+            if x.shape[0] < total:
+                _fail(name, f"dimension 0 ({x.shape[0]}) must be >= total_sequence_length {total}")
+            if x.shape[1] > d // 2 or x.shape[1] % 8:
+                _fail(name, f"dimension 1 ({x.shape[1]}) must be <= head_size/2 = {d // 2} and a "
+                            f"multiple of 8")
+        if cos_cache.shape != sin_cache.shape:
+            _fail("sin_cache", f"shape {list(sin_cache.shape)} differs from cos_cache's "
+                               f"{list(cos_cache.shape)}")
+    position_ids = _check_int("position_ids", _array("position_ids", position_ids), (b, s))
+    if not do_rotary:
+        # cos/sin and position_ids only feed the rotary embedding.
+        cos_cache = sin_cache = position_ids = None
+
+    # ---- bias, sink, scales, norms ----
+    attention_bias = _array("attention_bias", attention_bias)
+    if attention_bias is not None:
+        _check_same_dtype("attention_bias", attention_bias, dtype)
+        shp = attention_bias.shape
+        if (attention_bias.ndim != 4 or shp[0] not in (1, b) or shp[1] not in (1, n)
+                or shp[2] != s or shp[3] != total):
+            _fail("attention_bias", f"must be [{b} or 1, {n} or 1, {s}, {total}] "
+                                    f"(B|1, N|1, S, total_sequence_length), got {list(shp)}")
+    head_sink = _array("head_sink", head_sink)
+    _check_same_dtype("head_sink", head_sink, dtype)
+    _check_shape("head_sink", head_sink, (n,))
+    k_scale, v_scale = _array("k_scale", k_scale), _array("v_scale", v_scale)
+    if quantized:
+        k_scale = _check_scale("k_scale", k_scale, k_quant_type, hkv, d)
+        v_scale = _check_scale("v_scale", v_scale, v_quant_type, hkv, d)
+    else:
+        k_scale = v_scale = None
+    q_norm_weight = _array("q_norm_weight", q_norm_weight)
+    k_norm_weight = _array("k_norm_weight", k_norm_weight)
+    if (q_norm_weight is None) != (k_norm_weight is None):
+        _fail("q_norm_weight" if q_norm_weight is None else "k_norm_weight",
+              "q_norm_weight and k_norm_weight must be both given or both absent")
+    for name, x in (("q_norm_weight", q_norm_weight), ("k_norm_weight", k_norm_weight)):
+        _check_same_dtype(name, x, dtype)
+        _check_shape(name, x, (d,))
+
+    config = reference.GQAConfig(
+        num_heads=n, kv_num_heads=hkv, head_size=d, total_sequence_length=total,
+        present_length=present_len, scale=float(scale) if scale else 1.0 / math.sqrt(d),
+        softcap=float(softcap) if softcap > 0 else 0.0, local_window_size=window,
+        do_rotary=bool(do_rotary), rotary_interleaved=bool(rotary_interleaved),
+        smooth_softmax=int(smooth_softmax) == 1, qk_output=int(qk_output), causal=bool(causal),
+        sliding_window_cache=windowed, kv_bits=bits if quantized else 0,
+        q_norm_epsilon=float(eps["q_norm_epsilon"] or qk_norm_epsilon),
+        k_norm_epsilon=float(eps["k_norm_epsilon"] or qk_norm_epsilon),
+        shared_buffer=bool(shared_buffer), first_prompt=first_prompt)
+    args = (query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
+            attention_bias, head_sink, k_scale, v_scale, q_norm_weight, k_norm_weight, query_seqlens)
+    cuda_fn, why = decode_paths.gqa_cuda(config, query=query, key=key, past_key=past_key,
+                                         query_seqlens=query_seqlens)
+    result = dispatch(OP, backend, functools.partial(reference.group_query_attention, config=config),
+                      cuda_fn, *args, unsupported=why)
+    return GroupQueryAttentionOutput(*result)

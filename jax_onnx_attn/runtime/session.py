@@ -1,0 +1,412 @@
+"""DecoderSession: fixed-capacity KV cache, jitted prefill and decode, and `generate`.
+
+How a generation runs (all arrays on the device):
+
+* The cache (whatever pytree the lowered model's fixed-cache step keeps) is allocated once, with
+  capacity `max_length`, and donated to every jitted call, so XLA updates it in place.
+* Prefill: the right-padded prompts [B, S] go through the step in one call (S is rounded up to a
+  bucket so few prompt lengths compile); the first new token is chosen from each row's last valid
+  position.
+* Decode: one compiled executable, called repeatedly. Each call runs up to `steps_per_call` one-token
+  steps inside a `lax.while_loop`. Everything that changes per token (lengths, the token buffer, the
+  finish flags, the step counter that seeds the sampler) lives in a donated device state, so no host
+  scalar enters a step: the executable never retraces, and on GPU XLA does not re-record its command
+  buffers. The host only reads a 2-element summary after each call (rows still running, tokens
+  generated) for the progress bar and to stop; the next call is already queued when it reads it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jax_onnx_attn.runtime.sampling import SamplingConfig, sample
+
+#: Finish codes kept on the device; FINISH_REASONS names them.
+RUNNING, STOP, LENGTH, MAX_LENGTH, PADDING = 0, 1, 2, 3, 4
+FINISH_REASONS = {STOP: "stop", LENGTH: "length", MAX_LENGTH: "max_length", PADDING: "padding"}
+
+_MIN_BUCKET = 16
+_MIN_STOP_SLOTS = 8
+
+
+class DecodeState(NamedTuple):
+    """Per-row generation state carried on the device through every decode step (donated).
+
+    tokens: int32 [B, C] prompt then generated tokens, right-padded; C = max_length.
+    length: int32 [B] valid tokens in `tokens`; the cache holds the first length - 1 of them.
+    prompt_len: int32 [B].
+    max_new: int32 [B] new tokens allowed per row.
+    finish: int32 [B] RUNNING or the reason the row stopped.
+    stop_ids: int32 [K] stop tokens, padded with -1.
+    key: the sampler's PRNG key (uint32 [2]).
+    step: int32 [] steps taken; step t samples with fold_in(key, t).
+    """
+
+    tokens: jax.Array
+    length: jax.Array
+    prompt_len: jax.Array
+    max_new: jax.Array
+    finish: jax.Array
+    stop_ids: jax.Array
+    key: jax.Array
+    step: jax.Array
+
+
+@dataclass
+class Timings:
+    """Wall times of one `generate` call (seconds) and the token counts they cover.
+
+    compile_s is kept apart: tokens/s figures cover prefill and decode only.
+    """
+
+    compile_s: float = 0.0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    rows: int = 0
+
+    @property
+    def total_s(self) -> float:
+        return self.prefill_s + self.decode_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        """New tokens per second over prefill + decode."""
+        return self.new_tokens / self.total_s if self.total_s > 0 else float("nan")
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens per second of the decode phase (the first token of each row comes from prefill)."""
+        n = self.new_tokens - self.rows
+        return n / self.decode_s if self.decode_s > 0 and n > 0 else float("nan")
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else float("nan")
+
+    def __iadd__(self, other: "Timings") -> "Timings":
+        for f in ("compile_s", "prefill_s", "decode_s", "prompt_tokens", "new_tokens", "rows"):
+            setattr(self, f, getattr(self, f) + getattr(other, f))
+        return self
+
+
+@dataclass
+class GenerationResult:
+    """What `DecoderSession.generate` returns, one entry per prompt in order.
+
+    tokens: the new tokens of each row; a stop token that ended the row is included.
+    finish_reasons: "stop" (a stop token), "length" (max_new_tokens reached) or "max_length" (the
+      session's capacity reached).
+    """
+
+    prompts: list[list[int]]
+    tokens: list[list[int]]
+    finish_reasons: list[str]
+    timings: Timings = field(default_factory=Timings)
+
+    @property
+    def sequences(self) -> list[list[int]]:
+        """Prompt followed by its new tokens, per row."""
+        return [p + t for p, t in zip(self.prompts, self.tokens)]
+
+
+def _load(model, dtype):
+    """A lowered model: anything with `fixed_cache_step` and `params` is taken as is."""
+    if hasattr(model, "fixed_cache_step") and hasattr(model, "params"):
+        if dtype is not None:
+            raise ValueError("dtype applies when the session loads the model; this one is already lowered")
+        return model
+    import jax_onnx_attn
+
+    load = getattr(jax_onnx_attn, "load", None)
+    if load is None:
+        try:
+            from jax_onnx_attn.onnx import load
+        except ImportError as e:
+            raise RuntimeError(f"the ONNX lowering (jax_onnx_attn.onnx) cannot be imported: {e}") from e
+    return load(model, dtype=dtype)
+
+
+def _bucket(n: int, cap: int) -> int:
+    """Prompt lengths round up to a power of two (at least _MIN_BUCKET), at most the capacity."""
+    return min(cap, max(_MIN_BUCKET, 1 << (n - 1).bit_length()))
+
+
+def describe_backend() -> str:
+    """Which platform runs and which attention implementation it gets."""
+    from jax_onnx_attn._extension import has_cuda
+
+    device = jax.devices()[0]
+    if device.platform == "gpu" and has_cuda():
+        kernels = "CUDA kernels (FFI)"
+    else:
+        kernels = "reference (jax.numpy)"
+    return f"{device.platform} ({device.device_kind}), attention: {kernels}"
+
+
+class DecoderSession:
+    """A lowered decoder with a fixed-capacity KV cache, ready to generate.
+
+    Args:
+      model: a path to an .onnx file, an onnx.ModelProto, or an already lowered model (an object
+        with `params` and `fixed_cache_step(batch, capacity)`, e.g. from `jax_onnx_attn.load`).
+      max_length: capacity in tokens per row (prompt + generated); the cache holds this many.
+      batch: rows per call; `generate` pads fewer prompts and splits more into groups.
+      dtype: compute/parameter dtype passed to the loader (None keeps the model's).
+      steps_per_call: decode steps per call of the decode executable (the host checks for
+        finished rows between calls).
+
+    Attributes:
+      trace_counts / compile_counts: Counter of how often "prefill" and "decode" were traced and
+        compiled (tests use them to show decode compiles once).
+    """
+
+    def __init__(self, model, max_length: int, batch: int = 1, dtype=None, *,
+                 steps_per_call: int = 8):
+        if max_length < 2:
+            raise ValueError(f"max_length must be >= 2, got {max_length}")
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        if steps_per_call < 1:
+            raise ValueError(f"steps_per_call must be >= 1, got {steps_per_call}")
+        self.lowered = _load(model, dtype)
+        self.max_length, self.batch, self.steps_per_call = int(max_length), int(batch), int(steps_per_call)
+        self.params = self.lowered.params
+        self.step = self.lowered.fixed_cache_step(self.batch, self.max_length)
+        self.cache = self.step.init_cache(self.params)
+        self.trace_counts: Counter = Counter()
+        self.compile_counts: Counter = Counter()
+        self._executables: dict[tuple, Any] = {}
+        self._prefill_jit = jax.jit(self._prefill, static_argnames=("sampling",), donate_argnums=(3,))
+        self._decode_jit = jax.jit(self._decode, static_argnames=("sampling", "steps"),
+                                   donate_argnums=(1, 2))
+        self._score_jit = jax.jit(self._score_step, donate_argnums=(4,))
+
+    # ---------------------------------------------------------------------------------------------
+    # Traced functions
+
+    def _finish_update(self, state: DecodeState, token) -> DecodeState:
+        """Append `token` [B] to the running rows and set the finish code of rows that end."""
+        b, cap = state.tokens.shape
+        running = state.finish == RUNNING
+        # Finished rows write out of bounds, which mode="drop" discards.
+        pos = jnp.where(running, state.length, cap)
+        tokens = state.tokens.at[jnp.arange(b), pos].set(token, mode="drop")
+        length = state.length + running.astype(jnp.int32)
+        is_stop = jnp.any(token[:, None] == state.stop_ids[None, :], axis=-1)
+        finish = state.finish
+        finish = jnp.where(running & is_stop, STOP, finish)
+        finish = jnp.where((finish == RUNNING) & (length - state.prompt_len >= state.max_new), LENGTH, finish)
+        finish = jnp.where((finish == RUNNING) & (length >= cap), MAX_LENGTH, finish)
+        return state._replace(tokens=tokens, length=length, finish=finish)
+
+    @staticmethod
+    def _summary(state: DecodeState):
+        """int32 [2]: rows still running, new tokens so far (what the host reads between calls)."""
+        return jnp.stack([jnp.sum(state.finish == RUNNING, dtype=jnp.int32),
+                          jnp.sum(state.length - state.prompt_len, dtype=jnp.int32)])
+
+    def _prefill(self, params, ids, lengths, cache, key, max_new, stop_ids, *, sampling):
+        """ids int32 [B, S] right-padded, lengths int32 [B] -> (DecodeState, cache, summary)."""
+        self.trace_counts["prefill"] += 1
+        b, s = ids.shape
+        logits, cache = self.step(params, ids, jnp.zeros((b,), jnp.int32), lengths, cache)
+        last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
+        tokens = jnp.zeros((b, self.max_length), jnp.int32).at[:, :s].set(ids)
+        state = DecodeState(tokens=tokens, length=lengths, prompt_len=lengths, max_new=max_new,
+                            finish=jnp.where(max_new > 0, RUNNING, PADDING).astype(jnp.int32),
+                            stop_ids=stop_ids, key=key, step=jnp.zeros((), jnp.int32))
+        state = self._finish_update(state, sample(last, jax.random.fold_in(key, 0), sampling))
+        return state, cache, self._summary(state)
+
+    def _decode(self, params, state: DecodeState, cache, *, sampling, steps):
+        """Up to `steps` one-token steps for every running row -> (state, cache, summary)."""
+        self.trace_counts["decode"] += 1
+        b = state.length.shape[0]
+        ones = jnp.ones((b,), jnp.int32)
+
+        def cond(carry):
+            i, st, _ = carry
+            return (i < steps) & jnp.any(st.finish == RUNNING)
+
+        def body(carry):
+            i, st, c = carry
+            # Finished rows recompute their last token at the same position: the cache write is
+            # the same, and their state does not change (_finish_update ignores them).
+            last = jnp.take_along_axis(st.tokens, (st.length - 1)[:, None], axis=1)
+            cache_len = jnp.clip(st.length - 1, 0, self.max_length - 1)
+            logits, c = self.step(params, last, cache_len, ones, c)
+            step = st.step + 1
+            token = sample(logits[:, 0], jax.random.fold_in(st.key, step), sampling)
+            return i + 1, self._finish_update(st._replace(step=step), token), c
+
+        _, state, cache = lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), state, cache))
+        return state, cache, self._summary(state)
+
+    def _score_step(self, params, ids, cache_len, num_new, cache):
+        return self.step(params, ids, cache_len, num_new, cache)
+
+    # ---------------------------------------------------------------------------------------------
+    # Host side
+
+    def _executable(self, name: str, jitted, key: tuple, *args, **static):
+        """Compile once per (name, key) ahead of time; returns (executable, seconds spent compiling)."""
+        cache_key = (name, *key)
+        if cache_key in self._executables:
+            return self._executables[cache_key], 0.0
+        t0 = time.perf_counter()
+        exe = jitted.lower(*args, **static).compile()
+        self.compile_counts[name] += 1
+        self._executables[cache_key] = exe
+        return exe, time.perf_counter() - t0
+
+    def compiled_text(self, name: str = "decode") -> list[str]:
+        """HLO text of every compiled executable named `name` ("prefill" or "decode") so far."""
+        return [exe.as_text() for key, exe in self._executables.items() if key[0] == name]
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int = 32, *,
+                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+                 stop_tokens: Sequence[int] = (), progress: bool | None = None) -> GenerationResult:
+        """Continue each prompt by up to `max_new_tokens` tokens.
+
+        Args:
+          prompts: token ids per row (lengths may differ; rows are right-padded on the device).
+          temperature / top_k / top_p: see SamplingConfig; temperature 0 (default) is greedy.
+          seed: the sampler's seed; the same seed, prompts and session settings give the same tokens.
+          stop_tokens: a row ends after emitting one of these (it is kept in the output).
+          progress: a tqdm bar on stderr (None: when stderr is a terminal).
+        """
+        prompts = [[int(t) for t in p] for p in prompts]
+        if not prompts:
+            raise ValueError("generate needs at least one prompt")
+        for i, p in enumerate(prompts):
+            if not p:
+                raise ValueError(f"prompt {i} is empty: a row needs at least one token")
+            if len(p) >= self.max_length:
+                raise ValueError(f"prompt {i} has {len(p)} tokens, which leaves no room in max_length "
+                                 f"{self.max_length}; make the session with a larger max_length")
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        sampling = SamplingConfig(temperature, top_k, top_p)
+        result = GenerationResult(prompts=prompts, tokens=[], finish_reasons=[])
+        if max_new_tokens == 0:
+            result.tokens = [[] for _ in prompts]
+            result.finish_reasons = ["length"] * len(prompts)
+            return result
+        stop = sorted({int(t) for t in stop_tokens})
+        slots = max(_MIN_STOP_SLOTS, 1 << max(len(stop) - 1, 0).bit_length())
+        stop_ids = np.full((slots,), -1, np.int32)
+        stop_ids[:len(stop)] = stop
+        if progress is None:
+            progress = sys.stderr.isatty() and not os.environ.get("CI")
+        from tqdm.auto import tqdm
+
+        with tqdm(total=len(prompts) * max_new_tokens, disable=not progress, unit="tok",
+                  desc="generate", leave=False) as bar:
+            for g in range(0, len(prompts), self.batch):
+                group = prompts[g:g + self.batch]
+                tokens, reasons, timings = self._generate_group(
+                    group, max_new_tokens, sampling, jax.random.PRNGKey(seed + g), stop_ids, bar)
+                result.tokens += tokens
+                result.finish_reasons += reasons
+                result.timings += timings
+        return result
+
+    def _generate_group(self, group, max_new_tokens, sampling, key, stop_ids, bar):
+        b, cap = self.batch, self.max_length
+        s = _bucket(max(len(p) for p in group), cap)
+        ids = np.zeros((b, s), np.int32)
+        lengths = np.ones((b,), np.int32)  # padding rows: one token 0, never run (max_new 0)
+        max_new = np.zeros((b,), np.int32)
+        for r, p in enumerate(group):
+            ids[r, :len(p)] = p
+            lengths[r] = len(p)
+            max_new[r] = max_new_tokens
+        timings = Timings(prompt_tokens=sum(map(len, group)), rows=len(group))
+        args = (self.params, jnp.asarray(ids), jnp.asarray(lengths), self.cache, key,
+                jnp.asarray(max_new), jnp.asarray(stop_ids))
+        prefill, dt = self._executable("prefill", self._prefill_jit, (s, sampling, len(stop_ids)),
+                                       *args, sampling=sampling)
+        timings.compile_s += dt
+
+        t0 = time.perf_counter()
+        state, self.cache, summary = prefill(*args)
+        running, generated = (int(x) for x in np.asarray(summary))  # rows still running
+        timings.prefill_s = time.perf_counter() - t0
+        bar.update(generated)
+        reported = generated
+
+        decode, dt = self._executable("decode", self._decode_jit,
+                                      (sampling, self.steps_per_call, len(stop_ids)),
+                                      self.params, state, self.cache, sampling=sampling,
+                                      steps=self.steps_per_call)
+        timings.compile_s += dt
+        t0 = time.perf_counter()
+        pending = None  # summary of the last call made, not read yet
+        calls_left = math.ceil(max_new_tokens / self.steps_per_call) + 2  # a bound, never reached
+        while running:
+            if not calls_left:
+                raise RuntimeError("decode did not finish within its bound of calls (a bug)")
+            # Queue the next call before reading the previous call's summary, so the device never
+            # waits for the host; the one call made after the last row finished exits at once.
+            state, self.cache, summary = decode(self.params, state, self.cache)
+            calls_left -= 1
+            if pending is not None:
+                running, generated = (int(x) for x in np.asarray(pending))
+                bar.update(generated - reported)
+                reported = generated
+            pending = summary
+        host = jax.device_get(state)
+        timings.decode_s = time.perf_counter() - t0
+
+        tokens, reasons = [], []
+        for r, p in enumerate(group):
+            n = int(host.length[r])
+            tokens.append(host.tokens[r, len(p):n].tolist())
+            reasons.append(FINISH_REASONS[int(host.finish[r])])
+        timings.new_tokens = sum(map(len, tokens))
+        return tokens, reasons, timings
+
+    def logits(self, sequence: Sequence[int], prompt_len: int) -> np.ndarray:
+        """float32 [len(sequence), V]: row t is the distribution after token t, computed the way
+        generation computes it: rows < prompt_len by one prefill of the prompt, each later row by a
+        one-token decode step through the cache. Runs batch row 0 (for parity checks; slow path)."""
+        sequence = [int(t) for t in sequence]
+        if not 1 <= prompt_len <= len(sequence) <= self.max_length:
+            raise ValueError(f"need 1 <= prompt_len ({prompt_len}) <= len(sequence) ({len(sequence)}) "
+                             f"<= max_length ({self.max_length})")
+        b = self.batch
+        s = _bucket(prompt_len, self.max_length)
+        ids = np.zeros((b, s), np.int32)
+        ids[0, :prompt_len] = sequence[:prompt_len]
+        num_new = np.ones((b,), np.int32)
+        num_new[0] = prompt_len
+        logits, self.cache = self._score_jit(self.params, jnp.asarray(ids), jnp.zeros((b,), jnp.int32),
+                                             jnp.asarray(num_new), self.cache)
+        rows = [np.asarray(logits[0, :prompt_len], np.float32)]
+        for t in range(prompt_len, len(sequence)):
+            ids = np.zeros((b, 1), np.int32)
+            ids[0, 0] = sequence[t]
+            cache_len = np.zeros((b,), np.int32)
+            cache_len[0] = t
+            logits, self.cache = self._score_jit(self.params, jnp.asarray(ids), jnp.asarray(cache_len),
+                                                 jnp.ones((b,), jnp.int32), self.cache)
+            rows.append(np.asarray(logits[0], np.float32))
+        return np.concatenate(rows, axis=0)
+
+
+__all__ = ["DecoderSession", "DecodeState", "GenerationResult", "Timings", "describe_backend",
+           "FINISH_REASONS"]

@@ -1,0 +1,224 @@
+"""The CUDA decode engine (decode_attention target) against the reference decode attention.
+
+Sweeps head dims x dtypes x GQA shapes x q_len (packed M from 1 to 256 rows), the variant features
+(causal, windows, softcap, biases, sinks), split sizes (1 to 32 splits + combine), ragged lengths
+including 0, < S and > capacity, and cache rows past kv_len poisoned with NaN (they must never be
+read). Plus bitwise determinism, batch invariance at a fixed split size, PDL on/off equality, and a
+decode loop captured in a command buffer.
+"""
+
+import functools
+import itertools
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+from jax_onnx_attn.ops import cuda
+from jax_onnx_attn.ops.decode import decode_attention
+from jax_onnx_attn.testing import assert_close
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = [np.float16, ml_dtypes.bfloat16]
+HEAD_DIMS = [64, 80, 96, 128, 256]
+# (Hq, Hkv, S): packed rows G * S = 4, 8, 1, 4, 16, 32, 64, 128, 256 (two M blocks), 9.
+HEADS = [(32, 8, 1), (64, 8, 1), (8, 8, 1), (4, 1, 1), (32, 8, 4), (64, 8, 4), (32, 8, 16),
+         (64, 8, 16), (16, 1, 16), (6, 2, 3)]
+
+
+def _inputs(seed, b, hq, hkv, s, d, c, dtype, lens=None):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((b, hq, s, d)).astype(dtype)
+    k = rng.standard_normal((b, hkv, c, d)).astype(dtype)
+    v = rng.standard_normal((b, hkv, c, d)).astype(dtype)
+    if lens is None:
+        lens = rng.integers(0, c + 1, size=b)
+        lens[0] = c
+        if b > 2:
+            lens[1] = min(s - 1, c)  # fewer keys than queries: early rows see nothing
+    lens = np.asarray(lens, np.int32)
+    for bi, n in enumerate(lens):  # rows past the valid length hold garbage the kernel must skip
+        k[bi, :, max(n, 0):] = np.nan
+        v[bi, :, max(n, 0):] = np.nan
+    return rng, q, k, v, lens
+
+
+@functools.cache
+def _jitted(backend, **static):
+    return jax.jit(functools.partial(decode_attention, backend=backend, **static))
+
+
+def _run(backend, q, k, v, lens, bias=None, sink=None, **static):
+    return np.asarray(_jitted(backend, **static)(q, k, v, lens, bias, sink))
+
+
+def _check(q, k, v, lens, bias=None, sink=None, **static):
+    got = _run("cuda", q, k, v, lens, bias, sink, **static)
+    ref_static = {key: val for key, val in static.items() if key not in ("split_rows",)}
+    want = _run("reference", q, k, v, lens, bias, sink, **ref_static)
+    assert not np.isnan(got.astype(np.float32)).any(), "NaN in the kernel output"
+    assert_close(got, want, q.dtype)
+    return got
+
+
+def _split_modes(c):
+    return {"auto": None, "single": -(-c // 64) * 64, "tile": 64}
+
+
+@pytest.mark.parametrize("split", ["auto", "single", "tile"])
+@pytest.mark.parametrize("heads", HEADS, ids=lambda h: f"{h[0]}q{h[1]}kv_s{h[2]}")
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: np.dtype(t).name)
+def test_shapes(dtype, d, heads, split):
+    if split != "auto" and d in (80, 96) and heads[2] not in (1, 16):
+        pytest.skip("split modes are swept on the other head dims")
+    hq, hkv, s = heads
+    c = 200 if d != 256 else 131  # not a multiple of the 64-row tile
+    _, q, k, v, lens = _inputs(d + hq + s, 3, hq, hkv, s, d, c, dtype)
+    _check(q, k, v, lens, split_rows=_split_modes(c)[split], scale=1.0 / np.sqrt(d))
+
+
+BIASES = [None, "f32_full", "bool_b1s_short", "bf16_h1_long"]
+WINDOWS = [(-1, -1), (37, -1), (0, -1), (-1, 5), (20, 3)]
+FEATURES = list(itertools.product([True, False], WINDOWS, [0.0, 30.0], BIASES, [False, True]))
+
+
+def _bias(kind, rng, b, hq, s, c):
+    if kind is None:
+        return None
+    if kind == "f32_full":
+        x = (rng.standard_normal((b, hq, s, c)) * 2).astype(np.float32)
+        x[rng.random(x.shape) < 0.1] = -np.inf
+        x[0, 1, 0, :] = -np.inf  # a fully masked row
+        return x
+    if kind == "bool_b1s_short":
+        return rng.random((b, 1, 1, c - 7)) < 0.8
+    if kind == "bf16_h1_long":
+        return (rng.standard_normal((1, hq, s, c + 5))).astype(ml_dtypes.bfloat16)
+    raise ValueError(kind)
+
+
+def _feature_case(dtype, hq, hkv, s, d, c, causal, window, softcap, bias_kind, sink, seed):
+    rng, q, k, v, lens = _inputs(seed, 3, hq, hkv, s, d, c, dtype)
+    bias = _bias(bias_kind, rng, 3, hq, s, c)
+    sink_v = rng.standard_normal(hq).astype(np.float32) if sink else None
+    _check(q, k, v, lens, bias, sink_v, scale=float(1 / np.sqrt(d)), softcap=softcap,
+           causal=causal, left=window[0], right=window[1])
+
+
+@pytest.mark.parametrize("causal,window,softcap,bias_kind,sink", FEATURES)
+def test_features_bf16_gqa4_s4(causal, window, softcap, bias_kind, sink):
+    _feature_case(ml_dtypes.bfloat16, 32, 8, 4, 128, 300, causal, window, softcap, bias_kind, sink, 7)
+
+
+@pytest.mark.parametrize("causal,window,softcap,bias_kind,sink", FEATURES[::3])
+def test_features_f16_gqa8_s1_d64(causal, window, softcap, bias_kind, sink):
+    _feature_case(np.float16, 64, 8, 1, 64, 257, causal, window, softcap, bias_kind, sink, 8)
+
+
+@pytest.mark.parametrize("d", [80, 256])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: np.dtype(t).name)
+def test_all_features_at_once(dtype, d):
+    _feature_case(dtype, 16, 2, 5, d, 190, True, (50, -1), 20.0, "f32_full", True, d)
+
+
+@pytest.mark.parametrize("split_rows", [64, 128, 192, 640, 2048, None])
+def test_splits_long_context(split_rows):
+    _, q, k, v, lens = _inputs(3, 2, 32, 8, 4, 128, 2048, ml_dtypes.bfloat16, lens=[2048, 1500])
+    _check(q, k, v, lens, split_rows=split_rows, scale=0.09)
+
+
+@pytest.mark.parametrize("c", [16384, 32768])
+def test_very_long_context(c):
+    _, q, k, v, lens = _inputs(c, 2, 32, 8, 1, 128, c, ml_dtypes.bfloat16, lens=[c, c // 2 + 5])
+    _check(q, k, v, lens, scale=0.09)
+
+
+def test_kv_len_beyond_capacity_is_clamped_and_empty_rows_are_zero():
+    _, q, k, v, _ = _inputs(4, 4, 8, 2, 4, 64, 100, np.float16, lens=[100, 100, 100, 100])
+    lens = np.array([500, -3, 0, 2], np.int32)
+    got = _check(q, k, v, lens, scale=0.125)
+    assert not got[1:3].astype(np.float32).any()                 # no key at all
+    assert not got[3, :, :2].astype(np.float32).any()           # rows before position 0
+
+
+def test_bitwise_deterministic_and_pdl_invariant():
+    _, q, k, v, lens = _inputs(5, 2, 64, 8, 16, 128, 4096, ml_dtypes.bfloat16, lens=[4096, 3000])
+    f = jax.jit(functools.partial(decode_attention, scale=0.09, backend="cuda", split_rows=256))
+    first = np.asarray(f(q, k, v, lens))
+    for _ in range(5):
+        np.testing.assert_array_equal(np.asarray(f(q, k, v, lens)), first)
+    no_pdl = jax.jit(lambda *a: cuda.decode_attention(*a, scale=0.09, split_rows=256, pdl=False))
+    np.testing.assert_array_equal(np.asarray(no_pdl(q, k, v, lens)), first)
+
+
+def test_batch_invariant_at_a_fixed_split_size():
+    _, q, k, v, lens = _inputs(6, 4, 32, 8, 2, 128, 1024, np.float16, lens=[1024, 700, 3, 1000])
+    f = jax.jit(functools.partial(decode_attention, scale=0.09, backend="cuda", split_rows=128))
+    batched = np.asarray(f(q, k, v, lens))
+    for bi in range(4):
+        alone = np.asarray(f(q[bi:bi + 1], k[bi:bi + 1], v[bi:bi + 1], lens[bi:bi + 1]))
+        np.testing.assert_array_equal(alone[0], batched[bi])
+
+
+# A decode loop (16 dependent attention calls over one cache, kv_len advancing on the device) run in a
+# fresh process so XLA_FLAGS apply; it prints the custom-call names to find them in XLA's dump.
+_LOOP = textwrap.dedent("""
+    import functools, jax, jax.numpy as jnp, numpy as np
+    from jax_onnx_attn.ops.decode import decode_attention
+
+    attn = functools.partial(decode_attention, scale=0.1, backend="cuda")
+    def steps(q, k, v, lens):
+        def body(i, carry):
+            q, lens = carry
+            return attn(q, k, v, lens).astype(q.dtype), lens + 1
+        return jax.lax.fori_loop(0, 16, body, (q, lens))
+
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.standard_normal((2, 32, 1, 128)), jnp.bfloat16)
+    k = jnp.asarray(rng.standard_normal((2, 8, 2048, 128)), jnp.bfloat16)
+    v = jnp.asarray(rng.standard_normal((2, 8, 2048, 128)), jnp.bfloat16)
+    lens = jnp.array([1000, 1500], jnp.int32)
+    f = jax.jit(steps)
+    hlo = f.lower(q, k, v, lens).compile().as_text()
+    names = [l.split("=")[0].strip().lstrip("%") for l in hlo.splitlines()
+             if 'custom_call_target="jax_onnx_attn_decode_attention"' in l]
+    print("CUSTOM_CALL_NAMES", *names)
+    got, _ = f(q, k, v, lens)
+    got2, _ = f(q, k, v, lens)  # replay
+    want, l2 = q, lens
+    for i in range(16):
+        want = attn(want, k, v, l2); l2 = l2 + 1
+    assert np.array_equal(np.asarray(got), np.asarray(got2))
+    assert np.array_equal(np.asarray(got), np.asarray(want)), float(jnp.abs(got - want).max())
+    print("LOOP_OK")
+""")
+
+
+def test_decode_loop_in_a_command_buffer(tmp_path):
+    dump = tmp_path / "xla_dump"
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_dump_to={dump}"
+                        " --xla_gpu_graph_min_graph_size=1").strip()
+    env["TF_CPP_MIN_LOG_LEVEL"] = "0"
+    env["TF_CPP_VMODULE"] = "command_buffer_conversion_pass=2,command_buffer_thunk=2"
+    run = subprocess.run([sys.executable, "-c", _LOOP], env=env, capture_output=True, text=True,
+                         timeout=300)
+    log = run.stdout + run.stderr
+    assert run.returncode == 0 and "LOOP_OK" in run.stdout, log[-4000:]
+    names = re.search(r"CUSTOM_CALL_NAMES (.*)", run.stdout).group(1).split()
+    assert names
+    created = [l for l in log.splitlines() if "command buffer" in l.lower() and any(n in l for n in names)]
+    thunk_files = sorted(pathlib.Path(dump).rglob("*thunk_sequence*"))
+    in_dump = [f.name for f in thunk_files
+               if "kCommandBuffer" in f.read_text() and any(n in f.read_text() for n in names)]
+    assert created or in_dump, f"decode_attention ({names}) not seen in a command buffer:\n{log[-3000:]}"

@@ -1,0 +1,197 @@
+"""The operators' CUDA decode paths (ops/decode_paths.py) against their reference backends:
+GroupQueryAttention decode / verify steps on a shared fixed-capacity cache, and ai.onnx Attention's
+fixed-capacity form `attention_with_cache`. Also: "auto" picks the kernels on a GPU, uncovered calls
+fall back (auto) or raise (cuda), and a donated GQA cache is updated in place."""
+
+import functools
+import itertools
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+from jax_onnx_attn import ops
+from jax_onnx_attn.testing import assert_close, hlo_copies_of
+
+pytestmark = pytest.mark.gpu
+
+BF16, F16 = ml_dtypes.bfloat16, np.float16
+
+
+def _gqa_inputs(seed, dtype, *, b=3, s=1, n=16, hkv=4, d=128, cap=160, packed=True, rotary=0,
+                bias=False, sink=False, norm=False):
+    rng = np.random.default_rng(seed)
+    total = cap - 3  # shorter than the capacity: keys past it get no bias
+    past = rng.integers(0, total - s + 1, size=b)
+    seqlens = (past + s - 1).astype(np.int32)
+    seqlens[-1] = cap + 2  # out of range: refused, status set, output 0
+    x = lambda *shape: rng.standard_normal(shape).astype(dtype)  # noqa: E731
+    inp = dict(past_key=x(b, hkv, cap, d), past_value=x(b, hkv, cap, d), seqlens_k=seqlens,
+               total_sequence_length=total)
+    if packed:
+        inp["query"] = x(b, s, (n + 2 * hkv) * d)
+    else:
+        inp.update(query=x(b, s, n * d), key=x(b, s, hkv * d), value=x(b, s, hkv * d))
+    if rotary:
+        ang = rng.uniform(0, 2 * np.pi, (cap, d // 4))  # partial rotary: R = D / 2
+        inp.update(cos_cache=np.cos(ang).astype(dtype), sin_cache=np.sin(ang).astype(dtype))
+    if bias:
+        inp["attention_bias"] = x(1 if seed % 2 else b, n, s, total)
+    if sink:
+        inp["head_sink"] = x(n)
+    if norm:
+        inp.update(q_norm_weight=x(d), k_norm_weight=x(d))
+    return inp
+
+
+@functools.cache
+def _gqa_jit(backend, **attrs):
+    def f(inp):
+        return ops.group_query_attention(**inp, **attrs, shared_buffer=True, backend=backend)
+    return jax.jit(f)
+
+
+def _gqa_compare(inp, **attrs):
+    attrs = dict(attrs)
+    arrays = {k: v for k, v in inp.items() if k != "total_sequence_length"}
+    attrs["total_sequence_length"] = inp["total_sequence_length"]
+    got = _gqa_jit("cuda", **attrs)(arrays)
+    want = _gqa_jit("reference", **attrs)(arrays)
+    dtype = inp["query"].dtype
+    assert_close(np.asarray(got.output), np.asarray(want.output), dtype)
+    assert_close(np.asarray(got.present_key), np.asarray(want.present_key), dtype)
+    assert_close(np.asarray(got.present_value), np.asarray(want.present_value), dtype)
+    np.testing.assert_array_equal(np.asarray(got.status), np.asarray(want.status))
+    assert np.asarray(got.status)[-1] != 0 and not np.asarray(got.output)[-1].astype(np.float32).any()
+
+
+GQA_FEATURES = list(itertools.product(
+    [1, 4],                                   # S (decode, verify)
+    [True, False],                            # packed QKV
+    [0, 1, 2],                                # rotary: none, half-split, interleaved
+    [(-1, 0.0), (33, 0.0), (-1, 30.0)],       # (local_window_size, softcap)
+    ["none", "sink", "smooth", "bias", "norm"],
+))
+
+
+@pytest.mark.parametrize("s,packed,rotary,window_softcap,extra", GQA_FEATURES[::3])
+def test_gqa_decode_bf16(s, packed, rotary, window_softcap, extra):
+    window, softcap = window_softcap
+    inp = _gqa_inputs(s * 7 + rotary, BF16, s=s, packed=packed, rotary=rotary, bias=extra == "bias",
+                      sink=extra == "sink", norm=extra == "norm")
+    _gqa_compare(inp, num_heads=16, kv_num_heads=4, local_window_size=window, softcap=softcap,
+                 do_rotary=int(rotary > 0), rotary_interleaved=int(rotary == 2),
+                 smooth_softmax=1 if extra == "smooth" else -1)
+
+
+@pytest.mark.parametrize("d", [64, 80, 96, 256])
+@pytest.mark.parametrize("causal", [1, 0])
+def test_gqa_decode_f16_head_dims(d, causal):
+    inp = _gqa_inputs(d, F16, s=2, n=8, hkv=2, d=d, rotary=1 if d % 32 == 0 else 0, sink=True)
+    _gqa_compare(inp, num_heads=8, kv_num_heads=2, causal=causal,
+                 do_rotary=int(d % 32 == 0), local_window_size=-1)
+
+
+def test_gqa_auto_uses_the_kernels_and_updates_the_cache_in_place():
+    inp = _gqa_inputs(1, BF16, b=2, cap=1024, rotary=1)
+    inp["seqlens_k"] = np.array([10, 700], np.int32)
+    arrays = {k: jnp.asarray(v) for k, v in inp.items() if k != "total_sequence_length"}
+    attrs = dict(num_heads=16, kv_num_heads=4, do_rotary=1, total_sequence_length=1000,
+                 shared_buffer=True)
+
+    def step(past_key, past_value, rest):
+        return ops.group_query_attention(past_key=past_key, past_value=past_value, **rest, **attrs)
+
+    rest = {k: v for k, v in arrays.items() if k not in ("past_key", "past_value")}
+    f = jax.jit(step, donate_argnums=(0, 1))
+    hlo = f.lower(arrays["past_key"], arrays["past_value"], rest).compile().as_text()
+    assert 'custom_call_target="jax_onnx_attn_decode_attention"' in hlo
+    assert hlo_copies_of(hlo, arrays["past_key"].shape, arrays["past_key"].dtype) == []
+    want = jax.jit(lambda pk, pv, r: ops.group_query_attention(past_key=pk, past_value=pv, **r, **attrs,
+                                                               backend="reference"))(
+        arrays["past_key"], arrays["past_value"], rest)
+    pointer = arrays["past_key"].unsafe_buffer_pointer()
+    got = f(arrays["past_key"], arrays["past_value"], rest)
+    assert got.present_key.unsafe_buffer_pointer() == pointer
+    assert_close(np.asarray(got.output), np.asarray(want.output), BF16)
+
+
+def test_gqa_uncovered_calls_fall_back_or_raise():
+    inp = _gqa_inputs(2, BF16)
+    arrays = {k: v for k, v in inp.items() if k != "total_sequence_length"}
+    kw = dict(num_heads=16, kv_num_heads=4, total_sequence_length=inp["total_sequence_length"],
+              qk_output=1, shared_buffer=True)
+    auto = jax.jit(lambda a: ops.group_query_attention(**a, **kw))(arrays)
+    assert auto.output_qk is not None
+    with pytest.raises(NotImplementedError, match="output_qk"):
+        ops.group_query_attention(**arrays, **kw, backend="cuda")
+
+
+# --- ai.onnx Attention: attention_with_cache ------------------------------------------------------
+
+def _attn_inputs(seed, dtype, *, b=3, hq=16, hkv=4, s=1, d=128, cap=200, mask=None, three_d=False):
+    rng = np.random.default_rng(seed)
+    x = lambda *shape: rng.standard_normal(shape).astype(dtype)  # noqa: E731
+    lengths = rng.integers(0, cap - s + 1, size=b).astype(np.int32)
+    lengths[-1] = cap - s + 1  # does not fit: status set, y 0
+    q, k, v = x(b, hq, s, d), x(b, hkv, s, d), x(b, hkv, s, d)
+    if three_d:
+        q = q.transpose(0, 2, 1, 3).reshape(b, s, hq * d)
+        k = k.transpose(0, 2, 1, 3).reshape(b, s, hkv * d)
+        v = v.transpose(0, 2, 1, 3).reshape(b, s, hkv * d)
+    m = None
+    if mask == "bool":
+        m = rng.random((b, 1, s, cap - 9)) < 0.85
+    elif mask == "float":
+        m = (rng.standard_normal((1, hq, s, cap)) * 2).astype(np.float32)
+    elif mask == "int":
+        m = rng.integers(-3, 2, size=(b, 1, 1, cap)).astype(np.int32)
+    elif mask == "half":
+        m = x(s, cap)  # rank 2, broadcast
+    return dict(Q=q, K=k, V=v, key_cache=x(b, hkv, cap, d), value_cache=x(b, hkv, cap, d),
+                cache_lengths=lengths, attn_mask=m)
+
+
+ATTN_FEATURES = list(itertools.product(
+    [1, 5],                                  # S
+    [0, 1],                                  # is_causal
+    [None, "bool", "float", "int", "half"],  # mask
+    [(-1, -1, 0.0), (40, -1, 0.0), (20, 2, 15.0)],  # left, right, softcap
+))
+
+
+@functools.cache
+def _attn_jit(backend, three_d, **attrs):
+    heads = dict(q_num_heads=16, kv_num_heads=4) if three_d else {}
+    return jax.jit(lambda inp: ops.attention_with_cache(**inp, **attrs, **heads, backend=backend))
+
+
+@pytest.mark.parametrize("s,causal,mask,window", ATTN_FEATURES)
+def test_attention_with_cache(s, causal, mask, window):
+    dtype = BF16 if s == 1 else F16
+    three_d = mask == "int"
+    inp = _attn_inputs(s + causal, dtype, s=s, mask=mask, three_d=three_d)
+    if inp["attn_mask"] is None:
+        del inp["attn_mask"]
+    left, right, softcap = window
+    attrs = dict(is_causal=causal, left_window_size=left, right_window_size=right, softcap=softcap)
+    got = _attn_jit("cuda", three_d, **attrs)(inp)
+    want = _attn_jit("reference", three_d, **attrs)(inp)
+    assert not np.isnan(np.asarray(got.y).astype(np.float32)).any()
+    assert_close(np.asarray(got.y), np.asarray(want.y), dtype)
+    for name in ("key_cache", "value_cache", "cache_lengths", "status"):
+        np.testing.assert_array_equal(np.asarray(getattr(got, name)), np.asarray(getattr(want, name)))
+
+
+def test_attention_uncovered_calls_fall_back_or_raise():
+    inp = _attn_inputs(3, BF16)
+    del inp["attn_mask"]
+    auto = jax.jit(lambda a: ops.attention_with_cache(**a, return_qk=True))(inp)
+    assert auto.qk is not None
+    with pytest.raises(NotImplementedError, match="qk_matmul_output"):
+        ops.attention_with_cache(**inp, return_qk=True, backend="cuda")
+    f32 = {k: v.astype(np.float32) if k != "cache_lengths" else v for k, v in inp.items()}
+    with pytest.raises(NotImplementedError, match="float16 and bfloat16"):
+        ops.attention_with_cache(**f32, backend="cuda")

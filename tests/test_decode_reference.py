@@ -1,0 +1,99 @@
+"""The reference decode attention (the CUDA engine's spec) against a float64 NumPy oracle, on CPU;
+and the public op's validation and backend choice."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import decode_oracle
+from jax_onnx_attn.ops import cuda
+from jax_onnx_attn.ops.decode import cuda_unsupported, decode_attention
+from jax_onnx_attn.ops.reference import decode as reference
+
+FEATURES = list(itertools.product(
+    [True, False],                      # causal
+    [(-1, -1), (3, -1), (0, -1), (-1, 2), (4, 1)],  # (left, right)
+    [0.0, 2.5],                         # softcap
+    [None, "f32", "bool"],              # bias
+    [False, True],                      # sink
+))
+
+
+def _case(seed, b=3, hq=4, hkv=2, s=3, d=8, c=11):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((b, hq, s, d)).astype(np.float32)
+    k = rng.standard_normal((b, hkv, c, d)).astype(np.float32)
+    v = rng.standard_normal((b, hkv, c, d)).astype(np.float32)
+    lens = np.array([c, 0, 7][:b], np.int32)
+    for bi, n in enumerate(lens):  # rows past the valid length must never be read
+        k[bi, :, n:] = np.nan
+        v[bi, :, n:] = np.nan
+    return rng, q, k, v, lens
+
+
+@pytest.mark.parametrize("causal,window,softcap,bias_kind,sink", FEATURES)
+def test_reference_matches_oracle(causal, window, softcap, bias_kind, sink):
+    rng, q, k, v, lens = _case(len(FEATURES))
+    b, hq, s, _ = q.shape
+    c = k.shape[2]
+    bias = None
+    if bias_kind == "f32":
+        bias = rng.standard_normal((b, 1, s, c + 2)).astype(np.float32)
+        bias[0, 0, 1, :] = -np.inf  # one fully masked row
+    elif bias_kind == "bool":
+        bias = rng.random((1, hq, 1, c - 3)) < 0.7
+    sink_v = rng.standard_normal(hq).astype(np.float32) if sink else None
+    kw = dict(scale=0.4, softcap=softcap, causal=causal, left=window[0], right=window[1])
+    got = reference.decode_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(lens),
+                                     None if bias is None else jnp.asarray(bias),
+                                     None if sink_v is None else jnp.asarray(sink_v), **kw)
+    want = decode_oracle.decode_attention(q, k, v, lens, bias, sink_v, **kw)
+    assert not np.isnan(np.asarray(got)).any()
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)
+
+
+def test_kv_len_is_clamped_to_capacity():
+    _, q, k, v, _ = _case(1)
+    k, v = np.nan_to_num(k), np.nan_to_num(v)
+    lens = np.array([99, -5, 11], np.int32)
+    got = reference.decode_attention(q, k, v, jnp.asarray(lens), scale=0.3)
+    want = decode_oracle.decode_attention(q, k, v, np.clip(lens, 0, 11), scale=0.3)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)
+
+
+def test_auto_backend_on_cpu_is_the_reference():
+    _, q, k, v, lens = _case(2)
+    auto = jax.jit(lambda *a: decode_attention(*a, scale=0.5))(q, k, v, lens)
+    ref = decode_attention(q, k, v, lens, scale=0.5, backend="reference")
+    np.testing.assert_array_equal(np.asarray(auto), np.asarray(ref))
+
+
+def test_cuda_coverage_and_validation():
+    assert cuda_unsupported(jnp.float32, 128) is not None
+    assert cuda_unsupported(jnp.bfloat16, 72) is not None
+    assert cuda_unsupported(jnp.float16, 80) is None
+    q = jnp.zeros((1, 6, 1, 8))
+    with pytest.raises(ValueError, match="multiple of KV heads"):
+        decode_attention(q, jnp.zeros((1, 4, 5, 8)), jnp.zeros((1, 4, 5, 8)), jnp.array([3]))
+    with pytest.raises(ValueError, match="bias"):
+        decode_attention(q, jnp.zeros((1, 2, 5, 8)), jnp.zeros((1, 2, 5, 8)), jnp.array([3]),
+                         bias=jnp.zeros((1, 2, 1, 5)))
+    with pytest.raises(ValueError, match="split_rows"):
+        decode_attention(q, jnp.zeros((1, 2, 5, 8)), jnp.zeros((1, 2, 5, 8)), jnp.array([3]),
+                         split_rows=100)
+
+
+@pytest.mark.parametrize("batch,rows,capacity,d", [(1, 4, 1024, 128), (1, 4, 131072, 128),
+                                                  (8, 64, 16384, 128), (128, 4, 4096, 256),
+                                                  (3, 200, 333, 80)])
+def test_split_plan_is_valid(batch, rows, capacity, d):
+    sr = cuda.decode_split_rows(batch, 8, rows, capacity, d)
+    assert sr % cuda.DECODE_BLOCK_N == 0 and sr > 0
+    splits = -(-capacity // sr)
+    assert splits <= cuda.DECODE_MAX_SPLITS
+    assert cuda.decode_split_rows(batch, 8, rows, capacity, d) == sr  # pure function
+    if batch * 8 >= 264:
+        assert splits == 1

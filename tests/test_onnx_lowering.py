@@ -1,0 +1,174 @@
+"""The lowering machinery: op coverage reporting, trace-time folding, loading, MatMulNBits vs
+onnxruntime, and the fixed-capacity cache step's compile/donation contract."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import jax_onnx_attn
+from jax_onnx_attn.onnx import UnsupportedOpsError
+from jax_onnx_attn.testing import assert_close
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _model(nodes, inputs, outputs, initializers=(), opset=21, extra_opsets=()):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
+    ops = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, v) for d, v in extra_opsets]
+    return helper.make_model(graph, opset_imports=ops, ir_version=10)
+
+
+def _ort(model, feeds):
+    return ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def test_unsupported_ops_are_all_listed_at_load():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    branch = helper.make_graph([helper.make_node("Hardmax", ["x"], ["h"])], "b", [],
+                               [helper.make_tensor_value_info("h", TensorProto.FLOAT, [2])])
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"]),                               # supported
+        helper.make_node("FancyNorm", ["a"], ["b"], domain="com.example"),    # unknown domain op
+        helper.make_node("DequantizeLinear", ["b", "s"], ["c"]),              # ai.onnx, no handler
+        helper.make_node("Constant", [], ["cond"], value=numpy_helper.from_array(np.array(True))),
+        helper.make_node("If", ["cond"], ["y"], then_branch=branch, else_branch=branch),  # Hardmax inside
+    ]
+    s = numpy_helper.from_array(np.array(1.0, np.float32), "s")
+    model = _model(nodes, [x], [y], [s], extra_opsets=[("com.example", 3)])
+    with pytest.raises(UnsupportedOpsError) as info:
+        jax_onnx_attn.load(model)
+    missing = {(k.domain, k.op_type, k.since_version) for k in info.value.missing}
+    assert missing == {("com.example", "FancyNorm", 3), ("", "DequantizeLinear", 21),
+                       ("", "Hardmax", 13)}
+    assert "FancyNorm" in str(info.value) and "Hardmax" in str(info.value)
+
+
+def test_a_newer_schema_version_is_reported_not_run_with_old_semantics():
+    # Mod gained a since_version 28; the handler declares 10 and 13 only.
+    x = helper.make_tensor_value_info("x", TensorProto.INT64, [3])
+    model = _model([helper.make_node("Mod", ["x", "x"], ["y"])], [x],
+                   [helper.make_tensor_value_info("y", TensorProto.INT64, [3])], opset=28)
+    with pytest.raises(UnsupportedOpsError, match="Mod"):
+        jax_onnx_attn.load(model)
+
+
+def test_shape_arithmetic_folds_at_trace_time():
+    """Reshape/Slice/Expand fed by Shape -> Gather -> Concat arithmetic see static shapes: the traced
+    program holds no shape computation, and the result equals onnxruntime's."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", 8])
+    c = lambda name, v: helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.array(v, np.int64)))
+    nodes = [
+        helper.make_node("Shape", ["x"], ["sh"]),
+        c("i0", [0]), c("i1", [1]), c("m1", [-1]), c("two", [2]), c("ax", [1]), c("st", [1]),
+        helper.make_node("Gather", ["sh", "i0"], ["b"]),
+        helper.make_node("Gather", ["sh", "i1"], ["s"]),
+        helper.make_node("Mul", ["s", "two"], ["s2"]),
+        helper.make_node("Concat", ["b", "s2", "m1"], ["new_shape"], axis=0),
+        helper.make_node("Reshape", ["x", "new_shape"], ["r"]),                 # [b, 2s, 4]
+        helper.make_node("Slice", ["r", "st", "s2", "ax"], ["sl"]),             # [b, 2s-1, 4]
+        helper.make_node("Concat", ["b", "two", "i1", "i1"], ["es"], axis=0),
+        helper.make_node("Unsqueeze", ["sl", "ax"], ["u"]),
+        helper.make_node("Expand", ["u", "es"], ["y"]),
+    ]
+    model = _model(nodes, [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    lowered = jax_onnx_attn.load(model)
+    xv = np.random.default_rng(0).standard_normal((2, 3, 8)).astype(np.float32)
+    jaxpr = str(jax.make_jaxpr(lowered.apply)(lowered.params, {"x": xv}))
+    for prim in ("concatenate", "gather", "mul", "iota"):
+        assert prim not in jaxpr, f"{prim} was traced:\n{jaxpr}"
+    got = jax.jit(lowered.apply)(lowered.params, {"x": xv})["y"]
+    assert_close(got, _ort(model, {"x": xv})[0])
+
+
+@pytest.mark.parametrize("bits,k,block,zero_points,bias", [
+    (4, 40, 16, True, True), (4, 64, 32, False, False), (8, 48, 16, True, False), (8, 64, 64, False, True)])
+def test_matmul_nbits_matches_onnxruntime(bits, k, block, zero_points, bias):
+    """Packed 4/8-bit weights with and without (packed) zero points, a K that is not a multiple of
+    the block, and a bias; onnxruntime at accuracy_level 0 (exact dequantised product)."""
+    rng = np.random.default_rng(bits + k)
+    n, kb = 24, -(-k // block)
+    blob = block * bits // 8
+    b_q = rng.integers(0, 256, (n, kb, blob), dtype=np.uint8)
+    scales = rng.uniform(0.01, 0.1, n * kb).astype(np.float32)
+    names = ["A", "B", "scales"]
+    inits = [numpy_helper.from_array(b_q, "B"), numpy_helper.from_array(scales, "scales")]
+    if zero_points:
+        zp = rng.integers(0, 256, n * -(-kb * bits // 8), dtype=np.uint8)
+        inits.append(numpy_helper.from_array(zp, "zp"))
+        names.append("zp")
+    if bias:
+        names += ["", "bias"] if zero_points else ["", "", "bias"]
+        inits.append(numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "bias"))
+    node = helper.make_node("MatMulNBits", names, ["Y"], domain="com.microsoft", K=k, N=n, bits=bits,
+                            block_size=block, accuracy_level=0)
+    model = _model([node], [helper.make_tensor_value_info("A", TensorProto.FLOAT, [2, 3, k])],
+                   [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 3, n])], inits,
+                   extra_opsets=[("com.microsoft", 1)])
+    a = rng.standard_normal((2, 3, k)).astype(np.float32)
+    lowered = jax_onnx_attn.load(model)
+    assert "B" in lowered.params and lowered.params["B"].dtype == jnp.uint8  # packed bytes are params
+    assert_close(jax.jit(lowered.apply)(lowered.params, {"A": a})["Y"], _ort(model, {"A": a})[0])
+
+
+def test_external_data_from_proto_with_base_dir():
+    path = FIXTURES / "builder_llama_fp32" / "model.onnx"
+    assert (path.parent / "model.onnx.data").exists()
+    from_path = jax_onnx_attn.load(path)
+    proto = onnx.load(str(path), load_external_data=False)
+    from_proto = jax_onnx_attn.load(proto, base_dir=path.parent)
+    assert from_path.params.keys() == from_proto.params.keys()
+    for k, v in from_path.params.items():
+        np.testing.assert_array_equal(np.asarray(v), np.asarray(from_proto.params[k]))
+
+
+def test_fixed_cache_step_needs_a_kv_cache():
+    x = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "s"])
+    model = _model([helper.make_node("Identity", ["input_ids"], ["logits"])], [x],
+                   [helper.make_tensor_value_info("logits", TensorProto.INT64, ["b", "s"])])
+    with pytest.raises(ValueError, match="no recognisable KV cache"):
+        jax_onnx_attn.load(model).fixed_cache_step(1, 8)
+
+
+@pytest.mark.parametrize("name", ["builder_llama_fp32", "torch_llama_op23", "torch_llama_op20"])
+def test_decode_reuses_one_executable_and_updates_the_cache_in_place(name):
+    """GQA shared buffer (builder) and Concat -> kv_append (torch): decode steps with changing lengths
+    never retrace, and the donated cache is aliased to the output with no copy of it in the HLO."""
+    lowered = jax_onnx_attn.load(FIXTURES / name / "model.onnx")
+    b, cap = 3, 48
+    step = lowered.fixed_cache_step(b, cap)
+    traces = []
+
+    def counted(*args):
+        traces.append(1)
+        return step(*args)
+
+    run = jax.jit(counted, donate_argnums=(4,))
+    cache = step.init_cache(lowered.params)
+    args = (lowered.params, np.zeros((b, 1), np.int32), np.array([0, 3, 7], np.int32),
+            np.ones(b, np.int32))
+    hlo = run.lower(*args, cache).compile().as_text()
+    shape = "[{},{},{},{}]".format(*next(iter(step.cache_shapes.values()))[0])
+    # An instruction whose result has the cache's shape and that is a copy (or an async copy).
+    copy_of_cache = re.compile(r"=\s*\w+" + re.escape(shape) + r"(\{[^}]*\})?\s+copy(-start)?\(")
+    copies = [ln for ln in hlo.splitlines() if copy_of_cache.search(ln)]
+    assert not copies, "the cache is copied:\n" + "\n".join(copies)
+    alias = next(ln for ln in hlo.splitlines() if ln.startswith("HloModule"))
+    assert alias.count("may-alias") + alias.count("must-alias") >= len(cache), alias
+    for t in range(6):
+        ids = np.full((b, 1), 5 + t, np.int32)
+        old = next(iter(cache.values()))
+        _, cache = run(lowered.params, ids, np.array([t, 3 + t, 7 + t], np.int32), np.ones(b, np.int32),
+                       cache)
+        assert old.is_deleted(), "the donated cache buffer was not consumed"
+    assert len(traces) == 1, f"{len(traces)} traces for 6 decode steps"

@@ -1,0 +1,170 @@
+"""jax_onnx_attn.bench.plots and tools/plot_bench.py on a small synthetic results folder.
+
+The synthetic JSON follows the benchmark harness's schema (`python -m jax_onnx_attn.bench decode
+--out`). Its peer numbers are the project's H200 baseline (bf16, 32 query / 8 KV heads, head size
+128), entered as per-call times, so the derived metrics are checked against the published figures.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jax_onnx_attn.bench import plots
+
+ROOT = Path(__file__).resolve().parent.parent
+SHAPE = dict(q_heads=32, kv_heads=8, head_dim=128, dtype="bf16")
+ENV = {"gpu": "name, driver_version, clocks.sm [MHz]\nNVIDIA H200, 580.159.04, 1980 MHz",
+       "commit": "0c4ee63"}
+#: (B, context) -> effective GB/s of one-token decode.
+DECODE = {(1, 4096): {"jax-xla": 238.0, "jax-cudnn": 148.0, "torch-flash": 547.0},
+          (8, 8192): {"jax-xla": 1161.0, "jax-cudnn": 3299.0, "torch-flash": 3637.0},
+          (8, 16384): {"jax-xla": 1286.0, "jax-cudnn": 4349.0, "torch-flash": 2728.0}}
+#: (B, S) -> TFLOP/s of causal prefill.
+PREFILL = {(1, 2048): {"jax-cudnn": 342.6, "torch-flash": 208.8},
+           (4, 4096): {"jax-cudnn": 574.5, "torch-flash": 326.1}}
+
+
+def _flat(b, ctx, q_len, causal=True):
+    return dict(batch=b, q_len=q_len, kv_len=ctx, causal=causal, q_heads=32, kv_heads=8,
+                head_dim=128, dtype="bfloat16")
+
+
+def _decode_case(b, ctx, gbps):
+    """A harness result: times from GB/s; ours at half the best peer; one skipped peer."""
+    us = {impl: plots.kv_bytes(_flat(b, ctx, 1)) / (v * 1e9) * 1e6 for impl, v in gbps.items()}
+    us[plots.OURS] = min(us.values()) * 2
+    impls = {impl: {"us": t} for impl, t in us.items()}
+    impls["torch-cudnn"] = {"skip": "error: RuntimeError: no kernel"}
+    return dict(batch=b, ctx=ctx, q_len=1, label=f"B={b} ctx={ctx}", impls=impls, **SHAPE)
+
+
+def _prefill_case(b, s, tflops):
+    us = {impl: plots.flops(_flat(b, s, s)) / (v * 1e12) * 1e6 for impl, v in tflops.items()}
+    us[plots.OURS] = us["jax-cudnn"] / 1.1
+    return dict(batch=b, ctx=s, q_len=s, causal=True, impls={i: {"us": t} for i, t in us.items()},
+                **SHAPE)
+
+
+def _write(path, suite, results):
+    path.write_text(json.dumps({"suite": suite, "env": ENV, "results": results}))
+
+
+@pytest.fixture
+def results_dir(tmp_path):
+    d = tmp_path / "results"
+    d.mkdir()
+    _write(d / "decode-h200.json", "decode", [_decode_case(b, c, v) for (b, c), v in DECODE.items()])
+    _write(d / "prefill-h200.json", "prefill", [_prefill_case(b, s, v) for (b, s), v in PREFILL.items()])
+    return d
+
+
+N_RECORDS = 4 * len(DECODE) + 3 * len(PREFILL)  # skipped impls are left out
+
+
+def test_records_and_derived_metrics(results_dir):
+    recs = plots.load_results(results_dir)
+    assert len(recs) == N_RECORDS
+    assert {r["gpu"] for r in recs} == {"NVIDIA H200"}
+    assert not plots.select(recs, impl="torch-cudnn")
+    for (b, ctx), peers in DECODE.items():
+        for impl, gbps in peers.items():
+            r, = plots.select(recs, impl=impl, phase="decode", batch=b, kv_len=ctx)
+            assert r["gbps"] == pytest.approx(gbps)
+            assert r["dtype"] == "bfloat16" and r["q_len"] == 1
+            # decode attention sits far left of the H200 ridge point (~206 FLOP/B): memory bound
+            assert r["intensity"] < 10
+    for (b, s), peers in PREFILL.items():
+        for impl, tflops in peers.items():
+            r, = plots.select(recs, impl=impl, phase="prefill", batch=b, kv_len=s)
+            assert r["tflops"] == pytest.approx(tflops)
+            assert r["intensity"] > 206
+
+
+def test_harness_gbs_is_used_when_given(tmp_path):
+    case = _decode_case(1, 4096, {"jax-xla": 238.0})
+    case["impls"]["jax-xla"]["gbs"] = 123.0
+    _write(tmp_path / "a.json", "decode", [case])
+    r, = plots.select(plots.load_results(tmp_path), impl="jax-xla")
+    assert r["gbps"] == 123.0
+
+
+def test_metric_definitions():
+    r = _flat(1, 2048, 2048)
+    assert plots.flops(r) == plots.flops({**r, "causal": False}) / 2  # causal counts half
+    assert plots.flops({**r, "causal": False}) == 4 * 32 * 2048 * 2048 * 128
+    # the baseline's decode figure: B=1, T=4096 in 70 us is about 238 GB/s
+    assert plots.kv_bytes(_flat(1, 4096, 1)) / 70e-6 / 1e9 == pytest.approx(240, rel=0.01)
+
+
+def test_gpu_name():
+    assert plots.gpu_name(ENV) == "NVIDIA H200"
+    assert plots.gpu_name({"gpu": "NVIDIA H200"}) == "NVIDIA H200"
+    assert plots.gpu_name({}) is None
+    assert plots.hardware_for("NVIDIA H200") is plots.H200
+    assert plots.hardware_for("NVIDIA H100 80GB HBM3") is None
+    assert plots.H200.hbm_gbps == 4800 and plots.H200.peak("bfloat16") == 989
+
+
+def test_later_file_replaces_the_same_measurement(results_dir):
+    _write(results_dir / "zz-decode-rerun.json", "decode", [_decode_case(1, 4096, {"jax-xla": 400.0})])
+    recs = plots.load_results(results_dir)
+    r, = plots.select(recs, impl="jax-xla", batch=1, kv_len=4096)
+    assert r["gbps"] == pytest.approx(400.0) and r["source"] == "zz-decode-rerun.json"
+    assert len(recs) == N_RECORDS
+
+
+def test_ratio_table(results_dir):
+    rows = plots.ratio_table(plots.load_results(results_dir))
+    assert len(rows) == 3 * len(DECODE) + 2 * len(PREFILL)
+    for row in rows:
+        peers = (DECODE if row["phase"] == "decode" else PREFILL)[(row["batch"], row["kv_len"])]
+        if row["phase"] == "decode":
+            assert row["ratio"] == pytest.approx(max(peers.values()) / 2 / peers[row["peer"]])
+        elif row["peer"] == "jax-cudnn":
+            assert row["ratio"] == pytest.approx(1.1)
+
+
+def test_missing_results_say_what_to_do(tmp_path):
+    with pytest.raises(plots.NoResults, match=r"has no \*.json.*jax_onnx_attn.bench decode"):
+        plots.load_results(tmp_path / "nowhere")
+    _write(tmp_path / "empty.json", "decode", [])
+    with pytest.raises(plots.NoResults, match="hold no measurements"):
+        plots.load_results(tmp_path)
+
+
+def test_bad_result_names_its_file(tmp_path):
+    bad = _decode_case(1, 4096, {"jax-xla": 238.0})
+    del bad["head_dim"]
+    _write(tmp_path / "bad.json", "decode", [bad])
+    with pytest.raises(ValueError, match=r"bad.json: a result lacks \['head_dim'\]"):
+        plots.load_results(tmp_path)
+
+
+def test_regenerate_writes_every_figure(results_dir, tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    written = plots.regenerate(results_dir, tmp_path / "images")
+    assert sorted(p.name for p in written) == ["decode_gbps.png", "prefill_tflops.png", "roofline.png"]
+    for p in written:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 10_000
+
+
+def test_tool_script(results_dir, tmp_path):
+    pytest.importorskip("matplotlib")
+    tool = [sys.executable, str(ROOT / "tools" / "plot_bench.py")]
+    ok = subprocess.run(tool + ["--results", str(results_dir), "--out", str(tmp_path / "img")],
+                        capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.count("wrote ") == 3
+    empty = subprocess.run(tool + ["--results", str(tmp_path / "none"), "--out", str(tmp_path / "x")],
+                           capture_output=True, text=True, timeout=300)
+    assert empty.returncode == 1
+    assert "no benchmark results to plot" in empty.stderr
+    assert not (tmp_path / "x").exists()

@@ -1,0 +1,301 @@
+"""DecoderSession against onnxruntime: greedy parity, padding, recompilation, donation, sampling, stops.
+
+The session runs on the ONNX lowering (`jax_onnx_attn.onnx.load`) of the embedded tiny decoder; a
+hand-written jax.numpy implementation of the same decoder behind the same fixed-cache-step contract
+(the stand-in) checks the session apart from the lowering, and stands in for it while the lowering
+is not in the tree. onnxruntime CPU is the oracle for both.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax_onnx_attn.models.tiny import TinyConfig, build_tiny_decoder, encode, tiny_weights
+from jax_onnx_attn.ops.kv_cache import kv_append
+from jax_onnx_attn.ops.reference import core
+from jax_onnx_attn.ops.reference.norm import rms_norm
+from jax_onnx_attn.ops.reference.rotary import rotary_embedding
+from jax_onnx_attn.runtime import (DecoderSession, OrtDecoder, SamplingConfig, compare_with_onnxruntime,
+                                   sample, sampling_probs)
+from jax_onnx_attn.testing import assert_close, hlo_copies_of
+
+CONFIG = TinyConfig()
+PROMPTS = [encode("Hello, JAX!"), encode("ab"), encode("The quick brown fox jumps")]
+MAX_LENGTH = 64
+
+
+@functools.cache
+def real_load():
+    """The ONNX lowering's `load`, or None while it (with its fixed-cache step) is not in the tree."""
+    try:
+        from jax_onnx_attn.onnx import load
+
+        load(build_tiny_decoder(layers=1)).fixed_cache_step(1, 8)
+    except (ImportError, AttributeError, NotImplementedError):
+        return None
+    return load
+
+
+# --------------------------------------------------------------------------------------------------
+# The stand-in: the fixed-cache-step contract of jax_onnx_attn.load, written out for the tiny decoder.
+
+class StandIn:
+    """`params` + `fixed_cache_step(batch, capacity)` for the tiny decoder, directly in jax.numpy."""
+
+    def __init__(self, config: TinyConfig = CONFIG):
+        self.config = config
+        self.params = {k: jnp.asarray(v) for k, v in tiny_weights(config).items()}
+
+    def fixed_cache_step(self, batch: int, capacity: int):
+        return _StandInStep(self.config, batch, capacity)
+
+
+class _StandInStep:
+    def __init__(self, config, batch, capacity):
+        self.c, self.batch, self.capacity = config, batch, capacity
+
+    def init_cache(self, params):
+        shape = (self.batch, self.c.kv_heads, self.capacity, self.c.head_size)
+        return [(jnp.zeros(shape, self.c.np_dtype), jnp.zeros(shape, self.c.np_dtype))
+                for _ in range(self.c.layers)]
+
+    def __call__(self, params, input_ids, cache_len, num_new, cache):
+        c, w = self.c, params
+        b, s = input_ids.shape
+        pos = cache_len[:, None] + jnp.arange(s)[None]  # [B, S] absolute positions
+        keys = jnp.arange(self.capacity)
+        # Key j is visible to query s when it is valid (j < cache_len + num_new) and causal.
+        visible = (keys[None, None] < (cache_len + num_new)[:, None, None]) & (keys[None, None] <= pos[..., None])
+        x = w["model.embed_tokens.weight"][input_ids]
+        residual, h = x, rms_norm(x, w["model.layers.0.input_layernorm.weight"], c.rms_eps)
+        new_cache = []
+        for i, (kc, vc) in enumerate(cache):
+            p = f"model.layers.{i}."
+            qkv = h @ w[p + "attn.qkv_proj.MatMul.weight"]
+            nq, nk = c.heads * c.head_size, c.kv_heads * c.head_size
+            q, k, v = qkv[..., :nq], qkv[..., nq:nq + nk], qkv[..., nq + nk:]
+            q, k, v = (t.reshape(b, s, -1, c.head_size).transpose(0, 2, 1, 3) for t in (q, k, v))
+            q, k = (rotary_embedding(t, w["cos_cache"], w["sin_cache"], pos) for t in (q, k))
+            kc, _ = kv_append(kc, k, cache_len, backend="reference")
+            vc, _ = kv_append(vc, v, cache_len, backend="reference")
+            new_cache.append((kc, vc))
+            x = core.logits(q, kc, 1.0 / np.sqrt(c.head_size))
+            probs = core.softmax(jnp.where(visible[:, None], x, -jnp.inf))
+            attn = core.weighted_values(probs, vc).astype(q.dtype)
+            o = attn.transpose(0, 2, 1, 3).reshape(b, s, nq) @ w[p + "attn.o_proj.MatMul.weight"]
+            residual = residual + o
+            h = rms_norm(residual, w[p + "post_attention_layernorm.weight"], c.rms_eps)
+            gate = h @ w[p + "mlp.gate_proj.MatMul.weight"]
+            up = h @ w[p + "mlp.up_proj.MatMul.weight"]
+            residual = residual + (gate * jax.nn.sigmoid(gate) * up) @ w[p + "mlp.down_proj.MatMul.weight"]
+            norm = f"model.layers.{i + 1}.input_layernorm.weight" if i + 1 < c.layers else "model.norm.weight"
+            h = rms_norm(residual, w[norm], c.rms_eps)
+        return h @ w["lm_head.MatMul.weight"], new_cache
+
+
+# --------------------------------------------------------------------------------------------------
+# Fixtures
+
+@pytest.fixture(scope="module")
+def model():
+    return build_tiny_decoder(CONFIG)
+
+
+@pytest.fixture(scope="module")
+def ort(model):
+    return OrtDecoder(model)
+
+
+@pytest.fixture(scope="module")
+def ort_greedy(ort):
+    """onnxruntime's greedy 32 tokens per prompt, one prompt at a time without padding."""
+    return [ort.greedy(p, 32) for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def lowered(model):
+    """The ONNX lowering of the tiny decoder; the stand-in while the lowering is not in the tree."""
+    load = real_load()
+    return StandIn() if load is None else load(model)
+
+
+@pytest.fixture(scope="module")
+def session3(lowered):
+    return DecoderSession(lowered, max_length=MAX_LENGTH, batch=3)
+
+
+# --------------------------------------------------------------------------------------------------
+# Parity with onnxruntime
+
+def test_logits_match_onnxruntime(lowered, ort, ort_greedy):
+    """Prefill and cached-decode logits along onnxruntime's greedy path, f32 tolerance."""
+    session = DecoderSession(lowered, max_length=MAX_LENGTH, batch=1)
+    prompt = PROMPTS[0]
+    sequence = prompt + ort_greedy[0]
+    assert_close(session.logits(sequence, len(prompt)), ort.logits(sequence, len(prompt)), np.float32)
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_greedy_matches_onnxruntime(lowered, session3, ort_greedy, rows):
+    """32 greedy tokens, identical to onnxruntime's; batch 3 right-pads prompts of 11, 2, 25 tokens."""
+    session = session3 if rows == 3 else DecoderSession(lowered, max_length=MAX_LENGTH, batch=1)
+    result = session.generate(PROMPTS[:rows], max_new_tokens=32)
+    assert result.tokens == ort_greedy[:rows]
+    assert result.finish_reasons == ["length"] * rows
+    assert result.timings.new_tokens == 32 * rows
+    assert result.timings.tokens_per_s > 0
+
+
+def test_more_prompts_than_rows_and_padding_rows(lowered, ort_greedy):
+    """3 prompts on a batch-2 session run as two groups; the second group has a padding row."""
+    session = DecoderSession(lowered, max_length=MAX_LENGTH, batch=2)
+    result = session.generate(PROMPTS, max_new_tokens=12)
+    assert result.tokens == [t[:12] for t in ort_greedy]
+    assert result.sequences[1] == PROMPTS[1] + ort_greedy[1][:12]
+
+
+@pytest.mark.skipif(real_load() is None, reason="the stand-in already runs every test")
+def test_standin_session_matches_onnxruntime(ort_greedy):
+    """The session on the hand-written stand-in: tells a session bug from a lowering bug."""
+    session = DecoderSession(StandIn(), max_length=MAX_LENGTH, batch=3)
+    assert session.generate(PROMPTS, max_new_tokens=32).tokens == ort_greedy
+
+
+# --------------------------------------------------------------------------------------------------
+# Compilation and donation
+
+def test_decode_compiles_once(lowered, ort_greedy):
+    """31 decode calls (one step each) trace and compile the decode function once; a second
+    generation with other prompt lengths in the same bucket compiles nothing at all."""
+    compiles = []
+    listener = lambda event, *a, **k: compiles.append(event) if "backend_compile" in event else None
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        session = DecoderSession(lowered, max_length=MAX_LENGTH, batch=1, steps_per_call=1)
+        assert session.generate(PROMPTS[:1], max_new_tokens=32).tokens == ort_greedy[:1]
+        assert session.trace_counts["decode"] == 1 and session.compile_counts["decode"] == 1
+        assert session.trace_counts["prefill"] == 1
+        compiles.clear()
+        result = session.generate(PROMPTS[1:2], max_new_tokens=32)
+        assert result.tokens == ort_greedy[1:2]
+        assert compiles == []
+        assert session.trace_counts["decode"] == 1
+    finally:
+        unregister = getattr(jax.monitoring, "_unregister_event_duration_listener_by_callback", None)
+        if unregister:
+            unregister(listener)
+
+
+def test_cache_is_donated(session3):
+    """The decode executable aliases the cache to its output and never copies a cache buffer; the
+    buffers handed in are consumed (updated in place), not kept alongside new ones."""
+    session3.generate(PROMPTS, max_new_tokens=4)
+    (hlo,) = session3.compiled_text("decode")
+    leaves = jax.tree_util.tree_leaves(session3.cache)
+    # Every cache buffer (and the state) is an aliased input/output pair.
+    assert hlo.splitlines()[0].count("may-alias") >= len(leaves)
+    for leaf in leaves:
+        assert hlo_copies_of(hlo, leaf.shape, leaf.dtype) == []
+    before = jax.tree_util.tree_leaves(session3.cache)
+    session3.generate(PROMPTS, max_new_tokens=4)
+    assert all(x.is_deleted() for x in before)
+
+
+# --------------------------------------------------------------------------------------------------
+# Sampling
+
+LOGITS = np.log(np.array([[0.05, 0.3, 0.1, 0.4, 0.15]], np.float32))
+
+
+@pytest.mark.parametrize("config, expected", [
+    (SamplingConfig(temperature=1.0), [0.05, 0.3, 0.1, 0.4, 0.15]),
+    (SamplingConfig(temperature=1.0, top_k=2), [0, 0.3 / 0.7, 0, 0.4 / 0.7, 0]),
+    # top-p 0.8: 0.4 + 0.3 = 0.7 is short of it, so 0.15 joins; 0.85 is enough.
+    (SamplingConfig(temperature=1.0, top_p=0.8), [0, 0.3 / 0.85, 0, 0.4 / 0.85, 0.15 / 0.85]),
+    # top-p applies to the top-k renormalised distribution (0.4 / 0.7 = 0.57), as in transformers.
+    (SamplingConfig(temperature=1.0, top_k=2, top_p=0.6), [0, 0.3 / 0.7, 0, 0.4 / 0.7, 0]),
+    (SamplingConfig(temperature=1.0, top_k=2, top_p=0.5), [0, 0, 0, 1, 0]),
+    (SamplingConfig(temperature=1.0, top_p=0.3), [0, 0, 0, 1, 0]),
+    (SamplingConfig(temperature=0.5), np.array([0.05, 0.3, 0.1, 0.4, 0.15]) ** 2 / 0.285),
+    (SamplingConfig(), [0, 0, 0, 1, 0]),
+])
+def test_sampling_distribution(config, expected):
+    """The filtered distribution is the one defined, and 20000 draws follow it (no token outside)."""
+    probs = np.asarray(sampling_probs(jnp.asarray(LOGITS), config))[0]
+    np.testing.assert_allclose(probs, expected, atol=1e-6)
+    # 20000 rows of the same logits: every row is an independent draw.
+    draws = np.asarray(sample(jnp.broadcast_to(LOGITS, (20000, 5)), jax.random.PRNGKey(0), config))
+    freq = np.bincount(draws, minlength=5) / draws.size
+    assert set(np.flatnonzero(freq)) <= set(np.flatnonzero(probs))
+    np.testing.assert_allclose(freq, expected, atol=0.015)
+
+
+def test_sampling_config_validation():
+    for bad in (dict(temperature=-1), dict(top_k=-1), dict(top_p=0.0), dict(top_p=1.5)):
+        with pytest.raises(ValueError):
+            SamplingConfig(**bad)
+
+
+def test_sampled_generation_is_reproducible(session3):
+    kw = dict(max_new_tokens=16, temperature=1.0, top_k=20, top_p=0.9)
+    a = session3.generate(PROMPTS, seed=1, **kw)
+    b = session3.generate(PROMPTS, seed=1, **kw)
+    c = session3.generate(PROMPTS, seed=2, **kw)
+    assert a.tokens == b.tokens
+    assert a.tokens != c.tokens
+    # The tiny model emits printable bytes only, and top-k keeps the 20 most likely.
+    assert all(32 <= t < 127 or t == 10 for row in a.tokens for t in row)
+
+
+# --------------------------------------------------------------------------------------------------
+# Stopping
+
+def test_stop_tokens(session3, ort_greedy):
+    """A row ends at its first stop token (kept); rows without one run to max_new_tokens."""
+    stop = ort_greedy[0][5]
+    result = session3.generate(PROMPTS, max_new_tokens=32, stop_tokens=[stop])
+    for row, expected in zip(result.tokens, ort_greedy):
+        n = expected.index(stop) + 1 if stop in expected else len(expected)
+        assert row == expected[:n]
+    assert result.finish_reasons[0] == "stop"
+    assert result.tokens[0][-1] == stop and len(result.tokens[0]) <= 6
+
+
+def test_max_length_stops_rows(lowered, ort_greedy):
+    session = DecoderSession(lowered, max_length=20, batch=1)
+    result = session.generate(PROMPTS[:1], max_new_tokens=32)
+    assert result.tokens == [ort_greedy[0][:20 - len(PROMPTS[0])]]
+    assert result.finish_reasons == ["max_length"]
+
+
+def test_invalid_prompts(session3):
+    with pytest.raises(ValueError, match="empty"):
+        session3.generate([[]])
+    with pytest.raises(ValueError, match="max_length"):
+        session3.generate([[1] * MAX_LENGTH])
+    assert session3.generate(PROMPTS, max_new_tokens=0).tokens == [[], [], []]
+
+
+def test_progress_bar_and_timings(session3, capsys):
+    result = session3.generate(PROMPTS, max_new_tokens=8, progress=True)
+    err = capsys.readouterr().err
+    assert "generate" in err and "tok" in err  # tqdm's bar on stderr
+    t = result.timings
+    assert t.prompt_tokens == sum(map(len, PROMPTS)) and t.new_tokens == 24 and t.rows == 3
+    assert t.prefill_s > 0 and t.decode_s > 0 and t.decode_tokens_per_s > 0
+
+
+def test_float16_model_parity():
+    """The f16 tiny decoder: the same greedy tokens as onnxruntime's f16 run, logits within the f16
+    tolerance relative to their range (see ParityReport)."""
+    if real_load() is None:
+        pytest.skip("the stand-in is float32 only")
+    model16 = build_tiny_decoder(CONFIG, dtype="float16")
+    report = compare_with_onnxruntime(model16, PROMPTS[0], max_new_tokens=16)
+    assert report.logits_dtype == np.float16
+    assert report.ok, "\n".join(report.lines())

@@ -1,0 +1,232 @@
+"""Make the ONNX decoder fixtures under tests/fixtures/ with the REAL producers.
+
+Each fixture is a tiny, randomly initialised Hugging Face decoder (2 layers, hidden 64, 4 query heads,
+2 KV heads, head size 16, vocabulary 320) saved locally together with a byte-level BPE tokenizer
+trained here, then exported by
+
+  * onnxruntime-genai's model builder (`python -m onnxruntime_genai.models.builder`, offline) at the
+    precisions it offers for CPU/CUDA: fp32 (cpu), fp16 (cuda), int4 and int8 (cpu, MatMulNBits), and
+  * `torch.onnx.export(dynamo=True)` at opset 20 (fully decomposed) and opset 23 (ai.onnx Attention,
+    RotaryEmbedding, RMSNormalization), through a wrapper with flat past/present tensors.
+
+The producers are not test dependencies: CI only reads the committed files. Re-run this script (in an
+environment with the producers installed) to regenerate them:
+
+    pip install torch==2.13.0 transformers==5.24.0 onnxruntime-genai==0.18.0 onnxscript
+    python tools/make_fixtures.py [--only NAME ...] [--out tests/fixtures]
+
+Every fixture folder gets `model.onnx` (+ `model.onnx.data` where the producer writes external data)
+and `fixture.json` (producer, precision, family, the versions that made it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+# The builder and transformers must never reach the network: the checkpoints are local folders.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+ROOT = Path(__file__).resolve().parent.parent
+VOCAB = 320
+SEED = 1234
+
+# Shared decoder shape: small enough that all fixtures together stay a few MB, with GQA (4 q heads on
+# 2 kv heads) and head size 16 (GroupQueryAttention's fused rotary needs a multiple of 16).
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+              rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+              pad_token_id=0)
+
+FAMILIES = {
+    "llama": dict(model_type="llama", cls="LlamaForCausalLM", cfg="LlamaConfig", extra=dict(head_dim=16)),
+    "qwen2": dict(model_type="qwen2", cls="Qwen2ForCausalLM", cfg="Qwen2Config",
+                  extra=dict(use_sliding_window=False)),
+    # Long-context Phi-3: LongRoPE makes the builder emit an If choosing the short/long cos/sin caches.
+    "phi3": dict(model_type="phi3", cls="Phi3ForCausalLM", cfg="Phi3Config",
+                 extra=dict(original_max_position_embeddings=64, pad_token_id=0,
+                            rope_scaling={"type": "longrope", "short_factor": [1.0 + 0.05 * i for i in range(8)],
+                                          "long_factor": [1.5 + 0.25 * i for i in range(8)]})),
+}
+
+# (fixture name, producer, family, precision, execution provider / opset)
+FIXTURES = [
+    ("builder_llama_fp32", "builder", "llama", "fp32", "cpu"),
+    ("builder_llama_fp16", "builder", "llama", "fp16", "cuda"),
+    ("builder_llama_int4", "builder", "llama", "int4", "cpu"),
+    ("builder_llama_int8", "builder", "llama", "int8", "cpu"),
+    ("builder_qwen2_fp32", "builder", "qwen2", "fp32", "cpu"),
+    ("builder_phi3_fp32", "builder", "phi3", "fp32", "cpu"),
+    ("torch_llama_op20", "torch", "llama", "fp32", 20),
+    ("torch_llama_op23", "torch", "llama", "fp32", 23),
+    ("torch_qwen2_op23", "torch", "qwen2", "fp32", 23),
+]
+
+
+def train_tokenizer(folder: Path) -> None:
+    """A byte-level BPE trained on a small generated corpus: the builder loads a tokenizer upfront."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ("the model reads tokens and writes logits while attention looks back over the cache of "
+             "keys and values for every layer in the decoder stack").split()
+    corpus = [" ".join(words[(i * 7 + j) % len(words)] for j in range(12)) for i in range(200)]
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<pad>", "<s>", "</s>", "<unk>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                   unk_token="<unk>", pad_token="<pad>")
+    fast.save_pretrained(folder)
+
+
+def make_checkpoint(family: str, folder: Path) -> None:
+    """Save a random HF checkpoint (safetensors + config + tokenizer) of `family` into `folder`."""
+    import torch
+    import transformers
+
+    spec = FAMILIES[family]
+    cfg = getattr(transformers, spec["cfg"])(**{**COMMON, **spec["extra"]})
+    torch.manual_seed(SEED)
+    model = getattr(transformers, spec["cls"])(cfg).eval()
+    with torch.no_grad():
+        # HF initialises with std 0.02, which leaves the logits of a 2-layer model almost flat; a
+        # wider spread keeps greedy decoding away from near-ties so parity tests are meaningful.
+        for name, p in model.named_parameters():
+            if p.ndim >= 2:
+                p.normal_(0.0, 0.15)
+            elif "bias" in name:
+                p.normal_(0.0, 0.1)
+            else:  # norm weights: around their neutral value (1 for RMSNorm, 0 for Gemma's 1+w)
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(folder, safe_serialization=True)
+    train_tokenizer(folder)
+
+
+def run_builder(ckpt: Path, out: Path, precision: str, ep: str) -> None:
+    cache = out.parent / (out.name + "_cache")
+    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(ckpt), "-o", str(out),
+           "-p", precision, "-e", ep, "-c", str(cache)]
+    subprocess.run(cmd, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    shutil.rmtree(cache, ignore_errors=True)
+
+
+class _FlatPast:
+    """Wraps a HF causal LM so that the exported graph has flat past/present tensors.
+
+    Inputs: input_ids [B, S] int64, attention_mask [B, P+S] int64, position_ids [B, S] int64,
+    past_key_values.{i}.key/value [B, Hkv, P, D]. Outputs: logits [B, S, V], present.{i}.key/value.
+    The names follow the builder's (and optimum's) convention.
+    """
+
+    @staticmethod
+    def module(model, num_layers: int):
+        import torch
+        from transformers import DynamicCache
+
+        class Wrapper(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.model = model
+
+            def forward(self, input_ids, attention_mask, position_ids, *past):
+                cache = DynamicCache(config=model.config)
+                for i in range(num_layers):
+                    cache.update(past[2 * i], past[2 * i + 1], i)
+                out = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                                 position_ids=position_ids, past_key_values=cache, use_cache=True)
+                flat = []
+                for layer in out.past_key_values.layers:
+                    flat += [layer.keys, layer.values]
+                return (out.logits, *flat)
+
+        return Wrapper()
+
+
+def run_torch_export(ckpt: Path, out: Path, opset: int) -> None:
+    import torch
+    import transformers
+
+    cfg = transformers.AutoConfig.from_pretrained(ckpt)
+    # SDPA attention is what torchlib maps onto ai.onnx Attention at opset >= 23; at opset 20 it is
+    # decomposed into MatMul/Softmax like every other op.
+    model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, attn_implementation="sdpa").eval()
+    n_layers, hkv = cfg.num_hidden_layers, cfg.num_key_value_heads
+    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    b, s, p = 2, 3, 5
+    past = []
+    for _ in range(2 * n_layers):
+        past.append(torch.randn(b, hkv, p, d))
+    args = (torch.randint(0, cfg.vocab_size, (b, s)), torch.ones(b, p + s, dtype=torch.int64),
+            torch.arange(p, p + s).repeat(b, 1), *past)
+    names_in = ["input_ids", "attention_mask", "position_ids"]
+    names_out = ["logits"]
+    for i in range(n_layers):
+        names_in += [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
+        names_out += [f"present.{i}.key", f"present.{i}.value"]
+    # Dim.DYNAMIC lets torch.export relate the mask length to past + seq itself.
+    dyn_dim = torch.export.Dim.DYNAMIC
+    # The wrapper's *past is one positional tuple for torch.export.
+    dyn = ({0: dyn_dim, 1: dyn_dim},) * 3 + (tuple({0: dyn_dim, 2: dyn_dim} for _ in past),)
+    wrapper = _FlatPast.module(model, n_layers)
+    with torch.no_grad():
+        prog = torch.onnx.export(wrapper, args, dynamo=True, opset_version=opset, input_names=names_in,
+                                 output_names=names_out, dynamic_shapes=dyn, optimize=True,
+                                 external_data=False)
+    out.mkdir(parents=True, exist_ok=True)
+    prog.save(str(out / "model.onnx"))
+
+
+def versions() -> dict:
+    out = {}
+    for mod in ("torch", "transformers", "onnxruntime_genai", "onnxscript", "onnx"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001 - a producer that is absent simply is not listed
+            pass
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=str(ROOT / "tests" / "fixtures"))
+    ap.add_argument("--only", nargs="*", help="fixture names to (re)make; default all")
+    args = ap.parse_args(argv)
+    out_root = Path(args.out)
+    wanted = [f for f in FIXTURES if not args.only or f[0] in args.only]
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        ckpts: dict[str, Path] = {}
+        for name, producer, family, precision, target in wanted:
+            if family not in ckpts:
+                ckpts[family] = tmp / f"hf_{family}"
+                make_checkpoint(family, ckpts[family])
+            dest = out_root / name
+            shutil.rmtree(dest, ignore_errors=True)
+            work = tmp / name
+            if producer == "builder":
+                run_builder(ckpts[family], work, precision, target)
+                dest.mkdir(parents=True)
+                for f in ("model.onnx", "model.onnx.data"):
+                    if (work / f).exists():
+                        shutil.copy(work / f, dest / f)
+            else:
+                run_torch_export(ckpts[family], dest, target)
+            meta = dict(producer=producer, family=family, precision=precision,
+                        target=target, versions=versions())
+            (dest / "fixture.json").write_text(json.dumps(meta, indent=1) + "\n")
+            size = sum(f.stat().st_size for f in dest.iterdir())
+            print(f"{name}: {size / 1e6:.2f} MB", flush=True)
+
+
+if __name__ == "__main__":
+    main()
