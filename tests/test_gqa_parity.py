@@ -162,8 +162,10 @@ CACHE_CASES = [
     # A static (non-shared) cache longer than total: present keeps P rows, zeros past the writes.
     Case(batch=3, seq=1, past=96, step="decode", cache="static", rotary="half"),
     Case(batch=1, seq=6, past=48, step="chunk", cache="static", attrs=((W, 9),)),
-    # A first prompt into a shared buffer (rows past S untouched) and into a static cache.
-    Case(batch=3, seq=12, past=40, rotary="interleaved", position_ids=True),
+    # A first prompt into a shared buffer (rows past S untouched) and into a static cache; the
+    # cache is longer than total, bias and output_qk are not.
+    Case(batch=3, seq=12, past=40, rotary="interleaved", position_ids=True, bias=(2, 1),
+         attrs=(("qk_output", 1),)),
     Case(batch=3, seq=12, past=40, cache="static", head_sink=True),
     # Long pasts (onnxruntime's CPU past sweep) with the biggest head configs.
     Case(batch=3, seq=1, past=512, step="decode", heads=(32, 8), head_size=256, rotary="half"),

@@ -311,10 +311,8 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
             _fail("past_key", f"capacity {past_len} must be >= local_window_size {window} with "
                               f"sliding_window_cache=1")
         present_len = past_len
-    elif shared_buffer:
-        present_len = past_len
     else:
-        present_len = max(total, past_len)
+        present_len = past_len if shared_buffer else max(total, past_len)
         # onnxruntime's rule: a growing cache (total = P + S) or a static one (total <= P).
         if past_key is not None and total != past_len + kv_len and total > past_len:
             _fail("total_sequence_length", f"must be P + S = {past_len + kv_len} (growing cache) "

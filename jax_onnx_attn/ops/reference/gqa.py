@@ -165,6 +165,11 @@ def group_query_attention(query, key, value, past_key, past_value, seqlens_k, co
     if kv_len == 0:
         # KV-shared layer: the cache already holds all T_b tokens; nothing is appended.
         new_b = jnp.zeros_like(total_b)
+    # Lengths only the device sees: a row whose chunk would start before position 0, or that
+    # claims more new tokens than it has, is refused (no write, output 0, status flag).
+    valid = past_b >= 0
+    if query_seqlens is not None or c.sliding_window_cache:
+        valid = valid & (new_b >= 0) & (new_b <= kv_len)
 
     if q_norm_weight is not None:
         # Per-head RMSNorm over D, before rotary (Qwen3 style).
@@ -188,7 +193,7 @@ def group_query_attention(query, key, value, past_key, past_value, seqlens_k, co
     v_new = _store(v, v_scale, c, cache_dtype)
     kv = _sliding_window_kv if c.sliding_window_cache else _full_kv
     keys, values, present_k, present_v, key_pos, key_ok, ok = kv(
-        past_key, past_value, k_new, v_new, past_b, total_b, new_b, cache_dtype, c)
+        past_key, past_value, k_new, v_new, past_b, total_b, new_b, valid, cache_dtype, c)
     status = jnp.where(ok, st.OK, st.KV_WRITE_OUT_OF_RANGE).astype(jnp.int32)
     keys = _load(keys, k_scale, c, core.accumulation_dtype(dtype))
     values = _load(values, v_scale, c, core.accumulation_dtype(dtype))
@@ -235,7 +240,7 @@ def group_query_attention(query, key, value, past_key, past_value, seqlens_k, co
     return output, present_k, present_v, output_qk, status
 
 
-def _full_kv(past_key, past_value, k_new, v_new, past_b, total_b, new_b, cache_dtype,
+def _full_kv(past_key, past_value, k_new, v_new, past_b, total_b, new_b, valid, cache_dtype,
              c: GQAConfig):
     """Full-length cache: row j holds absolute position j.
 
@@ -259,7 +264,7 @@ def _full_kv(past_key, past_value, k_new, v_new, past_b, total_b, new_b, cache_d
             base_v = lax.dynamic_update_slice(
                 base_v, jnp.where(keep, past_value, jnp.zeros_like(past_value)), (0, 0, 0, 0))
     # A row is refused (not written, output 0) when its write or its keys would leave the cache.
-    ok = (past_b >= 0) & (past_b + kv_len <= length) & (total_b <= length)
+    ok = valid & (past_b + kv_len <= length) & (total_b <= length)
     if kv_len:
         start = jnp.where(ok, past_b, -1)  # -1: kv_append skips the row.
         present_k, _ = kv_append(base_k, k_new, start)
@@ -269,8 +274,8 @@ def _full_kv(past_key, past_value, k_new, v_new, past_b, total_b, new_b, cache_d
     return present_k, present_v, present_k, present_v, None, None, ok
 
 
-def _sliding_window_kv(past_key, past_value, k_new, v_new, past_b, total_b, new_b, cache_dtype,
-                       c: GQAConfig):
+def _sliding_window_kv(past_key, past_value, k_new, v_new, past_b, total_b, new_b, valid,
+                       cache_dtype, c: GQAConfig):
     """Window-sized cache with onnxruntime's block eviction.
 
     Before the step rows [0, L(past_b)) hold absolute positions past_b - L(past_b) ... past_b - 1.
@@ -284,7 +289,7 @@ def _sliding_window_kv(past_key, past_value, k_new, v_new, past_b, total_b, new_
     # Tokens cached before the step (all T_b for a KV-shared layer, which appends nothing).
     cached = past_b if kv_len else total_b
     had = resident_length(jnp.maximum(cached, 0), cap, w)
-    ok = past_b >= 0
+    ok = valid
     pad = jnp.zeros((b, hkv, kv_len, dc), past_key.dtype)
     stage_k = jnp.concatenate([past_key, pad], axis=2)
     stage_v = jnp.concatenate([past_value, pad], axis=2)
