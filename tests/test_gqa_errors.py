@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from jax_onnx_attn.ops import group_query_attention, status
-from ort_gqa import ort_error, run_ort
+from jax_onnx_attn.testing import assert_close
+from ort_gqa import ort_error, ort_has_input, run_ort
 
 N, HKV, D, B, S, P = 4, 2, 16, 2, 4, 8
 
@@ -206,7 +207,7 @@ def test_seqlens_beyond_capacity_is_skipped_and_flagged(bad):
     # Row 1 is what onnxruntime computes for it alone.
     alone = {k: (v[1:] if isinstance(v, np.ndarray) and v.ndim else v) for k, v in inputs.items()}
     ref = run_ort(alone, shared_buffer=True, **A)
-    np.testing.assert_allclose(np.asarray(out.output)[1:], ref["output"], rtol=1e-5, atol=1e-5)
+    assert_close(np.asarray(out.output)[1:], ref["output"], np.float32)
     np.testing.assert_array_equal(np.asarray(out.present_key)[1:], ref["present_key"])
     with pytest.raises(RuntimeError, match="batch 0: KV write out of range"):
         status.check(out.status)
@@ -227,3 +228,46 @@ def test_chunk_longer_than_its_row_is_flagged():
     np.testing.assert_array_equal(np.asarray(out.present_key)[1], 0)
     one = {k: (v[1:] if isinstance(v, np.ndarray) and v.ndim else v) for k, v in inputs.items()}
     assert ort_error(one, **A) is not None
+
+
+@pytest.mark.parametrize("mode", [
+    "sliding_window_cache",
+    pytest.param("query_seqlens", marks=pytest.mark.skipif(
+        not ort_has_input("query_seqlens"), reason="onnxruntime < 1.32: no query_seqlens"))])
+def test_device_lengths_refused_in_window_and_padded_chunks(mode):
+    """Row 1's lengths are impossible (a window chunk longer than its row; more valid tokens than
+    the chunk has): it is refused and flagged, row 0 runs as onnxruntime runs it alone."""
+    rng = np.random.default_rng(3)
+    s = 3
+    inputs = dict(query=rng.standard_normal((B, s, N * D)).astype(np.float32),
+                  key=rng.standard_normal((B, s, HKV * D)).astype(np.float32),
+                  value=rng.standard_normal((B, s, HKV * D)).astype(np.float32),
+                  past_key=rng.standard_normal((B, HKV, P, D)).astype(np.float32),
+                  past_value=rng.standard_normal((B, HKV, P, D)).astype(np.float32),
+                  total_sequence_length=20)
+    attrs = dict(A)
+    if mode == "sliding_window_cache":
+        attrs.update(sliding_window_cache=1, local_window_size=4)
+        inputs["seqlens_k"] = np.array([12, 1], np.int32)           # row 1: T_b = 2 < S
+    else:
+        inputs["total_sequence_length"] = P
+        inputs["seqlens_k"] = np.array([5, 6], np.int32)
+        inputs["query_seqlens"] = np.array([2, s + 1], np.int32)    # row 1: more than S
+    out = group_query_attention(**inputs, shared_buffer=True, **attrs)
+    np.testing.assert_array_equal(np.asarray(out.status), [status.OK, status.KV_WRITE_OUT_OF_RANGE])
+    np.testing.assert_array_equal(np.asarray(out.output)[1], 0)
+    np.testing.assert_array_equal(np.asarray(out.present_key)[1], inputs["past_key"][1])
+    alone = {k: (v[:1] if isinstance(v, np.ndarray) and v.ndim else v) for k, v in inputs.items()}
+    ref = run_ort(alone, shared_buffer=True, **attrs)
+    rows = 2 if mode == "query_seqlens" else s       # padded query rows are unspecified
+    assert_close(np.asarray(out.output)[:1, :rows], ref["output"][:, :rows], np.float32)
+
+
+def test_cuda_backend_refuses_what_it_does_not_cover():
+    """A first prompt runs on the reference: backend="cuda" says why it cannot take it, and
+    "auto" gives the reference's result."""
+    with pytest.raises(NotImplementedError, match="group_query_attention: backend='cuda'"):
+        group_query_attention(**_base(), **A, backend="cuda")
+    auto = group_query_attention(**_base(), **A, backend="auto")
+    ref = group_query_attention(**_base(), **A, backend="reference")
+    np.testing.assert_array_equal(np.asarray(auto.output), np.asarray(ref.output))

@@ -16,8 +16,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from ort_gqa import Case, check_case, make_inputs, ort_has_input, ort_reference, run_ours, \
-    assert_matches
+from ort_gqa import (Case, assert_matches, check_case, make_inputs, ort_has_input, ort_reference,
+                     run_ours)
 
 W = "local_window_size"
 
@@ -172,6 +172,9 @@ CACHE_CASES = [
     Case(batch=1, seq=1, past=1024, step="decode", heads=(9, 3), head_size=64, attrs=((W, 100),)),
     Case(dtype="float16", batch=3, seq=1, past=300, step="decode", heads=(32, 8), head_size=128,
          attrs=(("softcap", 50.0),)),
+    # Head sizes that are multiples of 8 but not of 16 (no rotary), and 80 with rotary.
+    Case(batch=3, seq=1, past=128, step="decode", heads=(9, 3), head_size=40, attrs=((W, 20),)),
+    Case(dtype="float16", batch=3, seq=35, heads=(6, 6), head_size=80, rotary="half", packed=True),
     # Chunks of every batch size (onnxruntime: B=1 only; B>1 checked row by row).
     Case(batch=3, seq=32, past=128, step="chunk", rotary="half", position_ids=True),
     Case(batch=1, seq=128, past=129, step="chunk", heads=(9, 3), head_size=32, cache="grow"),
@@ -190,7 +193,7 @@ KV_SHARED_CASES = [
     Case(batch=3, seq=1, past=40, step="decode", kv_shared=True, rotary="half"),
     Case(dtype="float16", batch=3, seq=1, past=40, step="decode", cache="grow", kv_shared=True,
          attrs=((W, 6),)),
-    Case(batch=3, seq=5, past=40, step="chunk", kv_shared=True, bias=(2, 1)),
+    Case(batch=3, seq=5, past=40, step="chunk", kv_shared=True, bias=(2, 1), rotary="half"),
     Case(batch=2, seq=12, past=24, kv_shared=True, head_sink=True),   # first prompt
 ]
 

@@ -37,6 +37,9 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 ROOT = Path(__file__).resolve().parent.parent
 VOCAB = 320
 SEED = 1234
+#: Sliding window of the windowed families: prompts plus 32 generated tokens cross it (and
+#: onnxruntime-genai's CPU window cache of WINDOW + 16 rows) in the parity tests.
+WINDOW = 8
 
 # Shared decoder shape: small enough that all fixtures together stay a few MB, with GQA (4 q heads on
 # 2 kv heads) and head size 16 (GroupQueryAttention's fused rotary needs a multiple of 16).
@@ -54,6 +57,18 @@ FAMILIES = {
                  extra=dict(original_max_position_embeddings=64, pad_token_id=0,
                             rope_scaling={"type": "longrope", "short_factor": [1.0 + 0.05 * i for i in range(8)],
                                           "long_factor": [1.5 + 0.25 * i for i in range(8)]})),
+    # Mistral with a sliding window: the builder keys windows on HF's per-layer `layer_types`, which
+    # MistralConfig does not have, so every layer is exported as full attention (local_window_size
+    # -1) although the HF model itself applies the window (see tests/test_onnx_models.py).
+    "mistral": dict(model_type="mistral", cls="MistralForCausalLM", cfg="MistralConfig",
+                    extra=dict(head_dim=16, sliding_window=WINDOW)),
+    # Gemma-2: layer 0 slides over a window of WINDOW keys (GQA local_window_size with a window-sized
+    # cache, sliding_window_cache=1), layer 1 is global; attention and final logit softcapping are
+    # set low enough to bite on this model's scores and logits; scale = query_pre_attn_scalar^-0.5.
+    "gemma2": dict(model_type="gemma2", cls="Gemma2ForCausalLM", cfg="Gemma2Config",
+                   extra=dict(head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=16,
+                              layer_types=["sliding_attention", "full_attention"],
+                              attn_logit_softcapping=2.0, final_logit_softcapping=8.0)),
 }
 
 # (fixture name, producer, family, precision, execution provider / opset)
@@ -64,6 +79,8 @@ FIXTURES = [
     ("builder_llama_int8", "builder", "llama", "int8", "cpu"),
     ("builder_qwen2_fp32", "builder", "qwen2", "fp32", "cpu"),
     ("builder_phi3_fp32", "builder", "phi3", "fp32", "cpu"),
+    ("builder_mistral_fp32", "builder", "mistral", "fp32", "cpu"),
+    ("builder_gemma2_fp32", "builder", "gemma2", "fp32", "cpu"),
     ("torch_llama_op20", "torch", "llama", "fp32", 20),
     ("torch_llama_op23", "torch", "llama", "fp32", 23),
     ("torch_qwen2_op23", "torch", "qwen2", "fp32", 23),
@@ -216,7 +233,9 @@ def main(argv=None) -> None:
             if producer == "builder":
                 run_builder(ckpts[family], work, precision, target)
                 dest.mkdir(parents=True)
-                for f in ("model.onnx", "model.onnx.data"):
+                # genai_config.json says how onnxruntime-genai drives the model (cache sizes of
+                # sliding-window layers); the parity tests' onnxruntime loop follows it.
+                for f in ("model.onnx", "model.onnx.data", "genai_config.json"):
                     if (work / f).exists():
                         shutil.copy(work / f, dest / f)
             else:

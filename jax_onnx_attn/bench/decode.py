@@ -53,7 +53,7 @@ class Case:
 
     @property
     def rotations(self) -> int:
-        return max(1, min(32, math.ceil(ROTATE_BYTES / self.kv_bytes)))
+        return max(1, min(16, math.ceil(ROTATE_BYTES / self.kv_bytes)))
 
     @property
     def calls(self) -> int:

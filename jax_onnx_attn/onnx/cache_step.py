@@ -280,7 +280,12 @@ class FixedCacheStep:
             slots = slot_of.get(id(node))
             if self.mode == "gqa":
                 if slots:
-                    return run_gqa(ctx, inputs, shared_buffer=True)
+                    # A sliding-window layer keeps the full capacity-C buffer: no row is ever
+                    # evicted (cache_len + S <= C), so the window-sized layout would hold the same
+                    # rows at the same places, and local_window_size alone gives the same output.
+                    # The windowed path would restage (copy) the buffer every step.
+                    return run_gqa(ctx, inputs, shared_buffer=True,
+                                   overrides={"sliding_window_cache": 0})
                 if node.op_type == "If" and is_static(inputs[0]):
                     cond = self._logical_if_condition(ctx, cache_len + num_new)
                     if cond is not None:

@@ -84,14 +84,16 @@ class Interpreter:
     """Runs a model's main graph (and subgraphs) for one set of input values.
 
     float_map: {onnx float dtype: dtype} applied to constants, casts and inputs (load(dtype=...)).
+    options: lowering choices that handlers read (load's keyword options, e.g. int8_activations).
     """
 
     def __init__(self, model: onnx.ModelProto, float_map: dict | None = None,
-                 hook: Hook | None = None):
+                 hook: Hook | None = None, options: dict | None = None):
         self.model = model
         self.opsets = registry.model_opsets(model)
         self.float_map = {np.dtype(k): np.dtype(v) for k, v in (float_map or {}).items()}
         self.hook = hook
+        self.options = dict(options or {})
         self.producers: dict[str, onnx.NodeProto] = {}
         for node in registry.iter_nodes(model.graph):
             for o in node.output:

@@ -51,7 +51,7 @@ class LoweredModel:
     """
 
     def __init__(self, model: onnx.ModelProto, params: dict, constants: dict, float_map: dict,
-                 float_type):
+                 float_type, options: dict | None = None):
         self.model = model
         self.params = params
         self._constants = constants
@@ -61,7 +61,8 @@ class LoweredModel:
         init_names = {t.name for t in model.graph.initializer}
         self.input_names = [i.name for i in model.graph.input if i.name not in init_names]
         self.output_names = [o.name for o in model.graph.output]
-        self._interp = Interpreter(model, float_map)
+        self._options = dict(options or {})
+        self._interp = Interpreter(model, float_map, options=self._options)
 
     # -- introspection -------------------------------------------------------------------------
     def input_info(self) -> dict[str, tuple[tuple, np.dtype]]:
@@ -98,7 +99,8 @@ class LoweredModel:
         env.update(params)
         for name in self.input_names:
             env[name] = self._prepare_input(inputs[name])
-        interp = self._interp if hook is None else Interpreter(self.model, self._float_map, hook)
+        interp = self._interp if hook is None else Interpreter(self.model, self._float_map, hook,
+                                                               self._options)
         outs = interp.run_graph(self.model.graph, env)
         return {n: to_jax(v) for n, v in zip(self.output_names, outs)}
 
@@ -123,7 +125,8 @@ class LoweredModel:
         return FixedCacheStep(self, batch, capacity)
 
 
-def load(model, dtype=None, *, base_dir: str | os.PathLike | None = None) -> LoweredModel:
+def load(model, dtype=None, *, base_dir: str | os.PathLike | None = None,
+         int8_activations: bool = False) -> LoweredModel:
     """Lower an ONNX model to JAX.
 
     Args:
@@ -133,6 +136,11 @@ def load(model, dtype=None, *, base_dir: str | os.PathLike | None = None) -> Low
         float type (the dtype of most weight bytes) everywhere: weights, constants, casts, inputs.
         Norms, softmax and attention still accumulate in float32.
       base_dir: where external data lives for a ModelProto argument.
+      int8_activations: False computes com.microsoft MatMulNBits as the exact product with the
+        dequantised weight. True reproduces onnxruntime's CPU kernel at accuracy_level=4 (the
+        builder's default for int4/int8): per block of block_size along K, the activation is
+        quantised to int8 (symmetric, scale max|A|/127, round half to even) before the product.
+        Nodes with another accuracy_level are computed exactly either way.
 
     Returns:
       LoweredModel (`params`, `apply`, `fixed_cache_step`, `input_names`, `output_names`, `model`).
@@ -166,4 +174,5 @@ def load(model, dtype=None, *, base_dir: str | os.PathLike | None = None) -> Low
             if arr.dtype in float_map:
                 arr = arr.astype(float_map[arr.dtype])
             params[name] = to_jax(arr)
-    return LoweredModel(model, params, constants, float_map, float_type)
+    return LoweredModel(model, params, constants, float_map, float_type,
+                        {"int8_activations": bool(int8_activations)})

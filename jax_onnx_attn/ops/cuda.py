@@ -46,6 +46,24 @@ def _decode_block_rows(rows: int) -> int:
     return 16 if rows <= 16 else 32 if rows <= 32 else 64 if rows <= 64 else 128
 
 
+def decode_ctas_per_sm(rows: int, head_dim: int) -> int:
+    """CTAs per SM of the engine's layout for `rows` packed rows (EngineConfig::kCtasPerSm in
+    ffi/kernels/decode/engine.cuh: stages sized to fit two CTAs of ~113 KB, or one of 227 KB when
+    that keeps half again as many KV tiles in flight; 16-bit elements)."""
+    block = _decode_block_rows(rows)
+    warps_m = block // 16
+    warps_n = 4 // warps_m if warps_m < 4 else 1
+    tile_n = 64 if warps_n > 1 else 32
+    stride = head_dim + 8
+    q_bytes = block * stride * 2
+    stage = 2 * tile_n * stride * 2
+    merge = warps_m * warps_n * 16 * (stride + 2) * 4
+    two, one = min(8, (115712 - q_bytes) // stage), min(8, (232448 - q_bytes) // stage)
+    fits_two = (32 * warps_m * warps_n <= 128 and two >= 2 and 3 * (two - 1) >= one - 1
+                and q_bytes + merge <= 115712)
+    return 2 if fits_two else 1
+
+
 def decode_split_rows(batch: int, kv_heads: int, rows: int, capacity: int, head_dim: int) -> int:
     """KV rows per split for a decode call: a pure function of static shapes.
 
@@ -56,8 +74,7 @@ def decode_split_rows(batch: int, kv_heads: int, rows: int, capacity: int, head_
     block = _decode_block_rows(rows)
     ctas = batch * kv_heads * -(-rows // block)
     tiles = max(1, -(-capacity // DECODE_BLOCK_N))
-    # CTAs per SM that shared memory and registers allow: two up to d128 and 64 rows per CTA.
-    slots = _PLAN_SMS * (2 if head_dim <= 128 and block <= 64 else 1)
+    slots = _PLAN_SMS * decode_ctas_per_sm(rows, head_dim)
     if ctas >= 0.8 * slots:
         return tiles * DECODE_BLOCK_N
     options = []

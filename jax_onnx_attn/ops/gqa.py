@@ -135,7 +135,8 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
         (partial rotary), D % 16 == 0; used when do_rotary=1.
       position_ids: integer [B, S]; rotary positions. On a first prompt only position_ids[0, 0]
         is read (onnxruntime's behaviour): positions are s + position_ids[0, 0] for every row.
-        Without it positions are past_b + s.
+        Without it positions are past_b + s. A position beyond the cos/sin table reads its
+        last row (only the device sees the values; onnxruntime rejects them on the host).
       attention_bias: [B|1, N|1, S, total] T, added after softcap, indexed by absolute key position.
       head_sink: [N] T, a per-head extra softmax logit (attention sink), in any dtype.
       k_scale, v_scale: float32, 1 element (PER_TENSOR) or Hkv·D ([1, Hkv, 1, D], PER_CHANNEL).
@@ -147,8 +148,9 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
       x = softcap·tanh(x / softcap)); local_window_size W (-1 off; a query sees the W most recent
       keys including its own); do_rotary, rotary_interleaved; smooth_softmax (1: sink logit 0);
       qk_output (1: logits after scale/softcap/bias, 2: probabilities; masked entries 0); causal
-      (0: every row sees keys [0, T_b)); sliding_window_cache (1: window-sized cache with
-      onnxruntime's block eviction, rows [0, L(T_b)) hold the most recent positions);
+      (0: every row sees keys [0, T_b); needs local_window_size -1); sliding_window_cache (1:
+      window-sized cache with onnxruntime's block eviction, rows [0, L(T_b)) hold the most recent
+      positions, L(T) = T if T <= P else T - G·ceil((T - P) / G), G = P - W + 1);
       k_quant_type, v_quant_type ("NONE" | "PER_TENSOR" | "PER_CHANNEL", equal), kv_cache_bit_width
       (8 or 4 when quantised: quantised on write, dequantised on read); qk_norm_epsilon
       (q_norm_epsilon / k_norm_epsilon override it).
@@ -159,10 +161,11 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
       backend: "auto", "reference" or "cuda".
 
     Per batch row: past_b = 0 on a first prompt, else T_b - S (or T_b - query_seqlens[b]). Query s
-    sits at position p = past_b + s and sees keys [max(0, p + 1 - W), L), L = min(p + 1, T_b)
-    (causal) or T_b. Right padding (T_b < S on a first prompt) is native: padded queries see the
-    T_b keys (those in their window, which counts back from p). Scores: scale·q·k -> softcap -> + bias -> mask -> softmax (with the sink in the max
-    and the denominator) -> ·V, in float32.
+    sits at position p = past_b + s and sees keys [max(0, L - W), L), L = min(p + 1, T_b)
+    (causal) or T_b. Right padding (T_b < S on a first prompt) is native: a padded query has
+    L = T_b (onnxruntime's f32 "flash" path alone counts a window back from p for those rows).
+    Scores: scale·q·k -> softcap -> + bias -> mask -> softmax (with the sink in the max and the
+    denominator) -> ·V, in float32; a quantised cache is read dequantised in float32.
 
     A query row with no visible key gives 0 (onnxruntime gives 0 or NaN depending on its code
     path; 0 is the documented choice). A batch row whose cache write or keys would fall outside

@@ -165,7 +165,8 @@ ATTN_FEATURES = list(itertools.product(
 @functools.cache
 def _attn_jit(backend, three_d, **attrs):
     heads = dict(q_num_heads=16, kv_num_heads=4) if three_d else {}
-    return jax.jit(lambda inp: ops.attention_with_cache(**inp, **attrs, **heads, backend=backend))
+    return jax.jit(lambda inp: ops.attention_with_cache(**inp, **attrs, **heads, opset=25,
+                                                        backend=backend))
 
 
 @pytest.mark.parametrize("s,causal,mask,window", ATTN_FEATURES)

@@ -58,14 +58,26 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
   if (sink != -INFINITY) sum += ptx::Exp2(sink - mx);
   __syncwarp();
   const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  // Partials sit in L2 (just written): issue kUnroll independent loads before using any, so a row
+  // costs splits / kUnroll L2 round trips. Accumulation stays in split order.
+  constexpr int kUnroll = 16;
   for (int d = lane * 4; d < kD; d += 128) {
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 4
-    for (int s = 0; s < p.splits; ++s) {
-      const float w = s_w[warp][s];
-      if (w == 0.f) continue;
-      const float4 x = *reinterpret_cast<const float4*>(p.part_o + (first + int64_t(s) * p.rows) * kD + d);
-      acc.x += w * x.x; acc.y += w * x.y; acc.z += w * x.z; acc.w += w * x.w;
+    for (int s0 = 0; s0 < p.splits; s0 += kUnroll) {
+      float w[kUnroll];
+      float4 x[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int s = s0 + u;
+        w[u] = s < p.splits ? s_w[warp][s] : 0.f;
+        x[u] = w[u] != 0.f
+                   ? *reinterpret_cast<const float4*>(p.part_o + (first + int64_t(s) * p.rows) * kD + d)
+                   : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        acc.x += w[u] * x[u].x; acc.y += w[u] * x[u].y; acc.z += w[u] * x[u].z; acc.w += w[u] * x[u].w;
+      }
     }
     Vec4<T> y;
     y.v[0] = T(acc.x * inv); y.v[1] = T(acc.y * inv); y.v[2] = T(acc.z * inv); y.v[3] = T(acc.w * inv);

@@ -27,12 +27,13 @@ struct EngineConfig {
   static constexpr int kWarps = kWarpsM * kWarpsN;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kBlockM = 16 * kWarpsM;
-  static constexpr int kWarpN = kBlockN / kWarpsN;  // KV columns of a tile per warp
+  // KV rows per stage: 64 when several warps split a tile (16+ columns each), else 32, so that the
+  // stages are small and more of them fit: decode is bound by the KV bytes in flight.
+  static constexpr int kTileN = kWarpsN > 1 ? 64 : 32;
+  static_assert(kBlockN % kTileN == 0, "split sizes must be whole tiles");
+  static constexpr int kWarpN = kTileN / kWarpsN;  // KV columns of a tile per warp
   static_assert(kWarpN % 16 == 0, "a warp's KV slice must be whole k16 steps of P V");
   static constexpr int kChunk = kWarpN < 32 ? kWarpN : 32;  // columns per softmax update
-  // Three stages keep ~2 tiles of KV in flight per CTA; the large-M and d256 tiles take two so that
-  // two CTAs (or one d256 CTA) still fit an SM's shared memory.
-  static constexpr int kStages = (kD <= 128 && kBlockM <= 32) ? 3 : 2;
   // Q fragments stay in registers except at d256, where they would push the O accumulators
   // (128 registers) into spills; there they are re-read from shared memory per k step.
   static constexpr bool kQInRegs = kD <= 128;
@@ -41,10 +42,25 @@ struct EngineConfig {
   static constexpr int kOStride = kD + 8;  // f32 merge rows, padded likewise
   static constexpr int kVecs = kD / 8;     // 16-byte vectors per row
   static constexpr int kQBytes = kBlockM * kStride * int(sizeof(T));
-  static constexpr int kTileElems = kBlockN * kStride;
-  static constexpr int kPipeBytes = kStages * 2 * kTileElems * int(sizeof(T));
+  static constexpr int kTileElems = kTileN * kStride;
+  static constexpr int kStageBytes = 2 * kTileElems * int(sizeof(T));
   static constexpr int kMergeBytes = kWarps * 16 * (kOStride + 2) * 4;
+  // Stages from the shared-memory budget (228 KB per SM, 1 KB reserved per CTA): as many as fit two
+  // CTAs per SM, or one CTA when that keeps half again as many tiles in flight (or two do not fit).
+  static constexpr int kBudget2 = 115712, kBudget1 = 232448;
+  static constexpr int kFit2 = (kBudget2 - kQBytes) / kStageBytes;
+  static constexpr int kFit1 = (kBudget1 - kQBytes) / kStageBytes;
+  static constexpr int kStages2 = kFit2 < 8 ? kFit2 : 8;
+  static constexpr int kStages1 = kFit1 < 8 ? kFit1 : 8;
+  static constexpr bool kTwoPerSm =
+      kThreads <= 128 && kStages2 >= 2 && 3 * (kStages2 - 1) >= kStages1 - 1 &&
+      kQBytes + kMergeBytes <= kBudget2;
+  static constexpr int kCtasPerSm = kTwoPerSm ? 2 : 1;
+  static constexpr int kStages = kTwoPerSm ? kStages2 : kStages1;
+  static_assert(kStages >= 2, "the pipeline needs two stages");
+  static constexpr int kPipeBytes = kStages * kStageBytes;
   static constexpr int kSmemBytes = kQBytes + (kPipeBytes > kMergeBytes ? kPipeBytes : kMergeBytes);
+  static_assert(kSmemBytes <= (kTwoPerSm ? kBudget2 : kBudget1), "shared memory over budget");
 };
 
 // Copies rows [0, n_rows) of a [n_rows, kD] tile whose row i is at src + i * row_stride into
@@ -74,11 +90,12 @@ struct alignas(8) Vec4 {
 };
 
 template <typename T, int kD, int kWarpsM, int kWarpsN, class Variant>
-__global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
+__global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
+                                  (EngineConfig<T, kD, kWarpsM, kWarpsN>::kCtasPerSm))
     DecodeSplitKernel(const __grid_constant__ DecodeParams p) {
   using Cfg = EngineConfig<T, kD, kWarpsM, kWarpsN>;
   constexpr int kBlockM = Cfg::kBlockM, kStride = Cfg::kStride, kStages = Cfg::kStages;
-  constexpr int kChunk = Cfg::kChunk, kThreads = Cfg::kThreads;
+  constexpr int kChunk = Cfg::kChunk, kThreads = Cfg::kThreads, kTileN = Cfg::kTileN;
   extern __shared__ __align__(16) unsigned char smem[];
   T* s_q = reinterpret_cast<T*>(smem);
   T* s_kv = reinterpret_cast<T*>(smem + Cfg::kQBytes);  // stage st: K tile 2 st, V tile 2 st + 1
@@ -99,8 +116,8 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
   const KeyBounds kb = var.Bounds(len - p.q_len, len - 1);
   const int n_begin = max(kb.lo, split * p.split_rows);
   const int n_end = min(kb.hi, min((split + 1) * p.split_rows, p.capacity));
-  const int t_begin = n_begin / kBlockN;
-  const int t_end = n_end > n_begin ? (n_end + kBlockN - 1) / kBlockN : t_begin;
+  const int t_begin = n_begin / kTileN;
+  const int t_end = n_end > n_begin ? (n_end + kTileN - 1) / kTileN : t_begin;
 
   // Q rows of the CTA: packed row R = g * S + i is q[b, kvh * G + g, i]; rows past M are zeros.
   {
@@ -121,12 +138,12 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
   const T* k_base = static_cast<const T*>(p.k) + b * p.k_stride_b + kvh * p.k_stride_h;
   const T* v_base = static_cast<const T*>(p.v) + b * p.v_stride_b + kvh * p.v_stride_h;
   auto load_tile = [&](int t, int st) {
-    const int n0 = t * kBlockN;
+    const int n0 = t * kTileN;
     T* s_k = s_kv + (2 * st) * Cfg::kTileElems;
-    LoadRows<T, kD, kBlockN, kThreads, kStride>(s_k, k_base + n0 * p.k_stride_n, p.k_stride_n,
-                                                n_begin - n0, n_end - n0, tid);
-    LoadRows<T, kD, kBlockN, kThreads, kStride>(s_k + Cfg::kTileElems, v_base + n0 * p.v_stride_n,
-                                                p.v_stride_n, n_begin - n0, n_end - n0, tid);
+    LoadRows<T, kD, kTileN, kThreads, kStride>(s_k, k_base + n0 * p.k_stride_n, p.k_stride_n,
+                                               n_begin - n0, n_end - n0, tid);
+    LoadRows<T, kD, kTileN, kThreads, kStride>(s_k + Cfg::kTileElems, v_base + n0 * p.v_stride_n,
+                                               p.v_stride_n, n_begin - n0, n_end - n0, tid);
   };
 
   // The two packed rows this thread holds in the mma accumulator layout: lane / 4 and lane / 4 + 8.
@@ -175,8 +192,8 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
     }
     const T* s_k = s_kv + (2 * (it % kStages)) * Cfg::kTileElems;
     const T* s_v = s_k + Cfg::kTileElems;
-    const int n0 = t * kBlockN;
-    const bool full = n0 >= kb.full_lo && n0 + kBlockN <= kb.full_hi;
+    const int n0 = t * kTileN;
+    const bool full = n0 >= kb.full_lo && n0 + kTileN <= kb.full_hi;
 
 #pragma unroll
     for (int ch = 0; ch < Cfg::kWarpN / kChunk; ++ch) {
@@ -184,7 +201,10 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN)
       float s[kChunk / 8][4];
 #pragma unroll
       for (int nt = 0; nt < kChunk / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-#pragma unroll
+      // Fully unrolled with Q in registers; at d256 (Q from shared memory) partly, which keeps
+      // the compiler from hoisting every K fragment of the chunk into registers and spilling O.
+      constexpr int kUnrollK = Cfg::kQInRegs ? kD / 16 : 4;
+#pragma unroll kUnrollK
       for (int kk = 0; kk < kD / 16; ++kk) {
         uint32_t a[4];
         if constexpr (Cfg::kQInRegs) {

@@ -12,7 +12,8 @@
 namespace joa::decode {
 
 // Packed rows per CTA for a row count: 16 (4 warps splitting each KV tile), 32 (2 x 2), 64 (4 x 1)
-// or 128 (8 x 1, more M blocks beyond). Mirrored by jax_onnx_attn/ops/cuda.py's split planner.
+// or 128 (8 x 1, more M blocks beyond). Mirrored, with EngineConfig's CTAs per SM, by
+// jax_onnx_attn/ops/cuda.py's split planner.
 inline int BlockRows(int rows) { return rows <= 16 ? 16 : rows <= 32 ? 32 : rows <= 64 ? 64 : 128; }
 
 template <typename T, int kD, int kWarpsM, int kWarpsN, class Variant>
@@ -23,6 +24,12 @@ cudaError_t LaunchLayout(DecodeParams p, bool pdl, cudaStream_t stream) {
   // launch because it is per device.
   cudaError_t err = cudaFuncSetAttribute(split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          Cfg::kSmemBytes);
+  // All of L1 as shared memory: the KV stream bypasses L1 (cp.async.cg), and the occupancy the
+  // stage count was sized for (two CTAs of ~113 KB) needs the largest carveout.
+  if (err == cudaSuccess) {
+    err = cudaFuncSetAttribute(split_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                               int(cudaSharedmemCarveoutMaxShared));
+  }
   if (err != cudaSuccess) return err;
   p.m_blocks = (p.rows + Cfg::kBlockM - 1) / Cfg::kBlockM;
   const dim3 grid(unsigned(p.splits), unsigned(p.kv_heads * p.m_blocks), unsigned(p.batch));

@@ -12,7 +12,7 @@
 
 namespace joa::decode {
 
-// KV rows per pipeline stage; split sizes are multiples of it.
+// Split sizes are multiples of this many KV rows (and so of every engine tile size).
 inline constexpr int kBlockN = 64;
 
 enum class BiasType : int { kNone = 0, kF32 = 1, kF16 = 2, kBF16 = 3, kBool = 4 };

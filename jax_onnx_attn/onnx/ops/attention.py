@@ -7,12 +7,14 @@ ONNX attribute names are the keyword names of `jax_onnx_attn.ops.attention` and
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax.numpy as jnp
 import numpy as np
 
 from jax_onnx_attn import ops
 from jax_onnx_attn.onnx.registry import MS_DOMAIN, register
-from jax_onnx_attn.onnx.values import to_jax
+from jax_onnx_attn.onnx.values import attribute_value, to_jax
 from jax_onnx_attn.ops.reference.rotary import rotary_embedding
 
 ATTENTION_ATTRS = ("is_causal", "scale", "softcap", "q_num_heads", "kv_num_heads",
@@ -38,34 +40,124 @@ def _wants(ctx, index: int) -> bool:
     return len(ctx.node.output) > index and bool(ctx.node.output[index])
 
 
+def repeat_kv_source(ctx, name: str):
+    """(kv [B, Hkv, T, D], G) when the value `name` is torch's repeat_kv of kv, else None.
+
+    torch exports expand K/V [B, Hkv, T, D] to the query heads as
+    Reshape(Expand(Unsqueeze(kv, axes=[2]), [B, Hkv, G, T, D]), [B, Hkv*G, T, D]): query head h
+    reads KV head h // G.
+    """
+    value = ctx.value(name)
+    rs = ctx.producer(name)
+    if getattr(value, "ndim", 0) != 4 or rs is None or rs.op_type != "Reshape":
+        return None
+    ex = ctx.producer(rs.input[0])
+    if ex is None or ex.op_type != "Expand":
+        return None
+    un = ctx.producer(ex.input[0])
+    if un is None or un.op_type not in ("Unsqueeze", "Reshape"):
+        return None
+    src, unsq, expanded = ctx.value(un.input[0]), ctx.value(un.output[0]), ctx.value(ex.output[0])
+    if getattr(src, "ndim", 0) != 4 or getattr(expanded, "ndim", 0) != 5:
+        return None
+    b, hkv, t, d = src.shape
+    g = expanded.shape[2]
+    if (unsq.shape == (b, hkv, 1, t, d) and expanded.shape == (b, hkv, g, t, d)
+            and value.shape == (b, hkv * g, t, d)):
+        return src, g
+    return None
+
+
 def unexpanded_kv(ctx, index: int):
     """K or V with torch's repeat_kv undone, else the input as it is.
 
-    torch exports expand K/V [B, Hkv, T, D] to the query heads before Attention as
-    Reshape(Expand(Unsqueeze(kv, axes=[2]), [B, Hkv, G, T, D]), [B, Hkv*G, T, D]). Query head h then
-    reads KV head h // G, which is exactly Attention's own GQA mapping, so the op can take the
-    Hkv-head tensor directly: XLA drops the unused expansion and the kernel reads G times less KV.
+    Query head h of the expanded tensor reads KV head h // G, which is exactly Attention's own GQA
+    mapping, so the op can take the Hkv-head tensor directly: XLA drops the unused expansion and
+    the kernel reads G times less KV.
+    """
+    found = repeat_kv_source(ctx, ctx.node.input[index])
+    return ctx.value(ctx.node.input[index]) if found is None else found[0]
+
+
+class GroupedKV(NamedTuple):
+    """A MatMul operand that is repeat_kv(kv) seen through head-preserving steps (see grouped_kv)."""
+    kv: object           # [B, Hkv, T, D], before the expansion
+    groups: int          # G = query heads per KV head
+    transposed: bool     # the operand is [B, Hkv*G, D, T] (K^T of a decomposed attention)
+    scales: tuple        # scalars (static or traced) the operand was multiplied by
+
+    def operand(self):
+        """The operand with its Hkv heads only: [B, Hkv, T, D] (or D, T), scaled."""
+        kv = to_jax(self.kv)
+        for c in self.scales:
+            kv = kv * to_jax(c).astype(kv.dtype)
+        return jnp.swapaxes(kv, -1, -2) if self.transposed else kv
+
+
+#: Steps between repeat_kv and the attention MatMul of a decomposed export, at most this many.
+_MAX_KV_STEPS = 8
+
+
+def grouped_kv(ctx, index: int) -> GroupedKV | None:
+    """Operand `index` of a 4-D MatMul as torch's repeat_kv of an Hkv-head K or V, or None.
+
+    torch's decomposed attention (opset < 23) reads the expanded K as Mul(Reshape(Transpose(
+    Reshape(repeat_kv(K), [B*Hq, T, D]), [0, 2, 1]), [B, Hq, D, T]), sqrt(scale)) and V as
+    repeat_kv(V). Allowed steps: Reshape that regroups only the leading (batch, head) axes, Transpose
+    that swaps the last two axes, Mul by a scalar. The operand must end as [B, Hq, T, D] or
+    [B, Hq, D, T], head h of it being KV head h // G.
     """
     name = ctx.node.input[index]
-    value = ctx.value(name)
-    rs = ctx.producer(name)
-    if value is None or value.ndim != 4 or rs is None or rs.op_type != "Reshape":
-        return value
-    ex = ctx.producer(rs.input[0])
-    if ex is None or ex.op_type != "Expand":
-        return value
-    un = ctx.producer(ex.input[0])
-    if un is None or un.op_type not in ("Unsqueeze", "Reshape"):
-        return value
-    src, expanded = ctx.value(un.input[0]), ctx.value(ex.output[0])
-    if src is None or getattr(src, "ndim", 0) != 4 or expanded is None or expanded.ndim != 5:
-        return value
-    b, hkv, t, d = src.shape
-    g = expanded.shape[2]
-    if (ctx.value(un.output[0]).shape == (b, hkv, 1, t, d) and expanded.shape == (b, hkv, g, t, d)
-            and value.shape == (b, hkv * g, t, d)):
-        return src
-    return value
+    target = ctx.value(name)
+    if getattr(target, "ndim", 0) != 4:
+        return None
+    transposed, scales = False, []
+    for _ in range(_MAX_KV_STEPS):
+        found = repeat_kv_source(ctx, name)
+        if found is not None:
+            break
+        node = ctx.producer(name)
+        if node is None or len(node.input) < 1:
+            return None
+        x = ctx.value(node.input[0])
+        out = ctx.value(node.output[0])
+        if x is None or out is None or getattr(x, "ndim", 0) < 3:
+            return None
+        if node.op_type == "Mul":
+            # A scalar factor (torch's sqrt(scale), a static value or a weight) commutes with
+            # the expansion: it is applied to the Hkv heads instead.
+            if len(node.input) != 2:
+                return None
+            sizes = [getattr(ctx.value(i), "size", None) for i in node.input]
+            if sizes.count(1) == 0 or ctx.value(node.input[sizes.index(1) ^ 1]).shape != out.shape:
+                return None
+            factor = ctx.value(node.input[sizes.index(1)])
+            if not jnp.issubdtype(factor.dtype, jnp.floating):
+                return None
+            scales.append(factor.reshape(()))
+            name = node.input[sizes.index(1) ^ 1]
+            continue
+        if node.op_type == "Transpose":
+            n = x.ndim
+            perm = next((list(attribute_value(a)) for a in node.attribute if a.name == "perm"),
+                        list(range(n - 1, -1, -1)))
+            if perm[:-2] != list(range(n - 2)) or perm[-2:] not in ([n - 2, n - 1], [n - 1, n - 2]):
+                return None
+            transposed ^= perm[-2:] == [n - 1, n - 2]
+        elif node.op_type == "Reshape":
+            if tuple(x.shape[-2:]) != tuple(out.shape[-2:]):
+                return None  # only the leading (batch, head) axes may be regrouped
+        else:
+            return None
+        name = node.input[0]
+    else:
+        return None
+    kv, g = found
+    b, hkv, t, d = kv.shape
+    want = (b, hkv * g, d, t) if transposed else (b, hkv * g, t, d)
+    if tuple(target.shape) != want:
+        return None
+    return GroupedKV(kv, g, transposed, tuple(scales))
 
 
 def run_attention(ctx, Q, K, V, attn_mask=None, past_key=None, past_value=None,
@@ -85,15 +177,16 @@ def run_attention(ctx, Q, K, V, attn_mask=None, past_key=None, past_value=None,
 register("Attention", 23, 24, 25)(run_attention)
 
 
-def run_gqa(ctx, inputs, *, shared_buffer: bool = False):
+def run_gqa(ctx, inputs, *, shared_buffer: bool = False, overrides: dict | None = None):
     """com.microsoft GroupQueryAttention through `ops.group_query_attention`.
 
     shared_buffer=False is onnxruntime's default run (present = a new buffer of max(total, P) rows);
     the fixed-capacity cache step passes True (past and present are one buffer, written in place).
+    overrides: attributes to replace (the cache step turns sliding_window_cache off).
     """
     if len(inputs) > len(GQA_INPUTS):
         ctx.fail(f"has {len(inputs)} inputs; the supported schema has {len(GQA_INPUTS)}")
-    attrs = _known_attrs(ctx, GQA_ATTRS)
+    attrs = {**_known_attrs(ctx, GQA_ATTRS), **(overrides or {})}
     kwargs = {}
     for name, v in zip(GQA_INPUTS, inputs):
         if v is not None:

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jax_onnx_attn.onnx.ops.attention import GroupedKV, grouped_kv
 from jax_onnx_attn.onnx.registry import MS_DOMAIN, register
 from jax_onnx_attn.onnx.values import to_jax
 
@@ -34,7 +35,21 @@ def matmul_jax(a, b):
 def matmul(ctx, a, b):
     if ctx.static:
         return np.matmul(a, b)
+    if getattr(a, "ndim", 0) == 4 and getattr(b, "ndim", 0) == 4:
+        grouped = grouped_kv(ctx, 1)
+        if grouped is not None and a.shape[:2] == b.shape[:2]:
+            return grouped_matmul(a, grouped)
     return matmul_jax(a, b)
+
+
+def grouped_matmul(a, kv: GroupedKV):
+    """a [B, Hkv*G, S, X] @ repeat_kv(kv) without materialising the expansion: the query heads of
+    one KV head are batched against it, [B, Hkv, G, S, X] @ [B, Hkv, 1, X, Y]."""
+    a = to_jax(a)
+    rhs = kv.operand()
+    b, hkv = rhs.shape[:2]
+    y = matmul_jax(a.reshape(b, hkv, kv.groups, *a.shape[2:]), rhs[:, :, None])
+    return y.reshape(b, hkv * kv.groups, *y.shape[3:])
 
 
 @register("Gemm", 9, 11, 13)
@@ -98,13 +113,34 @@ def dequantize_nbits(b_quant, scales, zero_points, *, k: int, n: int, bits: int,
     return w.T.astype(dtype)
 
 
+def quantize_blocks_int8(a, block_size: int):
+    """A [..., K] rounded to int8 levels per block of `block_size` along K, back in a's dtype:
+    onnxruntime's CPU MatMulNBits at accuracy_level=4 (MLAS CompInt8) multiplies these values.
+
+    scale = max|block| / 127 (a zero block stays zero); q = round_half_even(a * (1 / scale)),
+    clipped to [-127, 127]; returns q * scale.
+    """
+    a = to_jax(a)
+    k = a.shape[-1]
+    blocks = -(-k // block_size)
+    x = a.astype(jnp.float32)
+    x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, blocks * block_size - k)])
+    x = x.reshape(x.shape[:-1] + (blocks, block_size))
+    scale = jnp.max(jnp.abs(x), axis=-1, keepdims=True) / jnp.float32(127)
+    inv = jnp.where(scale != 0, jnp.float32(1) / jnp.where(scale != 0, scale, 1), 0)
+    q = jnp.clip(jnp.round(x * inv), -127, 127)                  # jnp.round: half to even
+    return (q * scale).reshape(x.shape[:-2] + (blocks * block_size,))[..., :k].astype(a.dtype)
+
+
 @register("MatMulNBits", 1, domain=MS_DOMAIN)
 def matmul_nbits(ctx, a, b_quant, scales, zero_points=None, g_idx=None, bias=None):
     """A [..., K] @ dequant(B) [K, N] (+ bias [N]); 2- to 8-bit weights in blocks along K.
 
     The weight is dequantised inside the traced program (XLA fuses it into the product), so params
-    keep the packed bytes. accuracy_level is a speed hint for onnxruntime (it may quantise A to int8
-    at level 4); the result here is the exact product with the dequantised weight.
+    keep the packed bytes. accuracy_level is a speed hint for onnxruntime: at level 4 its CPU kernel
+    quantises A to int8 per block; the result here is the exact product with the dequantised weight,
+    unless the model was loaded with int8_activations=True (then A is quantised as onnxruntime's
+    CPU kernel does, see quantize_blocks_int8).
     """
     if g_idx is not None:
         ctx.fail("g_idx (act-order) weights are not supported", NotImplementedError)
@@ -112,6 +148,8 @@ def matmul_nbits(ctx, a, b_quant, scales, zero_points=None, g_idx=None, bias=Non
     if bits not in (2, 4, 8):
         ctx.fail(f"bits={bits} is not supported (2, 4 or 8)", NotImplementedError)
     a = to_jax(a)
+    if ctx.attr("accuracy_level", 0) == 4 and ctx.interp.options.get("int8_activations"):
+        a = quantize_blocks_int8(a, block)
     w = dequantize_nbits(b_quant, scales, zero_points, k=k, n=n, bits=bits, block_size=block,
                          dtype=a.dtype)
     y = matmul_jax(a, w)

@@ -69,6 +69,69 @@ def _to_bnsd(x, heads: int, d: int):
     return x.reshape(b, s, heads, d).transpose(0, 2, 1, 3)
 
 
+def split_heads(query, key, value, config: GQAConfig):
+    """query [B, S, N·D] (or packed Q|K|V) and key/value [B, K, Hkv·D] -> q [B, N, S, D],
+    k, v [B, Hkv, K, D]."""
+    n, hkv, d = config.num_heads, config.kv_num_heads, config.head_size
+    if key is None:
+        query, key, value = jnp.split(query, [n * d, (n + hkv) * d], axis=-1)
+    return _to_bnsd(query, n, d), _to_bnsd(key, hkv, d), _to_bnsd(value, hkv, d)
+
+
+def step_lengths(seqlens_k, query_seqlens, s: int, kv_len: int, config: GQAConfig):
+    """Per-batch lengths of one step, int32 [B] each: (T_b, past_b, new_b, valid).
+
+    T_b = seqlens_k + 1 tokens after the step; past_b = 0 on a first prompt, T_b - query_seqlens
+    when given, else T_b - S; new_b = tokens appended (0 for a KV-shared layer). valid is False
+    where only the device can see the lengths are impossible (the row is then refused).
+    """
+    total_b = seqlens_k.astype(jnp.int32) + 1
+    if query_seqlens is not None:
+        new_b = query_seqlens.astype(jnp.int32)
+        past_b = total_b - new_b
+    elif config.first_prompt:
+        past_b = jnp.zeros_like(total_b)
+        new_b = total_b
+    else:
+        past_b = total_b - s
+        new_b = jnp.full_like(total_b, s)
+    if kv_len == 0:
+        # KV-shared layer: the cache already holds all T_b tokens; nothing is appended.
+        new_b = jnp.zeros_like(total_b)
+    # A chunk that would start before position 0, or that claims more new tokens than it has.
+    valid = past_b >= 0
+    if query_seqlens is not None or config.sliding_window_cache:
+        valid = valid & (new_b >= 0) & (new_b <= kv_len)
+    return total_b, past_b, new_b, valid
+
+
+def normalize_and_rotate(q, k, past_b, cos_cache, sin_cache, position_ids, q_norm_weight,
+                         k_norm_weight, has_query_seqlens: bool, config: GQAConfig):
+    """q/k norm (per-head RMSNorm over D) then rotary on q [B, N, S, D] and k [B, Hkv, S, D].
+
+    Rotary positions: position_ids[b, s] when given (only position_ids[0, 0] + s on a first
+    prompt, onnxruntime's behaviour), else past_b + s.
+    """
+    c = config
+    if q_norm_weight is not None:
+        q = rms_norm(q, q_norm_weight, c.q_norm_epsilon)
+        k = rms_norm(k, k_norm_weight, c.k_norm_epsilon)
+    if c.do_rotary:
+        b, _, s, _ = q.shape
+        steps = jnp.arange(s, dtype=jnp.int32)
+        if position_ids is None:
+            positions = past_b[:, None] + steps
+        elif c.first_prompt and not has_query_seqlens:
+            positions = jnp.broadcast_to(position_ids[0, 0].astype(jnp.int32) + steps, (b, s))
+        else:
+            positions = position_ids.astype(jnp.int32)
+        rope = dict(interleaved=c.rotary_interleaved)
+        q = rotary_embedding(q, cos_cache, sin_cache, positions, **rope)
+        if k.shape[2]:  # a KV-shared layer has no new keys to rotate
+            k = rotary_embedding(k, cos_cache, sin_cache, positions, **rope)
+    return q, k
+
+
 def _store(x, scale, cfg: GQAConfig, cache_dtype):
     """New K or V rows [B, Hkv, S, D] in the cache's element type (quantised when kv_bits)."""
     if cfg.kv_bits:
@@ -141,52 +204,13 @@ def group_query_attention(query, key, value, past_key, past_value, seqlens_k, co
     """
     c = config
     dtype = query.dtype
-    n, hkv, d = c.num_heads, c.kv_num_heads, c.head_size
+    n, d = c.num_heads, c.head_size
     b, s = query.shape[:2]
-    if key is None:
-        q_part, k_part, v_part = jnp.split(query, [n * d, (n + hkv) * d], axis=-1)
-    else:
-        q_part, k_part, v_part = query, key, value
-    q = _to_bnsd(q_part, n, d)
-    k = _to_bnsd(k_part, hkv, d)
-    v = _to_bnsd(v_part, hkv, d)
+    q, k, v = split_heads(query, key, value, c)
     kv_len = k.shape[2]
-
-    total_b = seqlens_k.astype(jnp.int32) + 1
-    if query_seqlens is not None:
-        new_b = query_seqlens.astype(jnp.int32)
-        past_b = total_b - new_b
-    elif c.first_prompt:
-        past_b = jnp.zeros_like(total_b)
-        new_b = total_b
-    else:
-        past_b = total_b - s
-        new_b = jnp.full_like(total_b, s)
-    if kv_len == 0:
-        # KV-shared layer: the cache already holds all T_b tokens; nothing is appended.
-        new_b = jnp.zeros_like(total_b)
-    # Lengths only the device sees: a row whose chunk would start before position 0, or that
-    # claims more new tokens than it has, is refused (no write, output 0, status flag).
-    valid = past_b >= 0
-    if query_seqlens is not None or c.sliding_window_cache:
-        valid = valid & (new_b >= 0) & (new_b <= kv_len)
-
-    if q_norm_weight is not None:
-        # Per-head RMSNorm over D, before rotary (Qwen3 style).
-        q = rms_norm(q, q_norm_weight, c.q_norm_epsilon)
-        k = rms_norm(k, k_norm_weight, c.k_norm_epsilon)
-    if c.do_rotary:
-        steps = jnp.arange(s, dtype=jnp.int32)
-        if position_ids is None:
-            positions = past_b[:, None] + steps
-        elif c.first_prompt and query_seqlens is None:
-            # onnxruntime reads only position_ids[0, 0] on a first prompt, for every batch row.
-            positions = jnp.broadcast_to(position_ids[0, 0].astype(jnp.int32) + steps, (b, s))
-        else:
-            positions = position_ids.astype(jnp.int32)
-        rope = dict(interleaved=c.rotary_interleaved)
-        q = rotary_embedding(q, cos_cache, sin_cache, positions, **rope)
-        k = rotary_embedding(k, cos_cache, sin_cache, positions, **rope)
+    total_b, past_b, new_b, valid = step_lengths(seqlens_k, query_seqlens, s, kv_len, c)
+    q, k = normalize_and_rotate(q, k, past_b, cos_cache, sin_cache, position_ids, q_norm_weight,
+                                k_norm_weight, query_seqlens is not None, c)
 
     cache_dtype = past_key.dtype if past_key is not None else dtype
     k_new = _store(k, k_scale, c, cache_dtype)

@@ -37,7 +37,8 @@ def rotary_embedding(x, cos, sin, positions=None, *, interleaved: bool = False,
         raise ValueError(f"rotary_embedding: rotary_dim must be even and in (0, {d}], got {r}")
     half = r // 2
     if cos.shape[-1] < half or sin.shape[-1] < half:
-        raise ValueError(f"rotary_embedding: cos/sin need {half} columns, got {cos.shape[-1]}, {sin.shape[-1]}")
+        raise ValueError(f"rotary_embedding: cos/sin need {half} columns, "
+                         f"got {cos.shape[-1]} and {sin.shape[-1]}")
     acc = accumulation_dtype(x.dtype)
     cos, sin = cos[..., :half].astype(acc), sin[..., :half].astype(acc)
     if positions is not None:
