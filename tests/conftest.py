@@ -21,6 +21,12 @@ def _gpu_skip_reason() -> str | None:
 
 
 def pytest_collection_modifyitems(config, items):
+    # Wide sweeps run only when asked for (`pytest -m slow`); a plain `pytest` (CI) skips them.
+    if "slow" not in (config.getoption("markexpr") or ""):
+        skip_slow = pytest.mark.skip(reason="wide sweep: select it with -m slow")
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(skip_slow)
     reason = _gpu_skip_reason()
     if reason is None:
         return

@@ -22,13 +22,6 @@ from ort_gqa import (Case, assert_matches, check_case, make_inputs, ort_has_inpu
 W = "local_window_size"
 
 
-@pytest.fixture(autouse=True)
-def _slow_only_when_selected(request):
-    """The wide sweep runs only with `-m slow`: a plain `pytest` (CI) keeps to the default set."""
-    if request.node.get_closest_marker("slow") and "slow" not in (
-            request.config.getoption("markexpr") or ""):
-        pytest.skip("wide GQA sweep: select it with -m slow")
-
 # (B, S, heads, D) of first prompts; (B, P, heads, D) of decode steps; (B, S, P, heads, D) of
 # chunks (multi-token steps with a past). Cycled over the features so every shape meets several.
 PROMPT_SHAPES = [(3, 35, (6, 3), 64), (1, 35, (6, 6), 32), (3, 16, (32, 8), 128),
