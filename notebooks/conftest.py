@@ -3,18 +3,26 @@
 The notebooks run through nbmake (the `notebooks` extra: `pip install -e ".[notebooks]"`) without
 `--nbmake` on the command line, so `pytest` alone runs them (pyproject's testpaths include this
 folder). Where the notebook packages are missing (e.g. after `pip install -e ".[test]"`) each notebook
-is reported as skipped, with the reason, instead of failing collection. Select or drop them with
-`-m notebook` / `-m "not notebook"`. A cell that raises fails its notebook's test; the failure shows
-the cell and its traceback. Per-cell timeout: `--nbmake-timeout` (default 300 s).
+is reported as skipped, with the reason, instead of failing collection. Kernels run in the
+interpreter that runs pytest. Select or drop the notebooks with `-m notebook` / `-m "not notebook"`.
+A cell that raises fails its notebook's test; the failure shows the cell and its traceback.
+Per-cell timeout: `--nbmake-timeout` (default 300 s).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import sys
 
 import pytest
 
 _NEEDED = ("nbmake", "nbclient", "nbformat", "ipykernel", "matplotlib")
+
+# The kernels started for the notebooks run `python` from PATH (the "python3" kernel spec): make that
+# the interpreter running pytest, so the notebooks see the same environment (e.g. `.venv/bin/pytest`
+# without an activated venv).
+os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
 
 
 def _installed(name: str) -> bool:

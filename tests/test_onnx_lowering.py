@@ -121,6 +121,38 @@ def test_matmul_nbits_matches_onnxruntime(bits, k, block, zero_points, bias):
     assert_close(jax.jit(lowered.apply)(lowered.params, {"A": a})["Y"], _ort(model, {"A": a})[0])
 
 
+@pytest.mark.parametrize("bits,k,block,zero_points", [(4, 64, 32, False), (4, 100, 32, True),
+                                                      (8, 48, 16, False), (4, 128, 64, True)])
+def test_matmul_nbits_int8_activations_match_onnxruntime_level_4(bits, k, block, zero_points):
+    """accuracy_level=4: onnxruntime's CPU kernel quantises A to int8 per block along K. With
+    load(int8_activations=True) the product matches it to f32 precision; the exact product (the
+    default) is off by the quantisation (about 1% of the output scale)."""
+    rng = np.random.default_rng(bits * k + block)
+    n, kb = 40, -(-k // block)
+    names = ["A", "B", "scales"]
+    inits = [numpy_helper.from_array(rng.integers(0, 256, (n, kb, block * bits // 8), dtype=np.uint8), "B"),
+             numpy_helper.from_array(rng.uniform(0.01, 0.1, n * kb).astype(np.float32), "scales")]
+    if zero_points:
+        inits.append(numpy_helper.from_array(
+            rng.integers(0, 256, n * -(-kb * bits // 8), dtype=np.uint8), "zp"))
+        names.append("zp")
+    node = helper.make_node("MatMulNBits", names, ["Y"], domain="com.microsoft", K=k, N=n, bits=bits,
+                            block_size=block, accuracy_level=4)
+    model = _model([node], [helper.make_tensor_value_info("A", TensorProto.FLOAT, [3, 5, k])],
+                   [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [3, 5, n])], inits,
+                   extra_opsets=[("com.microsoft", 1)])
+    a = (rng.standard_normal((3, 5, k)) * 2).astype(np.float32)
+    a[0, 0] = 0.0  # an all-zero block (scale 0)
+    want = _ort(model, {"A": a})[0]
+    scale = float(np.abs(want).max())
+    int8 = jax_onnx_attn.load(model, int8_activations=True)
+    got = np.asarray(jax.jit(int8.apply)(int8.params, {"A": a})["Y"])
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * scale)
+    exact = jax_onnx_attn.load(model)
+    err = np.abs(np.asarray(jax.jit(exact.apply)(exact.params, {"A": a})["Y"]) - want).max()
+    assert err > 1e-3 * scale
+
+
 def test_external_data_from_proto_with_base_dir():
     path = FIXTURES / "builder_llama_fp32" / "model.onnx"
     assert (path.parent / "model.onnx.data").exists()
@@ -140,10 +172,12 @@ def test_fixed_cache_step_needs_a_kv_cache():
         jax_onnx_attn.load(model).fixed_cache_step(1, 8)
 
 
-@pytest.mark.parametrize("name", ["builder_llama_fp32", "torch_llama_op23", "torch_llama_op20"])
+@pytest.mark.parametrize("name", ["builder_llama_fp32", "builder_gemma2_fp32", "torch_llama_op23",
+                                  "torch_llama_op20"])
 def test_decode_reuses_one_executable_and_updates_the_cache_in_place(name):
-    """GQA shared buffer (builder) and Concat -> kv_append (torch): decode steps with changing lengths
-    never retrace, and the donated cache is aliased to the output with no copy of it in the HLO."""
+    """GQA shared buffer (builder; gemma2's sliding-window layer included) and Concat -> kv_append
+    (torch): decode steps with changing lengths never retrace, and the donated cache is aliased to
+    the output with no copy of it in the HLO."""
     lowered = jax_onnx_attn.load(FIXTURES / name / "model.onnx")
     b, cap = 3, 48
     step = lowered.fixed_cache_step(b, cap)

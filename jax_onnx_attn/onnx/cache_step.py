@@ -15,7 +15,13 @@ How the graph is driven, by the kind of KV cache it has:
     and GQA runs in its shared-buffer mode (present is past, written in place at past_b). The
     attention_mask fed is [B, C] with ones at j < cache_len + S, so the graph's own mask subgraph
     gives seqlens_k = cache_len + S - 1 and total_sequence_length = C (GQA's static-cache
-    form: past_b = seqlens_k + 1 - S = cache_len). An If whose condition reads the mask's width (the
+    form: past_b = seqlens_k + 1 - S = cache_len). A sliding-window layer (local_window_size W, with
+    sliding_window_cache=1 when the producer sized its cache to the window, as the builder does for
+    Gemma-2 on CPU/CUDA) keeps a capacity-C buffer too and runs with sliding_window_cache=0: no row
+    is ever evicted (cache_len + S <= C), so onnxruntime's window-sized layout would hold the same
+    positions at the same rows and the window mask alone gives the same output, while the windowed
+    path would move (copy) the buffer every step. The cost is C rows of memory instead of W + slack;
+    only the window's keys are unmasked. An If whose condition reads the mask's width (the
     LongRoPE cos/sin choice) is decided on the logical length max(cache_len + num_new), on the
     device, as onnxruntime-genai's growing mask would decide it.
   * Concat(past, new) outside the attention op (torch.onnx.export): the Concat becomes
