@@ -9,15 +9,9 @@ decode loop captured in a command buffer.
 
 import functools
 import itertools
-import os
-import pathlib
-import re
-import subprocess
-import sys
 import textwrap
 
 import jax
-import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
@@ -25,6 +19,8 @@ import pytest
 from jax_onnx_attn.ops import cuda
 from jax_onnx_attn.ops.decode import decode_attention
 from jax_onnx_attn.testing import assert_close
+
+import command_buffer
 
 pytestmark = pytest.mark.gpu
 
@@ -205,20 +201,4 @@ _LOOP = textwrap.dedent("""
 
 
 def test_decode_loop_in_a_command_buffer(tmp_path):
-    dump = tmp_path / "xla_dump"
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_dump_to={dump}"
-                        " --xla_gpu_graph_min_graph_size=1").strip()
-    env["TF_CPP_MIN_LOG_LEVEL"] = "0"
-    env["TF_CPP_VMODULE"] = "command_buffer_conversion_pass=2,command_buffer_thunk=2"
-    run = subprocess.run([sys.executable, "-c", _LOOP], env=env, capture_output=True, text=True,
-                         timeout=300)
-    log = run.stdout + run.stderr
-    assert run.returncode == 0 and "LOOP_OK" in run.stdout, log[-4000:]
-    names = re.search(r"CUSTOM_CALL_NAMES (.*)", run.stdout).group(1).split()
-    assert names
-    created = [l for l in log.splitlines() if "command buffer" in l.lower() and any(n in l for n in names)]
-    thunk_files = sorted(pathlib.Path(dump).rglob("*thunk_sequence*"))
-    in_dump = [f.name for f in thunk_files
-               if "kCommandBuffer" in f.read_text() and any(n in f.read_text() for n in names)]
-    assert created or in_dump, f"decode_attention ({names}) not seen in a command buffer:\n{log[-3000:]}"
+    command_buffer.assert_captured(_LOOP, "decode_attention", tmp_path)

@@ -1,10 +1,5 @@
 """The CUDA KV-append kernel on a GPU: values, status, in-place donation and command-buffer capture."""
 
-import os
-import pathlib
-import re
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -17,6 +12,7 @@ from jax_onnx_attn import ops
 from jax_onnx_attn.ops import status
 from jax_onnx_attn.testing import hlo_copies_of
 
+import command_buffer
 import kv_oracle
 
 pytestmark = pytest.mark.gpu
@@ -110,29 +106,7 @@ _LOOP = textwrap.dedent("""
 
 
 def test_handler_is_captured_in_a_command_buffer(tmp_path):
-    dump = tmp_path / "xla_dump"
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_dump_to={dump}"
-                        " --xla_gpu_graph_min_graph_size=1").strip()
-    env["TF_CPP_MIN_LOG_LEVEL"] = "0"
-    env["TF_CPP_VMODULE"] = "command_buffer_conversion_pass=2,command_buffer_thunk=2"
-    run = subprocess.run([sys.executable, "-c", _LOOP], env=env, capture_output=True, text=True,
-                         timeout=300)
-    log = run.stdout + run.stderr
-    assert run.returncode == 0 and "LOOP_OK" in run.stdout, log[-4000:]
-    names = re.search(r"CUSTOM_CALL_NAMES (.*)", run.stdout).group(1).split()
-    assert names, "the loop has no kv_append custom call"
-    # Evidence 1: the conversion pass lists our custom call among a command buffer's thunks.
-    created = [l for l in log.splitlines() if "command buffer" in l.lower() and any(n in l for n in names)]
-    # Evidence 2: the thunk sequence after XLA's passes has the custom call inside a command buffer.
-    thunk_files = sorted(pathlib.Path(dump).rglob("*thunk_sequence*"))
-    in_dump = [f.name for f in thunk_files
-               if "kCommandBuffer" in f.read_text() and any(n in f.read_text() for n in names)]
-    print("command-buffer log lines:", *created[:5], sep="\n  ")
-    print("thunk dumps with the call inside a command buffer:", in_dump)
-    assert created or in_dump, (
-        f"kv_append ({names}) not seen in a command buffer; log tail:\n{log[-3000:]}\n"
-        f"thunk files: {[f.name for f in thunk_files]}")
+    command_buffer.assert_captured(_LOOP, "kv_append", tmp_path)
 
 
 def test_auto_backend_picks_the_kernel_without_a_conditional_or_copy():

@@ -1,0 +1,42 @@
+"""Checks that an FFI custom call runs inside an XLA command buffer (CUDA graph).
+
+`assert_captured(script, target, tmp_path)` runs `script` in a fresh process (so XLA_FLAGS apply) with
+the command-buffer conversion log and an XLA dump on. The script prints `CUSTOM_CALL_NAMES <names>`
+(the custom-call instructions of `target` in its compiled HLO) and `LOOP_OK` once its own checks pass.
+Evidence of capture: the conversion pass names one of them among a command buffer's thunks, or the
+thunk sequence after XLA's passes has it inside a kCommandBuffer.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+
+def assert_captured(script: str, target: str, tmp_path) -> None:
+    dump = tmp_path / "xla_dump"
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_dump_to={dump}"
+                        " --xla_gpu_graph_min_graph_size=1").strip()
+    env["TF_CPP_MIN_LOG_LEVEL"] = "0"
+    env["TF_CPP_VMODULE"] = "command_buffer_conversion_pass=2,command_buffer_thunk=2"
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                         timeout=300)
+    log = run.stdout + run.stderr
+    assert run.returncode == 0 and "LOOP_OK" in run.stdout, log[-4000:]
+    names = re.search(r"CUSTOM_CALL_NAMES (.*)", run.stdout).group(1).split()
+    assert names, f"the script has no {target} custom call"
+    # Evidence 1: the conversion pass lists our custom call among a command buffer's thunks.
+    created = [l for l in log.splitlines() if "command buffer" in l.lower() and any(n in l for n in names)]
+    # Evidence 2: the thunk sequence after XLA's passes has the custom call inside a command buffer.
+    thunk_files = sorted(pathlib.Path(dump).rglob("*thunk_sequence*"))
+    in_dump = [f.name for f in thunk_files
+               if "kCommandBuffer" in f.read_text() and any(n in f.read_text() for n in names)]
+    print("command-buffer log lines:", *created[:5], sep="\n  ")
+    print("thunk dumps with the call inside a command buffer:", in_dump)
+    assert created or in_dump, (
+        f"{target} ({names}) not seen in a command buffer; log tail:\n{log[-3000:]}\n"
+        f"thunk files: {[f.name for f in thunk_files]}")
