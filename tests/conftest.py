@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-import jax
-import pytest
+import os
 
-import jax_onnx_attn
+# GPU tests may run in parallel processes (pytest -n): none may grab most of the GPU up front.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+import jax_onnx_attn  # noqa: E402
 
 
 def _gpu_skip_reason() -> str | None:
