@@ -130,7 +130,8 @@ def test_matmul_nbits_int8_activations_match_onnxruntime_level_4(bits, k, block,
     rng = np.random.default_rng(bits * k + block)
     n, kb = 40, -(-k // block)
     names = ["A", "B", "scales"]
-    inits = [numpy_helper.from_array(rng.integers(0, 256, (n, kb, block * bits // 8), dtype=np.uint8), "B"),
+    packed = rng.integers(0, 256, (n, kb, block * bits // 8), dtype=np.uint8)
+    inits = [numpy_helper.from_array(packed, "B"),
              numpy_helper.from_array(rng.uniform(0.01, 0.1, n * kb).astype(np.float32), "scales")]
     if zero_points:
         inits.append(numpy_helper.from_array(
@@ -151,6 +152,49 @@ def test_matmul_nbits_int8_activations_match_onnxruntime_level_4(bits, k, block,
     exact = jax_onnx_attn.load(model)
     err = np.abs(np.asarray(jax.jit(exact.apply)(exact.params, {"A": a})["Y"]) - want).max()
     assert err > 1e-3 * scale
+
+
+@pytest.mark.parametrize("variant", ["k_transposed", "scale_first", "v", "heads_permuted"])
+def test_decomposed_repeat_kv_matmul_matches_onnxruntime(monkeypatch, variant):
+    """torch's repeat_kv (Unsqueeze, Expand, Reshape to 4 heads) of a 2-head K or V feeding a MatMul,
+    through Reshape/Transpose/Reshape and a scalar Mul: the lowering computes with the 2 heads
+    (grouped_matmul) and equals onnxruntime. A chain that permutes heads is not grouped."""
+    from jax_onnx_attn.onnx.ops import linalg
+    b, hkv, g, t, d, s = 2, 2, 2, 5, 8, 3
+    hq = hkv * g
+    c = lambda name, v: numpy_helper.from_array(np.asarray(v), name)
+    inits = [c("ax2", np.array([2], np.int64)), c("ex", np.array([b, hkv, g, t, d], np.int64)),
+             c("hq", np.array([b, hq, t, d], np.int64)), c("flat", np.array([b * hq, t, d], np.int64)),
+             c("kt", np.array([b, hq, d, t], np.int64)), c("sc", np.array(0.5, np.float32))]
+    nodes = [helper.make_node("Unsqueeze", ["kv", "ax2"], ["u"]),
+             helper.make_node("Expand", ["u", "ex"], ["e"]),
+             helper.make_node("Reshape", ["e", "hq"], ["r"])]
+    if variant == "v":
+        q_shape, last = [b, hq, s, t], "r"
+    elif variant == "heads_permuted":  # [B, Hq, T, D] -> [Hq, B, D, T]: head h is not KV head h // G
+        q_shape, last = [hq, b, s, d], "p"
+        nodes += [helper.make_node("Transpose", ["r"], ["p0"], perm=[1, 0, 3, 2]),
+                  helper.make_node("Mul", ["p0", "sc"], ["p"])]
+    else:
+        q_shape, last = [b, hq, s, d], "m"
+        mul_in = ["sc", "r3"] if variant == "scale_first" else ["r3", "sc"]
+        nodes += [helper.make_node("Reshape", ["r", "flat"], ["r1"]),
+                  helper.make_node("Transpose", ["r1"], ["r2"], perm=[0, 2, 1]),
+                  helper.make_node("Reshape", ["r2", "kt"], ["r3"]),
+                  helper.make_node("Mul", mul_in, ["m"])]
+    nodes.append(helper.make_node("MatMul", ["q", last], ["y"]))
+    model = _model(nodes, [helper.make_tensor_value_info("q", TensorProto.FLOAT, q_shape),
+                           helper.make_tensor_value_info("kv", TensorProto.FLOAT, [b, hkv, t, d])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    rng = np.random.default_rng(0)
+    feeds = {"q": rng.standard_normal(q_shape).astype(np.float32),
+             "kv": rng.standard_normal((b, hkv, t, d)).astype(np.float32)}
+    grouped = []
+    real = linalg.grouped_matmul
+    monkeypatch.setattr(linalg, "grouped_matmul", lambda a, kv: grouped.append(kv) or real(a, kv))
+    lowered = jax_onnx_attn.load(model)
+    assert_close(jax.jit(lowered.apply)(lowered.params, feeds)["y"], _ort(model, feeds)[0])
+    assert len(grouped) == (0 if variant == "heads_permuted" else 1)
 
 
 def test_external_data_from_proto_with_base_dir():

@@ -2,8 +2,9 @@
 
 Fixtures (tests/fixtures/, made by tools/make_fixtures.py from tiny random HF checkpoints):
 onnxruntime-genai builder llama fp32/fp16/int4/int8, qwen2 fp32, phi3 (LongRoPE If) fp32, mistral
-fp32 (sliding_window 8 in its config), gemma2 fp32 (a sliding-window layer with a window-sized cache,
-softcaps), and torch.onnx.export(dynamo=True) llama at opset 20 and 23, qwen2 at opset 23.
+fp32 (sliding_window 8 in its config), gemma2 fp32/fp16/int4 (a sliding-window layer with a
+window-sized cache, softcaps), and torch.onnx.export(dynamo=True) llama at opset 20 and 23, qwen2 at
+opset 23.
 
 Checks:
   * `apply` on a step with a past (the graph's own I/O) matches onnxruntime on every output;
@@ -40,10 +41,12 @@ from jax_onnx_attn.testing import tolerance
 FIXTURES = Path(__file__).parent / "fixtures"
 NAMES = sorted(p.name for p in FIXTURES.iterdir() if (p / "model.onnx").exists())
 N_NEW = 32
-#: onnxruntime-genai's default slack of a sliding-window layer's cache on CPU: it allocates
-#: window_size + 16 rows when genai_config.json's cache_slack is 0 (windowed_kv_cache.cpp,
-#: ComputeWindowedKvCacheSize; 0.18.0 allocates [B, Hkv, W + 16, D] for the gemma2 fixture).
-GENAI_CPU_WINDOW_SLACK = 16
+#: onnxruntime-genai's default slack of a sliding-window layer's cache per execution provider: it
+#: allocates window_size + slack rows when genai_config.json's cache_slack is 0 (16 on CPU, 0 on
+#: CUDA: windowed_kv_cache.cpp, ComputeWindowedKvCacheSize; 0.18.0 allocates [B, Hkv, W + 16, D]
+#: for the gemma2 fp32 fixture on CPU).
+GENAI_WINDOW_SLACK = {"cpu": 16, "cuda": 0}
+GENAI_CPU_WINDOW_SLACK = GENAI_WINDOW_SLACK["cpu"]
 
 
 def _meta(name):
@@ -155,8 +158,9 @@ def ort_genai_row(sess, name, prompt, n_new):
 
     Every past_key_values.* input and its present.* output are bound to one buffer (IOBinding), of
     max_length = prompt + n_new rows, except the sliding-window layers listed in genai_config.json,
-    whose buffer has min(window + slack, max_length) rows (slack: cache_slack, or the CPU default
-    16); GQA evicts inside it (sliding_window_cache=1). attention_mask is [1, tokens so far] of
+    whose buffer has min(window + slack, max_length) rows (slack: cache_slack, or the default of
+    the provider the fixture was built for: 16 on CPU, 0 on CUDA); GQA evicts inside it
+    (sliding_window_cache=1). attention_mask is [1, tokens so far] of
     ones, so seqlens_k = total - 1 and total_sequence_length = total. This loop reproduces
     onnxruntime-genai's own greedy logits bit for bit on the gemma2 fixture.
     """
@@ -164,7 +168,8 @@ def ort_genai_row(sess, name, prompt, n_new):
     sw = cfg["sliding_window"]
     assert sw["layers"], "genai sizes every layer to the window when no layer is listed"
     max_length = len(prompt) + n_new
-    window_rows = min(sw["window_size"] + (sw["cache_slack"] or GENAI_CPU_WINDOW_SLACK), max_length)
+    slack = sw["cache_slack"] or GENAI_WINDOW_SLACK[_meta(name)["target"]]
+    window_rows = min(sw["window_size"] + slack, max_length)
     pasts = [i for i in sess.get_inputs() if i.name.startswith("past_key_values.")]
     dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
     bufs = {}
@@ -381,7 +386,7 @@ def test_int4_accuracy_level_4_with_int8_activations():
         assert [t for t, d in zip(toks, decided) if d] == [t for t, d in zip(ref_t, decided) if d], \
             f"row {i}: greedy tokens differ"
         assert decided.all(), f"row {i}: near-ties at steps {np.flatnonzero(~decided)}"
-    for i, (err, *_ ) in enumerate(step_errors(exact)):
+    for i, (err, *_) in enumerate(step_errors(exact)):
         assert err.min() > f32_tol, f"row {i}: the exact product matched int8 activations"
 
 

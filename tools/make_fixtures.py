@@ -5,7 +5,9 @@ Each fixture is a tiny, randomly initialised Hugging Face decoder (2 layers, hid
 trained here, then exported by
 
   * onnxruntime-genai's model builder (`python -m onnxruntime_genai.models.builder`, offline) at the
-    precisions it offers for CPU/CUDA: fp32 (cpu), fp16 (cuda), int4 and int8 (cpu, MatMulNBits), and
+    precisions it offers for CPU/CUDA: fp32 (cpu), fp16 (cuda), int4 and int8 (cpu, MatMulNBits),
+    for the llama, qwen2, phi3 (LongRoPE), mistral (sliding_window set) and gemma2 (alternating
+    sliding/global layers, softcaps) families, and
   * `torch.onnx.export(dynamo=True)` at opset 20 (fully decomposed) and opset 23 (ai.onnx Attention,
     RotaryEmbedding, RMSNormalization), through a wrapper with flat past/present tensors.
 
@@ -16,7 +18,9 @@ environment with the producers installed) to regenerate them:
     python tools/make_fixtures.py [--only NAME ...] [--out tests/fixtures]
 
 Every fixture folder gets `model.onnx` (+ `model.onnx.data` where the producer writes external data)
-and `fixture.json` (producer, precision, family, the versions that made it).
+and `fixture.json` (producer, precision, family, the versions that made it); builder fixtures also
+keep the builder's `genai_config.json` (how onnxruntime-genai drives the model: sliding-window layers
+and their cache sizes). The output is deterministic: re-running reproduces the files byte for byte.
 """
 
 from __future__ import annotations
@@ -37,8 +41,9 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 ROOT = Path(__file__).resolve().parent.parent
 VOCAB = 320
 SEED = 1234
-#: Sliding window of the windowed families: prompts plus 32 generated tokens cross it (and
-#: onnxruntime-genai's CPU window cache of WINDOW + 16 rows) in the parity tests.
+#: Sliding window of the windowed families: prompts plus 32 generated tokens cross it, and the
+#: window-sized cache onnxruntime-genai gives such layers (WINDOW + 16 rows on CPU, WINDOW on CUDA),
+#: in the parity tests.
 WINDOW = 8
 
 # Shared decoder shape: small enough that all fixtures together stay a few MB, with GQA (4 q heads on
@@ -81,6 +86,8 @@ FIXTURES = [
     ("builder_phi3_fp32", "builder", "phi3", "fp32", "cpu"),
     ("builder_mistral_fp32", "builder", "mistral", "fp32", "cpu"),
     ("builder_gemma2_fp32", "builder", "gemma2", "fp32", "cpu"),
+    ("builder_gemma2_fp16", "builder", "gemma2", "fp16", "cuda"),
+    ("builder_gemma2_int4", "builder", "gemma2", "int4", "cpu"),
     ("torch_llama_op20", "torch", "llama", "fp32", 20),
     ("torch_llama_op23", "torch", "llama", "fp32", 23),
     ("torch_qwen2_op23", "torch", "qwen2", "fp32", 23),

@@ -400,7 +400,7 @@ def regenerate(results_dir: str | Path = RESULTS_DIR, images_dir: str | Path = I
 
     def save(fig, name):
         path = images_dir / name
-        fig.savefig(path, dpi=100)
+        fig.savefig(path, dpi=80)
         plt.close(fig)
         written.append(path)
 

@@ -117,26 +117,26 @@ def grouped_kv(ctx, index: int) -> GroupedKV | None:
         if found is not None:
             break
         node = ctx.producer(name)
-        if node is None or len(node.input) < 1:
+        if node is None or not node.input:
             return None
-        x = ctx.value(node.input[0])
         out = ctx.value(node.output[0])
-        if x is None or out is None or getattr(x, "ndim", 0) < 3:
-            return None
-        if node.op_type == "Mul":
+        if node.op_type == "Mul" and len(node.input) == 2:
             # A scalar factor (torch's sqrt(scale), a static value or a weight) commutes with
             # the expansion: it is applied to the Hkv heads instead.
-            if len(node.input) != 2:
-                return None
             sizes = [getattr(ctx.value(i), "size", None) for i in node.input]
-            if sizes.count(1) == 0 or ctx.value(node.input[sizes.index(1) ^ 1]).shape != out.shape:
+            if 1 not in sizes:
                 return None
-            factor = ctx.value(node.input[sizes.index(1)])
-            if not jnp.issubdtype(factor.dtype, jnp.floating):
+            factor, other = (node.input[sizes.index(1)], node.input[1 - sizes.index(1)])
+            factor = ctx.value(factor)
+            if (getattr(ctx.value(other), "shape", None) != out.shape
+                    or not jnp.issubdtype(factor.dtype, jnp.floating)):
                 return None
             scales.append(factor.reshape(()))
-            name = node.input[sizes.index(1) ^ 1]
+            name = other
             continue
+        x = ctx.value(node.input[0])
+        if getattr(x, "ndim", 0) < 3:
+            return None
         if node.op_type == "Transpose":
             n = x.ndim
             perm = next((list(attribute_value(a)) for a in node.attribute if a.name == "perm"),
