@@ -47,19 +47,13 @@ def _allowed(s: int, t: int, offset, nonpad, *, is_causal: bool, left: int, righ
     if not (is_causal or left >= 0 or right >= 0 or nonpad is not None):
         return None
     i = jnp.arange(s, dtype=jnp.int32)[:, None]
-    j = jnp.arange(t, dtype=jnp.int32)[None, :]
     if isinstance(offset, int):
         pos = (i + offset)[None, None]                       # [1, 1, S, 1]
     else:
         pos = offset.astype(jnp.int32)[:, None, None, None] + i  # [B, 1, S, 1]
-    allowed = jnp.ones((1, 1, s, t), jnp.bool_)
-    if is_causal:
-        allowed = allowed & (j <= pos)
-    if left >= 0:
-        allowed = allowed & (pos - j <= left)
-    if right >= 0:
-        allowed = allowed & (j - pos <= right)
+    allowed = core.key_window(pos, t, causal=is_causal, left=left, right=right)
     if nonpad is not None:
+        j = jnp.arange(t, dtype=jnp.int32)
         allowed = allowed & (j < nonpad.astype(jnp.int32)[:, None, None, None])
     return allowed
 

@@ -33,8 +33,31 @@ def logits(q, k, scale, acc_dtype=None):
     return (x * jnp.asarray(scale, acc)).reshape(b, hkv * g, s, t)
 
 
+def key_window(pos, t: int, *, causal: bool, left: int = -1, right: int = -1):
+    """Boolean [..., S, T]: keys j in [0, T) that the causal and window rules leave visible.
+
+    pos: int32 [..., S, 1], the absolute position of each query row. Key j is visible when
+    j <= pos (causal), pos - j <= left (left >= 0) and j - pos <= right (right >= 0).
+    """
+    j = jnp.arange(t, dtype=jnp.int32)
+    ok = jnp.ones(jnp.broadcast_shapes(pos.shape, (t,)), jnp.bool_)
+    if causal:
+        ok = ok & (j <= pos)
+    if left >= 0:
+        ok = ok & (pos - j <= left)
+    if right >= 0:
+        ok = ok & (j - pos <= right)
+    return ok
+
+
 def apply_softcap(x, softcap: float):
-    """softcap * tanh(x / softcap); softcap <= 0 means off."""
+    """softcap * tanh(x / softcap); softcap <= 0 (or None) means off.
+
+    Args:
+      x: float logits, any shape (here [B, Hq, S, T] in the accumulation dtype); the result keeps
+        x's shape and dtype.
+      softcap: the cap, a Python float.
+    """
     if softcap is None or softcap <= 0:
         return x
     c = jnp.asarray(softcap, x.dtype)

@@ -20,16 +20,9 @@ from jax_onnx_attn.ops.reference import core
 def visible_keys(kv_len, q_len: int, capacity: int, *, causal: bool, left: int = -1, right: int = -1):
     """Boolean [B, 1, S, C]: which cache rows each query row may attend to."""
     length = kv_len.astype(jnp.int32)[:, None, None, None]
-    i = jnp.arange(q_len, dtype=jnp.int32)[None, None, :, None]
-    j = jnp.arange(capacity, dtype=jnp.int32)[None, None, None, :]
-    pos = length - q_len + i
-    ok = j < length
-    if causal:
-        ok = ok & (j <= pos)
-    if left >= 0:
-        ok = ok & (pos - j <= left)
-    if right >= 0:
-        ok = ok & (j - pos <= right)
+    pos = length - q_len + jnp.arange(q_len, dtype=jnp.int32)[None, None, :, None]
+    ok = core.key_window(pos, capacity, causal=causal, left=left, right=right)
+    ok = ok & (jnp.arange(capacity, dtype=jnp.int32) < length)
     return ok
 
 

@@ -58,6 +58,14 @@ def resident_length(t, capacity: int, window: int):
 
     G = C - W + 1 rows are evicted at once: L(t) = t if t <= C else t - G * ceil((t - C) / G),
     so min(t, W) <= L(t) <= min(t, C).
+
+    Args:
+      t: integer array (int32 [B] per batch row, or a scalar), tokens seen so far; t >= 0.
+      capacity: C, the cache's rows (Python int).
+      window: W, local_window_size (Python int, 0 < W <= C).
+
+    Returns:
+      L(t), t's shape and dtype.
     """
     g = capacity - window + 1
     over = jnp.maximum(t - capacity, 0)
