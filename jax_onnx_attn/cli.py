@@ -156,6 +156,7 @@ def _sampling_kwargs(args) -> dict:
 # Commands
 
 def cmd_demo(args, out) -> int:
+    """`demo`: build the tiny decoder from `args`, generate from --prompt, print to `out`; 0."""
     from jax_onnx_attn.models import tiny
     from jax_onnx_attn.runtime import DecoderSession, describe_backend
 
@@ -192,6 +193,7 @@ def cmd_demo(args, out) -> int:
 
 
 def cmd_generate(args, out) -> int:
+    """`generate`: load args.model, generate from its prompts (one row each), print to `out`; 0."""
     from jax_onnx_attn.runtime import DecoderSession, describe_backend
 
     model_file = _model_file(args.model)
@@ -217,6 +219,7 @@ def cmd_generate(args, out) -> int:
 
 
 def cmd_parity(args, out) -> int:
+    """`parity`: logits and greedy tokens vs onnxruntime CPU for one prompt; 0 agree, 1 differ."""
     from jax_onnx_attn.runtime import compare_with_onnxruntime, describe_backend
 
     model_file = _model_file(args.model)
@@ -256,6 +259,7 @@ def _add_prompt(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser of `jax-onnx-attn` and its demo / generate / parity subcommands."""
     parser = argparse.ArgumentParser(
         prog="jax-onnx-attn",
         description="ONNX decoder models as jitted JAX, with attention on our own kernels.")

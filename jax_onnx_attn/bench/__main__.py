@@ -6,6 +6,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Dispatch `argv[0]` to its suite's main; 2 with a usage line for an unknown suite."""
     argv = list(sys.argv[1:] if argv is None else argv)
     suites = ("decode",)
     if not argv or argv[0] not in suites:

@@ -39,6 +39,8 @@ IMPLS = ("ours", "jax-xla", "jax-cudnn", "torch-flash", "torch-cudnn")
 
 @dataclasses.dataclass(frozen=True)
 class Case:
+    """One decode shape: q [B, Hq, S, D] against a full K/V cache [B, Hkv, ctx, D] of `dtype`."""
+
     batch: int
     ctx: int
     q_len: int
@@ -49,10 +51,12 @@ class Case:
 
     @property
     def kv_bytes(self) -> int:
+        """Bytes of K plus V read per call (2-byte elements)."""
         return 2 * self.batch * self.kv_heads * self.ctx * self.head_dim * 2
 
     @property
     def rotations(self) -> int:
+        """K/V copies read in turn so that repeated calls miss the L2 (1 for large sets, <= 16)."""
         return max(1, min(16, math.ceil(ROTATE_BYTES / self.kv_bytes)))
 
     @property
@@ -61,6 +65,7 @@ class Case:
         return self.rotations if self.rotations > 1 else 4
 
     def label(self) -> str:
+        """A one-line description of the case for tables and logs."""
         return (f"B={self.batch} ctx={self.ctx} S={self.q_len} {self.q_heads}/{self.kv_heads} "
                 f"d{self.head_dim} {self.dtype}")
 
@@ -91,6 +96,11 @@ def _time_loop(run: Callable[[], None], sync: Callable[[], None], calls: int, ta
 
 
 def bench_jax(case: Case, impl: str, target_s: float, reps: int) -> float:
+    """Median seconds per call of "ours" (cuda.decode_attention, BHSD) or "jax-xla" / "jax-cudnn"
+    (jax.nn.dot_product_attention, BTNH) on random inputs of `case`'s shapes and dtype.
+
+    target_s: wall time per timing sample; reps: samples (the median is returned).
+    """
     import jax
     import jax.numpy as jnp
 
@@ -135,6 +145,10 @@ def bench_jax(case: Case, impl: str, target_s: float, reps: int) -> float:
 
 
 def bench_torch(case: Case, impl: str, target_s: float, reps: int) -> float:
+    """Median seconds per call of torch SDPA ("torch-flash" / "torch-cudnn"), BHSD, in a CUDA graph.
+
+    Same inputs, timing and arguments as `bench_jax`; needs torch with CUDA.
+    """
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -178,6 +192,7 @@ def _run(cmd: list[str]) -> str:
 
 
 def environment() -> dict:
+    """GPU (nvidia-smi name, clocks, power), jax / jaxlib / torch versions, build info, git commit."""
     import jax
     import jaxlib
 
@@ -202,6 +217,7 @@ def environment() -> dict:
 
 
 def default_cases(args) -> list[Case]:
+    """Every Case in the product of args' dtypes, heads, dims, batch, ctx, qlen; headline first."""
     cases = []
     for dtype in args.dtypes:
         for heads in args.heads:
@@ -225,6 +241,7 @@ def _impl_skip(case: Case, impl: str) -> str | None:
 
 
 def format_table(results: list[dict], impls: list[str]) -> str:
+    """The results as an aligned text table: our time, GB/s, % of peak, peers' times and ratios."""
     peers = [i for i in impls if i != "ours"]
     head = ["case", "ours us", "GB/s", "%peak"] + [f"{p} us" for p in peers] + [f"x{p}" for p in peers]
     rows = [head]
@@ -247,6 +264,8 @@ def format_table(results: list[dict], impls: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the decode suite (see --help); print a table, optionally write JSON. Returns 0, or 1
+    without CUDA kernels."""
     ap = argparse.ArgumentParser(prog="python -m jax_onnx_attn.bench decode", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32, 128])

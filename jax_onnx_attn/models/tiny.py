@@ -79,10 +79,12 @@ class TinyConfig:
 
     @property
     def head_size(self) -> int:
+        """hidden // heads."""
         return self.hidden // self.heads
 
     @property
     def np_dtype(self) -> np.dtype:
+        """The NumPy dtype of `dtype` (the model's float type)."""
         return np.dtype(_DTYPES[self.dtype][0])
 
 

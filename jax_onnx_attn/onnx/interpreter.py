@@ -46,9 +46,11 @@ class NodeContext:
         self.xp = np if self.static else jnp
 
     def attr(self, name: str, default=None):
+        """The node's attribute `name` as a Python value (see `attribute_value`), or `default`."""
         return self.attrs.get(name, default)
 
     def fail(self, msg: str, exc=ValueError):
+        """Raise `exc` with `msg` prefixed by the op key and the node's name (never returns)."""
         raise exc(f"{self.key} node {self.node.name or self.node.output[0]!r}: {msg}")
 
     def operands(self, *values):
@@ -77,6 +79,7 @@ class NodeContext:
         return self.interp.producers.get(name)
 
     def value(self, name: str):
+        """The value named `name` in the current scope (None for "" or an unknown name)."""
         return self.env.get(name) if name else None
 
 
@@ -102,10 +105,12 @@ class Interpreter:
         self._keys: dict[int, registry.OpKey] = {}
 
     def map_dtype(self, dtype) -> np.dtype:
+        """`dtype` after load(dtype=...)'s float_map (e.g. float32 -> bfloat16); others unchanged."""
         dtype = np.dtype(dtype)
         return self.float_map.get(dtype, dtype)
 
     def key(self, node: onnx.NodeProto) -> registry.OpKey:
+        """The node's resolved OpKey under the model's opsets (cached per node)."""
         k = self._keys.get(id(node))
         if k is None:
             k = self._keys[id(node)] = registry.resolve(node.domain, node.op_type, self.opsets)
@@ -130,6 +135,11 @@ class Interpreter:
         return self.run_graph(graph, scope)
 
     def run_node(self, node: onnx.NodeProto, env) -> None:
+        """Run one node: read its inputs from `env`, call the hook or its handler, store its outputs.
+
+        Raises ValueError for an input not computed yet, UnsupportedOpsError for an op without a
+        handler, NotImplementedError when the handler leaves a wanted output unproduced.
+        """
         try:
             inputs = [env[n] if n else None for n in node.input]
         except KeyError as e:

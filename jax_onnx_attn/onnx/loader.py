@@ -89,7 +89,19 @@ class LoweredModel:
         return to_jax(arr)
 
     def run(self, params: Mapping, inputs: Mapping, hook: Hook | None = None) -> dict:
-        """`apply` with an optional node hook (used by the fixed-capacity cache step)."""
+        """`apply` with an optional node hook (used by the fixed-capacity cache step).
+
+        Args:
+          params: {initializer name: jax.Array} as in `params` (weights in their loaded dtype).
+          inputs: {graph input name: array or ShapeOnly}, exactly `input_names`; shapes and dtypes
+            as the graph declares them (`input_info`), e.g. input_ids int64 [B, S]. Floats of the
+            model's float type are cast to `dtype`; int64 becomes int32 without jax_enable_x64.
+          hook: hook(ctx, inputs) -> outputs or None, run before each node's handler (see
+            `interpreter.Hook`); None runs the plain graph.
+
+        Returns:
+          {output name: jax.Array} in `output_names` order.
+        """
         missing = [n for n in self.input_names if n not in inputs]
         extra = [n for n in inputs if n not in self.input_names]
         if missing or extra:

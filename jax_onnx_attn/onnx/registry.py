@@ -24,6 +24,8 @@ Handler = Callable  # (ctx: NodeContext, *inputs) -> tuple of outputs
 
 
 class OpKey(NamedTuple):
+    """An op schema version: (domain ("" for ai.onnx), op_type, since_version)."""
+
     domain: str
     op_type: str
     since_version: int
@@ -36,6 +38,7 @@ _REGISTRY: dict[OpKey, Handler] = {}
 
 
 def normalize_domain(domain: str) -> str:
+    """"" for the ai.onnx domain (spelled "" or "ai.onnx"); any other domain unchanged."""
     return ONNX_DOMAIN if domain in ("", "ai.onnx") else domain
 
 
@@ -78,6 +81,7 @@ def resolve(domain: str, op_type: str, opsets: dict[str, int]) -> OpKey:
 
 
 def lookup(key: OpKey) -> Handler | None:
+    """The handler registered for `key`, or None."""
     return _REGISTRY.get(key)
 
 
@@ -93,6 +97,7 @@ class UnsupportedOpsError(NotImplementedError):
 
 
 def model_opsets(model: onnx.ModelProto) -> dict[str, int]:
+    """{normalized domain: imported opset version} of the model's opset_import."""
     return {normalize_domain(o.domain): int(o.version) for o in model.opset_import}
 
 

@@ -40,7 +40,12 @@ class ShapeOnly:
 
 
 def is_static(v: Any) -> bool:
-    """True for values known at trace time (NumPy arrays / scalars)."""
+    """True for values known at trace time (NumPy arrays / scalars).
+
+    Args:
+      v: a graph value: NumPy array or scalar (any shape/dtype) -> True; jax.Array / tracer,
+        `ShapeOnly` or None -> False.
+    """
     return isinstance(v, (np.ndarray, np.generic))
 
 
@@ -57,7 +62,15 @@ def traced_dtype(dtype) -> np.dtype:
 
 
 def to_jax(v):
-    """A value as a jax array, clipping static 64-bit integers into the traced integer range."""
+    """A value as a jax array, clipping static 64-bit integers into the traced integer range.
+
+    Args:
+      v: a graph value: NumPy array/scalar (any shape and dtype), jax.Array or None.
+
+    Returns:
+      A jax.Array of v's shape in `traced_dtype(v.dtype)` (int64 -> int32 without x64; other
+      dtypes unchanged), v itself for a jax.Array, None for None. Raises TypeError for `ShapeOnly`.
+    """
     if v is None or isinstance(v, jax.Array):
         return v
     if isinstance(v, ShapeOnly):

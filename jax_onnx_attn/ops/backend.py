@@ -15,6 +15,7 @@ BACKENDS: tuple[str, ...] = ("auto", "reference", "cuda")
 
 
 def check_backend(backend: str) -> None:
+    """Raise ValueError unless `backend` is one of BACKENDS ("auto", "reference", "cuda")."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
 

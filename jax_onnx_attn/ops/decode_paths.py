@@ -37,6 +37,13 @@ def attention_cuda(attrs: dict, *, return_qk: bool, q, key_cache, value_cache):
     cuda_fn(q, key_cache, value_cache, attn_mask, None, None, nonpad) -> (y, key_cache, value_cache,
     None): the engine with kv_len = nonpad (offset nonpad - S, keys >= nonpad hidden) and the
     rank-4 mask as its bias (a short last dim hides the keys past it, as the spec's -inf padding).
+
+    Args:
+      attrs: the attention attributes `ops.attention` normalised (scale, softcap, is_causal,
+        softmax_dtype, left/right_window_size).
+      return_qk: whether the caller wants qk_matmul_output (reference only).
+      q: [B, Hq, S, D] float (only its shape and dtype are read).
+      key_cache: [B, Hkv, C, D]; value_cache: [B, Hkv, C, Dv] (shapes and dtypes read).
     """
     why = cuda_unsupported(q.dtype, q.shape[-1])
     if why is None and (key_cache.dtype != q.dtype or value_cache.dtype != q.dtype):
@@ -74,6 +81,13 @@ def gqa_cuda(config, *, query, key, past_key, query_seqlens):
     Covered: a decode / verify step (not a first prompt, no query_seqlens) on a shared fixed-capacity
     float cache (shared_buffer=True), packed or separate Q/K/V, rotary, q/k norm, local window,
     softcap, attention_bias, head_sink / smooth softmax.
+
+    Args:
+      config: the op's static `reference.GQAConfig`.
+      query: [B, S, N·D], or packed [B, S, (N + 2·Hkv)·D] (shape and dtype read).
+      key: [B, S, Hkv·D], [B, 0, Hkv·D] (KV-shared layer) or None (packed query).
+      past_key: [B, Hkv, C, D] float, int8/uint8 when quantised, or None.
+      query_seqlens: integer [B] or None.
     """
     c = config
     s = query.shape[1]

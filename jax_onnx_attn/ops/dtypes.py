@@ -12,6 +12,13 @@ CUDA_FLOAT_DTYPES = FLOAT_DTYPES[:3]
 
 
 def check_float_dtype(op: str, name: str, dtype) -> None:
+    """Raise TypeError, naming `op` and input `name`, unless `dtype` is in FLOAT_DTYPES.
+
+    Args:
+      op: the op's name, for the message.
+      name: the input's name, for the message.
+      dtype: anything `jnp.dtype` accepts (a dtype, a type, a string).
+    """
     if jnp.dtype(dtype) not in FLOAT_DTYPES:
         raise TypeError(f"{op}: {name} must be one of "
                         f"{[str(d) for d in FLOAT_DTYPES]}, got {jnp.dtype(dtype)}")

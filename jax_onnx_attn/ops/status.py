@@ -17,7 +17,14 @@ _NAMES = {KV_WRITE_OUT_OF_RANGE: "KV write out of range (write skipped)"}
 
 
 def describe(status) -> list[str]:
-    """Human-readable problems in a status array (host side; this synchronises)."""
+    """Human-readable problems in a status array (host side; this synchronises).
+
+    Args:
+      status: int32 [B] (any shape is flattened to batch rows), a bitwise OR of the flags above per row.
+
+    Returns:
+      One "batch b: problem" line per set flag; empty when every row is OK.
+    """
     status = np.asarray(status)
     problems = []
     for b, value in enumerate(status.reshape(-1)):
@@ -28,7 +35,11 @@ def describe(status) -> list[str]:
 
 
 def check(status) -> None:
-    """Raise RuntimeError if any flag is set (host side; this synchronises)."""
+    """Raise RuntimeError if any flag is set (host side; this synchronises).
+
+    Args:
+      status: int32 [B], as returned by the ops that write a KV cache (see `describe`).
+    """
     problems = describe(status)
     if problems:
         raise RuntimeError("device status: " + "; ".join(problems))

@@ -44,6 +44,7 @@ class ParityReport:
 
     @property
     def tolerance(self) -> tuple[float, float]:
+        """(rtol, atol) for logits_dtype, from jax_onnx_attn.testing."""
         return tolerance(self.logits_dtype)
 
     @property
@@ -54,13 +55,16 @@ class ParityReport:
 
     @property
     def divergence_is_tie(self) -> bool:
+        """True when the greedy tokens diverge at a near-tie (divergence_gap <= logits_bound)."""
         return self.divergence_gap is not None and self.divergence_gap <= self.logits_bound
 
     @property
     def ok(self) -> bool:
+        """Parity holds: logits within tolerance and greedy tokens identical up to a near-tie."""
         return self.logits_within_tolerance and (self.first_divergence is None or self.divergence_is_tie)
 
     def lines(self) -> list[str]:
+        """The report as human-readable lines (token counts, logit diffs, divergence, verdict)."""
         rtol, atol = self.tolerance
         out = [
             f"prompt: {len(self.prompt)} tokens; greedy: {len(self.ort_tokens)} tokens from onnxruntime, "

@@ -42,6 +42,7 @@ class SamplingConfig:
 
     @property
     def greedy(self) -> bool:
+        """True for temperature 0 (argmax; top_k / top_p do not matter)."""
         return self.temperature == 0.0
 
 

@@ -80,6 +80,7 @@ class Timings:
 
     @property
     def total_s(self) -> float:
+        """prefill_s + decode_s (compile time excluded)."""
         return self.prefill_s + self.decode_s
 
     @property
@@ -95,6 +96,7 @@ class Timings:
 
     @property
     def prefill_tokens_per_s(self) -> float:
+        """Prompt tokens per second of the prefill phase."""
         return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else float("nan")
 
     def __iadd__(self, other: "Timings") -> "Timings":

@@ -3,6 +3,8 @@ embeddings (ai.onnx RotaryEmbedding-23, com.microsoft RotaryEmbedding).
 
 ONNX attribute names are the keyword names of `jax_onnx_attn.ops.attention` and
 `jax_onnx_attn.ops.group_query_attention`, so attributes pass through unchanged.
+
+Handlers: `(ctx, *inputs) -> outputs`, per their @register op's ONNX schema (see `onnx.ops`).
 """
 
 from __future__ import annotations
@@ -164,7 +166,18 @@ def run_attention(ctx, Q, K, V, attn_mask=None, past_key=None, past_value=None,
                   nonpad_kv_seqlen=None, *, overrides: dict | None = None):
     """ai.onnx Attention through `ops.attention` (K/V un-expanded where torch repeated them).
 
-    overrides: attributes to replace (the cache step turns is_causal off and passes its own mask).
+    Args (the ONNX Attention inputs, NumPy or jax; shapes and dtypes as in `ops.attention`):
+      ctx: the node's NodeContext (attributes, opset).
+      Q: [B, Hq, S, D] or [B, S, Hq·D] float; K: [B, Hkv, L, D] or [B, L, Hkv·D] of Q's dtype;
+        V: [B, Hkv, L, Dv] or [B, L, Hkv·Dv] float.
+      attn_mask: bool / int / float, rank 1-4, broadcast to [B, Hq, S, P + L]; or None.
+      past_key, past_value: [B, Hkv, P, D] / [B, Hkv, P, Dv], or None.
+      nonpad_kv_seqlen: integer [B], or None.
+      overrides: attributes to replace (the cache step turns is_causal off and passes its own mask).
+
+    Returns:
+      (y, present_key, present_value, qk): y has Q's layout and dtype; qk [B, Hq, S, P + L] is None
+      unless the node wants output 3.
     """
     attrs = {**_known_attrs(ctx, ATTENTION_ATTRS), **(overrides or {})}
     if K is not None and past_key is None:
@@ -183,6 +196,16 @@ def run_gqa(ctx, inputs, *, shared_buffer: bool = False, overrides: dict | None 
     shared_buffer=False is onnxruntime's default run (present = a new buffer of max(total, P) rows);
     the fixed-capacity cache step passes True (past and present are one buffer, written in place).
     overrides: attributes to replace (the cache step turns sliding_window_cache off).
+
+    Args:
+      ctx: the node's NodeContext.
+      inputs: the node's inputs in GQA_INPUTS order (None where omitted), shapes and dtypes as in
+        `ops.group_query_attention`: query [B, S, N·D] (or packed [B, S, (N + 2·Hkv)·D]) float;
+        key / value [B, S, Hkv·D]; past_key / past_value [B, Hkv, P, D]; seqlens_k int32 [B];
+        total_sequence_length int32 scalar (static); cos_cache / sin_cache [max_pos, R/2]; ...
+
+    Returns:
+      (output [B, S, N·D], present_key, present_value [B, Hkv, P', D], output_qk or None).
     """
     if len(inputs) > len(GQA_INPUTS):
         ctx.fail(f"has {len(inputs)} inputs; the supported schema has {len(GQA_INPUTS)}")
@@ -200,6 +223,7 @@ def run_gqa(ctx, inputs, *, shared_buffer: bool = False, overrides: dict | None 
 
 @register("GroupQueryAttention", 1, domain=MS_DOMAIN)
 def group_query_attention(ctx, *inputs):
+    """com.microsoft GroupQueryAttention-1 (onnxruntime's default, non-shared present buffer)."""
     return run_gqa(ctx, inputs)
 
 

@@ -3,6 +3,8 @@
 A condition known at trace time (the usual case: producers branch on shapes, e.g. the builder's
 LongRoPE If on the sequence length) runs only the chosen branch. A traced condition runs both
 branches and selects, which needs both branches to give the same shapes.
+
+Handlers: `(ctx, *inputs) -> outputs`, per their @register op's ONNX schema (see `onnx.ops`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,14 @@ def select_branches(ctx, cond, *, pad_rows: bool = False):
     pad_rows: branches whose outputs differ only in their first axis (tables indexed by position,
     e.g. LongRoPE's short and long cos/sin caches) are padded to the longer one by repeating the
     last row; valid when the condition guarantees the shorter table is only read within its rows.
+
+    Args:
+      ctx: the If node's NodeContext (its then_branch / else_branch attributes are run).
+      cond: bool, one element (shape [] or [1]), traced.
+
+    Returns:
+      One jax array per If output: the then/else outputs (same shape and dtype each, or padded along
+      axis 0 with pad_rows) selected by cond.
     """
     then_out = ctx.interp.run_subgraph(ctx.attr("then_branch"), ctx.env)
     else_out = ctx.interp.run_subgraph(ctx.attr("else_branch"), ctx.env)
@@ -45,6 +55,7 @@ def select_branches(ctx, cond, *, pad_rows: bool = False):
 
 @register("If", 11, 13, 16, 19, 21, 23, 24, 25)
 def if_(ctx, cond):
+    """If: only the chosen branch when cond is static, else both branches selected on the device."""
     if is_static(cond):
         branch = ctx.attr("then_branch") if bool(np.asarray(cond).reshape(-1)[0]) else \
             ctx.attr("else_branch")

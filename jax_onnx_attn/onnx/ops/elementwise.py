@@ -2,6 +2,8 @@
 
 All broadcast with NumPy rules (ONNX multidirectional broadcasting). Each works in NumPy when its
 inputs are static and in jax.numpy otherwise.
+
+Handlers: `(ctx, *inputs) -> outputs`, per their @register op's ONNX schema (see `onnx.ops`).
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ for _name, (_versions, _fn) in _BINARY.items():
 
 @register("Mod", 10, 13)
 def mod(ctx, a, b):
+    """Mod: remainder with the divisor's sign, or the dividend's (C fmod) with fmod=1."""
     a, b = ctx.operands(a, b)
     xp = ctx.xp
     # fmod=1: the result has the dividend's sign (C fmod); fmod=0: the divisor's (Python %).
@@ -111,12 +114,14 @@ register("Sum", 8, 13)(_variadic(lambda xp, a, b: xp.add(a, b)))
 
 @register("Mean", 8, 13)
 def mean(ctx, *xs):
+    """Mean: the element-wise mean of the inputs, in the first input's dtype."""
     total = _variadic(lambda xp, a, b: xp.add(a, b))(ctx, *xs)
     return (total / len(xs)).astype(total.dtype)
 
 
 @register("Not", 1)
 def not_(ctx, x):
+    """Not: logical not of a bool tensor."""
     return np.logical_not(x) if ctx.static else jnp.logical_not(to_jax(x))
 
 
@@ -151,11 +156,13 @@ for _name, (_versions, _np, _jnp) in _UNARY.items():
 
 @register("IsNaN", 9, 13, 20)
 def isnan(ctx, x):
+    """IsNaN: bool tensor, True where x is NaN."""
     return np.isnan(x) if ctx.static else jnp.isnan(to_jax(x))
 
 
 @register("IsInf", 10, 20)
 def isinf(ctx, x):
+    """IsInf: bool tensor, True at +inf / -inf as detect_positive / detect_negative ask."""
     xp = ctx.xp
     x = ctx.operands(x)
     pos = (x == np.inf) if ctx.attr("detect_positive", 1) else xp.zeros(x.shape, bool)
@@ -207,6 +214,7 @@ register("QuickGelu", 1, domain=MS_DOMAIN)(_activation(
 
 @register("FastGelu", 1, domain=MS_DOMAIN)
 def fast_gelu(ctx, x, bias=None):
+    """com.microsoft FastGelu: tanh-approximated Gelu of x (+ bias)."""
     if bias is not None:
         x = ctx.operands(x) + ctx.operands(bias)
     return _activation(lambda c, v: _gelu(v, "tanh"))(ctx, x)
@@ -214,17 +222,20 @@ def fast_gelu(ctx, x, bias=None):
 
 @register("BiasGelu", 1, domain=MS_DOMAIN)
 def bias_gelu(ctx, x, bias):
+    """com.microsoft BiasGelu: exact (erf) Gelu of x + bias."""
     return _activation(lambda c, v: _gelu(v, "none"))(ctx, ctx.operands(x) + ctx.operands(bias))
 
 
 @register("Where", 9, 16)
 def where(ctx, cond, a, b):
+    """Where: a where cond (bool) else b, broadcast."""
     cond, a, b = ctx.operands(cond, a, b)
     return ctx.xp.where(cond, a, b)
 
 
 @register("Cast", 6, 9, 13, 19, 21, 23, 24, 25)
 def cast(ctx, x):
+    """Cast: x in the dtype of attribute `to` (mapped by load(dtype=...), JAX's when traced)."""
     dtype = ctx.dtype(ctx.attr("to"))
     if is_static(x):
         return np.asarray(x).astype(dtype)
@@ -233,6 +244,7 @@ def cast(ctx, x):
 
 @register("CastLike", 15, 19, 21, 23, 24, 25)
 def cast_like(ctx, x, like):
+    """CastLike: x in like's dtype (a static x stays NumPy)."""
     dtype = like.dtype
     if is_static(x):
         # A static value cast like a traced one stays static (shape arithmetic stays foldable).
@@ -242,6 +254,7 @@ def cast_like(ctx, x, like):
 
 @register("Clip", 6, 11, 12, 13)
 def clip(ctx, x, lo=None, hi=None):
+    """Clip: x limited to [min, max] (inputs from opset 11, attributes before)."""
     if ctx.version < 11:
         lo, hi = ctx.attr("min", -np.inf), ctx.attr("max", np.inf)
         lo, hi = np.asarray(lo, x.dtype), np.asarray(hi, x.dtype)
@@ -256,11 +269,13 @@ def clip(ctx, x, lo=None, hi=None):
 
 @register("Identity", 13, 14, 16, 19, 21, 23, 24, 25)
 def identity(ctx, x):
+    """Identity: x unchanged."""
     return x
 
 
 @register("Dropout", 12, 13, 22)
 def dropout(ctx, x, ratio=None, training_mode=None):
+    """Dropout (inference): (x, all-True bool mask of x's shape)."""
     # Inference: Dropout is the identity and its mask is all True.
     if training_mode is not None and is_static(training_mode) and bool(np.asarray(training_mode)):
         ctx.fail("training_mode=True is not supported (inference only)")

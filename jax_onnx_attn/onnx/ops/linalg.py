@@ -2,6 +2,8 @@
 
 float32 products run at HIGHEST precision (no TF32 on GPUs: parity with onnxruntime's fp32); half
 types accumulate in float32 and round once.
+
+Handlers: `(ctx, *inputs) -> outputs`, per their @register op's ONNX schema (see `onnx.ops`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ def matmul_jax(a, b):
 
 @register("MatMul", 9, 13)
 def matmul(ctx, a, b):
+    """MatMul: NumPy broadcasting matmul; a 4-D product with torch's repeat_kv(K/V) skips the repeat."""
     if ctx.static:
         return np.matmul(a, b)
     if getattr(a, "ndim", 0) == 4 and getattr(b, "ndim", 0) == 4:
@@ -54,6 +57,7 @@ def grouped_matmul(a, kv: GroupedKV):
 
 @register("Gemm", 9, 11, 13)
 def gemm(ctx, a, b, c=None):
+    """Gemm: alpha * op(A) @ op(B) + beta * C, op = transpose per transA / transB."""
     a, b, c = ctx.operands(a, b, c)
     if ctx.attr("transA", 0):
         a = a.T
@@ -70,6 +74,7 @@ def gemm(ctx, a, b, c=None):
 
 @register("Einsum", 12)
 def einsum(ctx, *xs):
+    """Einsum: the `equation` attribute over the inputs, in the first input's dtype."""
     eq = ctx.attr("equation")
     xs = ctx.operands(*xs)
     xs = xs if isinstance(xs, tuple) else (xs,)

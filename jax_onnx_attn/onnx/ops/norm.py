@@ -1,5 +1,7 @@
 """Normalisations: RMSNormalization-23, LayerNormalization-17 and onnxruntime's (Skip)(Simplified)
 LayerNormalization contrib ops. Statistics run in float32 (stash_type 1) and round once.
+
+Handlers: `(ctx, *inputs) -> outputs`, per their @register op's ONNX schema (see `onnx.ops`).
 """
 
 from __future__ import annotations
@@ -34,7 +36,13 @@ def _inv_std(x, axes, eps, center: bool):
 def simplified_layer_norm(ctx, x, scale):
     """RMSNormalization-23 / onnxruntime SimplifiedLayerNormalization: x / rms(x) * scale.
 
-    Outputs Y (and SimplifiedLayerNormalization's optional inv_std_var, float32).
+    Args:
+      x: float [..., H...]; normalised over the axes from attribute `axis` (default -1) to the last.
+      scale: [H...] (the normalised axes' shape, broadcastable), float.
+
+    Returns:
+      Y of x's shape and dtype; with a second wanted output (SimplifiedLayerNormalization's
+      inv_std_var) also that: float32 (float64 for f64 x), x's shape with the normalised axes 1.
     """
     x = to_jax(x)
     axes = _norm_axes(ctx, x)
@@ -48,7 +56,15 @@ def simplified_layer_norm(ctx, x, scale):
 
 @register("SkipSimplifiedLayerNormalization", 1, domain=MS_DOMAIN)
 def skip_simplified_layer_norm(ctx, x, skip, gamma, bias=None):
-    """s = x + skip (+ bias); outputs (rms_norm(s) * gamma, mean (unused: None), inv_std_var, s)."""
+    """s = x + skip (+ bias); outputs (rms_norm(s) * gamma, mean (unused: None), inv_std_var, s).
+
+    Args:
+      x, skip: float [B, S, H] (skip broadcastable to x); gamma: [H]; bias: [H] or None.
+
+    Returns:
+      (y [B, S, H] of x's dtype, None, inv_std_var float32 [B, S, 1] or None when not wanted,
+      s [B, S, H] the input-plus-skip sum).
+    """
     s = to_jax(x) + to_jax(skip)
     if bias is not None:
         s = s + to_jax(bias)
@@ -69,6 +85,7 @@ def _layer_norm(x, scale, bias, axes, eps):
 
 @register("LayerNormalization", 17)
 def layer_norm(ctx, x, scale, bias=None):
+    """LayerNormalization-17: (x - mean) / std * scale + bias; outputs (Y, Mean, InvStdDev)."""
     x = to_jax(x)
     axes = _norm_axes(ctx, x)
     y, mean, inv = _layer_norm(x, to_jax(scale), to_jax(bias), axes, ctx.attr("epsilon", 1e-5))
@@ -77,6 +94,7 @@ def layer_norm(ctx, x, scale, bias=None):
 
 @register("SkipLayerNormalization", 1, domain=MS_DOMAIN)
 def skip_layer_norm(ctx, x, skip, gamma, beta=None, bias=None):
+    """com.microsoft SkipLayerNormalization: layer_norm(x + skip + bias); outputs (y, mean, inv, s)."""
     s = to_jax(x) + to_jax(skip)
     if bias is not None:
         s = s + to_jax(bias)

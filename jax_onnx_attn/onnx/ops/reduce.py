@@ -2,6 +2,8 @@
 
 Half-precision (float16 / bfloat16) traced inputs accumulate in float32 and are cast back, the
 project's rule for every reduction (onnxruntime's CPU kernels do the same).
+
+Handlers: `(ctx, *inputs) -> outputs`, per their @register op's ONNX schema (see `onnx.ops`).
 """
 
 from __future__ import annotations
@@ -116,6 +118,7 @@ register("ArgMin", 11, 12, 13)(_arg("argmin"))
 
 @register("CumSum", 11, 14)
 def cumsum(ctx, x, axis):
+    """CumSum along a static axis (exclusive / reverse attributes), in x's dtype."""
     ax = int(ctx.static_value(axis, "CumSum's axis").reshape(()))
     ax = ax + x.ndim if ax < 0 else ax
     x = ctx.operands(x)
@@ -132,6 +135,7 @@ def cumsum(ctx, x, axis):
 
 @register("TopK", 11, 24)
 def topk(ctx, x, k):
+    """TopK with static k: (values, indices int64 static / int32 traced); ties: lower index."""
     k = int(ctx.static_value(k, "TopK's k").reshape(-1)[0])
     axis = ctx.attr("axis", -1)
     axis = axis + x.ndim if axis < 0 else axis

@@ -3,6 +3,8 @@
 Shape always returns NumPy (shapes are static at trace time), so the arithmetic built on it folds and
 the shape inputs of Reshape / Expand / Slice / Pad / Range / ConstantOfShape are concrete. Those
 inputs must be static: a shape that depends on data cannot be traced by XLA, and the handler says so.
+
+Handlers: `(ctx, *inputs) -> outputs`, per their @register op's ONNX schema (see `onnx.ops`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ def _norm_axes(axes, rank: int) -> list[int]:
 
 @register("Shape", *_V_SHAPE)
 def shape(ctx, x):
+    """Shape: x's dims [start:end] as static int64 [n] (x may be a ShapeOnly)."""
     dims = list(x.shape)
     rank = len(dims)
     start, end = ctx.attr("start", 0), ctx.attr("end", rank)
@@ -38,11 +41,13 @@ def shape(ctx, x):
 
 @register("Size", 13, 19, 21, 23, 24, 25)
 def size(ctx, x):
+    """Size: x's element count as a static int64 scalar."""
     return np.asarray(int(np.prod(x.shape, dtype=np.int64)), dtype=np.int64)
 
 
 @register("Reshape", 5, 13, 14, 19, 21, 23, 24, 25)
 def reshape(ctx, x, new_shape):
+    """Reshape to a static int64 shape (0 copies a dim unless allowzero; -1 inferred)."""
     dims = _ints(ctx.static_value(new_shape, "Reshape's shape"))
     if not ctx.attr("allowzero", 0):
         # 0 copies the input's dimension at that index (unless allowzero=1).
@@ -54,6 +59,7 @@ def reshape(ctx, x, new_shape):
 
 @register("Flatten", 9, 11, 13, 21, 23, 24, 25)
 def flatten(ctx, x):
+    """Flatten: 2-D [prod(dims[:axis]), prod(dims[axis:])]."""
     axis = ctx.attr("axis", 1)
     axis = axis + x.ndim if axis < 0 else axis
     outer = int(np.prod(x.shape[:axis], dtype=np.int64))
@@ -62,6 +68,7 @@ def flatten(ctx, x):
 
 @register("Expand", 8, 13)
 def expand(ctx, x, new_shape):
+    """Expand: x broadcast bidirectionally with a static int64 shape."""
     dims = tuple(_ints(ctx.static_value(new_shape, "Expand's shape")))
     # Bidirectional broadcast: a 1 in `shape` keeps the input's dimension.
     out = np.broadcast_shapes(tuple(x.shape), dims)
@@ -72,6 +79,7 @@ def expand(ctx, x, new_shape):
 
 @register("Unsqueeze", 11, 13, 21, 23, 24, 25)
 def unsqueeze(ctx, x, axes=None):
+    """Unsqueeze: size-1 axes inserted (static int64 axes; an attribute before opset 13)."""
     axes = ctx.attr("axes") if ctx.version < 13 else _ints(ctx.static_value(axes, "Unsqueeze's axes"))
     axes = tuple(sorted(_norm_axes(list(axes), x.ndim + len(axes))))
     if is_static(x):
@@ -81,6 +89,7 @@ def unsqueeze(ctx, x, axes=None):
 
 @register("Squeeze", 11, 13, 21, 23, 24, 25)
 def squeeze(ctx, x, axes=None):
+    """Squeeze: the given (static) size-1 axes removed, or every size-1 axis."""
     if ctx.version < 13:
         axes = ctx.attr("axes")
     elif axes is not None:
@@ -95,6 +104,7 @@ def squeeze(ctx, x, axes=None):
 
 @register("Concat", 4, 11, 13)
 def concat(ctx, *xs):
+    """Concat along attribute `axis` (omitted inputs skipped)."""
     axis = ctx.attr("axis")
     xs = [x for x in xs if x is not None]
     if ctx.static:
@@ -104,6 +114,7 @@ def concat(ctx, *xs):
 
 @register("Transpose", 13, 21, 23, 24, 25)
 def transpose(ctx, x):
+    """Transpose by attribute `perm` (default: reversed axes)."""
     perm = ctx.attr("perm")
     perm = tuple(perm) if perm is not None else tuple(reversed(range(x.ndim)))
     return ctx.xp.transpose(ctx.operands(x), perm)
@@ -111,6 +122,7 @@ def transpose(ctx, x):
 
 @register("Slice", 10, 11, 13)
 def slice_(ctx, x, starts, ends, axes=None, steps=None):
+    """Slice with static int starts / ends / axes / steps, clamped as Python slices."""
     starts = _ints(ctx.static_value(starts, "Slice's starts"))
     ends = _ints(ctx.static_value(ends, "Slice's ends"))
     axes = _ints(ctx.static_value(axes, "Slice's axes")) if axes is not None else list(range(len(starts)))
@@ -139,6 +151,7 @@ def _gather_operands(ctx, data, indices):
 
 @register("Gather", 11, 13)
 def gather(ctx, data, indices):
+    """Gather: data indexed by integer indices (negatives wrapped) along `axis`."""
     axis, data, idx = _gather_operands(ctx, data, indices)
     if ctx.static:
         return np.take(data, idx, axis=axis)
@@ -148,12 +161,14 @@ def gather(ctx, data, indices):
 
 @register("GatherElements", 11, 13)
 def gather_elements(ctx, data, indices):
+    """GatherElements: take_along_axis on `axis` (indices of data's rank)."""
     axis, data, idx = _gather_operands(ctx, data, indices)
     return ctx.xp.take_along_axis(data, idx, axis=axis)
 
 
 @register("GatherND", 11, 12, 13)
 def gather_nd(ctx, data, indices):
+    """GatherND: data at integer index tuples indices[..., :k], after batch_dims leading dims."""
     b = ctx.attr("batch_dims", 0)
     data, indices = ctx.operands(data, indices)
     xp = ctx.xp
@@ -177,6 +192,7 @@ def gather_nd(ctx, data, indices):
 
 @register("Range", 11)
 def range_(ctx, start, limit, delta):
+    """Range from static scalars: [start, limit) by delta, in start's dtype."""
     start, limit, delta = (ctx.static_value(v, "Range's " + n).reshape(()) for v, n in
                            ((start, "start"), (limit, "limit"), (delta, "delta")))
     return np.arange(start, limit, delta, dtype=start.dtype)
@@ -184,6 +200,7 @@ def range_(ctx, start, limit, delta):
 
 @register("ConstantOfShape", 9, 20, 21, 23, 24, 25)
 def constant_of_shape(ctx, dims):
+    """ConstantOfShape: a static tensor of shape dims filled with `value` (default 0.0 f32)."""
     dims = _ints(ctx.static_value(dims, "ConstantOfShape's shape"))
     value = ctx.attr("value")
     if value is None:
@@ -195,6 +212,7 @@ def constant_of_shape(ctx, dims):
 
 @register("Constant", 9, 11, 12, 13, 19, 21, 23, 24, 25)
 def constant(ctx):
+    """Constant: the value / value_float(s) / value_int(s) attribute as NumPy."""
     a = ctx.attrs
     if "value" in a:
         v = np.asarray(a["value"])
@@ -213,6 +231,7 @@ def constant(ctx):
 
 @register("Pad", 11, 13, 18, 19, 21, 23, 24, 25)
 def pad(ctx, x, pads, constant_value=None, axes=None):
+    """Pad with static int64 pads (negative pads crop); constant, reflect, edge or wrap mode."""
     mode = ctx.attr("mode", "constant")
     pads = _ints(ctx.static_value(pads, "Pad's pads"))
     axes = (_norm_axes(_ints(ctx.static_value(axes, "Pad's axes")), x.ndim) if axes is not None
@@ -240,6 +259,7 @@ def pad(ctx, x, pads, constant_value=None, axes=None):
 
 @register("Split", 11, 13, 18)
 def split(ctx, x, split_sizes=None):
+    """Split along `axis` by static sizes, or into equal chunks (the last smaller)."""
     axis = ctx.attr("axis", 0)
     axis = axis + x.ndim if axis < 0 else axis
     n_out = len(ctx.node.output)
@@ -260,12 +280,14 @@ def split(ctx, x, split_sizes=None):
 
 @register("Tile", 6, 13)
 def tile(ctx, x, repeats):
+    """Tile: x repeated by static int64 repeats per axis."""
     reps = _ints(ctx.static_value(repeats, "Tile's repeats"))
     return ctx.xp.tile(ctx.operands(x), reps)
 
 
 @register("Trilu", 14)
 def trilu(ctx, x, k=None):
+    """Trilu: upper (triu) or lower (tril) triangle of the last two axes, diagonal k."""
     k = 0 if k is None else int(ctx.static_value(k, "Trilu's k").reshape(()))
     x = ctx.operands(x)
     return ctx.xp.triu(x, k) if ctx.attr("upper", 1) else ctx.xp.tril(x, k)
@@ -273,6 +295,7 @@ def trilu(ctx, x, k=None):
 
 @register("ScatterND", 11, 13, 16, 18)
 def scatter_nd(ctx, data, indices, updates):
+    """ScatterND: updates written (or reduced) into data at integer index tuples."""
     reduction = ctx.attr("reduction", "none")
     data, indices, updates = ctx.operands(data, indices, updates)
     k = indices.shape[-1]
@@ -293,6 +316,7 @@ def scatter_nd(ctx, data, indices, updates):
 
 @register("EyeLike", 9, 22)
 def eye_like(ctx, x):
+    """EyeLike: a static 2-D identity of x's shape, diagonal k, dtype attribute or x's."""
     dt = ctx.attr("dtype")
     dtype = ctx.interp.map_dtype(np_dtype(dt)) if dt is not None else x.dtype
     return np.eye(x.shape[0], x.shape[1], k=ctx.attr("k", 0), dtype=dtype)
@@ -300,6 +324,7 @@ def eye_like(ctx, x):
 
 @register("NonZero", 9, 13)
 def non_zero(ctx, x):
+    """NonZero of a static x: int64 [rank, nnz] indices of its nonzero elements."""
     # The output's length is the number of nonzeros: only foldable when x is static.
     return np.stack(np.nonzero(ctx.static_value(x, "NonZero's input"))).astype(np.int64)
 
