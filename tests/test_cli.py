@@ -1,4 +1,5 @@
-"""The `jax-onnx-attn` command: demo, generate and parity on the embedded tiny decoder.
+"""The `jax-onnx-attn` command: demo, generate and parity on the embedded tiny decoder, and parity
+on an onnxruntime-genai builder fixture.
 
 The commands load through the ONNX lowering, or through the stand-in of test_runtime (the same
 contract) while the lowering is not in the tree; onnxruntime is the oracle of the outputs.
@@ -12,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import onnx
 import pytest
@@ -155,3 +157,15 @@ def test_installed_demo_command():
                           text=True, timeout=300, env={**os.environ, "CI": "1"})
     assert proc.returncode == 0, proc.stderr
     assert "tokens/s" in proc.stdout
+
+
+@pytest.mark.skipif(real_load() is None, reason="needs the ONNX lowering")
+def test_parity_on_a_builder_fixture():
+    """`parity` on an onnxruntime-genai builder model (past head size declared as the symbol
+    kv_cache_dim): onnxruntime opens it and the lowering agrees with it, tokens and logits."""
+    path = Path(__file__).parent / "fixtures" / "builder_llama_fp32" / "model.onnx"
+    rc, out, err = run("parity", path, "--ids", "5,17,33,2,9,40,77", "--max-new-tokens", 12)
+    assert rc == 0, out + err
+    assert "greedy: 12 tokens from onnxruntime, 12 from jax_onnx_attn" in out
+    assert "greedy tokens: identical" in out and "within float32 tolerance" in out
+    assert "parity: OK" in out

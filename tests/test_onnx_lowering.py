@@ -250,3 +250,124 @@ def test_decode_reuses_one_executable_and_updates_the_cache_in_place(name):
                        cache)
         assert old.is_deleted(), "the donated cache buffer was not consumed"
     assert len(traces) == 1, f"{len(traces)} traces for 6 decode steps"
+
+
+def _attention_past_model(vocab=32, hidden=32, heads=4, kv_heads=2, head=8):
+    """One ai.onnx Attention-23 layer with past_key/past_value inputs (the step's attention_past
+    mode): Gather -> Q/K/V MatMuls -> Attention(is_causal) -> MatMul to logits."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
+             for name, shape in (("emb", (vocab, hidden)), ("wq", (hidden, heads * head)),
+                                 ("wk", (hidden, kv_heads * head)), ("wv", (hidden, kv_heads * head)),
+                                 ("wo", (heads * head, vocab)))]
+    past = ["past_key_values.0.key", "past_key_values.0.value"]
+    nodes = [helper.make_node("Gather", ["emb", "input_ids"], ["x"]),
+             *(helper.make_node("MatMul", ["x", w], [o]) for w, o in (("wq", "q"), ("wk", "k"), ("wv", "v"))),
+             helper.make_node("Attention", ["q", "k", "v", ""] + past, ["y", "present.0.key", "present.0.value"],
+                              q_num_heads=heads, kv_num_heads=kv_heads, is_causal=1),
+             helper.make_node("MatMul", ["y", "wo"], ["logits"])]
+    kv = lambda name, t: helper.make_tensor_value_info(name, TensorProto.FLOAT, ["b", kv_heads, t, head])
+    return _model(nodes, [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "s"]),
+                          kv(past[0], "p"), kv(past[1], "p")],
+                  [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["b", "s", vocab]),
+                   kv("present.0.key", "t"), kv("present.0.value", "t")], inits, opset=23)
+
+
+#: One model per kind of KV cache the step drives: GQA shared buffer (plain and with a
+#: sliding-window layer), Concat -> kv_append before ai.onnx Attention and before a decomposed
+#: attention, and ai.onnx Attention's own past_key/past_value.
+STATUS_MODELS = {"builder_llama_fp32": "gqa", "builder_gemma2_fp32": "gqa", "torch_llama_op23": "concat",
+                 "torch_llama_op20": "concat", "attention_past": "attention_past"}
+
+
+def _load_status_model(name):
+    if name == "attention_past":
+        return jax_onnx_attn.load(_attention_past_model())
+    return jax_onnx_attn.load(FIXTURES / name / "model.onnx")
+
+
+def _prefilled(step, lowered):
+    """(run, host cache) after a prefill of 4 and 3 tokens; run = the jitted with_status step."""
+    run = step.jit(with_status=True)
+    out = run(lowered.params, np.array([[5, 6, 7, 8], [9, 10, 11, 0]], np.int32), np.zeros(2, np.int32),
+              np.array([4, 3], np.int32), step.init_cache(lowered.params))
+    np.testing.assert_array_equal(np.asarray(out.status), [0, 0])
+    return run, jax.tree.map(np.asarray, out.cache)
+
+
+@pytest.mark.parametrize("name", list(STATUS_MODELS))
+def test_step_status_flags_a_row_that_does_not_fit_and_keeps_its_cache(name):
+    """A decode step whose row 1 starts at cache_len C (one past the buffer) or -1: with_status
+    flags row 1 (KV_WRITE_OUT_OF_RANGE) and only row 1; row 1's buffers are bitwise what they were
+    (the write was skipped: GQA's graph would otherwise clamp the row to the buffer's last row), row
+    0's logits and buffers are bitwise those of the same step with row 1 in range; calling the step
+    returns the same (logits, cache) without the status."""
+    from jax_onnx_attn.ops import status
+
+    lowered = _load_status_model(name)
+    b, cap = 2, 16
+    step = lowered.fixed_cache_step(b, cap)
+    assert step.mode == STATUS_MODELS[name]
+    run, base = _prefilled(step, lowered)
+    ids, ones = np.array([[12], [13]], np.int32), np.ones(b, np.int32)
+    fresh = lambda: jax.tree.map(jnp.asarray, base)  # noqa: E731 - the run donates its cache
+    clean = jax.tree.map(np.asarray, run(lowered.params, ids, np.array([4, 3], np.int32), ones, fresh()))
+    np.testing.assert_array_equal(clean.status, [0, 0])
+    assert any(not np.array_equal(clean.cache[k][1], base[k][1]) for k in base)  # row 1 is written
+    for bad in (cap, -1):
+        got = jax.tree.map(np.asarray, run(lowered.params, ids, np.array([4, bad], np.int32), ones, fresh()))
+        np.testing.assert_array_equal(got.status, [status.OK, status.KV_WRITE_OUT_OF_RANGE])
+        for k in base:
+            np.testing.assert_array_equal(got.cache[k][1], base[k][1], err_msg=f"{k} row 1, cache_len {bad}")
+            np.testing.assert_array_equal(got.cache[k][0], clean.cache[k][0], err_msg=f"{k} row 0")
+        np.testing.assert_array_equal(got.logits[0], clean.logits[0])
+    logits, cache = jax.jit(step)(lowered.params, ids, np.array([4, -1], np.int32), ones, fresh())
+    np.testing.assert_array_equal(np.asarray(logits), got.logits)
+    assert all(np.array_equal(np.asarray(cache[k]), got.cache[k]) for k in base)
+
+
+@pytest.mark.parametrize("name, op", [("builder_llama_fp32", "group_query_attention"),
+                                      ("torch_llama_op23", "kv_append"),
+                                      ("attention_past", "attention_with_cache")])
+def test_step_status_carries_the_cache_ops_flags(monkeypatch, name, op):
+    """Every status the step's cache op returns comes out of the step: the op, wrapped to OR a
+    marker bit (one the step never sets itself) into row 1, marks row 1 of an in-range step."""
+    mark = 1 << 8
+    real = getattr(jax_onnx_attn.ops, op)
+
+    def marked(*args, **kwargs):
+        res = real(*args, **kwargs)
+        extra = jnp.array([0, mark], jnp.int32)
+        if op == "kv_append":
+            return res[0], res[1] | extra
+        return res._replace(status=res.status | extra)
+
+    lowered = _load_status_model(name)
+    step = lowered.fixed_cache_step(2, 16)
+    monkeypatch.setattr(jax_onnx_attn.ops, op, marked)
+    out = jax.jit(step.with_status)(lowered.params, np.array([[5, 6, 7, 8], [9, 10, 11, 0]], np.int32),
+                                    np.zeros(2, np.int32), np.array([4, 3], np.int32),
+                                    step.init_cache(lowered.params))
+    np.testing.assert_array_equal(np.asarray(out.status), [0, mark])
+
+
+def test_attention_past_model_step_matches_onnxruntime():
+    """The attention_past model of the status tests is a real one: its cache step gives
+    onnxruntime's logits for a prefill of 4 tokens and a decode step (onnxruntime grows the past)."""
+    model = _attention_past_model()
+    lowered = jax_onnx_attn.load(model)
+    step = lowered.fixed_cache_step(1, 16)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    empty = np.zeros((1, 2, 0, 8), np.float32)
+    ref = sess.run(None, {"input_ids": np.array([[3, 4, 5, 6]]), "past_key_values.0.key": empty,
+                          "past_key_values.0.value": empty})
+    ref2 = sess.run(None, {"input_ids": np.array([[7]]), "past_key_values.0.key": ref[1],
+                           "past_key_values.0.value": ref[2]})
+    run = jax.jit(step.with_status)
+    out = run(lowered.params, np.array([[3, 4, 5, 6]], np.int32), np.zeros(1, np.int32),
+              np.array([4], np.int32), step.init_cache())
+    out2 = run(lowered.params, np.array([[7]], np.int32), np.array([4], np.int32),
+               np.array([1], np.int32), out.cache)
+    assert_close(np.asarray(out.logits), ref[0], np.float32)
+    assert_close(np.asarray(out2.logits), ref2[0], np.float32)
+    assert int(out.status[0]) == int(out2.status[0]) == 0

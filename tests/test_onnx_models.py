@@ -10,7 +10,9 @@ Checks:
   * `apply` on a step with a past (the graph's own I/O) matches onnxruntime on every output;
   * 32 greedy tokens through `fixed_cache_step` (prefill, then decode), batch 1 and a right-padded
     batch of 3, equal onnxruntime's, and every valid logit row is within the dtype's tolerance
-    relative to the logit scale. onnxruntime runs each row alone with a growing cache (the truth),
+    relative to the logit scale. Where a row breaks a near-tie the other way (onnxruntime's logits
+    of the two tokens within twice the tolerance: f16 logits one ulp apart), the rows are decoded
+    again fed with onnxruntime's tokens, and the logits of all 32 steps are held to the tolerance. onnxruntime runs each row alone with a growing cache (the truth),
     except for phi3, whose LongRoPE switch depends on the batch's mask width: there onnxruntime runs
     the same right-padded batch; and except for models with a window-sized cache (GQA
     sliding_window_cache=1, gemma2), which onnxruntime runs as onnxruntime-genai drives them (one
@@ -275,6 +277,13 @@ def test_greedy_fixed_cache_matches_onnxruntime(fixture, batch):
     else:
         ref_rows = [ort_greedy_row(sess, lowered, p, N_NEW) for p in prompts]
     dtype = lowered.float_type
+    ref_tokens = [ref_t for _, ref_t in ref_rows]
+    if any(ours != ref for ours, ref in zip(ours_t, ref_tokens)):
+        # A row broke a near-tie the other way (f16 logits sit one ulp apart): from there on the
+        # two sides decode different tokens, so decode again fed with onnxruntime's tokens; every
+        # step's logits must still be within the tolerance, and every greedy choice that differs
+        # must be a near-tie of onnxruntime's own logits.
+        ours_l, ours_t, _ = ours_greedy(lowered, prompts, N_NEW, capacity, forced=ref_tokens)
     for i, (p, (ref_l, ref_t)) in enumerate(zip(prompts, ref_rows)):
         atol = _scale_tol(dtype, ref_l)
         got = [ours_l[0][i, :len(p)]] + [ours_l[t][i, :1] for t in range(1, N_NEW)]
@@ -282,7 +291,11 @@ def test_greedy_fixed_cache_matches_onnxruntime(fixture, batch):
         err = max(float(np.abs(g.astype(np.float64) - w.astype(np.float64)).max())
                   for g, w in zip(got, want))
         assert err <= atol, f"{name} row {i}: max |logit diff| {err:.3g} > {atol:.3g}"
-        assert ours_t[i] == ref_t, f"{name} row {i}: greedy tokens differ"
+        for t, (ours, ref) in enumerate(zip(ours_t[i], ref_t)):
+            last = want[t][-1].astype(np.float64)
+            gap = last[ref] - last[ours]
+            assert ours == ref or gap <= 2 * atol, \
+                f"{name} row {i}: greedy token {t} is {ours}, onnxruntime's {ref} (logit gap {gap:.3g})"
 
 
 def _expanded_kv_arrays(hlo: str, batch: int, q_heads: int, capacity: int, head: int) -> list[str]:

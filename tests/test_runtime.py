@@ -299,3 +299,109 @@ def test_float16_model_parity():
     report = compare_with_onnxruntime(model16, PROMPTS[0], max_new_tokens=16)
     assert report.logits_dtype == np.float16
     assert report.ok, "\n".join(report.lines())
+
+
+# --------------------------------------------------------------------------------------------------
+# Device status
+
+class _Overflowing:
+    """The lowered tiny decoder whose step moves row `row`'s cache_len past the capacity once that
+    row's cache holds `at` tokens: the lowered step's own cache writes refuse the row and flag it
+    (KV_WRITE_OUT_OF_RANGE) while the other rows run on."""
+
+    def __init__(self, lowered, row: int, at: int):
+        self.lowered, self.row, self.at, self.params = lowered, row, at, lowered.params
+
+    def fixed_cache_step(self, batch, capacity):
+        step, row, at = self.lowered.fixed_cache_step(batch, capacity), self.row, self.at
+
+        class Step:
+            init_cache = staticmethod(step.init_cache)
+
+            def with_status(self, params, ids, cache_len, num_new, cache):
+                bad = (jnp.arange(batch) == row) & (cache_len >= at)
+                return step.with_status(params, ids, jnp.where(bad, cache_len + capacity, cache_len),
+                                        num_new, cache)
+
+            def __call__(self, *args):
+                return tuple(self.with_status(*args))[:2]
+
+        return Step()
+
+
+def _kv(session, row, positions):
+    """float32 [layers * 2, Hkv, len(positions), D]: every cache buffer of `row` at `positions`."""
+    return np.stack([np.asarray(buf[row][:, positions]) for buf in jax.tree_util.tree_leaves(session.cache)])
+
+
+@pytest.mark.skipif(real_load() is None, reason="needs the lowering's step (with_status)")
+@pytest.mark.parametrize("at", [0, 20])
+def test_refused_cache_write_raises_and_leaves_the_cache_intact(lowered, at):
+    """Row 1's write at position `at` (0: its prefill; 20: a decode step) is pushed past the
+    capacity. generate raises RuntimeError naming prompt 1 and the flag, read from the summary
+    between decode calls (row 0 is stopped well before its 32 tokens); row 1's cache holds the
+    clean session's values below `at` and nothing from `at` on (the prefill of the 16-token bucket
+    and the decode steps before `at` wrote the rows below)."""
+    session = DecoderSession(_Overflowing(lowered, row=1, at=at), max_length=MAX_LENGTH, batch=2,
+                             steps_per_call=2)
+    with pytest.raises(RuntimeError, match=r"prompt\(s\) 1 .*batch 1: KV write out of range"):
+        session.generate(PROMPTS[:2], max_new_tokens=32)
+    clean = DecoderSession(lowered, max_length=MAX_LENGTH, batch=2)
+    clean.generate(PROMPTS[:2], max_new_tokens=32)
+    written = np.arange(max(at, 0))
+    assert_close(_kv(session, 1, written), _kv(clean, 1, written), np.float32)
+    assert not _kv(session, 1, np.arange(max(at, 16), MAX_LENGTH)).any()
+    if at == 0:
+        assert not _kv(session, 1, np.arange(MAX_LENGTH)).any()
+    # Row 0 (11 prompt tokens) would fill positions up to 42 in 32 steps; the error stopped it at
+    # the prefill's summary (at 0: nothing beyond the 16-token bucket), or one decode call (2
+    # steps) after the call that raised row 1's flag at step 19 (at 20: position 10 + 22 = 32).
+    limit = 16 if at == 0 else 33
+    assert _kv(session, 0, np.arange(11)).any(axis=(0, 1, 3)).all()
+    assert not _kv(session, 0, np.arange(limit, MAX_LENGTH)).any()
+
+
+@pytest.mark.skipif(real_load() is None, reason="needs the lowering's step (with_status)")
+def test_refused_cache_write_in_logits_raises(lowered):
+    session = DecoderSession(_Overflowing(lowered, row=0, at=5), max_length=MAX_LENGTH, batch=1)
+    sequence = PROMPTS[0] + [65, 66, 67]
+    with pytest.raises(RuntimeError, match=r"logits: .*prompt\(s\) 0 .*KV write out of range"):
+        session.logits(sequence, 3)
+    # Without the overflow, the same call runs.
+    assert DecoderSession(lowered, max_length=MAX_LENGTH, batch=1).logits(sequence, 3).shape[0] == len(sequence)
+
+
+# --------------------------------------------------------------------------------------------------
+# onnxruntime as the oracle of builder models
+
+@pytest.mark.parametrize("name", ["builder_llama_fp32", "builder_llama_int4", "builder_gemma2_fp32"])
+def test_ort_decoder_runs_builder_models(name):
+    """OrtDecoder opens builder models (past head size declared as the symbol kv_cache_dim, found
+    from the GroupQueryAttention nodes) and runs them as the model tests' own onnxruntime loops do:
+    a growing past with MatMulNBits at accuracy_level 0, or, for gemma2's window-sized cache,
+    onnxruntime-genai's shared buffers (where the growing past fails). Same 32 greedy tokens, same
+    logits at every step."""
+    import onnx
+
+    import jax_onnx_attn
+    import test_onnx_models as models
+
+    path = models.FIXTURES / name / "model.onnx"
+    dims = [vi.type.tensor_type.shape.dim for vi in onnx.load(str(path), load_external_data=False).graph.input
+            if vi.name.startswith("past_key_values.")]
+    assert {d[3].dim_param for d in dims} == {"kv_cache_dim"}
+    prompt = [5, 17, 33, 2, 9, 40, 77]
+    ort_decoder = OrtDecoder(path)
+    sess = models._ort_session(name)
+    if models._window_cache_nodes(onnx.load(str(path), load_external_data=False)):
+        ref_logits, ref_tokens = models.ort_genai_row(sess, name, prompt, 32)
+    else:
+        ref_logits, ref_tokens = models.ort_greedy_row(sess, jax_onnx_attn.load(path), prompt, 32)
+    tokens = ort_decoder.greedy(prompt, 32)
+    assert tokens == ref_tokens
+    logits = ort_decoder.logits(prompt + tokens[:-1], len(prompt))
+    assert_close(logits, np.concatenate(ref_logits), np.float32)
+    if name.endswith("int4"):
+        # The file's accuracy_level (4: int8 activations) is another computation.
+        level4 = OrtDecoder(path, accuracy_level=None).logits(prompt, len(prompt))
+        assert np.abs(level4 - logits[:len(prompt)]).max() > 1e-2 * np.abs(logits).max()

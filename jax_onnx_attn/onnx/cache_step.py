@@ -3,12 +3,21 @@
     step = lowered.fixed_cache_step(batch=B, capacity=C)
     cache = step.init_cache(params)                        # {past input name: [B, Hkv, C, D] zeros}
     logits, cache = step(params, input_ids, cache_len, num_new, cache)
+    logits, cache, status = step.with_status(params, input_ids, cache_len, num_new, cache)
 
 input_ids int32 [B, S] is right-padded; cache_len int32 [B] counts the tokens already in the cache of
 each row; num_new int32 [B] (<= S) counts the valid new tokens. Row b's tokens sit at positions
 cache_len[b] .. cache_len[b] + S - 1; logits [B, S, V] are valid at s < num_new[b]. The caller sets
 cache_len += num_new for the next step. Every row needs cache_len[b] + S <= C: the padded tail of a
 row is written too (beyond the row's valid length, where the next step overwrites it).
+
+Device status: `step.with_status` also returns status int32 [B], the bitwise OR of the status of
+every op of the step that writes the cache (`jax_onnx_attn.ops.status`: GroupQueryAttention,
+kv_append, attention_with_cache) and of the step's own check of the same rule (cache_len[b] >= 0
+and cache_len[b] + S <= C). A flagged row's cache write was skipped, so its buffers keep what they
+held; its logits are not meaningful. Nothing synchronises: the caller reads the status when it
+reads anything else (DecoderSession folds it into the summary it reads between decode calls).
+Calling the step itself returns (logits, cache) as before.
 
 How the graph is driven, by the kind of KV cache it has:
   * GroupQueryAttention (onnxruntime-genai builder): past_key_values.* are fed the capacity-C buffers
@@ -48,6 +57,7 @@ import onnx
 
 from jax_onnx_attn import ops
 from jax_onnx_attn.onnx import registry
+from jax_onnx_attn.ops import status as st
 from jax_onnx_attn.onnx.ops.attention import run_attention, run_gqa
 from jax_onnx_attn.onnx.ops.control import select_branches
 from jax_onnx_attn.onnx.values import ShapeOnly, is_static, to_jax
@@ -61,6 +71,18 @@ class KVSlot(NamedTuple):
     past: str
     present: str | None
     node: onnx.NodeProto
+
+
+class StepOutput(NamedTuple):
+    """What `FixedCacheStep.with_status` returns.
+
+    logits: [B, S, V], valid at s < num_new[b].
+    cache: the updated buffers, {past input name: [B, Hkv, C, D]}.
+    status: int32 [B], 0 or the flags of `jax_onnx_attn.ops.status` (a refused cache write).
+    """
+    logits: jax.Array
+    cache: dict
+    status: jax.Array
 
 
 class FixedCacheStep:
@@ -253,7 +275,24 @@ class FixedCacheStep:
     def __call__(self, params, input_ids, cache_len, num_new, cache):
         """One step. Shapes: input_ids [B, S], cache_len / num_new [B], cache as `init_cache`.
 
-        Returns (logits [B, S, V], cache): the updated buffers, same structure and shapes.
+        Returns (logits [B, S, V], cache): the updated buffers, same structure and shapes. The
+        device status is dropped: `with_status` returns it too.
+        """
+        out = self.with_status(params, input_ids, cache_len, num_new, cache)
+        return out.logits, out.cache
+
+    def with_status(self, params, input_ids, cache_len, num_new, cache) -> StepOutput:
+        """One step, as `__call__`, with the device status of its cache writes.
+
+        Args:
+          params: the lowered model's params.
+          input_ids: int [B, S], right-padded.
+          cache_len, num_new: int32 [B].
+          cache: as `init_cache` (donate it).
+
+        Returns:
+          StepOutput(logits [B, S, V], cache, status int32 [B]): status is the OR of every cache
+          write's status and of the step's range check (module doc); nonzero rows were not written.
         """
         input_ids = jnp.asarray(input_ids).astype(jnp.int32)
         b, s = input_ids.shape
@@ -271,6 +310,10 @@ class FixedCacheStep:
         causal = (jnp.arange(c, dtype=jnp.int32)[None, None, None, :]
                   <= (cache_len[:, None, None, None] + jnp.arange(s, dtype=jnp.int32)[None, None, :, None]))
         new_cache: dict = {}
+        # Rows whose S new tokens fit the buffer; the cache ops flag (and skip) the others, and
+        # every status they return is collected here.
+        fits = (cache_len >= 0) & (cache_len + s <= c)
+        statuses = [jnp.where(fits, st.OK, st.KV_WRITE_OUT_OF_RANGE).astype(jnp.int32)]
         slot_of = {}
         for sl in self.slots:
             slot_of.setdefault(id(sl.node), []).append(sl)
@@ -290,8 +333,16 @@ class FixedCacheStep:
                     # evicted (cache_len + S <= C), so the window-sized layout would hold the same
                     # rows at the same places, and local_window_size alone gives the same output.
                     # The windowed path would restage (copy) the buffer every step.
+                    inputs = list(inputs)
+                    if len(inputs) > 5 and inputs[5] is not None:
+                        # The graph derives seqlens_k from the C-wide mask, which clamps a row
+                        # that does not fit into range (GQA would write rows C - S .. C - 1):
+                        # such a row gets its true seqlens_k, beyond the buffer, so the op
+                        # refuses its write and flags it.
+                        seqlens = to_jax(inputs[5])
+                        inputs[5] = jnp.where(fits, seqlens, (cache_len + s - 1).astype(seqlens.dtype))
                     return run_gqa(ctx, inputs, shared_buffer=True,
-                                   overrides={"sliding_window_cache": 0})
+                                   overrides={"sliding_window_cache": 0}, statuses=statuses)
                 if node.op_type == "If" and is_static(inputs[0]):
                     cond = self._logical_if_condition(ctx, cache_len + num_new)
                     if cond is not None:
@@ -299,13 +350,15 @@ class FixedCacheStep:
                 return None
             if self.mode == "attention_past":
                 if slots:
-                    return self._attention_past(ctx, inputs, cache, cache_len, new_cache, slots)
+                    return self._attention_past(ctx, inputs, cache, cache_len, new_cache, slots,
+                                                statuses)
                 return None
             # concat mode
             if slots:
                 sl = slots[0]
-                buf, _ = ops.kv_append(cache[sl.past], to_jax(inputs[1]).astype(cache[sl.past].dtype),
-                                       cache_len)
+                buf, status = ops.kv_append(cache[sl.past],
+                                            to_jax(inputs[1]).astype(cache[sl.past].dtype), cache_len)
+                statuses.append(status)
                 new_cache[sl.past] = buf
                 return (buf,)
             if node.op_type == "Attention" and node.input[1] in self._kv_reach:
@@ -324,11 +377,16 @@ class FixedCacheStep:
                 if sl.present is None:
                     raise ValueError(f"step: the cache fed by {sl.past} is not returned by any output")
                 new_cache[sl.past] = outs[sl.present]
-        return outs[self.logits_name], new_cache
+        status = statuses[0]
+        for flags in statuses[1:]:
+            status = status | flags.astype(jnp.int32).reshape(b)
+        return StepOutput(outs[self.logits_name], new_cache, status)
 
-    def jit(self, **kwargs):
-        """jax.jit of the step with the cache (argument 4) donated."""
-        return jax.jit(self.__call__, donate_argnums=(4,), **kwargs)
+    def jit(self, *, with_status: bool = False, **kwargs):
+        """jax.jit of the step (or of `with_status` when with_status=True) with the cache
+        (argument 4) donated; kwargs go to jax.jit."""
+        fn = self.with_status if with_status else self.__call__
+        return jax.jit(fn, donate_argnums=(4,), **kwargs)
 
     # -- pieces of the hook ------------------------------------------------------------------
     def _masked_attention(self, ctx, inputs, causal):
@@ -349,7 +407,7 @@ class FixedCacheStep:
         return run_attention(ctx, inputs[0], inputs[1], inputs[2], mask, *inputs[4:7],
                              overrides={"is_causal": 0})
 
-    def _attention_past(self, ctx, inputs, cache, cache_len, new_cache, slots):
+    def _attention_past(self, ctx, inputs, cache, cache_len, new_cache, slots, statuses):
         inputs = list(inputs) + [None] * (7 - len(inputs))
         if inputs[6] is not None:
             ctx.fail("nonpad_kv_seqlen together with past_key is invalid")
@@ -359,6 +417,7 @@ class FixedCacheStep:
             cache[slots[1].past], cache_len, to_jax(inputs[3]), **attrs,
             return_qk=len(ctx.node.output) > 3 and bool(ctx.node.output[3]))
         new_cache[slots[0].past], new_cache[slots[1].past] = res.key_cache, res.value_cache
+        statuses.append(res.status)
         return res.y, res.key_cache, res.value_cache, res.qk
 
     def _logical_if_condition(self, ctx, lengths):

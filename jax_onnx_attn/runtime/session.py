@@ -11,8 +11,16 @@ How a generation runs (all arrays on the device):
   steps inside a `lax.while_loop`. Everything that changes per token (lengths, the token buffer, the
   finish flags, the step counter that seeds the sampler) lives in a donated device state, so no host
   scalar enters a step: the executable never retraces, and on GPU XLA does not re-record its command
-  buffers. The host only reads a 2-element summary after each call (rows still running, tokens
-  generated) for the progress bar and to stop; the next call is already queued when it reads it.
+  buffers. The host only reads a small summary after each call (rows still running, tokens
+  generated, each row's device status) for the progress bar and to stop; the next call is already
+  queued when it reads it.
+* Device status: every step's status (the OR of its cache writes' `jax_onnx_attn.ops.status`
+  flags, from the step's `with_status`) is ORed into the decode state on the device and read only
+  with that summary. A flagged row's KV write was refused (skipped, never out of bounds), so the
+  cache no longer holds that row's tokens: `generate` (and `logits`) raise RuntimeError naming the
+  prompts and the flags, at the first summary read after the step. The refused write left the
+  buffers as they were; the session (and its cache) stay usable for the next call. A step without
+  `with_status` (a hand-written one) reports no status.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jax_onnx_attn.ops.status import describe
 from jax_onnx_attn.runtime.sampling import SamplingConfig, sample
 
 #: Finish codes kept on the device; FINISH_REASONS names them.
@@ -52,6 +61,7 @@ class DecodeState(NamedTuple):
     stop_ids: int32 [K] stop tokens, padded with -1.
     key: the sampler's PRNG key (uint32 [2]).
     step: int32 [] steps taken; step t samples with fold_in(key, t).
+    status: int32 [B] OR of every step's device status (`jax_onnx_attn.ops.status` flags).
     """
 
     tokens: jax.Array
@@ -62,6 +72,7 @@ class DecodeState(NamedTuple):
     stop_ids: jax.Array
     key: jax.Array
     step: jax.Array
+    status: jax.Array
 
 
 @dataclass
@@ -217,20 +228,31 @@ class DecoderSession:
 
     @staticmethod
     def _summary(state: DecodeState):
-        """int32 [2]: rows still running, new tokens so far (what the host reads between calls)."""
-        return jnp.stack([jnp.sum(state.finish == RUNNING, dtype=jnp.int32),
-                          jnp.sum(state.length - state.prompt_len, dtype=jnp.int32)])
+        """int32 [2 + B]: rows still running, new tokens so far, then each row's status (what the
+        host reads between calls)."""
+        return jnp.concatenate([jnp.stack([jnp.sum(state.finish == RUNNING, dtype=jnp.int32),
+                                           jnp.sum(state.length - state.prompt_len, dtype=jnp.int32)]),
+                                state.status])
+
+    def _run_step(self, params, ids, cache_len, num_new, cache):
+        """(logits, cache, status int32 [B]) of one step; status 0 for a step without with_status."""
+        with_status = getattr(self.step, "with_status", None)
+        if with_status is not None:
+            return tuple(with_status(params, ids, cache_len, num_new, cache))
+        logits, cache = self.step(params, ids, cache_len, num_new, cache)
+        return logits, cache, jnp.zeros((ids.shape[0],), jnp.int32)
 
     def _prefill(self, params, ids, lengths, cache, key, max_new, stop_ids, *, sampling):
         """ids int32 [B, S] right-padded, lengths int32 [B] -> (DecodeState, cache, summary)."""
         self.trace_counts["prefill"] += 1
         b, s = ids.shape
-        logits, cache = self.step(params, ids, jnp.zeros((b,), jnp.int32), lengths, cache)
+        logits, cache, status = self._run_step(params, ids, jnp.zeros((b,), jnp.int32), lengths, cache)
         last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
         tokens = jnp.zeros((b, self.max_length), jnp.int32).at[:, :s].set(ids)
         state = DecodeState(tokens=tokens, length=lengths, prompt_len=lengths, max_new=max_new,
                             finish=jnp.where(max_new > 0, RUNNING, PADDING).astype(jnp.int32),
-                            stop_ids=stop_ids, key=key, step=jnp.zeros((), jnp.int32))
+                            stop_ids=stop_ids, key=key, step=jnp.zeros((), jnp.int32),
+                            status=status)
         state = self._finish_update(state, sample(last, jax.random.fold_in(key, 0), sampling))
         return state, cache, self._summary(state)
 
@@ -250,16 +272,30 @@ class DecoderSession:
             # the same, and their state does not change (_finish_update ignores them).
             last = jnp.take_along_axis(st.tokens, (st.length - 1)[:, None], axis=1)
             cache_len = jnp.clip(st.length - 1, 0, self.max_length - 1)
-            logits, c = self.step(params, last, cache_len, ones, c)
+            logits, c, status = self._run_step(params, last, cache_len, ones, c)
             step = st.step + 1
             token = sample(logits[:, 0], jax.random.fold_in(st.key, step), sampling)
-            return i + 1, self._finish_update(st._replace(step=step), token), c
+            st = st._replace(step=step, status=st.status | status)
+            return i + 1, self._finish_update(st, token), c
 
         _, state, cache = lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), state, cache))
         return state, cache, self._summary(state)
 
     def _score_step(self, params, ids, cache_len, num_new, cache):
-        return self.step(params, ids, cache_len, num_new, cache)
+        return self._run_step(params, ids, cache_len, num_new, cache)
+
+    @staticmethod
+    def _check_status(status, first_prompt: int, rows: int, where: str) -> None:
+        """Raise RuntimeError naming the prompts whose device status has flags (host side)."""
+        status = np.asarray(status)[:rows]
+        if not status.any():
+            return
+        bad = ", ".join(str(first_prompt + int(r)) for r in np.flatnonzero(status))
+        raise RuntimeError(
+            f"{where}: the device refused a KV-cache write for prompt(s) {bad} (batch row r is "
+            f"prompt {first_prompt} + r): {'; '.join(describe(status))}. The write was skipped, so "
+            "the cache no longer holds those rows' tokens and their output is not valid; the "
+            "session's buffers are intact and it can be used again.")
 
     # ---------------------------------------------------------------------------------------------
     # Host side
@@ -321,13 +357,15 @@ class DecoderSession:
             for g in range(0, len(prompts), self.batch):
                 group = prompts[g:g + self.batch]
                 tokens, reasons, timings = self._generate_group(
-                    group, max_new_tokens, sampling, jax.random.PRNGKey(seed + g), stop_ids, bar)
+                    group, max_new_tokens, sampling, jax.random.PRNGKey(seed + g), stop_ids, bar,
+                    first=g)
                 result.tokens += tokens
                 result.finish_reasons += reasons
                 result.timings += timings
         return result
 
-    def _generate_group(self, group, max_new_tokens, sampling, key, stop_ids, bar):
+    def _generate_group(self, group, max_new_tokens, sampling, key, stop_ids, bar, first=0):
+        """One batch of prompts (prompts first .. first + len(group) - 1 of the call)."""
         b, cap = self.batch, self.max_length
         s = _bucket(max(len(p) for p in group), cap)
         ids = np.zeros((b, s), np.int32)
@@ -346,7 +384,7 @@ class DecoderSession:
 
         t0 = time.perf_counter()
         state, self.cache, summary = prefill(*args)
-        running, generated = (int(x) for x in np.asarray(summary))  # rows still running
+        running, generated, _ = self._read_summary(summary, first, len(group))
         timings.prefill_s = time.perf_counter() - t0
         bar.update(generated)
         reported = generated
@@ -367,12 +405,13 @@ class DecoderSession:
             state, self.cache, summary = decode(self.params, state, self.cache)
             calls_left -= 1
             if pending is not None:
-                running, generated = (int(x) for x in np.asarray(pending))
+                running, generated, _ = self._read_summary(pending, first, len(group))
                 bar.update(generated - reported)
                 reported = generated
             pending = summary
         host = jax.device_get(state)
         timings.decode_s = time.perf_counter() - t0
+        self._check_status(host.status, first, len(group), "generate")
 
         tokens, reasons = [], []
         for r, p in enumerate(group):
@@ -381,6 +420,12 @@ class DecoderSession:
             reasons.append(FINISH_REASONS[int(host.finish[r])])
         timings.new_tokens = sum(map(len, tokens))
         return tokens, reasons, timings
+
+    def _read_summary(self, summary, first: int, rows: int) -> tuple[int, int, np.ndarray]:
+        """(rows running, tokens generated, status [B]) from a summary; raises on a flagged row."""
+        host = np.asarray(summary)
+        self._check_status(host[2:], first, rows, "generate")
+        return int(host[0]), int(host[1]), host[2:]
 
     def logits(self, sequence: Sequence[int], prompt_len: int) -> np.ndarray:
         """float32 [len(sequence), V]: row t is the distribution after token t, computed the way
@@ -396,16 +441,20 @@ class DecoderSession:
         ids[0, :prompt_len] = sequence[:prompt_len]
         num_new = np.ones((b,), np.int32)
         num_new[0] = prompt_len
-        logits, self.cache = self._score_jit(self.params, jnp.asarray(ids), jnp.zeros((b,), jnp.int32),
-                                             jnp.asarray(num_new), self.cache)
+        logits, self.cache, status = self._score_jit(self.params, jnp.asarray(ids),
+                                                     jnp.zeros((b,), jnp.int32), jnp.asarray(num_new),
+                                                     self.cache)
+        self._check_status(status, 0, 1, "logits")
         rows = [np.asarray(logits[0, :prompt_len], np.float32)]
         for t in range(prompt_len, len(sequence)):
             ids = np.zeros((b, 1), np.int32)
             ids[0, 0] = sequence[t]
             cache_len = np.zeros((b,), np.int32)
             cache_len[0] = t
-            logits, self.cache = self._score_jit(self.params, jnp.asarray(ids), jnp.asarray(cache_len),
-                                                 jnp.ones((b,), jnp.int32), self.cache)
+            logits, self.cache, status = self._score_jit(self.params, jnp.asarray(ids),
+                                                         jnp.asarray(cache_len),
+                                                         jnp.ones((b,), jnp.int32), self.cache)
+            self._check_status(status, 0, 1, "logits")
             rows.append(np.asarray(logits[0], np.float32))
         return np.concatenate(rows, axis=0)
 

@@ -190,12 +190,15 @@ def run_attention(ctx, Q, K, V, attn_mask=None, past_key=None, past_value=None,
 register("Attention", 23, 24, 25)(run_attention)
 
 
-def run_gqa(ctx, inputs, *, shared_buffer: bool = False, overrides: dict | None = None):
+def run_gqa(ctx, inputs, *, shared_buffer: bool = False, overrides: dict | None = None,
+            statuses: list | None = None):
     """com.microsoft GroupQueryAttention through `ops.group_query_attention`.
 
     shared_buffer=False is onnxruntime's default run (present = a new buffer of max(total, P) rows);
     the fixed-capacity cache step passes True (past and present are one buffer, written in place).
     overrides: attributes to replace (the cache step turns sliding_window_cache off).
+    statuses: a list that gets the op's int32 [B] device status appended (the cache step collects
+      them; an ONNX graph has no output for it).
 
     Args:
       ctx: the node's NodeContext.
@@ -218,6 +221,8 @@ def run_gqa(ctx, inputs, *, shared_buffer: bool = False, overrides: dict | None 
             kwargs[name] = np.asarray(v) if name == "total_sequence_length" and \
                 isinstance(v, (np.ndarray, np.generic)) else to_jax(v)
     res = ops.group_query_attention(**kwargs, **attrs, shared_buffer=shared_buffer)
+    if statuses is not None:
+        statuses.append(res.status)
     return res.output, res.present_key, res.present_value, res.output_qk
 
 
