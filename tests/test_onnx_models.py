@@ -1,8 +1,9 @@
 """Real producers' decoders lowered to JAX vs onnxruntime CPU (the oracle), logits and greedy tokens.
 
 Fixtures (tests/fixtures/, made by tools/make_fixtures.py from tiny random HF checkpoints):
-onnxruntime-genai builder llama fp32/fp16/int4/int8, qwen2 fp32, phi3 (LongRoPE If) fp32, mistral
-fp32 (sliding_window 8 in its config), gemma2 fp32/fp16/int4 (a sliding-window layer with a
+onnxruntime-genai builder llama fp32/fp16/int4/int8, qwen2 and phi3 (LongRoPE If) fp32/fp16/int4,
+mistral fp32 (sliding_window 8 in its config; fp16/int4 would be byte-identical to llama's, see
+tools/make_fixtures.py), gemma2 fp32/fp16/int4 (a sliding-window layer with a
 window-sized cache, softcaps), and torch.onnx.export(dynamo=True) llama at opset 20 and 23, qwen2 at
 opset 23.
 

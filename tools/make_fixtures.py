@@ -89,8 +89,8 @@ FIXTURES = [
     ("builder_phi3_fp16", "builder", "phi3", "fp16", "cuda"),
     ("builder_phi3_int4", "builder", "phi3", "int4", "cpu"),
     ("builder_mistral_fp32", "builder", "mistral", "fp32", "cpu"),
-    ("builder_mistral_fp16", "builder", "mistral", "fp16", "cuda"),
-    ("builder_mistral_int4", "builder", "mistral", "int4", "cpu"),
+    # No mistral fp16/int4: the builder exports mistral without its window, so those graphs are
+    # byte-identical to llama's (checked 2026-11-29); builder_mistral_fp32 records that.
     ("builder_gemma2_fp32", "builder", "gemma2", "fp32", "cpu"),
     ("builder_gemma2_fp16", "builder", "gemma2", "fp16", "cuda"),
     ("builder_gemma2_int4", "builder", "gemma2", "int4", "cpu"),
