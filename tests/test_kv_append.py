@@ -2,18 +2,18 @@
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as hst
 
 from jax_onnx_attn import ops
 from jax_onnx_attn.ops import status
+from jax_onnx_attn.ops.dtypes import FLOAT_DTYPES
 from jax_onnx_attn.testing import hlo_copies_of
 
 import kv_oracle
 
-DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16, np.float64]
+DTYPES = FLOAT_DTYPES
 
 
 def _random(rng, shape, dtype):

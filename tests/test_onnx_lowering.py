@@ -252,7 +252,7 @@ def test_decode_reuses_one_executable_and_updates_the_cache_in_place(name):
     assert len(traces) == 1, f"{len(traces)} traces for 6 decode steps"
 
 
-def _attention_past_model(vocab=32, hidden=32, heads=4, kv_heads=2, head=8):
+def _attention_past_model(vocab=32, hidden=32, heads=4, kv_heads=2, head=8, opset=23, **attrs):
     """One ai.onnx Attention-23 layer with past_key/past_value inputs (the step's attention_past
     mode): Gather -> Q/K/V MatMuls -> Attention(is_causal) -> MatMul to logits."""
     rng = np.random.default_rng(0)
@@ -264,13 +264,13 @@ def _attention_past_model(vocab=32, hidden=32, heads=4, kv_heads=2, head=8):
     nodes = [helper.make_node("Gather", ["emb", "input_ids"], ["x"]),
              *(helper.make_node("MatMul", ["x", w], [o]) for w, o in (("wq", "q"), ("wk", "k"), ("wv", "v"))),
              helper.make_node("Attention", ["q", "k", "v", ""] + past, ["y", "present.0.key", "present.0.value"],
-                              q_num_heads=heads, kv_num_heads=kv_heads, is_causal=1),
+                              q_num_heads=heads, kv_num_heads=kv_heads, is_causal=1, **attrs),
              helper.make_node("MatMul", ["y", "wo"], ["logits"])]
     kv = lambda name, t: helper.make_tensor_value_info(name, TensorProto.FLOAT, ["b", kv_heads, t, head])
     return _model(nodes, [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "s"]),
                           kv(past[0], "p"), kv(past[1], "p")],
                   [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["b", "s", vocab]),
-                   kv("present.0.key", "t"), kv("present.0.value", "t")], inits, opset=23)
+                   kv("present.0.key", "t"), kv("present.0.value", "t")], inits, opset=opset)
 
 
 #: One model per kind of KV cache the step drives: GQA shared buffer (plain and with a
@@ -371,3 +371,21 @@ def test_attention_past_model_step_matches_onnxruntime():
     assert_close(np.asarray(out.logits), ref[0], np.float32)
     assert_close(np.asarray(out2.logits), ref2[0], np.float32)
     assert int(out.status[0]) == int(out2.status[0]) == 0
+
+
+def test_attention_past_step_keeps_the_models_opset():
+    """The attention_past step runs the node under its model's opset: an opset-25 sliding window
+    (left_window_size) is accepted and gives the logits of the graph run without a cache."""
+    lowered = jax_onnx_attn.load(_attention_past_model(opset=25, left_window_size=1))
+    step = lowered.fixed_cache_step(1, 8)
+    ids = np.array([[3, 4, 5, 6]], np.int32)
+    out = jax.jit(step.with_status)(lowered.params, ids, np.zeros(1, np.int32),
+                                     np.array([4], np.int32), step.init_cache())
+    empty = np.zeros((1, 2, 0, 8), np.float32)
+    want = jax.jit(lowered.apply)(lowered.params, {"input_ids": ids, "past_key_values.0.key": empty,
+                                                   "past_key_values.0.value": empty})["logits"]
+    assert_close(np.asarray(out.logits), np.asarray(want), np.float32)
+    full = jax_onnx_attn.load(_attention_past_model(opset=25))
+    unwindowed = jax.jit(full.apply)(full.params, {"input_ids": ids, "past_key_values.0.key": empty,
+                                                   "past_key_values.0.value": empty})["logits"]
+    assert np.abs(np.asarray(unwindowed) - np.asarray(want)).max() > 1e-3  # the window matters

@@ -58,7 +58,8 @@ import onnx
 from jax_onnx_attn import ops
 from jax_onnx_attn.onnx import registry
 from jax_onnx_attn.ops import status as st
-from jax_onnx_attn.onnx.ops.attention import run_attention, run_gqa
+from jax_onnx_attn.onnx.ops.attention import (ATTENTION_ATTRS, known_attrs, run_attention,
+                                              run_gqa)
 from jax_onnx_attn.onnx.ops.control import select_branches
 from jax_onnx_attn.onnx.values import ShapeOnly, is_static, to_jax
 
@@ -313,7 +314,7 @@ class FixedCacheStep:
         # Rows whose S new tokens fit the buffer; the cache ops flag (and skip) the others, and
         # every status they return is collected here.
         fits = (cache_len >= 0) & (cache_len + s <= c)
-        statuses = [jnp.where(fits, st.OK, st.KV_WRITE_OUT_OF_RANGE).astype(jnp.int32)]
+        statuses = [st.kv_write_status(fits)]
         slot_of = {}
         for sl in self.slots:
             slot_of.setdefault(id(sl.node), []).append(sl)
@@ -411,11 +412,13 @@ class FixedCacheStep:
         inputs = list(inputs) + [None] * (7 - len(inputs))
         if inputs[6] is not None:
             ctx.fail("nonpad_kv_seqlen together with past_key is invalid")
-        attrs = dict(ctx.attrs)
+        # The node's attributes checked as run_attention checks them, and its model's opset (the
+        # window attributes need 25).
+        attrs = known_attrs(ctx, ATTENTION_ATTRS)
         res = ops.attention_with_cache(
             to_jax(inputs[0]), to_jax(inputs[1]), to_jax(inputs[2]), cache[slots[0].past],
             cache[slots[1].past], cache_len, to_jax(inputs[3]), **attrs,
-            return_qk=len(ctx.node.output) > 3 and bool(ctx.node.output[3]))
+            opset=ctx.interp.opsets[""], return_qk=ctx.wants(3))
         new_cache[slots[0].past], new_cache[slots[1].past] = res.key_cache, res.value_cache
         statuses.append(res.status)
         return res.y, res.key_cache, res.value_cache, res.qk

@@ -49,6 +49,10 @@ class NodeContext:
         """The node's attribute `name` as a Python value (see `attribute_value`), or `default`."""
         return self.attrs.get(name, default)
 
+    def wants(self, index: int) -> bool:
+        """True when the node names its output `index` (an omitted optional output is "" or absent)."""
+        return len(self.node.output) > index and bool(self.node.output[index])
+
     def fail(self, msg: str, exc=ValueError):
         """Raise `exc` with `msg` prefixed by the op key and the node's name (never returns)."""
         raise exc(f"{self.key} node {self.node.name or self.node.output[0]!r}: {msg}")

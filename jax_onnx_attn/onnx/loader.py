@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Mapping
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import onnx
 import onnx.inliner
@@ -16,8 +15,7 @@ from jax_onnx_attn.onnx import ops as _ops  # noqa: F401  (registers every handl
 from jax_onnx_attn.onnx import registry
 from jax_onnx_attn.onnx.interpreter import Hook, Interpreter
 from jax_onnx_attn.onnx.values import ShapeOnly, np_dtype, tensor_to_numpy, to_jax
-
-_FLOATS = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(jnp.bfloat16), np.dtype(np.float64))
+from jax_onnx_attn.ops.dtypes import FLOAT_DTYPES
 
 #: Integer initializers up to this many elements (rank <= 1) stay NumPy so that shape arithmetic
 #: built on them folds; everything else (weights, packed quantised weights) is a param.
@@ -33,7 +31,7 @@ def _primary_float(arrays) -> np.dtype | None:
     """The float dtype holding most weight bytes: the model's compute type (f32, f16 or bf16)."""
     nbytes: dict[np.dtype, int] = {}
     for a in arrays:
-        if a.dtype in _FLOATS:
+        if a.dtype in FLOAT_DTYPES:
             nbytes[a.dtype] = nbytes.get(a.dtype, 0) + a.nbytes
     return max(nbytes, key=nbytes.get) if nbytes else None
 

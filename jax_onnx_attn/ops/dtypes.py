@@ -9,6 +9,8 @@ FLOAT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.float16), jnp.dtype(jnp.bf
                 jnp.dtype(jnp.float64))
 #: Floating types the CUDA kernels take (float64 stays on the reference backend).
 CUDA_FLOAT_DTYPES = FLOAT_DTYPES[:3]
+#: Half-precision types: they accumulate in float32 (products, reductions) and round once.
+HALF_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 
 
 def check_float_dtype(op: str, name: str, dtype) -> None:

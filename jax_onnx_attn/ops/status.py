@@ -7,6 +7,7 @@ bounds). Checking the status is the caller's choice, so the hot path never synch
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 
 OK = 0
@@ -14,6 +15,15 @@ OK = 0
 KV_WRITE_OUT_OF_RANGE = 1
 
 _NAMES = {KV_WRITE_OUT_OF_RANGE: "KV write out of range (write skipped)"}
+
+
+def kv_write_status(fits):
+    """int32 status (traced or not, `fits`' shape): OK where `fits`, else KV_WRITE_OUT_OF_RANGE.
+
+    Args:
+      fits: bool [B], whether each batch row's KV write lies inside the cache (and was done).
+    """
+    return jnp.where(fits, OK, KV_WRITE_OUT_OF_RANGE).astype(jnp.int32)
 
 
 def describe(status) -> list[str]:

@@ -206,7 +206,7 @@ class DecoderSession:
         self._prefill_jit = jax.jit(self._prefill, static_argnames=("sampling",), donate_argnums=(3,))
         self._decode_jit = jax.jit(self._decode, static_argnames=("sampling", "steps"),
                                    donate_argnums=(1, 2))
-        self._score_jit = jax.jit(self._score_step, donate_argnums=(4,))
+        self._score_jit = jax.jit(self._run_step, donate_argnums=(4,))
 
     # ---------------------------------------------------------------------------------------------
     # Traced functions
@@ -280,9 +280,6 @@ class DecoderSession:
 
         _, state, cache = lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), state, cache))
         return state, cache, self._summary(state)
-
-    def _score_step(self, params, ids, cache_len, num_new, cache):
-        return self._run_step(params, ids, cache_len, num_new, cache)
 
     @staticmethod
     def _check_status(status, first_prompt: int, rows: int, where: str) -> None:

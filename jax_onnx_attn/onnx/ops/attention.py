@@ -31,15 +31,12 @@ GQA_ATTRS = ("num_heads", "kv_num_heads", "scale", "softcap", "local_window_size
              "q_norm_epsilon", "k_norm_epsilon")
 
 
-def _known_attrs(ctx, names) -> dict:
+def known_attrs(ctx, names) -> dict:
+    """The node's attributes as a dict; NotImplementedError (naming the node) for any not in `names`."""
     unknown = sorted(set(ctx.attrs) - set(names))
     if unknown:
         ctx.fail(f"attribute(s) {unknown} are not supported", NotImplementedError)
     return dict(ctx.attrs)
-
-
-def _wants(ctx, index: int) -> bool:
-    return len(ctx.node.output) > index and bool(ctx.node.output[index])
 
 
 def repeat_kv_source(ctx, name: str):
@@ -179,11 +176,11 @@ def run_attention(ctx, Q, K, V, attn_mask=None, past_key=None, past_value=None,
       (y, present_key, present_value, qk): y has Q's layout and dtype; qk [B, Hq, S, P + L] is None
       unless the node wants output 3.
     """
-    attrs = {**_known_attrs(ctx, ATTENTION_ATTRS), **(overrides or {})}
+    attrs = {**known_attrs(ctx, ATTENTION_ATTRS), **(overrides or {})}
     if K is not None and past_key is None:
         K, V = unexpanded_kv(ctx, 1), unexpanded_kv(ctx, 2)
     args = [to_jax(v) for v in (Q, K, V, attn_mask, past_key, past_value, nonpad_kv_seqlen)]
-    res = ops.attention(*args, **attrs, opset=ctx.interp.opsets[""], return_qk=_wants(ctx, 3))
+    res = ops.attention(*args, **attrs, opset=ctx.interp.opsets[""], return_qk=ctx.wants(3))
     return res.y, res.present_key, res.present_value, res.qk
 
 
@@ -212,7 +209,7 @@ def run_gqa(ctx, inputs, *, shared_buffer: bool = False, overrides: dict | None 
     """
     if len(inputs) > len(GQA_INPUTS):
         ctx.fail(f"has {len(inputs)} inputs; the supported schema has {len(GQA_INPUTS)}")
-    attrs = {**_known_attrs(ctx, GQA_ATTRS), **(overrides or {})}
+    attrs = {**known_attrs(ctx, GQA_ATTRS), **(overrides or {})}
     kwargs = {}
     for name, v in zip(GQA_INPUTS, inputs):
         if v is not None:

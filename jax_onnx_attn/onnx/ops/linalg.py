@@ -15,12 +15,11 @@ from jax import lax
 from jax_onnx_attn.onnx.ops.attention import GroupedKV, grouped_kv
 from jax_onnx_attn.onnx.registry import MS_DOMAIN, register
 from jax_onnx_attn.onnx.values import to_jax
-
-_HALF = (np.dtype(np.float16), np.dtype(jnp.bfloat16))
+from jax_onnx_attn.ops.dtypes import HALF_DTYPES
 
 
 def _dot_kwargs(dtype) -> dict:
-    if np.dtype(dtype) in _HALF:
+    if np.dtype(dtype) in HALF_DTYPES:
         return dict(preferred_element_type=jnp.float32)
     return dict(precision=lax.Precision.HIGHEST)
 

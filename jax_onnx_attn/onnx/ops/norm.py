@@ -7,12 +7,11 @@ Handlers: `(ctx, *inputs) -> outputs`, per their @register op's ONNX schema (see
 from __future__ import annotations
 
 import jax.numpy as jnp
-from jax import lax
 
 from jax_onnx_attn.onnx.registry import MS_DOMAIN, register
 from jax_onnx_attn.onnx.values import to_jax
 from jax_onnx_attn.ops.reference.core import accumulation_dtype
-from jax_onnx_attn.ops.reference.norm import rms_norm
+from jax_onnx_attn.ops.reference.norm import inv_rms, rms_norm
 
 
 def _norm_axes(ctx, x) -> tuple[int, ...]:
@@ -20,15 +19,6 @@ def _norm_axes(ctx, x) -> tuple[int, ...]:
     axis = ctx.attr("axis", -1)
     axis = axis + x.ndim if axis < 0 else axis
     return tuple(range(axis, x.ndim))
-
-
-def _inv_std(x, axes, eps, center: bool):
-    acc = accumulation_dtype(x.dtype)
-    xf = x.astype(acc)
-    mean = jnp.mean(xf, axis=axes, keepdims=True) if center else None
-    centred = xf - mean if center else xf
-    inv = lax.rsqrt(jnp.mean(jnp.square(centred), axis=axes, keepdims=True) + jnp.asarray(eps, acc))
-    return centred, mean, inv
 
 
 @register("RMSNormalization", 23)
@@ -48,10 +38,7 @@ def simplified_layer_norm(ctx, x, scale):
     axes = _norm_axes(ctx, x)
     eps = ctx.attr("epsilon", 1e-5)
     y = rms_norm(x, to_jax(scale), eps, axis=axes)
-    if len([o for o in ctx.node.output if o]) > 1:
-        _, _, inv = _inv_std(x, axes, eps, center=False)
-        return y, inv
-    return y
+    return (y, inv_rms(x, eps, axis=axes)) if ctx.wants(1) else y
 
 
 @register("SkipSimplifiedLayerNormalization", 1, domain=MS_DOMAIN)
@@ -70,13 +57,15 @@ def skip_simplified_layer_norm(ctx, x, skip, gamma, bias=None):
         s = s + to_jax(bias)
     eps = ctx.attr("epsilon", 1e-5)
     y = rms_norm(s, to_jax(gamma), eps, axis=-1)
-    wants_inv = len(ctx.node.output) > 2 and bool(ctx.node.output[2])
-    inv = _inv_std(s, (s.ndim - 1,), eps, center=False)[2] if wants_inv else None
-    return y, None, inv, s
+    return y, None, inv_rms(s, eps, axis=-1) if ctx.wants(2) else None, s
 
 
 def _layer_norm(x, scale, bias, axes, eps):
-    centred, mean, inv = _inv_std(x, axes, eps, center=True)
+    """(y in x's dtype, mean, inv_std_dev); the statistics in float32 (float64 for f64 x)."""
+    xf = x.astype(accumulation_dtype(x.dtype))
+    mean = jnp.mean(xf, axis=axes, keepdims=True)
+    centred = xf - mean
+    inv = inv_rms(centred, eps, axis=axes)
     y = centred * inv * scale.astype(centred.dtype)
     if bias is not None:
         y = y + bias.astype(centred.dtype)

@@ -13,12 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_onnx_attn.onnx.registry import register
-
-_HALF = (np.dtype(np.float16), np.dtype(jnp.bfloat16))
+from jax_onnx_attn.ops.dtypes import HALF_DTYPES
 
 
 def _acc(x):
-    return jnp.float32 if np.dtype(x.dtype) in _HALF else None
+    return jnp.float32 if np.dtype(x.dtype) in HALF_DTYPES else None
 
 
 def _axes(ctx, x, axes_input, axes_from_input: bool):

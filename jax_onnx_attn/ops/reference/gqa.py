@@ -226,7 +226,7 @@ def group_query_attention(query, key, value, past_key, past_value, seqlens_k, co
     kv = _sliding_window_kv if c.sliding_window_cache else _full_kv
     keys, values, present_k, present_v, key_pos, key_ok, ok = kv(
         past_key, past_value, k_new, v_new, past_b, total_b, new_b, valid, cache_dtype, c)
-    status = jnp.where(ok, st.OK, st.KV_WRITE_OUT_OF_RANGE).astype(jnp.int32)
+    status = st.kv_write_status(ok)
     keys = _load(keys, k_scale, c, core.accumulation_dtype(dtype))
     values = _load(values, v_scale, c, core.accumulation_dtype(dtype))
 

@@ -27,5 +27,5 @@ def kv_append(cache, new, start):
         return lax.dynamic_update_slice(c, jnp.where(fits, n, current), (zero, pos, zero))
 
     out = jax.vmap(one)(cache, new, start, ok)
-    status = jnp.where(ok, st.OK, st.KV_WRITE_OUT_OF_RANGE).astype(jnp.int32)
+    status = st.kv_write_status(ok)
     return out, status
