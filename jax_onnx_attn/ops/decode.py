@@ -14,15 +14,17 @@ import jax.numpy as jnp
 
 from jax_onnx_attn.ops import cuda
 from jax_onnx_attn.ops.backend import dispatch
-from jax_onnx_attn.ops.dtypes import check_float_dtype
+from jax_onnx_attn.ops.dtypes import CUDA_FLOAT_DTYPES, HALF_DTYPES, check_float_dtype
 from jax_onnx_attn.ops.reference import decode as reference
 
 OP = "decode_attention"
+#: Bias dtypes the engine takes: bool (True keeps a key) or an additive float.
+BIAS_DTYPES = (jnp.dtype(jnp.bool_),) + CUDA_FLOAT_DTYPES
 
 
 def cuda_unsupported(q_dtype, head_dim: int) -> str | None:
     """Why the CUDA decode engine cannot take a call, or None when it can."""
-    if jnp.dtype(q_dtype) not in (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)):
+    if jnp.dtype(q_dtype) not in HALF_DTYPES:
         return f"the CUDA decode kernels take float16 and bfloat16, not {jnp.dtype(q_dtype)}"
     if head_dim not in cuda.DECODE_HEAD_DIMS:
         return f"head dim {head_dim} is not one of {cuda.DECODE_HEAD_DIMS}"
@@ -72,8 +74,7 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, *, scale
         bs = bias.shape
         if bias.ndim != 4 or bs[0] not in (1, b) or bs[1] not in (1, hq) or bs[2] not in (1, s):
             raise ValueError(f"{OP}: bias must be [B|1, Hq|1, S|1, T], got {bs}")
-        if bias.dtype not in (jnp.dtype(jnp.bool_), jnp.dtype(jnp.float32), jnp.dtype(jnp.float16),
-                              jnp.dtype(jnp.bfloat16)):
+        if bias.dtype not in BIAS_DTYPES:
             raise TypeError(f"{OP}: bias must be bool, float32, float16 or bfloat16, got {bias.dtype}")
     if sink is not None:
         sink = jnp.asarray(sink)

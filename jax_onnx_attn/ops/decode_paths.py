@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from jax_onnx_attn.ops import cuda
 from jax_onnx_attn.ops import status as st
-from jax_onnx_attn.ops.decode import cuda_unsupported
+from jax_onnx_attn.ops.decode import BIAS_DTYPES, cuda_unsupported
 from jax_onnx_attn.ops.reference.norm import rms_norm
 from jax_onnx_attn.ops.reference.rotary import rotary_embedding
 
@@ -25,8 +25,6 @@ from jax_onnx_attn.ops.reference.rotary import rotary_embedding
 #: prefill kernel exists).
 MAX_QUERY_ROWS = 64
 
-_BIAS_DTYPES = (jnp.dtype(jnp.bool_), jnp.dtype(jnp.float32), jnp.dtype(jnp.float16),
-                jnp.dtype(jnp.bfloat16))
 
 
 # --- ai.onnx Attention: ops.attention.attention_with_cache --------------------------------------
@@ -66,7 +64,7 @@ def attention_cuda(attrs: dict, *, return_qk: bool, q, key_cache, value_cache):
 def _attention_decode(q, key_cache, value_cache, attn_mask, past_key, past_value, nonpad, *,
                       scale, softcap, causal, left, right):
     del past_key, past_value  # attention_with_cache passes none: the cache is key/value_cache
-    if attn_mask is not None and attn_mask.dtype not in _BIAS_DTYPES:
+    if attn_mask is not None and attn_mask.dtype not in BIAS_DTYPES:
         attn_mask = attn_mask.astype(jnp.float32)  # integer masks are added as numbers
     y = cuda.decode_attention(q, key_cache, value_cache, nonpad, attn_mask, None, scale=scale,
                               softcap=softcap, causal=causal, left=left, right=right)
@@ -144,7 +142,7 @@ def _gqa_decode(query, key, value, past_key, past_value, seqlens_k, cos_cache, s
     start = jnp.where(ok, past_b, -1)
     present_k, _ = cuda.kv_append(past_key, k.astype(past_key.dtype), start)
     present_v, _ = cuda.kv_append(past_value, v.astype(past_value.dtype), start)
-    status = jnp.where(ok, st.OK, st.KV_WRITE_OUT_OF_RANGE).astype(jnp.int32)
+    status = st.kv_write_status(ok)
 
     bias = attention_bias
     if bias is not None and bias.shape[-1] < capacity:
