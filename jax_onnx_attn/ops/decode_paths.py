@@ -18,8 +18,7 @@ import jax.numpy as jnp
 from jax_onnx_attn.ops import cuda
 from jax_onnx_attn.ops import status as st
 from jax_onnx_attn.ops.decode import BIAS_DTYPES, cuda_unsupported
-from jax_onnx_attn.ops.reference.norm import rms_norm
-from jax_onnx_attn.ops.reference.rotary import rotary_embedding
+from jax_onnx_attn.ops.reference import gqa as gqa_reference
 
 #: Query rows per step the decode engine takes; longer steps are prefill (the reference, until the
 #: prefill kernel exists).
@@ -108,34 +107,22 @@ def gqa_cuda(config, *, query, key, past_key, query_seqlens):
     return functools.partial(_gqa_decode, config=c), None
 
 
-def _heads_first(x, heads: int, d: int):
-    b, s, _ = x.shape
-    return x.reshape(b, s, heads, d).transpose(0, 2, 1, 3)
-
-
 def _gqa_decode(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache,
                 position_ids, attention_bias, head_sink, k_scale, v_scale, q_norm_weight,
                 k_norm_weight, query_seqlens, *, config):
-    """A GQA decode step: split, q/k norm, rotary, in-place append at past_b, split-KV attention."""
+    """A GQA decode step: split, q/k norm, rotary, in-place append at past_b, split-KV attention.
+
+    The preparation is the reference's own (split_heads, step_lengths, normalize_and_rotate): only
+    the append and the attention run on our kernels.
+    """
     del k_scale, v_scale, query_seqlens  # not covered (gqa_cuda says so)
     c = config
-    n, hkv, d = c.num_heads, c.kv_num_heads, c.head_size
+    n = c.num_heads
     b, s = query.shape[:2]
-    if key is None:
-        q, k, v = jnp.split(query, [n * d, (n + hkv) * d], axis=-1)
-    else:
-        q, k, v = query, key, value
-    q, k, v = _heads_first(q, n, d), _heads_first(k, hkv, d), _heads_first(v, hkv, d)
-    total_b = seqlens_k.astype(jnp.int32) + 1
-    past_b = total_b - s
-    if q_norm_weight is not None:
-        q = rms_norm(q, q_norm_weight, c.q_norm_epsilon)
-        k = rms_norm(k, k_norm_weight, c.k_norm_epsilon)
-    if c.do_rotary:
-        positions = (past_b[:, None] + jnp.arange(s, dtype=jnp.int32) if position_ids is None
-                     else position_ids.astype(jnp.int32))
-        q = rotary_embedding(q, cos_cache, sin_cache, positions, interleaved=c.rotary_interleaved)
-        k = rotary_embedding(k, cos_cache, sin_cache, positions, interleaved=c.rotary_interleaved)
+    q, k, v = gqa_reference.split_heads(query, key, value, c)
+    total_b, past_b, _, _ = gqa_reference.step_lengths(seqlens_k, None, s, s, c)
+    q, k = gqa_reference.normalize_and_rotate(q, k, past_b, cos_cache, sin_cache, position_ids,
+                                              q_norm_weight, k_norm_weight, False, c)
     capacity = past_key.shape[2]
     # A row whose write or keys would leave the cache is refused: not written, output 0.
     ok = (past_b >= 0) & (total_b <= capacity)
@@ -158,5 +145,5 @@ def _gqa_decode(query, key, value, past_key, past_value, seqlens_k, cos_cache, s
     left = c.local_window_size - 1 if c.local_window_size > 0 else -1
     y = cuda.decode_attention(q, present_k, present_v, jnp.where(ok, total_b, 0), bias, sink,
                               scale=c.scale, softcap=c.softcap, causal=c.causal, left=left)
-    output = y.transpose(0, 2, 1, 3).reshape(b, s, n * d)
+    output = y.transpose(0, 2, 1, 3).reshape(b, s, n * c.head_size)
     return output, present_k, present_v, None, status
