@@ -258,18 +258,26 @@ def plot_vs_context(records: Sequence[dict], phase: str, ax=None, hardware: Hard
     if not recs:
         ax.text(0.5, 0.5, f"no {phase} results", ha="center", va="center", transform=ax.transAxes)
         return ax
-    style = _style({r["impl"] for r in recs})
-    batches = sorted({r["batch"] for r in recs})
-    dashes = ["-", "--", ":", "-."]
-    for impl in style:
-        for bi, b in enumerate(batches):
-            pts = sorted(select(recs, impl=impl, batch=b), key=lambda r: r["kv_len"])
-            if pts:
-                label = impl if len(batches) == 1 else f"{impl}, B={b}"
-                ax.plot([r["kv_len"] for r in pts], [r[metric] for r in pts], ls=dashes[bi % 4],
-                        label=label, **style[impl])
-    ax.legend(fontsize=7, ncol=2 if len(batches) > 1 else 1)
+    batches = _draw_series(ax, recs, "impl", metric, "{}")
+    ax.legend(fontsize=7, ncol=2 if batches > 1 else 1)
     return ax
+
+
+def _draw_series(ax, rows: Sequence[dict], series: str, metric: str, label: str) -> int:
+    """One line per (rows[series], batch) of `metric` against kv_len, colour per series and dash per
+    batch; `label` formats the series name. Returns the number of batch sizes drawn."""
+    style = _style({r[series] for r in rows})
+    batches = sorted({r["batch"] for r in rows})
+    dashes = ["-", "--", ":", "-."]
+    for name in style:
+        for bi, b in enumerate(batches):
+            pts = sorted((r for r in rows if r[series] == name and r["batch"] == b),
+                         key=lambda r: r["kv_len"])
+            if pts:
+                text = label.format(name) + ("" if len(batches) == 1 else f", B={b}")
+                ax.plot([r["kv_len"] for r in pts], [r[metric] for r in pts], ls=dashes[bi % 4],
+                        label=text, **style[name])
+    return len(batches)
 
 
 def ratio_table(records: Sequence[dict], ours: str = OURS) -> list[dict]:
@@ -310,17 +318,7 @@ def plot_ratio_vs_context(records: Sequence[dict], phase: str, ax=None, batch: i
         ax.text(0.5, 0.5, f"no configuration measured for both {ours!r} and a peer", ha="center",
                 va="center", transform=ax.transAxes, fontsize=8)
         return ax
-    style = _style({r["peer"] for r in rows})
-    batches = sorted({r["batch"] for r in rows})
-    dashes = ["-", "--", ":", "-."]
-    for peer in style:
-        for bi, b in enumerate(batches):
-            pts = sorted((r for r in rows if r["peer"] == peer and r["batch"] == b),
-                         key=lambda r: r["kv_len"])
-            if pts:
-                label = f"vs {peer}" if len(batches) == 1 else f"vs {peer}, B={b}"
-                ax.plot([r["kv_len"] for r in pts], [r["ratio"] for r in pts], ls=dashes[bi % 4],
-                        label=label, **style[peer])
+    _draw_series(ax, rows, "peer", "ratio", "vs {}")
     ax.legend(fontsize=7)
     return ax
 
