@@ -1,5 +1,5 @@
 """A float64 NumPy oracle for decode attention, written row by row from the definition (no shared
-code with the reference): query row i of S at position kv_len - S + i sees key j when j < kv_len,
+code with the reference): query row i of S at position kv_len - S + i (+ pos_shift) sees key j when j < kv_len,
 j < bias length, and the causal / window conditions hold; softcap, then bias, then a softmax whose
 denominator may carry a sink logit; rows with no visible key give 0."""
 
@@ -9,7 +9,7 @@ import numpy as np
 
 
 def decode_attention(q, k, v, kv_len, bias=None, sink=None, *, scale, softcap=0.0, causal=True,
-                     left=-1, right=-1):
+                     left=-1, right=-1, pos_shift=0):
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     b_, hq, s_, d = q.shape
     hkv, c = k.shape[1], k.shape[2]
@@ -19,7 +19,7 @@ def decode_attention(q, k, v, kv_len, bias=None, sink=None, *, scale, softcap=0.
         n = int(min(max(int(kv_len[b]), 0), c))
         for h in range(hq):
             for i in range(s_):
-                pos = n - s_ + i
+                pos = n - s_ + i + pos_shift
                 xs, vs = [], []
                 for j in range(n):
                     if causal and j > pos:

@@ -56,6 +56,16 @@ def test_reference_matches_oracle(causal, window, softcap, bias_kind, sink):
     assert_close(got, want, np.float32)
 
 
+@pytest.mark.parametrize("pos_shift", [-4, -1, 2, 9])
+@pytest.mark.parametrize("window", [(-1, -1), (2, 1)])
+def test_pos_shift_moves_every_query_position(pos_shift, window):
+    _, q, k, v, lens = _case(5)
+    kw = dict(scale=0.4, causal=True, left=window[0], right=window[1], pos_shift=pos_shift)
+    got = reference.decode_attention(*map(jnp.asarray, (q, k, v, lens)), **kw)
+    want = decode_oracle.decode_attention(q, k, v, lens, **kw)
+    assert_close(got, want, np.float32)
+
+
 def test_kv_len_is_clamped_to_capacity():
     _, q, k, v, _ = _case(1)
     k, v = np.nan_to_num(k), np.nan_to_num(v)

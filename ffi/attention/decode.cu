@@ -5,7 +5,7 @@
 // device), bias [B|1, Hq|1, S|1, T] (f32 / f16 / bf16 additive or bool keep-mask; a placeholder when
 // has_bias is false), sink f32 [Hq] (placeholder when has_sink is false)
 //   -> out [B, Hq, S, D], workspace f32 (sized by jax_onnx_attn/ops/cuda.py).
-// Query row i sits at position kv_len[b] - S + i (bottom-right causal). Read-only on the caches.
+// Query row i sits at position kv_len[b] - S + i + pos_shift (pos_shift 0: bottom-right causal). Read-only on the caches.
 #include <string>
 
 #include "common/ffi.h"
@@ -20,7 +20,7 @@ using F32Result = ffi::Result<ffi::Buffer<ffi::F32>>;
 ffi::Error DecodeAttentionImpl(cudaStream_t stream, AnyBuffer q, AnyBuffer k, AnyBuffer v,
                                Int32Buffer kv_len, AnyBuffer bias, F32Buffer sink, AnyResult out,
                                F32Result workspace, float scale, float softcap, bool causal,
-                               int64_t left, int64_t right, bool has_bias, bool has_sink,
+                               int64_t left, int64_t right, int64_t pos_shift, bool has_bias, bool has_sink,
                                int64_t split_rows, bool pdl) {
   constexpr const char* kOp = "decode_attention";
   auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
@@ -41,7 +41,7 @@ ffi::Error DecodeAttentionImpl(cudaStream_t stream, AnyBuffer q, AnyBuffer k, An
   }
   decode::DecodeParams p{};
   std::string err = decode::Configure(p, qd[0], qd[1], qd[2], qd[3], kd[1], kd[2], split_rows,
-                                      decode::VariantAttrs{scale, softcap, causal, left, right});
+                                      decode::VariantAttrs{scale, softcap, causal, left, right, pos_shift});
   if (err.empty() && has_bias) err = decode::ConfigureBias(p, bias);
   if (err.empty() && has_sink && (sink.dimensions().size() != 1 || sink.dimensions()[0] != qd[1])) {
     err = "sink must be f32 [Hq]";
@@ -76,6 +76,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JoaDecodeAttention, joa::DecodeAttentionImpl,
                                   .Attr<bool>("causal")
                                   .Attr<int64_t>("left")
                                   .Attr<int64_t>("right")
+                                  .Attr<int64_t>("pos_shift")
                                   .Attr<bool>("has_bias")
                                   .Attr<bool>("has_sink")
                                   .Attr<int64_t>("split_rows")

@@ -98,7 +98,7 @@ def decode_workspace_elems(batch: int, kv_heads: int, rows: int, capacity: int, 
 
 def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, *, scale: float,
                      softcap: float = 0.0, causal: bool = True, left: int = -1, right: int = -1,
-                     split_rows: int | None = None, pdl: bool = True):
+                     pos_shift: int = 0, split_rows: int | None = None, pdl: bool = True):
     """q [B, Hq, S, D] f16/bf16, k_cache / v_cache [B, Hkv, C, D], kv_len int32 [B] -> [B, Hq, S, D].
 
     Semantics of `jax_onnx_attn.ops.reference.decode.decode_attention`. bias: None or
@@ -121,7 +121,7 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, *, scale
                   placeholder if bias is None else bias,
                   placeholder if sink is None else sink.astype(jnp.float32),
                   scale=np.float32(scale), softcap=np.float32(softcap if softcap > 0 else 0.0),
-                  causal=bool(causal), left=int(left), right=int(right),
+                  causal=bool(causal), left=int(left), right=int(right), pos_shift=int(pos_shift),
                   has_bias=bias is not None, has_sink=sink is not None,
                   split_rows=int(split_rows), pdl=bool(pdl))
     return out

@@ -33,11 +33,11 @@ def cuda_unsupported(q_dtype, head_dim: int) -> str | None:
 
 def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, *, scale: float | None = None,
                      softcap: float = 0.0, causal: bool = True, left: int = -1, right: int = -1,
-                     backend: str = "auto", split_rows: int | None = None):
+                     pos_shift: int = 0, backend: str = "auto", split_rows: int | None = None):
     """Attention of q [B, Hq, S, D] over caches [B, Hkv, C, D] whose first kv_len[b] rows are valid.
 
     Args:
-      q: [B, Hq, S, D]; query row i sits at position kv_len[b] - S + i.
+      q: [B, Hq, S, D]; query row i sits at position kv_len[b] - S + i + pos_shift.
       k_cache, v_cache: [B, Hkv, C, D], q's dtype; Hq % Hkv == 0 (head h reads KV head h // (Hq/Hkv)).
       kv_len: integer [B], read on the device; rows at or past it are never read.
       bias: None or [B|1, Hq|1, S|1, T]: float (added after softcap) or bool (True keeps a key);
@@ -47,6 +47,7 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, *, scale
       softcap: > 0 applies softcap * tanh(x / softcap) before the bias.
       causal, left, right: key j is hidden when j > pos_i (causal), pos_i - j > left (left >= 0) or
         j - pos_i > right (right >= 0).
+      pos_shift: static shift of every query position (0: the last query row sits at kv_len - 1).
       backend: "auto", "reference" or "cuda".
       split_rows: CUDA only: KV rows per split (a multiple of 64) instead of the planner's choice.
 
@@ -85,7 +86,7 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, *, scale
     if split_rows is not None and (split_rows <= 0 or split_rows % cuda.DECODE_BLOCK_N):
         raise ValueError(f"{OP}: split_rows must be a positive multiple of {cuda.DECODE_BLOCK_N}")
     static = dict(scale=float(scale), softcap=float(softcap), causal=bool(causal), left=int(left),
-                  right=int(right))
+                  right=int(right), pos_shift=int(pos_shift))
     ref_fn = functools.partial(reference.decode_attention, **static)
     why = cuda_unsupported(q.dtype, d)
     cuda_fn = None if why else functools.partial(cuda.decode_attention, split_rows=split_rows, **static)

@@ -139,6 +139,14 @@ def test_very_long_context(c):
     _check(q, k, v, lens, scale=0.09)
 
 
+@pytest.mark.parametrize("pos_shift", [-70, -3, 5, 130])
+@pytest.mark.parametrize("window", [(-1, -1), (40, 2)])
+def test_pos_shift(pos_shift, window):
+    """ai.onnx offsets that are not bottom-right (past with L != S, no past with L != S)."""
+    _, q, k, v, lens = _inputs(11, 3, 32, 8, 6, 128, 300, ml_dtypes.bfloat16)
+    _check(q, k, v, lens, scale=0.09, causal=True, left=window[0], right=window[1], pos_shift=pos_shift)
+
+
 def test_kv_len_beyond_capacity_is_clamped_and_empty_rows_are_zero():
     _, q, k, v, _ = _inputs(4, 4, 8, 2, 4, 64, 100, np.float16, lens=[100, 100, 100, 100])
     lens = np.array([500, -3, 0, 2], np.int32)

@@ -113,7 +113,8 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
 
   const int len = min(max(p.kv_len[b], 0), p.capacity);
   const Variant var(p, len);
-  const KeyBounds kb = var.Bounds(len - p.q_len, len - 1);
+  const int pos0 = len - p.q_len + p.pos_shift;  // position of query row 0
+  const KeyBounds kb = var.Bounds(pos0, pos0 + p.q_len - 1);
   const int n_begin = max(kb.lo, split * p.split_rows);
   const int n_end = min(kb.hi, min((split + 1) * p.split_rows, p.capacity));
   const int t_begin = n_begin / kTileN;
@@ -152,7 +153,7 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
   for (int r2 = 0; r2 < 2; ++r2) {
     const int R = min(row0 + wm * 16 + (lane >> 2) + 8 * r2, p.rows - 1);  // padding: any real row
     const int h = kvh * p.group + R / p.q_len, i = R % p.q_len;
-    rows[r2].pos = len - p.q_len + i;
+    rows[r2].pos = pos0 + i;
     rows[r2].bias_off = b * p.bias_stride_b + h * p.bias_stride_h + i * p.bias_stride_s;
   }
 

@@ -26,6 +26,7 @@ struct VariantAttrs {
   float scale, softcap;
   bool causal;
   int64_t left, right;
+  int64_t pos_shift;  // query row i sits at kv_len - S + i + pos_shift
 };
 
 // Fills shapes, strides, splits and variant of `p` for dense q / out [B, Hq, S, D] and caches
@@ -63,6 +64,7 @@ inline std::string Configure(DecodeParams& p, int64_t batch, int64_t q_heads, in
   p.scale = v.scale;
   p.softcap = v.softcap;
   p.causal = v.causal;
+  p.pos_shift = int(std::max<int64_t>(-(int64_t(1) << 30), std::min<int64_t>(v.pos_shift, int64_t(1) << 30)));
   p.left = int(std::max<int64_t>(-1, std::min<int64_t>(v.left, int64_t(1) << 30)));
   p.right = int(std::max<int64_t>(-1, std::min<int64_t>(v.right, int64_t(1) << 30)));
   p.bias = nullptr;

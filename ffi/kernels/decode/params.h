@@ -46,7 +46,8 @@ struct DecodeParams {
   // The variant (what a query row sees, how a logit becomes a score); see variant.cuh.
   float scale;    // multiplies q.k
   float softcap;  // > 0: softcap * tanh(x / softcap), before the bias
-  bool causal;    // key j visible to row i only if j <= pos_i = kv_len - S + i (bottom-right)
+  bool causal;    // key j visible to row i only if j <= pos_i = kv_len - S + i + pos_shift
+  int pos_shift;  // static shift of every query position (0: bottom-right aligned at kv_len)
   int left;       // >= 0: keys with pos_i - j > left are hidden
   int right;      // >= 0: keys with j - pos_i > right are hidden
   // Additive bias bias[b, h, i, j] (bool: true = keep, false = -inf), indexed by absolute key j;

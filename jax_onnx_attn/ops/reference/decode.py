@@ -4,7 +4,8 @@ Composed from `core` the way both operators compose it:
 
     x = scale * q @ k^T  ->  softcap  ->  + bias, hidden keys -inf  ->  softmax (+ sink)  ->  p @ v
 
-Query row i of S sits at absolute position pos_i = kv_len[b] - S + i. Key j is visible to it when
+Query row i of S sits at absolute position pos_i = kv_len[b] - S + i + pos_shift (pos_shift is
+static, 0 by default: bottom-right alignment). Key j is visible to it when
 j < kv_len[b], j < T (the bias length, if a bias is given), and, if enabled, j <= pos_i (causal),
 pos_i - j <= left, j - pos_i <= right. Cache rows at or beyond kv_len[b] are never read (they may
 hold anything, NaN included). kv_len is clamped to [0, C]. A row with no visible key gives 0.
@@ -17,17 +18,19 @@ import jax.numpy as jnp
 from jax_onnx_attn.ops.reference import core
 
 
-def visible_keys(kv_len, q_len: int, capacity: int, *, causal: bool, left: int = -1, right: int = -1):
+def visible_keys(kv_len, q_len: int, capacity: int, *, causal: bool, left: int = -1, right: int = -1,
+                 pos_shift: int = 0):
     """Boolean [B, 1, S, C]: which cache rows each query row may attend to."""
     length = kv_len.astype(jnp.int32)[:, None, None, None]
-    pos = length - q_len + jnp.arange(q_len, dtype=jnp.int32)[None, None, :, None]
+    pos = length - q_len + pos_shift + jnp.arange(q_len, dtype=jnp.int32)[None, None, :, None]
     ok = core.key_window(pos, capacity, causal=causal, left=left, right=right)
     ok = ok & (jnp.arange(capacity, dtype=jnp.int32) < length)
     return ok
 
 
 def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, *, scale: float,
-                     softcap: float = 0.0, causal: bool = True, left: int = -1, right: int = -1):
+                     softcap: float = 0.0, causal: bool = True, left: int = -1, right: int = -1,
+                     pos_shift: int = 0):
     """q [B, Hq, S, D], k_cache / v_cache [B, Hkv, C, D], kv_len int [B] -> [B, Hq, S, D] (q.dtype).
 
     bias: None or [B|1, Hq|1, S|1, T] float (added) or bool (True keeps); keys j >= T are hidden.
@@ -37,7 +40,7 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, *, scale
     c = k_cache.shape[2]
     acc = core.accumulation_dtype(q.dtype)
     kv_len = jnp.clip(kv_len.astype(jnp.int32), 0, c)
-    ok = visible_keys(kv_len, s, c, causal=causal, left=left, right=right)
+    ok = visible_keys(kv_len, s, c, causal=causal, left=left, right=right, pos_shift=pos_shift)
     # Rows past the valid length may be uninitialised: zero them so 0 * garbage never reaches p @ v.
     valid_row = (jnp.arange(c)[None, :] < kv_len[:, None])[:, None, :, None]
     k_cache = jnp.where(valid_row, k_cache, jnp.zeros((), k_cache.dtype))
