@@ -5,8 +5,11 @@ set -uo pipefail
 out=${OUT:-/tmp/joa-out}
 mkdir -p "$out"
 src=$(pwd)
-if git rev-parse -q --verify HEAD >/dev/null 2>&1; then  # build exactly what is committed, not half-edited files
-  rm -rf /tmp/joa && mkdir -p /tmp/joa && git archive HEAD | tar -x -C /tmp/joa && src=/tmp/joa
+# Build the snapshot of a commit that tools/snapshot.sh wrote to .snap/ (carry it to the device) when
+# there is one: the device's copy of .git can lag behind, and the live tree may hold half-done edits.
+if [ -d "$src/.snap" ]; then
+  rm -rf /tmp/joa && cp -r "$src/.snap" /tmp/joa && src=/tmp/joa
+  export JOA_GIT_COMMIT=$(cat "$src/COMMIT")
 fi
 cd "$src"
 export PYTHONUNBUFFERED=1

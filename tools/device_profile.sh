@@ -3,8 +3,11 @@
 # Usage on the GPU machine: bash tools/device_profile.sh
 set -uo pipefail
 out=${OUT:-/tmp/joa-out}; mkdir -p "$out"
-export PYTHONUNBUFFERED=1 JOA_GIT_COMMIT=$(git rev-parse --short HEAD)
-rm -rf /tmp/joa && mkdir -p /tmp/joa && git archive HEAD | tar -x -C /tmp/joa && cd /tmp/joa
+# Build a snapshot of a commit (tools/snapshot.sh writes .snap/, carried to the device), never the
+# live tree: the device's copy of .git can lag behind, and the live tree may hold half-done edits.
+src=$(pwd)/.snap; [ -d "$src" ] || { echo "no .snap/: run tools/snapshot.sh and carry .snap"; exit 1; }
+export PYTHONUNBUFFERED=1 JOA_GIT_COMMIT=$(cat "$src/COMMIT")
+rm -rf /tmp/joa && cp -r "$src" /tmp/joa && cd /tmp/joa
 python3 -m pip install --no-build-isolation --no-deps -e . > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_decode_attention_gpu.py -k "pos_shift or bitwise" 2>&1 | tail -3
 B="python3 -m jax_onnx_attn.bench decode --heads 32/8 --dims 128 --dtypes bf16 --impls ours jax-cudnn torch-cudnn --reps 5"
