@@ -7,6 +7,8 @@
 #ifdef JOA_WITH_CUDA
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaKvAppend);  // ffi/kv_cache/append.cu
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaDecodeAttention);  // ffi/attention/decode.cu
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaGqaPrepare);  // ffi/gqa/prepare.cu
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaGeneralAttention);  // ffi/attention/general.cu
 #endif
 
 namespace joa {
@@ -20,6 +22,8 @@ struct Target {
 inline constexpr Target kTargets[] = {
     {"kv_append", JoaKvAppend},
     {"decode_attention", JoaDecodeAttention},
+    {"gqa_prepare", JoaGqaPrepare},
+    {"general_attention", JoaGeneralAttention},
 };
 #else
 inline constexpr Target* kTargets = nullptr;

@@ -1,14 +1,17 @@
 """The Python composition of the operators' CUDA decode paths (ops/decode_paths.py), on the CPU.
 
-The two kernels are swapped for their executable specs (reference kv_append and decode_attention),
-so what is checked is everything around them — the split, q/k norm, rotary, lengths, bias padding,
-sinks, window translation, status — against each operator's own reference backend. The kernels
-themselves are checked against those specs on a GPU (tests/gpu/).
+The kernels are swapped for their executable specs (reference kv_append, decode_attention and GQA's
+prepare_step), so what is checked is everything around them — the lengths, bias padding, sinks,
+window translation, status — against each operator's own reference backend, and that the specs
+compose to the operator. The kernels themselves are checked against those specs on a GPU
+(tests/gpu/). Also: gqa_prepare's trace-time checks and result shapes.
 """
 
+import functools
 import itertools
 
 import jax
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
@@ -16,10 +19,11 @@ import pytest
 from jax_onnx_attn import ops
 from jax_onnx_attn.ops import backend, cuda
 from jax_onnx_attn.ops.reference import decode as decode_reference
+from jax_onnx_attn.ops.reference import gqa as gqa_reference
 from jax_onnx_attn.ops.reference import kv_cache as kv_reference
 from jax_onnx_attn.testing import assert_close
 
-from gqa_decode_cases import gqa_inputs
+from gqa_decode_cases import gqa_inputs, quant_attrs
 
 
 @pytest.fixture
@@ -27,6 +31,7 @@ def kernels_as_specs(monkeypatch):
     monkeypatch.setattr(backend, "has_cuda", lambda: True)
     monkeypatch.setattr(cuda, "kv_append", kv_reference.kv_append)
     monkeypatch.setattr(cuda, "decode_attention", decode_reference.decode_attention)
+    monkeypatch.setattr(cuda, "gqa_prepare", gqa_reference.prepare_step)
 
 
 CASES = list(itertools.product(
@@ -57,6 +62,138 @@ def test_gqa_decode_path_matches_the_reference(kernels_as_specs, s, packed, rota
                      err_msg=name)
     np.testing.assert_array_equal(np.asarray(got.status), np.asarray(want.status))
     assert np.asarray(got.status)[-1] != 0  # the refused row is reported by both
+
+
+@pytest.mark.parametrize("s", [1, 3])
+@pytest.mark.parametrize("bits,quant_type", [(8, "PER_TENSOR"), (8, "PER_CHANNEL"), (4, "PER_TENSOR"),
+                                             (4, "PER_CHANNEL")])
+def test_gqa_decode_path_with_a_quantised_cache(kernels_as_specs, bits, quant_type, s):
+    """Quantised caches on the CUDA path (prepare writes levels, the engine reads them dequantised
+    to the query dtype) against the operator's reference (which dequantises to float32)."""
+    dtype = np.float16 if s == 1 else ml_dtypes.bfloat16
+    inp = gqa_inputs(bits + s, dtype, b=3, s=s, n=4, hkv=2, d=64, cap=24, rotary=1, sink=s == 3,
+                     kv_bits=bits, quant_type=quant_type)
+    total = inp.pop("total_sequence_length")
+    attrs = dict(num_heads=4, kv_num_heads=2, do_rotary=1, total_sequence_length=total,
+                 shared_buffer=True, **quant_attrs(bits, quant_type))
+    run = lambda b: jax.jit(lambda x: ops.group_query_attention(**x, **attrs, backend=b))(inp)  # noqa: E731
+    got, want = run("cuda"), run("reference")
+    assert_close(np.asarray(got.output), np.asarray(want.output), dtype)
+    for name in ("present_key", "present_value", "status"):  # the same jnp steps: bitwise
+        np.testing.assert_array_equal(np.asarray(getattr(got, name)), np.asarray(getattr(want, name)),
+                                      err_msg=name)
+
+
+@pytest.mark.parametrize("rotary,packed", [(1, True), (2, False)])
+def test_gqa_decode_path_with_position_ids_and_norm(kernels_as_specs, rotary, packed):
+    inp = gqa_inputs(11 + rotary, np.float16, b=3, s=3, n=6, hkv=2, d=64, cap=24, packed=packed,
+                     rotary=rotary, norm=True, position_ids=True)
+    total = inp.pop("total_sequence_length")
+    attrs = dict(num_heads=6, kv_num_heads=2, do_rotary=1, rotary_interleaved=int(rotary == 2),
+                 qk_norm_epsilon=1e-5, total_sequence_length=total, shared_buffer=True)
+    run = lambda b: jax.jit(lambda x: ops.group_query_attention(**x, **attrs, backend=b))(inp)  # noqa: E731
+    got, want = run("cuda"), run("reference")
+    assert_close(np.asarray(got.output), np.asarray(want.output), np.float16)
+    for name in ("present_key", "present_value", "status"):  # the same jnp steps: bitwise
+        np.testing.assert_array_equal(np.asarray(getattr(got, name)), np.asarray(getattr(want, name)),
+                                      err_msg=name)
+
+
+# (kv_cache_bit_width, quant type): the float cache, int8 and int4, per tensor and per channel.
+CACHES = [(0, "NONE"), (8, "PER_TENSOR"), (8, "PER_CHANNEL"), (4, "PER_TENSOR"), (4, "PER_CHANNEL")]
+
+
+@pytest.mark.parametrize("bits,quant_type", CACHES)
+def test_prepare_step_writes_the_operators_present(bits, quant_type):
+    """prepare_step (gqa_prepare's spec) appends, quantises and refuses rows bit for bit as the
+    operator's reference does in a shared-buffer decode step."""
+    b, s, n, hkv, d, cap = 4, 2, 4, 2, 32, 12
+    inp = gqa_inputs(bits + len(quant_type), np.float16, b=b, s=s, n=n, hkv=hkv, d=d, cap=cap,
+                     packed=bits != 8, rotary=1, norm=True)
+    total = inp.pop("total_sequence_length")
+    inp["seqlens_k"][0] = s - 2  # past_b = -1: refused as well
+    rng = np.random.default_rng(bits)
+    quant = {}
+    if bits:
+        shape = (1,) if quant_type == "PER_TENSOR" else (1, hkv, 1, d)
+        qmax = 127 if bits == 8 else 7
+        k_scale, v_scale = [(rng.uniform(0.5, 2.0, shape) / qmax).astype(np.float32) for _ in "kv"]
+        if quant_type == "PER_CHANNEL":
+            k_scale[0, 1, 0, 3] = 0.0  # a zero scale counts as 1
+        storage, cache_d = (np.int8, d) if bits == 8 else (np.uint8, d // 2)
+        past_key, past_value = [rng.integers(0, 100, (b, hkv, cap, cache_d)).astype(storage)
+                                for _ in "kv"]
+        inp.update(past_key=past_key, past_value=past_value, k_scale=k_scale, v_scale=v_scale)
+        quant = dict(k_quant_type=quant_type, v_quant_type=quant_type, kv_cache_bit_width=bits)
+    attrs = dict(num_heads=n, kv_num_heads=hkv, do_rotary=1, total_sequence_length=total,
+                 shared_buffer=True, **quant)
+    want = jax.jit(lambda x: ops.group_query_attention(**x, **attrs, backend="reference"))(inp)
+    spec = functools.partial(gqa_reference.prepare_step, num_heads=n, kv_num_heads=hkv, kv_bits=bits)
+    args = [inp.get(k) for k in ("query", "key", "value", "past_key", "past_value", "seqlens_k",
+                                 "cos_cache", "sin_cache", "position_ids", "q_norm_weight",
+                                 "k_norm_weight", "k_scale", "v_scale")]
+    _, k_cache, v_cache, status = jax.jit(spec)(*args)
+    np.testing.assert_array_equal(np.asarray(k_cache), np.asarray(want.present_key))
+    np.testing.assert_array_equal(np.asarray(v_cache), np.asarray(want.present_value))
+    np.testing.assert_array_equal(np.asarray(status), np.asarray(want.status))
+    assert np.asarray(status).tolist() == [1, 0, 0, 1]
+
+
+def _prepare_args(packed=True, *, b=2, s=3, n=4, hkv=2, d=64, cap=16, bits=0, dtype=jnp.bfloat16):
+    z = lambda *shape, t=dtype: jnp.zeros(shape, t)  # noqa: E731
+    cache_d, cache_t = (d // 2, jnp.uint8) if bits == 4 else (d, jnp.int8 if bits else dtype)
+    args = dict(query=z(b, s, (n + 2 * hkv) * d) if packed else z(b, s, n * d),
+                key=None if packed else z(b, s, hkv * d), value=None if packed else z(b, s, hkv * d),
+                k_cache=z(b, hkv, cap, cache_d, t=cache_t), v_cache=z(b, hkv, cap, cache_d, t=cache_t),
+                seqlens_k=z(b, t=jnp.int32), cos_cache=z(cap, d // 4), sin_cache=z(cap, d // 4),
+                position_ids=z(b, s, t=jnp.int32), q_norm_weight=z(d), k_norm_weight=z(d))
+    if bits:
+        args.update(k_scale=z(1, t=jnp.float32), v_scale=z(1, hkv, 1, d, t=jnp.float32))
+    return args, dict(num_heads=n, kv_num_heads=hkv, kv_bits=bits)
+
+
+@pytest.mark.parametrize("packed,bits", [(True, 0), (False, 8), (True, 4)])
+def test_gqa_prepare_results_have_the_specs_shapes(packed, bits):
+    args, attrs = _prepare_args(packed, bits=bits)
+    got = jax.eval_shape(functools.partial(cuda.gqa_prepare, **attrs), **args)
+    want = jax.eval_shape(functools.partial(gqa_reference.prepare_step, **attrs), **args)
+    assert [(x.shape, x.dtype) for x in got] == [(x.shape, x.dtype) for x in want]
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(query=jnp.zeros((2, 3, 8 * 512), jnp.bfloat16)), "query: head size must be"),
+    (dict(query=jnp.zeros((2, 3, 8 * 64), jnp.int32)), "query: must be float32"),
+    (dict(k_cache=jnp.zeros((2, 2, 16, 64), jnp.float16)), "k_cache: must be bfloat16"),
+    (dict(v_cache=jnp.zeros((2, 2, 8, 64), jnp.bfloat16)), "v_cache: must have k_cache's shape"),
+    (dict(k_cache=jnp.zeros((2, 2, 2, 64), jnp.bfloat16),
+          v_cache=jnp.zeros((2, 2, 2, 64), jnp.bfloat16)), "query: 3 new rows do not fit"),
+    (dict(seqlens_k=jnp.zeros((3,), jnp.int32)), "seqlens_k: must be integer"),
+    (dict(cos_cache=jnp.zeros((16, 12), jnp.bfloat16), sin_cache=jnp.zeros((16, 12), jnp.bfloat16)),
+     "cos_cache: must be .* a multiple of 8"),
+    (dict(sin_cache=None), "sin_cache: cos_cache and sin_cache"),
+    (dict(position_ids=jnp.zeros((2, 1), jnp.int32)), "position_ids: must be integer"),
+    (dict(cos_cache=None, sin_cache=None), "position_ids: only feeds the rotary"),
+    (dict(k_norm_weight=None), "k_norm_weight: q_norm_weight and k_norm_weight"),
+    (dict(q_norm_weight=jnp.zeros((32,), jnp.bfloat16)), "q_norm_weight: must be bfloat16"),
+    (dict(key=jnp.zeros((2, 3, 128), jnp.bfloat16)), "value: key and value must be both"),
+])
+def test_gqa_prepare_names_the_bad_input_at_trace_time(change, match):
+    args, attrs = _prepare_args()
+    args.update(change)
+    with pytest.raises((ValueError, TypeError), match=match):
+        jax.eval_shape(functools.partial(cuda.gqa_prepare, **attrs), **args)
+
+
+def test_gqa_prepare_wants_scales_for_a_quantised_cache():
+    args, attrs = _prepare_args(bits=8)
+    args["v_scale"] = None
+    with pytest.raises(ValueError, match="v_scale: is required with kv_bits=8"):
+        cuda.gqa_prepare(**args, **attrs)
+    args["v_scale"] = jnp.zeros((3,), jnp.float32)
+    with pytest.raises(ValueError, match="v_scale: must be float32 of 1"):
+        cuda.gqa_prepare(**args, **attrs)
+    with pytest.raises(ValueError, match="kv_bits: must be 0, 4 or 8"):
+        cuda.gqa_prepare(**args, **dict(attrs, kv_bits=2))
 
 
 def test_attention_with_cache_path_matches_the_reference(kernels_as_specs):

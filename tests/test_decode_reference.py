@@ -108,3 +108,18 @@ def test_split_plan_is_valid(batch, rows, capacity, d):
     assert cuda.decode_split_rows(batch, 8, rows, capacity, d) == sr  # pure function
     if batch * 8 >= 264:
         assert splits == 1
+
+
+@pytest.mark.parametrize("batch,rows,capacity", [(1, 4, 1024), (1, 8, 8192), (4, 4, 4096), (1, 1, 64),
+                                                 (1, 4, 16384), (1, 16, 4096), (1, 32, 4096),
+                                                 (64, 4, 4096)])
+def test_cluster_plan_is_valid(batch, rows, capacity):
+    sr = cuda.decode_cluster_split_rows(batch, 8, rows, capacity)
+    if sr is None:  # not a 16-row block, fills the GPU already, one tile, or splits too long
+        big = -(-capacity // cuda.DECODE_BLOCK_N) > 8 * cuda._CLUSTER_MAX_TILES
+        assert rows > 16 or batch * 8 * 2 > 264 or capacity <= cuda.DECODE_BLOCK_N or big
+        return
+    splits = -(-capacity // sr)
+    assert sr % cuda.DECODE_BLOCK_N == 0
+    assert 2 <= splits <= 8
+    assert batch * 8 * splits <= 264  # one wave of the planner's CTA slots

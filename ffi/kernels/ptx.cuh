@@ -1,4 +1,4 @@
-// Thin wrappers over the sm_80+ instructions the attention engines use: cp.async (16-byte global ->
+// Thin wrappers over the sm_80+ instructions the attention engines use: cp.async (16 / 8-byte global ->
 // shared copies with zero fill), ldmatrix, mma.sync m16n8k16 with f32 accumulation, exp2, and
 // programmatic dependent launch (sm_90; no-ops before).
 #pragma once
@@ -20,6 +20,13 @@ __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
 __device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(valid ? 16 : 0));
+}
+
+// 8 bytes (zero fill when !valid), through L1: .cg takes 16-byte copies only. For rows that are not
+// whole 16-byte chunks (an int4 cache row of 80 values is 40 bytes).
+__device__ __forceinline__ void CpAsync8(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 8 : 0));
 }
 
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }

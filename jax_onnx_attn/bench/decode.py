@@ -41,7 +41,8 @@ IMPLS = ("ours", "jax-xla", "jax-cudnn", "torch-flash", "torch-cudnn")
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """One decode shape: q [B, Hq, S, D] against a full K/V cache [B, Hkv, ctx, D] of `dtype`."""
+    """One decode shape: q [B, Hq, S, D] against a full K/V cache [B, Hkv, ctx, D] of `dtype`, or
+    (kv_bits 8 / 4, ours only) an int8 / int4 cache."""
 
     batch: int
     ctx: int
@@ -50,11 +51,12 @@ class Case:
     kv_heads: int
     head_dim: int
     dtype: str  # "bf16" | "fp16"
+    kv_bits: int = 0
 
     @property
     def kv_bytes(self) -> int:
-        """Bytes of K plus V read per call (2-byte elements)."""
-        return 2 * self.batch * self.kv_heads * self.ctx * self.head_dim * 2
+        """Bytes of K plus V read per call (2-byte elements, or kv_bits bits)."""
+        return 2 * self.batch * self.kv_heads * self.ctx * self.head_dim * (self.kv_bits or 16) // 8
 
     @property
     def rotations(self) -> int:
@@ -70,7 +72,7 @@ class Case:
     def label(self) -> str:
         """A one-line description of the case for tables and logs."""
         return (f"B={self.batch} ctx={self.ctx} S={self.q_len} {self.q_heads}/{self.kv_heads} "
-                f"d{self.head_dim} {self.dtype}")
+                f"d{self.head_dim} {self.dtype}" + (f" int{self.kv_bits}" if self.kv_bits else ""))
 
 
 def _jax_dtype(name):
@@ -114,11 +116,14 @@ def bench_jax(case: Case, impl: str, target_s: float, reps: int) -> float:
     scale = 1.0 / math.sqrt(d)
     r, k_calls = case.rotations, case.calls
     keys = jax.random.split(jax.random.PRNGKey(case.batch * 7 + c), 2 * r + 1)
+    bits = case.kv_bits
     if impl == "ours":
-        q_shape, kv_shape = (b, hq, s, d), (b, hkv, c, d)
+        q_shape, kv_shape = (b, hq, s, d), (b, hkv, c, d // 2 if bits == 4 else d)
+        kv_scale = jnp.full((1,), 0.02, jnp.float32)
 
         def attn(q, k, v, lens):
-            return cuda.decode_attention(q, k, v, lens, scale=scale, causal=True)
+            return cuda.decode_attention(q, k, v, lens, None, None, kv_scale, kv_scale, scale=scale,
+                                         causal=True, kv_bits=bits)
     else:
         q_shape, kv_shape = (b, s, hq, d), (b, c, hkv, d)
         which = impl.split("-")[1]
@@ -126,8 +131,15 @@ def bench_jax(case: Case, impl: str, target_s: float, reps: int) -> float:
         def attn(q, k, v, lens):
             return jax.nn.dot_product_attention(q, k, v, scale=scale, implementation=which)
     q = jax.random.normal(keys[0], q_shape, dt)
-    ks = [jax.random.normal(keys[1 + i], kv_shape, dt) for i in range(r)]
-    vs = [jax.random.normal(keys[1 + r + i], kv_shape, dt) for i in range(r)]
+    if bits:  # every byte a valid int8 / packed int4 value
+        store = jnp.int8 if bits == 8 else jnp.uint8
+        lo, hi = (-128, 128) if bits == 8 else (0, 256)
+        ks = [jax.random.randint(keys[1 + i], kv_shape, lo, hi, jnp.int32).astype(store) for i in range(r)]
+        vs = [jax.random.randint(keys[1 + r + i], kv_shape, lo, hi, jnp.int32).astype(store)
+              for i in range(r)]
+    else:
+        ks = [jax.random.normal(keys[1 + i], kv_shape, dt) for i in range(r)]
+        vs = [jax.random.normal(keys[1 + r + i], kv_shape, dt) for i in range(r)]
     lens = jnp.full((b,), c, jnp.int32)
 
     def chain(q, ks, vs, lens):
@@ -224,7 +236,8 @@ def environment() -> dict:
 
 
 def default_cases(args) -> list[Case]:
-    """Every Case in the product of args' dtypes, heads, dims, batch, ctx, qlen; headline first."""
+    """Every Case in the product of args' dtypes, heads, dims, batch, ctx, qlen, kv_bits; headline
+    first."""
     cases = []
     for dtype in args.dtypes:
         for heads in args.heads:
@@ -233,13 +246,16 @@ def default_cases(args) -> list[Case]:
                 for b in args.batch:
                     for c in args.ctx:
                         for s in args.qlen:
-                            cases.append(Case(b, c, s, hq, hkv, d, dtype))
+                            for bits in args.kv_bits:
+                                cases.append(Case(b, c, s, hq, hkv, d, dtype, bits))
     # The headline configuration first (bf16, 32/8, d128), so a time budget keeps it.
     cases.sort(key=lambda x: (x.dtype != "bf16", (x.q_heads, x.kv_heads) != (32, 8), x.head_dim != 128))
     return cases
 
 
 def _impl_skip(case: Case, impl: str) -> str | None:
+    if case.kv_bits and impl != "ours":
+        return "no int cache"
     if case.kv_bytes > MAX_KV_BYTES:
         return "beyond memory"
     if impl == "jax-xla" and case.batch * case.q_heads * case.q_len * case.ctx * 4 > MAX_LOGIT_BYTES:
@@ -281,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heads", nargs="+", default=["32/8", "64/8"], help="Hq/Hkv pairs")
     ap.add_argument("--dims", type=int, nargs="+", default=[128, 256])
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp16"], choices=["bf16", "fp16"])
+    ap.add_argument("--kv-bits", type=int, nargs="+", default=[0], choices=[0, 8, 4],
+                    help="cache formats: 0 (q's dtype), 8 / 4 (int8 / int4, ours only)")
     ap.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
     ap.add_argument("--target-ms", type=float, default=40.0, help="wall time per timing sample")
     ap.add_argument("--reps", type=int, default=5, help="timing samples (median reported)")

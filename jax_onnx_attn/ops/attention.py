@@ -30,7 +30,6 @@ from jax_onnx_attn.ops.kv_cache import kv_append
 from jax_onnx_attn.ops.reference import attention as reference
 
 _OP = "attention"
-_CUDA_MISSING = "CUDA kernels for ai.onnx Attention are not built yet"
 
 #: softmax_precision as the ONNX TensorProto enum: FLOAT, FLOAT16, DOUBLE, BFLOAT16.
 SOFTMAX_PRECISIONS = {1: jnp.dtype(jnp.float32), 10: jnp.dtype(jnp.float16),
@@ -330,7 +329,8 @@ def attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv
         position p = i + offset attends keys p - left <= j <= p + right.
       opset: the ai.onnx opset of the model (>= 23); nonpad needs >= 24, windows >= 25.
       return_qk: also return the qk_matmul_output tensor.
-      backend: "auto", "reference" or "cuda".
+      backend: "auto", "reference" or "cuda" (our kernels take steps of up to
+        `decode_paths.MAX_QUERY_ROWS` query rows in float32 / float16 / bfloat16).
 
     Fully masked query rows give 0 in y and in mode-3 qk (never NaN). Products accumulate in f32 for
     half types. Invalid inputs raise ValueError / TypeError at trace time.
@@ -370,9 +370,14 @@ def attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv
                                     short_rule="a shorter mask needs opset >= 24")
 
     fn = functools.partial(reference.attention, return_qk=bool(return_qk), **attrs)
+    hkv = k.shape[1]
+    cuda_fn, why = decode_paths.attention_cuda(
+        attrs, return_qk=bool(return_qk), q=q,
+        present_key=jax.ShapeDtypeStruct((b, hkv, total, k.shape[3]), k.dtype),
+        present_value=jax.ShapeDtypeStruct((b, hkv, total, v.shape[3]), v.dtype))
     y, present_key, present_value, qk = dispatch(
-        _OP, backend, fn, None, q, k, v, attn_mask, past_key, past_value, nonpad_kv_seqlen,
-        unsupported=_CUDA_MISSING)
+        _OP, backend, fn, cuda_fn, q, k, v, attn_mask, past_key, past_value, nonpad_kv_seqlen,
+        unsupported=why)
     return AttentionOutputs(_heads_back(y, is_3d), present_key, present_value, qk)
 
 
@@ -437,7 +442,7 @@ def attention_with_cache(Q, K, V, key_cache, value_cache, cache_lengths, attn_ma
     valid = jnp.where(written, cache_lengths + s, 0)
     fn = functools.partial(reference.attention, return_qk=bool(return_qk), **attrs)
     cuda_fn, why = decode_paths.attention_cuda(attrs, return_qk=bool(return_qk), q=q,
-                                               key_cache=key_cache, value_cache=value_cache)
+                                               present_key=key_cache, present_value=value_cache)
     y, _, _, qk = dispatch(_OP, backend, fn, cuda_fn, q, key_cache, value_cache, attn_mask, None, None,
                            valid, unsupported=why)
     new_lengths = jnp.where(written, cache_lengths + s, cache_lengths)

@@ -7,6 +7,7 @@ donated cache is updated in place. Every handler is command-buffer compatible.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -14,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_onnx_attn._extension import target
+from jax_onnx_attn.ops.dtypes import CUDA_FLOAT_DTYPES
+from jax_onnx_attn.ops.reference import quant
 
 
 def kv_append(cache, new, start):
@@ -46,25 +49,30 @@ def _decode_block_rows(rows: int) -> int:
     return 16 if rows <= 16 else 32 if rows <= 32 else 64 if rows <= 64 else 128
 
 
-def decode_ctas_per_sm(rows: int, head_dim: int) -> int:
+def decode_ctas_per_sm(rows: int, head_dim: int, kv_bits: int = 0) -> int:
     """CTAs per SM of the engine's layout for `rows` packed rows (EngineConfig::kCtasPerSm in
     ffi/kernels/decode/engine.cuh: stages sized to fit two CTAs of ~113 KB, or one of 227 KB when
-    that keeps half again as many KV tiles in flight; 16-bit elements)."""
+    that keeps half again as many KV tiles in flight; 16-bit q). A quantized cache (kv_bits 8 / 4)
+    streams stages of packed rows and adds one converted 16-bit tile pair and the scales."""
     block = _decode_block_rows(rows)
     warps_m = block // 16
     warps_n = 4 // warps_m if warps_m < 4 else 1
     tile_n = 64 if warps_n > 1 else 32
     stride = head_dim + 8
     q_bytes = block * stride * 2
-    stage = 2 * tile_n * stride * 2
+    tile_pair = 2 * tile_n * stride * 2
+    stage = 2 * tile_n * head_dim * kv_bits // 8 if kv_bits else tile_pair
+    ring_offset = q_bytes + (tile_pair + 2 * head_dim * 4 if kv_bits else 0)
     merge = warps_m * warps_n * 16 * (stride + 2) * 4
-    two, one = min(8, (115712 - q_bytes) // stage), min(8, (232448 - q_bytes) // stage)
+    two = min(8, (115712 - ring_offset) // stage)
+    one = min(8, (232448 - ring_offset) // stage)
     fits_two = (32 * warps_m * warps_n <= 128 and two >= 2 and 3 * (two - 1) >= one - 1
                 and q_bytes + merge <= 115712)
     return 2 if fits_two else 1
 
 
-def decode_split_rows(batch: int, kv_heads: int, rows: int, capacity: int, head_dim: int) -> int:
+def decode_split_rows(batch: int, kv_heads: int, rows: int, capacity: int, head_dim: int,
+                      kv_bits: int = 0) -> int:
     """KV rows per split for a decode call: a pure function of static shapes.
 
     With enough (batch, KV head, M block) CTAs to fill the GPU there is one split (no combine).
@@ -74,7 +82,7 @@ def decode_split_rows(batch: int, kv_heads: int, rows: int, capacity: int, head_
     block = _decode_block_rows(rows)
     ctas = batch * kv_heads * -(-rows // block)
     tiles = max(1, -(-capacity // DECODE_BLOCK_N))
-    slots = _PLAN_SMS * decode_ctas_per_sm(rows, head_dim)
+    slots = _PLAN_SMS * decode_ctas_per_sm(rows, head_dim, kv_bits)
     if ctas >= 0.8 * slots:
         return tiles * DECODE_BLOCK_N
     options = []
@@ -89,6 +97,46 @@ def decode_split_rows(batch: int, kv_heads: int, rows: int, capacity: int, head_
     return per_split * DECODE_BLOCK_N
 
 
+#: Most splits the kernel combines inside one thread-block cluster (kMaxClusterSplits in
+#: ffi/kernels/decode/params.h; over 8 is a non-portable cluster size).
+DECODE_MAX_CLUSTER_SPLITS = 16
+# What the planner uses: portable clusters, splits of at most 2 KV tiles. Measured on the H200
+# (bench/results/2026-11-30-decode-notes.md): B=1 1k 11.2 -> 8.6 µs; at 4k / 8k (8 tiles a split)
+# the cluster plan was slower than the combine kernel's (20.0 vs 17.7, 35.8 vs 23.0 µs).
+_PLAN_CLUSTER_SPLITS = 8
+_CLUSTER_MAX_TILES = 2
+
+
+@functools.cache
+def _cluster_capable() -> bool:
+    """Whether the local GPU runs thread-block clusters (sm_90+); False without a GPU."""
+    try:
+        dev = jax.devices("gpu")[0]
+        return int(str(getattr(dev, "compute_capability", "0")).split(".")[0]) >= 9
+    except (RuntimeError, ValueError, IndexError):
+        return False
+
+
+def decode_cluster_split_rows(batch: int, kv_heads: int, rows: int, capacity: int) -> int | None:
+    """KV rows per split when the splits should combine inside a thread-block cluster, else None.
+
+    For 16-row blocks (decode at small batch) that leave most of the GPU idle: up to 8 splits per
+    block, as many as the GPU's CTA slots take, each at most _CLUSTER_MAX_TILES tiles. A pure
+    function of static shapes.
+    """
+    if _decode_block_rows(rows) != 16:
+        return None
+    ctas = batch * kv_heads
+    tiles = max(1, -(-capacity // DECODE_BLOCK_N))
+    n = min(_PLAN_CLUSTER_SPLITS, tiles, (_PLAN_SMS * decode_ctas_per_sm(rows, 128)) // max(ctas, 1))
+    if n < 2:
+        return None
+    per_split = -(-tiles // n)
+    if per_split > _CLUSTER_MAX_TILES:
+        return None
+    return per_split * DECODE_BLOCK_N
+
+
 def decode_workspace_elems(batch: int, kv_heads: int, rows: int, capacity: int, head_dim: int,
                            split_rows: int) -> int:
     """f32 elements of the split partials (WorkspaceElems in ffi/kernels/decode/host.h), >= 1."""
@@ -96,21 +144,32 @@ def decode_workspace_elems(batch: int, kv_heads: int, rows: int, capacity: int, 
     return batch * kv_heads * splits * rows * (head_dim + 1) if splits > 1 else 1
 
 
-def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, *, scale: float,
-                     softcap: float = 0.0, causal: bool = True, left: int = -1, right: int = -1,
-                     pos_shift: int = 0, split_rows: int | None = None, pdl: bool = True):
+def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=None, v_scale=None,
+                     *, scale: float, softcap: float = 0.0, causal: bool = True, left: int = -1,
+                     right: int = -1, pos_shift: int = 0, kv_bits: int = 0,
+                     split_rows: int | None = None, pdl: bool = True, cluster: bool | None = None):
     """q [B, Hq, S, D] f16/bf16, k_cache / v_cache [B, Hkv, C, D], kv_len int32 [B] -> [B, Hq, S, D].
 
     Semantics of `jax_onnx_attn.ops.reference.decode.decode_attention`. bias: None or
-    [B|1, Hq|1, S|1, T] f32/f16/bf16/bool; sink: None or [Hq]. split_rows overrides the planner (a
-    multiple of DECODE_BLOCK_N); pdl launches the combine as a programmatic dependent launch.
+    [B|1, Hq|1, S|1, T] f32/f16/bf16/bool; sink: None or [Hq]. kv_bits 8: int8 caches
+    [B, Hkv, C, D]; 4: uint8 [B, Hkv, C, D / 2]; both with float k_scale / v_scale of 1 element
+    (per tensor) or Hkv·D elements (per channel, e.g. [1, Hkv, 1, D]). split_rows overrides the
+    planner (a multiple of DECODE_BLOCK_N); pdl launches the combine as a programmatic dependent
+    launch. cluster: combine the splits inside a thread-block cluster (sm_90+, <= 8 splits of a
+    16-row block); None lets the planner choose (only when split_rows is None too).
     """
     b, hq, s, d = q.shape
     hkv, c = k_cache.shape[1], k_cache.shape[2]
     rows = (hq // hkv) * s
+    if cluster is None:
+        cluster = split_rows is None and kv_bits == 0 and _cluster_capable() and \
+            decode_cluster_split_rows(b, hkv, rows, c) is not None
+        if cluster:
+            split_rows = decode_cluster_split_rows(b, hkv, rows, c)
     if split_rows is None:
-        split_rows = decode_split_rows(b, hkv, rows, c, d)
-    ws = decode_workspace_elems(b, hkv, rows, c, d, split_rows)
+        split_rows = decode_split_rows(b, hkv, rows, c, d, kv_bits)
+    cluster = bool(cluster) and -(-c // split_rows) > 1
+    ws = 1 if cluster else decode_workspace_elems(b, hkv, rows, c, d, split_rows)
     placeholder = jnp.zeros((1,), jnp.float32)
     call = jax.ffi.ffi_call(
         target("decode_attention"),
@@ -120,8 +179,178 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, *, scale
     out, _ = call(q, k_cache, v_cache, kv_len.astype(jnp.int32),
                   placeholder if bias is None else bias,
                   placeholder if sink is None else sink.astype(jnp.float32),
+                  placeholder if k_scale is None else jnp.ravel(k_scale).astype(jnp.float32),
+                  placeholder if v_scale is None else jnp.ravel(v_scale).astype(jnp.float32),
                   scale=np.float32(scale), softcap=np.float32(softcap if softcap > 0 else 0.0),
                   causal=bool(causal), left=int(left), right=int(right), pos_shift=int(pos_shift),
-                  has_bias=bias is not None, has_sink=sink is not None,
-                  split_rows=int(split_rows), pdl=bool(pdl))
+                  has_bias=bias is not None, has_sink=sink is not None, kv_bits=int(kv_bits),
+                  split_rows=int(split_rows), pdl=bool(pdl), cluster=cluster)
     return out
+
+
+# --- GroupQueryAttention step preparation (ffi/gqa/prepare.cu) ------------------------------------
+
+#: Largest head size gqa_prepare takes (kMaxHeadDim in ffi/gqa/prepare.cu: 8 elements a lane, a
+#: warp a head row).
+GQA_PREPARE_MAX_HEAD_DIM = 256
+
+
+def _check_gqa_prepare(query, key, value, k_cache, v_cache, seqlens_k, cos_cache, sin_cache,
+                       position_ids, q_norm_weight, k_norm_weight, k_scale, v_scale, n, hkv,
+                       kv_bits) -> int:
+    """Trace-time checks of gqa_prepare's inputs; returns the head size D."""
+    def fail(name, rule, exc=ValueError):
+        raise exc(f"gqa_prepare: {name}: {rule}")
+
+    if n <= 0 or hkv <= 0 or n % hkv:
+        fail("num_heads", f"must be a positive multiple of kv_num_heads, got {n} and {hkv}")
+    if query.ndim != 3:
+        fail("query", f"must be [B, S, hidden], got shape {list(query.shape)}")
+    dtype = query.dtype
+    if dtype not in CUDA_FLOAT_DTYPES:
+        fail("query", f"must be float32, float16 or bfloat16, got {dtype}", TypeError)
+    b, s, hidden = query.shape
+    heads = n if key is not None else n + 2 * hkv
+    if hidden % heads:
+        fail("query", f"hidden size {hidden} is not a multiple of its {heads} heads")
+    d = hidden // heads
+    if d % 8 or not 0 < d <= GQA_PREPARE_MAX_HEAD_DIM:
+        fail("query", f"head size must be a multiple of 8 in [8, {GQA_PREPARE_MAX_HEAD_DIM}], got {d}")
+    if s < 1:
+        fail("query", "must have at least one row")
+    if (key is None) != (value is None):
+        fail("key" if key is None else "value", "key and value must be both given or both absent")
+    for name, x in (("key", key), ("value", value)):
+        if x is not None and (x.shape != (b, s, hkv * d) or x.dtype != dtype):
+            fail(name, f"must be {dtype}[{b}, {s}, {hkv * d}], got {x.dtype}{list(x.shape)}")
+    if kv_bits not in (0, 4, 8):
+        fail("kv_bits", f"must be 0, 4 or 8, got {kv_bits}")
+    cache_dtype = quant.storage_dtype(kv_bits) if kv_bits else dtype
+    cache_d = d // 2 if kv_bits == 4 else d
+    if k_cache.ndim != 4 or k_cache.shape[:2] != (b, hkv) or k_cache.shape[3] != cache_d:
+        fail("k_cache", f"must be [{b}, {hkv}, C, {cache_d}], got {list(k_cache.shape)}")
+    if v_cache.shape != k_cache.shape:
+        fail("v_cache", f"must have k_cache's shape {list(k_cache.shape)}, got {list(v_cache.shape)}")
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if x.dtype != cache_dtype:
+            fail(name, f"must be {cache_dtype} (kv_bits={kv_bits}), got {x.dtype}", TypeError)
+    if s > k_cache.shape[2]:
+        fail("query", f"{s} new rows do not fit the cache capacity {k_cache.shape[2]}")
+    if seqlens_k.shape != (b,) or not jnp.issubdtype(seqlens_k.dtype, jnp.integer):
+        fail("seqlens_k", f"must be integer [{b}], got {seqlens_k.dtype}{list(seqlens_k.shape)}")
+    if (cos_cache is None) != (sin_cache is None):
+        fail("cos_cache" if cos_cache is None else "sin_cache", "cos_cache and sin_cache must be both "
+                                                                "given or both absent")
+    if cos_cache is not None:
+        for name, x in (("cos_cache", cos_cache), ("sin_cache", sin_cache)):
+            if x.dtype != dtype or x.ndim != 2 or x.shape != cos_cache.shape:
+                fail(name, f"must be {dtype}[max_position, R/2] like cos_cache, got "
+                           f"{x.dtype}{list(x.shape)}")
+        if not (cos_cache.shape[0] >= 1 and cos_cache.shape[1] % 8 == 0
+                and 0 < 2 * cos_cache.shape[1] <= d):
+            fail("cos_cache", f"must be [max_position >= 1, R/2] with R/2 a multiple of 8 and "
+                              f"R <= {d}, got {list(cos_cache.shape)}")
+    if position_ids is not None:
+        if cos_cache is None:
+            fail("position_ids", "only feeds the rotary embedding (give cos_cache and sin_cache)")
+        if position_ids.shape != (b, s) or not jnp.issubdtype(position_ids.dtype, jnp.integer):
+            fail("position_ids", f"must be integer [{b}, {s}], got "
+                                 f"{position_ids.dtype}{list(position_ids.shape)}")
+    if (q_norm_weight is None) != (k_norm_weight is None):
+        fail("q_norm_weight" if q_norm_weight is None else "k_norm_weight",
+             "q_norm_weight and k_norm_weight must be both given or both absent")
+    for name, x in (("q_norm_weight", q_norm_weight), ("k_norm_weight", k_norm_weight)):
+        if x is not None and (x.shape != (d,) or x.dtype != dtype):
+            fail(name, f"must be {dtype}[{d}], got {x.dtype}{list(x.shape)}")
+    for name, x in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if kv_bits and x is None:
+            fail(name, f"is required with kv_bits={kv_bits}")
+        if kv_bits and (x.dtype != jnp.float32 or x.size not in (1, hkv * d)):
+            fail(name, f"must be float32 of 1 (per tensor) or {hkv * d} (per channel) elements, got "
+                       f"{x.dtype}{list(x.shape)}")
+    return d
+
+
+def gqa_prepare(query, key, value, k_cache, v_cache, seqlens_k, cos_cache=None, sin_cache=None,
+                position_ids=None, q_norm_weight=None, k_norm_weight=None, k_scale=None,
+                v_scale=None, *, num_heads: int, kv_num_heads: int, rotary_interleaved: bool = False,
+                q_norm_epsilon: float = 1e-6, k_norm_epsilon: float = 1e-6, kv_bits: int = 0):
+    """A GroupQueryAttention decode / verify step's preparation in one launch: split (packed or
+    separate Q/K/V), q/k RMS norm, rotary, and the new K/V rows written in place (quantised when
+    kv_bits is 8 or 4) at rows [past_b, past_b + S), past_b = seqlens_k[b] + 1 - S.
+
+    Arguments and results of `jax_onnx_attn.ops.reference.gqa.prepare_step`: (q [B, N, S, D],
+    k_cache, v_cache, status int32 [B]). The caches are aliased to their outputs (donate them);
+    seqlens_k and position_ids are read on the device. Raises ValueError / TypeError
+    "gqa_prepare: <input>: <rule>" at trace time.
+    """
+    n, hkv, bits = int(num_heads), int(kv_num_heads), int(kv_bits)
+    args = [None if x is None else jnp.asarray(x)
+            for x in (query, key, value, k_cache, v_cache, seqlens_k, cos_cache, sin_cache,
+                      position_ids, q_norm_weight, k_norm_weight, k_scale, v_scale)]
+    d = _check_gqa_prepare(*args, n, hkv, bits)
+    (query, key, value, k_cache, v_cache, seqlens_k, cos_cache, sin_cache, position_ids,
+     q_norm_weight, k_norm_weight, k_scale, v_scale) = args
+    b, s = query.shape[:2]
+    t = query.dtype
+
+    def or_placeholder(x, dtype):  # an absent input: one element the kernel never reads
+        return jnp.zeros((1,), dtype) if x is None else x
+
+    call = jax.ffi.ffi_call(
+        target("gqa_prepare"),
+        (jax.ShapeDtypeStruct((b, n, s, d), t), jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype),
+         jax.ShapeDtypeStruct(v_cache.shape, v_cache.dtype), jax.ShapeDtypeStruct((b,), jnp.int32)),
+        input_output_aliases={3: 1, 4: 2},
+        vmap_method="sequential",
+    )
+    q, k_cache, v_cache, status = call(
+        query, or_placeholder(key, t), or_placeholder(value, t), k_cache, v_cache,
+        seqlens_k.astype(jnp.int32), or_placeholder(cos_cache, t), or_placeholder(sin_cache, t),
+        or_placeholder(position_ids, jnp.int32).astype(jnp.int32),
+        or_placeholder(q_norm_weight, t), or_placeholder(k_norm_weight, t),
+        or_placeholder(k_scale, jnp.float32).reshape(-1),
+        or_placeholder(v_scale, jnp.float32).reshape(-1),
+        num_heads=n, kv_num_heads=hkv, packed=key is None, do_rotary=cos_cache is not None,
+        rotary_interleaved=bool(rotary_interleaved), has_position_ids=position_ids is not None,
+        has_norm=q_norm_weight is not None, q_norm_epsilon=np.float32(q_norm_epsilon),
+        k_norm_epsilon=np.float32(k_norm_epsilon), kv_bits=bits)
+    return q, k_cache, v_cache, status
+
+
+# --- general attention (ffi/attention/general.cu, kernels in ffi/kernels/general/) ----------------
+
+#: Softmax dtypes of the general kernel, indexed by SoftmaxType (ffi/kernels/general/params.h).
+GENERAL_SOFTMAX_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+#: Most keys the general kernel takes: its 64-key tiles are a grid dimension (at most 65535).
+GENERAL_MAX_KEYS = 64 * 65535
+
+
+def general_attention(q, k, v, kv_len, bias=None, *, scale: float, softcap: float = 0.0,
+                      causal: bool = False, left: int = -1, right: int = -1, pos_shift: int = 0,
+                      qk_mode: int | None = None, softmax_dtype=None):
+    """q [B, Hq, S, D], k [B, Hkv, C, D] of q's dtype, v [B, Hkv, C, Dv] (f32/f16/bf16 each),
+    kv_len int32 [B] -> (y [B, Hq, S, Dv], qk [B, Hq, S, C] or None), both in q's dtype.
+
+    Semantics of `jax_onnx_attn.ops.reference.general.general_attention` (the CUDA-core kernel for
+    what the decode engine does not take). bias: None or [B|1, Hq|1, S|1, T] f32/f16/bf16/bool;
+    qk_mode: None or a qk_matmul_output_mode (0-3); softmax_dtype: one of GENERAL_SOFTMAX_DTYPES or
+    None (float32). The f32 score workspace [B, Hq, S, C] is an extra result.
+    """
+    b, hq, s, _ = q.shape
+    c, dv = k.shape[2], v.shape[3]
+    softmax_dtype = jnp.dtype(jnp.float32 if softmax_dtype is None else softmax_dtype)
+    qk_shape = (b, hq, s, c) if qk_mode is not None else (1,)
+    call = jax.ffi.ffi_call(
+        target("general_attention"),
+        (jax.ShapeDtypeStruct((b, hq, s, dv), q.dtype), jax.ShapeDtypeStruct(qk_shape, q.dtype),
+         jax.ShapeDtypeStruct((max(1, b * hq * s * c),), jnp.float32)),
+        vmap_method="sequential",
+    )
+    y, qk, _ = call(q, k, v, kv_len.astype(jnp.int32),
+                    jnp.zeros((1,), jnp.float32) if bias is None else bias,
+                    scale=np.float32(scale), softcap=np.float32(softcap if softcap > 0 else 0.0),
+                    causal=bool(causal), left=int(left), right=int(right), pos_shift=int(pos_shift),
+                    has_bias=bias is not None, qk_mode=-1 if qk_mode is None else int(qk_mode),
+                    softmax_type=GENERAL_SOFTMAX_DTYPES.index(softmax_dtype))
+    return y, (qk if qk_mode is not None else None)

@@ -1,12 +1,14 @@
-"""The CUDA decode paths of the two attention operators, on the split-KV decode engine.
+"""The CUDA decode paths of the two attention operators, on the split-KV decode engine (and, for
+ai.onnx Attention, the general CUDA-core kernel for what the engine does not take).
 
 Each `*_cuda` function looks at a call's static configuration and returns `(cuda_fn, None)` when
-the engine covers it, or `(None, reason)` when it does not (the op's `dispatch` then runs the
+our kernels cover it, or `(None, reason)` when it does not (the op's `dispatch` then runs the
 reference under backend="auto" and raises with the reason under backend="cuda"). A `cuda_fn` has the
 signature and results of the reference function the op dispatches to.
 
-Covered: fixed-capacity decode and speculative verify (S <= MAX_QUERY_ROWS new rows per step) in
-float16 / bfloat16 with head dims 64, 80, 96, 128, 256.
+Covered: decode and speculative verify steps (S <= MAX_QUERY_ROWS query rows). The engine takes
+float16 / bfloat16 with head dims 64, 80, 96, 128, 256; ai.onnx Attention's other calls of that size
+(float32, mixed dtypes or head sizes, qk_matmul_output, a half softmax) take the general kernel.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import jax.numpy as jnp
 from jax_onnx_attn.ops import cuda
 from jax_onnx_attn.ops import status as st
 from jax_onnx_attn.ops.decode import BIAS_DTYPES, cuda_unsupported
-from jax_onnx_attn.ops.reference import gqa as gqa_reference
+from jax_onnx_attn.ops.dtypes import CUDA_FLOAT_DTYPES
 
 #: Query rows per step the decode engine takes; longer steps are prefill (the reference, until the
 #: prefill kernel exists).
@@ -26,48 +28,94 @@ MAX_QUERY_ROWS = 64
 
 
 
-# --- ai.onnx Attention: ops.attention.attention_with_cache --------------------------------------
+# --- ai.onnx Attention: ops.attention.attention and attention_with_cache ------------------------
 
-def attention_cuda(attrs: dict, *, return_qk: bool, q, key_cache, value_cache):
-    """(cuda_fn, reason) for `attention_with_cache`'s dispatch of `reference.attention`.
+def attention_cuda(attrs: dict, *, return_qk: bool, q, present_key, present_value):
+    """(cuda_fn, reason) for the dispatch of `reference.attention` by `attention` (the ONNX form,
+    with or without past / nonpad_kv_seqlen) and by `attention_with_cache`.
 
-    cuda_fn(q, key_cache, value_cache, attn_mask, None, None, nonpad) -> (y, key_cache, value_cache,
-    None): the engine with kv_len = nonpad (offset nonpad - S, keys >= nonpad hidden) and the
-    rank-4 mask as its bias (a short last dim hides the keys past it, as the spec's -inf padding).
+    A step of at most MAX_QUERY_ROWS query rows runs on the split-KV engine where it covers the call
+    (`_engine_covers`) and on the general CUDA-core kernel otherwise: float32 / float16 / bfloat16,
+    any head sizes, V's dtype and head size of its own, every qk_matmul_output mode and softmax
+    dtype. cuda_fn(q, k, v, attn_mask, past_key, past_value, nonpad) -> (y, present_key,
+    present_value, qk) has the reference's signature and results (see `_attention_step`).
 
     Args:
       attrs: the attention attributes `ops.attention` normalised (scale, softcap, is_causal,
-        softmax_dtype, left/right_window_size).
-      return_qk: whether the caller wants qk_matmul_output (reference only).
-      q: [B, Hq, S, D] float (only its shape and dtype are read).
-      key_cache: [B, Hkv, C, D]; value_cache: [B, Hkv, C, Dv] (shapes and dtypes read).
+        qk_matmul_output_mode, softmax_dtype, left/right_window_size).
+      return_qk: whether the caller wants qk_matmul_output.
+      q: [B, Hq, S, D] (shape and dtype read).
+      present_key, present_value: [B, Hkv, T, D] / [B, Hkv, T, Dv], the K and V the attention reads
+        (past and new rows, or the whole cache); arrays or ShapeDtypeStructs (shapes and dtypes read).
     """
-    why = cuda_unsupported(q.dtype, q.shape[-1])
-    if why is None and (key_cache.dtype != q.dtype or value_cache.dtype != q.dtype):
-        why = "the CUDA decode kernels need Q, K and V of one dtype"
-    if why is None and value_cache.shape[-1] != q.shape[-1]:
-        why = "the CUDA decode kernels need V's head size equal to Q's"
-    if why is None and return_qk:
-        why = "qk_matmul_output comes from the reference backend only"
-    if why is None and attrs["softmax_dtype"] not in (None, jnp.dtype(jnp.float32)):
-        why = "the CUDA decode kernels run the softmax in float32 only"
-    if why is None and q.shape[2] > MAX_QUERY_ROWS:
-        why = f"more than {MAX_QUERY_ROWS} query rows (prefill) run on the reference backend"
-    if why:
-        return None, why
-    return functools.partial(_attention_decode, scale=attrs["scale"], softcap=attrs["softcap"],
-                             causal=attrs["is_causal"], left=attrs["left_window_size"],
-                             right=attrs["right_window_size"]), None
+    if q.shape[2] > MAX_QUERY_ROWS:
+        return None, f"more than {MAX_QUERY_ROWS} query rows (prefill) run on the reference backend"
+    engine = _engine_covers(attrs, return_qk, q, present_key, present_value)
+    if not engine:
+        why = _general_unsupported(attrs, q, present_key, present_value)
+        if why:
+            return None, why
+    return functools.partial(
+        _attention_step, engine=engine, scale=attrs["scale"], softcap=attrs["softcap"],
+        causal=attrs["is_causal"], left=attrs["left_window_size"],
+        right=attrs["right_window_size"],
+        qk_mode=attrs["qk_matmul_output_mode"] if return_qk else None,
+        softmax_dtype=attrs["softmax_dtype"]), None
 
 
-def _attention_decode(q, key_cache, value_cache, attn_mask, past_key, past_value, nonpad, *,
-                      scale, softcap, causal, left, right):
-    del past_key, past_value  # attention_with_cache passes none: the cache is key/value_cache
-    if attn_mask is not None and attn_mask.dtype not in BIAS_DTYPES:
-        attn_mask = attn_mask.astype(jnp.float32)  # integer masks are added as numbers
-    y = cuda.decode_attention(q, key_cache, value_cache, nonpad, attn_mask, None, scale=scale,
-                              softcap=softcap, causal=causal, left=left, right=right)
-    return y, key_cache, value_cache, None
+def _engine_covers(attrs, return_qk, q, key, value) -> bool:
+    """Whether the split-KV engine takes the call: float16 / bfloat16 Q, K and V of one dtype, a head
+    size of cuda.DECODE_HEAD_DIMS shared by V, no qk output, a float32 softmax, at least one key."""
+    softmax = attrs["softmax_dtype"]  # `is None`: numpy's dtype == None is float64
+    return (cuda_unsupported(q.dtype, q.shape[-1]) is None and key.dtype == q.dtype == value.dtype
+            and value.shape[-1] == q.shape[-1] and not return_qk
+            and (softmax is None or softmax == jnp.float32) and key.shape[2] > 0)
+
+
+def _general_unsupported(attrs, q, key, value) -> str | None:
+    """Why the general kernel cannot take a call (K has Q's dtype: the op checks it), or None."""
+    for name, x in (("Q", q), ("V", value)):
+        if x.dtype not in CUDA_FLOAT_DTYPES:
+            return f"{name} is {x.dtype}: the CUDA kernels take float32, float16 and bfloat16"
+    softmax = attrs["softmax_dtype"]
+    if softmax is not None and softmax not in cuda.GENERAL_SOFTMAX_DTYPES:
+        return (f"softmax_precision {softmax} runs on the reference backend (the CUDA kernels run "
+                f"the softmax in float32, float16 or bfloat16)")
+    if key.shape[2] > cuda.GENERAL_MAX_KEYS:
+        return f"more than {cuda.GENERAL_MAX_KEYS} keys run on the reference backend"
+    return None
+
+
+def _attention_step(q, k, v, attn_mask, past_key, past_value, nonpad, *, engine, scale, softcap,
+                    causal, left, right, qk_mode, softmax_dtype):
+    """present = concat(past, new) as the spec has it (new outputs: an XLA concatenation), then one
+    kernel over present.
+
+    The kernels place query row i at kv_len[b] - S + i + pos_shift; the spec at i + offset. With
+    nonpad: kv_len = nonpad, pos_shift 0 (offset nonpad - S, keys >= nonpad hidden). Otherwise:
+    kv_len = T = P + L, pos_shift = S - L (offset P with past, 0 without: top-left when S < L).
+    The rank-4 mask is the bias; a short last dim hides the keys past it (the spec's -inf padding).
+    """
+    new_rows = k.shape[2]
+    if past_key is not None:
+        k = jnp.concatenate([past_key, k], axis=2)
+        v = jnp.concatenate([past_value, v], axis=2)
+    b, _, s, _ = q.shape
+    if nonpad is not None:
+        kv_len, pos_shift = nonpad, 0
+    else:
+        kv_len, pos_shift = jnp.full((b,), k.shape[2], jnp.int32), s - new_rows
+    bias = attn_mask
+    if bias is not None and bias.dtype not in BIAS_DTYPES:
+        bias = bias.astype(jnp.float32)  # integer masks are added as numbers (float64 as float32)
+    static = dict(scale=scale, softcap=softcap, causal=causal, left=left, right=right,
+                  pos_shift=pos_shift)
+    if engine:
+        y, qk = cuda.decode_attention(q, k, v, kv_len, bias, **static), None
+    else:
+        y, qk = cuda.general_attention(q, k, v, kv_len, bias, qk_mode=qk_mode,
+                                       softmax_dtype=softmax_dtype, **static)
+    return y, k, v, qk
 
 
 # --- com.microsoft GroupQueryAttention: ops.gqa.group_query_attention ---------------------------
@@ -76,8 +124,9 @@ def gqa_cuda(config, *, query, key, past_key, query_seqlens):
     """(cuda_fn, reason) for `group_query_attention`'s dispatch of `reference.group_query_attention`.
 
     Covered: a decode / verify step (not a first prompt, no query_seqlens) on a shared fixed-capacity
-    float cache (shared_buffer=True), packed or separate Q/K/V, rotary, q/k norm, local window,
-    softcap, attention_bias, head_sink / smooth softmax.
+    cache (shared_buffer=True) of the query's dtype or int8 / int4 (per-tensor or per-channel
+    scales), packed or separate Q/K/V, rotary, q/k norm, local window, softcap, attention_bias,
+    head_sink / smooth softmax.
 
     Args:
       config: the op's static `reference.GQAConfig`.
@@ -95,11 +144,12 @@ def gqa_cuda(config, *, query, key, past_key, query_seqlens):
         (c.first_prompt, "a first prompt is prefill: the reference runs it"),
         (query_seqlens is not None, "query_seqlens (chunked prefill) runs on the reference"),
         (key is not None and key.shape[1] != s, "a KV-shared layer (no new K/V rows) runs on the reference"),
-        (c.kv_bits != 0, "a quantised KV cache runs on the reference"),
         (c.qk_output != 0, "output_qk comes from the reference only"),
         (c.sliding_window_cache, "a sliding-window cache runs on the reference"),
         (c.local_window_size == 0, "local_window_size 0 (no visible key) runs on the reference"),
         (s > MAX_QUERY_ROWS, f"more than {MAX_QUERY_ROWS} query rows run on the reference"),
+        (past_key is not None and s > past_key.shape[2],
+         "more query rows than the cache holds run on the reference"),
     )
     for failed, reason in checks:
         if failed:
@@ -110,26 +160,20 @@ def gqa_cuda(config, *, query, key, past_key, query_seqlens):
 def _gqa_decode(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache,
                 position_ids, attention_bias, head_sink, k_scale, v_scale, q_norm_weight,
                 k_norm_weight, query_seqlens, *, config):
-    """A GQA decode step: split, q/k norm, rotary, in-place append at past_b, split-KV attention.
-
-    The preparation is the reference's own (split_heads, step_lengths, normalize_and_rotate): only
-    the append and the attention run on our kernels.
-    """
-    del k_scale, v_scale, query_seqlens  # not covered (gqa_cuda says so)
+    """A GQA decode step in two launches: gqa_prepare (split, q/k norm, rotary, the new K/V rows
+    written in place at past_b, quantised when kv_bits) then the split-KV decode engine."""
+    del query_seqlens  # not covered (gqa_cuda says so)
     c = config
     n = c.num_heads
     b, s = query.shape[:2]
-    q, k, v = gqa_reference.split_heads(query, key, value, c)
-    total_b, past_b, _, _ = gqa_reference.step_lengths(seqlens_k, None, s, s, c)
-    q, k = gqa_reference.normalize_and_rotate(q, k, past_b, cos_cache, sin_cache, position_ids,
-                                              q_norm_weight, k_norm_weight, False, c)
+    q, present_k, present_v, status = cuda.gqa_prepare(
+        query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
+        q_norm_weight, k_norm_weight, k_scale, v_scale, num_heads=n, kv_num_heads=c.kv_num_heads,
+        rotary_interleaved=c.rotary_interleaved, q_norm_epsilon=c.q_norm_epsilon,
+        k_norm_epsilon=c.k_norm_epsilon, kv_bits=c.kv_bits)
     capacity = past_key.shape[2]
-    # A row whose write or keys would leave the cache is refused: not written, output 0.
-    ok = (past_b >= 0) & (total_b <= capacity)
-    start = jnp.where(ok, past_b, -1)
-    present_k, _ = cuda.kv_append(past_key, k.astype(past_key.dtype), start)
-    present_v, _ = cuda.kv_append(past_value, v.astype(past_value.dtype), start)
-    status = st.kv_write_status(ok)
+    # A refused row (its write would leave the cache) sees no key: output 0.
+    kv_len = jnp.where(status == st.OK, seqlens_k + 1, 0)
 
     bias = attention_bias
     if bias is not None and bias.shape[-1] < capacity:
@@ -143,7 +187,11 @@ def _gqa_decode(query, key, value, past_key, past_value, seqlens_k, cos_cache, s
         sink = None
     # GQA's window counts W keys including the query's own: pos - j <= W - 1.
     left = c.local_window_size - 1 if c.local_window_size > 0 else -1
-    y = cuda.decode_attention(q, present_k, present_v, jnp.where(ok, total_b, 0), bias, sink,
-                              scale=c.scale, softcap=c.softcap, causal=c.causal, left=left)
+    dequant = {}
+    if c.kv_bits:
+        # The engine reads the quantised cache dequantised (keyword names to match its wrapper).
+        dequant = dict(k_scale=k_scale, v_scale=v_scale, kv_bits=c.kv_bits)
+    y = cuda.decode_attention(q, present_k, present_v, kv_len, bias, sink, scale=c.scale,
+                              softcap=c.softcap, causal=c.causal, left=left, **dequant)
     output = y.transpose(0, 2, 1, 3).reshape(b, s, n * c.head_size)
     return output, present_k, present_v, None, status

@@ -147,6 +147,42 @@ def test_pos_shift(pos_shift, window):
     _check(q, k, v, lens, scale=0.09, causal=True, left=window[0], right=window[1], pos_shift=pos_shift)
 
 
+CLUSTER_CASES = [  # (Hq, Hkv, S, D, C, split_rows): 2 to 8 splits of 16-row blocks
+    (32, 8, 1, 128, 1024, 128), (64, 8, 2, 64, 777, 128), (8, 8, 1, 256, 300, 64),
+    (16, 2, 2, 80, 4096, 512), (6, 2, 5, 96, 200, 64)]
+
+
+@pytest.mark.parametrize("sink", [False, True])
+@pytest.mark.parametrize("case", CLUSTER_CASES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: np.dtype(t).name)
+def test_cluster_combine(dtype, case, sink):
+    """Splits combined inside a thread-block cluster (no combine kernel, no workspace) against the
+    reference, with ragged lengths (empty splits, rows with no key) and an optional sink; and
+    bitwise equal run to run."""
+    hq, hkv, s, d, c, split_rows = case
+    rng, q, k, v, lens = _inputs(d + c, 4, hq, hkv, s, d, c, dtype)
+    sink_v = rng.standard_normal(hq).astype(np.float32) if sink else None
+    f = jax.jit(functools.partial(cuda.decode_attention, scale=float(1 / np.sqrt(d)),
+                                  split_rows=split_rows, cluster=True))
+    got = np.asarray(f(q, k, v, lens, None, sink_v))
+    want = _run("reference", q, k, v, lens, None, sink_v, scale=float(1 / np.sqrt(d)))
+    assert not np.isnan(got.astype(np.float32)).any()
+    assert_close(got, want, dtype)
+    np.testing.assert_array_equal(np.asarray(f(q, k, v, lens, None, sink_v)), got)
+
+
+def test_planner_picks_the_cluster_at_batch_1():
+    """The auto plan of a B=1 decode step is one clustered launch: no combine kernel in the HLO's
+    custom calls' workspace (size 1) and the same values as the combine-kernel path."""
+    _, q, k, v, lens = _inputs(5, 1, 32, 8, 1, 128, 2048, ml_dtypes.bfloat16, lens=[2000])
+    assert cuda.decode_cluster_split_rows(1, 8, 4, 2048) is not None
+    auto = jax.jit(functools.partial(cuda.decode_attention, scale=0.09))
+    hlo = auto.lower(q, k, v, lens).as_text()
+    assert "cluster = true" in hlo
+    plain = jax.jit(functools.partial(cuda.decode_attention, scale=0.09, cluster=False))
+    assert_close(np.asarray(auto(q, k, v, lens)), np.asarray(plain(q, k, v, lens)), ml_dtypes.bfloat16)
+
+
 def test_kv_len_beyond_capacity_is_clamped_and_empty_rows_are_zero():
     _, q, k, v, _ = _inputs(4, 4, 8, 2, 4, 64, 100, np.float16, lens=[100, 100, 100, 100])
     lens = np.array([500, -3, 0, 2], np.int32)

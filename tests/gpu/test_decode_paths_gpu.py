@@ -16,6 +16,7 @@ from jax_onnx_attn import ops
 from jax_onnx_attn.testing import assert_close, hlo_copies_of
 
 from gqa_decode_cases import gqa_inputs as _gqa_inputs
+from gqa_decode_cases import quant_attrs
 
 pytestmark = pytest.mark.gpu
 
@@ -33,7 +34,10 @@ def _gqa_compare(inp, **attrs):
     attrs = dict(attrs)
     arrays = {k: v for k, v in inp.items() if k != "total_sequence_length"}
     attrs["total_sequence_length"] = inp["total_sequence_length"]
-    got = _gqa_jit("cuda", **attrs)(arrays)
+    cuda_step = _gqa_jit("cuda", **attrs)
+    lowered = cuda_step.lower(arrays).as_text()  # one preparation launch, no separate appends
+    assert "jax_onnx_attn_gqa_prepare" in lowered and "jax_onnx_attn_kv_append" not in lowered
+    got = cuda_step(arrays)
     want = _gqa_jit("reference", **attrs)(arrays)
     dtype = inp["query"].dtype
     assert_close(np.asarray(got.output), np.asarray(want.output), dtype)
@@ -70,6 +74,13 @@ def test_gqa_decode_f16_head_dims(d, causal):
                  do_rotary=int(d % 32 == 0), local_window_size=-1)
 
 
+@pytest.mark.parametrize("rotary", [1, 2])
+def test_gqa_decode_f16_position_ids_and_norm(rotary):
+    inp = _gqa_inputs(40 + rotary, F16, s=3, n=32, hkv=8, d=128, rotary=rotary, norm=True,
+                      position_ids=True, packed=rotary == 1)
+    _gqa_compare(inp, num_heads=32, kv_num_heads=8, do_rotary=1, rotary_interleaved=int(rotary == 2))
+
+
 def test_gqa_auto_uses_the_kernels_and_updates_the_cache_in_place():
     inp = _gqa_inputs(1, BF16, b=2, cap=1024, rotary=1)
     inp["seqlens_k"] = np.array([10, 700], np.int32)
@@ -84,6 +95,8 @@ def test_gqa_auto_uses_the_kernels_and_updates_the_cache_in_place():
     f = jax.jit(step, donate_argnums=(0, 1))
     hlo = f.lower(arrays["past_key"], arrays["past_value"], rest).compile().as_text()
     assert 'custom_call_target="jax_onnx_attn_decode_attention"' in hlo
+    assert 'custom_call_target="jax_onnx_attn_gqa_prepare"' in hlo
+    assert 'custom_call_target="jax_onnx_attn_kv_append"' not in hlo
     assert hlo_copies_of(hlo, arrays["past_key"].shape, arrays["past_key"].dtype) == []
     want = jax.jit(lambda pk, pv, r: ops.group_query_attention(past_key=pk, past_value=pv, **r, **attrs,
                                                                backend="reference"))(
@@ -92,6 +105,34 @@ def test_gqa_auto_uses_the_kernels_and_updates_the_cache_in_place():
     got = f(arrays["past_key"], arrays["past_value"], rest)
     assert got.present_key.unsafe_buffer_pointer() == pointer
     assert_close(np.asarray(got.output), np.asarray(want.output), BF16)
+
+
+@pytest.mark.parametrize("s", [1, 4])
+@pytest.mark.parametrize("bits,quant_type", [(8, "PER_TENSOR"), (8, "PER_CHANNEL"), (4, "PER_TENSOR"),
+                                             (4, "PER_CHANNEL")])
+def test_gqa_decode_quantised_cache(bits, quant_type, s):
+    """int8 / int4 caches end to end on the kernels (gqa_prepare quantises the new rows, the engine
+    dequantises in its load path) against the operator's reference. Present caches may differ by
+    one level where XLA's GPU reciprocal of the scale rounds differently from the kernel's IEEE one."""
+    inp = _gqa_inputs(bits * 3 + s, BF16 if s == 1 else F16, s=s, n=32, hkv=8, d=128, rotary=1,
+                      kv_bits=bits, quant_type=quant_type)
+    arrays = {k: v for k, v in inp.items() if k != "total_sequence_length"}
+    attrs = dict(num_heads=32, kv_num_heads=8, do_rotary=1,
+                 total_sequence_length=inp["total_sequence_length"], **quant_attrs(bits, quant_type))
+    cuda_step = _gqa_jit("cuda", **attrs)
+    lowered = cuda_step.lower(arrays).as_text()
+    assert "jax_onnx_attn_gqa_prepare" in lowered and "jax_onnx_attn_decode_attention" in lowered
+    got, want = cuda_step(arrays), _gqa_jit("reference", **attrs)(arrays)
+    dtype = inp["query"].dtype
+    assert_close(np.asarray(got.output), np.asarray(want.output), dtype)
+    np.testing.assert_array_equal(np.asarray(got.status), np.asarray(want.status))
+    for name in ("present_key", "present_value"):
+        g, w = np.asarray(getattr(got, name)), np.asarray(getattr(want, name))
+        if bits == 4:  # compare levels, not packed bytes
+            g = np.stack([g & 15, g >> 4], -1)
+            w = np.stack([w & 15, w >> 4], -1)
+        diff = np.abs(g.astype(np.int32) - w.astype(np.int32))
+        assert diff.max() <= 1 and (diff > 0).mean() < 1e-3, name
 
 
 def test_gqa_uncovered_calls_fall_back_or_raise():
@@ -162,13 +203,23 @@ def test_attention_with_cache(s, causal, mask, window):
         np.testing.assert_array_equal(np.asarray(getattr(got, name)), np.asarray(getattr(want, name)))
 
 
-def test_attention_uncovered_calls_fall_back_or_raise():
+def test_attention_kernel_choice_and_uncovered_calls():
     inp = _attn_inputs(3, BF16)
     del inp["attn_mask"]
-    auto = jax.jit(lambda a: ops.attention_with_cache(**a, return_qk=True))(inp)
-    assert auto.qk is not None
-    with pytest.raises(NotImplementedError, match="qk_matmul_output"):
-        ops.attention_with_cache(**inp, return_qk=True, backend="cuda")
-    f32 = {k: v.astype(np.float32) if k != "cache_lengths" else v for k, v in inp.items()}
-    with pytest.raises(NotImplementedError, match="float16 and bfloat16"):
-        ops.attention_with_cache(**f32, backend="cuda")
+
+    def targets(**kw):
+        hlo = jax.jit(lambda a: ops.attention_with_cache(**a, **kw)).lower(inp).compile().as_text()
+        return {t for t in ("decode_attention", "general_attention")
+                if f'custom_call_target="jax_onnx_attn_{t}"' in hlo}
+
+    # "auto" on a GPU: the engine where it covers the call, the general kernel for the rest.
+    assert targets() == {"decode_attention"}
+    assert targets(return_qk=True) == {"general_attention"}
+    assert targets(softmax_precision=16) == {"general_attention"}
+    # Prefill-sized steps stay on the reference: "auto" falls back, "cuda" says why.
+    long = _attn_inputs(4, BF16, s=65)
+    del long["attn_mask"]
+    auto = jax.jit(lambda a: ops.attention_with_cache(**a))(long)
+    assert auto.y.shape == (3, 16, 65, 128)
+    with pytest.raises(NotImplementedError, match="more than 64 query rows"):
+        ops.attention_with_cache(**long, backend="cuda")

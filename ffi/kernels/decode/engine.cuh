@@ -2,7 +2,9 @@
 //
 // A CTA holds its packed query rows (G heads x S rows of one KV head) in shared memory and streams
 // the KV tiles of its split through a cp.async ring of kStages stages (16-byte copies, zero fill
-// past the valid rows, so unwritten cache rows are never read). Warps are laid out kWarpsM x kWarpsN:
+// past the valid rows, so unwritten cache rows are never read); an int8 / int4 cache (the Kv policy,
+// kv_format.cuh) streams its packed bytes and converts each landed tile into one T tile pair that
+// the same MMA code reads. Warps are laid out kWarpsM x kWarpsN:
 // each owns 16 query rows and a 1 / kWarpsN slice of every KV tile, runs S = Q K^T and O += P V on
 // mma.sync m16n8k16 (f32 accumulation) with an online softmax, and the warps that share rows merge
 // their (max, sum, O) through shared memory at the end in a fixed order. With one split the CTA
@@ -15,13 +17,15 @@
 
 #include <cstdint>
 
+#include "kernels/decode/cluster_combine.cuh"
+#include "kernels/decode/kv_format.cuh"
 #include "kernels/decode/params.h"
 #include "kernels/decode/variant.cuh"
 #include "kernels/ptx.cuh"
 
 namespace joa::decode {
 
-template <typename T, int kD, int kWarpsM, int kWarpsN>
+template <typename T, int kD, int kWarpsM, int kWarpsN, class Kv = DenseKv<T>>
 struct EngineConfig {
   static_assert(kD % 16 == 0, "head dim must be a multiple of 16");
   static constexpr int kWarps = kWarpsM * kWarpsN;
@@ -43,13 +47,19 @@ struct EngineConfig {
   static constexpr int kVecs = kD / 8;     // 16-byte vectors per row
   static constexpr int kQBytes = kBlockM * kStride * int(sizeof(T));
   static constexpr int kTileElems = kTileN * kStride;
-  static constexpr int kStageBytes = 2 * kTileElems * int(sizeof(T));
+  // A ring stage holds a K and a V tile as the cache stores them: padded T rows, or the packed
+  // rows of a quantized cache. Those add one converted T tile pair (what the MMAs read) and the
+  // K / V scales [2][kD] f32 in front of the ring.
+  static constexpr int kStageBytes =
+      Kv::kQuantized ? 2 * kTileN * kD * Kv::kBits / 8 : 2 * kTileElems * int(sizeof(T));
+  static constexpr int kConvBytes = Kv::kQuantized ? 2 * kTileElems * int(sizeof(T)) + 2 * kD * 4 : 0;
+  static constexpr int kRingOffset = kQBytes + kConvBytes;
   static constexpr int kMergeBytes = kWarps * 16 * (kOStride + 2) * 4;
   // Stages from the shared-memory budget (228 KB per SM, 1 KB reserved per CTA): as many as fit two
   // CTAs per SM, or one CTA when that keeps half again as many tiles in flight (or two do not fit).
   static constexpr int kBudget2 = 115712, kBudget1 = 232448;
-  static constexpr int kFit2 = (kBudget2 - kQBytes) / kStageBytes;
-  static constexpr int kFit1 = (kBudget1 - kQBytes) / kStageBytes;
+  static constexpr int kFit2 = (kBudget2 - kRingOffset) / kStageBytes;
+  static constexpr int kFit1 = (kBudget1 - kRingOffset) / kStageBytes;
   static constexpr int kStages2 = kFit2 < 8 ? kFit2 : 8;
   static constexpr int kStages1 = kFit1 < 8 ? kFit1 : 8;
   static constexpr bool kTwoPerSm =
@@ -59,8 +69,14 @@ struct EngineConfig {
   static constexpr int kStages = kTwoPerSm ? kStages2 : kStages1;
   static_assert(kStages >= 2, "the pipeline needs two stages");
   static constexpr int kPipeBytes = kStages * kStageBytes;
-  static constexpr int kSmemBytes = kQBytes + (kPipeBytes > kMergeBytes ? kPipeBytes : kMergeBytes);
+  // The merge reuses everything past Q once the loop is done.
+  static constexpr int kSmemBytes =
+      kQBytes + (kConvBytes + kPipeBytes > kMergeBytes ? kConvBytes + kPipeBytes : kMergeBytes);
   static_assert(kSmemBytes <= (kTwoPerSm ? kBudget2 : kBudget1), "shared memory over budget");
+  // The in-cluster combine (cluster_combine.cuh) keeps its partials after the merge area; offered
+  // for 16-row blocks (the small-batch decode shapes where a combine launch costs most).
+  static constexpr bool kClusterCombine =
+      kBlockM == 16 && kQBytes + kMergeBytes + kClusterPartFloats<kBlockM, kD> * 4 <= kSmemBytes;
 };
 
 // Copies rows [0, n_rows) of a [n_rows, kD] tile whose row i is at src + i * row_stride into
@@ -89,16 +105,19 @@ struct alignas(8) Vec4 {
   T v[4];
 };
 
-template <typename T, int kD, int kWarpsM, int kWarpsN, class Variant>
+template <typename T, int kD, int kWarpsM, int kWarpsN, class Variant, class Kv = DenseKv<T>>
 __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
-                                  (EngineConfig<T, kD, kWarpsM, kWarpsN>::kCtasPerSm))
+                                  (EngineConfig<T, kD, kWarpsM, kWarpsN, Kv>::kCtasPerSm))
     DecodeSplitKernel(const __grid_constant__ DecodeParams p) {
-  using Cfg = EngineConfig<T, kD, kWarpsM, kWarpsN>;
+  using Cfg = EngineConfig<T, kD, kWarpsM, kWarpsN, Kv>;
   constexpr int kBlockM = Cfg::kBlockM, kStride = Cfg::kStride, kStages = Cfg::kStages;
   constexpr int kChunk = Cfg::kChunk, kThreads = Cfg::kThreads, kTileN = Cfg::kTileN;
   extern __shared__ __align__(16) unsigned char smem[];
   T* s_q = reinterpret_cast<T*>(smem);
   T* s_kv = reinterpret_cast<T*>(smem + Cfg::kQBytes);  // stage st: K tile 2 st, V tile 2 st + 1
+  // Quantized: s_kv is the converted K / V tile pair, then the scales, then the ring of raw tiles.
+  float* s_scale = reinterpret_cast<float*>(smem + Cfg::kQBytes + 2 * Cfg::kTileElems * sizeof(T));
+  unsigned char* s_ring = smem + Cfg::kRingOffset;
 
   const int split = blockIdx.x;
   const int kvh = blockIdx.y / p.m_blocks;
@@ -140,11 +159,22 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
   const T* v_base = static_cast<const T*>(p.v) + b * p.v_stride_b + kvh * p.v_stride_h;
   auto load_tile = [&](int t, int st) {
     const int n0 = t * kTileN;
-    T* s_k = s_kv + (2 * st) * Cfg::kTileElems;
-    LoadRows<T, kD, kTileN, kThreads, kStride>(s_k, k_base + n0 * p.k_stride_n, p.k_stride_n,
-                                               n_begin - n0, n_end - n0, tid);
-    LoadRows<T, kD, kTileN, kThreads, kStride>(s_k + Cfg::kTileElems, v_base + n0 * p.v_stride_n,
-                                               p.v_stride_n, n_begin - n0, n_end - n0, tid);
+    if constexpr (Kv::kQuantized) {
+      // Strides of a quantized cache count bytes.
+      const unsigned char* k_raw = static_cast<const unsigned char*>(p.k) + b * p.k_stride_b +
+                                   kvh * p.k_stride_h + n0 * p.k_stride_n;
+      const unsigned char* v_raw = static_cast<const unsigned char*>(p.v) + b * p.v_stride_b +
+                                   kvh * p.v_stride_h + n0 * p.v_stride_n;
+      Kv::template LoadTile<kD, kTileN, kThreads>(s_ring + st * Cfg::kStageBytes, k_raw, v_raw,
+                                                  p.k_stride_n, p.v_stride_n, n_begin - n0,
+                                                  n_end - n0, tid);
+    } else {
+      T* s_k = s_kv + (2 * st) * Cfg::kTileElems;
+      LoadRows<T, kD, kTileN, kThreads, kStride>(s_k, k_base + n0 * p.k_stride_n, p.k_stride_n,
+                                                 n_begin - n0, n_end - n0, tid);
+      LoadRows<T, kD, kTileN, kThreads, kStride>(s_k + Cfg::kTileElems, v_base + n0 * p.v_stride_n,
+                                                 p.v_stride_n, n_begin - n0, n_end - n0, tid);
+    }
   };
 
   // The two packed rows this thread holds in the mma accumulator layout: lane / 4 and lane / 4 + 8.
@@ -164,7 +194,9 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
   float l[2] = {0.f, 0.f};
   uint32_t qa[Cfg::kQInRegs ? kD / 16 : 1][4];
 
-  // Prologue: Q and the first kStages - 1 tiles; Q lands in the first commit group.
+  // Prologue: Q and the first kStages - 1 tiles; Q lands in the first commit group. The scales
+  // are plain stores, visible after the first barrier of the loop.
+  if constexpr (Kv::kQuantized) Kv::template LoadScales<kD, kThreads>(s_scale, p, kvh, tid);
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (t_begin + s < t_end) load_tile(t_begin + s, s);
@@ -185,13 +217,21 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
       if (tn < t_end) load_tile(tn, (it + kStages - 1) % kStages);
       ptx::CpAsyncCommit();
     }
+    if constexpr (Kv::kQuantized) {
+      // Tile t's raw bytes -> the T tile pair at s_kv (free: the barrier above saw every warp
+      // finish tile t - 1); the second barrier publishes it.
+      Kv::template ConvertTile<kD, kTileN, kThreads, kStride>(
+          s_kv, s_ring + (it % kStages) * Cfg::kStageBytes, s_scale, n_begin - t * kTileN,
+          n_end - t * kTileN, tid);
+      __syncthreads();
+    }
     if constexpr (Cfg::kQInRegs) {
       if (it == 0) {
 #pragma unroll
         for (int kk = 0; kk < kD / 16; ++kk) ptx::LdMatrixX4(qa[kk], q_addr + kk * 32);
       }
     }
-    const T* s_k = s_kv + (2 * (it % kStages)) * Cfg::kTileElems;
+    const T* s_k = s_kv + (2 * (Kv::kQuantized ? 0 : it % kStages)) * Cfg::kTileElems;
     const T* s_v = s_k + Cfg::kTileElems;
     const int n0 = t * kTileN;
     const bool full = n0 >= kb.full_lo && n0 + kTileN <= kb.full_hi;
@@ -311,6 +351,8 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
   __syncthreads();
 
   const bool single = p.splits == 1;
+  const bool in_cluster = Cfg::kClusterCombine && p.cluster > 1;
+  float* s_part = reinterpret_cast<float*>(smem + Cfg::kQBytes + Cfg::kMergeBytes);
   const int64_t part_row0 = ((int64_t(b) * p.kv_heads + kvh) * p.splits + split) * p.rows;
   constexpr int kD4 = kD / 4;
   for (int idx = tid; idx < kBlockM * kD4; idx += kThreads) {
@@ -342,10 +384,16 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
       y.v[0] = T(acc.x); y.v[1] = T(acc.y); y.v[2] = T(acc.z); y.v[3] = T(acc.w);
       *reinterpret_cast<Vec4<T>*>(static_cast<T*>(p.out) + b * p.o_stride_b + h * p.o_stride_h +
                                   i * p.o_stride_s + d) = y;
+    } else if (in_cluster) {
+      *reinterpret_cast<float4*>(s_part + r * kD + d) = acc;
+      if (d == 0) s_part[kBlockM * kD + r] = sum > 0.f ? mx + log2f(sum) : -INFINITY;
     } else {
       *reinterpret_cast<float4*>(p.part_o + (part_row0 + R) * kD + d) = acc;
       if (d == 0) p.part_lse[part_row0 + R] = sum > 0.f ? mx + log2f(sum) : -INFINITY;
     }
+  }
+  if constexpr (Cfg::kClusterCombine) {
+    if (in_cluster) ClusterCombine<T, kD, kBlockM, kThreads>(p, s_part, b, kvh, row0, tid);
   }
 }
 

@@ -73,6 +73,35 @@ inline std::string Configure(DecodeParams& p, int64_t batch, int64_t q_heads, in
   p.bias_len = 0;
   p.sink = nullptr;
   p.part_o = p.part_lse = nullptr;
+  p.cluster = 0;
+  p.kv_format = KvFormat::kDense;
+  p.k_scale = p.v_scale = nullptr;
+  p.k_scale_per_channel = p.v_scale_per_channel = false;
+  return "";
+}
+
+// Switches p (after Configure) to a quantized cache: kv_bits 8 (int8 [B, Hkv, C, D]) or 4 (uint8
+// [B, Hkv, C, D / 2]), with f32 scales of 1 element (per tensor) or Hkv * D (per channel, [Hkv, D]).
+// The caller checks the caches' dtypes and shapes.
+inline std::string ConfigureKvQuant(DecodeParams& p, int64_t kv_bits, int64_t head_dim,
+                                    const ffi::Buffer<ffi::F32>& k_scale,
+                                    const ffi::Buffer<ffi::F32>& v_scale) {
+  if (kv_bits != 8 && kv_bits != 4) return "kv_bits must be 0, 4 or 8";
+  const int64_t channels = int64_t(p.kv_heads) * head_dim;
+  const int64_t k_n = int64_t(k_scale.element_count()), v_n = int64_t(v_scale.element_count());
+  if ((k_n != 1 && k_n != channels) || (v_n != 1 && v_n != channels)) {
+    return "k_scale / v_scale must have 1 element (per tensor) or Hkv * D = " +
+           std::to_string(channels) + " (per channel)";
+  }
+  p.kv_format = kv_bits == 8 ? KvFormat::kInt8 : KvFormat::kInt4;
+  const int64_t row = head_dim * kv_bits / 8;  // strides count bytes
+  p.k_stride_n = p.v_stride_n = row;
+  p.k_stride_h = p.v_stride_h = int64_t(p.capacity) * row;
+  p.k_stride_b = p.v_stride_b = int64_t(p.kv_heads) * p.capacity * row;
+  p.k_scale = k_scale.typed_data();
+  p.v_scale = v_scale.typed_data();
+  p.k_scale_per_channel = k_n != 1;
+  p.v_scale_per_channel = v_n != 1;
   return "";
 }
 
@@ -101,12 +130,22 @@ inline std::string ConfigureBias(DecodeParams& p, const ffi::AnyBuffer& bias) {
 // Points the partials at the workspace (checking its size) and launches the engine.
 inline ffi::Error LaunchDecode(DecodeParams& p, ffi::DataType dtype, int64_t head_dim, float* workspace,
                                int64_t workspace_elems, bool pdl, cudaStream_t stream, const char* op) {
-  const int64_t need = WorkspaceElems(p.batch, p.kv_heads, p.splits, p.rows, head_dim);
+  if (p.cluster > 1) {  // the in-cluster combine (cluster_combine.cuh): checked, no workspace
+    int dev = 0, major = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    if (major < 9) return InvalidArgument(std::string(op) + ": cluster combine needs sm_90 or newer");
+    if (p.splits > kMaxClusterSplits || BlockRows(p.rows) != 16) {
+      return InvalidArgument(std::string(op) + ": cluster combine takes 2-" +
+                             std::to_string(kMaxClusterSplits) + " splits of at most 16 packed rows");
+    }
+  }
+  const int64_t need = p.cluster > 1 ? 0 : WorkspaceElems(p.batch, p.kv_heads, p.splits, p.rows, head_dim);
   if (workspace_elems < need) {
     return InvalidArgument(std::string(op) + ": workspace has " + std::to_string(workspace_elems) +
                            " f32 elements, needs " + std::to_string(need));
   }
-  if (p.splits > 1) {
+  if (p.splits > 1 && p.cluster <= 1) {
     p.part_o = workspace;
     p.part_lse = workspace + int64_t(p.batch) * p.kv_heads * p.splits * p.rows * head_dim;
   }

@@ -11,15 +11,10 @@
 
 namespace joa::decode {
 
-// Packed rows per CTA for a row count: 16 (4 warps splitting each KV tile), 32 (2 x 2), 64 (4 x 1)
-// or 128 (8 x 1, more M blocks beyond). Mirrored, with EngineConfig's CTAs per SM, by
-// jax_onnx_attn/ops/cuda.py's split planner.
-inline int BlockRows(int rows) { return rows <= 16 ? 16 : rows <= 32 ? 32 : rows <= 64 ? 64 : 128; }
-
-template <typename T, int kD, int kWarpsM, int kWarpsN, class Variant>
+template <typename T, int kD, int kWarpsM, int kWarpsN, class Variant, class Kv>
 cudaError_t LaunchLayout(DecodeParams p, bool pdl, cudaStream_t stream) {
-  using Cfg = EngineConfig<T, kD, kWarpsM, kWarpsN>;
-  auto* split_kernel = DecodeSplitKernel<T, kD, kWarpsM, kWarpsN, Variant>;
+  using Cfg = EngineConfig<T, kD, kWarpsM, kWarpsN, Kv>;
+  auto* split_kernel = DecodeSplitKernel<T, kD, kWarpsM, kWarpsN, Variant, Kv>;
   // A function attribute, not stream work: allowed while XLA captures the stream; set on every
   // launch because it is per device.
   cudaError_t err = cudaFuncSetAttribute(split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -33,6 +28,26 @@ cudaError_t LaunchLayout(DecodeParams p, bool pdl, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   p.m_blocks = (p.rows + Cfg::kBlockM - 1) / Cfg::kBlockM;
   const dim3 grid(unsigned(p.splits), unsigned(p.kv_heads * p.m_blocks), unsigned(p.batch));
+  if (p.cluster > 1) {  // the splits of a block form one cluster and combine in it: one launch
+    if (!Cfg::kClusterCombine) return cudaErrorNotSupported;
+    if (p.cluster > 8) {  // beyond the portable cluster size
+      err = cudaFuncSetAttribute(split_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+      if (err != cudaSuccess) return err;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(Cfg::kThreads);
+    cfg.dynamicSmemBytes = Cfg::kSmemBytes;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = unsigned(p.cluster);
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, split_kernel, p);
+  }
   split_kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess || p.splits == 1) return err;
@@ -51,26 +66,28 @@ cudaError_t LaunchLayout(DecodeParams p, bool pdl, cudaStream_t stream) {
   return cudaLaunchKernelEx(&cfg, DecodeCombineKernel<T, kD>, p);
 }
 
-template <typename T, int kD, class Variant>
+template <typename T, int kD, class Variant, class Kv>
 cudaError_t LaunchVariant(const DecodeParams& p, bool pdl, cudaStream_t stream) {
   switch (BlockRows(p.rows)) {
-    case 16: return LaunchLayout<T, kD, 1, 4, Variant>(p, pdl, stream);
-    case 32: return LaunchLayout<T, kD, 2, 2, Variant>(p, pdl, stream);
-    case 64: return LaunchLayout<T, kD, 4, 1, Variant>(p, pdl, stream);
-    default: return LaunchLayout<T, kD, 8, 1, Variant>(p, pdl, stream);
+    case 16: return LaunchLayout<T, kD, 1, 4, Variant, Kv>(p, pdl, stream);
+    case 32: return LaunchLayout<T, kD, 2, 2, Variant, Kv>(p, pdl, stream);
+    case 64: return LaunchLayout<T, kD, 4, 1, Variant, Kv>(p, pdl, stream);
+    default: return LaunchLayout<T, kD, 8, 1, Variant, Kv>(p, pdl, stream);
   }
 }
 
-template <typename T, int kD>
+template <typename T, int kD, KvFormat kKv>
 cudaError_t Launch(const DecodeParams& p, const LaunchOptions& opt, cudaStream_t stream) {
-  return opt.logit_variant ? LaunchVariant<T, kD, LogitVariant>(p, opt.pdl, stream)
-                           : LaunchVariant<T, kD, MaskVariant>(p, opt.pdl, stream);
+  using Kv = KvPolicy<T, kKv>;
+  return opt.logit_variant ? LaunchVariant<T, kD, LogitVariant, Kv>(p, opt.pdl, stream)
+                           : LaunchVariant<T, kD, MaskVariant, Kv>(p, opt.pdl, stream);
 }
 
 }  // namespace joa::decode
 
-// Explicit instantiations live in one translation unit per (dtype, head dim) (inst/*.cu), so the
-// build compiles them in parallel; handlers include decode.h only.
-#define JOA_DECODE_INSTANTIATE(T, D)                                               \
-  template cudaError_t joa::decode::Launch<T, D>(const joa::decode::DecodeParams&, \
-                                                 const joa::decode::LaunchOptions&, cudaStream_t);
+// Explicit instantiations live in one translation unit per (dtype, head dim, cache format)
+// (inst/*.cu), so the build compiles them in parallel; handlers include decode.h only.
+#define JOA_DECODE_INSTANTIATE_KV(T, D, F)                                  \
+  template cudaError_t joa::decode::Launch<T, D, joa::decode::KvFormat::F>( \
+      const joa::decode::DecodeParams&, const joa::decode::LaunchOptions&, cudaStream_t);
+#define JOA_DECODE_INSTANTIATE(T, D) JOA_DECODE_INSTANTIATE_KV(T, D, kDense)

@@ -15,7 +15,20 @@ namespace joa::decode {
 // Split sizes are multiples of this many KV rows (and so of every engine tile size).
 inline constexpr int kBlockN = 64;
 
+// Packed rows per CTA for a row count: 16 (4 warps splitting each KV tile), 32 (2 x 2), 64 (4 x 1)
+// or 128 (8 x 1, more M blocks beyond). Mirrored, with EngineConfig's CTAs per SM, by
+// jax_onnx_attn/ops/cuda.py's split planner.
+constexpr int BlockRows(int rows) { return rows <= 16 ? 16 : rows <= 32 ? 32 : rows <= 64 ? 64 : 128; }
+
+// Most splits combined inside one thread-block cluster (cluster_combine.cuh). Clusters over 8 CTAs
+// are sm_90's non-portable sizes (opted into at launch). Mirrored by jax_onnx_attn/ops/cuda.py.
+inline constexpr int kMaxClusterSplits = 16;
+
 enum class BiasType : int { kNone = 0, kF32 = 1, kF16 = 2, kBF16 = 3, kBool = 4 };
+
+// How the cache stores K and V (policies in kv_format.cuh): T, int8 [.., D], or int4 as uint8
+// [.., D / 2] (two values a byte, low nibble first, each stored + 8).
+enum class KvFormat : int { kDense = 0, kInt8 = 1, kInt4 = 2 };
 
 struct DecodeParams {
   // q [B, Hq, S, D] and out [B, Hq, S, D]; k, v [B, Hkv, C, D]. Strides in elements; the last dim
@@ -40,6 +53,10 @@ struct DecodeParams {
   // part_o f32 [B, Hkv, splits, M, D] (normalised per split), part_lse f32 [B, Hkv, splits, M]
   // (log2 domain; -inf for a split that saw no key).
   int splits, split_rows;
+  // > 1: the splits of a (b, KV head, M block) run as one thread-block cluster of this many CTAs
+  // and combine through distributed shared memory (cluster_combine.cuh); no workspace, no combine
+  // kernel. Set by the launcher only where the device and the engine layout allow it.
+  int cluster;
   float* part_o;
   float* part_lse;
 
@@ -58,6 +75,14 @@ struct DecodeParams {
   int bias_len;
   // Per query head extra logit (natural units) in the softmax denominator, no value row.
   const float* sink;
+
+  // A quantized cache (kv_format != kDense) has its K / V strides in bytes; a value is
+  // q * scale (f32, a scale of 0 read as 1) with k_scale / v_scale f32: one element, or [Hkv, D]
+  // when *_per_channel.
+  KvFormat kv_format;
+  const float* k_scale;
+  const float* v_scale;
+  bool k_scale_per_channel, v_scale_per_channel;
 };
 
 // Host-side launch choices that are not kernel parameters.

@@ -23,7 +23,7 @@ from jax_onnx_attn.ops.reference import core
 QK_RAW, QK_SOFTCAP, QK_BIAS, QK_SOFTMAX = 0, 1, 2, 3
 
 
-def _mask_bias(mask, total: int, acc):
+def mask_bias(mask, total: int, acc):
     """Additive bias [b|1, h|1, S|1, T] from a rank-4 bool / int / float mask whose last dim is <= T.
 
     Bool masks become 0 / -inf with a select (never (1 - m) * -inf, which makes NaN); int and float
@@ -96,7 +96,7 @@ def attention(q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad_kv
 
     bias = None
     if attn_mask is not None:
-        bias = _mask_bias(attn_mask, t, acc)
+        bias = mask_bias(attn_mask, t, acc)
     allowed = _allowed(s, t, offset, nonpad_kv_seqlen, is_causal=bool(is_causal),
                        left=left_window_size, right=right_window_size)
     if allowed is not None:

@@ -154,6 +154,62 @@ def _load(cache, scale, cfg: GQAConfig, dtype):
     return cache
 
 
+def prepare_step(query, key, value, k_cache, v_cache, seqlens_k, cos_cache=None, sin_cache=None,
+                 position_ids=None, q_norm_weight=None, k_norm_weight=None, k_scale=None,
+                 v_scale=None, *, num_heads: int, kv_num_heads: int,
+                 rotary_interleaved: bool = False, q_norm_epsilon: float = 1e-6,
+                 k_norm_epsilon: float = 1e-6, kv_bits: int = 0):
+    """A decode / verify step's preparation on a shared fixed-capacity cache: the executable spec of
+    the `gqa_prepare` CUDA kernel, composed from this module's own steps.
+
+    split_heads; q/k norm then rotary (normalize_and_rotate, positions past_b + s or
+    position_ids); the new K/V rows (quantised when kv_bits) written in place at rows
+    [past_b, past_b + S), past_b = seqlens_k[b] + 1 - S, by kv_append, which refuses a batch row
+    whose rows do not all fit in [0, C).
+
+    Args (B batch, S new rows, N / Hkv heads, D head size, C capacity, T the query's dtype):
+      query: [B, S, N·D] T, or packed [B, S, (N + 2·Hkv)·D] when key and value are None.
+      key, value: [B, S, Hkv·D] T, or None (packed).
+      k_cache, v_cache: [B, Hkv, C, D] T; int8 for kv_bits 8; uint8 [B, Hkv, C, D/2] for kv_bits 4.
+      seqlens_k: int32 [B], T_b - 1.
+      cos_cache, sin_cache: [max_position, R/2] T (rotary on the first R features), or None.
+      position_ids: integer [B, S] rotary positions (clipped to the table), or None.
+      q_norm_weight, k_norm_weight: [D] T (per-head RMS norm before rotary), or None.
+      k_scale, v_scale: float32 of one element, or Hkv·D elements ([1, Hkv, 1, D]), when kv_bits.
+      num_heads, kv_num_heads, rotary_interleaved, q_norm_epsilon, k_norm_epsilon, kv_bits: the
+        op's attributes.
+
+    Returns:
+      (q [B, N, S, D] T, k_cache, v_cache, status int32 [B]); a refused row keeps its cache rows
+      and gets KV_WRITE_OUT_OF_RANGE (its q is computed all the same).
+    """
+    n, hkv = num_heads, kv_num_heads
+    s, hidden = query.shape[1:]
+    d = hidden // (n if key is not None else n + 2 * hkv)
+    capacity = k_cache.shape[2]
+    # A decode step on a shared cache; the fields the preparation does not read are neutral.
+    cfg = GQAConfig(num_heads=n, kv_num_heads=hkv, head_size=d, total_sequence_length=capacity,
+                    present_length=capacity, scale=1.0, do_rotary=cos_cache is not None,
+                    rotary_interleaved=bool(rotary_interleaved), kv_bits=kv_bits,
+                    q_norm_epsilon=q_norm_epsilon, k_norm_epsilon=k_norm_epsilon,
+                    shared_buffer=True)
+    q, k, v = split_heads(query, key, value, cfg)
+    _, past_b, _, _ = step_lengths(seqlens_k, None, s, s, cfg)
+    q, k = normalize_and_rotate(q, k, past_b, cos_cache, sin_cache, position_ids, q_norm_weight,
+                                k_norm_weight, False, cfg)
+
+    def channel_scale(x):
+        if x is None:
+            return None
+        return x.reshape(()) if x.size == 1 else x.reshape(1, hkv, 1, d)
+
+    k_new = _store(k, channel_scale(k_scale), cfg, k_cache.dtype)
+    v_new = _store(v, channel_scale(v_scale), cfg, v_cache.dtype)
+    k_cache, status = kv_append(k_cache, k_new, past_b)
+    v_cache, _ = kv_append(v_cache, v_new, past_b)
+    return q, k_cache, v_cache, status
+
+
 def _bias_columns(bias, key_pos, length: int):
     """attention_bias [B|1, N|1, S, total] at the absolute key positions of the cache rows.
 

@@ -1,0 +1,471 @@
+// gqa_prepare: one launch that turns a GroupQueryAttention decode / verify step's inputs into what
+// the decode engine reads. Semantics: jax_onnx_attn/ops/reference/gqa.py `prepare_step`.
+//
+// query [B, S, N·D] (or packed Q|K|V [B, S, (N + 2·Hkv)·D]), key / value [B, S, Hkv·D]
+// (placeholders when packed), k_cache / v_cache [B, Hkv, C, Dc] (aliased to results 1 and 2; the
+// query's dtype T, int8 for kv_bits 8, uint8 with Dc = D / 2 for kv_bits 4), seqlens_k int32 [B],
+// cos / sin [max_position, R/2] T, position_ids int32 [B, S], q / k norm weights [D] T, k / v
+// scales f32 [1] or [Hkv·D] (each a placeholder when unused)
+//   -> q [B, N, S, D], k_cache, v_cache, status int32 [B].
+//
+// Per (b, s, head) row: split, per-head RMS norm of Q and K, rotary on Q and K, then Q to the
+// output and K / V to cache row past_b + s, past_b = seqlens_k[b] + 1 - S. A batch row whose S rows
+// do not all fit in [0, C) writes no K / V and gets status kKvWriteOutOfRange (its Q is written).
+// seqlens_k and position_ids are read on the device; the launch depends on static shapes only.
+//
+// Rounding follows the spec: the norm's output and the rotary's output are rounded to T, and a
+// quantised row is quantised from those T values.
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+#include "common/ffi.h"
+#include "common/status.h"
+
+namespace joa {
+namespace {
+
+using F32Buffer = ffi::Buffer<ffi::F32>;
+
+constexpr int kChunk = 8;          // elements of a head row each lane owns (16 bytes of f16 / bf16)
+constexpr int kMaxLanes = 32;      // a row is handled by at most one warp ...
+constexpr int kMaxHeadDim = kChunk * kMaxLanes;  // ... so D <= 256
+constexpr int kThreads = 128;
+
+enum class Store { kFloat, kInt8, kInt4 };  // the caches' element format
+
+struct PrepareParams {
+  const void* query;
+  const void* key;
+  const void* value;
+  const int32_t* seqlens;
+  const void* cos;
+  const void* sin;
+  const int32_t* position_ids;  // nullptr: positions past_b + s
+  const void* q_norm;           // nullptr: no q/k norm
+  const void* k_norm;
+  const float* k_scale;
+  const float* v_scale;
+  void* q_out;
+  void* k_cache;
+  void* v_cache;
+  int32_t* status;
+  int batch, seq, heads, kv_heads, head_dim, capacity;
+  int rotary_half;    // R / 2; 0: no rotary
+  int max_position;   // rows of the cos / sin tables
+  bool packed, interleaved, k_per_channel, v_per_channel;
+  float q_eps, k_eps;
+};
+
+__device__ __forceinline__ float ToFloat(float x) { return x; }
+__device__ __forceinline__ float ToFloat(__half x) { return __half2float(x); }
+__device__ __forceinline__ float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T> __device__ __forceinline__ T FromFloat(float x);
+template <> __device__ __forceinline__ float FromFloat<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half FromFloat<__half>(float x) {
+  return __float2half_rn(x);
+}
+template <> __device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// x rounded to T, as the spec's astype(T) between its steps.
+template <typename T>
+__device__ __forceinline__ float Round(float x) { return ToFloat(FromFloat<T>(x)); }
+
+// kChunk elements from 16-byte aligned memory (D, R/2 and the row starts are multiples of 8).
+template <typename T>
+__device__ __forceinline__ void LoadChunk(const void* src, float (&x)[kChunk]) {
+  alignas(16) T v[kChunk];
+#pragma unroll
+  for (int i = 0; i < int(sizeof(v) / 16); ++i) {
+    reinterpret_cast<uint4*>(v)[i] = static_cast<const uint4*>(src)[i];
+  }
+#pragma unroll
+  for (int i = 0; i < kChunk; ++i) x[i] = ToFloat(v[i]);
+}
+
+template <typename T>
+__device__ __forceinline__ void StoreChunk(void* dst, const float (&x)[kChunk]) {
+  alignas(16) T v[kChunk];
+#pragma unroll
+  for (int i = 0; i < kChunk; ++i) v[i] = FromFloat<T>(x[i]);
+#pragma unroll
+  for (int i = 0; i < int(sizeof(v) / 16); ++i) {
+    static_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(v)[i];
+  }
+}
+
+// reference/quant.py: clamp(round_half_even(x · (1 / scale))), the reciprocal in IEEE f32.
+__device__ __forceinline__ int Quantize(float x, float inv_scale, float qmin, float qmax) {
+  return int(fminf(fmaxf(rintf(__fmul_rn(x, inv_scale)), qmin), qmax));
+}
+
+// Writes one lane's kChunk values of row `cache_row` of a K or V cache of D-feature rows: T, or
+// quantised (int8, or int4 packed two a byte, even column in the low nibble, +8 bias).
+template <typename T, Store kStore>
+__device__ __forceinline__ void StoreCacheChunk(void* cache, int64_t cache_row, int d, int lane,
+                                                const float (&x)[kChunk], const float* scale,
+                                                bool per_channel, int channel0) {
+  constexpr int kBits = kStore == Store::kInt4 ? 4 : kStore == Store::kInt8 ? 8 : 8 * sizeof(T);
+  char* dst = static_cast<char*>(cache) + (cache_row * d + lane * kChunk) * kBits / 8;
+  if constexpr (kStore == Store::kFloat) {
+    StoreChunk<T>(dst, x);
+  } else {
+    float s[kChunk];
+    if (per_channel) {
+      LoadChunk<float>(scale + channel0, s);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) s[i] = scale[0];
+    }
+    constexpr float qmax = kStore == Store::kInt8 ? 127.f : 7.f;
+    int q[kChunk];
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) {  // a scale of 0 counts as 1
+      q[i] = Quantize(x[i], __frcp_rn(s[i] == 0.f ? 1.f : s[i]), -qmax - 1.f, qmax);
+    }
+    if constexpr (kStore == Store::kInt8) {
+      uint32_t lo = 0, hi = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        lo |= uint32_t(uint8_t(q[i])) << (8 * i);
+        hi |= uint32_t(uint8_t(q[i + 4])) << (8 * i);
+      }
+      *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
+    } else {
+      uint32_t word = 0;
+#pragma unroll
+      for (int i = 0; i < kChunk; i += 2) {
+        const uint32_t byte = uint32_t((q[i] + 8) & 15) | (uint32_t((q[i + 1] + 8) & 15) << 4);
+        word |= byte << (4 * i);
+      }
+      *reinterpret_cast<uint32_t*>(dst) = word;
+    }
+  }
+}
+
+// One head row (b, s, h) of D elements per group of kLanes lanes, h over N query heads, then Hkv
+// key heads, then Hkv value heads (the packed query's order). A group's lanes always take the
+// same branches, so its shuffles name just the group.
+template <typename T, Store kStore, int kLanes>
+__global__ void __launch_bounds__(kThreads) GqaPrepareKernel(const PrepareParams p) {
+  static_assert(kThreads % kLanes == 0 && kLanes <= kMaxLanes, "groups must not straddle warps");
+  const int all_heads = p.heads + 2 * p.kv_heads;
+  const int64_t row = (int64_t(blockIdx.x) * kThreads + threadIdx.x) / kLanes;
+  if (row >= int64_t(p.batch) * p.seq * all_heads) return;  // whole groups
+  const int lane = int(threadIdx.x % kLanes);
+  const unsigned group = (0xffffffffu >> (32 - kLanes)) << (threadIdx.x % 32 / kLanes * kLanes);
+  const int h = int(row % all_heads);
+  const int64_t bs = row / all_heads;  // b * S + s
+  const int s = int(bs % p.seq);
+  const int b = int(bs / p.seq);
+
+  // int32 wrap-around, as the spec's jnp arithmetic: an absurd seqlens_k gives the same refusal.
+  const int32_t past = int32_t(uint32_t(p.seqlens[b]) + 1u - uint32_t(p.seq));
+  const bool fits = past >= 0 && past <= p.capacity - p.seq;
+  if (h == 0 && s == 0 && lane == 0) {
+    p.status[b] = fits ? status::kOk : status::kKvWriteOutOfRange;
+  }
+  const bool is_q = h < p.heads;
+  const bool is_k = !is_q && h < p.heads + p.kv_heads;  // else V: stored as given
+  if (!is_q && !fits) return;  // a refused batch row writes no K / V (whole groups)
+  const int kv_head = is_q ? 0 : is_k ? h - p.heads : h - p.heads - p.kv_heads;
+
+  const int d = p.head_dim;
+  const bool active = lane < d / kChunk;  // the rest only take part in the shuffles
+  const T* src;
+  if (p.packed) {
+    src = static_cast<const T*>(p.query) + row * d;
+  } else if (is_q) {
+    src = static_cast<const T*>(p.query) + (bs * p.heads + h) * d;
+  } else {
+    src = static_cast<const T*>(is_k ? p.key : p.value) + (bs * p.kv_heads + kv_head) * d;
+  }
+  float x[kChunk] = {};
+  if (active) LoadChunk<T>(src + lane * kChunk, x);
+
+  if ((is_q || is_k) && p.q_norm != nullptr) {
+    // reference/norm.py rms_norm: x · rsqrt(mean(x²) + eps) · w in f32, rounded to T.
+    float ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) ss = fmaf(x[i], x[i], ss);
+#pragma unroll
+    for (int off = kLanes / 2; off > 0; off /= 2) ss += __shfl_xor_sync(group, ss, off, kLanes);
+    const float inv_rms = rsqrtf(ss / float(d) + (is_q ? p.q_eps : p.k_eps));
+    if (active) {
+      float w[kChunk];
+      LoadChunk<T>(static_cast<const T*>(is_q ? p.q_norm : p.k_norm) + lane * kChunk, w);
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) x[i] = Round<T>(__fmul_rn(__fmul_rn(x[i], inv_rms), w[i]));
+    }
+  }
+
+  const int half = p.rotary_half;
+  if ((is_q || is_k) && half > 0) {
+    // reference/rotary.py on the first R = 2·half features: (x1, x2) -> (x1·cos − x2·sin,
+    // x2·cos + x1·sin) in f32, rounded to T. Written as the single contraction XLA's GPU backend
+    // (LLVM FMA fusion) makes of the spec: fma(x1, cos, −x2·sin) and fma(x2, cos, x1·sin).
+    int32_t pos = p.position_ids != nullptr ? p.position_ids[bs]
+                                            : int32_t(uint32_t(past) + uint32_t(s));
+    pos = min(max(pos, 0), p.max_position - 1);  // the spec's gather clips
+    const int e0 = lane * kChunk;
+    if (p.interleaved) {
+      // Pairs (x[2i], x[2i+1]) with angle i: inside one chunk.
+      if (active && e0 < 2 * half) {
+        const T* cos_row = static_cast<const T*>(p.cos) + int64_t(pos) * half + e0 / 2;
+        const T* sin_row = static_cast<const T*>(p.sin) + int64_t(pos) * half + e0 / 2;
+#pragma unroll
+        for (int i = 0; i < kChunk / 2; ++i) {
+          const float c = ToFloat(cos_row[i]), sn = ToFloat(sin_row[i]);
+          const float x1 = x[2 * i], x2 = x[2 * i + 1];
+          x[2 * i] = Round<T>(fmaf(x1, c, -__fmul_rn(x2, sn)));
+          x[2 * i + 1] = Round<T>(fmaf(x2, c, __fmul_rn(x1, sn)));
+        }
+      }
+    } else {
+      // Pairs (x[i], x[i + half]): the partner chunk sits half / kChunk lanes away.
+      const int shift = half / kChunk;
+      const int partner = lane < shift ? lane + shift : lane < 2 * shift ? lane - shift : lane;
+      float y[kChunk];
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) y[i] = __shfl_sync(group, x[i], partner, kLanes);
+      if (active && e0 < 2 * half) {
+        const bool first = e0 < half;  // x1 here, x2 in the partner
+        const int64_t angle = int64_t(pos) * half + (first ? e0 : e0 - half);
+        float c[kChunk], sn[kChunk];
+        LoadChunk<T>(static_cast<const T*>(p.cos) + angle, c);
+        LoadChunk<T>(static_cast<const T*>(p.sin) + angle, sn);
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) {
+          x[i] = Round<T>(first ? fmaf(x[i], c[i], -__fmul_rn(y[i], sn[i]))
+                                : fmaf(x[i], c[i], __fmul_rn(y[i], sn[i])));
+        }
+      }
+    }
+  }
+
+  if (!active) return;
+  if (is_q) {
+    T* dst = static_cast<T*>(p.q_out) + ((int64_t(b) * p.heads + h) * p.seq + s) * d;
+    StoreChunk<T>(dst + lane * kChunk, x);
+  } else {
+    const int64_t cache_row = (int64_t(b) * p.kv_heads + kv_head) * p.capacity + past + s;
+    const int channel0 = kv_head * d + lane * kChunk;
+    StoreCacheChunk<T, kStore>(is_k ? p.k_cache : p.v_cache, cache_row, d, lane, x,
+                               is_k ? p.k_scale : p.v_scale,
+                               is_k ? p.k_per_channel : p.v_per_channel, channel0);
+  }
+}
+
+template <typename T, Store kStore>
+void Launch(const PrepareParams& p, cudaStream_t stream) {
+  const int64_t rows = int64_t(p.batch) * p.seq * (p.heads + 2 * p.kv_heads);
+  // Lanes per row: a power of two covering D / kChunk chunks (8 for D <= 64, 16 for D <= 128).
+  const int chunks = p.head_dim / kChunk;
+  const int lanes = chunks <= 8 ? 8 : chunks <= 16 ? 16 : 32;
+  const unsigned blocks = unsigned((rows * lanes + kThreads - 1) / kThreads);
+  switch (lanes) {
+    case 8: GqaPrepareKernel<T, kStore, 8><<<blocks, kThreads, 0, stream>>>(p); break;
+    case 16: GqaPrepareKernel<T, kStore, 16><<<blocks, kThreads, 0, stream>>>(p); break;
+    default: GqaPrepareKernel<T, kStore, 32><<<blocks, kThreads, 0, stream>>>(p); break;
+  }
+}
+
+template <typename Dims>
+std::string Shape(const Dims& dims) {
+  std::string out = "[";
+  for (int64_t n : dims) out += (out.size() > 1 ? ", " : "") + std::to_string(n);
+  return out + "]";
+}
+
+std::string Shape(std::initializer_list<int64_t> dims) { return Shape<decltype(dims)>(dims); }
+
+bool HasShape(const AnyBuffer& x, std::initializer_list<int64_t> shape) {
+  auto dims = x.dimensions();
+  if (dims.size() != shape.size()) return false;
+  size_t i = 0;
+  for (int64_t n : shape) {
+    if (dims[i++] != n) return false;
+  }
+  return true;
+}
+
+ffi::Error GqaPrepareImpl(cudaStream_t stream, AnyBuffer query, AnyBuffer key, AnyBuffer value,
+                          AnyBuffer k_cache, AnyBuffer v_cache, Int32Buffer seqlens_k,
+                          AnyBuffer cos, AnyBuffer sin, Int32Buffer position_ids, AnyBuffer q_norm,
+                          AnyBuffer k_norm, F32Buffer k_scale, F32Buffer v_scale, AnyResult q_out,
+                          AnyResult k_cache_out, AnyResult v_cache_out, Int32Result status,
+                          int64_t num_heads, int64_t kv_num_heads, bool packed, bool do_rotary,
+                          bool rotary_interleaved, bool has_position_ids, bool has_norm,
+                          float q_norm_epsilon, float k_norm_epsilon, int64_t kv_bits) {
+  auto fail = [](const std::string& what) { return InvalidArgument("gqa_prepare: " + what); };
+  const ffi::DataType dtype = query.element_type();
+  auto qd = query.dimensions();
+  if (qd.size() != 3) return fail("query must be [B, S, hidden], got " + Shape(qd));
+  if (num_heads <= 0 || kv_num_heads <= 0 || num_heads % kv_num_heads != 0) {
+    return fail("num_heads must be a positive multiple of kv_num_heads");
+  }
+  const int64_t batch = qd[0], seq = qd[1];
+  const int64_t heads_in_query = packed ? num_heads + 2 * kv_num_heads : num_heads;
+  if (qd[2] % heads_in_query != 0) return fail("query hidden size is not a multiple of its heads");
+  const int64_t d = qd[2] / heads_in_query;
+  if (d % kChunk != 0 || d > kMaxHeadDim || d == 0) {
+    return fail("head size must be a multiple of 8 in [8, 256], got " + std::to_string(d));
+  }
+  if (seq < 1) return fail("query must have at least one row");
+  if (!packed) {
+    for (const AnyBuffer* x : {&key, &value}) {
+      if (x->element_type() != dtype || !HasShape(*x, {batch, seq, kv_num_heads * d})) {
+        return fail("key and value must be [B, S, Hkv·D] = " +
+                    Shape({batch, seq, kv_num_heads * d}) + " in the query's dtype");
+      }
+    }
+  }
+  Store store;
+  ffi::DataType cache_type = dtype;
+  int64_t cache_d = d;
+  switch (kv_bits) {
+    case 0: store = Store::kFloat; break;
+    case 8: store = Store::kInt8; cache_type = ffi::DataType::S8; break;
+    case 4: store = Store::kInt4; cache_type = ffi::DataType::U8; cache_d = d / 2; break;
+    default: return fail("kv_bits must be 0, 4 or 8, got " + std::to_string(kv_bits));
+  }
+  auto cd = k_cache.dimensions();
+  if (cd.size() != 4 || cd[0] != batch || cd[1] != kv_num_heads || cd[3] != cache_d) {
+    return fail("k_cache must be [B, Hkv, C, " + std::to_string(cache_d) + "], got " + Shape(cd));
+  }
+  const int64_t capacity = cd[2];
+  if (!HasShape(v_cache, {batch, kv_num_heads, capacity, cache_d})) {
+    return fail("v_cache must have k_cache's shape " + Shape(cd) + ", got " +
+                Shape(v_cache.dimensions()));
+  }
+  if (k_cache.element_type() != cache_type || v_cache.element_type() != cache_type) {
+    return fail("caches must be the query's dtype (kv_bits 0), int8 (8) or uint8 (4)");
+  }
+  if (seq > capacity || capacity > (int64_t(1) << 30)) {
+    return fail("cache capacity must be in [S, 2^30], got " + std::to_string(capacity));
+  }
+  if (seqlens_k.dimensions().size() != 1 || seqlens_k.dimensions()[0] != batch) {
+    return fail("seqlens_k must be int32 [B]");
+  }
+  if (!HasShape(*q_out, {batch, num_heads, seq, d}) || q_out->element_type() != dtype) {
+    return fail("q output must be [B, N, S, D] in the query's dtype");
+  }
+  int64_t half = 0, max_position = 0;
+  if (do_rotary) {
+    auto rd = cos.dimensions();
+    if (rd.size() != 2 || cos.element_type() != dtype || sin.element_type() != dtype ||
+        !HasShape(sin, {rd[0], rd[1]})) {
+      return fail("cos_cache and sin_cache must both be [max_position, R/2] in the query's dtype");
+    }
+    half = rd[1];
+    max_position = rd[0];
+    if (half == 0 || half % kChunk != 0 || 2 * half > d || max_position < 1) {
+      return fail("cos_cache must be [max_position >= 1, R/2], R/2 a multiple of 8, R <= D; got " +
+                  Shape(rd));
+    }
+    auto pd = position_ids.dimensions();
+    if (has_position_ids && (pd.size() != 2 || pd[0] != batch || pd[1] != seq)) {
+      return fail("position_ids must be int32 [B, S]");
+    }
+  }
+  if (has_norm) {
+    for (const AnyBuffer* w : {&q_norm, &k_norm}) {
+      if (w->element_type() != dtype || !HasShape(*w, {d})) {
+        return fail("q_norm_weight and k_norm_weight must be [D] in the query's dtype");
+      }
+    }
+  }
+  if (kv_bits != 0) {
+    for (const F32Buffer* sc : {&k_scale, &v_scale}) {
+      const int64_t n = int64_t(sc->element_count());
+      if (n != 1 && n != kv_num_heads * d) {
+        return fail("k_scale and v_scale must have 1 (per tensor) or Hkv·D (per channel) floats");
+      }
+    }
+  }
+  if (batch == 0) return ffi::Error::Success();
+  if (batch * seq * (num_heads + 2 * kv_num_heads) * kMaxLanes / kThreads >= INT32_MAX) {
+    return fail("too many rows for one launch");
+  }
+
+  PrepareParams p{};
+  p.query = query.untyped_data();
+  p.key = packed ? nullptr : key.untyped_data();
+  p.value = packed ? nullptr : value.untyped_data();
+  p.seqlens = seqlens_k.typed_data();
+  p.cos = do_rotary ? cos.untyped_data() : nullptr;
+  p.sin = do_rotary ? sin.untyped_data() : nullptr;
+  p.position_ids = do_rotary && has_position_ids ? position_ids.typed_data() : nullptr;
+  p.q_norm = has_norm ? q_norm.untyped_data() : nullptr;
+  p.k_norm = has_norm ? k_norm.untyped_data() : nullptr;
+  p.k_scale = k_scale.typed_data();
+  p.v_scale = v_scale.typed_data();
+  p.q_out = q_out->untyped_data();
+  p.k_cache = k_cache_out->untyped_data();
+  p.v_cache = v_cache_out->untyped_data();
+  p.status = status->typed_data();
+  p.batch = int(batch);
+  p.seq = int(seq);
+  p.heads = int(num_heads);
+  p.kv_heads = int(kv_num_heads);
+  p.head_dim = int(d);
+  p.capacity = int(capacity);
+  p.rotary_half = int(half);
+  p.max_position = int(std::min<int64_t>(max_position, INT32_MAX));
+  p.packed = packed;
+  p.interleaved = rotary_interleaved;
+  p.k_per_channel = k_scale.element_count() > 1;
+  p.v_per_channel = v_scale.element_count() > 1;
+  p.q_eps = q_norm_epsilon;
+  p.k_eps = k_norm_epsilon;
+  ffi::Error err = DispatchFloat(dtype, "gqa_prepare", [&](auto t) {
+    using T = decltype(t);
+    switch (store) {
+      case Store::kFloat: Launch<T, Store::kFloat>(p, stream); break;
+      case Store::kInt8: Launch<T, Store::kInt8>(p, stream); break;
+      case Store::kInt4: Launch<T, Store::kInt4>(p, stream); break;
+    }
+    return ffi::Error::Success();
+  });
+  if (err.failure()) return err;
+  return LaunchStatus("gqa_prepare");
+}
+
+}  // namespace
+}  // namespace joa
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JoaGqaPrepare, joa::GqaPrepareImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<joa::Stream>()
+                                  .Arg<joa::AnyBuffer>()    // query (packed Q|K|V when packed)
+                                  .Arg<joa::AnyBuffer>()    // key (or placeholder)
+                                  .Arg<joa::AnyBuffer>()    // value (or placeholder)
+                                  .Arg<joa::AnyBuffer>()    // k_cache (aliased to result 1)
+                                  .Arg<joa::AnyBuffer>()    // v_cache (aliased to result 2)
+                                  .Arg<joa::Int32Buffer>()  // seqlens_k
+                                  .Arg<joa::AnyBuffer>()    // cos_cache (or placeholder)
+                                  .Arg<joa::AnyBuffer>()    // sin_cache (or placeholder)
+                                  .Arg<joa::Int32Buffer>()  // position_ids (or placeholder)
+                                  .Arg<joa::AnyBuffer>()    // q_norm_weight (or placeholder)
+                                  .Arg<joa::AnyBuffer>()    // k_norm_weight (or placeholder)
+                                  .Arg<joa::F32Buffer>()    // k_scale (or placeholder)
+                                  .Arg<joa::F32Buffer>()    // v_scale (or placeholder)
+                                  .Ret<joa::AnyBuffer>()    // q [B, N, S, D]
+                                  .Ret<joa::AnyBuffer>()    // k_cache
+                                  .Ret<joa::AnyBuffer>()    // v_cache
+                                  .Ret<joa::Int32Buffer>()  // status
+                                  .Attr<int64_t>("num_heads")
+                                  .Attr<int64_t>("kv_num_heads")
+                                  .Attr<bool>("packed")
+                                  .Attr<bool>("do_rotary")
+                                  .Attr<bool>("rotary_interleaved")
+                                  .Attr<bool>("has_position_ids")
+                                  .Attr<bool>("has_norm")
+                                  .Attr<float>("q_norm_epsilon")
+                                  .Attr<float>("k_norm_epsilon")
+                                  .Attr<int64_t>("kv_bits"),
+                              JOA_COMMAND_BUFFER_SAFE);

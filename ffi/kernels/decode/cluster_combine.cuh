@@ -1,0 +1,95 @@
+// The split combine done inside the split kernel, through distributed shared memory (sm_90+).
+//
+// When the splits of one (batch row, KV head, M block) are launched as one thread-block cluster,
+// each CTA leaves its normalised partial O [kBlockM, kD] and log2-sum-exp [kBlockM] in its own
+// shared memory; after a cluster barrier every CTA reads the others' partials directly (no
+// workspace round trip through L2, no second kernel launch) and writes a share of the outputs.
+// Same arithmetic as DecodeCombineKernel: M = max(max_s lse_s, sink), w_s = 2^(lse_s - M),
+// out = sum_s w_s O_s / (sum_s w_s + 2^(sink - M)), splits summed in index order: deterministic.
+// It pays at small batch, where the combine kernel's launch and L2 round trips are most of a call.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#include <cooperative_groups.h>
+#endif
+
+#include "kernels/decode/params.h"
+#include "kernels/decode/variant.cuh"
+#include "kernels/ptx.cuh"
+
+namespace joa::decode {
+
+// f32 elements of a CTA's cluster area: partial O [kBlockM, kD], lse [kBlockM], weights
+// [kBlockM, kMaxClusterSplits].
+template <int kBlockM, int kD>
+inline constexpr int kClusterPartFloats = kBlockM * kD + kBlockM + kBlockM * kMaxClusterSplits;
+
+template <typename T>
+struct alignas(8) OutVec4 {
+  T v[4];
+};
+
+// Called by every thread of every CTA of the cluster after its partials are in s_part (rows
+// R = row0 + r < p.rows written, others ignored). Contains two cluster barriers: no thread may skip it.
+template <typename T, int kD, int kBlockM, int kThreads>
+__device__ __forceinline__ void ClusterCombine(const DecodeParams& p, float* s_part, int b, int kvh,
+                                               int row0, int tid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int n = int(cluster.num_blocks());
+  const int rank = int(cluster.block_rank());
+  float* s_lse = s_part + kBlockM * kD;
+  float* s_w = s_lse + kBlockM;  // [kBlockM][kMaxClusterSplits]: w_s / denominator
+  cluster.sync();                // every split's partials are visible
+
+  if (tid < kBlockM && row0 + tid < p.rows) {
+    const int R = row0 + tid;
+    const int h = kvh * p.group + R / p.q_len;
+    float lse[kMaxClusterSplits];
+    const float sink = p.sink ? p.sink[h] * kLog2e : -INFINITY;
+    float mx = sink;
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) {
+      lse[s] = s < n ? cluster.map_shared_rank(s_lse, s)[tid] : -INFINITY;
+      mx = fmaxf(mx, lse[s]);
+    }
+    float sum = 0.f;
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) {
+      lse[s] = mx == -INFINITY ? 0.f : ptx::Exp2(lse[s] - mx);  // no key anywhere: all weights 0
+      sum += lse[s];
+    }
+    if (sink != -INFINITY) sum += ptx::Exp2(sink - mx);
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) s_w[tid * kMaxClusterSplits + s] = lse[s] * inv;
+  }
+  __syncthreads();
+
+  // The block's (row, 4 columns) outputs, dealt round-robin over the cluster's CTAs.
+  constexpr int kD4 = kD / 4;
+  for (int idx = rank * kThreads + tid; idx < kBlockM * kD4; idx += n * kThreads) {
+    const int r = idx / kD4, d = (idx % kD4) * 4;
+    const int R = row0 + r;
+    if (R >= p.rows) continue;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s = 0; s < n; ++s) {
+      const float w = s_w[r * kMaxClusterSplits + s];
+      if (w == 0.f) continue;  // a split that saw no key
+      const float4 x = *reinterpret_cast<const float4*>(cluster.map_shared_rank(s_part, s) + r * kD + d);
+      acc.x += w * x.x; acc.y += w * x.y; acc.z += w * x.z; acc.w += w * x.w;
+    }
+    const int h = kvh * p.group + R / p.q_len, i = R % p.q_len;
+    OutVec4<T> y;
+    y.v[0] = T(acc.x); y.v[1] = T(acc.y); y.v[2] = T(acc.z); y.v[3] = T(acc.w);
+    *reinterpret_cast<OutVec4<T>*>(static_cast<T*>(p.out) + b * p.o_stride_b + h * p.o_stride_h +
+                                   i * p.o_stride_s + d) = y;
+  }
+  cluster.sync();  // no CTA exits while another still reads its shared memory
+#endif
+}
+
+}  // namespace joa::decode

@@ -1,0 +1,106 @@
+// Host helpers for the handlers that drive the general kernels: validation of the dense layouts,
+// the workspace size, and the launch for the runtime dtypes. Static shapes and attributes only.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "common/ffi.h"
+#include "kernels/general/general.h"
+#include "kernels/general/params.h"
+
+namespace joa::general {
+
+// f32 elements of the score workspace [B, Hq, S, C] (sized by cuda.general_attention in Python).
+inline int64_t WorkspaceElems(int64_t batch, int64_t q_heads, int64_t q_len, int64_t capacity) {
+  return batch * q_heads * q_len * capacity;
+}
+
+// The static attributes of a call.
+struct Attrs {
+  float scale, softcap;
+  bool causal;
+  int64_t left, right, pos_shift;
+  int64_t qk_mode;       // kQkNone or 0-3
+  int64_t softmax_type;  // SoftmaxType
+};
+
+// Fills shapes and attributes of `p` for q [B, Hq, S, D], k [B, Hkv, C, D], v [B, Hkv, C, Dv]
+// (pointers, kv_len and bias are the caller's). Returns an error message or "".
+inline std::string Configure(GeneralParams& p, int64_t batch, int64_t q_heads, int64_t q_len,
+                             int64_t head_dim, int64_t kv_heads, int64_t capacity,
+                             int64_t v_head_dim, const Attrs& a) {
+  constexpr int64_t kMaxDim = int64_t(1) << 30;
+  if (kv_heads <= 0 || q_heads % kv_heads != 0) return "query heads must be a multiple of KV heads";
+  const int64_t rows = (q_heads / kv_heads) * q_len;
+  for (int64_t dim : {batch, q_heads, q_len, head_dim, capacity, v_head_dim, rows}) {
+    if (dim < 0 || dim > kMaxDim) return "a dimension is out of range (at most 2^30)";
+  }
+  if (batch * kv_heads * RowBlocks(rows) > int64_t(0x7fffffff)) return "batch x heads too large for the grid";
+  if (KeyTiles(capacity) > 65535) return "more than 65535 * 64 keys";
+  if (ColumnBlocks(v_head_dim) > 65535) return "V head size too large for the grid";
+  if (a.qk_mode < kQkNone || a.qk_mode > kQkSoftmax) return "qk_mode must be -1 (none) or 0-3";
+  if (a.softmax_type < 0 || a.softmax_type > int64_t(SoftmaxType::kBF16)) {
+    return "softmax_type must be 0 (f32), 1 (f16) or 2 (bf16)";
+  }
+  p.batch = int(batch);
+  p.q_heads = int(q_heads);
+  p.kv_heads = int(kv_heads);
+  p.q_len = int(q_len);
+  p.capacity = int(capacity);
+  p.head_dim = int(head_dim);
+  p.v_head_dim = int(v_head_dim);
+  p.group = int(q_heads / kv_heads);
+  p.rows = int(rows);
+  p.scale = a.scale;
+  p.softcap = a.softcap;
+  p.causal = a.causal;
+  p.pos_shift = int(std::max(-kMaxDim, std::min(a.pos_shift, kMaxDim)));
+  p.left = int(std::max<int64_t>(-1, std::min(a.left, kMaxDim)));
+  p.right = int(std::max<int64_t>(-1, std::min(a.right, kMaxDim)));
+  p.bias = nullptr;
+  p.bias_type = BiasType::kNone;
+  p.bias_stride_b = p.bias_stride_h = p.bias_stride_s = 0;
+  p.key_end = p.capacity;
+  p.qk_mode = int(a.qk_mode);
+  p.softmax_type = SoftmaxType(a.softmax_type);
+  return "";
+}
+
+// Points p at a bias buffer [Bb, Hb, Sb, Tb] (Bb in {1, B}, Hb in {1, Hq}, Sb in {1, S}); keys
+// j >= Tb are hidden.
+inline std::string ConfigureBias(GeneralParams& p, const ffi::AnyBuffer& bias) {
+  auto d = bias.dimensions();
+  if (d.size() != 4) return "bias must be rank 4 [B|1, Hq|1, S|1, T]";
+  if ((d[0] != 1 && d[0] != p.batch) || (d[1] != 1 && d[1] != p.q_heads) || (d[2] != 1 && d[2] != p.q_len)) {
+    return "bias dims must be [B|1, Hq|1, S|1, T]";
+  }
+  switch (bias.element_type()) {
+    case ffi::DataType::F32: p.bias_type = BiasType::kF32; break;
+    case ffi::DataType::F16: p.bias_type = BiasType::kF16; break;
+    case ffi::DataType::BF16: p.bias_type = BiasType::kBF16; break;
+    case ffi::DataType::PRED: p.bias_type = BiasType::kBool; break;
+    default: return "bias must be f32, f16, bf16 or bool";
+  }
+  p.bias = bias.untyped_data();
+  p.key_end = int(std::min<int64_t>(d[3], p.capacity));
+  p.bias_stride_s = d[2] == 1 ? 0 : d[3];
+  p.bias_stride_h = d[1] == 1 ? 0 : d[2] * d[3];
+  p.bias_stride_b = d[0] == 1 ? 0 : d[1] * d[2] * d[3];
+  return "";
+}
+
+// Launches the kernels for the runtime element types of q/k (`dtype`) and v (`v_dtype`).
+inline ffi::Error LaunchGeneral(const GeneralParams& p, ffi::DataType dtype, ffi::DataType v_dtype,
+                                cudaStream_t stream, const char* op) {
+  return DispatchFloat(dtype, op, [&](auto t) {
+    return DispatchFloat(v_dtype, op, [&](auto tv) {
+      const cudaError_t err = Launch<decltype(t), decltype(tv)>(p, stream);
+      if (err != cudaSuccess) return ffi::Error::Internal(std::string(op) + ": " + cudaGetErrorString(err));
+      return ffi::Error::Success();
+    });
+  });
+}
+
+}  // namespace joa::general

@@ -1,0 +1,74 @@
+// General attention for a few query rows on CUDA cores: the parameters and the static tiling.
+//
+// The path for every ai.onnx Attention call the tensor-core decode engine does not take: float32,
+// V of another dtype or head size than Q, any head size, qk_matmul_output, a half-precision
+// softmax. Rows are packed per KV head as in the engine: the G = Hq / Hkv query heads of KV head
+// kvh and their S rows are packed row r = g * S + i, which is row bh * M + r (bh = b * Hkv + kvh,
+// M = G * S) of q, y and the scores viewed as [B * Hq * S, ...].
+#pragma once
+
+#include <cstdint>
+
+namespace joa::general {
+
+enum class BiasType : int { kNone = 0, kF32 = 1, kF16 = 2, kBF16 = 3, kBool = 4 };
+// The dtype the softmax runs in; the order of GENERAL_SOFTMAX_DTYPES in jax_onnx_attn/ops/cuda.py.
+enum class SoftmaxType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+// qk_matmul_output_mode values (the ONNX attribute), and kQkNone when no qk output is wanted.
+inline constexpr int kQkNone = -1, kQkRaw = 0, kQkSoftcap = 1, kQkBiased = 2, kQkSoftmax = 3;
+
+struct GeneralParams {
+  // q [B, Hq, S, D] and k [B, Hkv, C, D] of one dtype; v [B, Hkv, C, Dv] of its own; y [B, Hq, S, Dv]
+  // and qk [B, Hq, S, C] of q's dtype; scores f32 [B, Hq, S, C] (workspace). All dense.
+  const void* q;
+  const void* k;
+  const void* v;
+  void* y;
+  void* qk;
+  float* scores;
+  const int32_t* kv_len;  // [B] valid rows per batch row, read on the device, clamped to [0, C]
+
+  int batch, q_heads, kv_heads, q_len, capacity, head_dim, v_head_dim;
+  int group;  // G = Hq / Hkv
+  int rows;   // M = G * S packed rows per KV head
+
+  float scale;    // multiplies q.k
+  float softcap;  // > 0: softcap * tanh(x / softcap), before the bias
+  bool causal;    // key j visible to row i only if j <= pos_i = kv_len - S + i + pos_shift
+  int pos_shift;
+  int left, right;  // >= 0: keys with pos_i - j > left / j - pos_i > right are hidden
+  // Additive bias bias[b, h, i, j] (bool: true keeps, false = -inf); keys j >= key_end are hidden
+  // (key_end is the bias length, or C without a bias). Strides are 0 along broadcast dims.
+  const void* bias;
+  BiasType bias_type;
+  int64_t bias_stride_b, bias_stride_h, bias_stride_s;
+  int key_end;
+
+  int qk_mode;  // kQkNone or a qk_matmul_output_mode
+  SoftmaxType softmax_type;
+};
+
+inline constexpr int kThreads = 256;
+inline constexpr int kWarps = kThreads / 32;
+// Packed query rows per CTA (both kernels); each thread owns kRowsPerThread of them.
+inline constexpr int kRowsPerCta = 16;
+inline constexpr int kRowsPerThread = 4;
+// ScoresKernel: keys per CTA (one per thread column) and head-dim elements staged per step.
+inline constexpr int kScoreKeys = kThreads * kRowsPerThread / kRowsPerCta;  // 64
+inline constexpr int kChunkD = 64;
+// SoftmaxValuesKernel: keys per V tile and value columns per CTA (kColThreads threads across, each
+// with kColsPerThread columns).
+inline constexpr int kValueKeys = 32;
+inline constexpr int kColThreads = kThreads * kRowsPerThread / kRowsPerCta;  // 64
+inline constexpr int kColsPerThread = 4;
+inline constexpr int kValueCols = kColThreads * kColsPerThread;  // 256
+
+// Launch geometry, from static shapes only (constexpr: the kernels use them too).
+constexpr int64_t RowBlocks(int64_t rows) { return (rows + kRowsPerCta - 1) / kRowsPerCta; }
+constexpr int64_t KeyTiles(int64_t capacity) { return (capacity + kScoreKeys - 1) / kScoreKeys; }
+// At least one column block: the mode-3 qk output is written there even when Dv is 0.
+constexpr int64_t ColumnBlocks(int64_t v_head_dim) {
+  return v_head_dim > 0 ? (v_head_dim + kValueCols - 1) / kValueCols : 1;
+}
+
+}  // namespace joa::general
