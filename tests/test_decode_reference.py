@@ -111,15 +111,17 @@ def test_split_plan_is_valid(batch, rows, capacity, d):
 
 
 @pytest.mark.parametrize("batch,rows,capacity", [(1, 4, 1024), (1, 8, 8192), (4, 4, 4096), (1, 1, 64),
+                                                 (1, 4, 2048), (1, 4, 4096), (2, 8, 4096),
                                                  (1, 4, 16384), (1, 16, 4096), (1, 32, 4096),
                                                  (64, 4, 4096)])
 def test_cluster_plan_is_valid(batch, rows, capacity):
     sr = cuda.decode_cluster_split_rows(batch, 8, rows, capacity)
-    if sr is None:  # not a 16-row block, fills the GPU already, one tile, or splits too long
-        big = -(-capacity // cuda.DECODE_BLOCK_N) > 8 * cuda._CLUSTER_MAX_TILES
-        assert rows > 16 or batch * 8 * 2 > 264 or capacity <= cuda.DECODE_BLOCK_N or big
+    tiles = -(-capacity // cuda.DECODE_BLOCK_N)
+    if sr is None:  # not a 16-row block, or no cluster of >= 2 splits fits the slots with short splits
+        n = min(cuda.DECODE_MAX_CLUSTER_SPLITS, tiles, 264 // (batch * 8))
+        assert rows > 16 or n < 2 or -(-tiles // n) > max(t for _, t in cuda._CLUSTER_PLANS)
         return
     splits = -(-capacity // sr)
     assert sr % cuda.DECODE_BLOCK_N == 0
-    assert 2 <= splits <= 8
+    assert 2 <= splits <= cuda.DECODE_MAX_CLUSTER_SPLITS
     assert batch * 8 * splits <= 264  # one wave of the planner's CTA slots

@@ -100,11 +100,11 @@ def decode_split_rows(batch: int, kv_heads: int, rows: int, capacity: int, head_
 #: Most splits the kernel combines inside one thread-block cluster (kMaxClusterSplits in
 #: ffi/kernels/decode/params.h; over 8 is a non-portable cluster size).
 DECODE_MAX_CLUSTER_SPLITS = 16
-# What the planner uses: portable clusters, splits of at most 2 KV tiles. Measured on the H200
-# (bench/results/2026-11-30-decode-notes.md): B=1 1k 11.2 -> 8.6 µs; at 4k / 8k (8 tiles a split)
-# the cluster plan was slower than the combine kernel's (20.0 vs 17.7, 35.8 vs 23.0 µs).
-_PLAN_CLUSTER_SPLITS = 8
-_CLUSTER_MAX_TILES = 2
+# What the planner uses, in order: (cluster size, most KV tiles a split may stream). Measured on the
+# H200 (bench/results/2026-11-30-decode-notes.md), B=1 32/8 d128 against split + combine kernel:
+# 1k as 8 splits of 2 tiles 11.2 -> 7.8-8.6 µs; 4k as 16 splits of 4 tiles 18.3 -> 14.1 µs; but 8 tiles
+# a split were slower (4k 20.0 vs 17.7, 8k 35.8 vs 23.0 µs with 8 splits).
+_CLUSTER_PLANS = ((8, 2), (16, 4))
 
 
 @functools.cache
@@ -120,21 +120,20 @@ def _cluster_capable() -> bool:
 def decode_cluster_split_rows(batch: int, kv_heads: int, rows: int, capacity: int) -> int | None:
     """KV rows per split when the splits should combine inside a thread-block cluster, else None.
 
-    For 16-row blocks (decode at small batch) that leave most of the GPU idle: up to 8 splits per
-    block, as many as the GPU's CTA slots take, each at most _CLUSTER_MAX_TILES tiles. A pure
-    function of static shapes.
+    For 16-row blocks (decode at small batch) that leave most of the GPU idle: the first of
+    _CLUSTER_PLANS whose cluster (capped by the tiles and by the GPU's CTA slots) cuts the context
+    into splits short enough. A pure function of static shapes.
     """
     if _decode_block_rows(rows) != 16:
         return None
     ctas = batch * kv_heads
     tiles = max(1, -(-capacity // DECODE_BLOCK_N))
-    n = min(_PLAN_CLUSTER_SPLITS, tiles, (_PLAN_SMS * decode_ctas_per_sm(rows, 128)) // max(ctas, 1))
-    if n < 2:
-        return None
-    per_split = -(-tiles // n)
-    if per_split > _CLUSTER_MAX_TILES:
-        return None
-    return per_split * DECODE_BLOCK_N
+    slots = _PLAN_SMS * decode_ctas_per_sm(rows, 128)
+    for size, max_tiles in _CLUSTER_PLANS:
+        n = min(size, tiles, slots // max(ctas, 1))
+        if n >= 2 and -(-tiles // n) <= max_tiles:
+            return -(-tiles // n) * DECODE_BLOCK_N
+    return None
 
 
 def decode_workspace_elems(batch: int, kv_heads: int, rows: int, capacity: int, head_dim: int,

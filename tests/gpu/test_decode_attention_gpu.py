@@ -174,8 +174,8 @@ def test_cluster_combine(dtype, case, sink):
 def test_planner_picks_the_cluster_at_batch_1():
     """The auto plan of a B=1 decode step is one clustered launch: no combine kernel in the HLO's
     custom calls' workspace (size 1) and the same values as the combine-kernel path."""
-    _, q, k, v, lens = _inputs(5, 1, 32, 8, 1, 128, 2048, ml_dtypes.bfloat16, lens=[2000])
-    assert cuda.decode_cluster_split_rows(1, 8, 4, 2048) is not None
+    _, q, k, v, lens = _inputs(5, 1, 32, 8, 1, 128, 4096, ml_dtypes.bfloat16, lens=[4000])
+    assert cuda.decode_cluster_split_rows(1, 8, 4, 4096) == 256  # 16 splits: a non-portable cluster
     auto = jax.jit(functools.partial(cuda.decode_attention, scale=0.09))
     hlo = auto.lower(q, k, v, lens).as_text()
     assert "cluster = true" in hlo
