@@ -210,6 +210,17 @@ def _run(cmd: list[str]) -> str:
         return ""
 
 
+def _snapshot_commit() -> str:
+    """The commit of a snapshot build (tools/snapshot.sh writes COMMIT beside the package), or ""."""
+    import jax_onnx_attn
+    path = os.path.join(os.path.dirname(os.path.dirname(jax_onnx_attn.__file__)), "COMMIT")
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def environment() -> dict:
     """GPU (nvidia-smi name, clocks, power), jax / jaxlib / torch versions, build info, git commit."""
     import jax
@@ -222,7 +233,8 @@ def environment() -> dict:
         "jax": jax.__version__, "jaxlib": jaxlib.__version__, "python": platform.python_version(),
         "devices": [str(x) for x in jax.devices()],
         "build": build_info(),
-        "commit": os.environ.get("JOA_GIT_COMMIT") or _run(["git", "describe", "--always", "--dirty"]),
+        "commit": os.environ.get("JOA_GIT_COMMIT") or _snapshot_commit()
+        or _run(["git", "describe", "--always", "--dirty"]),
         "hbm_peak_gbs": HBM_PEAK_GBS,
     }
     try:

@@ -14,7 +14,7 @@ Input: every `*.json` in the results folder, each one run of `python -m jax_onnx
                             "jax-xla": {"skip": "error: ..."}, ...}}, ...]}
 
 Each measured impl of each case becomes one flat record (`load_results`): impl, phase, dtype
-(numpy name), batch, q_heads, kv_heads, head_dim, q_len, kv_len, causal, time_s, tflops, gbps,
+(numpy name), batch, q_heads, kv_heads, head_dim, q_len, kv_len, causal, kv_bits, time_s, tflops, gbps,
 intensity, gpu (the GPU's name), source (file name). Skipped impls are left out. A measurement is
 identified by KEY_FIELDS; a later file (by name) replaces an earlier one's measurement of the same
 thing. Metrics, as DESIGN.md defines them:
@@ -41,7 +41,7 @@ IMAGES_DIR = Path("docs/images")
 
 #: What identifies one measurement (a later file's record with the same key replaces an earlier one).
 KEY_FIELDS = ("impl", "phase", "dtype", "batch", "q_heads", "kv_heads", "head_dim", "q_len", "kv_len",
-              "causal", "gpu")
+              "causal", "kv_bits", "gpu")
 #: Fields every result of the harness carries.
 REQUIRED = ("batch", "ctx", "q_len", "q_heads", "kv_heads", "head_dim", "dtype", "impls")
 #: Our own kernels' name in "impls"; every other impl is a peer.
@@ -129,6 +129,7 @@ def _records(case: dict, suite: str | None, gpu: str | None, source: str) -> lis
         "prefill" if case["q_len"] == case["ctx"] else "decode")
     # The decode suite runs bottom-right causal; a prefill suite says so per case (default causal).
     base["causal"] = bool(case.get("causal", True))
+    base["kv_bits"] = int(case.get("kv_bits", 0))  # 8 / 4: an int8 / int4 cache (ours only)
     out = []
     for impl, m in case["impls"].items():
         if "us" not in m:
@@ -390,7 +391,7 @@ def regenerate(results_dir: str | Path = RESULTS_DIR, images_dir: str | Path = I
     _, plt = _plt()
     records = load_results(results_dir)
     gpu = main_gpu(records)
-    records = select(records, gpu=gpu)
+    records = [r for r in select(records, gpu=gpu) if not r["kv_bits"]]  # figures compare float caches
     hw = hardware_for(gpu)
     images_dir = Path(images_dir)
     images_dir.mkdir(parents=True, exist_ok=True)

@@ -102,9 +102,10 @@ def decode_split_rows(batch: int, kv_heads: int, rows: int, capacity: int, head_
 DECODE_MAX_CLUSTER_SPLITS = 16
 # What the planner uses, in order: (cluster size, most KV tiles a split may stream). Measured on the
 # H200 (bench/results/2026-11-30-decode-notes.md), B=1 32/8 d128 against split + combine kernel:
-# 1k as 8 splits of 2 tiles 11.2 -> 7.8-8.6 µs; 4k as 16 splits of 4 tiles 18.3 -> 14.1 µs; but 8 tiles
-# a split were slower (4k 20.0 vs 17.7, 8k 35.8 vs 23.0 µs with 8 splits).
-_CLUSTER_PLANS = ((8, 2), (16, 4))
+# 1k as 8 splits of 2 tiles 11.2 -> 7.8-8.6 µs; 4k as 16 splits of 4 tiles 18.3 -> 14.1 µs; 8k as 16
+# splits of 8 tiles 22.9 -> 20.7 µs; but 8 splits of 8 tiles were slower (4k 20.0 vs 17.7 µs): few
+# CTAs each streaming many tiles leave the bandwidth of the other SMs unused.
+_CLUSTER_PLANS = ((8, 2), (16, 4), (16, 8))
 
 
 @functools.cache
@@ -146,7 +147,8 @@ def decode_workspace_elems(batch: int, kv_heads: int, rows: int, capacity: int, 
 def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=None, v_scale=None,
                      *, scale: float, softcap: float = 0.0, causal: bool = True, left: int = -1,
                      right: int = -1, pos_shift: int = 0, kv_bits: int = 0,
-                     split_rows: int | None = None, pdl: bool = True, cluster: bool | None = None):
+                     split_rows: int | None = None, pdl: bool = True, cluster: bool | None = None,
+                     one_cta_per_sm: bool | None = None):
     """q [B, Hq, S, D] f16/bf16, k_cache / v_cache [B, Hkv, C, D], kv_len int32 [B] -> [B, Hq, S, D].
 
     Semantics of `jax_onnx_attn.ops.reference.decode.decode_attention`. bias: None or
@@ -156,6 +158,8 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=
     planner (a multiple of DECODE_BLOCK_N); pdl launches the combine as a programmatic dependent
     launch. cluster: combine the splits inside a thread-block cluster (sm_90+, <= 8 splits of a
     16-row block); None lets the planner choose (only when split_rows is None too).
+    one_cta_per_sm: the engine variant whose ring is sized for one CTA per SM (16-row blocks over a
+    float cache; ignored otherwise); None: when the grid is at most one CTA per SM.
     """
     b, hq, s, d = q.shape
     hkv, c = k_cache.shape[1], k_cache.shape[2]
@@ -168,6 +172,9 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=
     if split_rows is None:
         split_rows = decode_split_rows(b, hkv, rows, c, d, kv_bits)
     cluster = bool(cluster) and -(-c // split_rows) > 1
+    if one_cta_per_sm is None:
+        one_cta_per_sm = b * hkv * -(-c // split_rows) <= _PLAN_SMS
+    one_cta_per_sm = bool(one_cta_per_sm) and _decode_block_rows(rows) == 16 and kv_bits == 0
     ws = 1 if cluster else decode_workspace_elems(b, hkv, rows, c, d, split_rows)
     placeholder = jnp.zeros((1,), jnp.float32)
     call = jax.ffi.ffi_call(
@@ -183,7 +190,8 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=
                   scale=np.float32(scale), softcap=np.float32(softcap if softcap > 0 else 0.0),
                   causal=bool(causal), left=int(left), right=int(right), pos_shift=int(pos_shift),
                   has_bias=bias is not None, has_sink=sink is not None, kv_bits=int(kv_bits),
-                  split_rows=int(split_rows), pdl=bool(pdl), cluster=cluster)
+                  split_rows=int(split_rows), pdl=bool(pdl), cluster=cluster,
+                  one_cta_per_sm=one_cta_per_sm)
     return out
 
 
