@@ -24,7 +24,7 @@ ffi::Error DecodeAttentionImpl(cudaStream_t stream, AnyBuffer q, AnyBuffer k, An
                                F32Buffer v_scale, AnyResult out, F32Result workspace, float scale,
                                float softcap, bool causal, int64_t left, int64_t right,
                                int64_t pos_shift, bool has_bias, bool has_sink, int64_t kv_bits,
-                               int64_t split_rows, bool pdl, bool cluster, bool one_cta_per_sm) {
+                               int64_t split_rows, bool pdl, bool cluster) {
   constexpr const char* kOp = "decode_attention";
   auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
   if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4) {
@@ -67,7 +67,6 @@ ffi::Error DecodeAttentionImpl(cudaStream_t stream, AnyBuffer q, AnyBuffer k, An
   p.kv_len = kv_len.typed_data();
   p.sink = has_sink ? sink.typed_data() : nullptr;
   p.cluster = cluster && p.splits > 1 ? p.splits : 0;
-  p.one_cta_per_sm = one_cta_per_sm;
   return decode::LaunchDecode(p, q.element_type(), qd[3], workspace->typed_data(),
                               int64_t(workspace->element_count()), pdl, stream, kOp);
 }
@@ -99,6 +98,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JoaDecodeAttention, joa::DecodeAttentionImpl,
                                   .Attr<int64_t>("kv_bits")
                                   .Attr<int64_t>("split_rows")
                                   .Attr<bool>("pdl")
-                                  .Attr<bool>("cluster")
-                                  .Attr<bool>("one_cta_per_sm"),
+                                  .Attr<bool>("cluster"),
                               JOA_COMMAND_BUFFER_SAFE);

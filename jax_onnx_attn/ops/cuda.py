@@ -147,8 +147,7 @@ def decode_workspace_elems(batch: int, kv_heads: int, rows: int, capacity: int, 
 def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=None, v_scale=None,
                      *, scale: float, softcap: float = 0.0, causal: bool = True, left: int = -1,
                      right: int = -1, pos_shift: int = 0, kv_bits: int = 0,
-                     split_rows: int | None = None, pdl: bool = True, cluster: bool | None = None,
-                     one_cta_per_sm: bool | None = None):
+                     split_rows: int | None = None, pdl: bool = True, cluster: bool | None = None):
     """q [B, Hq, S, D] f16/bf16, k_cache / v_cache [B, Hkv, C, D], kv_len int32 [B] -> [B, Hq, S, D].
 
     Semantics of `jax_onnx_attn.ops.reference.decode.decode_attention`. bias: None or
@@ -156,10 +155,8 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=
     [B, Hkv, C, D]; 4: uint8 [B, Hkv, C, D / 2]; both with float k_scale / v_scale of 1 element
     (per tensor) or Hkv·D elements (per channel, e.g. [1, Hkv, 1, D]). split_rows overrides the
     planner (a multiple of DECODE_BLOCK_N); pdl launches the combine as a programmatic dependent
-    launch. cluster: combine the splits inside a thread-block cluster (sm_90+, <= 8 splits of a
+    launch. cluster: combine the splits inside a thread-block cluster (sm_90+, <= 16 splits of a
     16-row block); None lets the planner choose (only when split_rows is None too).
-    one_cta_per_sm: the engine variant whose ring is sized for one CTA per SM (16-row blocks over a
-    float cache; ignored otherwise); None: when the grid is at most one CTA per SM.
     """
     b, hq, s, d = q.shape
     hkv, c = k_cache.shape[1], k_cache.shape[2]
@@ -172,9 +169,6 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=
     if split_rows is None:
         split_rows = decode_split_rows(b, hkv, rows, c, d, kv_bits)
     cluster = bool(cluster) and -(-c // split_rows) > 1
-    if one_cta_per_sm is None:
-        one_cta_per_sm = b * hkv * -(-c // split_rows) <= _PLAN_SMS
-    one_cta_per_sm = bool(one_cta_per_sm) and _decode_block_rows(rows) == 16 and kv_bits == 0
     ws = 1 if cluster else decode_workspace_elems(b, hkv, rows, c, d, split_rows)
     placeholder = jnp.zeros((1,), jnp.float32)
     call = jax.ffi.ffi_call(
@@ -190,8 +184,7 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=
                   scale=np.float32(scale), softcap=np.float32(softcap if softcap > 0 else 0.0),
                   causal=bool(causal), left=int(left), right=int(right), pos_shift=int(pos_shift),
                   has_bias=bias is not None, has_sink=sink is not None, kv_bits=int(kv_bits),
-                  split_rows=int(split_rows), pdl=bool(pdl), cluster=cluster,
-                  one_cta_per_sm=one_cta_per_sm)
+                  split_rows=int(split_rows), pdl=bool(pdl), cluster=cluster)
     return out
 
 

@@ -171,24 +171,6 @@ def test_cluster_combine(dtype, case, sink):
     np.testing.assert_array_equal(np.asarray(f(q, k, v, lens, None, sink_v)), got)
 
 
-@pytest.mark.parametrize("cluster", [False, True])
-@pytest.mark.parametrize("case", [(32, 8, 1, 128, 4096, 256), (64, 8, 2, 64, 1000, 128),
-                                  (8, 8, 1, 256, 700, 128), (6, 2, 5, 80, 300, 64)], ids=str)
-def test_one_cta_per_sm_ring(case, cluster):
-    """The engine variant with its ring sized for one CTA per SM gives bitwise the outputs of the
-    two-per-SM variant (same tiles, same arithmetic order), and matches the reference."""
-    hq, hkv, s, d, c, split_rows = case
-    _, q, k, v, lens = _inputs(c + d, 2, hq, hkv, s, d, c, ml_dtypes.bfloat16)
-    outs = []
-    for deep in (True, False):
-        f = jax.jit(functools.partial(cuda.decode_attention, scale=float(1 / np.sqrt(d)),
-                                      split_rows=split_rows, cluster=cluster, one_cta_per_sm=deep))
-        outs.append(np.asarray(f(q, k, v, lens)))
-    np.testing.assert_array_equal(outs[0], outs[1])
-    want = _run("reference", q, k, v, lens, scale=float(1 / np.sqrt(d)))
-    assert_close(outs[0], want, ml_dtypes.bfloat16)
-
-
 def test_planner_picks_the_cluster_at_batch_1():
     """The auto plan of a B=1 decode step is one clustered launch: no combine kernel in the HLO's
     custom calls' workspace (size 1) and the same values as the combine-kernel path."""
@@ -196,7 +178,7 @@ def test_planner_picks_the_cluster_at_batch_1():
     assert cuda.decode_cluster_split_rows(1, 8, 4, 4096) == 256  # 16 splits: a non-portable cluster
     auto = jax.jit(functools.partial(cuda.decode_attention, scale=0.09))
     hlo = auto.lower(q, k, v, lens).as_text()
-    assert "cluster = true" in hlo and "one_cta_per_sm = true" in hlo
+    assert "cluster = true" in hlo
     plain = jax.jit(functools.partial(cuda.decode_attention, scale=0.09, cluster=False))
     assert_close(np.asarray(auto(q, k, v, lens)), np.asarray(plain(q, k, v, lens)), ml_dtypes.bfloat16)
 

@@ -25,9 +25,7 @@
 
 namespace joa::decode {
 
-// kOnePerSm: size the ring for one CTA per SM (up to 8 stages) whatever two would give: for grids
-// of at most one wave at one CTA per SM (B = 1 decode), where a CTA's bytes in flight are the SM's.
-template <typename T, int kD, int kWarpsM, int kWarpsN, class Kv = DenseKv<T>, bool kOnePerSm = false>
+template <typename T, int kD, int kWarpsM, int kWarpsN, class Kv = DenseKv<T>>
 struct EngineConfig {
   static_assert(kD % 16 == 0, "head dim must be a multiple of 16");
   static constexpr int kWarps = kWarpsM * kWarpsN;
@@ -65,7 +63,7 @@ struct EngineConfig {
   static constexpr int kStages2 = kFit2 < 8 ? kFit2 : 8;
   static constexpr int kStages1 = kFit1 < 8 ? kFit1 : 8;
   static constexpr bool kTwoPerSm =
-      !kOnePerSm && kThreads <= 128 && kStages2 >= 2 && 3 * (kStages2 - 1) >= kStages1 - 1 &&
+      kThreads <= 128 && kStages2 >= 2 && 3 * (kStages2 - 1) >= kStages1 - 1 &&
       kQBytes + kMergeBytes <= kBudget2;
   static constexpr int kCtasPerSm = kTwoPerSm ? 2 : 1;
   static constexpr int kStages = kTwoPerSm ? kStages2 : kStages1;
@@ -107,12 +105,11 @@ struct alignas(8) Vec4 {
   T v[4];
 };
 
-template <typename T, int kD, int kWarpsM, int kWarpsN, class Variant, class Kv = DenseKv<T>,
-          bool kOnePerSm = false>
+template <typename T, int kD, int kWarpsM, int kWarpsN, class Variant, class Kv = DenseKv<T>>
 __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
-                                  (EngineConfig<T, kD, kWarpsM, kWarpsN, Kv, kOnePerSm>::kCtasPerSm))
+                                  (EngineConfig<T, kD, kWarpsM, kWarpsN, Kv>::kCtasPerSm))
     DecodeSplitKernel(const __grid_constant__ DecodeParams p) {
-  using Cfg = EngineConfig<T, kD, kWarpsM, kWarpsN, Kv, kOnePerSm>;
+  using Cfg = EngineConfig<T, kD, kWarpsM, kWarpsN, Kv>;
   constexpr int kBlockM = Cfg::kBlockM, kStride = Cfg::kStride, kStages = Cfg::kStages;
   constexpr int kChunk = Cfg::kChunk, kThreads = Cfg::kThreads, kTileN = Cfg::kTileN;
   extern __shared__ __align__(16) unsigned char smem[];

@@ -74,7 +74,6 @@ inline std::string Configure(DecodeParams& p, int64_t batch, int64_t q_heads, in
   p.sink = nullptr;
   p.part_o = p.part_lse = nullptr;
   p.cluster = 0;
-  p.one_cta_per_sm = false;
   p.kv_format = KvFormat::kDense;
   p.k_scale = p.v_scale = nullptr;
   p.k_scale_per_channel = p.v_scale_per_channel = false;

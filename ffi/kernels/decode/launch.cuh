@@ -11,10 +11,10 @@
 
 namespace joa::decode {
 
-template <typename T, int kD, int kWarpsM, int kWarpsN, class Variant, class Kv, bool kOnePerSm = false>
+template <typename T, int kD, int kWarpsM, int kWarpsN, class Variant, class Kv>
 cudaError_t LaunchLayout(DecodeParams p, bool pdl, cudaStream_t stream) {
-  using Cfg = EngineConfig<T, kD, kWarpsM, kWarpsN, Kv, kOnePerSm>;
-  auto* split_kernel = DecodeSplitKernel<T, kD, kWarpsM, kWarpsN, Variant, Kv, kOnePerSm>;
+  using Cfg = EngineConfig<T, kD, kWarpsM, kWarpsN, Kv>;
+  auto* split_kernel = DecodeSplitKernel<T, kD, kWarpsM, kWarpsN, Variant, Kv>;
   // A function attribute, not stream work: allowed while XLA captures the stream; set on every
   // launch because it is per device.
   cudaError_t err = cudaFuncSetAttribute(split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -69,11 +69,7 @@ cudaError_t LaunchLayout(DecodeParams p, bool pdl, cudaStream_t stream) {
 template <typename T, int kD, class Variant, class Kv>
 cudaError_t LaunchVariant(const DecodeParams& p, bool pdl, cudaStream_t stream) {
   switch (BlockRows(p.rows)) {
-    case 16:
-      if constexpr (!Kv::kQuantized) {  // the deep ring for one-wave grids (p.one_cta_per_sm)
-        if (p.one_cta_per_sm) return LaunchLayout<T, kD, 1, 4, Variant, Kv, true>(p, pdl, stream);
-      }
-      return LaunchLayout<T, kD, 1, 4, Variant, Kv>(p, pdl, stream);
+    case 16: return LaunchLayout<T, kD, 1, 4, Variant, Kv>(p, pdl, stream);
     case 32: return LaunchLayout<T, kD, 2, 2, Variant, Kv>(p, pdl, stream);
     case 64: return LaunchLayout<T, kD, 4, 1, Variant, Kv>(p, pdl, stream);
     default: return LaunchLayout<T, kD, 8, 1, Variant, Kv>(p, pdl, stream);

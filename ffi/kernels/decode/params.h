@@ -57,9 +57,6 @@ struct DecodeParams {
   // and combine through distributed shared memory (cluster_combine.cuh); no workspace, no combine
   // kernel. Set by the launcher only where the device and the engine layout allow it.
   int cluster;
-  // 16-row blocks over a dense cache: the engine variant whose ring is sized for one CTA per SM
-  // (EngineConfig's kOnePerSm), for grids of at most one CTA per SM. Chosen by the caller.
-  bool one_cta_per_sm;
   float* part_o;
   float* part_lse;
 
