@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/bias.h"
 #include "common/ffi.h"
 #include "kernels/decode/decode.h"
 #include "kernels/decode/params.h"
@@ -107,23 +108,15 @@ inline std::string ConfigureKvQuant(DecodeParams& p, int64_t kv_bits, int64_t he
 
 // Points p at a bias buffer [Bb, Hb, Sb, Tb] (Bb in {1, B}, Hb in {1, Hq}, Sb in {1, S}).
 inline std::string ConfigureBias(DecodeParams& p, const ffi::AnyBuffer& bias) {
-  auto d = bias.dimensions();
-  if (d.size() != 4) return "bias must be rank 4 [B|1, Hq|1, S|1, T]";
-  if ((d[0] != 1 && d[0] != p.batch) || (d[1] != 1 && d[1] != p.q_heads) || (d[2] != 1 && d[2] != p.q_len)) {
-    return "bias dims must be [B|1, Hq|1, S|1, T]";
-  }
-  switch (bias.element_type()) {
-    case ffi::DataType::F32: p.bias_type = BiasType::kF32; break;
-    case ffi::DataType::F16: p.bias_type = BiasType::kF16; break;
-    case ffi::DataType::BF16: p.bias_type = BiasType::kBF16; break;
-    case ffi::DataType::PRED: p.bias_type = BiasType::kBool; break;
-    default: return "bias must be f32, f16, bf16 or bool";
-  }
-  p.bias = bias.untyped_data();
-  p.bias_len = int(std::min<int64_t>(d[3], int64_t(1) << 30));
-  p.bias_stride_s = d[2] == 1 ? 0 : d[3];
-  p.bias_stride_h = d[1] == 1 ? 0 : d[2] * d[3];
-  p.bias_stride_b = d[0] == 1 ? 0 : d[1] * d[2] * d[3];
+  BiasLayout b;
+  std::string err = ParseBias(bias, p.batch, p.q_heads, p.q_len, b);
+  if (!err.empty()) return err;
+  p.bias = b.data;
+  p.bias_type = b.type;
+  p.bias_len = int(std::min<int64_t>(b.len, int64_t(1) << 30));
+  p.bias_stride_b = b.stride_b;
+  p.bias_stride_h = b.stride_h;
+  p.bias_stride_s = b.stride_s;
   return "";
 }
 

@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include "kernels/bias.cuh"
+
 namespace joa::decode {
 
 // Split sizes are multiples of this many KV rows (and so of every engine tile size).
@@ -23,8 +25,6 @@ constexpr int BlockRows(int rows) { return rows <= 16 ? 16 : rows <= 32 ? 32 : r
 // Most splits combined inside one thread-block cluster (cluster_combine.cuh). Clusters over 8 CTAs
 // are sm_90's non-portable sizes (opted into at launch). Mirrored by jax_onnx_attn/ops/cuda.py.
 inline constexpr int kMaxClusterSplits = 16;
-
-enum class BiasType : int { kNone = 0, kF32 = 1, kF16 = 2, kBF16 = 3, kBool = 4 };
 
 // How the cache stores K and V (policies in kv_format.cuh): T, int8 [.., D], or int4 as uint8
 // [.., D / 2] (two values a byte, low nibble first, each stored + 8).

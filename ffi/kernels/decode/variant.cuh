@@ -86,21 +86,11 @@ class LogitVariant : public MaskVariant {
     float x = qk * scale_;
     // tanhf, not tanh.approx: its 2^-11 error times a softcap of ~30-50 would move fp16 results.
     if (softcap_ > 0.f) x = softcap_ * tanhf(x * inv_softcap_);
-    if (bias_type_ != BiasType::kNone) x += BiasAt(row.bias_off + j);
+    if (bias_type_ != BiasType::kNone) x += BiasValue(bias_, bias_type_, row.bias_off + j);
     return x * kLog2e;
   }
 
  private:
-  __device__ float BiasAt(int64_t i) const {
-    switch (bias_type_) {
-      case BiasType::kF32: return static_cast<const float*>(bias_)[i];
-      case BiasType::kF16: return __half2float(static_cast<const __half*>(bias_)[i]);
-      case BiasType::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(bias_)[i]);
-      case BiasType::kBool: return static_cast<const bool*>(bias_)[i] ? 0.f : -INFINITY;
-      default: return 0.f;
-    }
-  }
-
   float scale_, softcap_, inv_softcap_;
   const void* bias_;
   BiasType bias_type_;

@@ -73,16 +73,6 @@ __device__ __forceinline__ float WarpSum(float x) {
   return x;
 }
 
-__device__ __forceinline__ float BiasAt(const GeneralParams& p, int64_t i) {
-  switch (p.bias_type) {
-    case BiasType::kF32: return static_cast<const float*>(p.bias)[i];
-    case BiasType::kF16: return __half2float(static_cast<const __half*>(p.bias)[i]);
-    case BiasType::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p.bias)[i]);
-    case BiasType::kBool: return static_cast<const bool*>(p.bias)[i] ? 0.f : -INFINITY;
-    default: return 0.f;
-  }
-}
-
 // Whether key j is visible to a query row at absolute position pos (int64: pos_shift may be large).
 __device__ __forceinline__ bool Visible(const GeneralParams& p, int len, int64_t pos, int j) {
   return j < len && j < p.key_end && (!p.causal || j <= pos) && (p.left < 0 || pos - j <= p.left) &&
@@ -152,7 +142,7 @@ __global__ void __launch_bounds__(kThreads) ScoresKernel(const __grid_constant__
     if (Visible(p, len, pos, j)) {
       x = capped;
       if (p.bias_type != BiasType::kNone) {
-        x += BiasAt(p, b * p.bias_stride_b + h * p.bias_stride_h + s * p.bias_stride_s + j);
+        x += BiasValue(p.bias, p.bias_type, b * p.bias_stride_b + h * p.bias_stride_h + s * p.bias_stride_s + j);
       }
     }
     const int64_t at = (int64_t(bh) * p.rows + r) * p.capacity + j;

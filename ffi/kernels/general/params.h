@@ -9,9 +9,10 @@
 
 #include <cstdint>
 
+#include "kernels/bias.cuh"
+
 namespace joa::general {
 
-enum class BiasType : int { kNone = 0, kF32 = 1, kF16 = 2, kBF16 = 3, kBool = 4 };
 // The dtype the softmax runs in; the order of GENERAL_SOFTMAX_DTYPES in jax_onnx_attn/ops/cuda.py.
 enum class SoftmaxType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
 // qk_matmul_output_mode values (the ONNX attribute), and kQkNone when no qk output is wanted.
