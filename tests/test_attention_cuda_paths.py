@@ -23,7 +23,6 @@ from jax_onnx_attn.ops.reference import kv_cache as kv_reference
 from jax_onnx_attn.testing import assert_close
 
 import attention_cases
-from attention_cases import AttentionCase
 
 BF16 = ml_dtypes.bfloat16
 

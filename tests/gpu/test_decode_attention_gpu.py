@@ -8,7 +8,6 @@ decode loop captured in a command buffer.
 """
 
 import functools
-import itertools
 import textwrap
 
 import jax
@@ -21,6 +20,8 @@ from jax_onnx_attn.ops.decode import decode_attention
 from jax_onnx_attn.testing import assert_close
 
 import command_buffer
+import decode_cases
+from decode_cases import FEATURES
 
 pytestmark = pytest.mark.gpu
 
@@ -83,29 +84,9 @@ def test_shapes(dtype, d, heads, split):
     _check(q, k, v, lens, split_rows=_split_modes(c)[split], scale=1.0 / np.sqrt(d))
 
 
-BIASES = [None, "f32_full", "bool_b1s_short", "bf16_h1_long"]
-WINDOWS = [(-1, -1), (37, -1), (0, -1), (-1, 5), (20, 3)]
-FEATURES = list(itertools.product([True, False], WINDOWS, [0.0, 30.0], BIASES, [False, True]))
-
-
-def _bias(kind, rng, b, hq, s, c):
-    if kind is None:
-        return None
-    if kind == "f32_full":
-        x = (rng.standard_normal((b, hq, s, c)) * 2).astype(np.float32)
-        x[rng.random(x.shape) < 0.1] = -np.inf
-        x[0, 1, 0, :] = -np.inf  # a fully masked row
-        return x
-    if kind == "bool_b1s_short":
-        return rng.random((b, 1, 1, c - 7)) < 0.8
-    if kind == "bf16_h1_long":
-        return (rng.standard_normal((1, hq, s, c + 5))).astype(ml_dtypes.bfloat16)
-    raise ValueError(kind)
-
-
 def _feature_case(dtype, hq, hkv, s, d, c, causal, window, softcap, bias_kind, sink, seed):
     rng, q, k, v, lens = _inputs(seed, 3, hq, hkv, s, d, c, dtype)
-    bias = _bias(bias_kind, rng, 3, hq, s, c)
+    bias = decode_cases.bias(bias_kind, rng, 3, hq, s, c)
     sink_v = rng.standard_normal(hq).astype(np.float32) if sink else None
     _check(q, k, v, lens, bias, sink_v, scale=float(1 / np.sqrt(d)), softcap=softcap,
            causal=causal, left=window[0], right=window[1])

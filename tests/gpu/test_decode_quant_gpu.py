@@ -11,7 +11,6 @@ bitwise repeats with and without PDL, batch invariance at a fixed split size.
 """
 
 import functools
-import itertools
 
 import jax
 import ml_dtypes
@@ -22,6 +21,9 @@ from jax_onnx_attn.ops import cuda
 from jax_onnx_attn.ops.decode import decode_attention
 from jax_onnx_attn.ops.reference.decode import dequantize_cache
 from jax_onnx_attn.testing import assert_close
+
+import decode_cases
+from decode_cases import FEATURES
 
 pytestmark = pytest.mark.gpu
 
@@ -117,30 +119,10 @@ def test_shapes(bits, dtype, d, heads, split):
            scale=float(1 / np.sqrt(d)))
 
 
-WINDOWS = [(-1, -1), (37, -1), (0, -1), (-1, 5), (20, 3)]
-BIASES = [None, "f32_full", "bool_b1s_short", "bf16_h1_long"]
-FEATURES = list(itertools.product([True, False], WINDOWS, [0.0, 30.0], BIASES, [False, True]))
-
-
-def _bias(kind, rng, b, hq, s, c):
-    if kind is None:
-        return None
-    if kind == "f32_full":
-        x = (rng.standard_normal((b, hq, s, c)) * 2).astype(np.float32)
-        x[rng.random(x.shape) < 0.1] = -np.inf
-        x[0, 1, 0, :] = -np.inf  # a fully masked row
-        return x
-    if kind == "bool_b1s_short":
-        return rng.random((b, 1, 1, c - 7)) < 0.8
-    if kind == "bf16_h1_long":
-        return rng.standard_normal((1, hq, s, c + 5)).astype(BF16)
-    raise ValueError(kind)
-
-
 def _feature_case(bits, mode, dtype, hq, hkv, s, d, c, causal, window, softcap, bias_kind, sink,
                   seed, split_rows=None):
     rng, q, k, v, ks, vs, lens = _inputs(seed, bits, mode, 3, hq, hkv, s, d, c, dtype)
-    bias = _bias(bias_kind, rng, 3, hq, s, c)
+    bias = decode_cases.bias(bias_kind, rng, 3, hq, s, c)
     sink_v = rng.standard_normal(hq).astype(np.float32) if sink else None
     _check(q, k, v, ks, vs, lens, bits, bias, sink_v,
            split_rows=split_rows or _plan(q, k, bits), scale=float(1 / np.sqrt(d)),
