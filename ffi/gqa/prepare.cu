@@ -22,6 +22,7 @@
 
 #include "common/ffi.h"
 #include "common/status.h"
+#include "kernels/convert.cuh"
 
 namespace joa {
 namespace {
@@ -57,19 +58,6 @@ struct PrepareParams {
   bool packed, interleaved, k_per_channel, v_per_channel;
   float q_eps, k_eps;
 };
-
-__device__ __forceinline__ float ToFloat(float x) { return x; }
-__device__ __forceinline__ float ToFloat(__half x) { return __half2float(x); }
-__device__ __forceinline__ float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T> __device__ __forceinline__ T FromFloat(float x);
-template <> __device__ __forceinline__ float FromFloat<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half FromFloat<__half>(float x) {
-  return __float2half_rn(x);
-}
-template <> __device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
 
 // x rounded to T, as the spec's astype(T) between its steps.
 template <typename T>

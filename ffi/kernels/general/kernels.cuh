@@ -24,27 +24,10 @@
 
 #include <cstdint>
 
+#include "kernels/convert.cuh"
 #include "kernels/general/params.h"
 
 namespace joa::general {
-
-template <typename T>
-__device__ __forceinline__ float ToFloat(T x);
-template <>
-__device__ __forceinline__ float ToFloat<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ float ToFloat<__half>(__half x) { return __half2float(x); }
-template <>
-__device__ __forceinline__ float ToFloat<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T>
-__device__ __forceinline__ T FromFloat(float x);
-template <>
-__device__ __forceinline__ float FromFloat<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ __half FromFloat<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
 // x rounded to the softmax dtype (held in a float).
 __device__ __forceinline__ float RoundTo(float x, SoftmaxType t) {
