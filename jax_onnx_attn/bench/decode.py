@@ -375,9 +375,9 @@ def _warm_up(seconds: float = 2.0) -> None:
         x.block_until_ready()
 
 
-def _write(path, env, results, args):
+def _write(path, env, results, args, suite: str = "decode"):
     with open(path, "w") as f:
-        json.dump({"suite": "decode", "env": env, "args": vars(args), "results": results}, f, indent=1,
+        json.dump({"suite": suite, "env": env, "args": vars(args), "results": results}, f, indent=1,
                   default=str)
 
 

@@ -150,6 +150,8 @@ def load_results(results_dir: str | Path = RESULTS_DIR) -> list[dict]:
     latest: dict[tuple, dict] = {}
     for path in files:
         doc = json.loads(path.read_text())
+        if doc.get("suite") not in (None, "decode", "prefill"):
+            continue  # other suites (gqa: whole operator steps) are not kernel figures
         gpu = gpu_name(doc.get("env", {}))
         for case in doc.get("results", []):
             for r in _records(case, doc.get("suite"), gpu, path.name):
