@@ -16,34 +16,10 @@ import dataclasses
 import math
 import sys
 
-from jax_onnx_attn.bench.decode import _time_loop, _warm_up, _write, environment
+# A step's shape is a decode Case (the cache [B, Hkv, ctx, D] is full after the step's S rows).
+from jax_onnx_attn.bench.decode import Case, _time_loop, _warm_up, _write, environment
 
 IMPLS = ("cuda", "reference")
-
-
-@dataclasses.dataclass(frozen=True)
-class Case:
-    """One decode step: query [B, S, (N + 2 Hkv) D] packed, a cache [B, Hkv, ctx, D] filled but for
-    the S rows the step appends (valid rows after the step: ctx)."""
-
-    batch: int
-    ctx: int
-    q_len: int
-    q_heads: int
-    kv_heads: int
-    head_dim: int
-    dtype: str  # "bf16" | "fp16"
-    kv_bits: int = 0
-
-    @property
-    def kv_bytes(self) -> int:
-        """Bytes of K plus V read per step (2-byte elements, or kv_bits bits)."""
-        return 2 * self.batch * self.kv_heads * self.ctx * self.head_dim * (self.kv_bits or 16) // 8
-
-    def label(self) -> str:
-        """A one-line description of the case for tables and logs."""
-        return (f"B={self.batch} ctx={self.ctx} S={self.q_len} {self.q_heads}/{self.kv_heads} "
-                f"d{self.head_dim} {self.dtype}" + (f" int{self.kv_bits}" if self.kv_bits else ""))
 
 
 def bench_step(case: Case, impl: str, calls: int, target_s: float, reps: int) -> float:
