@@ -17,7 +17,7 @@ import math
 import sys
 
 # A step's shape is a decode Case (the cache [B, Hkv, ctx, D] is full after the step's S rows).
-from jax_onnx_attn.bench.decode import Case, _time_loop, _warm_up, _write, environment
+from jax_onnx_attn.bench.decode import Case, _time_loop, _warm_up, _write, default_cases, environment
 
 IMPLS = ("cuda", "reference")
 
@@ -97,33 +97,25 @@ def main(argv: list[str] | None = None) -> int:
         args.impls = [i for i in args.impls if i != "cuda"]
     _warm_up(0.5)
     results = []
-    for dtype in args.dtypes:
-        for heads in args.heads:
-            n, hkv = map(int, heads.split("/"))
-            for d in args.dims:
-                for bits in args.kv_bits:
-                    for b in args.batch:
-                        for c in args.ctx:
-                            for s in args.qlen:
-                                case = Case(b, c, s, n, hkv, d, dtype, bits)
-                                res = {**dataclasses.asdict(case), "label": case.label(),
-                                       "kv_bytes": case.kv_bytes, "calls_per_graph": args.calls,
-                                       "impls": {}}
-                                for impl in args.impls:
-                                    try:
-                                        sec = bench_step(case, impl, args.calls, args.target_ms / 1e3, args.reps)
-                                        res["impls"][impl] = {"us": sec * 1e6,
-                                                              "gbs": case.kv_bytes / sec / 1e9}
-                                    except Exception as e:  # a backend that cannot run a case is a result
-                                        res["impls"][impl] = {"skip": f"error: {type(e).__name__}: "
-                                                                      f"{str(e).splitlines()[0][:200]}"}
-                                results.append(res)
-                                t = res["impls"]
-                                print(f"{case.label():44s} " + "  ".join(
-                                    f"{i}={t[i]['us']:.1f}us/{t[i]['gbs']:.0f}GB/s" if "us" in t[i]
-                                    else f"{i}={t[i]['skip'][:60]}" for i in args.impls), flush=True)
-                                if args.out:
-                                    _write(args.out, env, results, args, suite="gqa")
+    for case in default_cases(args):
+        res = {**dataclasses.asdict(case), "label": case.label(),
+               "kv_bytes": case.kv_bytes, "calls_per_graph": args.calls,
+               "impls": {}}
+        for impl in args.impls:
+            try:
+                sec = bench_step(case, impl, args.calls, args.target_ms / 1e3, args.reps)
+                res["impls"][impl] = {"us": sec * 1e6,
+                                      "gbs": case.kv_bytes / sec / 1e9}
+            except Exception as e:  # a backend that cannot run a case is a result
+                res["impls"][impl] = {"skip": f"error: {type(e).__name__}: "
+                                              f"{str(e).splitlines()[0][:200]}"}
+        results.append(res)
+        t = res["impls"]
+        print(f"{case.label():44s} " + "  ".join(
+            f"{i}={t[i]['us']:.1f}us/{t[i]['gbs']:.0f}GB/s" if "us" in t[i]
+            else f"{i}={t[i]['skip'][:60]}" for i in args.impls), flush=True)
+        if args.out:
+            _write(args.out, env, results, args, suite="gqa")
     if args.out:
         _write(args.out, env, results, args, suite="gqa")
         print(f"wrote {args.out}")
