@@ -1,14 +1,9 @@
 #!/usr/bin/env bash
-# Device session helper: build HEAD, then run the decode profile set (bench rows + ncu) into $OUT.
+# Device session helper: prepare the carried snapshot (tools/device_prepare.sh), then run the
+# decode profile set (bench rows + ncu) into $OUT.
 # Usage on the GPU machine: bash tools/device_profile.sh
 set -uo pipefail
-out=${OUT:-/tmp/joa-out}; mkdir -p "$out"
-# Build a snapshot of a commit (tools/snapshot.sh writes .snap/, carried to the device), never the
-# live tree: the device's copy of .git can lag behind, and the live tree may hold half-done edits.
-src=$(pwd)/.snap; [ -d "$src" ] || { echo "no .snap/: run tools/snapshot.sh and carry .snap"; exit 1; }
-export PYTHONUNBUFFERED=1 JOA_GIT_COMMIT=$(cat "$src/COMMIT")
-rm -rf /tmp/joa && cp -r "$src" /tmp/joa && cd /tmp/joa
-python3 -m pip install --no-build-isolation --no-deps -e . > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+source "$(dirname "$0")/device_prepare.sh"
 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_decode_attention_gpu.py -k "pos_shift or bitwise" 2>&1 | tail -3
 B="python3 -m jax_onnx_attn.bench decode --heads 32/8 --dims 128 --dtypes bf16 --impls ours jax-cudnn torch-cudnn --reps 5"
 $B --batch 1 --ctx 1024 4096 8192 --qlen 1 16 --out "$out/b1.json" 2>&1 | grep -E "^B=|x"
