@@ -130,16 +130,8 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
   // The combine (if any) may be scheduled now; it waits for this grid to finish before reading.
   ptx::LaunchDependents();
 
-  const int len = min(max(p.kv_len[b], 0), p.capacity);
-  const Variant var(p, len);
-  const int pos0 = len - p.q_len + p.pos_shift;  // position of query row 0
-  const KeyBounds kb = var.Bounds(pos0, pos0 + p.q_len - 1);
-  const int n_begin = max(kb.lo, split * p.split_rows);
-  const int n_end = min(kb.hi, min((split + 1) * p.split_rows, p.capacity));
-  const int t_begin = n_begin / kTileN;
-  const int t_end = n_end > n_begin ? (n_end + kTileN - 1) / kTileN : t_begin;
-
   // Q rows of the CTA: packed row R = g * S + i is q[b, kvh * G + g, i]; rows past M are zeros.
+  // Issued before kv_len is read: Q does not depend on it, and the two latencies overlap.
   {
     constexpr int kTotal = kBlockM * Cfg::kVecs;
     for (int c = tid; c < kTotal; c += kThreads) {
@@ -154,6 +146,15 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
       ptx::CpAsync16(ptx::SmemAddr(s_q + r * kStride + col), src, valid);
     }
   }
+
+  const int len = min(max(p.kv_len[b], 0), p.capacity);
+  const Variant var(p, len);
+  const int pos0 = len - p.q_len + p.pos_shift;  // position of query row 0
+  const KeyBounds kb = var.Bounds(pos0, pos0 + p.q_len - 1);
+  const int n_begin = max(kb.lo, split * p.split_rows);
+  const int n_end = min(kb.hi, min((split + 1) * p.split_rows, p.capacity));
+  const int t_begin = n_begin / kTileN;
+  const int t_end = n_end > n_begin ? (n_end + kTileN - 1) / kTileN : t_begin;
 
   const T* k_base = static_cast<const T*>(p.k) + b * p.k_stride_b + kvh * p.k_stride_h;
   const T* v_base = static_cast<const T*>(p.v) + b * p.v_stride_b + kvh * p.v_stride_h;
@@ -294,10 +295,14 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
           sum += s[nt][2 * r2] + s[nt][2 * r2 + 1];
         }
         l[r2] = l[r2] * corr + sum;
+        // Once a row's max settles (most chunks of a long context) corr is exactly 1: skip the
+        // kD / 4 multiplies.
+        if (corr != 1.f) {
 #pragma unroll
-        for (int dt = 0; dt < kD / 8; ++dt) {
-          o[dt][2 * r2] *= corr;
-          o[dt][2 * r2 + 1] *= corr;
+          for (int dt = 0; dt < kD / 8; ++dt) {
+            o[dt][2 * r2] *= corr;
+            o[dt][2 * r2 + 1] *= corr;
+          }
         }
       }
 
