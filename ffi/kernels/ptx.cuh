@@ -15,8 +15,9 @@ __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
 }
 
 // Copies 16 bytes, or writes 16 zero bytes when !valid (src is then not read). .cg keeps streamed
-// KV out of L1. The L2 prefetch hint: 128 B measured best on the H200 (B=8 x 128k decode: 4081 GB/s
-// vs 4031 with 256 B and 4000 with 256 B + evict_first; bench/results/2026-11-30-decode-notes.md).
+// KV out of L1. The L2 prefetch size: 128 B measured best on the H200 (B=8 x 128k decode: 4120 GB/s
+// vs 4034 with 256 B, 4045 with none, 4000 with 256 B + evict_first; bench/results/
+// 2026-11-30-decode-notes.md, session 3).
 __device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(valid ? 16 : 0));
