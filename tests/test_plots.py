@@ -110,11 +110,26 @@ def test_gpu_name():
     assert plots.H200.hbm_gbps == 4800 and plots.H200.peak("bfloat16") == 989
 
 
-def test_later_file_replaces_the_same_measurement(results_dir):
+def test_a_later_run_of_a_case_replaces_all_its_measurements(results_dir):
+    # The rerun measures ours and jax-xla only: the older run's other peers at that case are not set
+    # against the new ours (numbers count only side by side); other cases keep the older run.
     _write(results_dir / "zz-decode-rerun.json", "decode", [_decode_case(1, 4096, {"jax-xla": 400.0})])
     recs = plots.load_results(results_dir)
     r, = plots.select(recs, impl="jax-xla", batch=1, kv_len=4096)
     assert r["gbps"] == pytest.approx(400.0) and r["source"] == "zz-decode-rerun.json"
+    ours, = plots.select(recs, impl=plots.OURS, batch=1, kv_len=4096)
+    assert ours["source"] == "zz-decode-rerun.json"
+    assert not plots.select(recs, impl="jax-cudnn", batch=1, kv_len=4096)
+    assert len(plots.select(recs, impl="jax-cudnn", phase="decode")) == len(DECODE) - 1
+    assert len(recs) == N_RECORDS - 2
+
+
+def test_a_later_peers_only_run_does_not_displace_a_run_with_ours(results_dir):
+    case = _decode_case(8, 8192, {"jax-xla": 10.0})
+    del case["impls"][plots.OURS]
+    _write(results_dir / "zz-peers-only.json", "decode", [case])
+    recs = plots.load_results(results_dir)
+    assert {r["source"] for r in plots.select(recs, batch=8, kv_len=8192)} == {"decode-h200.json"}
     assert len(recs) == N_RECORDS
 
 

@@ -15,9 +15,11 @@ Input: every `*.json` in the results folder, each one run of `python -m jax_onnx
 
 Each measured impl of each case becomes one flat record (`load_results`): impl, phase, dtype
 (numpy name), batch, q_heads, kv_heads, head_dim, q_len, kv_len, causal, kv_bits, time_s, tflops, gbps,
-intensity, gpu (the GPU's name), source (file name). Skipped impls are left out. A measurement is
-identified by KEY_FIELDS; a later file (by name) replaces an earlier one's measurement of the same
-thing. Metrics, as DESIGN.md defines them:
+intensity, gpu (the GPU's name), source (file name). Skipped impls are left out. Numbers only count
+measured side by side in one run, so a case (KEY_FIELDS less impl) takes all its records from one
+file: the latest (by name) that measured ours at it, else the latest that measured it at all; a peer
+measured only in an older run of that case is left out rather than set against a newer ours.
+Metrics, as DESIGN.md defines them:
 
 - TFLOP/s = 4·B·Hq·S·T·D / time (QKᵀ and PV), halved for causal prefill with S == T;
 - effective GB/s = K + V bytes read / time = 2·B·Hkv·T·D·itemsize / time (the harness's "gbs" when
@@ -39,7 +41,7 @@ import numpy as np
 RESULTS_DIR = Path("bench/results")
 IMAGES_DIR = Path("docs/images")
 
-#: What identifies one measurement (a later file's record with the same key replaces an earlier one).
+#: What identifies one measurement; without "impl", one case (whose records come from one run).
 KEY_FIELDS = ("impl", "phase", "dtype", "batch", "q_heads", "kv_heads", "head_dim", "q_len", "kv_len",
               "causal", "kv_bits", "gpu")
 #: Fields every result of the harness carries.
@@ -143,19 +145,25 @@ def _records(case: dict, suite: str | None, gpu: str | None, source: str) -> lis
 
 
 def load_results(results_dir: str | Path = RESULTS_DIR) -> list[dict]:
-    """Every measurement in `results_dir/*.json` as flat records, the latest per KEY_FIELDS (see the
+    """Every measurement in `results_dir/*.json` as flat records, each case's from one run (see the
     module docstring). Raises NoResults when the folder holds no JSON with measurements."""
     results_dir = Path(results_dir)
     files = sorted(results_dir.glob("*.json")) if results_dir.is_dir() else []
-    latest: dict[tuple, dict] = {}
+    case_fields = [f for f in KEY_FIELDS if f != "impl"]
+    runs: dict[tuple, list[list[dict]]] = {}  # case -> its runs' records, oldest file first
     for path in files:
         doc = json.loads(path.read_text())
         if doc.get("suite") not in (None, "decode", "prefill"):
             continue  # other suites (gqa: whole operator steps) are not kernel figures
         gpu = gpu_name(doc.get("env", {}))
         for case in doc.get("results", []):
-            for r in _records(case, doc.get("suite"), gpu, path.name):
-                latest[tuple(r.get(f) for f in KEY_FIELDS)] = r
+            recs = _records(case, doc.get("suite"), gpu, path.name)
+            if recs:
+                runs.setdefault(tuple(recs[0].get(f) for f in case_fields), []).append(recs)
+    latest = []
+    for case_runs in runs.values():
+        with_ours = [recs for recs in case_runs if any(r["impl"] == OURS for r in recs)]
+        latest.extend((with_ours or case_runs)[-1])
     if not latest:
         where = f"{results_dir}/ has no *.json" if not files else \
             f"the {len(files)} JSON file(s) in {results_dir}/ hold no measurements"
@@ -163,7 +171,7 @@ def load_results(results_dir: str | Path = RESULTS_DIR) -> list[dict]:
             f"no benchmark results to plot: {where}. Measure on the GPU machine with "
             f"`python -m jax_onnx_attn.bench decode --out {RESULTS_DIR}/<name>.json`, "
             f"commit the JSON, then run `python tools/plot_bench.py`.")
-    return list(latest.values())
+    return latest
 
 
 def main_gpu(records: Sequence[dict]) -> str | None:
