@@ -7,9 +7,11 @@ out=${OUT:-/tmp/joa-out}; mkdir -p "$out"
 rm -rf /tmp/joa && cp -r .snap /tmp/joa && cd /tmp/joa
 export PYTHONUNBUFFERED=1 JOA_GIT_COMMIT=$(cat COMMIT) PYTHONPATH=/tmp/joa
 log=$out/prepare.log
-for z in jax_onnx_attn/_ffi*.so.xz; do [ -e "$z" ] && xz -d "$z"; done
+# Once (2026-11-30) a carried .xz that tests fine here failed `xz -d` there: say why in the log.
+[ -e PREBUILT.sha256 ] && { sha256sum -c PREBUILT.sha256 >> "$log" 2>&1 || ls -l jax_onnx_attn >> "$log"; }
+for z in jax_onnx_attn/_ffi*.so.xz; do [ -e "$z" ] && { xz -d "$z" >> "$log" 2>&1 || rm -f "$z"; }; done
 if ls jax_onnx_attn/_ffi*.so > /dev/null 2>&1 &&
-   python3 -c "import jax_onnx_attn as j; assert j.build_info()['cuda']" >> "$log" 2>&1; then
+   python3 -c "import jax_onnx_attn as j, jax_onnx_attn._ffi as f; assert f.__file__.startswith('/tmp/joa/'), f.__file__; assert j.build_info()['cuda']" >> "$log" 2>&1; then
   echo "using the prebuilt extension" >> "$log"
 else
   rm -f jax_onnx_attn/_ffi*.so

@@ -24,5 +24,8 @@ else
   git archive "$rev" | tar -x -C .snap
   git rev-parse --short "$rev" > .snap/COMMIT
 fi
-[ -n "$so" ] && xz -T2 -6 -c "$so" > ".snap/jax_onnx_attn/$(basename "$so").xz"
+if [ -n "$so" ]; then
+  xz -T2 -6 -c "$so" > ".snap/jax_onnx_attn/$(basename "$so").xz"
+  (cd .snap && sha256sum jax_onnx_attn/*.so.xz > PREBUILT.sha256)  # checked on the device
+fi
 echo "snapshot of $(cat .snap/COMMIT) in .snap ($(du -sh .snap | cut -f1))${so:+, prebuilt $(basename "$so")}"
