@@ -183,3 +183,29 @@ def test_tool_script(results_dir, tmp_path):
     assert empty.returncode == 1
     assert "no benchmark results to plot" in empty.stderr
     assert not (tmp_path / "x").exists()
+
+
+def _gqa_case(b, ctx, kv_bits, cuda_us, reference_us):
+    """A `bench gqa` result: one whole GroupQueryAttention step, our kernels vs the XLA reference."""
+    return dict(batch=b, ctx=ctx, q_len=1, kv_bits=kv_bits, label=f"B={b} ctx={ctx}",
+                impls={"cuda": {"us": cuda_us}, "reference": {"us": reference_us}}, **SHAPE)
+
+
+def test_gqa_steps_are_read_apart_and_drawn(results_dir, tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    steps = [_gqa_case(1, 4096, 0, 18.0, 19.0), _gqa_case(8, 32768, 8, 312.4, 739.9)]
+    _write(results_dir / "gqa-h200.json", "gqa", steps)
+    # The kernel figures do not see whole-step results ...
+    assert len(plots.load_results(results_dir)) == N_RECORDS
+    # ... which load on their own, "cuda" playing ours.
+    recs = plots.load_results(results_dir, ("gqa",), plots.STEP_OURS)
+    rows = sorted(plots.ratio_table(recs, plots.STEP_OURS), key=lambda r: r["batch"])
+    assert [(r["peer"], r["kv_bits"]) for r in rows] == [("reference", 0), ("reference", 8)]
+    assert [r["ratio"] for r in rows] == pytest.approx([19.0 / 18.0, 739.9 / 312.4])
+    written = plots.regenerate(results_dir, tmp_path / "images")
+    assert "gqa_step.png" in [p.name for p in written]
+    with pytest.raises(plots.NoResults, match="bench gqa"):
+        plots.load_results(tmp_path / "nowhere", ("gqa",), plots.STEP_OURS)

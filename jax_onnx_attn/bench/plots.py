@@ -144,17 +144,25 @@ def _records(case: dict, suite: str | None, gpu: str | None, source: str) -> lis
     return out
 
 
-def load_results(results_dir: str | Path = RESULTS_DIR) -> list[dict]:
-    """Every measurement in `results_dir/*.json` as flat records, each case's from one run (see the
-    module docstring). Raises NoResults when the folder holds no JSON with measurements."""
+#: Suites whose results are single kernels (a file without "suite" counts as one).
+KERNEL_SUITES = (None, "decode", "prefill")
+#: The impl that plays "ours" in the gqa suite (whole GroupQueryAttention steps, `bench gqa`).
+STEP_OURS = "cuda"
+
+
+def load_results(results_dir: str | Path = RESULTS_DIR, suites: Sequence[str | None] = KERNEL_SUITES,
+                 ours: str = OURS) -> list[dict]:
+    """Every measurement of `suites` in `results_dir/*.json` as flat records, each case's from one
+    run (the latest with `ours`; see the module docstring). Raises NoResults when the folder holds no
+    JSON with such measurements. `suites=("gqa",), ours=STEP_OURS` reads the whole-step suite."""
     results_dir = Path(results_dir)
     files = sorted(results_dir.glob("*.json")) if results_dir.is_dir() else []
     case_fields = [f for f in KEY_FIELDS if f != "impl"]
     runs: dict[tuple, list[list[dict]]] = {}  # case -> its runs' records, oldest file first
     for path in files:
         doc = json.loads(path.read_text())
-        if doc.get("suite") not in (None, "decode", "prefill"):
-            continue  # other suites (gqa: whole operator steps) are not kernel figures
+        if doc.get("suite") not in suites:
+            continue
         gpu = gpu_name(doc.get("env", {}))
         for case in doc.get("results", []):
             recs = _records(case, doc.get("suite"), gpu, path.name)
@@ -162,14 +170,15 @@ def load_results(results_dir: str | Path = RESULTS_DIR) -> list[dict]:
                 runs.setdefault(tuple(recs[0].get(f) for f in case_fields), []).append(recs)
     latest = []
     for case_runs in runs.values():
-        with_ours = [recs for recs in case_runs if any(r["impl"] == OURS for r in recs)]
+        with_ours = [recs for recs in case_runs if any(r["impl"] == ours for r in recs)]
         latest.extend((with_ours or case_runs)[-1])
     if not latest:
         where = f"{results_dir}/ has no *.json" if not files else \
             f"the {len(files)} JSON file(s) in {results_dir}/ hold no measurements"
         raise NoResults(
             f"no benchmark results to plot: {where}. Measure on the GPU machine with "
-            f"`python -m jax_onnx_attn.bench decode --out {RESULTS_DIR}/<name>.json`, "
+            f"`python -m jax_onnx_attn.bench {next((x for x in suites if x), 'decode')} "
+            f"--out {RESULTS_DIR}/<name>.json`, "
             f"commit the JSON, then run `python tools/plot_bench.py`.")
     return latest
 
@@ -392,11 +401,40 @@ def plot_roofline(records: Sequence[dict], ax=None, hardware: Hardware | None = 
     return ax
 
 
+def plot_step_speedup(records: Sequence[dict], ax=None, ours: str = STEP_OURS):
+    """Whole-step speed-up (a peer's time / ours, e.g. the XLA reference over our kernels) per case of
+    the gqa suite (`load_results(..., suites=("gqa",), ours=STEP_OURS)`), one bar per case and peer,
+    quantised caches hatched; the 1x line marks parity."""
+    _, plt = _plt()
+    rows = sorted(ratio_table(records, ours), key=lambda r: (r["peer"], r["kv_bits"], r["batch"], r["kv_len"]))
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 0.35 * max(len(rows), 4) + 1.2), layout="constrained")
+    style = _style({r["peer"] for r in rows} | {ours})
+    labels, seen = [], set()
+    for y, r in enumerate(rows):
+        cache = {0: r["dtype"], 8: "int8", 4: "int4"}.get(r["kv_bits"], f"int{r['kv_bits']}")
+        labels.append(f"B={r['batch']} T={r['kv_len']} {cache}")
+        ax.barh(y, r["ratio"], color=style[r["peer"]]["color"], hatch="//" if r["kv_bits"] else None,
+                edgecolor="white", label=None if r["peer"] in seen else f"vs {r['peer']}")
+        seen.add(r["peer"])
+        ax.text(r["ratio"], y, f" {r['ratio']:.2f}x", va="center", fontsize=7)
+    ax.set_yticks(range(len(rows)), labels, fontsize=7)
+    ax.axvline(1.0, color="black", lw=1)
+    ax.set_xlabel(f"speed-up of {ours} (peer time / {ours} time)")
+    where = rows[0] if rows else {}
+    ax.set_title(f"GroupQueryAttention decode step: Hq={where.get('q_heads')}/Hkv={where.get('kv_heads')}, "
+                 f"D={where.get('head_dim')}, S={where.get('q_len')}", fontsize=9)
+    if rows:
+        ax.legend(fontsize=7, loc="lower right")
+    return ax
+
+
 def regenerate(results_dir: str | Path = RESULTS_DIR, images_dir: str | Path = IMAGES_DIR) -> list[Path]:
     """Write every figure as PNG into `images_dir` from the JSON in `results_dir`; returns the paths.
 
     Figures (of the GPU with the most measurements): prefill_tflops.png and decode_gbps.png for the
-    phases measured (`plot_phase`), and roofline.png. Raises NoResults when there is nothing to plot.
+    phases measured (`plot_phase`), roofline.png, and gqa_step.png when the gqa suite was measured
+    there (`plot_step_speedup`). Raises NoResults when there are no kernel results to plot.
     """
     _, plt = _plt()
     records = load_results(results_dir)
@@ -420,10 +458,17 @@ def regenerate(results_dir: str | Path = RESULTS_DIR, images_dir: str | Path = I
     fig, ax = plt.subplots(figsize=(7, 4.5), layout="constrained")
     plot_roofline(records, ax, hw, dtype)
     save(fig, "roofline.png")
+    try:
+        steps = select(load_results(results_dir, ("gqa",), STEP_OURS), gpu=gpu)
+    except NoResults:
+        steps = []
+    if ratio_table(steps, STEP_OURS):
+        save(plot_step_speedup(steps).figure, "gqa_step.png")
     return written
 
 
 __all__ = ["Hardware", "H200", "HARDWARE", "NoResults", "RESULTS_DIR", "IMAGES_DIR", "OURS",
+           "KERNEL_SUITES", "STEP_OURS", "plot_step_speedup",
            "KEY_FIELDS", "SHAPE_FIELDS", "load_results", "select", "main_gpu", "gpu_name",
            "hardware_for", "problem", "flops", "kv_bytes", "io_bytes", "plot_vs_context",
            "ratio_table", "plot_ratio_vs_context", "plot_phase", "plot_roofline", "regenerate"]
