@@ -3,7 +3,7 @@
 # baseline (.snapA/, another tools/snapshot.sh tree moved there) on the shapes the change targets,
 # keep the faster, then run the GPU suite and tools/device_bench.sh on it. Each tree runs with its
 # own Python (planner) and prebuilt extension. About 8 minutes of device time.
-#   bash tools/device_session.sh ["bench decode args for the A/B"]
+#   bash tools/device_session.sh ["bench decode args for the A/B"]     (carry [".snap", ".snapA"])
 # A device call returns at most 8 files from $OUT: the A/B and tests keep to a few.
 set -uo pipefail
 root=$(pwd); out=${OUT:-/tmp/joa-out}; mkdir -p "$out"
