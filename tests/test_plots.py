@@ -209,3 +209,15 @@ def test_gqa_steps_are_read_apart_and_drawn(results_dir, tmp_path):
     assert "gqa_step.png" in [p.name for p in written]
     with pytest.raises(plots.NoResults, match="bench gqa"):
         plots.load_results(tmp_path / "nowhere", ("gqa",), plots.STEP_OURS)
+
+
+def test_longer_query_rows_get_their_own_decode_figure(results_dir, tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    case = _decode_case(8, 8192, {"jax-cudnn": 1200.0})
+    case.update(q_len=16, label="B=8 ctx=8192 S=16")
+    _write(results_dir / "zz-verify.json", "decode", [case])
+    names = sorted(p.name for p in plots.regenerate(results_dir, tmp_path / "images"))
+    assert names == ["decode_gbps.png", "decode_gbps_s16.png", "prefill_tflops.png", "roofline.png"]

@@ -433,7 +433,8 @@ def regenerate(results_dir: str | Path = RESULTS_DIR, images_dir: str | Path = I
     """Write every figure as PNG into `images_dir` from the JSON in `results_dir`; returns the paths.
 
     Figures (of the GPU with the most measurements): prefill_tflops.png and decode_gbps.png for the
-    phases measured (`plot_phase`), roofline.png, and gqa_step.png when the gqa suite was measured
+    phases measured (`plot_phase`), decode_gbps_s<S>.png for each longer query length of the decode
+    problem, roofline.png, and gqa_step.png when the gqa suite was measured
     there (`plot_step_speedup`). Raises NoResults when there are no kernel results to plot.
     """
     _, plt = _plt()
@@ -454,6 +455,11 @@ def regenerate(results_dir: str | Path = RESULTS_DIR, images_dir: str | Path = I
     for phase in ("prefill", "decode"):
         if select(records, phase=phase):
             save(plot_phase(records, phase, hw), f"{phase}_{_METRIC[phase][0]}.png")
+    # Decode with several query rows (speculative verify) on the same problem, one figure per S.
+    where = problem(records, "decode")
+    shape = {f: where[f] for f in SHAPE_FIELDS if f in where}
+    for s in sorted({r["q_len"] for r in select(records, phase="decode", **shape)} - {where.get("q_len")}):
+        save(plot_phase(records, "decode", hw, q_len=s), f"decode_gbps_s{s}.png")
     dtype = Counter(r["dtype"] for r in records).most_common(1)[0][0]
     fig, ax = plt.subplots(figsize=(7, 4.5), layout="constrained")
     plot_roofline(records, ax, hw, dtype)
