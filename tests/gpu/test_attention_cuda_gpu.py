@@ -79,25 +79,25 @@ def test_every_conformance_case_is_decode_sized():
 
 # --- random sweep of ops.attention ---------------------------------------------------------------
 
-@pytest.mark.parametrize("case", attention_cases.sweep(), ids=lambda c: c.id)
-def test_sweep(case):
+def _check_against_reference(case):
+    """backend="cuda" equals the reference on `case`, and lowers to exactly the kernel it names."""
     arrays, clean = attention_cases.inputs(case)
     got = attention_cases.run(case, arrays, "cuda")
     want = attention_cases.run(case, clean, "reference")
     attention_cases.check(case, got, want, arrays)
     lowered = attention_cases.lowered(case, arrays, "cuda")
     assert [t for t in TARGETS.values() if t in lowered] == [TARGETS[case.kernel()]]
+
+
+@pytest.mark.parametrize("case", attention_cases.sweep(), ids=lambda c: c.id)
+def test_sweep(case):
+    _check_against_reference(case)
 
 
 @pytest.mark.parametrize("case", attention_cases.position_cases(d=128), ids=lambda c: c.id)
 def test_query_positions(case):
     """Past with L != S, no cache with S < L and S > L, nonpad: on the engine and the general kernel."""
-    arrays, clean = attention_cases.inputs(case)
-    got = attention_cases.run(case, arrays, "cuda")
-    want = attention_cases.run(case, clean, "reference")
-    attention_cases.check(case, got, want, arrays)
-    lowered = attention_cases.lowered(case, arrays, "cuda")
-    assert [t for t in TARGETS.values() if t in lowered] == [TARGETS[case.kernel()]]
+    _check_against_reference(case)
 
 
 # --- attention_with_cache with qk -----------------------------------------------------------------
