@@ -159,7 +159,7 @@ def test_decomposed_repeat_kv_matmul_matches_onnxruntime(monkeypatch, variant):
     """torch's repeat_kv (Unsqueeze, Expand, Reshape to 4 heads) of a 2-head K or V feeding a MatMul,
     through Reshape/Transpose/Reshape and a scalar Mul: the lowering computes with the 2 heads
     (grouped_matmul) and equals onnxruntime. A chain that permutes heads is not grouped."""
-    from jax_onnx_attn.onnx.ops import linalg
+    from jax_onnx_attn.onnx.handlers import linalg
     b, hkv, g, t, d, s = 2, 2, 2, 5, 8, 3
     hq = hkv * g
     c = lambda name, v: numpy_helper.from_array(np.asarray(v), name)

@@ -37,7 +37,7 @@ import onnxruntime as ort
 import pytest
 
 import jax_onnx_attn
-from jax_onnx_attn.onnx.ops import linalg
+from jax_onnx_attn.onnx.handlers import linalg
 from jax_onnx_attn.onnx.values import np_dtype
 from jax_onnx_attn.testing import tolerance
 

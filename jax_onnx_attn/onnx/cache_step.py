@@ -58,9 +58,9 @@ import onnx
 from jax_onnx_attn import ops
 from jax_onnx_attn.onnx import registry
 from jax_onnx_attn.ops import status as st
-from jax_onnx_attn.onnx.ops.attention import (ATTENTION_ATTRS, known_attrs, run_attention,
+from jax_onnx_attn.onnx.handlers.attention import (ATTENTION_ATTRS, known_attrs, run_attention,
                                               run_gqa)
-from jax_onnx_attn.onnx.ops.control import select_branches
+from jax_onnx_attn.onnx.handlers.control import select_branches
 from jax_onnx_attn.onnx.values import ShapeOnly, is_static, to_jax
 
 #: Graph inputs the step computes itself; every other input must be a KV cache input.

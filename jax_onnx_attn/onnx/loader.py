@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import onnx.inliner
 
-from jax_onnx_attn.onnx import ops as _ops  # noqa: F401  (registers every handler)
+from jax_onnx_attn.onnx import handlers as _handlers  # noqa: F401  (registers every handler)
 from jax_onnx_attn.onnx import registry
 from jax_onnx_attn.onnx.interpreter import Hook, Interpreter
 from jax_onnx_attn.onnx.values import ShapeOnly, np_dtype, tensor_to_numpy, to_jax

@@ -3,7 +3,7 @@
 All broadcast with NumPy rules (ONNX multidirectional broadcasting). Each works in NumPy when its
 inputs are static and in jax.numpy otherwise.
 
-Handlers: `(ctx, *inputs) -> outputs`, per their @register op's ONNX schema (see `onnx.ops`).
+Handlers: `(ctx, *inputs) -> outputs`, per their @register op's ONNX schema (see `onnx.handlers`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Normalisations: RMSNormalization-23, LayerNormalization-17 and onnxruntime's (Skip)(Simplified)
 LayerNormalization contrib ops. Statistics run in float32 (stash_type 1) and round once.
 
-Handlers: `(ctx, *inputs) -> outputs`, per their @register op's ONNX schema (see `onnx.ops`).
+Handlers: `(ctx, *inputs) -> outputs`, per their @register op's ONNX schema (see `onnx.handlers`).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 float32 products run at HIGHEST precision (no TF32 on GPUs: parity with onnxruntime's fp32); half
 types accumulate in float32 and round once.
 
-Handlers: `(ctx, *inputs) -> outputs`, per their @register op's ONNX schema (see `onnx.ops`).
+Handlers: `(ctx, *inputs) -> outputs`, per their @register op's ONNX schema (see `onnx.handlers`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_onnx_attn.onnx.ops.attention import GroupedKV, grouped_kv
+from jax_onnx_attn.onnx.handlers.attention import GroupedKV, grouped_kv
 from jax_onnx_attn.onnx.registry import MS_DOMAIN, register
 from jax_onnx_attn.onnx.values import to_jax
 from jax_onnx_attn.ops.dtypes import HALF_DTYPES

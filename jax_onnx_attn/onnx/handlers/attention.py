@@ -4,7 +4,7 @@ embeddings (ai.onnx RotaryEmbedding-23, com.microsoft RotaryEmbedding).
 ONNX attribute names are the keyword names of `jax_onnx_attn.ops.attention` and
 `jax_onnx_attn.ops.group_query_attention`, so attributes pass through unchanged.
 
-Handlers: `(ctx, *inputs) -> outputs`, per their @register op's ONNX schema (see `onnx.ops`).
+Handlers: `(ctx, *inputs) -> outputs`, per their @register op's ONNX schema (see `onnx.handlers`).
 """
 
 from __future__ import annotations

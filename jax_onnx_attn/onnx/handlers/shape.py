@@ -4,7 +4,7 @@ Shape always returns NumPy (shapes are static at trace time), so the arithmetic 
 the shape inputs of Reshape / Expand / Slice / Pad / Range / ConstantOfShape are concrete. Those
 inputs must be static: a shape that depends on data cannot be traced by XLA, and the handler says so.
 
-Handlers: `(ctx, *inputs) -> outputs`, per their @register op's ONNX schema (see `onnx.ops`).
+Handlers: `(ctx, *inputs) -> outputs`, per their @register op's ONNX schema (see `onnx.handlers`).
 """
 
 from __future__ import annotations

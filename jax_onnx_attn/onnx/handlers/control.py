@@ -4,7 +4,7 @@ A condition known at trace time (the usual case: producers branch on shapes, e.g
 LongRoPE If on the sequence length) runs only the chosen branch. A traced condition runs both
 branches and selects, which needs both branches to give the same shapes.
 
-Handlers: `(ctx, *inputs) -> outputs`, per their @register op's ONNX schema (see `onnx.ops`).
+Handlers: `(ctx, *inputs) -> outputs`, per their @register op's ONNX schema (see `onnx.handlers`).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Half-precision (float16 / bfloat16) traced inputs accumulate in float32 and are cast back, the
 project's rule for every reduction (onnxruntime's CPU kernels do the same).
 
-Handlers: `(ctx, *inputs) -> outputs`, per their @register op's ONNX schema (see `onnx.ops`).
+Handlers: `(ctx, *inputs) -> outputs`, per their @register op's ONNX schema (see `onnx.handlers`).
 """
 
 from __future__ import annotations
