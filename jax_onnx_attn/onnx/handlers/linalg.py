@@ -1,7 +1,10 @@
 """Matrix products: MatMul, Gemm, Einsum and onnxruntime's weight-only quantised MatMulNBits.
 
-float32 products run at HIGHEST precision (no TF32 on GPUs: parity with onnxruntime's fp32); half
-types accumulate in float32 and round once.
+float32 products run at HIGHEST precision (no TF32 on GPUs: parity with onnxruntime's fp32). Half
+types are plain half-precision dots: XLA's GPU GEMMs (cuBLAS, Triton) accumulate them in float32
+and round once, and XLA:CPU upcasts them to float32, so asking for a float32 result
+(preferred_element_type) changes no value but makes XLA:GPU run a float32 GEMM on converted
+weights (measured on the H200: 2x slower at decode, issue 12).
 
 Handlers: `(ctx, *inputs) -> outputs`, per their @register op's ONNX schema (see `onnx.handlers`).
 """
@@ -20,7 +23,7 @@ from jax_onnx_attn.ops.dtypes import HALF_DTYPES
 
 def _dot_kwargs(dtype) -> dict:
     if np.dtype(dtype) in HALF_DTYPES:
-        return dict(preferred_element_type=jnp.float32)
+        return {}
     return dict(precision=lax.Precision.HIGHEST)
 
 
