@@ -273,16 +273,18 @@ class FixedCacheStep:
             feeds["position_ids"] = cache_len[:, None] + jnp.arange(s, dtype=jnp.int32)[None, :]
         return feeds
 
-    def __call__(self, params, input_ids, cache_len, num_new, cache):
+    def __call__(self, params, input_ids, cache_len, num_new, cache, *, empty_cache: bool = False):
         """One step. Shapes: input_ids [B, S], cache_len / num_new [B], cache as `init_cache`.
 
         Returns (logits [B, S, V], cache): the updated buffers, same structure and shapes. The
         device status is dropped: `with_status` returns it too.
         """
-        out = self.with_status(params, input_ids, cache_len, num_new, cache)
+        out = self.with_status(params, input_ids, cache_len, num_new, cache,
+                               empty_cache=empty_cache)
         return out.logits, out.cache
 
-    def with_status(self, params, input_ids, cache_len, num_new, cache) -> StepOutput:
+    def with_status(self, params, input_ids, cache_len, num_new, cache, *,
+                    empty_cache: bool = False) -> StepOutput:
         """One step, as `__call__`, with the device status of its cache writes.
 
         Args:
@@ -290,6 +292,10 @@ class FixedCacheStep:
           input_ids: int [B, S], right-padded.
           cache_len, num_new: int32 [B].
           cache: as `init_cache` (donate it).
+          empty_cache: static; True for a first prompt, when every row's cache_len is 0 (cache_len
+            is then taken as zeros). The attention reads only the S new rows instead of the whole
+            capacity, and a long prompt of a GroupQueryAttention model runs on cuDNN's flash
+            attention on a GPU.
 
         Returns:
           StepOutput(logits [B, S, V], cache, status int32 [B]): status is the OR of every cache
@@ -304,6 +310,8 @@ class FixedCacheStep:
         if set(cache) != set(self.cache_shapes):
             raise ValueError(f"step: cache keys {sorted(cache)} != {sorted(self.cache_shapes)}")
         cache_len = jnp.asarray(cache_len).astype(jnp.int32).reshape(b)
+        if empty_cache:
+            cache_len = jnp.zeros_like(cache_len)
         num_new = jnp.asarray(num_new).astype(jnp.int32).reshape(b)
         feeds = self._driven_inputs(input_ids, cache_len, num_new)
         c = self.capacity
@@ -343,7 +351,8 @@ class FixedCacheStep:
                         seqlens = to_jax(inputs[5])
                         inputs[5] = jnp.where(fits, seqlens, (cache_len + s - 1).astype(seqlens.dtype))
                     return run_gqa(ctx, inputs, shared_buffer=True,
-                                   overrides={"sliding_window_cache": 0}, statuses=statuses)
+                                   overrides={"sliding_window_cache": 0}, statuses=statuses,
+                                   past_empty=empty_cache)
                 if node.op_type == "If" and is_static(inputs[0]):
                     cond = self._logical_if_condition(ctx, cache_len + num_new)
                     if cond is not None:

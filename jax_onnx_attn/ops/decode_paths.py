@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from jax_onnx_attn.ops import cuda
 from jax_onnx_attn.ops import status as st
 from jax_onnx_attn.ops.decode import BIAS_DTYPES, cuda_unsupported
-from jax_onnx_attn.ops.dtypes import CUDA_FLOAT_DTYPES
+from jax_onnx_attn.ops.dtypes import CUDA_FLOAT_DTYPES, HALF_DTYPES
 
 #: Query rows per step the decode engine takes; longer steps are prefill (the reference, until the
 #: prefill kernel exists).
@@ -137,6 +137,8 @@ def gqa_cuda(config, *, query, key, past_key, query_seqlens):
     """
     c = config
     s = query.shape[1]
+    if c.past_empty and s > MAX_QUERY_ROWS:
+        return _gqa_prefill_route(config, query=query, key=key, past_key=past_key)
     checks = (
         (cuda_unsupported(query.dtype, c.head_size), None),
         (past_key is None or not c.shared_buffer, "the CUDA path takes a shared fixed-capacity cache "
@@ -195,3 +197,85 @@ def _gqa_decode(query, key, value, past_key, past_value, seqlens_k, cos_cache, s
                               softcap=c.softcap, causal=c.causal, left=left, **dequant)
     output = y.transpose(0, 2, 1, 3).reshape(b, s, n * c.head_size)
     return output, present_k, present_v, None, status
+
+
+# --- prompts (prefill) on cuDNN: until our own prefill engine exists ----------------------------
+
+#: Head sizes cuDNN's fused attention takes (multiples of 8 up to 256 on Hopper).
+CUDNN_MAX_HEAD_DIM = 256
+
+
+@functools.cache
+def cudnn_attention_available() -> bool:
+    """Whether jax can lower `jax.nn.dot_product_attention(implementation="cudnn")` here: a CUDA
+    jaxlib that finds cuDNN. Tracing the cuDNN branch raises without one, even for a branch of
+    `lax.platform_dependent` that is never compiled, so the route is offered only when this holds."""
+    try:
+        from jax._src.cudnn.fused_attention_stablehlo import check_cudnn_version
+        check_cudnn_version()
+        return True
+    except Exception:  # noqa: BLE001 - no CUDA jaxlib, no cuDNN, or a jax without the module
+        return False
+
+
+def _gqa_prefill_route(config, *, query, key, past_key):
+    """(cuda_fn, reason) for a first prompt on a fixed-capacity cache (config.past_empty): the
+    gqa_prepare kernel, then cuDNN's flash attention over the S new rows (causal from position 0,
+    exactly GQA's rule when no row has a past). What cuDNN does not compute exactly stays on the
+    reference: softcap, attention_bias, sinks, quantised caches, qk outputs."""
+    c = config
+    checks = (
+        (query.dtype not in HALF_DTYPES,
+         f"a prompt in {query.dtype} runs on the reference (cuDNN takes float16 and bfloat16)"),
+        (c.head_size % 8 or c.head_size > CUDNN_MAX_HEAD_DIM,
+         f"head size {c.head_size}: cuDNN takes multiples of 8 up to {CUDNN_MAX_HEAD_DIM}"),
+        (not cudnn_attention_available(), "cuDNN attention is not available to jax here"),
+        (not c.causal, "a non-causal prompt runs on the reference"),
+        (c.softcap > 0, "softcap on a prompt runs on the reference (cuDNN has no softcap)"),
+        (c.smooth_softmax, "smooth softmax / head_sink on a prompt runs on the reference"),
+        (c.kv_bits, "a prompt into a quantised cache runs on the reference"),
+        (c.qk_output != 0, "output_qk comes from the reference only"),
+        (key is not None and key.shape[1] != query.shape[1],
+         "a KV-shared layer (no new K/V rows) runs on the reference"),
+        (query.shape[1] > past_key.shape[2], "more query rows than the cache holds"),
+    )
+    for failed, reason in checks:
+        if failed:
+            return None, failed if isinstance(failed, str) else reason
+    return functools.partial(_gqa_prefill, config=c), None
+
+
+def _gqa_prefill(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache,
+                 position_ids, attention_bias, head_sink, k_scale, v_scale, q_norm_weight,
+                 k_norm_weight, query_seqlens, *, config):
+    """A first prompt on a shared cache: gqa_prepare (split, q/k norm, rotary, the S new rows written
+    in place at row 0) then cuDNN flash attention over those rows, causal from position 0, keys
+    limited to each row's T_b = seqlens_k + 1 (a padded query sees all T_b keys, as GQA says)."""
+    del query_seqlens, k_scale, v_scale  # not covered (the route says so)
+    if attention_bias is not None or head_sink is not None:
+        raise AssertionError("the prefill route excludes attention_bias and head_sink")
+    import jax
+
+    c = config
+    n, d = c.num_heads, c.head_size
+    b, s = query.shape[:2]
+    q, present_k, present_v, status = cuda.gqa_prepare(
+        query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
+        q_norm_weight, k_norm_weight, num_heads=n, kv_num_heads=c.kv_num_heads,
+        rotary_interleaved=c.rotary_interleaved, q_norm_epsilon=c.q_norm_epsilon,
+        k_norm_epsilon=c.k_norm_epsilon)
+    ok = status == st.OK
+    kv_len = jnp.where(ok, jnp.clip(seqlens_k + 1, 1, s), 1).astype(jnp.int32)
+    # cuDNN's layout is [B, S, heads, D].
+    q = q.transpose(0, 2, 1, 3)
+    k = present_k[:, :, :s].transpose(0, 2, 1, 3)
+    v = present_v[:, :, :s].transpose(0, 2, 1, 3)
+    window = None
+    if c.local_window_size > 0:
+        window = (c.local_window_size - 1, 0)  # GQA's W counts the query's own key
+    y = jax.nn.dot_product_attention(q, k, v, scale=c.scale, is_causal=True,
+                                     key_value_seq_lengths=kv_len, local_window_size=window,
+                                     implementation="cudnn")
+    # A refused row (its write would leave the cache) gives 0, as on the decode path.
+    y = jnp.where(ok[:, None, None, None], y, jnp.zeros_like(y))
+    return y.reshape(b, s, n * d), present_k, present_v, None, status

@@ -113,8 +113,8 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
                           k_quant_type: str = "NONE", v_quant_type: str = "NONE",
                           kv_cache_bit_width: int = 0, qk_norm_epsilon: float = 1e-6,
                           q_norm_epsilon: float | None = None, k_norm_epsilon: float | None = None,
-                          shared_buffer: bool = False, backend: str = "auto"
-                          ) -> GroupQueryAttentionOutput:
+                          shared_buffer: bool = False, past_empty: bool = False,
+                          backend: str = "auto") -> GroupQueryAttentionOutput:
     """com.microsoft::GroupQueryAttention (onnxruntime contrib op), inputs and attributes by their
     ONNX names. Semantics are onnxruntime's CPU kernel, plus what it lacks (bf16, q/k norm, any
     batch size for multi-token steps with a past, output_qk with a sliding-window cache).
@@ -158,6 +158,11 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
         the new rows written in place at past_b (donate past_key/past_value to the jit and XLA
         reuses the buffer). False: a new present of length max(total, P), past rows [0, past_b)
         copied, zeros after the new rows. Ignored by a sliding-window cache (always capacity P).
+      past_empty: the caller guarantees that no row has a past (past_b = 0 and T_b <= S in every
+        row: the first prompt on a fixed-capacity cache, as DecoderSession's prefill is). The
+        attention then reads only the first S cache rows, and on a GPU a long prompt runs on
+        cuDNN's flash attention (`jax.nn.dot_product_attention`) where it covers the call. Rows
+        that break the promise get undefined outputs (never an out-of-bounds write).
       backend: "auto", "reference" or "cuda".
 
     Per batch row: past_b = 0 on a first prompt, else T_b - S (or T_b - query_seqlens[b]). Query s
@@ -277,6 +282,9 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
         _fail("past_key", "is required for a quantised cache (it sets the cache's type)")
     if shared_buffer and past_key is None:
         _fail("past_key", "is required with shared_buffer=True (it is the buffer)")
+    if past_empty and (past_key is None or not shared_buffer or sliding_window_cache):
+        _fail("past_empty", "needs a shared fixed-capacity cache (past_key with shared_buffer=True, "
+                            "sliding_window_cache=0)")
     if kv_len == 0 and past_key is None:
         _fail("past_key", "is required when key/value have no rows (KV-shared layer)")
 
@@ -386,7 +394,7 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
         sliding_window_cache=windowed, kv_bits=bits if quantized else 0,
         q_norm_epsilon=float(eps["q_norm_epsilon"] or qk_norm_epsilon),
         k_norm_epsilon=float(eps["k_norm_epsilon"] or qk_norm_epsilon),
-        shared_buffer=bool(shared_buffer), first_prompt=first_prompt)
+        shared_buffer=bool(shared_buffer), first_prompt=first_prompt, past_empty=bool(past_empty))
     args = (query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
             attention_bias, head_sink, k_scale, v_scale, q_norm_weight, k_norm_weight, query_seqlens)
     cuda_fn, why = decode_paths.gqa_cuda(config, query=query, key=key, past_key=past_key,

@@ -25,6 +25,7 @@ How a generation runs (all arrays on the device):
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import sys
@@ -153,6 +154,15 @@ def _load(model, dtype):
     return load(model, dtype=dtype)
 
 
+def _takes(fn, name: str) -> bool:
+    """Whether callable `fn` accepts a keyword argument `name`."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
 def _bucket(n: int, cap: int) -> int:
     """Prompt lengths round up to a power of two (at least _MIN_BUCKET), at most the capacity."""
     return min(cap, max(_MIN_BUCKET, 1 << (n - 1).bit_length()))
@@ -206,7 +216,7 @@ class DecoderSession:
         self._prefill_jit = jax.jit(self._prefill, static_argnames=("sampling",), donate_argnums=(3,))
         self._decode_jit = jax.jit(self._decode, static_argnames=("sampling", "steps"),
                                    donate_argnums=(1, 2))
-        self._score_jit = jax.jit(self._run_step, donate_argnums=(4,))
+        self._score_jit = jax.jit(self._run_step, donate_argnums=(4,), static_argnums=(5,))
 
     # ---------------------------------------------------------------------------------------------
     # Traced functions
@@ -234,19 +244,24 @@ class DecoderSession:
                                            jnp.sum(state.length - state.prompt_len, dtype=jnp.int32)]),
                                 state.status])
 
-    def _run_step(self, params, ids, cache_len, num_new, cache):
-        """(logits, cache, status int32 [B]) of one step; status 0 for a step without with_status."""
+    def _run_step(self, params, ids, cache_len, num_new, cache, empty_cache: bool = False):
+        """(logits, cache, status int32 [B]) of one step; status 0 for a step without with_status.
+        empty_cache: every row's cache_len is 0 (prefill): the step may skip the empty cache."""
         with_status = getattr(self.step, "with_status", None)
+        fn = with_status if with_status is not None else self.step
+        # A hand-written step need not know empty_cache; it then runs its general form.
+        kw = {"empty_cache": True} if empty_cache and _takes(fn, "empty_cache") else {}
         if with_status is not None:
-            return tuple(with_status(params, ids, cache_len, num_new, cache))
-        logits, cache = self.step(params, ids, cache_len, num_new, cache)
+            return tuple(with_status(params, ids, cache_len, num_new, cache, **kw))
+        logits, cache = self.step(params, ids, cache_len, num_new, cache, **kw)
         return logits, cache, jnp.zeros((ids.shape[0],), jnp.int32)
 
     def _prefill(self, params, ids, lengths, cache, key, max_new, stop_ids, *, sampling):
         """ids int32 [B, S] right-padded, lengths int32 [B] -> (DecodeState, cache, summary)."""
         self.trace_counts["prefill"] += 1
         b, s = ids.shape
-        logits, cache, status = self._run_step(params, ids, jnp.zeros((b,), jnp.int32), lengths, cache)
+        logits, cache, status = self._run_step(params, ids, jnp.zeros((b,), jnp.int32), lengths, cache,
+                                               empty_cache=True)
         last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
         tokens = jnp.zeros((b, self.max_length), jnp.int32).at[:, :s].set(ids)
         state = DecodeState(tokens=tokens, length=lengths, prompt_len=lengths, max_new=max_new,
@@ -440,7 +455,7 @@ class DecoderSession:
         num_new[0] = prompt_len
         logits, self.cache, status = self._score_jit(self.params, jnp.asarray(ids),
                                                      jnp.zeros((b,), jnp.int32), jnp.asarray(num_new),
-                                                     self.cache)
+                                                     self.cache, True)
         self._check_status(status, 0, 1, "logits")
         rows = [np.asarray(logits[0, :prompt_len], np.float32)]
         for t in range(prompt_len, len(sequence)):

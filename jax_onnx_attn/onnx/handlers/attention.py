@@ -188,7 +188,7 @@ register("Attention", 23, 24, 25)(run_attention)
 
 
 def run_gqa(ctx, inputs, *, shared_buffer: bool = False, overrides: dict | None = None,
-            statuses: list | None = None):
+            statuses: list | None = None, past_empty: bool = False):
     """com.microsoft GroupQueryAttention through `ops.group_query_attention`.
 
     shared_buffer=False is onnxruntime's default run (present = a new buffer of max(total, P) rows);
@@ -196,6 +196,8 @@ def run_gqa(ctx, inputs, *, shared_buffer: bool = False, overrides: dict | None 
     overrides: attributes to replace (the cache step turns sliding_window_cache off).
     statuses: a list that gets the op's int32 [B] device status appended (the cache step collects
       them; an ONNX graph has no output for it).
+    past_empty: the cache step's promise that no row has a past (its first prompt): see
+      `ops.group_query_attention`.
 
     Args:
       ctx: the node's NodeContext.
@@ -217,7 +219,8 @@ def run_gqa(ctx, inputs, *, shared_buffer: bool = False, overrides: dict | None 
             # every producer's graph); everything else goes to the device.
             kwargs[name] = np.asarray(v) if name == "total_sequence_length" and \
                 isinstance(v, (np.ndarray, np.generic)) else to_jax(v)
-    res = ops.group_query_attention(**kwargs, **attrs, shared_buffer=shared_buffer)
+    res = ops.group_query_attention(**kwargs, **attrs, shared_buffer=shared_buffer,
+                                    past_empty=past_empty)
     if statuses is not None:
         statuses.append(res.status)
     return res.output, res.present_key, res.present_value, res.output_qk

@@ -51,6 +51,9 @@ class GQAConfig:
     k_norm_epsilon: float = 1e-6
     shared_buffer: bool = False
     first_prompt: bool = False
+    #: The caller guarantees every row's past is empty (past_b = 0, T_b <= S): the attention reads
+    #: only the first S cache rows (a fixed-capacity cache's first prompt).
+    past_empty: bool = False
 
 
 def resident_length(t, capacity: int, window: int):
@@ -283,6 +286,9 @@ def group_query_attention(query, key, value, past_key, past_value, seqlens_k, co
     keys, values, present_k, present_v, key_pos, key_ok, ok = kv(
         past_key, past_value, k_new, v_new, past_b, total_b, new_b, valid, cache_dtype, c)
     status = st.kv_write_status(ok)
+    if c.past_empty and key_pos is None and not c.qk_output:
+        # Rows >= S hold no visible key (T_b <= S): S x S logits instead of S x capacity.
+        keys, values = keys[:, :, :s], values[:, :, :s]
     keys = _load(keys, k_scale, c, core.accumulation_dtype(dtype))
     values = _load(values, v_scale, c, core.accumulation_dtype(dtype))
 
