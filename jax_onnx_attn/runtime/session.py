@@ -168,6 +168,11 @@ def _bucket(n: int, cap: int) -> int:
     return min(cap, max(_MIN_BUCKET, 1 << (n - 1).bit_length()))
 
 
+def default_compiler_options() -> dict:
+    """The XLA options DecoderSession compiles with by default on this platform (none today)."""
+    return {}
+
+
 def describe_backend() -> str:
     """Which platform runs and which attention implementation it gets."""
     from jax_onnx_attn._extension import has_cuda
@@ -191,6 +196,9 @@ class DecoderSession:
       dtype: compute/parameter dtype passed to the loader (None keeps the model's).
       steps_per_call: decode steps per call of the decode executable (the host checks for
         finished rows between calls).
+      compiler_options: XLA options for the prefill and decode executables (passed to
+        `jax.stages.Lowered.compile`), e.g. {"xla_gpu_enable_command_buffer": ...}; None uses
+        `default_compiler_options()` for the platform.
 
     Attributes:
       trace_counts / compile_counts: Counter of how often "prefill" and "decode" were traced and
@@ -198,7 +206,7 @@ class DecoderSession:
     """
 
     def __init__(self, model, max_length: int, batch: int = 1, dtype=None, *,
-                 steps_per_call: int = 8):
+                 steps_per_call: int = 8, compiler_options: dict | None = None):
         if max_length < 2:
             raise ValueError(f"max_length must be >= 2, got {max_length}")
         if batch < 1:
@@ -207,6 +215,8 @@ class DecoderSession:
             raise ValueError(f"steps_per_call must be >= 1, got {steps_per_call}")
         self.lowered = _load(model, dtype)
         self.max_length, self.batch, self.steps_per_call = int(max_length), int(batch), int(steps_per_call)
+        self.compiler_options = (default_compiler_options() if compiler_options is None
+                                 else dict(compiler_options))
         self.params = self.lowered.params
         self.step = self.lowered.fixed_cache_step(self.batch, self.max_length)
         self.cache = self.step.init_cache(self.params)
@@ -318,7 +328,7 @@ class DecoderSession:
         if cache_key in self._executables:
             return self._executables[cache_key], 0.0
         t0 = time.perf_counter()
-        exe = jitted.lower(*args, **static).compile()
+        exe = jitted.lower(*args, **static).compile(self.compiler_options or None)
         self.compile_counts[name] += 1
         self._executables[cache_key] = exe
         return exe, time.perf_counter() - t0

@@ -1,0 +1,186 @@
+"""Whole-model decode-step probe for the GPU machine: decode ms/step, TTFT and kernels per step of a
+builder-shaped decoder through DecoderSession, for a few session settings (steps per call, XLA
+command-buffer options), plus the kernel-time breakdown of one decode step from a jax.profiler
+trace. A quick instrument for a device call; `python -m jax_onnx_attn.bench e2e` is the full bench.
+
+    python tools/probe_step.py --batch 1 8 --ctx 2048 --steps 8 32 --cmdbuf default while \
+        --prefill 2048 6144 --out $OUT/probe.json
+
+Decode ms/step = difference of two generate calls' decode times (N1 and N2 new tokens) over the
+difference of their steps, so prefill, compilation and the first call's warm-up cancel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import os
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from jax_onnx_attn.models import TinyConfig, build_tiny_decoder  # noqa: E402
+from jax_onnx_attn.onnx import load  # noqa: E402
+from jax_onnx_attn.runtime import DecoderSession  # noqa: E402
+
+HBM = 4.8e12
+CMDBUF = {
+    "default": None,
+    "while": {"xla_gpu_enable_command_buffer":
+              "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"},
+    "off": {"xla_gpu_enable_command_buffer": ""},
+}
+
+
+def weight_bytes(params) -> int:
+    return sum(int(v.nbytes) for v in jax.tree_util.tree_leaves(params))
+
+
+def device_kernels(trace_dir: str):
+    """{kernel name: (count, total µs)} of the GPU stream events of the newest perfetto trace."""
+    files = sorted(glob.glob(os.path.join(trace_dir, "**", "*perfetto*trace*.json*"), recursive=True)
+                   + glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True),
+                   key=os.path.getmtime)
+    if not files:
+        return None, []
+    path = files[-1]
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        data = json.load(f)
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    pnames, tnames = {}, {}
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") == "process_name":
+            pnames[e["pid"]] = e["args"].get("name", "")
+        if e.get("ph") == "M" and e.get("name") == "thread_name":
+            tnames[(e["pid"], e["tid"])] = e["args"].get("name", "")
+    out = collections.defaultdict(lambda: [0, 0.0])
+    threads = set()
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        p = pnames.get(e.get("pid"), "")
+        t = tnames.get((e.get("pid"), e.get("tid")), "")
+        if "GPU" not in p and "gpu" not in p:
+            continue
+        threads.add(f"{p} / {t}")
+        if not t.lower().startswith("stream"):
+            continue
+        if "memcpy" in e["name"].lower() or "memset" in e["name"].lower():
+            continue
+        out[e["name"]][0] += 1
+        out[e["name"]][1] += float(e.get("dur", 0))
+    return dict(out), sorted(threads)
+
+
+def profile(session, prompts, n_new, trace_dir):
+    jax.block_until_ready(session.cache)
+    with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+        session.generate(prompts, max_new_tokens=n_new)
+        jax.block_until_ready(session.cache)
+    return device_kernels(trace_dir)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--kv-heads", type=int, default=8)
+    ap.add_argument("--inter", type=int, default=8192)
+    ap.add_argument("--dtype", default="f16")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1])
+    ap.add_argument("--ctx", type=int, nargs="+", default=[2048])
+    ap.add_argument("--steps", type=int, nargs="+", default=[8])
+    ap.add_argument("--cmdbuf", nargs="+", default=["default"], choices=sorted(CMDBUF))
+    ap.add_argument("--prefill", type=int, nargs="*", default=[])
+    ap.add_argument("--n1", type=int, default=2, help="decode calls of the short generate")
+    ap.add_argument("--n2", type=int, default=6, help="decode calls of the long generate")
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+
+    t0 = time.perf_counter()
+    cfg = TinyConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
+                     intermediate=args.inter, dtype=args.dtype, max_positions=40000)
+    lowered = load(build_tiny_decoder(cfg))
+    wbytes = weight_bytes(lowered.params) - cfg.vocab * cfg.hidden * 2  # embedding: B rows only
+    print(f"model built and loaded in {time.perf_counter() - t0:.1f} s: "
+          f"{weight_bytes(lowered.params) / 1e9:.2f} GB of params", flush=True)
+    rng = np.random.default_rng(0)
+    rows = []
+    kv_per_tok = 2 * cfg.layers * cfg.kv_heads * cfg.head_size * 2
+    for b in args.batch:
+        for ctx in args.ctx:
+            prompts = rng.integers(32, 127, (b, ctx)).tolist()
+            bound_ms = (wbytes + b * ctx * kv_per_tok) / HBM * 1e3
+            for steps in args.steps:
+                for cb in args.cmdbuf:
+                    n1, n2 = 1 + steps * args.n1, 1 + steps * args.n2
+                    try:
+                        s = DecoderSession(lowered, max_length=ctx + n2 + 8, batch=b,
+                                           steps_per_call=steps, compiler_options=CMDBUF[cb] or {})
+                        tc = time.perf_counter()
+                        s.generate(prompts, max_new_tokens=n1)  # compile + warm
+                        compile_s = time.perf_counter() - tc
+                        r1 = s.generate(prompts, max_new_tokens=n1).timings
+                        r2 = s.generate(prompts, max_new_tokens=n2).timings
+                        ms = (r2.decode_s - r1.decode_s) / (n2 - n1) * 1e3
+                        row = dict(batch=b, ctx=ctx, steps_per_call=steps, cmdbuf=cb,
+                                   decode_ms=ms, tokens_per_s=b / ms * 1e3,
+                                   frac_of_bound=bound_ms / ms, bound_ms=bound_ms,
+                                   ttft_ms=min(r1.prefill_s, r2.prefill_s) * 1e3,
+                                   first_call_s=compile_s)
+                        if args.profile and cb == args.cmdbuf[0] and steps == args.steps[-1]:
+                            with tempfile.TemporaryDirectory() as d1, \
+                                    tempfile.TemporaryDirectory() as d2:
+                                k1, _ = profile(s, prompts, n1, d1)
+                                k2, threads = profile(s, prompts, n2, d2)
+                            if k1 is not None and k2 is not None:
+                                names = set(k1) | set(k2)
+                                diff = {n: ((k2.get(n, [0, 0])[0] - k1.get(n, [0, 0])[0]) / (n2 - n1),
+                                            (k2.get(n, [0, 0])[1] - k1.get(n, [0, 0])[1]) / (n2 - n1))
+                                        for n in names}
+                                diff = {n: v for n, v in diff.items() if v[0] > 0.01}
+                                row["kernels_per_step"] = sum(v[0] for v in diff.values())
+                                row["kernel_us_per_step"] = sum(v[1] for v in diff.values())
+                                row["top_kernels"] = sorted(
+                                    ([n[:90], round(c, 2), round(us, 1)] for n, (c, us) in diff.items()),
+                                    key=lambda r: -r[2])[:40]
+                            row["trace_threads"] = threads[:20]
+                    except Exception as e:  # noqa: BLE001 - record and go on
+                        row = dict(batch=b, ctx=ctx, steps_per_call=steps, cmdbuf=cb,
+                                   error=f"{type(e).__name__}: {str(e)[:400]}")
+                    rows.append(row)
+                    print(json.dumps({k: v for k, v in row.items() if k not in ("top_kernels", "trace_threads")}),
+                          flush=True)
+                    if "top_kernels" in row:
+                        for n, c, us in row["top_kernels"][:25]:
+                            print(f"   {us:8.1f} us {c:6.2f}x  {n}")
+    for ctx in args.prefill:
+        s = DecoderSession(lowered, max_length=ctx + 16, batch=1, steps_per_call=args.steps[0])
+        prompt = rng.integers(32, 127, (1, ctx)).tolist()
+        s.generate(prompt, max_new_tokens=1)
+        t = min(s.generate(prompt, max_new_tokens=1).timings.prefill_s for _ in range(3))
+        flops = 2 * (weight_bytes(lowered.params) / 2) * ctx
+        row = dict(phase="prefill", ctx=ctx, ttft_ms=t * 1e3, tflops_weights=flops / t / 1e12)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(dict(commit=os.environ.get("JOA_GIT_COMMIT"), jax=jax.__version__,
+                           device=str(jax.devices()[0].device_kind), args=vars(args), rows=rows), f,
+                      indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
