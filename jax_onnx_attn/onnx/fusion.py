@@ -276,7 +276,10 @@ def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
                 or registry.normalize_domain(node.domain) != registry.MS_DOMAIN
                 or len(node.input) > 3 and node.input[3]):
             continue
-        outs = list(node.output) + [""] * (4 - len(node.output))
+        # Outputs nobody reads count as absent (the tiny builder names all four).
+        outs = [o if o and (o in g.outputs or o in g.subgraph_reads or readers.get(o)) else ""
+                for o in list(node.output) + [""] * (4 - len(node.output))]
+        outs[0] = node.output[0]
         if outs[1]:
             continue  # the mean output (unused by every producer we know) has no fused form
         for lin_in, res in ((node.input[1], node.input[0]), (node.input[0], node.input[1])):
