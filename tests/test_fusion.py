@@ -47,7 +47,7 @@ def test_builder_decoder_fuses_to_four_linears_a_layer_and_keeps_its_outputs(dty
         assert ops[op] == 0, op
     assert fused.fusions.gated == 3 and fused.fusions.residual == 6 and fused.fusions.norm == 7
     assert plain.fusions is None
-    feeds = _feeds(plain)
+    feeds = _feeds(plain, b=1 if dtype == "f16" else 2)  # onnxruntime: one row with a past
     got = fused.apply(fused.params, feeds)
     if dtype == "f32":
         want = plain.apply(plain.params, feeds)
