@@ -14,7 +14,7 @@ into nodes of our own domain (`JOA_DOMAIN`) whose handlers call `jax_onnx_attn.o
    (`ops.interleave_gate_up`): one pass over the input, the activation in the epilogue.
 3. SkipSimplifiedLayerNormalization(a, b, gamma) where b (or a) is a `Linear` read by nothing else:
    the sum becomes that Linear's residual epilogue, the node a plain SimplifiedLayerNormalization
-   of the sum.
+   of the sum; likewise a plain Add of such a Linear and an activation (torch's residual add).
 4. A SimplifiedLayerNormalization whose only readers are `Linear` nodes (as their input) becomes
    their RMSNorm prologue.
 
@@ -208,6 +208,25 @@ def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
             lin.output[0] = node.output[0]
             g.nodes[i], g.nodes[p] = lin, None  # the fused node takes the Add's place
             report.bias += 1
+            readers, producers = g.readers(), g.producers()
+            break
+
+    # 1c. Linear -> Add(y, r) with r an activation (torch's residual add): the residual epilogue.
+    # The handler adds a residual whose shape differs from the output's the broadcasting way.
+    readers, producers = g.readers(), g.producers()
+    for i, node in enumerate(g.nodes):
+        if node is None or node.op_type != "Add" or registry.normalize_domain(node.domain):
+            continue
+        for lin_in, res in ((node.input[0], node.input[1]), (node.input[1], node.input[0])):
+            p = producers.get(lin_in)
+            if (p is None or g.nodes[p].op_type != "Linear" or _get_input(g.nodes[p], "residual")
+                    or res in arrays or res == lin_in or not g.private(lin_in, readers)):
+                continue
+            lin = g.nodes[p]
+            _set_input(lin, "residual", res)
+            lin.output[0] = node.output[0]
+            g.nodes[i], g.nodes[p] = lin, None
+            report.residual += 1
             readers, producers = g.readers(), g.producers()
             break
 

@@ -191,8 +191,14 @@ def fused_linear(ctx, x, w, scales=None, zero_points=None, bias=None, residual=N
                   norm_epsilon=float(ctx.attr("norm_epsilon", 1e-6)),
                   gated=bool(ctx.attr("gated", 0)))
     bits = int(ctx.attr("bits", 0))
+    n_out = int(ctx.attr("N")) if bits else w.shape[0]
+    out_shape = x.shape[:-1] + (n_out // 2 if common["gated"] else n_out,)
+    late = None
+    if residual is not None and (residual.shape != out_shape or residual.dtype != x.dtype):
+        late, common["residual"] = residual, None  # a broadcasting add: after the product
     if bits:
-        return ops.matmul_nbits(x, w, scales, zero_points, bias, k=int(ctx.attr("K")),
-                                n=int(ctx.attr("N")), bits=bits,
-                                block_size=int(ctx.attr("block_size")), **common)
-    return ops.linear(x, w, bias, **common)
+        y = ops.matmul_nbits(x, w, scales, zero_points, bias, k=int(ctx.attr("K")), n=n_out,
+                             bits=bits, block_size=int(ctx.attr("block_size")), **common)
+    else:
+        y = ops.linear(x, w, bias, **common)
+    return y if late is None else y + late
