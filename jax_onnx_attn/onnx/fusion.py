@@ -261,7 +261,7 @@ def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
                 if bool(parts[2][0]) != bool(parts[2][1]):
                     continue
                 merged = linear_ops.interleave_gate_up_nbits(
-                    *(arrays[p] if p else None for pair in parts for p in pair))
+                    *([arrays[p[j]] if p[j] else None for p in parts] for j in (0, 1)))
                 names = []
                 for (pg, _), arr in zip(parts, merged):
                     names.append("" if arr is None else f"{pg}.gate_up")
