@@ -13,6 +13,7 @@ import onnx.inliner
 
 from jax_onnx_attn.onnx import handlers as _handlers  # noqa: F401  (registers every handler)
 from jax_onnx_attn.onnx import registry
+from jax_onnx_attn.onnx.fusion import fuse_decoder
 from jax_onnx_attn.onnx.interpreter import Hook, Interpreter
 from jax_onnx_attn.onnx.values import ShapeOnly, np_dtype, tensor_to_numpy, to_jax
 from jax_onnx_attn.ops.dtypes import FLOAT_DTYPES
@@ -46,7 +47,12 @@ class LoweredModel:
       input_names, output_names: the graph's inputs (initializers excluded) and outputs, in order.
       dtype: the dtype the model's float type was mapped to, or None.
       float_type: the model's own float type (the dtype of most weight bytes), or None.
+      fusions: what load's fusion rewrote (`onnx.fusion.FusionReport`), or None with fuse=False.
+        After fusion `model` is the rewritten graph; its main-graph initializers carry names,
+        shapes and types only (the values are `params`).
     """
+
+    fusions = None
 
     def __init__(self, model: onnx.ModelProto, params: dict, constants: dict, float_map: dict,
                  float_type, options: dict | None = None):
@@ -136,7 +142,7 @@ class LoweredModel:
 
 
 def load(model, dtype=None, *, base_dir: str | os.PathLike | None = None,
-         int8_activations: bool = False) -> LoweredModel:
+         int8_activations: bool = False, fuse: bool = True) -> LoweredModel:
     """Lower an ONNX model to JAX.
 
     Args:
@@ -151,6 +157,10 @@ def load(model, dtype=None, *, base_dir: str | os.PathLike | None = None,
         builder's default for int4/int8): per block of block_size along K, the activation is
         quantised to int8 (symmetric, scale max|A|/127, round half to even) before the product.
         Nodes with another accuracy_level are computed exactly either way.
+      fuse: rewrite the graph once into the lowering's fused nodes (`onnx.fusion`: projections on
+        `ops.linear` / `ops.matmul_nbits` with their weights stored in the kernels' layouts, the
+        SwiGLU, residual adds and RMSNorms folded into them). The math is the graph's; False
+        runs the graph node by node as written.
 
     Returns:
       LoweredModel (`params`, `apply`, `fixed_cache_step`, `input_names`, `output_names`, `model`).
@@ -160,8 +170,10 @@ def load(model, dtype=None, *, base_dir: str | os.PathLike | None = None,
     """
     if isinstance(model, (str, os.PathLike)):
         path = Path(model)
-        model = onnx.load(str(path), load_external_data=True)
-        base_dir = None
+        # External data is read straight into NumPy (memory-mapped), not through the proto: a
+        # multi-GB model is then held once on the host, not twice.
+        model = onnx.load(str(path), load_external_data=False)
+        base_dir = path.parent
     elif not isinstance(model, onnx.ModelProto):
         raise TypeError(f"load: expected a path or an onnx.ModelProto, got {type(model).__name__}")
     if model.functions:
@@ -173,6 +185,9 @@ def load(model, dtype=None, *, base_dir: str | os.PathLike | None = None,
     for t in (t for g in registry.iter_graphs(model.graph) for t in g.initializer):
         arrays[t.name] = tensor_to_numpy(t, None if base_dir is None else str(base_dir))
     float_type = _primary_float(a for a in arrays.values() if not _is_static_initializer(a))
+    fusions = None
+    if fuse:
+        model, arrays, fusions = fuse_decoder(model, arrays, nbits=not int8_activations)
     float_map = {}
     if dtype is not None and float_type is not None:
         float_map[float_type] = np.dtype(dtype)
@@ -184,5 +199,7 @@ def load(model, dtype=None, *, base_dir: str | os.PathLike | None = None,
             if arr.dtype in float_map:
                 arr = arr.astype(float_map[arr.dtype])
             params[name] = to_jax(arr)
-    return LoweredModel(model, params, constants, float_map, float_type,
-                        {"int8_activations": bool(int8_activations)})
+    lowered = LoweredModel(model, params, constants, float_map, float_type,
+                           {"int8_activations": bool(int8_activations)})
+    lowered.fusions = fusions
+    return lowered

@@ -16,6 +16,7 @@ enter a traced computation, which is what INT64_MAX-style sentinels need).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import jax
@@ -83,11 +84,41 @@ def to_jax(v):
     return jnp.asarray(arr)
 
 
+def _external_memmap(t: onnx.TensorProto, base_dir: str) -> np.ndarray | None:
+    """A tensor stored in an external data file as a read-only memory map of that file, or None for
+    element types NumPy cannot map directly (the caller then reads it through onnx)."""
+    info = {e.key: e.value for e in t.external_data}
+    dtype = {onnx.TensorProto.BFLOAT16: np.dtype(np.uint16)}.get(t.data_type)
+    if dtype is None:
+        try:
+            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
+        except (KeyError, TypeError, ValueError):
+            return None
+    if dtype.kind not in "fiub" or "location" not in info:
+        return None
+    shape = tuple(int(d) for d in t.dims)
+    count = int(np.prod(shape, dtype=np.int64))
+    offset = int(info.get("offset", 0))
+    length = int(info.get("length", count * dtype.itemsize))
+    if length < count * dtype.itemsize:
+        raise ValueError(f"initializer {t.name!r}: its external data holds {length} bytes, its shape "
+                         f"{list(shape)} needs {count * dtype.itemsize}")
+    path = os.path.join(base_dir, info["location"])
+    if count == 0:
+        return np.zeros(shape, dtype)
+    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape)
+
+
 def tensor_to_numpy(t: onnx.TensorProto, base_dir: str | None = None) -> np.ndarray:
-    """A TensorProto as NumPy (external data read from base_dir when not loaded yet)."""
+    """A TensorProto as NumPy (external data read from base_dir when not loaded yet: memory-mapped
+    from its file, so the weights are not copied into the proto first)."""
+    arr = None
     if base_dir is not None and onnx.external_data_helper.uses_external_data(t):
-        onnx.external_data_helper.load_external_data_for_tensor(t, base_dir)
-    arr = numpy_helper.to_array(t)
+        arr = _external_memmap(t, base_dir)
+        if arr is None:
+            onnx.external_data_helper.load_external_data_for_tensor(t, base_dir)
+    if arr is None:
+        arr = numpy_helper.to_array(t)
     if t.data_type == onnx.TensorProto.BFLOAT16 and arr.dtype != ml_dtypes.bfloat16:
         arr = arr.view(ml_dtypes.bfloat16)
     return arr

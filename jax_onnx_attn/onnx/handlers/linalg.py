@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jax_onnx_attn.onnx.fusion import JOA_DOMAIN
 from jax_onnx_attn.onnx.handlers.attention import GroupedKV, grouped_kv
 from jax_onnx_attn.onnx.registry import MS_DOMAIN, register
 from jax_onnx_attn.onnx.values import to_jax
@@ -163,3 +164,41 @@ def matmul_nbits(ctx, a, b_quant, scales, zero_points=None, g_idx=None, bias=Non
     if bias is not None:
         y = y + to_jax(bias).astype(y.dtype)
     return y
+
+
+@register("Linear", 1, domain=JOA_DOMAIN)
+def fused_linear(ctx, x, w, scales=None, zero_points=None, bias=None, residual=None,
+                 norm_weight=None):
+    """jax_onnx_attn::Linear, the load-time fusion of MatMul / MatMulNBits with their neighbours
+    (see `onnx.fusion`): y = rms_norm(x)·W (+ bias) (+ residual), or silu(gate)·up when gated.
+
+    Args:
+      x: [..., K] float. w: [N, K] of x's dtype (weight-major), or MatMulNBits' packed uint8
+        [N, k_blocks, block_size·bits/8] when attribute bits > 0 (then scales [N, k_blocks] and
+        zero_points None or uint8 [N, k_blocks], as `ops.prepare_nbits` returns them).
+      bias: [N] or None. residual: [..., N_out] or None. norm_weight: [K] or None (attribute
+        norm_epsilon). Attribute gated=1: W's rows interleave gate and up (`ops.interleave_gate_up`)
+        and y is [..., N/2].
+
+    Returns:
+      y [..., N] (or [..., N/2] gated) in x's dtype.
+    """
+    from jax_onnx_attn import ops
+
+    x, w, scales, zero_points, bias, residual, norm_weight = (
+        to_jax(v) for v in (x, w, scales, zero_points, bias, residual, norm_weight))
+    common = dict(residual=residual, norm_weight=norm_weight,
+                  norm_epsilon=float(ctx.attr("norm_epsilon", 1e-6)),
+                  gated=bool(ctx.attr("gated", 0)))
+    bits = int(ctx.attr("bits", 0))
+    n_out = int(ctx.attr("N")) if bits else w.shape[0]
+    out_shape = x.shape[:-1] + (n_out // 2 if common["gated"] else n_out,)
+    late = None
+    if residual is not None and (residual.shape != out_shape or residual.dtype != x.dtype):
+        late, common["residual"] = residual, None  # a broadcasting add: after the product
+    if bits:
+        y = ops.matmul_nbits(x, w, scales, zero_points, bias, k=int(ctx.attr("K")), n=n_out,
+                             bits=bits, block_size=int(ctx.attr("block_size")), **common)
+    else:
+        y = ops.linear(x, w, bias, **common)
+    return y if late is None else y + late

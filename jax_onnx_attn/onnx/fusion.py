@@ -1,0 +1,383 @@
+"""Load-time rewrites of a decoder graph into the lowering's own fused nodes.
+
+A decode step streams every weight once; what costs time besides that is the number of launches
+and every extra pass over an activation. `load` therefore rewrites the graph once, before any trace,
+into nodes of our own domain (`JOA_DOMAIN`) whose handlers call `jax_onnx_attn.ops.linear` /
+`ops.matmul_nbits`, and stores the weights in those ops' layouts:
+
+1. A MatMul whose B is a float initializer [K, N] that only MatMuls read becomes
+   `Linear(x, W_nk)` with the weight stored transposed, [N, K] (the kernels' weight-major layout;
+   XLA's GEMM takes it as transposed for free). A following Add of a [N] initializer becomes its
+   bias. com.microsoft MatMulNBits becomes `Linear` over the packed weight (`ops.prepare_nbits`).
+2. Gate and up projections of one input feeding `Mul(Mul(gate, Sigmoid(gate)), up)` (SwiGLU, as
+   onnxruntime-genai's builder writes it) become one gated `Linear` over their rows interleaved
+   (`ops.interleave_gate_up`): one pass over the input, the activation in the epilogue.
+3. SkipSimplifiedLayerNormalization(a, b, gamma) where b (or a) is a `Linear` read by nothing else:
+   the sum becomes that Linear's residual epilogue, the node a plain SimplifiedLayerNormalization
+   of the sum; likewise a plain Add of such a Linear and an activation (torch's residual add).
+4. A SimplifiedLayerNormalization whose only readers are `Linear` nodes (as their input) becomes
+   their RMSNorm prologue.
+
+A builder decoder layer is then: Linear (norm + QKV), GroupQueryAttention, Linear (o + residual),
+Linear (norm + gate/up + SiLU·up), Linear (down + residual). Each rewrite keeps the math of the
+nodes it replaces (values rounded to the model's type where the graph rounds them), so parity with
+onnxruntime holds; `load(..., fuse=False)` keeps the graph as it is. Outputs of the graph and
+values read by subgraphs are never fused away.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections import defaultdict
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from jax_onnx_attn.onnx import registry
+
+#: The domain of the lowering's own fused nodes.
+JOA_DOMAIN = "jax_onnx_attn"
+JOA_OPSET = 1
+
+
+@dataclasses.dataclass
+class FusionReport:
+    """What `fuse_decoder` rewrote (counts), for tests and `LoweredModel.fusions`."""
+
+    linear: int = 0
+    nbits: int = 0
+    bias: int = 0
+    gated: int = 0
+    residual: int = 0
+    norm: int = 0
+
+    def __str__(self) -> str:
+        return ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(self).items() if v) or "none"
+
+
+class _Graph:
+    """The main graph as a mutable node list with producer / reader maps."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self.model = model
+        self.nodes: list[onnx.NodeProto | None] = list(model.graph.node)
+        self.outputs = {o.name for o in model.graph.output}
+        # Names read inside subgraphs (If / Loop bodies) stay as they are.
+        self.subgraph_reads: set[str] = set()
+        for node in self.nodes:
+            for attr in node.attribute:
+                for g in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+                    for sub in registry.iter_nodes(g):
+                        self.subgraph_reads.update(i for i in sub.input if i)
+
+    def readers(self) -> dict[str, list[int]]:
+        out = defaultdict(list)
+        for i, node in enumerate(self.nodes):
+            if node is None:
+                continue
+            for name in node.input:
+                if name:
+                    out[name].append(i)
+        return out
+
+    def producers(self) -> dict[str, int]:
+        return {o: i for i, n in enumerate(self.nodes) if n is not None for o in n.output if o}
+
+    def private(self, name: str, readers, count: int = 1) -> bool:
+        """True when `name` is read by exactly `count` nodes of the main graph and nothing else."""
+        return (name not in self.outputs and name not in self.subgraph_reads
+                and len(readers.get(name, ())) == count)
+
+
+def _attr(node, name, default=None):
+    for a in node.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    return default
+
+
+def _linear(inputs, output, name, **attrs) -> onnx.NodeProto:
+    return helper.make_node("Linear", inputs, [output], name=name, domain=JOA_DOMAIN, **attrs)
+
+
+# Linear's inputs, in order (absent optional inputs are "").
+LINEAR_INPUTS = ("x", "w", "scales", "zero_points", "bias", "residual", "norm_weight")
+
+
+def _set_input(node, what: str, value: str) -> None:
+    idx = LINEAR_INPUTS.index(what)
+    while len(node.input) <= idx:
+        node.input.append("")
+    node.input[idx] = value
+
+
+def _get_input(node, what: str) -> str:
+    idx = LINEAR_INPUTS.index(what)
+    return node.input[idx] if len(node.input) > idx else ""
+
+
+def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
+                 nbits: bool = True) -> tuple[onnx.ModelProto, dict, FusionReport]:
+    """The rewrites of the module doc on `model` (local functions already inlined).
+
+    Args:
+      model: the ModelProto; not modified (a rewritten copy is returned).
+      arrays: {initializer name: NumPy array} of every initializer (the loader's); new and
+        re-laid-out weights are added under new names, the replaced ones dropped when unused.
+      nbits: rewrite com.microsoft MatMulNBits too (False keeps them, e.g. to reproduce
+        onnxruntime's int8 activations).
+
+    Returns:
+      (model, arrays, FusionReport).
+    """
+    # The module (ops.linear the attribute is the op function of the same name).
+    linear_ops = importlib.import_module("jax_onnx_attn.ops.linear")
+
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.node[:]
+    g = _Graph(model)
+    arrays = dict(arrays)
+    report = FusionReport()
+    graph_inputs = {i.name for i in model.graph.input}
+
+    def is_weight(name):
+        a = arrays.get(name)
+        return a is not None and name not in graph_inputs and a.ndim == 2 and \
+            np.issubdtype(a.dtype, np.floating)
+
+    # 1. MatMul with an initializer weight -> Linear(x, W [N, K]); MatMulNBits -> Linear(bits).
+    readers = g.readers()
+    transposed: dict[str, str] = {}
+    for i, node in enumerate(g.nodes):
+        dom = registry.normalize_domain(node.domain)
+        if dom == "" and node.op_type == "MatMul" and is_weight(node.input[1]):
+            w = node.input[1]
+            if w in g.subgraph_reads or w in g.outputs or any(
+                    g.nodes[r].op_type != "MatMul" or g.nodes[r].input[1] != w
+                    or g.nodes[r].input[0] == w for r in readers[w]):
+                continue
+            if w not in transposed:
+                transposed[w] = f"{w}.nk"
+                arrays[transposed[w]] = np.ascontiguousarray(arrays[w].T)
+            g.nodes[i] = _linear([node.input[0], transposed[w]], node.output[0], node.name)
+            report.linear += 1
+        elif nbits and dom == registry.MS_DOMAIN and node.op_type == "MatMulNBits":
+            ins = list(node.input) + [""] * (6 - len(node.input))
+            bq, scales, zp, g_idx, bias = ins[1], ins[2], ins[3], ins[4], ins[5]
+            k, n = int(_attr(node, "K")), int(_attr(node, "N"))
+            bits, block = int(_attr(node, "bits", 4)), int(_attr(node, "block_size"))
+            if g_idx or any(x and x not in arrays for x in (bq, scales, zp)):
+                continue
+            try:
+                pq, ps, pz = linear_ops.prepare_nbits(arrays[bq], arrays[scales],
+                                                      arrays[zp] if zp else None, k=k, n=n,
+                                                      bits=bits, block_size=block)
+            except (ValueError, NotImplementedError):
+                continue  # a form the kernels do not take: the MatMulNBits handler runs it
+            names = []
+            for src, arr, tag in ((bq, pq, "q"), (scales, ps, "scales"), (zp, pz, "zp")):
+                if arr is None:
+                    names.append("")
+                elif _same(arr, arrays[src]):
+                    names.append(src)  # the layout the op takes already: keep its name
+                else:
+                    names.append(f"{src}.{tag}")
+                    arrays[names[-1]] = arr
+            g.nodes[i] = _linear([node.input[0], *names, bias], node.output[0], node.name,
+                                 bits=bits, K=k, N=n, block_size=block)
+            report.nbits += 1
+
+    # 1b. Linear -> Add(y, bias [N]) becomes the bias epilogue.
+    readers, producers = g.readers(), g.producers()
+    for i, node in enumerate(g.nodes):
+        if node is None or node.op_type != "Add" or registry.normalize_domain(node.domain):
+            continue
+        for lin_in, bias in ((node.input[0], node.input[1]), (node.input[1], node.input[0])):
+            p = producers.get(lin_in)
+            if p is None or g.nodes[p].op_type != "Linear" or _get_input(g.nodes[p], "bias"):
+                continue
+            lin = g.nodes[p]
+            n_out = arrays[_get_input(lin, "w")].shape[0] if not _attr(lin, "bits") else _attr(lin, "N")
+            b = arrays.get(bias)
+            if b is None or bias in graph_inputs or b.shape != (n_out,) or not g.private(lin_in, readers):
+                continue
+            _set_input(lin, "bias", bias)
+            lin.output[0] = node.output[0]
+            g.nodes[i], g.nodes[p] = lin, None  # the fused node takes the Add's place
+            report.bias += 1
+            readers, producers = g.readers(), g.producers()
+            break
+
+    # 1c. Linear -> Add(y, r) with r an activation (torch's residual add): the residual epilogue.
+    # The handler adds a residual whose shape differs from the output's the broadcasting way.
+    readers, producers = g.readers(), g.producers()
+    for i, node in enumerate(g.nodes):
+        if node is None or node.op_type != "Add" or registry.normalize_domain(node.domain):
+            continue
+        for lin_in, res in ((node.input[0], node.input[1]), (node.input[1], node.input[0])):
+            p = producers.get(lin_in)
+            if (p is None or g.nodes[p].op_type != "Linear" or _get_input(g.nodes[p], "residual")
+                    or res in arrays or res == lin_in or not g.private(lin_in, readers)):
+                continue
+            lin = g.nodes[p]
+            _set_input(lin, "residual", res)
+            lin.output[0] = node.output[0]
+            g.nodes[i], g.nodes[p] = lin, None
+            report.residual += 1
+            readers, producers = g.readers(), g.producers()
+            break
+
+    # 2. SwiGLU: Mul(Mul(gate, Sigmoid(gate)), up) over two Linears of one input.
+    readers, producers = g.readers(), g.producers()
+    for i, node in enumerate(g.nodes):
+        if node is None or node.op_type != "Mul" or registry.normalize_domain(node.domain):
+            continue
+        for act_name, up_name in ((node.input[0], node.input[1]), (node.input[1], node.input[0])):
+            act = g.nodes[producers[act_name]] if act_name in producers else None
+            up = g.nodes[producers[up_name]] if up_name in producers else None
+            if act is None or up is None or act.op_type != "Mul" or up.op_type != "Linear":
+                continue
+            gate_name = sig_name = None
+            for a, b in ((act.input[0], act.input[1]), (act.input[1], act.input[0])):
+                s = g.nodes[producers[b]] if b in producers else None
+                if s is not None and s.op_type == "Sigmoid" and s.input[0] == a:
+                    gate_name, sig_name = a, b
+            gate = g.nodes[producers[gate_name]] if gate_name in producers else None
+            if gate is None or gate.op_type != "Linear":
+                continue
+            same = all(_get_input(gate, f) == "" and _get_input(up, f) == ""
+                       for f in ("bias", "residual", "norm_weight"))
+            if (not same or gate.input[0] != up.input[0] or _attr(gate, "bits") != _attr(up, "bits")
+                    or _attr(gate, "block_size") != _attr(up, "block_size")
+                    or not g.private(gate_name, readers, 2) or not g.private(sig_name, readers)
+                    or not g.private(act_name, readers) or not g.private(up_name, readers)):
+                continue
+            bits = _attr(gate, "bits") or 0
+            if bits:
+                parts = [[_get_input(x, f) for x in (gate, up)] for f in ("w", "scales", "zero_points")]
+                if bool(parts[2][0]) != bool(parts[2][1]):
+                    continue
+                merged = linear_ops.interleave_gate_up_nbits(
+                    *([arrays[p[j]] if p[j] else None for p in parts] for j in (0, 1)))
+                names = []
+                for (pg, _), arr in zip(parts, merged):
+                    names.append("" if arr is None else f"{pg}.gate_up")
+                    if arr is not None:
+                        arrays[names[-1]] = arr
+                fused = _linear([gate.input[0], *names], node.output[0], node.name, gated=1,
+                                bits=bits, K=_attr(gate, "K"), N=2 * _attr(gate, "N"),
+                                block_size=_attr(gate, "block_size"))
+            else:
+                wg, wu = _get_input(gate, "w"), _get_input(up, "w")
+                if arrays[wg].shape != arrays[wu].shape:
+                    continue
+                name = f"{wg}.gate_up"
+                arrays[name] = linear_ops.interleave_gate_up(arrays[wg], arrays[wu])
+                fused = _linear([gate.input[0], name], node.output[0], node.name, gated=1)
+            for j in (producers[gate_name], producers[sig_name], producers[act_name],
+                      producers[up_name]):
+                g.nodes[j] = None
+            g.nodes[i] = fused
+            report.gated += 1
+            readers, producers = g.readers(), g.producers()
+            break
+
+    # 3. SkipSimplifiedLayerNormalization over a Linear: the sum is the Linear's residual epilogue.
+    # Each rewrite touches only its own two nodes, so the maps stay valid; the node list is rebuilt
+    # after the pass (the Linear moves to the norm's place, the norm right after it).
+    readers, producers = g.readers(), g.producers()
+    moved: dict[int, list] = {}
+    for i, node in enumerate(g.nodes):
+        if (node is None or node.op_type != "SkipSimplifiedLayerNormalization"
+                or registry.normalize_domain(node.domain) != registry.MS_DOMAIN
+                or len(node.input) > 3 and node.input[3]):
+            continue
+        # Outputs nobody reads count as absent (the tiny builder names all four).
+        outs = [o if o and (o in g.outputs or o in g.subgraph_reads or readers.get(o)) else ""
+                for o in list(node.output) + [""] * (4 - len(node.output))]
+        outs[0] = node.output[0]
+        if outs[1]:
+            continue  # the mean output (unused by every producer we know) has no fused form
+        for lin_in, res in ((node.input[1], node.input[0]), (node.input[0], node.input[1])):
+            p = producers.get(lin_in)
+            if (p is None or p in moved or g.nodes[p] is None or g.nodes[p].op_type != "Linear"
+                    or _get_input(g.nodes[p], "residual") or not g.private(lin_in, readers)):
+                continue
+            lin = g.nodes[p]
+            total = outs[3] or f"{node.name or node.output[0]}/sum"
+            _set_input(lin, "residual", res)
+            lin.output[0] = total
+            norm_outs = [outs[0], outs[2]] if outs[2] else [outs[0]]  # (Y, inv_std_var)
+            norm = helper.make_node("SimplifiedLayerNormalization", [total, node.input[2]],
+                                    norm_outs, name=node.name, axis=-1,
+                                    epsilon=float(_attr(node, "epsilon", 1e-5)), stash_type=1)
+            g.nodes[p] = None
+            moved[i] = [lin, norm]
+            report.residual += 1
+            break
+    if moved:
+        g.nodes = [x for i, n in enumerate(g.nodes) for x in (moved[i] if i in moved else [n])]
+
+    # 4. SimplifiedLayerNormalization read only by Linears (as their input): their prologue.
+    readers, producers = g.readers(), g.producers()
+    for i, node in enumerate(g.nodes):
+        if (node is None or node.op_type not in ("SimplifiedLayerNormalization", "RMSNormalization")
+                or len([o for o in node.output if o]) != 1 or _attr(node, "axis", -1) != -1
+                or _attr(node, "stash_type", 1) != 1):
+            continue
+        h, scale = node.output[0], node.input[1]
+        rs = readers.get(h, [])
+        if (not rs or h in g.outputs or h in g.subgraph_reads or scale not in arrays
+                or arrays[scale].ndim != 1
+                or any(g.nodes[r].op_type != "Linear" or g.nodes[r].input[0] != h
+                       or _get_input(g.nodes[r], "norm_weight") for r in rs)):
+            continue
+        eps = float(_attr(node, "epsilon", 1e-5))
+        for r in rs:
+            lin = g.nodes[r]
+            lin.input[0] = node.input[0]
+            _set_input(lin, "norm_weight", scale)
+            lin.attribute.append(helper.make_attribute("norm_epsilon", eps))
+        g.nodes[i] = None
+        report.norm += 1
+        readers, producers = g.readers(), g.producers()
+
+    out.graph.node.extend(n for n in g.nodes if n is not None)
+    # Initializers: the new layouts; the replaced ones go when nothing reads them any more.
+    used = {i for n in registry.iter_nodes(out.graph) for i in n.input if i}
+    used |= {o.name for o in out.graph.output}
+    del out.graph.initializer[:]
+    for name in list(arrays):
+        if name not in used:
+            del arrays[name]
+    main_inits = {t.name for t in model.graph.initializer}
+    any_inits = {t.name for sub in registry.iter_graphs(model.graph) for t in sub.initializer}
+    for name, arr in arrays.items():
+        if name in main_inits or name not in any_inits:
+            # Names, shapes and types only: the loader keeps the values (its params).
+            t = out.graph.initializer.add()
+            t.name, t.data_type = name, _elem_type(arr)
+            t.dims.extend(arr.shape)
+    if not any(o.domain == JOA_DOMAIN for o in out.opset_import):
+        out.opset_import.append(helper.make_opsetid(JOA_DOMAIN, JOA_OPSET))
+    return out, arrays, report
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether a prepared array is the original (same object, or same shape, dtype and bytes)."""
+    if a is b:
+        return True
+    a, b = np.asarray(a), np.asarray(b)
+    return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b)
+
+
+def _elem_type(arr: np.ndarray) -> int:
+    if arr.dtype.name == "bfloat16":
+        return onnx.TensorProto.BFLOAT16
+    return helper.np_dtype_to_tensor_dtype(arr.dtype)
+
+
+__all__ = ["fuse_decoder", "FusionReport", "JOA_DOMAIN", "LINEAR_INPUTS"]

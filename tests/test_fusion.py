@@ -1,0 +1,117 @@
+"""Load-time fusion (jax_onnx_attn/onnx/fusion.py): the rewritten graph computes what the graph
+computes (fused vs unfused lowering, and onnxruntime through the model tests), with the fused
+node structure a decoder layer should have."""
+
+import collections
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import jax_onnx_attn
+from jax_onnx_attn.models import build_tiny_decoder
+from jax_onnx_attn.onnx.fusion import JOA_DOMAIN
+from jax_onnx_attn.testing import assert_close, tolerance
+
+FIXTURES = "tests/fixtures"
+
+
+def _feeds(lowered, b=2, s=5, past=3, seed=0):
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    kv_shapes = lowered.fixed_cache_step(b, past + s).cache_shapes  # (Hkv, D) of each past input
+    for name, (dims, dtype) in lowered.input_info().items():
+        if name == "input_ids":
+            feeds[name] = rng.integers(0, 200, (b, s)).astype(np.int64)
+        elif name == "attention_mask":
+            feeds[name] = np.ones((b, past + s), np.int64)
+        elif name == "position_ids":
+            feeds[name] = np.broadcast_to(np.arange(past, past + s), (b, s)).astype(np.int64)
+        else:  # past key / value [B, Hkv, P, D]
+            (_, hkv, _, d), _ = kv_shapes[name]
+            feeds[name] = rng.standard_normal((b, hkv, past, d)).astype(dtype)
+    return feeds
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_builder_decoder_fuses_to_four_linears_a_layer_and_keeps_its_outputs(dtype):
+    model = build_tiny_decoder(layers=3, hidden=64, heads=4, kv_heads=2, intermediate=96, dtype=dtype)
+    fused = jax_onnx_attn.load(model)
+    plain = jax_onnx_attn.load(model, fuse=False)
+    ops = collections.Counter(n.op_type for n in fused.model.graph.node)
+    # Per layer: Linear (norm + QKV), GQA, Linear (o + residual), Linear (norm + SwiGLU),
+    # Linear (down + residual); plus the LM head (norm prologue).
+    assert ops["Linear"] == 4 * 3 + 1 and ops["GroupQueryAttention"] == 3
+    for op in ("MatMul", "Sigmoid", "SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization"):
+        assert ops[op] == 0, op
+    assert fused.fusions.gated == 3 and fused.fusions.residual == 6 and fused.fusions.norm == 7
+    assert plain.fusions is None
+    feeds = _feeds(plain, b=1 if dtype == "f16" else 2)  # onnxruntime: one row with a past
+    got = fused.apply(fused.params, feeds)
+    if dtype == "f32":
+        want = plain.apply(plain.params, feeds)
+    else:
+        # In half precision the fused SwiGLU rounds once where the graph rounds three times, so
+        # the oracle is onnxruntime, not the unfused lowering.
+        import onnxruntime as ort
+        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+    assert list(got) == list(want)
+    tol = tolerance(np.float16 if dtype == "f16" else np.float32)[1]
+    for name in want:
+        # Relative to each output's scale, as the model tests hold logits (tests/test_onnx_models.py).
+        ref = np.asarray(want[name], np.float32)
+        err = float(np.abs(np.asarray(got[name], np.float32) - ref).max())
+        assert err <= tol * max(1.0, float(np.abs(ref).max())), (name, err)
+
+
+@pytest.mark.parametrize("fixture", ["builder_llama_int4", "builder_qwen2_fp32", "torch_qwen2_op23"])
+def test_exports_fuse_and_match_the_unfused_lowering(fixture):
+    path = f"{FIXTURES}/{fixture}/model.onnx"
+    fused, plain = jax_onnx_attn.load(path), jax_onnx_attn.load(path, fuse=False)
+    assert fused.fusions.linear + fused.fusions.nbits >= 7
+    feeds = _feeds(plain, past=4)
+    got, want = fused.apply(fused.params, feeds), plain.apply(plain.params, feeds)
+    dtype = np.float32  # float32 exports: the fused math must agree to float32 rounding
+    for name in want:
+        assert_close(np.asarray(got[name], np.float32), np.asarray(want[name], np.float32), dtype,
+                     err_msg=name)
+    # The fused graph's weights are the op layouts: [N, K] for dense projections.
+    for node in fused.model.graph.node:
+        if node.op_type == "Linear" and not any(a.name == "bits" for a in node.attribute):
+            assert node.input[1].endswith((".nk", ".gate_up"))
+
+
+def _mlp_model(output_intermediate: bool):
+    """x -> MatMul(W1) -> Sigmoid-gated product with MatMul(W2): the SwiGLU pattern, optionally with
+    the gate also a graph output (then it must not be fused away)."""
+    rng = np.random.default_rng(1)
+    w1, w2 = (rng.standard_normal((16, 24)).astype(np.float32) for _ in range(2))
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["g"]),
+             helper.make_node("Sigmoid", ["g"], ["sg"]),
+             helper.make_node("Mul", ["g", "sg"], ["act"]),
+             helper.make_node("MatMul", ["x", "W2"], ["u"]),
+             helper.make_node("Mul", ["act", "u"], ["y"])]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 24])]
+    if output_intermediate:
+        outputs.append(helper.make_tensor_value_info("g", TensorProto.FLOAT, [2, 24]))
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16])],
+                              outputs, [onnx.numpy_helper.from_array(w1, "W1"),
+                                        onnx.numpy_helper.from_array(w2, "W2")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+@pytest.mark.parametrize("output_intermediate", [False, True])
+def test_swiglu_fuses_unless_an_intermediate_is_a_graph_output(output_intermediate):
+    model = _mlp_model(output_intermediate)
+    fused = jax_onnx_attn.load(model)
+    assert fused.fusions.gated == (0 if output_intermediate else 1)
+    assert fused.fusions.linear == 2
+    x = np.random.default_rng(2).standard_normal((2, 16)).astype(np.float32)
+    got = fused.apply(fused.params, {"x": x})
+    ref = jax_onnx_attn.load(model, fuse=False)
+    want = ref.apply(ref.params, {"x": x})
+    for name in want:
+        assert_close(np.asarray(got[name]), np.asarray(want[name]), np.float32)
+    assert any(o.domain == JOA_DOMAIN for o in fused.model.opset_import)
