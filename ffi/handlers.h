@@ -9,6 +9,8 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaKvAppend);  // ffi/kv_cache/append.cu
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaDecodeAttention);  // ffi/attention/decode.cu
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaGqaPrepare);  // ffi/gqa/prepare.cu
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaGeneralAttention);  // ffi/attention/general.cu
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaLinear);  // ffi/matmul/linear.cu
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaMatMulNBits);  // ffi/matmul/nbits.cu
 #endif
 
 namespace joa {
@@ -24,6 +26,8 @@ inline constexpr Target kTargets[] = {
     {"decode_attention", JoaDecodeAttention},
     {"gqa_prepare", JoaGqaPrepare},
     {"general_attention", JoaGeneralAttention},
+    {"linear", JoaLinear},
+    {"matmul_nbits", JoaMatMulNBits},
 };
 #else
 inline constexpr Target* kTargets = nullptr;

@@ -6,6 +6,7 @@
 
 #include "common/status.h"
 #include "handlers.h"
+#include "matmul/plan_binding.h"
 
 namespace nb = nanobind;
 
@@ -47,6 +48,8 @@ NB_MODULE(_ffi, m) {
 #endif
     return info;
   }, "What the extension was built with.");
+
+  joa::gemv::BindPlan(m);  // gemv_plan: the GEMV engine's launch plan (ffi/kernels/gemv/plan.h)
 
   m.def("status_flags", []() {
     nb::dict flags;

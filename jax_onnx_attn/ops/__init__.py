@@ -11,3 +11,8 @@ __all__ += ["attention", "attention_with_cache", "AttentionOutputs", "CachedAtte
 from jax_onnx_attn.ops.gqa import GroupQueryAttentionOutput, group_query_attention
 
 __all__ += ["group_query_attention", "GroupQueryAttentionOutput"]
+from jax_onnx_attn.ops.linear import (deinterleave_gate_up, interleave_gate_up,
+                                      interleave_gate_up_nbits, linear, matmul_nbits, prepare_nbits)
+
+__all__ += ["linear", "matmul_nbits", "prepare_nbits", "interleave_gate_up", "deinterleave_gate_up",
+            "interleave_gate_up_nbits"]

@@ -1,0 +1,95 @@
+// The epilogue policies: what happens to the reduced f32 sums of a row block before they are stored.
+// Each writes units of 8 consecutive outputs of one x row (one 16-byte store); `get(r0, v)` fills
+// v with the sums of the block's local W rows r0 .. r0 + 7. The roundings are those of the unfused
+// graph (MatMul, then Add, then Add; jax_onnx_attn.ops.reference.linear).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "kernels/convert.cuh"
+#include "kernels/gemv/params.h"
+#include "kernels/gemv/stage.cuh"
+
+namespace joa::gemv {
+
+// y = round(round(round(x W^T) + bias) + residual), bias and residual optional (null pointers).
+struct StoreEpilogue {
+  static constexpr bool kGated = false;
+  __host__ __device__ static constexpr int OutCols(int rows_block) { return rows_block; }
+
+  template <typename T, class Get>
+  __device__ __forceinline__ static void Apply(const GemvParams& p, int m, int block, int oc, Get&& get) {
+    const int n0 = block * p.rows_block + oc;  // output column = W row
+    if (n0 >= p.n_out) return;
+    float v[8];
+    get(oc, v);
+    Vec8<T> out;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) out.v[i] = FromFloat<T>(v[i]);
+    if (p.bias != nullptr) {
+      const Vec8<T> b = AsVec8<T>(LoadInput16(static_cast<const T*>(p.bias) + n0));
+#pragma unroll
+      for (int i = 0; i < 8; ++i) out.v[i] = FromFloat<T>(ToFloat(out.v[i]) + ToFloat(b.v[i]));
+    }
+    const int64_t at = int64_t(m) * p.n_out + n0;
+    if (p.residual != nullptr) {
+      const Vec8<T> r = AsVec8<T>(LoadInput16(static_cast<const T*>(p.residual) + at));
+#pragma unroll
+      for (int i = 0; i < 8; ++i) out.v[i] = FromFloat<T>(ToFloat(out.v[i]) + ToFloat(r.v[i]));
+    }
+    *reinterpret_cast<uint4*>(static_cast<T*>(p.y) + at) = AsUint4(out);
+  }
+};
+
+// W rows interleaved gate / up in blocks of 8 (jax_onnx_attn.ops.linear.interleave_gate_up): a
+// 16-row tile is gate rows 8b .. 8b+7 then up rows 8b .. 8b+7, and gives outputs 8b .. 8b+7:
+// y = round(silu(g) * u) in f32 from g, u = the rounded products (+ bias, rounded), then
+// + residual (rounded) if any.
+struct GatedSiluEpilogue {
+  static constexpr bool kGated = true;
+  __host__ __device__ static constexpr int OutCols(int rows_block) { return rows_block / 2; }
+
+  template <typename T, class Get>
+  __device__ __forceinline__ static void Apply(const GemvParams& p, int m, int block, int oc, Get&& get) {
+    const int o0 = block * (p.rows_block / 2) + oc;
+    if (o0 >= p.n_out) return;
+    const int lr = 2 * oc;  // local gate rows lr .. lr + 7, up rows lr + 8 .. lr + 15
+    float vg[8], vu[8];
+    get(lr, vg);
+    get(lr + 8, vu);
+    Vec8<T> gate, up;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      gate.v[i] = FromFloat<T>(vg[i]);
+      up.v[i] = FromFloat<T>(vu[i]);
+    }
+    if (p.bias != nullptr) {
+      const T* bias = static_cast<const T*>(p.bias) + int64_t(block) * p.rows_block + lr;
+      const Vec8<T> bg = AsVec8<T>(LoadInput16(bias));
+      const Vec8<T> bu = AsVec8<T>(LoadInput16(bias + 8));
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        gate.v[i] = FromFloat<T>(ToFloat(gate.v[i]) + ToFloat(bg.v[i]));
+        up.v[i] = FromFloat<T>(ToFloat(up.v[i]) + ToFloat(bu.v[i]));
+      }
+    }
+    Vec8<T> out;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float g = ToFloat(gate.v[i]);
+      out.v[i] = FromFloat<T>(__fmul_rn(__fdiv_rn(g, 1.f + expf(-g)), ToFloat(up.v[i])));
+    }
+    const int64_t at = int64_t(m) * p.n_out + o0;
+    if (p.residual != nullptr) {
+      const Vec8<T> r = AsVec8<T>(LoadInput16(static_cast<const T*>(p.residual) + at));
+#pragma unroll
+      for (int i = 0; i < 8; ++i) out.v[i] = FromFloat<T>(ToFloat(out.v[i]) + ToFloat(r.v[i]));
+    }
+    *reinterpret_cast<uint4*>(static_cast<T*>(p.y) + at) = AsUint4(out);
+  }
+};
+
+}  // namespace joa::gemv

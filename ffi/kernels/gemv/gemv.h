@@ -1,0 +1,34 @@
+// The GEMV engine as handlers see it: one launch for any dtype, weight format and fusion.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/gemv/params.h"
+#include "kernels/gemv/plan.h"
+
+namespace joa::gemv {
+
+// The fusions of one call (policy types inside; flags only at this boundary).
+struct Fusion {
+  bool gated;  // GatedSiluEpilogue, else StoreEpilogue (bias / residual are optional pointers)
+  bool norm;   // RmsNormInput prologue, else PlainInput
+};
+
+// Launches the engine for T (__half / __nv_bfloat16) and kBits (16 dense, 8, 4) with `plan`
+// (copied into p's plan fields here). pdl: launch as a programmatic dependent of the previous kernel.
+template <typename T, int kBits>
+cudaError_t LaunchFormat(GemvParams p, const Plan& plan, Fusion fusion, bool pdl, cudaStream_t stream);
+
+#define JOA_GEMV_DECLARE(T, B) \
+  extern template cudaError_t LaunchFormat<T, B>(GemvParams, const Plan&, Fusion, bool, cudaStream_t);
+JOA_GEMV_DECLARE(__half, 16)
+JOA_GEMV_DECLARE(__half, 8)
+JOA_GEMV_DECLARE(__half, 4)
+JOA_GEMV_DECLARE(__nv_bfloat16, 16)
+JOA_GEMV_DECLARE(__nv_bfloat16, 8)
+JOA_GEMV_DECLARE(__nv_bfloat16, 4)
+#undef JOA_GEMV_DECLARE
+
+}  // namespace joa::gemv

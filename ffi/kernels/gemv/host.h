@@ -1,0 +1,78 @@
+// Host side shared by the GEMV handlers (ffi/matmul/): the plan for the device at hand and the
+// launch. Everything here depends on static shapes and attributes only (command-buffer safe).
+#pragma once
+
+#include <string>
+
+#include "common/ffi.h"
+#include "kernels/gemv/gemv.h"
+#include "kernels/gemv/params.h"
+#include "kernels/gemv/plan.h"
+
+namespace joa::gemv {
+
+// Whether the current device runs thread-block clusters (sm_90+). A device property, the same on
+// every call: the plan stays a function of static shapes on a given GPU.
+inline bool ClusterCapable() {
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
+  return major >= 9;
+}
+
+// Plans y = x W^T for p's shape (p.m, p.n_rows, p.n_out, p.k set) and launches it.
+inline ffi::Error PlanAndLaunch(GemvParams& p, ffi::DataType dtype, int bits, Fusion fusion,
+                                int64_t cluster, int64_t warps_k, bool pdl, cudaStream_t stream,
+                                const char* op) {
+  const Plan plan = MakePlan(p.m, p.n_rows, p.k, bits, fusion.gated, ClusterCapable(), cluster, warps_k);
+  if (!plan.error.empty()) return InvalidArgument(std::string(op) + ": " + plan.error);
+  if (plan.n_out != p.n_out) return InvalidArgument(std::string(op) + ": output width mismatch");
+  cudaError_t err;
+  switch (dtype) {
+    case ffi::DataType::F16:
+      err = bits == 16 ? LaunchFormat<__half, 16>(p, plan, fusion, pdl, stream)
+          : bits == 8  ? LaunchFormat<__half, 8>(p, plan, fusion, pdl, stream)
+                       : LaunchFormat<__half, 4>(p, plan, fusion, pdl, stream);
+      break;
+    case ffi::DataType::BF16:
+      err = bits == 16 ? LaunchFormat<__nv_bfloat16, 16>(p, plan, fusion, pdl, stream)
+          : bits == 8  ? LaunchFormat<__nv_bfloat16, 8>(p, plan, fusion, pdl, stream)
+                       : LaunchFormat<__nv_bfloat16, 4>(p, plan, fusion, pdl, stream);
+      break;
+    default:
+      return InvalidArgument(std::string(op) + ": the GEMV kernels take f16 and bf16 only");
+  }
+  if (err != cudaSuccess) return ffi::Error::Internal(std::string(op) + ": " + cudaGetErrorString(err));
+  return ffi::Error::Success();
+}
+
+// The optional operands every GEMV handler takes (bias [n_rows], residual [m, n_out], RMS-norm
+// weight [k], all of x's dtype): checks what guards memory and points p at them.
+inline std::string ConfigureExtras(GemvParams& p, ffi::DataType dtype, const ffi::AnyBuffer& bias,
+                                   const ffi::AnyBuffer& residual, const ffi::AnyBuffer& norm_weight,
+                                   bool has_bias, bool has_residual, bool has_norm) {
+  auto is = [&](const ffi::AnyBuffer& b, std::initializer_list<int64_t> dims) {
+    if (b.element_type() != dtype || b.dimensions().size() != dims.size()) return false;
+    size_t i = 0;
+    for (int64_t d : dims) {
+      if (b.dimensions()[i++] != d) return false;
+    }
+    return true;
+  };
+  p.bias = p.residual = p.gamma = nullptr;
+  if (has_bias) {
+    if (!is(bias, {p.n_rows})) return "bias must be [N] of x's dtype";
+    p.bias = bias.untyped_data();
+  }
+  if (has_residual) {
+    if (!is(residual, {p.m, p.n_out})) return "residual must be [M, N_out] of x's dtype";
+    p.residual = residual.untyped_data();
+  }
+  if (has_norm) {
+    if (!is(norm_weight, {p.k})) return "norm_weight must be [K] of x's dtype";
+    p.gamma = norm_weight.untyped_data();
+  }
+  return "";
+}
+
+}  // namespace joa::gemv

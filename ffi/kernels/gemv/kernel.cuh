@@ -1,0 +1,232 @@
+// The weight-streaming GEMV engine: y[M, n_out] = epilogue(prologue(x)[M, K] W[n_rows, K]^T),
+// M <= 32, W dense or n-bit, on mma.sync m16n8k16 with W as the A operand ("swap AB").
+//
+// Geometry (plan.h): warp (wn, wk) of a CTA owns the 16-row tile wn of each of the CTA's row blocks
+// and the K chunks [c_begin, c_end) of its part (rank * warps_k + wk); the CTA loops over row blocks
+// group, group + groups, ... A warp's work is a flat sequence of (row block, chunk) steps that it
+// streams through its own cp.async ring of `stages` slots, across row-block boundaries too; each
+// lane reads back only the bytes it copied itself, so the ring needs no barrier. x (this CTA's K
+// slice) is staged once in shared memory in fragment order (stage.cuh). At the end of a row block
+// each warp leaves its partial sums in shared memory; they are summed over warps_k, then
+// (cluster > 1) across the cluster through distributed shared memory, in a fixed order (same
+// inputs, same bits); the epilogue policy writes the outputs. No float atomics, no workspace.
+//
+// Programmatic dependent launch: the first `stages` chunks of W (and scales) are requested before
+// griddepcontrol.wait (they must not be written by the kernel before this one, which holds for
+// weights); x, gamma, bias and residual are read after it.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#include <cooperative_groups.h>
+#endif
+
+#include "kernels/gemv/epilogue.cuh"
+#include "kernels/gemv/params.h"
+#include "kernels/gemv/plan.h"
+#include "kernels/gemv/stage.cuh"
+#include "kernels/gemv/weights.cuh"
+#include "kernels/ptx.cuh"
+
+namespace joa::gemv {
+
+__device__ __forceinline__ int ClusterRank(int cluster) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (cluster > 1) return int(cooperative_groups::this_cluster().block_rank());
+#endif
+  (void)cluster;
+  return 0;
+}
+
+// Every thread of every CTA of the cluster (a CTA barrier without a cluster).
+__device__ __forceinline__ void ClusterSync(int cluster) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (cluster > 1) {
+    cooperative_groups::this_cluster().sync();
+    return;
+  }
+#endif
+  (void)cluster;
+  __syncthreads();
+}
+
+// The same shared-memory address in CTA `rank` of the cluster.
+__device__ __forceinline__ const float* RemoteShared(const float* p, int rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return cooperative_groups::this_cluster().map_shared_rank(const_cast<float*>(p), rank);
+#else
+  (void)rank;
+  return p;
+#endif
+}
+
+__device__ __forceinline__ void Add8(float (&v)[8], const float* src) {
+  const float4 a = *reinterpret_cast<const float4*>(src);
+  const float4 b = *reinterpret_cast<const float4*>(src + 4);
+  v[0] += a.x; v[1] += a.y; v[2] += a.z; v[3] += a.w;
+  v[4] += b.x; v[5] += b.y; v[6] += b.z; v[7] += b.w;
+}
+
+template <typename T, class Weights, int kNT, class Prologue, class Epilogue>
+__global__ void __launch_bounds__(kThreads, 2) GemvKernel(const __grid_constant__ GemvParams p) {
+  constexpr FormatInfo kF = Weights::kInfo;
+  constexpr int kStageBytes = Weights::kStageBytes;
+  using Chunk = typename Weights::Chunk;
+  extern __shared__ __align__(16) unsigned char smem[];
+  unsigned char* s_x = smem;
+  float* s_red = reinterpret_cast<float*>(smem + p.x_bytes);  // [2][warps_k][M][red_stride]
+  float* s_norm = reinterpret_cast<float*>(smem + p.x_bytes + p.red_bytes);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int rank = ClusterRank(p.cluster);
+  const int group = int(blockIdx.x) / p.cluster;
+  const int wn = warp % p.warps_n, wk = warp / p.warps_n;
+  const int c_begin = (rank * p.warps_k + wk) * p.cpp;
+  const int c_end = min(c_begin + p.cpp, p.kc);
+  const int slice0 = rank * p.slice_chunks;
+  const int my_blocks = (p.blocks - group + p.groups - 1) / p.groups;  // >= 1: groups <= blocks
+  const int steps = my_blocks * p.cpp;  // the same for every warp of the cluster
+  unsigned char* ring = smem + p.ring_offset + warp * p.stages * kStageBytes;
+
+  // The next kernel (if launched as a programmatic dependent) may start its own weight stream.
+  ptx::LaunchDependents();
+
+  // Step i = (row block iteration i / cpp, chunk c_begin + i % cpp) into slot i % stages; one
+  // commit group per step, empty past the end or past the part's last chunk.
+  auto issue = [&](int i) {
+    if (i < steps) {
+      const int it = i / p.cpp, c = c_begin + (i - it * p.cpp);
+      if (c < c_end) {
+        const int row = (group + it * p.groups) * p.rows_block + wn * 16 + g;
+        Weights::Issue(ring + (i % p.stages) * kStageBytes, p, row, c, t, lane);
+      }
+    }
+    CpAsyncCommit();
+  };
+  for (int i = 0; i < p.stages; ++i) issue(i);
+
+  ptx::WaitForPrimary();  // x, gamma, bias, residual may come from the previous kernel
+  if constexpr (Prologue::kNorm) {
+    Prologue::template Stats<T>(p, s_norm, warp, lane);
+    __syncthreads();
+  }
+  StageX<T, Weights, Prologue>(p, s_x, s_norm, slice0, tid);
+  __syncthreads();
+
+  // The x row each lane's B fragment of n8 tile j reads (rows past M repeat row M - 1: their
+  // products land in accumulator columns that are never stored).
+  int x_row_off[kNT];
+#pragma unroll
+  for (int j = 0; j < kNT; ++j) x_row_off[j] = min(8 * j + g, p.m - 1) * 64 + 16 * t;
+
+  float acc[kNT][4];
+  int it = 0, j = 0, slot = 0;  // row block iteration, chunk of the part, ring slot of step i
+  for (int i = 0; i < steps; ++i) {
+    if (j == 0) {
+#pragma unroll
+      for (int n = 0; n < kNT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+    }
+    CpAsyncWaitPending(p.stages - 1);  // step i's group has landed
+    const int c = c_begin + j;
+    const int block = group + it * p.groups;
+    if (c < c_end) {
+      const int row = block * p.rows_block + wn * 16 + g;
+      const Chunk ch = Weights::Read(ring + slot * kStageBytes, p, row, c, t, lane);
+      const unsigned char* xs = s_x + (c - slice0) * kF.quads * p.m * 64;
+#pragma unroll
+      for (int q = 0; q < kF.quads; ++q) {
+        uint32_t a[2][4];
+        Weights::Fragments(ch, q, a);
+#pragma unroll
+        for (int n = 0; n < kNT; ++n) {
+          const uint4 xv = *reinterpret_cast<const uint4*>(xs + q * p.m * 64 + x_row_off[n]);
+          ptx::Mma16816<T>(acc[n], a[0], xv.x, xv.y);
+          ptx::Mma16816<T>(acc[n], a[1], xv.z, xv.w);
+        }
+      }
+    }
+    issue(i + p.stages);  // refills the slot just read (its values are in registers by now)
+    slot = slot + 1 == p.stages ? 0 : slot + 1;
+    if (++j < p.cpp) continue;
+    j = 0;
+
+    // End of a row block: partial sums -> s_red[parity][wk][m][row] (accumulator c0, c1 are
+    // (row g, x rows 2t, 2t + 1), c2, c3 the same for row g + 8).
+    const int rs = p.red_stride;
+    float* red = s_red + (it & 1) * p.warps_k * p.m * rs;
+    ++it;
+    float* mine = red + wk * p.m * rs;
+#pragma unroll
+    for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int m = 8 * n + 2 * t + e;
+        if (m < p.m) {
+          mine[m * rs + wn * 16 + g] = acc[n][e];
+          mine[m * rs + wn * 16 + g + 8] = acc[n][2 + e];
+        }
+      }
+    }
+    __syncthreads();
+    const int groups8 = Epilogue::OutCols(p.rows_block) / 8;  // 8-output units per x row
+    const int units = p.m * groups8;
+    if (p.cluster == 1) {
+      for (int unit = tid; unit < units; unit += kThreads) {
+        const int m = unit / groups8, oc = (unit % groups8) * 8;
+        Epilogue::template Apply<T>(p, m, block, oc, [&](int r0, float (&v)[8]) {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) v[e] = 0.f;
+          for (int w = 0; w < p.warps_k; ++w) Add8(v, red + (w * p.m + m) * rs + r0);
+        });
+      }
+      continue;
+    }
+    // Cluster: sum over warps_k into slot 0, then every CTA reads slot 0 of all ranks in rank order.
+    const int vecs = p.m * (p.rows_block / 4);
+    for (int v4 = tid; v4 < vecs; v4 += kThreads) {
+      const int m = v4 / (p.rows_block / 4), r = (v4 % (p.rows_block / 4)) * 4;
+      float4 sum = *reinterpret_cast<const float4*>(red + m * rs + r);
+      for (int w = 1; w < p.warps_k; ++w) {
+        const float4 o = *reinterpret_cast<const float4*>(red + (w * p.m + m) * rs + r);
+        sum.x += o.x; sum.y += o.y; sum.z += o.z; sum.w += o.w;
+      }
+      *reinterpret_cast<float4*>(red + m * rs + r) = sum;
+    }
+    ClusterSync(p.cluster);
+    for (int unit = rank * kThreads + tid; unit < units; unit += p.cluster * kThreads) {
+      const int m = unit / groups8, oc = (unit % groups8) * 8;
+      Epilogue::template Apply<T>(p, m, block, oc, [&](int r0, float (&v)[8]) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = 0.f;
+        // Four remote reads in flight at a time, summed in rank order.
+        for (int r = 0; r < p.cluster; r += 4) {
+          float4 lo[4], hi[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            if (r + e < p.cluster) {
+              const float* src = RemoteShared(red + m * rs + r0, r + e);
+              lo[e] = *reinterpret_cast<const float4*>(src);
+              hi[e] = *reinterpret_cast<const float4*>(src + 4);
+            }
+          }
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            if (r + e < p.cluster) {
+              v[0] += lo[e].x; v[1] += lo[e].y; v[2] += lo[e].z; v[3] += lo[e].w;
+              v[4] += hi[e].x; v[5] += hi[e].y; v[6] += hi[e].z; v[7] += hi[e].w;
+            }
+          }
+        }
+      });
+    }
+  }
+  CpAsyncWaitPending(0);  // no copy may land after the CTA is gone (they are all empty by now)
+  if (p.cluster > 1) ClusterSync(p.cluster);  // no CTA exits while another reads its partials
+}
+
+}  // namespace joa::gemv

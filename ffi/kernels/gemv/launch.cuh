@@ -1,0 +1,100 @@
+// Host-side launch of the GEMV engine: the kernel for (n8 tiles, fusion), its shared memory and
+// cluster attributes, and the launch itself. Geometry comes from the plan only (plan.h), so a
+// handler can be captured in a command buffer.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <type_traits>
+
+#include "kernels/gemv/epilogue.cuh"
+#include "kernels/gemv/gemv.h"
+#include "kernels/gemv/kernel.cuh"
+#include "kernels/gemv/stage.cuh"
+#include "kernels/gemv/weights.cuh"
+
+namespace joa::gemv {
+
+template <typename T, class Weights, int kNT, class Prologue, class Epilogue>
+cudaError_t LaunchKernel(const GemvParams& p, const Plan& plan, bool pdl, cudaStream_t stream) {
+  auto* kernel = GemvKernel<T, Weights, kNT, Prologue, Epilogue>;
+  // Function attributes, not stream work: allowed while XLA captures the stream; set on every
+  // launch because they are per device.
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(plan.smem_bytes));
+  // W bypasses L1; the carveout that lets ctas_per_sm CTAs share an SM.
+  if (err == cudaSuccess) {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                               int(cudaSharedmemCarveoutMaxShared));
+  }
+  if (err == cudaSuccess && plan.cluster > 8) {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  }
+  if (err != cudaSuccess) return err;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(plan.grid));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = size_t(plan.smem_bytes);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  int n = 0;
+  if (plan.cluster > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = unsigned(plan.cluster);
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  cfg.attrs = attr;
+  cfg.numAttrs = unsigned(n);
+  return cudaLaunchKernelEx(&cfg, kernel, p);
+}
+
+template <typename T, class Weights, class Prologue, class Epilogue>
+cudaError_t LaunchTiles(const GemvParams& p, const Plan& plan, bool pdl, cudaStream_t stream) {
+  switch (plan.nt) {
+    case 1: return LaunchKernel<T, Weights, 1, Prologue, Epilogue>(p, plan, pdl, stream);
+    case 2: return LaunchKernel<T, Weights, 2, Prologue, Epilogue>(p, plan, pdl, stream);
+    default: return LaunchKernel<T, Weights, 4, Prologue, Epilogue>(p, plan, pdl, stream);
+  }
+}
+
+template <typename T, class Weights, class Prologue>
+cudaError_t LaunchEpilogue(const GemvParams& p, const Plan& plan, bool gated, bool pdl, cudaStream_t stream) {
+  return gated ? LaunchTiles<T, Weights, Prologue, GatedSiluEpilogue>(p, plan, pdl, stream)
+               : LaunchTiles<T, Weights, Prologue, StoreEpilogue>(p, plan, pdl, stream);
+}
+
+template <typename T, int kBits>
+cudaError_t LaunchFormat(GemvParams p, const Plan& plan, Fusion fusion, bool pdl, cudaStream_t stream) {
+  using Weights = std::conditional_t<kBits == 16, DenseWeights<T>, NbitsWeights<T, kBits == 16 ? 8 : kBits>>;
+  p.kc = plan.kc;
+  p.cpp = plan.cpp;
+  p.stages = plan.stages;
+  p.slice_chunks = plan.slice_chunks;
+  p.cluster = plan.cluster;
+  p.warps_n = plan.warps_n;
+  p.warps_k = plan.warps_k;
+  p.rows_block = plan.rows_block;
+  p.blocks = plan.blocks;
+  p.groups = plan.groups;
+  p.red_stride = plan.red_stride;
+  p.x_bytes = int(plan.x_bytes);
+  p.red_bytes = int(plan.red_bytes);
+  p.ring_offset = int(plan.ring_offset);
+  return fusion.norm ? LaunchEpilogue<T, Weights, RmsNormInput>(p, plan, fusion.gated, pdl, stream)
+                     : LaunchEpilogue<T, Weights, PlainInput>(p, plan, fusion.gated, pdl, stream);
+}
+
+}  // namespace joa::gemv
+
+// Explicit instantiations live in one translation unit per (dtype, format) (inst/*.cu), so the
+// build compiles them in parallel; handlers include gemv.h only.
+#define JOA_GEMV_INSTANTIATE(T, B)                                                            \
+  template cudaError_t joa::gemv::LaunchFormat<T, B>(joa::gemv::GemvParams, const joa::gemv::Plan&, \
+                                                     joa::gemv::Fusion, bool, cudaStream_t);

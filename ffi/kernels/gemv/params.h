@@ -1,0 +1,26 @@
+// What a GEMV launch passes to the kernel: pointers, the static shape and the plan (plan.h).
+#pragma once
+
+#include <cstdint>
+
+namespace joa::gemv {
+
+struct GemvParams {
+  const void* x;         // [m, k] T
+  const void* w;         // dense: [n_rows, k] T; n-bit: uint8 [n_rows, k * bits / 8]
+  const void* scales;    // n-bit: [n_rows, k_blocks] T
+  const uint8_t* zeros;  // n-bit: uint8 [n_rows, k_blocks], or null (2^(bits-1))
+  const void* bias;      // [n_rows] T or null
+  const void* residual;  // [m, n_out] T or null
+  const void* gamma;     // [k] T (RMS norm prologue) or null
+  void* y;               // [m, n_out] T
+  float eps;
+  int m, n_rows, n_out, k;
+  int k_blocks, block_shift;  // n-bit: k / block_size and log2(block_size)
+  // The plan (MakePlan): chunks, warp layout, cluster, persistent row blocks.
+  int kc, cpp, stages, slice_chunks;
+  int cluster, warps_n, warps_k, rows_block, blocks, groups, red_stride;
+  int x_bytes, red_bytes, ring_offset;  // shared memory: x stage | reductions | norm | rings
+};
+
+}  // namespace joa::gemv

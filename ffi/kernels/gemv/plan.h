@@ -1,0 +1,200 @@
+// The weight-streaming GEMV engine's launch plan: a pure function of static shapes, the one place
+// where its geometry is decided. Plain C++ (no CUDA headers) so that the nanobind module can export
+// it to Python (jax_onnx_attn._ffi.gemv_plan) for routing and for the benchmarks.
+//
+// The engine computes y[M, N] = x[M, K] W[N, K]^T for M <= 32 with the weight as the MMA A
+// operand: a warp owns a 16-row tile of W and a contiguous range of K "chunks" (4 lanes x 16 bytes
+// of each of its 16 rows: 1 KB a chunk). It streams its chunks through its own cp.async ring of
+// `stages` slots in shared memory. A CTA of kWarps warps is warps_n row tiles x warps_k K parts; the
+// CTAs of a thread-block cluster (sm_90) split K once more. x's share of K is staged once per CTA
+// in shared memory, in the order the MMA fragments read it. CTAs loop over row blocks
+// (persistent): block b, b + groups, ... Partial sums are reduced in shared memory (warps_k), then
+// across the cluster through distributed shared memory, always in the same order.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+namespace joa::gemv {
+
+inline constexpr int kWarps = 8;                 // warps per CTA
+inline constexpr int kThreads = 32 * kWarps;
+inline constexpr int kMaxM = 32;                 // rows of x the engine takes (4 n8 MMA tiles)
+inline constexpr int kMinStages = 2, kMaxStages = 8;  // ring slots (chunks in flight) per warp
+inline constexpr int kMaxCluster = 16;
+// CTA slots the planner fills: an H200's 132 SMs. A constant, not a device query, so one call
+// shape always gets the same plan, hence the same bits.
+inline constexpr int kPlanSms = 132;
+// Shared memory per CTA when two CTAs share an SM, and for one CTA (228 KB per SM, 1 KB reserved
+// per CTA; the decode engine's kBudget2 / kBudget1).
+inline constexpr int64_t kSmemTwoPerSm = 115712;
+inline constexpr int64_t kSmemOnePerSm = 232448;
+inline constexpr int64_t kNormBytes = 4 * kMaxM;  // the f32 inverse RMS of each x row
+
+// Weight formats by bits per element: 16 (dense f16 / bf16), 8 or 4 (MatMulNBits). A lane loads 16
+// bytes of a W row per chunk: 8, 16 or 32 elements, i.e. 1, 2 or 4 "quads" of 8 x values, each quad
+// feeding two k16 MMA steps.
+struct FormatInfo {
+  int quads;    // 16-byte x quads per lane per chunk
+  int lane_k;   // K elements one lane covers per chunk (8 * quads)
+  int chunk_k;  // K elements per chunk (4 lanes)
+};
+
+inline constexpr FormatInfo Format(int bits) {
+  const int quads = bits == 16 ? 1 : bits == 8 ? 2 : 4;
+  return FormatInfo{quads, 8 * quads, 32 * quads};
+}
+
+// n8 MMA tiles over x's rows: 1, 2 or 4 (M <= 8, 16, 32).
+inline constexpr int TilesM(int64_t m) { return m <= 8 ? 1 : m <= 16 ? 2 : 4; }
+
+// The warp layouts a CTA may take: (row tiles, K parts), warps_n * warps_k = kWarps.
+inline constexpr int kLayouts[4][2] = {{8, 1}, {4, 2}, {2, 4}, {1, 8}};
+
+// Bytes of one ring slot of a warp: a chunk of W (2 x 32 lanes x 16 bytes), and for n-bit
+// weights each lane's scale and zero-point words (weights.cuh).
+inline constexpr int StageBytes(int bits) { return bits == 16 ? 1024 : 1536; }
+
+// Cost model constants behind the choice among plans (to be tuned on the GPU with
+// `python -m jax_onnx_attn.bench linear --sweep`). Achievable HBM GB/s; the latency a chunk waits
+// under load; per-SM L2 -> SM GB/s for staging x; fixed cost of one row block's reduction, plus
+// the cluster barrier. A warp keeps stages - 1 to stages chunks of 1 KB in flight.
+inline constexpr double kModelHbmGbs = 4300.0;
+inline constexpr double kModelLatencyUs = 1.2;
+inline constexpr double kModelSmInflight = 40.0 * 1024;  // what one SM's memory pipeline keeps in flight
+inline constexpr double kModelSmL2Gbs = 100.0;
+inline constexpr double kModelBlockUs = 0.25;
+inline constexpr double kModelClusterUs = 0.35;
+
+struct Plan {
+  std::string error;  // empty when the engine takes this shape
+  int m = 0, n_rows = 0, n_out = 0, k = 0, bits = 16, nt = 1;
+  int quads = 1, lane_k = 8, chunk_k = 32;
+  int kc = 0;            // K chunks
+  int cluster = 1;       // CTAs of a cluster, splitting K
+  int warps_n = 1, warps_k = 8;
+  int cpp = 0;           // chunks per K part (a warp's range)
+  int stages = 0;        // ring slots per warp
+  int stage_bytes = 0;
+  int slice_chunks = 0;  // chunks of x a CTA stages (warps_k * cpp)
+  int rows_block = 16;   // W rows per row block (16 * warps_n)
+  int blocks = 0;        // row blocks
+  int groups = 0;        // CTAs (clusters) that loop over the row blocks
+  int grid = 0;          // groups * cluster
+  int waves = 0;         // row blocks per group, at most
+  int red_stride = 0;    // f32 per x row in a reduction buffer (rows_block + 4: no bank conflicts)
+  int ctas_per_sm = 1;
+  // Shared memory: x stage | reduction buffers | norm statistics | the warps' rings.
+  int64_t x_bytes = 0, red_bytes = 0, ring_offset = 0, smem_bytes = 0;
+  double est_us = 0.0;   // the cost model's estimate (for tuning; not a measurement)
+};
+
+inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+inline int64_t Align16(int64_t a) { return (a + 15) / 16 * 16; }
+
+// Fills the layout-dependent fields of `p` (shape fields set) for one (cluster, warps_n, warps_k,
+// CTAs per SM). False if it does not fit.
+inline bool Layout(Plan& p, int cluster, int warps_n, int warps_k, int ctas_per_sm) {
+  p.cluster = cluster;
+  p.warps_n = warps_n;
+  p.warps_k = warps_k;
+  p.cpp = int(CeilDiv(p.kc, int64_t(cluster) * warps_k));
+  p.slice_chunks = warps_k * p.cpp;
+  p.rows_block = 16 * warps_n;
+  p.red_stride = p.rows_block + 4;
+  p.x_bytes = Align16(int64_t(p.m) * p.slice_chunks * p.chunk_k * 2);
+  // Two buffers (alternate row blocks) of [warps_k][M][red_stride] partial sums.
+  p.red_bytes = Align16(int64_t(2) * warps_k * p.m * p.red_stride * 4);
+  p.ring_offset = p.x_bytes + p.red_bytes + kNormBytes;
+  p.stage_bytes = StageBytes(p.bits);
+  const int64_t budget = ctas_per_sm == 2 ? kSmemTwoPerSm : kSmemOnePerSm;
+  const int64_t stages = (budget - p.ring_offset) / (int64_t(kWarps) * p.stage_bytes);
+  if (stages < kMinStages) return false;
+  p.stages = int(std::min<int64_t>(stages, kMaxStages));
+  p.smem_bytes = p.ring_offset + int64_t(kWarps) * p.stages * p.stage_bytes;
+  p.ctas_per_sm = ctas_per_sm;
+  if (ctas_per_sm == 1 && cluster > 8) return false;  // 16 one-CTA SMs in a GPC: not guaranteed
+  p.blocks = int(CeilDiv(p.n_rows, p.rows_block));
+  const int slots = kPlanSms * ctas_per_sm;
+  const int max_groups = std::max(1, slots / cluster);
+  const int groups = std::min(p.blocks, max_groups);
+  p.waves = int(CeilDiv(p.blocks, groups));
+  p.groups = int(CeilDiv(p.blocks, p.waves));  // the same number of blocks for (almost) every group
+  p.grid = p.groups * cluster;
+  // Cost model: a warp streams waves * cpp chunks of 1 KB; all warps share the HBM bandwidth, or
+  // are latency bound when too few bytes are in flight (per SM at most kModelSmInflight).
+  const double warps = double(p.grid) * kWarps;
+  const double sms = std::min<double>(kPlanSms, p.grid);
+  const double per_sm = std::min(kModelSmInflight, warps / sms * (p.stages - 0.5) * 1024.0);
+  const double gbs = std::min(kModelHbmGbs, sms * per_sm / (kModelLatencyUs * 1e3));
+  const double warp_bytes = double(p.waves) * p.cpp * 1024.0;
+  const double stream_us = warp_bytes * warps / (gbs * 1e3);
+  const double start_us = double(p.x_bytes) / (kModelSmL2Gbs * 1e3);
+  const double block_us = p.waves * (kModelBlockUs + (cluster > 1 ? kModelClusterUs : 0.0));
+  p.est_us = start_us + stream_us + block_us;
+  return true;
+}
+
+// The plan for y[m, n_out] = x[m, k] W^T with W of n_rows rows (n_out = n_rows / 2 when gated) and
+// `bits` per weight element. cluster_ok: the device runs thread-block clusters (sm_90+).
+// force_cluster / force_warps_k > 0 restrict the choice (for sweeps); 0 lets the model choose.
+inline Plan MakePlan(int64_t m, int64_t n_rows, int64_t k, int bits, bool gated, bool cluster_ok,
+                     int64_t force_cluster = 0, int64_t force_warps_k = 0) {
+  Plan best;
+  auto fail = [&](const std::string& why) {
+    best.error = why;
+    return best;
+  };
+  if (bits != 16 && bits != 8 && bits != 4) return fail("bits must be 16, 8 or 4");
+  if (m < 1 || m > kMaxM) return fail("x must have 1 to " + std::to_string(kMaxM) + " rows");
+  if (k < 8 || k % 8 != 0 || k > (int64_t(1) << 30)) return fail("K must be a positive multiple of 8");
+  if (n_rows < 8 || n_rows % (gated ? 16 : 8) != 0 || n_rows > (int64_t(1) << 30)) {
+    return fail(gated ? "gated W rows must be a positive multiple of 16"
+                      : "N must be a positive multiple of 8");
+  }
+  if (force_cluster < 0 || force_cluster > kMaxCluster || (force_cluster & (force_cluster - 1))) {
+    return fail("cluster must be 0 (planned) or a power of two up to 16");
+  }
+  if (force_warps_k < 0 || force_warps_k > kWarps || (force_warps_k & (force_warps_k - 1))) {
+    return fail("warps_k must be 0 (planned), 1, 2, 4 or 8");
+  }
+  if (force_cluster > 1 && !cluster_ok) return fail("thread-block clusters need sm_90 or newer");
+  Plan base;
+  base.m = int(m);
+  base.n_rows = int(n_rows);
+  base.n_out = int(gated ? n_rows / 2 : n_rows);
+  base.k = int(k);
+  base.bits = bits;
+  base.nt = TilesM(m);
+  const FormatInfo f = Format(bits);
+  base.quads = f.quads;
+  base.lane_k = f.lane_k;
+  base.chunk_k = f.chunk_k;
+  base.kc = int(CeilDiv(k, f.chunk_k));
+  bool found = false;
+  for (int cluster = 1; cluster <= (cluster_ok ? kMaxCluster : 1); cluster *= 2) {
+    if (force_cluster > 0 && cluster != force_cluster) continue;
+    for (const auto& layout : kLayouts) {
+      if (force_warps_k > 0 && layout[1] != force_warps_k) continue;
+      // Every K part gets a chunk, unless a sweep forces the layout.
+      if (int64_t(cluster) * layout[1] > base.kc && (force_cluster == 0 || force_warps_k == 0)) continue;
+      for (int ctas_per_sm = 2; ctas_per_sm >= 1; --ctas_per_sm) {
+        Plan p = base;
+        if (!Layout(p, cluster, layout[0], layout[1], ctas_per_sm)) continue;
+        // Ties (within 1%) go to the fewer K parts: fewer reductions and cluster barriers.
+        if (!found || p.est_us < 0.99 * best.est_us) {
+          best = p;
+          found = true;
+        }
+      }
+    }
+  }
+  if (!found) {
+    return fail("x's share of K does not fit in shared memory (M * K too large" +
+                std::string(cluster_ok ? "" : " without thread-block clusters") + ")");
+  }
+  return best;
+}
+
+}  // namespace joa::gemv

@@ -1,0 +1,301 @@
+// How the GEMV engine reads W: the weight-format policies. Each turns one lane's share of a chunk
+// (16 bytes of row g and of row g + 8 of the warp's 16-row tile) into mma.m16n8k16 A fragments.
+//
+// The k-permutation. The order of k inside a dot product is free, so a lane (g = lane / 4,
+// t = lane % 4) loads the 16 contiguous bytes of a row that start at element chunk_k * c +
+// lane_k * t, and x is staged (stage.cuh) so that the B fragment of the same lane holds the x values
+// of exactly the k that its A registers hold. mma.m16n8k16 takes, per lane, A = {row g k(2t, 2t+1),
+// row g+8 k(2t, 2t+1), row g k(2t+8, 2t+9), row g+8 k(2t+8, 2t+9)} and B = {k(2t, 2t+1),
+// k(2t+8, 2t+9)} of column g; any bijection of the 16 k of a step onto "logical" k that A and B
+// share leaves the product unchanged. Per 16-byte x quad q of a lane, a policy returns the A
+// registers of two k16 steps s = 0, 1, and the x quad's words are B = {x.w[2s], x.w[2s + 1]}:
+//   dense (8 elements):   step s <- W words 2s, 2s+1 (k 4s..4s+3 of the lane's 8);
+//   8-bit (16 elements):  quad q, step s <- W word 2q + s: bytes (0, 1) and (2, 3);
+//   4-bit (32 elements):  quad q <- W word q (8 nibbles e0..e7, element 8q + j in bits 4j): the
+//     magic-number conversion yields pairs (e0, e4), (e1, e5), (e2, e6), (e3, e7) = step 0 lo, hi,
+//     step 1 lo, hi; so x quad q is staged as (x0, x4, x1, x5, x2, x6, x3, x7) (kPermuteX).
+// tests/test_linear.py emulates these maps in NumPy.
+//
+// Dequantisation is exact up to the one rounding of the reference ((q - zp) * scale computed in f32
+// and rounded to T): q - zp is exact in T, the product is rounded once.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/gemv/params.h"
+#include "kernels/gemv/plan.h"
+
+namespace joa::gemv {
+
+// cp.async of 16 bytes, zero-filled when !valid (src is then not read), bypassing L1 (every W
+// byte is read once), with the 128-byte L2 prefetch the decode engine measured best. The "memory"
+// clobber keeps the compiler from moving shared-memory reads of the slot past its refill.
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+
+// 4 bytes (zero-filled when !valid), for scales and zero points.
+__device__ __forceinline__ void CpAsync4(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 4 : 0)
+               : "memory");
+}
+
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+// Waits until at most n (0..7, warp-uniform) of this thread's newest copy groups are pending.
+__device__ __forceinline__ void CpAsyncWaitPending(int n) {
+  switch (n) {
+    case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
+    case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
+    case 2: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
+    case 3: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
+    case 4: asm volatile("cp.async.wait_group 4;\n" ::: "memory"); break;
+    case 5: asm volatile("cp.async.wait_group 5;\n" ::: "memory"); break;
+    case 6: asm volatile("cp.async.wait_group 6;\n" ::: "memory"); break;
+    default: asm volatile("cp.async.wait_group 7;\n" ::: "memory"); break;
+  }
+}
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Scales and zero points with plain loads (the last word of an array; see NbitsWeights::Issue).
+__device__ __forceinline__ uint32_t LoadU16(const void* p) {
+  unsigned short v;
+  asm volatile("ld.global.nc.u16 %0, [%1];\n" : "=h"(v) : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint32_t LoadU8(const void* p) {
+  unsigned short v;
+  asm volatile("ld.global.nc.u8 %0, [%1];\n" : "=h"(v) : "l"(p));
+  return v;
+}
+
+// (a & b) | c in one instruction.
+__device__ __forceinline__ uint32_t AndOr(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+__device__ __forceinline__ uint32_t Prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+
+template <typename T>
+struct Half2;
+template <>
+struct Half2<__half> {
+  using type = __half2;
+};
+template <>
+struct Half2<__nv_bfloat16> {
+  using type = __nv_bfloat162;
+};
+
+template <typename T>
+__device__ __forceinline__ typename Half2<T>::type AsH2(uint32_t v) {
+  return *reinterpret_cast<typename Half2<T>::type*>(&v);
+}
+
+template <typename H2>
+__device__ __forceinline__ uint32_t AsU32(H2 v) {
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// (a - b) * s on 2 packed T values, each operation rounded once (a - b is exact here).
+template <typename T>
+__device__ __forceinline__ uint32_t SubMul(uint32_t a, uint32_t b, uint32_t s) {
+  return AsU32(__hmul2(__hsub2(AsH2<T>(a), AsH2<T>(b)), AsH2<T>(s)));
+}
+
+// Dense T weights [n_rows, k].
+template <typename T>
+struct DenseWeights {
+  static constexpr int kBits = 16;
+  static constexpr FormatInfo kInfo = Format(kBits);
+  static constexpr bool kPermuteX = false;
+  // A ring stage of a warp: [row g / g + 8][lane][16 bytes].
+  static constexpr int kStageBytes = 2 * 32 * 16;
+  struct Chunk {
+    uint4 w[2];  // rows g, g + 8
+  };
+
+  // Starts copying chunk c of W rows `row` and row + 8 (lane t) into `stage`. Rows past n_rows and
+  // k past K land as zeros.
+  __device__ __forceinline__ static void Issue(unsigned char* stage, const GemvParams& p, int row,
+                                               int c, int t, int lane) {
+    const int kk = c * kInfo.chunk_k + kInfo.lane_k * t;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = row + 8 * h;
+      const bool valid = r < p.n_rows && kk < p.k;
+      const T* src = static_cast<const T*>(p.w) + (valid ? int64_t(r) * p.k + kk : 0);
+      CpAsync16(SmemAddr(stage + (h * 32 + lane) * 16), src, valid);
+    }
+  }
+
+  // The lane's own 16-byte pieces of a landed stage.
+  __device__ __forceinline__ static Chunk Read(const unsigned char* stage, const GemvParams&, int,
+                                               int, int, int lane) {
+    Chunk ch;
+    ch.w[0] = *reinterpret_cast<const uint4*>(stage + lane * 16);
+    ch.w[1] = *reinterpret_cast<const uint4*>(stage + (32 + lane) * 16);
+    return ch;
+  }
+
+  __device__ __forceinline__ static void Fragments(const Chunk& ch, int q, uint32_t (&a)[2][4]) {
+    (void)q;  // one quad
+    a[0][0] = ch.w[0].x; a[0][1] = ch.w[1].x; a[0][2] = ch.w[0].y; a[0][3] = ch.w[1].y;
+    a[1][0] = ch.w[0].z; a[1][1] = ch.w[1].z; a[1][2] = ch.w[0].w; a[1][3] = ch.w[1].w;
+  }
+};
+
+// MatMulNBits weights: uint8 [n_rows, k * kBits / 8] (onnxruntime's [N, k_blocks, blob] rows, element
+// j of a block in bits (j % (8 / kBits)) * kBits of byte j / (8 / kBits)), scales T [n_rows,
+// k_blocks], zero points uint8 [n_rows, k_blocks] or none (2^(kBits - 1)). W = (q - zp) * scale.
+// A lane's lane_k elements lie in one block (block_size >= lane_k, checked by the handler).
+template <typename T, int kBitsT>
+struct NbitsWeights {
+  static_assert(kBitsT == 4 || kBitsT == 8, "4- or 8-bit weights");
+  static constexpr int kBits = kBitsT;
+  static constexpr FormatInfo kInfo = Format(kBits);
+  static constexpr bool kPermuteX = kBits == 4;
+  static constexpr uint32_t kMidpoint = 1u << (kBits - 1);
+  // A ring stage of a warp: W [row g / g + 8][lane][16 bytes], then per lane 16 bytes: the aligned
+  // 4-byte words that hold the scale of row g and of row g + 8, then those of their zero points.
+  static constexpr int kStageBytes = 2 * 32 * 16 + 32 * 16;
+  struct Chunk {
+    uint4 w[2];
+    uint32_t scale[2];  // T bits
+    uint32_t zero[2];
+  };
+
+  // Flat index of the (row, block) of lane t's elements in chunk c, in scales / zero points.
+  __device__ __forceinline__ static int64_t Block(const GemvParams& p, int r, int c, int t) {
+    return int64_t(r) * p.k_blocks + ((c * kInfo.chunk_k + kInfo.lane_k * t) >> p.block_shift);
+  }
+
+  // Starts copying chunk c (lane t) of rows `row`, row + 8 and their scales / zero points. A scale
+  // (2 bytes) or zero point (1 byte) travels in the aligned 4-byte word that holds it; the last word
+  // of an array whose size is not a multiple of 4 bytes is read with a plain load instead, so that
+  // nothing past the array is read.
+  __device__ __forceinline__ static void Issue(unsigned char* stage, const GemvParams& p, int row,
+                                               int c, int t, int lane) {
+    const int kk = c * kInfo.chunk_k + kInfo.lane_k * t;
+    const int64_t row_bytes = int64_t(p.k) * kBits / 8;
+    const int64_t total = int64_t(p.n_rows) * p.k_blocks;
+    uint32_t* meta = reinterpret_cast<uint32_t*>(stage + 2 * 32 * 16 + lane * 16);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = row + 8 * h;
+      const bool valid = r < p.n_rows && kk < p.k;
+      const uint8_t* src = static_cast<const uint8_t*>(p.w) + (valid ? int64_t(r) * row_bytes + kk * kBits / 8 : 0);
+      CpAsync16(SmemAddr(stage + (h * 32 + lane) * 16), src, valid);
+      // Invalid lanes get scale 0: they add (0 - zp) * 0 = 0.
+      const int64_t blk = valid ? Block(p, r, c, t) : 0;
+      const uint8_t* scales = static_cast<const uint8_t*>(p.scales);
+      if (!valid || (blk | 1) < total) {
+        CpAsync4(SmemAddr(meta + h), scales + 2 * (blk & ~int64_t(1)), valid);
+      } else {
+        meta[h] = LoadU16(scales + 2 * blk) << (16 * (blk & 1));
+      }
+      if (p.zeros != nullptr) {
+        if (!valid || (blk | 3) < total) {
+          CpAsync4(SmemAddr(meta + 2 + h), p.zeros + (blk & ~int64_t(3)), valid);
+        } else {
+          meta[2 + h] = LoadU8(p.zeros + blk) << (8 * (blk & 3));
+        }
+      }
+    }
+  }
+
+  __device__ __forceinline__ static Chunk Read(const unsigned char* stage, const GemvParams& p,
+                                               int row, int c, int t, int lane) {
+    Chunk ch;
+    ch.w[0] = *reinterpret_cast<const uint4*>(stage + lane * 16);
+    ch.w[1] = *reinterpret_cast<const uint4*>(stage + (32 + lane) * 16);
+    const uint4 meta = *reinterpret_cast<const uint4*>(stage + 2 * 32 * 16 + lane * 16);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      // Rows past n_rows: any in-range index; their scale word is 0.
+      const int64_t blk = Block(p, min(row + 8 * h, p.n_rows - 1), c, t);
+      ch.scale[h] = ((h ? meta.y : meta.x) >> (16 * (blk & 1))) & 0xFFFFu;
+      ch.zero[h] = p.zeros != nullptr ? ((h ? meta.w : meta.z) >> (8 * (blk & 3))) & 0xFFu : kMidpoint;
+    }
+    return ch;
+  }
+
+  __device__ __forceinline__ static void Fragments(const Chunk& ch, int q, uint32_t (&a)[2][4]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t s2 = ch.scale[h] | (ch.scale[h] << 16);
+      const uint32_t z = ch.zero[h];
+      const uint4& w4 = ch.w[h];
+      if constexpr (kBits == 4) {
+        const uint32_t v = q == 0 ? w4.x : q == 1 ? w4.y : q == 2 ? w4.z : w4.w;
+        uint32_t pr[4];  // (e0, e4), (e1, e5), (e2, e6), (e3, e7)
+        if constexpr (std::is_same_v<T, __half>) {
+          // 0x6400 | n is the f16 1024 + n. Low nibbles: - (1024 + zp). High nibbles land as
+          // 1024 + 16 n: * 1/16 - (64 + zp) in one fma (exact: the result is a small integer).
+          const uint32_t sub = (0x6400u | z) * 0x10001u;
+          const uint32_t add = (0xD400u | (z << 4)) * 0x10001u;  // f16 -(64 + zp)
+          const __half2 sixteenth = AsH2<__half>(0x2C002C00u);
+          const uint32_t v8 = v >> 8;
+          pr[0] = AsU32(__hsub2(AsH2<__half>(AndOr(v, 0x000F000Fu, 0x64006400u)), AsH2<__half>(sub)));
+          pr[1] = AsU32(__hfma2(AsH2<__half>(AndOr(v, 0x00F000F0u, 0x64006400u)), sixteenth, AsH2<__half>(add)));
+          pr[2] = AsU32(__hsub2(AsH2<__half>(AndOr(v8, 0x000F000Fu, 0x64006400u)), AsH2<__half>(sub)));
+          pr[3] = AsU32(__hfma2(AsH2<__half>(AndOr(v8, 0x00F000F0u, 0x64006400u)), sixteenth, AsH2<__half>(add)));
+#pragma unroll
+          for (int i = 0; i < 4; ++i) pr[i] = AsU32(__hmul2(AsH2<__half>(pr[i]), AsH2<__half>(s2)));
+        } else {
+          // 0x4300 | n is the bf16 128 + n (7 mantissa bits: nibble by nibble, shifting by 4).
+          const uint32_t sub = (0x4300u | z) * 0x10001u;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) pr[i] = SubMul<T>(AndOr(v >> (4 * i), 0x000F000Fu, 0x43004300u), sub, s2);
+        }
+        a[0][h] = pr[0];
+        a[0][2 + h] = pr[1];
+        a[1][h] = pr[2];
+        a[1][2 + h] = pr[3];
+      } else {
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+          const int word = 2 * q + s;
+          const uint32_t v = word == 0 ? w4.x : word == 1 ? w4.y : word == 2 ? w4.z : w4.w;
+          if constexpr (std::is_same_v<T, __half>) {
+            // Bytes into the low mantissa of 0x64XX: the f16 1024 + q (exact up to 255).
+            const uint32_t sub = (0x6400u | z) * 0x10001u;
+            a[s][h] = SubMul<T>(Prmt(v, 0x64646464u, 0x4140u), sub, s2);
+            a[s][2 + h] = SubMul<T>(Prmt(v, 0x64646464u, 0x4342u), sub, s2);
+          } else {
+            // bf16 cannot hold 128 + q exactly: f32 2^23 + q, minus 2^23 + zp, times the scale,
+            // rounded once to bf16.
+            const float zf = 8388608.f + float(z);
+            const float sf = __uint_as_float(ch.scale[h] << 16);
+            float f[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              f[e] = __fmul_rn(__fsub_rn(__uint_as_float(Prmt(v, 0x4B000000u, 0x7440u + e)), zf), sf);
+            }
+            a[s][h] = AsU32(__floats2bfloat162_rn(f[0], f[1]));
+            a[s][2 + h] = AsU32(__floats2bfloat162_rn(f[2], f[3]));
+          }
+        }
+      }
+    }
+  }
+};
+
+}  // namespace joa::gemv

@@ -1,0 +1,96 @@
+// matmul_nbits: onnxruntime's com.microsoft::MatMulNBits (bits 4 / 8) on the GEMV engine, weights
+// dequantised in registers: y[M, N_out] = x[M, K] W^T, W[n, k] = (q[n, k] - zp[n, k / bs]) *
+// scale[n, k / bs]. b_quant uint8 [N, k_blocks, bs * bits / 8] (element j of a block in bits
+// (j % (8 / bits)) * bits of byte j / (8 / bits)), scales [N, k_blocks] of x's dtype, zero points
+// uint8 [N, k_blocks] (has_zero_points) or 2^(bits - 1). Fusions and attributes as linear.cu.
+#include <string>
+
+#include "common/ffi.h"
+#include "kernels/gemv/host.h"
+
+namespace joa {
+namespace {
+
+ffi::Error MatMulNBitsImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer b_quant, AnyBuffer scales,
+                           AnyBuffer zero_points, AnyBuffer bias, AnyBuffer residual,
+                           AnyBuffer norm_weight, AnyResult y, int64_t bits, int64_t block_size,
+                           bool has_zero_points, bool has_bias, bool has_residual, bool has_norm,
+                           bool gated, float eps, int64_t cluster, int64_t warps_k, bool pdl) {
+  constexpr const char* kOp = "matmul_nbits";
+  const ffi::DataType dtype = x.element_type();
+  auto xd = x.dimensions(), bd = b_quant.dimensions(), sd = scales.dimensions(), yd = y->dimensions();
+  if (bits != 4 && bits != 8) return InvalidArgument("matmul_nbits: bits must be 4 or 8");
+  const int64_t lane_k = gemv::Format(int(bits)).lane_k;
+  if (block_size < lane_k || block_size > (int64_t(1) << 20) || (block_size & (block_size - 1))) {
+    return InvalidArgument("matmul_nbits: block_size must be a power of two >= " + std::to_string(lane_k));
+  }
+  if (xd.size() != 2 || bd.size() != 3 || sd.size() != 2 || yd.size() != 2) {
+    return InvalidArgument("matmul_nbits: x [M, K], b_quant [N, k_blocks, blob], scales [N, k_blocks], y [M, N_out]");
+  }
+  if (b_quant.element_type() != ffi::DataType::U8 || scales.element_type() != dtype ||
+      y->element_type() != dtype) {
+    return InvalidArgument("matmul_nbits: b_quant must be uint8; scales and y of x's dtype");
+  }
+  const int64_t n = bd[0], k_blocks = bd[1];
+  if (bd[2] * 8 != block_size * bits || xd[1] != k_blocks * block_size) {
+    return InvalidArgument("matmul_nbits: b_quant must be [N, K / block_size, block_size * bits / 8]");
+  }
+  if (sd[0] != n || sd[1] != k_blocks) return InvalidArgument("matmul_nbits: scales must be [N, k_blocks]");
+  if (has_zero_points) {
+    auto zd = zero_points.dimensions();
+    if (zero_points.element_type() != ffi::DataType::U8 || zd.size() != 2 || zd[0] != n || zd[1] != k_blocks) {
+      return InvalidArgument("matmul_nbits: zero_points must be uint8 [N, k_blocks]");
+    }
+  }
+  const int64_t n_out = gated ? n / 2 : n;
+  if (yd[0] != xd[0] || yd[1] != n_out) return InvalidArgument("matmul_nbits: y must be [M, N_out]");
+  if (xd[0] < 1 || xd[0] > gemv::kMaxM || n > (int64_t(1) << 30) || xd[1] > (int64_t(1) << 30)) {
+    return InvalidArgument("matmul_nbits: shape out of range");
+  }
+  gemv::GemvParams p{};
+  p.m = int(xd[0]);
+  p.k = int(xd[1]);
+  p.n_rows = int(n);
+  p.n_out = int(n_out);
+  p.k_blocks = int(k_blocks);
+  p.block_shift = 0;
+  while ((int64_t(1) << p.block_shift) < block_size) ++p.block_shift;
+  p.x = x.untyped_data();
+  p.w = b_quant.untyped_data();
+  p.scales = scales.untyped_data();
+  p.zeros = has_zero_points ? static_cast<const uint8_t*>(zero_points.untyped_data()) : nullptr;
+  p.y = y->untyped_data();
+  p.eps = eps;
+  std::string err = gemv::ConfigureExtras(p, dtype, bias, residual, norm_weight, has_bias,
+                                          has_residual, has_norm);
+  if (!err.empty()) return InvalidArgument(std::string(kOp) + ": " + err);
+  return gemv::PlanAndLaunch(p, dtype, int(bits), gemv::Fusion{gated, has_norm}, cluster, warps_k,
+                             pdl, stream, kOp);
+}
+
+}  // namespace
+}  // namespace joa
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JoaMatMulNBits, joa::MatMulNBitsImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<joa::Stream>()
+                                  .Arg<joa::AnyBuffer>()  // x [M, K]
+                                  .Arg<joa::AnyBuffer>()  // b_quant uint8 [N, k_blocks, blob]
+                                  .Arg<joa::AnyBuffer>()  // scales [N, k_blocks]
+                                  .Arg<joa::AnyBuffer>()  // zero_points uint8 [N, k_blocks] (or placeholder)
+                                  .Arg<joa::AnyBuffer>()  // bias [N] (or placeholder)
+                                  .Arg<joa::AnyBuffer>()  // residual [M, N_out] (or placeholder)
+                                  .Arg<joa::AnyBuffer>()  // norm_weight [K] (or placeholder)
+                                  .Ret<joa::AnyBuffer>()  // y [M, N_out]
+                                  .Attr<int64_t>("bits")
+                                  .Attr<int64_t>("block_size")
+                                  .Attr<bool>("has_zero_points")
+                                  .Attr<bool>("has_bias")
+                                  .Attr<bool>("has_residual")
+                                  .Attr<bool>("has_norm")
+                                  .Attr<bool>("gated")
+                                  .Attr<float>("eps")
+                                  .Attr<int64_t>("cluster")
+                                  .Attr<int64_t>("warps_k")
+                                  .Attr<bool>("pdl"),
+                              JOA_COMMAND_BUFFER_SAFE);

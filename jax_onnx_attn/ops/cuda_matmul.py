@@ -1,0 +1,115 @@
+"""CUDA backend of the projections: `jax.ffi.ffi_call` wrappers for the GEMV engine's targets
+(`linear`, `matmul_nbits`; ffi/matmul/, engine in ffi/kernels/gemv/) and its launch plan.
+
+Inputs reach these wrappers validated and in the kernels' layout (`jax_onnx_attn.ops.linear` does
+that): x is 2-D [M, K] with M <= 32. The plan (grid, warp layout, cluster) is decided in C++
+(ffi/kernels/gemv/plan.h) from static shapes; `gemv_plan` asks it, so no kernel constant is
+re-derived here. Every handler is command-buffer compatible.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_onnx_attn._extension import _ffi, target
+
+#: Bits per weight element of the dense format in the plan (the n-bit formats are 4 and 8).
+DENSE_BITS = 16
+
+
+@functools.cache
+def cluster_capable() -> bool:
+    """Whether the GPU runs thread-block clusters (sm_90+): the plan may split K over a cluster.
+
+    Without a GPU visible to jax it answers True (the kernels never run there; shapes are judged as
+    for the H200)."""
+    try:
+        dev = jax.devices("gpu")[0]
+    except (RuntimeError, ValueError, IndexError):
+        return True
+    try:
+        return int(str(getattr(dev, "compute_capability", "9")).split(".")[0]) >= 9
+    except ValueError:
+        return True
+
+
+@functools.cache
+def gemv_plan(rows: int, n_rows: int, k: int, bits: int, gated: bool, cluster: int = 0,
+              warps_k: int = 0) -> dict:
+    """The engine's launch plan for x [rows, k] against a weight of n_rows rows of `bits`-bit
+    elements (16: dense; 8, 4: MatMulNBits), as a dict (ffi/kernels/gemv/plan.h: grid, warp
+    layout, cluster, ring stages, shared memory, the model's estimate in µs). 'error' is None when
+    the engine takes the shape, else why not. cluster / warps_k > 0 force that choice (sweeps).
+    Raises RuntimeError without the compiled extension."""
+    if _ffi is None or not hasattr(_ffi, "gemv_plan"):
+        raise RuntimeError("the compiled extension jax_onnx_attn._ffi (with gemv_plan) is missing")
+    return dict(_ffi.gemv_plan(int(rows), int(n_rows), int(k), int(bits), bool(gated),
+                               cluster_capable(), int(cluster), int(warps_k)))
+
+
+def unsupported(rows: int, n_rows: int, k: int, bits: int, gated: bool, block_size: int = 0,
+                cluster: int = 0, warps_k: int = 0) -> str | None:
+    """Why the engine does not take this call (None when it does): the plan's reason, or for
+    n-bit weights a block_size that is not a power of two >= the K one lane covers."""
+    try:
+        plan = gemv_plan(rows, n_rows, k, bits, gated, cluster, warps_k)
+    except RuntimeError as e:
+        return str(e)
+    if plan["error"]:
+        return plan["error"]
+    if bits != DENSE_BITS and (block_size < plan["lane_k"] or block_size & (block_size - 1)):
+        return (f"block_size {block_size} with {bits}-bit weights: the kernels take powers of two "
+                f">= {plan['lane_k']}")
+    return None
+
+
+def _placeholder(dtype):
+    return jnp.zeros((1,), dtype)
+
+
+def linear(x, w, bias=None, residual=None, norm_weight=None, *, eps: float = 1e-6,
+           gated: bool = False, pdl: bool = False, cluster: int = 0, warps_k: int = 0):
+    """x [M, K] f16/bf16, w [N, K] -> [M, N_out] (N_out = N / 2 when gated).
+
+    Semantics of `jax_onnx_attn.ops.reference.linear.linear`. bias [N], residual [M, N_out],
+    norm_weight [K] or None. pdl: programmatic dependent launch (W is read before the previous
+    kernel has finished: only for weights no kernel of the program writes). cluster / warps_k > 0
+    override the plan.
+    """
+    m, n = x.shape[0], w.shape[0]
+    n_out = n // 2 if gated else n
+    call = jax.ffi.ffi_call(target("linear"), jax.ShapeDtypeStruct((m, n_out), x.dtype),
+                            vmap_method="sequential")
+    ph = _placeholder(x.dtype)
+    return call(x, w, ph if bias is None else bias, ph if residual is None else residual,
+                ph if norm_weight is None else norm_weight,
+                has_bias=bias is not None, has_residual=residual is not None,
+                has_norm=norm_weight is not None, gated=bool(gated), eps=np.float32(eps),
+                cluster=int(cluster), warps_k=int(warps_k), pdl=bool(pdl))
+
+
+def matmul_nbits(x, b_quant, scales, zero_points=None, bias=None, residual=None, norm_weight=None,
+                 *, bits: int, block_size: int, eps: float = 1e-6, gated: bool = False,
+                 pdl: bool = False, cluster: int = 0, warps_k: int = 0):
+    """x [M, K] f16/bf16, b_quant uint8 [N, K / block_size, block_size * bits / 8], scales
+    [N, k_blocks] of x's dtype, zero_points uint8 [N, k_blocks] or None -> [M, N_out].
+
+    Semantics of `jax_onnx_attn.ops.reference.linear.matmul_nbits`; other arguments as `linear`.
+    """
+    m, n = x.shape[0], b_quant.shape[0]
+    n_out = n // 2 if gated else n
+    call = jax.ffi.ffi_call(target("matmul_nbits"), jax.ShapeDtypeStruct((m, n_out), x.dtype),
+                            vmap_method="sequential")
+    ph = _placeholder(x.dtype)
+    return call(x, b_quant, scales, jnp.zeros((1,), jnp.uint8) if zero_points is None else zero_points,
+                ph if bias is None else bias, ph if residual is None else residual,
+                ph if norm_weight is None else norm_weight,
+                bits=int(bits), block_size=int(block_size),
+                has_zero_points=zero_points is not None, has_bias=bias is not None,
+                has_residual=residual is not None, has_norm=norm_weight is not None,
+                gated=bool(gated), eps=np.float32(eps), cluster=int(cluster),
+                warps_k=int(warps_k), pdl=bool(pdl))

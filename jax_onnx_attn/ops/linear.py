@@ -1,0 +1,317 @@
+"""Projections as JAX ops: `linear` (y = x W^T, W in torch Linear's [N, K] layout) and
+`matmul_nbits` (onnxruntime's com.microsoft::MatMulNBits, 4- / 8-bit weights dequantised in
+registers), with the fusions a decoder layer needs: an RMS-norm prologue, bias, residual add and a
+gated SiLU (gate / up rows interleaved by `interleave_gate_up`).
+
+Both validate at trace time, then run on the weight-streaming GEMV kernels (backend "cuda", for
+f16 / bf16 x with at most 32 rows; ffi/kernels/gemv/) or on the reference (`ops.reference.linear`:
+XLA's plain half GEMM; every other shape, float32, and the CPU). `prepare_nbits` turns
+onnxruntime's MatMulNBits initialisers into the kernels' form, once, at load.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_onnx_attn.ops import cuda_matmul
+from jax_onnx_attn.ops.backend import dispatch
+from jax_onnx_attn.ops.dtypes import HALF_DTYPES, check_float_dtype
+from jax_onnx_attn.ops.reference import linear as reference
+
+#: Rows per gate / up block of a gated weight: rows 16b .. 16b+7 of `interleave_gate_up(g, u)` are
+#: g[8b .. 8b+7], rows 16b+8 .. 16b+15 are u[8b .. 8b+7] (one 16-row MMA tile of the kernels holds
+#: a gate block and its up block, so the gating needs no data exchange).
+GATE_UP_BLOCK = 8
+#: Bits per element the MatMulNBits kernels take.
+NBITS = (4, 8)
+
+
+def _xp(a):
+    return np if isinstance(a, np.ndarray) else jnp
+
+
+def interleave_gate_up(gate, up):
+    """Interleave the rows (axis 0) of a gate and an up projection in blocks of GATE_UP_BLOCK.
+
+    Args:
+      gate, up: [I, ...] each (a weight [I, K], a bias [I], MatMulNBits' b_quant [I, k_blocks,
+        blob], scales or zero points [I, k_blocks]); I a multiple of 8. NumPy in, NumPy out.
+
+    Returns:
+      [2 I, ...]: rows 16b .. 16b+7 = gate[8b .. 8b+7], rows 16b+8 .. 16b+15 = up[8b .. 8b+7], the
+      layout `linear(..., gated=True)` and `matmul_nbits(..., gated=True)` expect.
+    """
+    if gate.shape != up.shape:
+        raise ValueError(f"interleave_gate_up: gate {tuple(gate.shape)} and up {tuple(up.shape)} differ")
+    if gate.ndim < 1 or gate.shape[0] % GATE_UP_BLOCK:
+        raise ValueError(f"interleave_gate_up: gate must have a multiple of {GATE_UP_BLOCK} rows, "
+                         f"got shape {tuple(gate.shape)}")
+    xp = _xp(gate)
+    i, rest = gate.shape[0], tuple(gate.shape[1:])
+    blocks = (i // GATE_UP_BLOCK, 1, GATE_UP_BLOCK) + rest
+    both = xp.concatenate([gate.reshape(blocks), up.reshape(blocks)], axis=1)
+    return both.reshape((2 * i,) + rest)
+
+
+def deinterleave_gate_up(rows):
+    """The inverse of `interleave_gate_up` along axis 0: [2 I, ...] -> (gate [I, ...], up [I, ...])."""
+    if rows.ndim < 1 or rows.shape[0] % (2 * GATE_UP_BLOCK):
+        raise ValueError(f"deinterleave_gate_up: needs a multiple of {2 * GATE_UP_BLOCK} rows, got "
+                         f"shape {tuple(rows.shape)}")
+    rest = tuple(rows.shape[1:])
+    both = rows.reshape((rows.shape[0] // (2 * GATE_UP_BLOCK), 2, GATE_UP_BLOCK) + rest)
+    half = (rows.shape[0] // 2,) + rest
+    return both[:, 0].reshape(half), both[:, 1].reshape(half)
+
+
+def split_gate_up(y):
+    """The same layout along the last axis: y [..., 2 I] (products with interleaved rows) ->
+    (gate [..., I], up [..., I])."""
+    lead, n = y.shape[:-1], y.shape[-1]
+    both = y.reshape(lead + (n // (2 * GATE_UP_BLOCK), 2, GATE_UP_BLOCK))
+    return both[..., 0, :].reshape(lead + (n // 2,)), both[..., 1, :].reshape(lead + (n // 2,))
+
+
+def interleave_gate_up_nbits(gate, up):
+    """`interleave_gate_up` for MatMulNBits operands in the kernels' form (`prepare_nbits`).
+
+    Args:
+      gate, up: (b_quant [I, k_blocks, blob], scales [I, k_blocks], zero_points [I, k_blocks] or
+        None) each, with the same bits, block size and K.
+
+    Returns:
+      (b_quant [2 I, ...], scales [2 I, ...], zero_points [2 I, ...] or None) for
+      `matmul_nbits(..., n=2 * I, gated=True)`.
+    """
+    (gb, gs, gz), (ub, us, uz) = gate, up
+    if (gz is None) != (uz is None):
+        raise ValueError("interleave_gate_up_nbits: zero_points must be given for both or neither")
+    zp = None if gz is None else interleave_gate_up(gz, uz)
+    return interleave_gate_up(gb, ub), interleave_gate_up(gs, us), zp
+
+
+def prepare_nbits(b_quant, scales, zero_points, *, k: int, n: int, bits: int, block_size: int):
+    """MatMulNBits initialisers as onnxruntime stores them -> the kernels' form (NumPy, once at load).
+
+    Args:
+      b_quant: uint8 [N, k_blocks, block_size * bits / 8] (or any shape of that size).
+      scales: [N * k_blocks] or [N, k_blocks], float.
+      zero_points: None; uint8 packed [N * ceil(k_blocks * bits / 8)] (element j of a row's run in
+        bits (j % (8 / bits)) * bits of byte j // (8 / bits)); or float [N * k_blocks].
+      k, n, bits, block_size: the node's attributes K, N, bits, block_size.
+
+    Returns:
+      (b_quant uint8 [N, k_blocks, blob], scales [N, k_blocks], zero_points uint8 [N, k_blocks], one
+      value per block, or None) — what `matmul_nbits` takes.
+
+    Raises:
+      NotImplementedError: forms the kernels do not take (bits other than 4 / 8, K not a multiple
+        of block_size, float zero points): keep the XLA dequantisation for those.
+      ValueError: operands inconsistent with the attributes.
+    """
+    op = "prepare_nbits"
+    if bits not in NBITS:
+        raise NotImplementedError(f"{op}: bits={bits}: the kernels take {NBITS}")
+    if block_size < 16 or block_size & (block_size - 1):
+        raise ValueError(f"{op}: block_size must be a power of two >= 16, got {block_size}")
+    if k <= 0 or n <= 0:
+        raise ValueError(f"{op}: K and N must be positive, got K={k}, N={n}")
+    if k % block_size:
+        raise NotImplementedError(f"{op}: K={k} is not a multiple of block_size={block_size}")
+    k_blocks = k // block_size
+    blob = block_size * bits // 8
+    b_quant = np.asarray(b_quant)
+    if b_quant.dtype != np.uint8 or b_quant.size != n * k_blocks * blob:
+        raise ValueError(f"{op}: b_quant must be uint8 with N * k_blocks * blob = {n * k_blocks * blob} "
+                         f"elements, got {b_quant.dtype}{list(b_quant.shape)}")
+    scales = np.asarray(scales)
+    if not np.issubdtype(scales.dtype, np.floating) and scales.dtype.name != "bfloat16":
+        raise ValueError(f"{op}: scales must be float, got {scales.dtype}")
+    if scales.size != n * k_blocks:
+        raise ValueError(f"{op}: scales must have N * k_blocks = {n * k_blocks} elements, got "
+                         f"{list(scales.shape)}")
+    zp = None
+    if zero_points is not None:
+        zero_points = np.asarray(zero_points)
+        if zero_points.dtype != np.uint8:
+            raise NotImplementedError(f"{op}: zero_points of dtype {zero_points.dtype}: the kernels "
+                                      "take uint8 zero points only")
+        per_row = -(-k_blocks * bits // 8)
+        if zero_points.size != n * per_row:
+            raise ValueError(f"{op}: zero_points must be uint8 [N * ceil(k_blocks * bits / 8)] = "
+                             f"[{n * per_row}], got {list(zero_points.shape)}")
+        packed = zero_points.reshape(n, per_row)
+        if bits == 8:
+            zp = packed.copy()
+        else:
+            per_byte = 8 // bits
+            shifts = (np.arange(per_byte, dtype=np.uint8) * bits)
+            vals = (packed[..., None] >> shifts) & np.uint8((1 << bits) - 1)
+            zp = vals.reshape(n, per_row * per_byte)[:, :k_blocks].copy()
+    return (b_quant.reshape(n, k_blocks, blob), scales.reshape(n, k_blocks), zp)
+
+
+def _array(x):
+    return None if x is None else (x if isinstance(x, jax.Array) else jnp.asarray(x))
+
+
+def _check_operands(op, x, n_rows, w_name, gated, bias, residual, norm_weight):
+    """Trace-time checks shared by both ops (x's dtype and K are checked by the caller); returns
+    N_out."""
+    if n_rows % (2 * GATE_UP_BLOCK if gated else 8):
+        raise ValueError(f"{op}: {w_name}: N={n_rows} must be a multiple of "
+                         f"{'16 (gate / up blocks of 8)' if gated else 8}")
+    n_out = n_rows // 2 if gated else n_rows
+    k = x.shape[-1]
+    for name, a, shape in (("bias", bias, (n_rows,)), ("residual", residual, x.shape[:-1] + (n_out,)),
+                           ("norm_weight", norm_weight, (k,))):
+        if a is None:
+            continue
+        if tuple(a.shape) != tuple(shape):
+            raise ValueError(f"{op}: {name} must have shape {list(shape)}, got {list(a.shape)}")
+        if a.dtype != x.dtype:
+            raise TypeError(f"{op}: {name} must have x's dtype {x.dtype}, got {a.dtype}")
+    return n_out
+
+
+def _check_x(op, x):
+    check_float_dtype(op, "x", x.dtype)
+    if x.ndim < 1:
+        raise ValueError(f"{op}: x must be [..., K], got a scalar")
+    if x.shape[-1] % 8 or x.shape[-1] == 0:
+        raise ValueError(f"{op}: x: K={x.shape[-1]} must be a positive multiple of 8")
+
+
+def _run(op, backend, ref_fn, cuda_fn, why, x, operands, residual, n_out):
+    """Flatten x's leading axes into M, dispatch, restore them."""
+    lead, k = x.shape[:-1], x.shape[-1]
+    m = math.prod(lead)
+    x2 = x.reshape(m, k)
+    r2 = None if residual is None else residual.reshape(m, n_out)
+    if m == 0:
+        return jnp.zeros(lead + (n_out,), x.dtype)
+    y = dispatch(op, backend, ref_fn, cuda_fn, x2, *operands, r2, unsupported=why)
+    return y.reshape(lead + (n_out,))
+
+
+def _kernel_unsupported(x, n_rows, bits, gated, block_size=0) -> str | None:
+    if jnp.dtype(x.dtype) not in HALF_DTYPES:
+        return f"x is {x.dtype}: the kernels take float16 and bfloat16"
+    return cuda_matmul.unsupported(math.prod(x.shape[:-1]), n_rows, x.shape[-1], bits, gated,
+                                   block_size)
+
+
+def linear(x, w, bias=None, *, residual=None, norm_weight=None, norm_epsilon: float = 1e-6,
+           gated: bool = False, backend: str = "auto", pdl: bool = False):
+    """y = x W^T (+ bias) (gated) (+ residual), optionally on RMS-normalised x.
+
+    Args:
+      x: [..., K] float16 / bfloat16 (float32 / float64 on the reference); K a multiple of 8.
+      w: [N, K] of x's dtype (torch Linear's layout; N a multiple of 8). With gated:
+        `interleave_gate_up(w_gate, w_up)`, N = 2 I.
+      bias: None or [N] of x's dtype (interleaved like w when gated).
+      residual: None or [..., N_out] of x's dtype, added last.
+      norm_weight: None or [K]: x is first replaced by round(x * rsqrt(mean(x²) + norm_epsilon) *
+        norm_weight) (statistics in f32; onnxruntime's SimplifiedLayerNormalization).
+      norm_epsilon: the norm's epsilon.
+      gated: y = silu(x W_gate^T + b_gate) * (x W_up^T + b_up), computed in f32 from the rounded
+        products and rounded once; N_out = N / 2.
+      backend: "auto", "reference" or "cuda". The kernels take f16 / bf16 with M = prod(x.shape[:-1])
+        <= 32 (and what fits their plan); "auto" runs the rest on the reference.
+      pdl: launch the kernel as a programmatic dependent of the previous one, so that it starts
+        streaming W before that kernel has finished. Only for weights no kernel of the program
+        writes (parameters); off by default.
+
+    Returns:
+      [..., N_out] of x's dtype, N_out = N (N / 2 when gated). Each step is rounded to x's dtype as
+      the unfused graph rounds it (`jax_onnx_attn.ops.reference.linear.linear`).
+    """
+    op = "linear"
+    x, w = _array(x), _array(w)
+    bias, residual, norm_weight = _array(bias), _array(residual), _array(norm_weight)
+    _check_x(op, x)
+    if w.ndim != 2 or w.shape[1] != x.shape[-1]:
+        raise ValueError(f"{op}: w must be [N, K] with x's K={x.shape[-1]}, got shape {list(w.shape)}")
+    if w.dtype != x.dtype:
+        raise TypeError(f"{op}: w must have x's dtype {x.dtype}, got {w.dtype}")
+    n_out = _check_operands(op, x, w.shape[0], "w", gated, bias, residual, norm_weight)
+    eps = float(norm_epsilon)
+
+    def ref_fn(x2, w, bias, norm_weight, r2):
+        return reference.linear(x2, w, bias, r2, norm_weight, eps, gated)
+
+    why = _kernel_unsupported(x, w.shape[0], cuda_matmul.DENSE_BITS, gated)
+    cuda_fn = None
+    if why is None:
+        def cuda_fn(x2, w, bias, norm_weight, r2):
+            return cuda_matmul.linear(x2, w, bias, r2, norm_weight, eps=eps, gated=gated, pdl=pdl)
+    return _run(op, backend, ref_fn, cuda_fn, why, x, (w, bias, norm_weight), residual, n_out)
+
+
+def matmul_nbits(x, b_quant, scales, zero_points=None, bias=None, *, k: int, n: int, bits: int,
+                 block_size: int, residual=None, norm_weight=None, norm_epsilon: float = 1e-6,
+                 gated: bool = False, backend: str = "auto", pdl: bool = False):
+    """onnxruntime's MatMulNBits, y = x dequant(B)^T (+ bias), with `linear`'s fusions.
+
+    Args:
+      x: [..., K] float16 / bfloat16 (float32 / float64 on the reference); K a multiple of 8.
+      b_quant, scales, zero_points: the kernels' form (`prepare_nbits`): uint8 [N, K / block_size,
+        block_size * bits / 8], [N, K / block_size] of x's dtype, None (2^(bits-1)) or uint8
+        [N, K / block_size], one zero point per block. W[n, k] = (q - zp) * scale, exactly the
+        ONNX lowering's dequantisation. With gated: rows interleaved (`interleave_gate_up_nbits`).
+      bias: None or [N] of x's dtype.
+      k, n, bits, block_size: the node's attributes (bits 4 or 8; block_size a power of two >= 16
+        dividing K).
+      residual, norm_weight, norm_epsilon, gated, backend, pdl: as `linear`. The kernels also need
+        block_size >= the K one lane covers (32 for 4 bits, 16 for 8); "auto" sends the rest to
+        the reference.
+
+    Returns:
+      [..., N_out] of x's dtype (N_out = N, or N / 2 when gated).
+    """
+    op = "matmul_nbits"
+    x = _array(x)
+    b_quant, scales, zero_points = _array(b_quant), _array(scales), _array(zero_points)
+    bias, residual, norm_weight = _array(bias), _array(residual), _array(norm_weight)
+    _check_x(op, x)
+    if bits not in NBITS:
+        raise NotImplementedError(f"{op}: bits={bits}: the kernels and their reference take {NBITS}")
+    if block_size < 16 or block_size & (block_size - 1):
+        raise ValueError(f"{op}: block_size must be a power of two >= 16, got {block_size}")
+    if k != x.shape[-1]:
+        raise ValueError(f"{op}: x: K={x.shape[-1]} differs from the attribute k={k}")
+    if k % block_size:
+        raise ValueError(f"{op}: k={k} is not a multiple of block_size={block_size} (prepare_nbits "
+                         "rejects such weights: keep the XLA path)")
+    kb = k // block_size
+    want = (n, kb, block_size * bits // 8)
+    if b_quant.dtype != jnp.uint8 or tuple(b_quant.shape) != want:
+        raise ValueError(f"{op}: b_quant must be uint8 {list(want)} (see prepare_nbits), got "
+                         f"{b_quant.dtype}{list(b_quant.shape)}")
+    if tuple(scales.shape) != (n, kb):
+        raise ValueError(f"{op}: scales must be [{n}, {kb}] (see prepare_nbits), got {list(scales.shape)}")
+    if scales.dtype != x.dtype:
+        raise TypeError(f"{op}: scales must have x's dtype {x.dtype}, got {scales.dtype}")
+    if zero_points is not None and (zero_points.dtype != jnp.uint8 or tuple(zero_points.shape) != (n, kb)):
+        raise ValueError(f"{op}: zero_points must be uint8 [{n}, {kb}], one per block (see "
+                         f"prepare_nbits), got {zero_points.dtype}{list(zero_points.shape)}")
+    n_out = _check_operands(op, x, n, "b_quant", gated, bias, residual, norm_weight)
+    eps = float(norm_epsilon)
+
+    def ref_fn(x2, b_quant, scales, zero_points, bias, norm_weight, r2):
+        return reference.matmul_nbits(x2, b_quant, scales, zero_points, bias, r2, norm_weight, eps,
+                                      gated, bits=bits, block_size=block_size)
+
+    why = _kernel_unsupported(x, n, bits, gated, block_size)
+    cuda_fn = None
+    if why is None:
+        def cuda_fn(x2, b_quant, scales, zero_points, bias, norm_weight, r2):
+            return cuda_matmul.matmul_nbits(x2, b_quant, scales, zero_points, bias, r2, norm_weight,
+                                            bits=bits, block_size=block_size, eps=eps, gated=gated,
+                                            pdl=pdl)
+    return _run(op, backend, ref_fn, cuda_fn, why, x, (b_quant, scales, zero_points, bias, norm_weight),
+                residual, n_out)
