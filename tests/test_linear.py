@@ -646,3 +646,28 @@ def test_kernel_gated_epilogue_maps_gate_and_up_rows(bits):
     g = _round(x.astype(np.float64) @ wg.astype(np.float64).T, dtype)
     u = _round(x.astype(np.float64) @ wu.astype(np.float64).T, dtype)
     np.testing.assert_allclose(got, _round(_silu(g) * u, dtype), rtol=2e-3, atol=1e-3)
+
+
+# --- the benchmark harness ----------------------------------------------------------------------
+
+def test_bench_linear_times_the_xla_peers_on_cpu_and_writes_json(tmp_path, capsys):
+    import json
+
+    from jax_onnx_attn.bench import __main__ as bench_main
+    from jax_onnx_attn.bench import linear as bench
+
+    out = tmp_path / "linear.json"
+    rc = bench_main.main(["linear", "--shapes", "64x32", "--rows", "1", "2", "--formats", "fp16",
+                          "int4", "--target-ms", "2", "--reps", "2", "--plans", "1,8", "--out", str(out)])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert doc["suite"] == "linear" and len(doc["results"]) == 4
+    for res in doc["results"]:
+        case = bench.Case(res["k"], res["n"], res["m"], res["fmt"])
+        assert res["bytes"] == case.bytes and res["rotations"] == case.rotations == 16
+        assert res["impls"]["xla-kn"]["us"] > 0, res
+        if res["fmt"] == "fp16":
+            assert res["impls"]["xla-nk"]["us"] > 0
+        assert "skip" in res["impls"]["ours"] and "skip" in res["impls"]["torch"]
+    assert doc["results"][2]["weight_bytes"] == 32 * 64 // 2 + 3 * 32 * 2  # int4 + scales + zp
+    assert "ours and torch skipped" in capsys.readouterr().err

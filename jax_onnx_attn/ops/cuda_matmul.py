@@ -22,8 +22,9 @@ DENSE_BITS = 16
 
 
 @functools.cache
-def cluster_capable() -> bool:
-    """Whether the GPU runs thread-block clusters (sm_90+): the plan may split K over a cluster.
+def sm90() -> bool:
+    """Whether the GPU is sm_90+ (thread-block clusters, 227 KB of shared memory a CTA), which the
+    plan may use; the handler asks the device the same question.
 
     Without a GPU visible to jax it answers True (the kernels never run there; shapes are judged as
     for the H200)."""
@@ -48,7 +49,7 @@ def gemv_plan(rows: int, n_rows: int, k: int, bits: int, gated: bool, cluster: i
     if _ffi is None or not hasattr(_ffi, "gemv_plan"):
         raise RuntimeError("the compiled extension jax_onnx_attn._ffi (with gemv_plan) is missing")
     return dict(_ffi.gemv_plan(int(rows), int(n_rows), int(k), int(bits), bool(gated),
-                               cluster_capable(), int(cluster), int(warps_k)))
+                               sm90(), int(cluster), int(warps_k)))
 
 
 def unsupported(rows: int, n_rows: int, k: int, bits: int, gated: bool, block_size: int = 0,
