@@ -362,8 +362,8 @@ def _plan(*a, **kw):
 @pytest.mark.parametrize("bits", [16, 8, 4])
 def test_plan_covers_the_model_shapes(k, n, bits):
     for m in (1, 2, 3, 8, 16, 32):
-        for gated in (False, True):
-            p = _plan(m, n, k, bits, gated)
+        for gated, norm in ((False, False), (True, True)):
+            p = _plan(m, n, k, bits, gated, norm)
             assert p["error"] is None, p
             assert p["nt"] == (1 if m <= 8 else 2 if m <= 16 else 4)
             assert p["grid"] == p["groups"] * p["cluster"] and p["groups"] <= p["blocks"]
@@ -373,11 +373,12 @@ def test_plan_covers_the_model_shapes(k, n, bits):
             assert 2 <= p["stages"] <= 8
             assert p["smem_bytes"] <= (115712 if p["ctas_per_sm"] == 2 else 232448)
             assert p["x_bytes"] >= m * p["slice_chunks"] * p["chunk_k"] * 2
-            assert p == _plan(m, n, k, bits, gated)  # a pure function of the shape
+            assert p == _plan(m, n, k, bits, gated, norm)  # a pure function of the shape
 
 
 def test_plan_overrides_and_refusals():
     p = _plan(8, 4096, 4096, 16, False, cluster=4, warps_k=2)
+    assert not p["norm"] and _plan(8, 4096, 4096, 16, False, True)["norm"]
     assert p["error"] is None and p["cluster"] == 4 and p["warps_k"] == 2 and p["warps_n"] == 4
     assert "1 to 32 rows" in _plan(33, 64, 64, 16, False)["error"]
     assert "multiple of 8" in _plan(1, 64, 60, 16, False)["error"]

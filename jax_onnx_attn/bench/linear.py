@@ -179,7 +179,7 @@ def _skip(case: Case, impl: str, gpu: bool, cuda_built: bool) -> str | None:
         if not (gpu and cuda_built):
             return "no GPU / CUDA build"
         from jax_onnx_attn.ops import cuda_matmul
-        return cuda_matmul.unsupported(case.m, case.n, case.k, case.bits, False, BLOCK)
+        return cuda_matmul.unsupported(case.m, case.n, case.k, case.bits, False, False, BLOCK)
     if impl == "torch":
         if case.bits != 16:
             return "no n-bit peer"
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
             why = _skip(case, impl, gpu, cuda_built)
             if why is None and plan != (0, 0):
                 from jax_onnx_attn.ops import cuda_matmul
-                why = cuda_matmul.unsupported(case.m, case.n, case.k, case.bits, False, BLOCK, *plan)
+                why = cuda_matmul.unsupported(case.m, case.n, case.k, case.bits, False, False, BLOCK, *plan)
             if why:
                 res["impls"][name] = {"skip": why}
                 continue

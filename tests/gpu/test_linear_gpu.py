@@ -85,7 +85,7 @@ def test_dense_matches_reference(shape, dtype):
     ref = _linear_fn("reference")(x, w)
     for m in MS:
         got = _linear_fn("cuda")(x[:m], w)
-        _check(got, ref[:m], dtype, f"K={k} N={n} M={m} plan={cuda_matmul.gemv_plan(m, n, k, 16, False)}")
+        _check(got, ref[:m], dtype, f"K={k} N={n} M={m} plan={cuda_matmul.gemv_plan(m, n, k, 16, False, False)}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=_name)

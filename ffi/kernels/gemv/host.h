@@ -24,7 +24,7 @@ inline bool Sm90() {
 inline ffi::Error PlanAndLaunch(GemvParams& p, ffi::DataType dtype, int bits, Fusion fusion,
                                 int64_t cluster, int64_t warps_k, bool pdl, cudaStream_t stream,
                                 const char* op) {
-  const Plan plan = MakePlan(p.m, p.n_rows, p.k, bits, fusion.gated, Sm90(), cluster, warps_k);
+  const Plan plan = MakePlan(p.m, p.n_rows, p.k, bits, fusion.gated, fusion.norm, Sm90(), cluster, warps_k);
   if (!plan.error.empty()) return InvalidArgument(std::string(op) + ": " + plan.error);
   if (plan.n_out != p.n_out) return InvalidArgument(std::string(op) + ": output width mismatch");
   cudaError_t err;

@@ -7,7 +7,8 @@
 // of each of its 16 rows: 1 KB a chunk). It streams its chunks through its own cp.async ring of
 // `stages` slots in shared memory. A CTA of kWarps warps is warps_n row tiles x warps_k K parts; the
 // CTAs of a thread-block cluster (sm_90) split K once more. x's share of K is staged once per CTA
-// in shared memory, in the order the MMA fragments read it. CTAs loop over row blocks
+// in shared memory, in the order the MMA fragments read it (with the RMS-norm prologue, its slice of
+// gamma too). CTAs loop over row blocks
 // (persistent): block b, b + groups, ... Partial sums are reduced in shared memory (warps_k), then
 // across the cluster through distributed shared memory, always in the same order.
 #pragma once
@@ -33,7 +34,8 @@ inline constexpr int64_t kSmemTwoPerSm = 115712;
 inline constexpr int64_t kSmemOnePerSm = 232448;
 inline constexpr int64_t kSmemTwoPerSm80 = 82944;
 inline constexpr int64_t kSmemOnePerSm80 = 166912;
-inline constexpr int64_t kNormBytes = 4 * kMaxM;  // the f32 inverse RMS of each x row
+// RMS norm: per x row, this CTA's f32 sum of squares and the inverse RMS.
+inline constexpr int64_t kNormBytes = 2 * 4 * kMaxM;
 
 // Weight formats by bits per element: 16 (dense f16 / bf16), 8 or 4 (MatMulNBits). A lane loads 16
 // bytes of a W row per chunk: 8, 16 or 32 elements, i.e. 1, 2 or 4 "quads" of 8 x values, each quad
@@ -88,8 +90,9 @@ struct Plan {
   int waves = 0;         // row blocks per group, at most
   int red_stride = 0;    // f32 per x row in a reduction buffer (rows_block + 4: no bank conflicts)
   int ctas_per_sm = 1;
-  // Shared memory: x stage | reduction buffers | norm statistics | the warps' rings.
-  int64_t x_bytes = 0, red_bytes = 0, ring_offset = 0, smem_bytes = 0;
+  bool norm = false;
+  // Shared memory: x stage | reduction buffers | norm statistics | gamma's slice | the warps' rings.
+  int64_t x_bytes = 0, red_bytes = 0, gamma_offset = 0, ring_offset = 0, smem_bytes = 0;
   double est_us = 0.0;   // the cost model's estimate (for tuning; not a measurement)
 };
 
@@ -109,7 +112,8 @@ inline bool Layout(Plan& p, int cluster, int warps_n, int warps_k, int ctas_per_
   p.x_bytes = Align16(int64_t(p.m) * p.slice_chunks * p.chunk_k * 2);
   // Two buffers (alternate row blocks) of [warps_k][M][red_stride] partial sums.
   p.red_bytes = Align16(int64_t(2) * warps_k * p.m * p.red_stride * 4);
-  p.ring_offset = p.x_bytes + p.red_bytes + kNormBytes;
+  p.gamma_offset = p.x_bytes + p.red_bytes + kNormBytes;
+  p.ring_offset = p.gamma_offset + (p.norm ? Align16(int64_t(p.slice_chunks) * p.chunk_k * 2) : 0);
   p.stage_bytes = StageBytes(p.bits);
   const int64_t budget = ctas_per_sm == 2 ? (sm90 ? kSmemTwoPerSm : kSmemTwoPerSm80)
                                           : (sm90 ? kSmemOnePerSm : kSmemOnePerSm80);
@@ -141,10 +145,10 @@ inline bool Layout(Plan& p, int cluster, int warps_n, int warps_k, int ctas_per_
 }
 
 // The plan for y[m, n_out] = x[m, k] W^T with W of n_rows rows (n_out = n_rows / 2 when gated) and
-// `bits` per weight element. sm90: the device is sm_90+ (thread-block clusters, 227 KB of shared
+// `bits` per weight element; norm: the RMS-norm prologue. sm90: the device is sm_90+ (thread-block clusters, 227 KB of shared
 // memory a CTA); else the plan keeps to sm_80's limits and no clusters.
 // force_cluster / force_warps_k > 0 restrict the choice (for sweeps); 0 lets the model choose.
-inline Plan MakePlan(int64_t m, int64_t n_rows, int64_t k, int bits, bool gated, bool sm90,
+inline Plan MakePlan(int64_t m, int64_t n_rows, int64_t k, int bits, bool gated, bool norm, bool sm90,
                      int64_t force_cluster = 0, int64_t force_warps_k = 0) {
   Plan best;
   auto fail = [&](const std::string& why) {
@@ -171,6 +175,7 @@ inline Plan MakePlan(int64_t m, int64_t n_rows, int64_t k, int bits, bool gated,
   base.n_out = int(gated ? n_rows / 2 : n_rows);
   base.k = int(k);
   base.bits = bits;
+  base.norm = norm;
   base.nt = TilesM(m);
   const FormatInfo f = Format(bits);
   base.quads = f.quads;
