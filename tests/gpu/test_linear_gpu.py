@@ -39,6 +39,19 @@ def _name(d):
     return jnp.dtype(d).name
 
 
+# The default run splits the rows between the dtypes (every M is covered, each once) and keeps the
+# wider grids to a few rows; `pytest -m "gpu and slow"` (conftest: a markexpr naming slow) runs all.
+FULL = pytest.mark.parametrize("full", [False, pytest.param(True, marks=pytest.mark.slow)],
+                               ids=["", "full"])
+
+
+def _rows(full, dtype, rows=MS):
+    if full:
+        return rows
+    first = jnp.dtype(dtype) == jnp.dtype(jnp.bfloat16)
+    return [m for i, m in enumerate(rows) if (i % 2 == 0) == first] or list(rows)
+
+
 @functools.cache
 def _dense(k, n, dtype, seed=0):
     kx, kw = jax.random.split(jax.random.PRNGKey(seed + k + n))
@@ -77,44 +90,51 @@ def _check(got, want, dtype, what):
     assert_close(got, want, dtype, err_msg=what)
 
 
+@FULL
 @pytest.mark.parametrize("dtype", DTYPES, ids=_name)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"K{s[0]}_N{s[1]}")
-def test_dense_matches_reference(shape, dtype):
+def test_dense_matches_reference(shape, dtype, full):
     k, n = shape
     x, w = _dense(k, n, dtype)
     ref = _linear_fn("reference")(x, w)
-    for m in MS:
+    for m in _rows(full, dtype):
         got = _linear_fn("cuda")(x[:m], w)
         _check(got, ref[:m], dtype, f"K={k} N={n} M={m} plan={cuda_matmul.gemv_plan(m, n, k, 16, False, False)}")
 
 
+@FULL
 @pytest.mark.parametrize("dtype", DTYPES, ids=_name)
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"K{s[0]}_N{s[1]}")
-def test_nbits_matches_reference(shape, bits, dtype):
+def test_nbits_matches_reference(shape, bits, dtype, full):
     k, n = shape
     i = SHAPES.index(shape)
+    if not full and (i + bits // 4) % 2 != (jnp.dtype(dtype) == jnp.dtype(jnp.float16)):
+        pytest.skip("the default run takes one dtype per (shape, bits); -m slow both")
     block, zp = (32, 128)[i % 2], i % 3 != 0  # every (block, zero points) pair over the shapes
     x, bq, s, z = _nbits(k, n, bits, block, zp, dtype)
     kw = dict(k=k, n=n, bits=bits, block_size=block)
     ref = _nbits_fn("reference", **kw)(x, bq, s, z)
-    for m in (1, 3, 8, 32):
+    for m in (1, 3, 8, 32) if full else (1, 8, 32):
         got = _nbits_fn("cuda", **kw)(x[:m], bq, s, z)
         _check(got, ref[:m], dtype, f"K={k} N={n} M={m} bits={bits} block={block} zp={zp}")
 
 
+@FULL
 @pytest.mark.parametrize("dtype", DTYPES, ids=_name)
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("block", [16, 32, 64, 128, 256])
 @pytest.mark.parametrize("zp", [False, True], ids=["sym", "zp"])
-def test_nbits_blocks_and_zero_points(bits, block, zp, dtype):
+def test_nbits_blocks_and_zero_points(bits, block, zp, dtype, full):
     if bits == 4 and block == 16:
         pytest.skip("the kernels take 4-bit blocks >= 32 (routed to the reference)")
+    if not full and (block.bit_length() + zp) % 2 != (jnp.dtype(dtype) == jnp.dtype(jnp.float16)):
+        pytest.skip("the default run takes one dtype per (block, zero points); -m slow both")
     k, n = 1024, 512
     x, bq, s, z = _nbits(k, n, bits, block, zp, dtype, seed=1)
     kw = dict(k=k, n=n, bits=bits, block_size=block)
     ref = _nbits_fn("reference", **kw)(x, bq, s, z)
-    for m in (1, 5, 32):
+    for m in (1, 5, 32) if full else (5, 32):
         _check(_nbits_fn("cuda", **kw)(x[:m], bq, s, z), ref[:m], dtype, f"M={m}")
 
 
@@ -142,26 +162,28 @@ def _split(kw):
     return arrays, static
 
 
+@FULL
 @pytest.mark.parametrize("dtype", DTYPES, ids=_name)
 @pytest.mark.parametrize("fusion", FUSIONS)
 @pytest.mark.parametrize("shape", [(2048, 3072), (8192, 2048), (4096, 28672)], ids=lambda s: f"K{s[0]}_N{s[1]}")
-def test_dense_fusions(shape, fusion, dtype):
+def test_dense_fusions(shape, fusion, dtype, full):
     k, n = shape
     x, w = _dense(k, n, dtype, seed=1)
-    for m in (1, 8, 32):
+    for m in _rows(full, dtype, (1, 8, 32)):
         arrays, static = _split(_fusion_operands(fusion, k, n, m, dtype, seed=m))
         ref = _linear_fn("reference", **static)(x[:m], w, **arrays)
         got = _linear_fn("cuda", **static)(x[:m], w, **arrays)
         _check(got, ref, dtype, f"{fusion} M={m}")
 
 
+@FULL
 @pytest.mark.parametrize("dtype", DTYPES, ids=_name)
 @pytest.mark.parametrize("fusion", FUSIONS)
 @pytest.mark.parametrize("bits", [4, 8])
-def test_nbits_fusions(bits, fusion, dtype):
+def test_nbits_fusions(bits, fusion, dtype, full):
     k, n, block = 4096, 6144, 32
     x, bq, s, z = _nbits(k, n, bits, block, True, dtype, seed=2)
-    for m in (1, 8, 32):
+    for m in _rows(full, dtype, (1, 8, 32)):
         arrays, static = _split(_fusion_operands(fusion, k, n, m, dtype, seed=m))
         kw = dict(k=k, n=n, bits=bits, block_size=block, **static)
         ref = _nbits_fn("reference", **kw)(x[:m], bq, s, z, **arrays)
@@ -179,9 +201,10 @@ def _forced(kind, cluster, warps_k, **kw):
     return jax.jit(functools.partial(fn, cluster=cluster, warps_k=warps_k, **kw))
 
 
+@FULL
 @pytest.mark.parametrize("plan", PLANS, ids=lambda p: f"c{p[0]}_wk{p[1]}")
 @pytest.mark.parametrize("gated", [False, True], ids=["store", "gated"])
-def test_forced_plans(plan, gated):
+def test_forced_plans(plan, gated, full):
     if plan[0] > 1 and not cuda_matmul.sm90():
         pytest.skip("thread-block clusters need sm_90")
     dtype = jnp.bfloat16
@@ -189,7 +212,8 @@ def test_forced_plans(plan, gated):
     x, w = _dense(k, n, dtype, seed=3)
     _, bq, s, z = _nbits(k, n, 4, 128, True, dtype, seed=3)
     gamma = jnp.full((k,), 1.25, dtype)
-    for m in (1, 9, 32):
+    i = PLANS.index(plan) + gated
+    for m in (1, 9, 32) if full else ((1, 32) if i % 2 else (9,)):
         ref = _linear_fn("reference", gated=gated)(x[:m], w, norm_weight=gamma)
         got = _forced("dense", *plan, gated=gated)(x[:m], w, norm_weight=gamma)
         _check(got, ref, dtype, f"dense plan={plan} M={m}")
@@ -205,7 +229,7 @@ def test_ragged_shapes(shape, dtype):
     k, n = shape
     x, w = _dense(k, n, dtype, seed=4)
     bias = jnp.linspace(-1, 1, n).astype(dtype)
-    for m in (1, 7, 17, 32):
+    for m in _rows(False, dtype, (1, 7, 17, 32)):
         ref = _linear_fn("reference")(x[:m], w, bias)
         _check(_linear_fn("cuda")(x[:m], w, bias), ref, dtype, f"M={m}")
 
