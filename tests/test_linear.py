@@ -362,8 +362,8 @@ def _plan(*a, **kw):
 @pytest.mark.parametrize("bits", [16, 8, 4])
 def test_plan_covers_the_model_shapes(k, n, bits):
     for m in (1, 2, 3, 8, 16, 32):
-        for gated in (False, True):
-            p = _plan(m, n, k, bits, gated)
+        for gated, norm in ((False, False), (True, True)):
+            p = _plan(m, n, k, bits, gated, norm)
             assert p["error"] is None, p
             assert p["nt"] == (1 if m <= 8 else 2 if m <= 16 else 4)
             assert p["grid"] == p["groups"] * p["cluster"] and p["groups"] <= p["blocks"]
@@ -373,11 +373,12 @@ def test_plan_covers_the_model_shapes(k, n, bits):
             assert 2 <= p["stages"] <= 8
             assert p["smem_bytes"] <= (115712 if p["ctas_per_sm"] == 2 else 232448)
             assert p["x_bytes"] >= m * p["slice_chunks"] * p["chunk_k"] * 2
-            assert p == _plan(m, n, k, bits, gated)  # a pure function of the shape
+            assert p == _plan(m, n, k, bits, gated, norm)  # a pure function of the shape
 
 
 def test_plan_overrides_and_refusals():
     p = _plan(8, 4096, 4096, 16, False, cluster=4, warps_k=2)
+    assert not p["norm"] and _plan(8, 4096, 4096, 16, False, True)["norm"]
     assert p["error"] is None and p["cluster"] == 4 and p["warps_k"] == 2 and p["warps_n"] == 4
     assert "1 to 32 rows" in _plan(33, 64, 64, 16, False)["error"]
     assert "multiple of 8" in _plan(1, 64, 60, 16, False)["error"]
@@ -646,3 +647,28 @@ def test_kernel_gated_epilogue_maps_gate_and_up_rows(bits):
     g = _round(x.astype(np.float64) @ wg.astype(np.float64).T, dtype)
     u = _round(x.astype(np.float64) @ wu.astype(np.float64).T, dtype)
     np.testing.assert_allclose(got, _round(_silu(g) * u, dtype), rtol=2e-3, atol=1e-3)
+
+
+# --- the benchmark harness ----------------------------------------------------------------------
+
+def test_bench_linear_times_the_xla_peers_on_cpu_and_writes_json(tmp_path, capsys):
+    import json
+
+    from jax_onnx_attn.bench import __main__ as bench_main
+    from jax_onnx_attn.bench import linear as bench
+
+    out = tmp_path / "linear.json"
+    rc = bench_main.main(["linear", "--shapes", "64x32", "--rows", "1", "2", "--formats", "fp16",
+                          "int4", "--target-ms", "2", "--reps", "2", "--plans", "1,8", "--out", str(out)])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert doc["suite"] == "linear" and len(doc["results"]) == 4
+    for res in doc["results"]:
+        case = bench.Case(res["k"], res["n"], res["m"], res["fmt"])
+        assert res["bytes"] == case.bytes and res["rotations"] == case.rotations == 16
+        assert res["impls"]["xla-kn"]["us"] > 0, res
+        if res["fmt"] == "fp16":
+            assert res["impls"]["xla-nk"]["us"] > 0
+        assert "skip" in res["impls"]["ours"] and "skip" in res["impls"]["torch"]
+    assert doc["results"][2]["weight_bytes"] == 32 * 64 // 2 + 3 * 32 * 2  # int4 + scales + zp
+    assert "ours and torch skipped" in capsys.readouterr().err

@@ -12,9 +12,9 @@ namespace joa::gemv {
 inline void BindPlan(nanobind::module_& m) {
   namespace nb = nanobind;
   m.def("gemv_plan",
-        [](int64_t rows, int64_t n_rows, int64_t k, int bits, bool gated, bool cluster_ok,
+        [](int64_t rows, int64_t n_rows, int64_t k, int bits, bool gated, bool norm, bool sm90,
            int64_t cluster, int64_t warps_k) {
-          const Plan p = MakePlan(rows, n_rows, k, bits, gated, cluster_ok, cluster, warps_k);
+          const Plan p = MakePlan(rows, n_rows, k, bits, gated, norm, sm90, cluster, warps_k);
           nb::dict d;
           d["error"] = p.error.empty() ? nb::object(nb::none()) : nb::object(nb::str(p.error.c_str()));
           d["m"] = p.m; d["n_rows"] = p.n_rows; d["n_out"] = p.n_out; d["k"] = p.k; d["bits"] = p.bits;
@@ -23,14 +23,15 @@ inline void BindPlan(nanobind::module_& m) {
           d["cpp"] = p.cpp; d["stages"] = p.stages; d["slice_chunks"] = p.slice_chunks;
           d["rows_block"] = p.rows_block; d["blocks"] = p.blocks; d["groups"] = p.groups;
           d["grid"] = p.grid; d["waves"] = p.waves; d["ctas_per_sm"] = p.ctas_per_sm;
-          d["x_bytes"] = p.x_bytes; d["red_bytes"] = p.red_bytes; d["smem_bytes"] = p.smem_bytes;
+          d["norm"] = p.norm; d["x_bytes"] = p.x_bytes; d["red_bytes"] = p.red_bytes; d["smem_bytes"] = p.smem_bytes;
           d["est_us"] = p.est_us;
           return d;
         },
-        nb::arg("rows"), nb::arg("n_rows"), nb::arg("k"), nb::arg("bits"), nb::arg("gated"),
-        nb::arg("cluster_ok"), nb::arg("cluster") = 0, nb::arg("warps_k") = 0,
+        nb::arg("rows"), nb::arg("n_rows"), nb::arg("k"), nb::arg("bits"), nb::arg("gated"), nb::arg("norm"),
+        nb::arg("sm90"), nb::arg("cluster") = 0, nb::arg("warps_k") = 0,
         "The GEMV engine's launch plan for x [rows, k] and a weight of n_rows rows of `bits`-bit "
-        "elements (16 dense, 8, 4): a dict of its fields, 'error' None when the engine takes it.");
+        "elements (16 dense, 8, 4), with the RMS-norm prologue or not, on an sm_90+ GPU (sm90) or an older one: a dict of its fields, "
+        "'error' None when the engine takes it.");
 }
 
 }  // namespace joa::gemv

@@ -22,8 +22,9 @@ DENSE_BITS = 16
 
 
 @functools.cache
-def cluster_capable() -> bool:
-    """Whether the GPU runs thread-block clusters (sm_90+): the plan may split K over a cluster.
+def sm90() -> bool:
+    """Whether the GPU is sm_90+ (thread-block clusters, 227 KB of shared memory a CTA), which the
+    plan may use; the handler asks the device the same question.
 
     Without a GPU visible to jax it answers True (the kernels never run there; shapes are judged as
     for the H200)."""
@@ -38,25 +39,25 @@ def cluster_capable() -> bool:
 
 
 @functools.cache
-def gemv_plan(rows: int, n_rows: int, k: int, bits: int, gated: bool, cluster: int = 0,
-              warps_k: int = 0) -> dict:
+def gemv_plan(rows: int, n_rows: int, k: int, bits: int, gated: bool, norm: bool = False,
+              cluster: int = 0, warps_k: int = 0) -> dict:
     """The engine's launch plan for x [rows, k] against a weight of n_rows rows of `bits`-bit
-    elements (16: dense; 8, 4: MatMulNBits), as a dict (ffi/kernels/gemv/plan.h: grid, warp
+    elements (16: dense; 8, 4: MatMulNBits), with the RMS-norm prologue or not, as a dict (ffi/kernels/gemv/plan.h: grid, warp
     layout, cluster, ring stages, shared memory, the model's estimate in µs). 'error' is None when
     the engine takes the shape, else why not. cluster / warps_k > 0 force that choice (sweeps).
     Raises RuntimeError without the compiled extension."""
     if _ffi is None or not hasattr(_ffi, "gemv_plan"):
         raise RuntimeError("the compiled extension jax_onnx_attn._ffi (with gemv_plan) is missing")
-    return dict(_ffi.gemv_plan(int(rows), int(n_rows), int(k), int(bits), bool(gated),
-                               cluster_capable(), int(cluster), int(warps_k)))
+    return dict(_ffi.gemv_plan(int(rows), int(n_rows), int(k), int(bits), bool(gated), bool(norm),
+                               sm90(), int(cluster), int(warps_k)))
 
 
-def unsupported(rows: int, n_rows: int, k: int, bits: int, gated: bool, block_size: int = 0,
-                cluster: int = 0, warps_k: int = 0) -> str | None:
+def unsupported(rows: int, n_rows: int, k: int, bits: int, gated: bool, norm: bool = False,
+                block_size: int = 0, cluster: int = 0, warps_k: int = 0) -> str | None:
     """Why the engine does not take this call (None when it does): the plan's reason, or for
     n-bit weights a block_size that is not a power of two >= the K one lane covers."""
     try:
-        plan = gemv_plan(rows, n_rows, k, bits, gated, cluster, warps_k)
+        plan = gemv_plan(rows, n_rows, k, bits, gated, norm, cluster, warps_k)
     except RuntimeError as e:
         return str(e)
     if plan["error"]:

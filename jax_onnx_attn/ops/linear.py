@@ -198,11 +198,11 @@ def _run(op, backend, ref_fn, cuda_fn, why, x, operands, residual, n_out):
     return y.reshape(lead + (n_out,))
 
 
-def _kernel_unsupported(x, n_rows, bits, gated, block_size=0) -> str | None:
+def _kernel_unsupported(x, n_rows, bits, gated, norm, block_size=0) -> str | None:
     if jnp.dtype(x.dtype) not in HALF_DTYPES:
         return f"x is {x.dtype}: the kernels take float16 and bfloat16"
     return cuda_matmul.unsupported(math.prod(x.shape[:-1]), n_rows, x.shape[-1], bits, gated,
-                                   block_size)
+                                   norm, block_size)
 
 
 def linear(x, w, bias=None, *, residual=None, norm_weight=None, norm_epsilon: float = 1e-6,
@@ -244,7 +244,7 @@ def linear(x, w, bias=None, *, residual=None, norm_weight=None, norm_epsilon: fl
     def ref_fn(x2, w, bias, norm_weight, r2):
         return reference.linear(x2, w, bias, r2, norm_weight, eps, gated)
 
-    why = _kernel_unsupported(x, w.shape[0], cuda_matmul.DENSE_BITS, gated)
+    why = _kernel_unsupported(x, w.shape[0], cuda_matmul.DENSE_BITS, gated, norm_weight is not None)
     cuda_fn = None
     if why is None:
         def cuda_fn(x2, w, bias, norm_weight, r2):
@@ -306,7 +306,7 @@ def matmul_nbits(x, b_quant, scales, zero_points=None, bias=None, *, k: int, n: 
         return reference.matmul_nbits(x2, b_quant, scales, zero_points, bias, r2, norm_weight, eps,
                                       gated, bits=bits, block_size=block_size)
 
-    why = _kernel_unsupported(x, n, bits, gated, block_size)
+    why = _kernel_unsupported(x, n, bits, gated, norm_weight is not None, block_size)
     cuda_fn = None
     if why is None:
         def cuda_fn(x2, b_quant, scales, zero_points, bias, norm_weight, r2):

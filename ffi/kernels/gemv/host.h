@@ -11,9 +11,9 @@
 
 namespace joa::gemv {
 
-// Whether the current device runs thread-block clusters (sm_90+). A device property, the same on
-// every call: the plan stays a function of static shapes on a given GPU.
-inline bool ClusterCapable() {
+// Whether the current device is sm_90+ (thread-block clusters, Hopper's shared memory). A device
+// property, the same on every call: the plan stays a function of static shapes on a given GPU.
+inline bool Sm90() {
   int dev = 0, major = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return false;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
@@ -24,7 +24,7 @@ inline bool ClusterCapable() {
 inline ffi::Error PlanAndLaunch(GemvParams& p, ffi::DataType dtype, int bits, Fusion fusion,
                                 int64_t cluster, int64_t warps_k, bool pdl, cudaStream_t stream,
                                 const char* op) {
-  const Plan plan = MakePlan(p.m, p.n_rows, p.k, bits, fusion.gated, ClusterCapable(), cluster, warps_k);
+  const Plan plan = MakePlan(p.m, p.n_rows, p.k, bits, fusion.gated, fusion.norm, Sm90(), cluster, warps_k);
   if (!plan.error.empty()) return InvalidArgument(std::string(op) + ": " + plan.error);
   if (plan.n_out != p.n_out) return InvalidArgument(std::string(op) + ": output width mismatch");
   cudaError_t err;

@@ -21,10 +21,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#include <cooperative_groups.h>
-#endif
-
+#include "kernels/gemv/cluster.cuh"
 #include "kernels/gemv/epilogue.cuh"
 #include "kernels/gemv/params.h"
 #include "kernels/gemv/plan.h"
@@ -33,36 +30,6 @@
 #include "kernels/ptx.cuh"
 
 namespace joa::gemv {
-
-__device__ __forceinline__ int ClusterRank(int cluster) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (cluster > 1) return int(cooperative_groups::this_cluster().block_rank());
-#endif
-  (void)cluster;
-  return 0;
-}
-
-// Every thread of every CTA of the cluster (a CTA barrier without a cluster).
-__device__ __forceinline__ void ClusterSync(int cluster) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (cluster > 1) {
-    cooperative_groups::this_cluster().sync();
-    return;
-  }
-#endif
-  (void)cluster;
-  __syncthreads();
-}
-
-// The same shared-memory address in CTA `rank` of the cluster.
-__device__ __forceinline__ const float* RemoteShared(const float* p, int rank) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  return cooperative_groups::this_cluster().map_shared_rank(const_cast<float*>(p), rank);
-#else
-  (void)rank;
-  return p;
-#endif
-}
 
 __device__ __forceinline__ void Add8(float (&v)[8], const float* src) {
   const float4 a = *reinterpret_cast<const float4*>(src);
@@ -79,7 +46,6 @@ __global__ void __launch_bounds__(kThreads, 2) GemvKernel(const __grid_constant_
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* s_x = smem;
   float* s_red = reinterpret_cast<float*>(smem + p.x_bytes);  // [2][warps_k][M][red_stride]
-  float* s_norm = reinterpret_cast<float*>(smem + p.x_bytes + p.red_bytes);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -111,11 +77,7 @@ __global__ void __launch_bounds__(kThreads, 2) GemvKernel(const __grid_constant_
   for (int i = 0; i < p.stages; ++i) issue(i);
 
   ptx::WaitForPrimary();  // x, gamma, bias, residual may come from the previous kernel
-  if constexpr (Prologue::kNorm) {
-    Prologue::template Stats<T>(p, s_norm, warp, lane);
-    __syncthreads();
-  }
-  StageX<T, Weights, Prologue>(p, s_x, s_norm, slice0, tid);
+  StageX<T, Weights, Prologue>(p, smem, slice0, tid);
   __syncthreads();
 
   // The x row each lane's B fragment of n8 tile j reads (rows past M repeat row M - 1: their
@@ -131,7 +93,9 @@ __global__ void __launch_bounds__(kThreads, 2) GemvKernel(const __grid_constant_
 #pragma unroll
       for (int n = 0; n < kNT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
     }
-    CpAsyncWaitPending(p.stages - 1);  // step i's group has landed
+    // Step i's group has landed: groups so far are the ring's first `stages`, x's (all complete),
+    // then one per step; step i >= stages was the (i + 2)-th.
+    CpAsyncWaitPending(p.stages - 1);
     const int c = c_begin + j;
     const int block = group + it * p.groups;
     if (c < c_end) {

@@ -20,7 +20,7 @@ struct GemvParams {
   // The plan (MakePlan): chunks, warp layout, cluster, persistent row blocks.
   int kc, cpp, stages, slice_chunks;
   int cluster, warps_n, warps_k, rows_block, blocks, groups, red_stride;
-  int x_bytes, red_bytes, ring_offset;  // shared memory: x stage | reductions | norm | rings
+  int x_bytes, red_bytes, gamma_offset, ring_offset;  // smem: x | reductions | norm | gamma | rings
 };
 
 }  // namespace joa::gemv

@@ -7,7 +7,8 @@
 // of each of its 16 rows: 1 KB a chunk). It streams its chunks through its own cp.async ring of
 // `stages` slots in shared memory. A CTA of kWarps warps is warps_n row tiles x warps_k K parts; the
 // CTAs of a thread-block cluster (sm_90) split K once more. x's share of K is staged once per CTA
-// in shared memory, in the order the MMA fragments read it. CTAs loop over row blocks
+// in shared memory, in the order the MMA fragments read it (with the RMS-norm prologue, its slice of
+// gamma too). CTAs loop over row blocks
 // (persistent): block b, b + groups, ... Partial sums are reduced in shared memory (warps_k), then
 // across the cluster through distributed shared memory, always in the same order.
 #pragma once
@@ -26,11 +27,15 @@ inline constexpr int kMaxCluster = 16;
 // CTA slots the planner fills: an H200's 132 SMs. A constant, not a device query, so one call
 // shape always gets the same plan, hence the same bits.
 inline constexpr int kPlanSms = 132;
-// Shared memory per CTA when two CTAs share an SM, and for one CTA (228 KB per SM, 1 KB reserved
-// per CTA; the decode engine's kBudget2 / kBudget1).
+// Shared memory per CTA when two CTAs share an SM, and for one CTA: sm_90 (228 KB per SM, 1 KB
+// reserved per CTA; the decode engine's kBudget2 / kBudget1) and sm_80 (164 KB per SM, at most
+// 163 KB a CTA).
 inline constexpr int64_t kSmemTwoPerSm = 115712;
 inline constexpr int64_t kSmemOnePerSm = 232448;
-inline constexpr int64_t kNormBytes = 4 * kMaxM;  // the f32 inverse RMS of each x row
+inline constexpr int64_t kSmemTwoPerSm80 = 82944;
+inline constexpr int64_t kSmemOnePerSm80 = 166912;
+// RMS norm: per x row, this CTA's f32 sum of squares and the inverse RMS.
+inline constexpr int64_t kNormBytes = 2 * 4 * kMaxM;
 
 // Weight formats by bits per element: 16 (dense f16 / bf16), 8 or 4 (MatMulNBits). A lane loads 16
 // bytes of a W row per chunk: 8, 16 or 32 elements, i.e. 1, 2 or 4 "quads" of 8 x values, each quad
@@ -85,8 +90,9 @@ struct Plan {
   int waves = 0;         // row blocks per group, at most
   int red_stride = 0;    // f32 per x row in a reduction buffer (rows_block + 4: no bank conflicts)
   int ctas_per_sm = 1;
-  // Shared memory: x stage | reduction buffers | norm statistics | the warps' rings.
-  int64_t x_bytes = 0, red_bytes = 0, ring_offset = 0, smem_bytes = 0;
+  bool norm = false;
+  // Shared memory: x stage | reduction buffers | norm statistics | gamma's slice | the warps' rings.
+  int64_t x_bytes = 0, red_bytes = 0, gamma_offset = 0, ring_offset = 0, smem_bytes = 0;
   double est_us = 0.0;   // the cost model's estimate (for tuning; not a measurement)
 };
 
@@ -94,8 +100,8 @@ inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline int64_t Align16(int64_t a) { return (a + 15) / 16 * 16; }
 
 // Fills the layout-dependent fields of `p` (shape fields set) for one (cluster, warps_n, warps_k,
-// CTAs per SM). False if it does not fit.
-inline bool Layout(Plan& p, int cluster, int warps_n, int warps_k, int ctas_per_sm) {
+// CTAs per SM) on sm_90 or older GPUs. False if it does not fit.
+inline bool Layout(Plan& p, int cluster, int warps_n, int warps_k, int ctas_per_sm, bool sm90) {
   p.cluster = cluster;
   p.warps_n = warps_n;
   p.warps_k = warps_k;
@@ -106,9 +112,11 @@ inline bool Layout(Plan& p, int cluster, int warps_n, int warps_k, int ctas_per_
   p.x_bytes = Align16(int64_t(p.m) * p.slice_chunks * p.chunk_k * 2);
   // Two buffers (alternate row blocks) of [warps_k][M][red_stride] partial sums.
   p.red_bytes = Align16(int64_t(2) * warps_k * p.m * p.red_stride * 4);
-  p.ring_offset = p.x_bytes + p.red_bytes + kNormBytes;
+  p.gamma_offset = p.x_bytes + p.red_bytes + kNormBytes;
+  p.ring_offset = p.gamma_offset + (p.norm ? Align16(int64_t(p.slice_chunks) * p.chunk_k * 2) : 0);
   p.stage_bytes = StageBytes(p.bits);
-  const int64_t budget = ctas_per_sm == 2 ? kSmemTwoPerSm : kSmemOnePerSm;
+  const int64_t budget = ctas_per_sm == 2 ? (sm90 ? kSmemTwoPerSm : kSmemTwoPerSm80)
+                                          : (sm90 ? kSmemOnePerSm : kSmemOnePerSm80);
   const int64_t stages = (budget - p.ring_offset) / (int64_t(kWarps) * p.stage_bytes);
   if (stages < kMinStages) return false;
   p.stages = int(std::min<int64_t>(stages, kMaxStages));
@@ -137,9 +145,10 @@ inline bool Layout(Plan& p, int cluster, int warps_n, int warps_k, int ctas_per_
 }
 
 // The plan for y[m, n_out] = x[m, k] W^T with W of n_rows rows (n_out = n_rows / 2 when gated) and
-// `bits` per weight element. cluster_ok: the device runs thread-block clusters (sm_90+).
+// `bits` per weight element; norm: the RMS-norm prologue. sm90: the device is sm_90+ (thread-block clusters, 227 KB of shared
+// memory a CTA); else the plan keeps to sm_80's limits and no clusters.
 // force_cluster / force_warps_k > 0 restrict the choice (for sweeps); 0 lets the model choose.
-inline Plan MakePlan(int64_t m, int64_t n_rows, int64_t k, int bits, bool gated, bool cluster_ok,
+inline Plan MakePlan(int64_t m, int64_t n_rows, int64_t k, int bits, bool gated, bool norm, bool sm90,
                      int64_t force_cluster = 0, int64_t force_warps_k = 0) {
   Plan best;
   auto fail = [&](const std::string& why) {
@@ -159,13 +168,14 @@ inline Plan MakePlan(int64_t m, int64_t n_rows, int64_t k, int bits, bool gated,
   if (force_warps_k < 0 || force_warps_k > kWarps || (force_warps_k & (force_warps_k - 1))) {
     return fail("warps_k must be 0 (planned), 1, 2, 4 or 8");
   }
-  if (force_cluster > 1 && !cluster_ok) return fail("thread-block clusters need sm_90 or newer");
+  if (force_cluster > 1 && !sm90) return fail("thread-block clusters need sm_90 or newer");
   Plan base;
   base.m = int(m);
   base.n_rows = int(n_rows);
   base.n_out = int(gated ? n_rows / 2 : n_rows);
   base.k = int(k);
   base.bits = bits;
+  base.norm = norm;
   base.nt = TilesM(m);
   const FormatInfo f = Format(bits);
   base.quads = f.quads;
@@ -173,7 +183,7 @@ inline Plan MakePlan(int64_t m, int64_t n_rows, int64_t k, int bits, bool gated,
   base.chunk_k = f.chunk_k;
   base.kc = int(CeilDiv(k, f.chunk_k));
   bool found = false;
-  for (int cluster = 1; cluster <= (cluster_ok ? kMaxCluster : 1); cluster *= 2) {
+  for (int cluster = 1; cluster <= (sm90 ? kMaxCluster : 1); cluster *= 2) {
     if (force_cluster > 0 && cluster != force_cluster) continue;
     for (const auto& layout : kLayouts) {
       if (force_warps_k > 0 && layout[1] != force_warps_k) continue;
@@ -181,7 +191,7 @@ inline Plan MakePlan(int64_t m, int64_t n_rows, int64_t k, int bits, bool gated,
       if (int64_t(cluster) * layout[1] > base.kc && (force_cluster == 0 || force_warps_k == 0)) continue;
       for (int ctas_per_sm = 2; ctas_per_sm >= 1; --ctas_per_sm) {
         Plan p = base;
-        if (!Layout(p, cluster, layout[0], layout[1], ctas_per_sm)) continue;
+        if (!Layout(p, cluster, layout[0], layout[1], ctas_per_sm, sm90)) continue;
         // Ties (within 1%) go to the fewer K parts: fewer reductions and cluster barriers.
         if (!found || p.est_us < 0.99 * best.est_us) {
           best = p;
@@ -192,7 +202,7 @@ inline Plan MakePlan(int64_t m, int64_t n_rows, int64_t k, int bits, bool gated,
   }
   if (!found) {
     return fail("x's share of K does not fit in shared memory (M * K too large" +
-                std::string(cluster_ok ? "" : " without thread-block clusters") + ")");
+                std::string(sm90 ? "" : " below sm_90 (no clusters)") + ")");
   }
   return best;
 }

@@ -7,6 +7,11 @@
 // shared load read 128 contiguous bytes: no bank conflicts. 4-bit weights stage each unit permuted
 // to (x0, x4, x1, x5, x2, x6, x3, x7), the pair order their dequantisation produces (weights.cuh).
 // Units past K are zeros; chunks past the last are not staged (never read).
+//
+// Every unit (and gamma's slice) is requested with cp.async at once, so staging costs one L2 round
+// trip, overlapping the weight stream's first chunks; the statistics of the norm come from the
+// staged slice (summed over the cluster in rank order), and the norm and the permutation are then
+// applied in place.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -15,6 +20,7 @@
 #include <cstdint>
 
 #include "kernels/convert.cuh"
+#include "kernels/gemv/cluster.cuh"
 #include "kernels/gemv/params.h"
 #include "kernels/gemv/plan.h"
 #include "kernels/gemv/weights.cuh"
@@ -44,50 +50,20 @@ __device__ __forceinline__ uint4 AsUint4(const Vec8<T>& v) {
 // x as it is.
 struct PlainInput {
   static constexpr bool kNorm = false;
-  template <typename T>
-  __device__ __forceinline__ static void Stats(const GemvParams&, float*, int, int) {}
-  template <typename T>
-  __device__ __forceinline__ static uint4 Apply(const GemvParams&, const float*, uint4 v, int, int) {
-    return v;
-  }
 };
 
 // x <- round_T(x * rsqrt(mean(x^2) + eps) * gamma), statistics in f32 (onnxruntime's
-// SimplifiedLayerNormalization / jax_onnx_attn.ops.reference.norm.rms_norm). Every CTA computes the
-// statistics of all M rows over all of K with the same code, so they agree to the bit.
+// SimplifiedLayerNormalization / jax_onnx_attn.ops.reference.norm.rms_norm).
 struct RmsNormInput {
   static constexpr bool kNorm = true;
 
-  // s_norm[m] = rsqrt(mean_k x[m, k]^2 + eps); one warp per row, a fixed summation order.
   template <typename T>
-  __device__ __forceinline__ static void Stats(const GemvParams& p, float* s_norm, int warp, int lane) {
-    for (int m = warp; m < p.m; m += kWarps) {
-      const T* row = static_cast<const T*>(p.x) + int64_t(m) * p.k;
-      float s = 0.f;
-      for (int kk = 8 * lane; kk < p.k; kk += 8 * 32) {
-        const Vec8<T> v = AsVec8<T>(LoadInput16(row + kk));
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const float f = ToFloat(v.v[i]);
-          s = __fmaf_rn(f, f, s);
-        }
-      }
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-      if (lane == 0) s_norm[m] = rsqrtf(__fdiv_rn(s, float(p.k)) + p.eps);
-    }
-  }
-
-  template <typename T>
-  __device__ __forceinline__ static uint4 Apply(const GemvParams& p, const float* s_norm, uint4 v,
-                                                int m, int kk) {
-    const float r = s_norm[m];
-    const Vec8<T> x = AsVec8<T>(v);
-    const Vec8<T> gamma = AsVec8<T>(LoadInput16(static_cast<const T*>(p.gamma) + kk));
+  __device__ __forceinline__ static uint4 Apply(uint4 v, float r, uint4 gamma) {
+    const Vec8<T> x = AsVec8<T>(v), g = AsVec8<T>(gamma);
     Vec8<T> out;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      out.v[i] = FromFloat<T>(__fmul_rn(__fmul_rn(ToFloat(x.v[i]), r), ToFloat(gamma.v[i])));
+      out.v[i] = FromFloat<T>(__fmul_rn(__fmul_rn(ToFloat(x.v[i]), r), ToFloat(g.v[i])));
     }
     return AsUint4(out);
   }
@@ -99,28 +75,82 @@ __device__ __forceinline__ uint4 PermuteForNibbles(uint4 v) {
                     Prmt(v.y, v.w, 0x7632u));
 }
 
-// Stages this CTA's chunks [slice0, slice0 + slice_chunks) of x (s_norm ready when normalising).
+// Stages this CTA's chunks [slice0, slice0 + slice_chunks) of x (and of gamma with the norm).
+// Waits for every copy group of the thread (the weight ring's first ones too). Ends with the
+// CTA's units complete but not yet visible to other threads: the caller synchronises.
 template <typename T, class Weights, class Prologue>
-__device__ __forceinline__ void StageX(const GemvParams& p, unsigned char* s_x, const float* s_norm,
-                                       int slice0, int tid) {
+__device__ __forceinline__ void StageX(const GemvParams& p, unsigned char* smem, int slice0, int tid) {
   constexpr FormatInfo kF = Weights::kInfo;
+  unsigned char* s_x = smem;
+  float* s_part = reinterpret_cast<float*>(smem + p.x_bytes + p.red_bytes);  // [kMaxM] sums
+  float* s_norm = s_part + kMaxM;                                             // [kMaxM] 1 / rms
+  unsigned char* s_gamma = smem + p.gamma_offset;  // gamma[slice0 * chunk_k ...]
   const int chunks = min(p.slice_chunks, p.kc - slice0);
-  const int units = chunks * kF.quads * p.m * 4;
-  for (int u = tid; u < units; u += kThreads) {
-    const int t = u & 3;
+  const int units = max(chunks, 0) * kF.quads * p.m * 4;
+  auto unit_k = [&](int u, int& m) {  // K index of unit u's first element, and its x row
     int rest = u >> 2;
-    const int m = rest % p.m;
+    m = rest % p.m;
     rest /= p.m;
-    const int q = rest % kF.quads;
-    const int cl = rest / kF.quads;
-    const int kk = (slice0 + cl) * kF.chunk_k + kF.lane_k * t + 8 * q;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (kk < p.k) {
-      v = LoadInput16(static_cast<const T*>(p.x) + int64_t(m) * p.k + kk);
-      v = Prologue::template Apply<T>(p, s_norm, v, m, kk);
-      if constexpr (Weights::kPermuteX) v = PermuteForNibbles(v);
+    return (slice0 + rest / kF.quads) * kF.chunk_k + kF.lane_k * (u & 3) + 8 * (rest % kF.quads);
+  };
+  for (int u = tid; u < units; u += kThreads) {
+    int m;
+    const int kk = unit_k(u, m);
+    const bool valid = kk < p.k;
+    CpAsync16(SmemAddr(s_x + int64_t(u) * 16),
+              static_cast<const T*>(p.x) + (valid ? int64_t(m) * p.k + kk : 0), valid);
+  }
+  if constexpr (Prologue::kNorm) {
+    const int k0 = slice0 * kF.chunk_k;
+    for (int v = tid; v < max(chunks, 0) * kF.chunk_k / 8; v += kThreads) {
+      const bool valid = k0 + 8 * v < p.k;
+      CpAsync16(SmemAddr(s_gamma + v * 16), static_cast<const T*>(p.gamma) + (valid ? k0 + 8 * v : 0), valid);
     }
-    *reinterpret_cast<uint4*>(s_x + int64_t(u) * 16) = v;
+  }
+  CpAsyncCommit();
+  CpAsyncWaitPending(0);
+  if constexpr (Prologue::kNorm) {
+    __syncthreads();  // every unit landed, for the statistics
+    // This CTA's sum of squares of each x row over its slice: one warp per row, a fixed order.
+    const int warp = tid >> 5, lane = tid & 31;
+    for (int m = warp; m < p.m; m += kWarps) {
+      float s = 0.f;
+      for (int f = lane; f < max(chunks, 0) * kF.quads * 4; f += 32) {
+        const Vec8<T> x = AsVec8<T>(*reinterpret_cast<const uint4*>(
+            s_x + int64_t(((f >> 2) * p.m + m) * 4 + (f & 3)) * 16));
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const float e = ToFloat(x.v[i]);
+          s = __fmaf_rn(e, e, s);
+        }
+      }
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+      if (lane == 0) s_part[m] = s;
+    }
+    // The whole row's sum: the cluster's slices in rank order (so every CTA gets the same bits).
+    ClusterSync(p.cluster);
+    if (tid < p.m) {
+      float s = 0.f;
+      for (int r = 0; r < p.cluster; ++r) s += RemoteShared(s_part, r)[tid];
+      s_norm[tid] = rsqrtf(__fdiv_rn(s, float(p.k)) + p.eps);
+    }
+    __syncthreads();
+  }
+  if constexpr (Prologue::kNorm || Weights::kPermuteX) {
+    for (int u = tid; u < units; u += kThreads) {
+      int m;
+      const int kk = unit_k(u, m);
+      if (kk >= p.k) continue;  // zeros stay zeros
+      uint4* unit = reinterpret_cast<uint4*>(s_x + int64_t(u) * 16);
+      uint4 v = *unit;
+      if constexpr (Prologue::kNorm) {
+        v = Prologue::template Apply<T>(v, s_norm[m],
+                                        *reinterpret_cast<const uint4*>(s_gamma + (kk - slice0 * kF.chunk_k) * 2));
+      }
+      if constexpr (Weights::kPermuteX) v = PermuteForNibbles(v);
+      *unit = v;
+    }
   }
 }
 

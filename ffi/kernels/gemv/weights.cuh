@@ -201,7 +201,8 @@ struct NbitsWeights {
     for (int h = 0; h < 2; ++h) {
       const int r = row + 8 * h;
       const bool valid = r < p.n_rows && kk < p.k;
-      const uint8_t* src = static_cast<const uint8_t*>(p.w) + (valid ? int64_t(r) * row_bytes + kk * kBits / 8 : 0);
+      const int64_t offset = valid ? int64_t(r) * row_bytes + int64_t(kk) * kBits / 8 : 0;
+      const uint8_t* src = static_cast<const uint8_t*>(p.w) + offset;
       CpAsync16(SmemAddr(stage + (h * 32 + lane) * 16), src, valid);
       // Invalid lanes get scale 0: they add (0 - zp) * 0 = 0.
       const int64_t blk = valid ? Block(p, r, c, t) : 0;

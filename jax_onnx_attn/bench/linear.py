@@ -1,0 +1,296 @@
+"""Projections at decode sizes: our GEMV kernels vs XLA's `x @ w` and torch F.linear.
+
+One case is a weight of a decoder projection (K, N) in a format (fp16, bf16: dense; int4, int8:
+MatMulNBits with block 32 and zero points, x in fp16) against x [M, K], M in {1, 8, 32}. Peers in
+the same process on the same GPU: XLA with the weight as ONNX stores it ([K, N], `x @ w`) and as
+torch does ([N, K], `x @ w.T`); for the n-bit formats XLA's dequantise-and-dot (the ONNX lowering's
+path); torch `F.linear` in a CUDA graph (dense only).
+
+Timing: R calls on R different copies of the weight (R = enough copies that they do not fit the
+50 MB L2, at most 16) in one jitted function / one CUDA graph, its output buffers donated back so
+XLA replays its command buffer; dispatched M times back to back; per-call time = wall / (M * R),
+the median of several samples after a warm-up (the conventions of `bench.decode`).
+Effective GB/s = (weight bytes + scales + zero points + x + y) / time; HBM peak 4800 GB/s.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch shares the GPU
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import time
+
+from jax_onnx_attn.bench.decode import HBM_PEAK_GBS, _time_loop, _warm_up, _write, environment
+
+#: (K, N) of the 1B and 8B Llama-shaped decoders: qkv, o, gate_up, down; and the 128k lm head.
+SHAPES = ((2048, 3072), (2048, 2048), (2048, 16384), (8192, 2048), (4096, 6144), (4096, 4096),
+          (4096, 28672), (14336, 4096), (2048, 128256))
+FORMATS = ("fp16", "bf16", "int4", "int8")
+IMPLS = ("ours", "xla-kn", "xla-nk", "torch")
+ROTATE_BYTES = 256 << 20  # weight copies read in turn: together well past the 50 MB L2
+BLOCK = 32                # MatMulNBits block size (onnxruntime-genai's default)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One projection: x [m, k] against a weight [n, k] in `fmt` (fp16 | bf16 | int4 | int8)."""
+
+    k: int
+    n: int
+    m: int
+    fmt: str
+
+    @property
+    def bits(self) -> int:
+        """Bits per weight element (16 dense)."""
+        return {"int4": 4, "int8": 8}.get(self.fmt, 16)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of one weight copy: packed elements, plus 2-byte scales and 1-byte zero points."""
+        blocks = self.n * (self.k // BLOCK) if self.bits != 16 else 0
+        return self.n * self.k * self.bits // 8 + 3 * blocks
+
+    @property
+    def bytes(self) -> int:
+        """Bytes a call moves at least: the weight, x and y (2-byte elements)."""
+        return self.weight_bytes + 2 * self.m * (self.k + self.n)
+
+    @property
+    def rotations(self) -> int:
+        """Weight copies (= calls per jitted function / graph)."""
+        return max(1, min(16, math.ceil(ROTATE_BYTES / self.weight_bytes)))
+
+    def label(self) -> str:
+        """A one-line description of the case."""
+        return f"K={self.k} N={self.n} M={self.m} {self.fmt}"
+
+
+def _weights(case: Case, impl: str, seed: int = 0):
+    """The case's weight copies for a jax implementation, on the default device."""
+    import jax
+    import jax.numpy as jnp
+
+    dt = jnp.bfloat16 if case.fmt == "bf16" else jnp.float16
+    keys = jax.random.split(jax.random.PRNGKey(seed + case.k + case.n), case.rotations + 1)
+    if case.bits == 16:
+        shape = (case.k, case.n) if impl == "xla-kn" else (case.n, case.k)
+        return [(jax.random.normal(kk, shape, dt) * (1 / math.sqrt(case.k))).astype(dt)
+                for kk in keys[1:]]
+    kb = case.k // BLOCK
+    out = []
+    for kk in keys[1:]:
+        a, b, c = jax.random.split(kk, 3)
+        bq = jax.random.randint(a, (case.n, kb, BLOCK * case.bits // 8), 0, 256, jnp.int32).astype(jnp.uint8)
+        s = (jax.random.uniform(b, (case.n, kb), jnp.float32, 0.5, 1.5) / (1 << case.bits)).astype(dt)
+        z = jax.random.randint(c, (case.n, kb), 0, 1 << case.bits, jnp.int32).astype(jnp.uint8)
+        out.append((bq, s, z))
+    return out
+
+
+def bench_jax(case: Case, impl: str, target_s: float, reps: int, plan: tuple[int, int] = (0, 0)) -> float:
+    """Median seconds per call of "ours" (our kernels; plan = forced (cluster, warps_k), (0, 0) =
+    the planner's), "xla-kn" (x @ w[K, N]; n-bit: XLA dequantise + dot) or "xla-nk" (x @ w[N, K].T)."""
+    import jax
+    import jax.numpy as jnp
+
+    from jax_onnx_attn.ops import cuda_matmul
+    from jax_onnx_attn.ops.reference import linear as reference
+
+    dt = jnp.bfloat16 if case.fmt == "bf16" else jnp.float16
+    x = jax.random.normal(jax.random.PRNGKey(1), (case.m, case.k), dt)
+    ws = _weights(case, impl)
+    r = case.rotations
+    if case.bits == 16:
+        if impl == "ours":
+            def call(x, w):
+                return cuda_matmul.linear(x, w, cluster=plan[0], warps_k=plan[1])
+        elif impl == "xla-kn":
+            def call(x, w):
+                return x @ w
+        else:
+            def call(x, w):
+                return x @ w.T
+    else:
+        if impl == "ours":
+            def call(x, w):
+                return cuda_matmul.matmul_nbits(x, *w, bits=case.bits, block_size=BLOCK,
+                                                cluster=plan[0], warps_k=plan[1])
+        else:
+            def call(x, w):
+                return reference.matmul_nbits(x, *w, bits=case.bits, block_size=BLOCK)
+
+    # Independent calls on distinct weights (no CSE, no extra kernels between them); the previous
+    # outputs are donated so that every execution writes the same buffers and XLA replays its
+    # recorded command buffer instead of re-recording it.
+    def chain(outs, x, ws):
+        del outs
+        return tuple(call(x, ws[i]) for i in range(r))
+
+    run = jax.jit(chain, donate_argnums=(0,))
+    state = {"outs": tuple(jnp.zeros((case.m, case.n), dt) for _ in range(r))}
+
+    def go():
+        state["outs"] = run(state["outs"], x, ws)
+
+    try:
+        return _time_loop(go, lambda: jax.block_until_ready(state["outs"]), r, target_s, reps)
+    finally:
+        del ws, state
+
+
+def bench_torch(case: Case, target_s: float, reps: int) -> float:
+    """Median seconds per call of torch F.linear(x, w[N, K]) in a CUDA graph of R calls."""
+    import torch
+    import torch.nn.functional as F
+
+    dt = torch.bfloat16 if case.fmt == "bf16" else torch.float16
+    g = torch.Generator(device="cuda").manual_seed(case.k + case.n)
+    x = torch.randn(case.m, case.k, dtype=dt, device="cuda", generator=g)
+    ws = [torch.randn(case.n, case.k, dtype=dt, device="cuda", generator=g) / math.sqrt(case.k)
+          for _ in range(case.rotations)]
+    try:
+        def step():
+            return [F.linear(x, w) for w in ws]
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            step()  # warm-up outside the graph (cuBLAS handles, heuristics)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = step()
+        del outs
+        return _time_loop(graph.replay, torch.cuda.synchronize, case.rotations, target_s, reps)
+    finally:
+        del ws
+        torch.cuda.empty_cache()
+
+
+def _skip(case: Case, impl: str, gpu: bool, cuda_built: bool) -> str | None:
+    if impl == "ours":
+        if not (gpu and cuda_built):
+            return "no GPU / CUDA build"
+        from jax_onnx_attn.ops import cuda_matmul
+        return cuda_matmul.unsupported(case.m, case.n, case.k, case.bits, False, False, BLOCK)
+    if impl == "torch":
+        if case.bits != 16:
+            return "no n-bit peer"
+        if not gpu:
+            return "no GPU"
+    if impl == "xla-nk" and case.bits != 16:
+        return "n-bit: see xla-kn"
+    return None
+
+
+def cases(args) -> list[Case]:
+    """Every Case of args' formats x shapes x rows, grouped by weight (rows inner); the headline
+    formats first, so a time budget keeps them."""
+    shapes = [tuple(map(int, s.split("x"))) for s in args.shapes] if args.shapes else SHAPES
+    return [Case(k, n, m, fmt) for fmt in args.formats for k, n in shapes for m in args.rows]
+
+
+def format_table(results: list[dict], impls: list[str]) -> str:
+    """The results as a text table: our µs, GB/s and % of peak, the peers' µs and their ratio to ours."""
+    peers = [i for i in impls if not i.startswith("ours")]
+    head = ["case", "ours us", "GB/s", "%peak"] + [f"{p} us" for p in peers] + [f"x{p}" for p in peers]
+    rows = [head]
+    for res in results:
+        t = res["impls"]
+        ours = t.get("ours", {}).get("us")
+        row = [res["label"], f"{ours:.1f}" if ours else "-",
+               f"{t['ours']['gbs']:.0f}" if ours else "-",
+               f"{100 * t['ours']['gbs'] / HBM_PEAK_GBS:.0f}" if ours else "-"]
+        for p in peers:
+            us = t.get(p, {}).get("us")
+            row.append(f"{us:.1f}" if us else t.get(p, {}).get("skip", "-")[:12])
+        for p in peers:
+            us = t.get(p, {}).get("us")
+            row.append(f"{us / ours:.2f}" if us and ours else "-")
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return "\n".join("  ".join(x.rjust(w) if i else x.ljust(w) for i, (x, w) in enumerate(zip(r, widths)))
+                     for r in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the linear suite (see --help); print a table, optionally write JSON. Returns 0."""
+    ap = argparse.ArgumentParser(prog="python -m jax_onnx_attn.bench linear", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", nargs="+", help="KxN weights (default: the 1B / 8B projections)")
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32], help="M: rows of x")
+    ap.add_argument("--formats", nargs="+", default=["fp16", "int4", "bf16", "int8"], choices=FORMATS)
+    ap.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
+    ap.add_argument("--plans", nargs="*", default=[],
+                    help="extra plans of ours to time, as CLUSTER,WARPS_K (e.g. 1,8 4,2): tuning")
+    ap.add_argument("--target-ms", type=float, default=10.0, help="wall time per timing sample")
+    ap.add_argument("--reps", type=int, default=3, help="timing samples (median reported)")
+    ap.add_argument("--max-seconds", type=float, default=55.0,
+                    help="stop starting new cases after this long (partial results are kept)")
+    ap.add_argument("--out", help="write the JSON results here")
+    args = ap.parse_args(argv)
+
+    import jax
+
+    env = environment()
+    print(json.dumps({k: env[k] for k in ("gpu", "jax", "jaxlib", "torch", "commit")}, indent=1))
+    gpu = any(d.platform == "gpu" for d in jax.devices())
+    cuda_built = bool(env["build"]["cuda"])
+    if not (gpu and cuda_built):
+        print("ours and torch skipped (no GPU or no CUDA build): timing the XLA peers only",
+              file=sys.stderr)
+    plans = [tuple(int(v) for v in p.split(",")) for p in args.plans]
+    _warm_up(2.0 if gpu else 0.2)
+    results: list[dict] = []
+    start = time.perf_counter()
+    for case in cases(args):
+        if time.perf_counter() - start > args.max_seconds:
+            print(f"time budget reached: stopping before {case.label()}")
+            break
+        res = {**dataclasses.asdict(case), "label": case.label(), "bytes": case.bytes,
+               "weight_bytes": case.weight_bytes, "rotations": case.rotations, "impls": {}}
+        if cuda_built:
+            from jax_onnx_attn.ops import cuda_matmul
+            res["plan"] = cuda_matmul.gemv_plan(case.m, case.n, case.k, case.bits, False)
+        runs = [(impl, (0, 0)) for impl in args.impls] + [("ours", p) for p in plans]
+        for impl, plan in runs:
+            name = impl if plan == (0, 0) else f"ours[c{plan[0]},wk{plan[1]}]"
+            why = _skip(case, impl, gpu, cuda_built)
+            if why is None and plan != (0, 0):
+                from jax_onnx_attn.ops import cuda_matmul
+                why = cuda_matmul.unsupported(case.m, case.n, case.k, case.bits, False, False, BLOCK, *plan)
+            if why:
+                res["impls"][name] = {"skip": why}
+                continue
+            try:
+                sec = (bench_torch(case, args.target_ms / 1e3, args.reps) if impl == "torch"
+                       else bench_jax(case, impl, args.target_ms / 1e3, args.reps, plan))
+                res["impls"][name] = {"us": sec * 1e6, "gbs": case.bytes / sec / 1e9}
+            except Exception as e:  # a peer that cannot run a shape is a result, not a crash
+                res["impls"][name] = {"skip": f"error: {type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+        results.append(res)
+        t = res["impls"]
+        print(f"{case.label():32s} " + "  ".join(
+            f"{i}={t[i]['us']:.1f}us/{t[i]['gbs']:.0f}GB/s" if "us" in t[i] else f"{i}={t[i]['skip'][:30]}"
+            for i in t), flush=True)
+        if args.out:
+            _write(args.out, env, results, args, suite="linear")
+    print()
+    print(format_table(results, list(args.impls)))
+    print("\nus: per call; GB/s: (weight + scales + x + y bytes) / time; %peak of 4800 GB/s; "
+          "xPEER: peer time / our time")
+    if args.out:
+        _write(args.out, env, results, args, suite="linear")
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
