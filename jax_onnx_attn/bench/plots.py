@@ -37,6 +37,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from jax_onnx_attn.runtime import roofline as _roofline
+
 #: The folder of the committed benchmark JSON and of the regenerated figures, from the repo root.
 RESULTS_DIR = Path("bench/results")
 IMAGES_DIR = Path("docs/images")
@@ -67,8 +69,10 @@ class Hardware:
         return self.peak_tflops.get(dtype)
 
 
-#: NVIDIA H200 SXM: 4.8 TB/s HBM3e; ~989 TFLOP/s dense bf16/fp16 tensor core; 67 TFLOP/s fp32 (CUDA cores).
-H200 = Hardware("NVIDIA H200", 4800.0, {"bfloat16": 989.0, "float16": 989.0, "float32": 67.0})
+#: NVIDIA H200 SXM: 4.8 TB/s HBM3e; ~989 TFLOP/s dense bf16/fp16 tensor core; 67 TFLOP/s fp32 (CUDA
+#: cores): the numbers of jax_onnx_attn.runtime.roofline (the one definition of the bound).
+H200 = Hardware("NVIDIA H200", _roofline.H200_HBM_BYTES_PER_S / 1e9,
+                {k: v / 1e12 for k, v in _roofline.H200_PEAK_FLOPS.items()})
 HARDWARE = {"H200": H200}
 
 
