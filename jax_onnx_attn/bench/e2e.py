@@ -33,7 +33,8 @@ prefill (logits at every position, as the graph computes them; first token by ar
 frac_of_gemm_peak = the prefill's FLOPs (roofline: 2 x matmul params x tokens + causal attention)
 per second over the fp16 GEMM peak measured in this run (a chain of 8192^3 matmuls in jax).
 
-Kernels per step: one decode call traced with jax.profiler (create_perfetto_trace=True), the
+Kernels per step (--profile first: each group's first case): one decode call traced with
+jax.profiler (create_perfetto_trace=True), the
 kernels on the GPU's stream lines of the Chrome-trace JSON counted and divided by K (torch: its
 profiler's CUDA kernels of one graph replay); null with a note when the trace has no device events
 (e.g. on a CPU).
@@ -43,9 +44,11 @@ Verification: on the first B=1 case of each group, the greedy tokens of ours
 (`verify` in the JSON, with the number of leading tokens that agree).
 
 Budget: --max-seconds bounds the whole run (model making included); each (model, weights) group
-gets an equal share of what is left when it starts, runs its first case regardless and then its
-cases in order of priority until its share is spent; cases not run are listed under "skipped" with
-the reason (memory, time budget). The JSON is rewritten after every case.
+gets a share of what is left when it starts, in proportion to 1 + its weights' GB / 4 (it is not opened when less than OPEN_S_PER_GB
+seconds per GB of weights are left), runs its first case regardless and then its cases in order of
+priority while the previous case's duration still fits in its share; cases not run are listed under
+"skipped" with the reason (memory, time budget). A case that starts near the end may overrun the
+budget by its own duration. The JSON is rewritten after every case.
 """
 
 from __future__ import annotations
@@ -78,8 +81,8 @@ IMPLS = ("ours", "jax-peer", "torch-peer")
 WEIGHTS = {"fp16": dict(dtype="float16", weight_bits=0), "bf16": dict(dtype="bfloat16", weight_bits=0),
            "int4": dict(dtype="float16", weight_bits=4), "int8": dict(dtype="float16", weight_bits=8)}
 #: The --quick subset: (model, weights, batch, ctx).
-QUICK = (("1b", "fp16", 1, 2048), ("1b", "fp16", 8, 2048), ("1b", "int4", 1, 2048),
-         ("1b", "int4", 8, 2048), ("8b", "fp16", 1, 2048))
+QUICK = (("1b", "fp16", 1, 2048), ("1b", "fp16", 8, 2048), ("8b", "fp16", 1, 2048),
+         ("1b", "int4", 1, 2048), ("1b", "int4", 8, 2048))
 #: Within a group, cases run by context in this order, then by batch (what a budget keeps first).
 CTX_PRIORITY = (2048, 8192, 32768, 1024)
 BATCH_PRIORITY = (1, 8, 32)
@@ -87,6 +90,9 @@ BATCH_PRIORITY = (1, 8, 32)
 #: one cache-sized region while torch allocates its own).
 MEMORY_SHARE = 0.9
 VERIFY_PROMPT = 16
+#: A group is not opened when less time is left than this many seconds per GB of weights (making,
+#: writing and lowering a model, then at least one case).
+OPEN_S_PER_GB = 4.0
 CAPACITY_ALIGN = 256
 
 
@@ -507,9 +513,8 @@ def measure_jax_peer(g: Group, case: Case, capacity: int, prefill: bool, verify:
 
 
 def _profile_this(g: Group, case: Case, args) -> bool:
-    """--profile first: the group's cases at its first context (one per batch size); all: every
-    case; none: no case."""
-    return args.profile == "all" or (args.profile == "first" and g.info.get("first_ctx") == case.ctx)
+    """--profile first: the group's first case; all: every case; none: no case."""
+    return args.profile == "all" or (args.profile == "first" and g.info.get("first_case") == case.label())
 
 
 def measure_torch_peer(g: Group, case: Case, capacity: int, prefill: bool, verify: bool, args, env) -> dict:
@@ -563,6 +568,12 @@ def measure_torch_peer(g: Group, case: Case, capacity: int, prefill: bool, verif
 
 
 MEASURE = {"ours": measure_ours, "jax-peer": measure_jax_peer, "torch-peer": measure_torch_peer}
+
+
+def _group_weight(config) -> float:
+    """A group's share of the budget, relative to others: 1 + its weights in GB / 4 (bigger models
+    take longer to make, lower and run)."""
+    return 1.0 + config.file_bytes() / 4e9
 
 
 def run_case(g: Group, case: Case, args, env, impls, verify: bool) -> tuple[list[dict], dict | None]:
@@ -674,10 +685,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=3, help="timing samples (median reported)")
     ap.add_argument("--prefill-reps", type=int, default=2, help="timed prefills (best reported)")
     ap.add_argument("--profile", choices=["first", "all", "none"], default="first",
-                    help="trace kernels per step: the first context of each group, every case, none")
+                    help="trace kernels per step: each group's first case, every case, none")
     ap.add_argument("--hbm", type=float, default=H200_HBM_BYTES_PER_S, help="HBM bytes/s of the bound")
     ap.add_argument("--max-seconds", type=float, default=None,
-                    help="budget for the whole run incl. making models (default 480, --quick 180)")
+                    help="budget for the whole run incl. making models (default 420, --quick 240)")
     ap.add_argument("--models-dir", default=None, help="where models are made and reused "
                     "(default $JOA_MODELS_DIR or /tmp/joa-models)")
     ap.add_argument("--compile-cache", default="/tmp/joa-jax-cache",
@@ -688,7 +699,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="write the JSON results here")
     args = ap.parse_args(argv)
     if args.max_seconds is None:
-        args.max_seconds = 180.0 if args.quick else 480.0
+        args.max_seconds = 240.0 if args.quick else 420.0
     start = time.perf_counter()
 
     import jax
@@ -724,8 +735,13 @@ def main(argv: list[str] | None = None) -> int:
         if elapsed >= args.max_seconds:
             skipped += [{**dataclasses.asdict(c), "why": "time budget"} for c in group_cases]
             continue
-        share_end = time.perf_counter() + (args.max_seconds - elapsed) / (len(groups) - gi)
         cfg = model_config(group_cases[0], args.seed)
+        weights_left = sum(_group_weight(model_config(Case(m, w, 1, 1), args.seed)) for m, w in groups[gi:])
+        share_end = time.perf_counter() + (args.max_seconds - elapsed) * _group_weight(cfg) / weights_left
+        if args.max_seconds - elapsed < OPEN_S_PER_GB * cfg.file_bytes() / 1e9:
+            skipped += [{**dataclasses.asdict(c), "why": "time budget (making and lowering the model)"}
+                        for c in group_cases]
+            continue
         fits = []
         for c in group_cases:
             why = memory_skip(c, cfg, capacity_for(c.ctx, args), limit)
@@ -744,14 +760,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"   cannot make / lower the model: {_err(e)}", flush=True)
             save()
             continue
-        g.info["first_ctx"] = fits[0].ctx
+        g.info["first_case"] = fits[0].label()
         models[f"{key[0]}/{key[1]}"] = g.info
         print(f"   made in {g.info['build_s']:.1f} s, lowered in {g.info['load_s']:.1f} s; "
               f"peers: {g.peer_skip or 'all'}", flush=True)
         verified = not args.verify
+        last_case_s = 0.0  # a case is not started when the previous one's time would overrun
         for i, case in enumerate(fits):
             now = time.perf_counter()
-            if i and (now > share_end or now - start > args.max_seconds):
+            if i and (now + last_case_s > share_end or now + last_case_s - start > args.max_seconds):
                 skipped.append({**dataclasses.asdict(case), "why": "time budget"})
                 continue
             do_verify = not verified and case.batch == 1
@@ -762,8 +779,9 @@ def main(argv: list[str] | None = None) -> int:
                 verify.append(ver)
                 print(f"   verify: leading tokens equal to ours {ver['agree_with_ours']} of {1 + args.steps}",
                       flush=True)
+            last_case_s = time.perf_counter() - t0
             for r in recs:
-                r["case_s"] = time.perf_counter() - t0
+                r["case_s"] = last_case_s
                 results.append(r)
                 line = "  ".join(
                     f"{impl}={m['ms']:.3f}ms/{m.get('frac_of_bound', m.get('frac_of_gemm_peak')) or 0:.2f}"
