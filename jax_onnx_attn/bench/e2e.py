@@ -18,7 +18,9 @@ nothing read back between calls:
     rows at length T and runs m calls of the session's compiled decode executable
     (`DecoderSession.run_decode`, the executable `generate` uses);
   * jax-peer: one jitted fori_loop of K steps from position T, cache donated;
-  * torch-peer: K steps captured in one CUDA graph, replayed.
+  * torch-peer: K steps captured in one CUDA graph, replayed (eager ops by default; --torch-compile
+    captures the torch.compile'd step instead, whose compile time the default budget does not hold).
+    Not run for MatMulNBits models (see bench/e2e_peers.py: the skip says why).
 After a warm-up call (compilation) and one timed call that sets m (so that a sample lasts about
 --target-ms, at most --max-calls calls), ms/step = the median over --reps samples of
 (wall time of m calls) / (m * K). The host dispatches the m calls back to back and synchronises once,
@@ -337,11 +339,12 @@ def open_group(case: Case, args, impls) -> Group:
     g.info = {"config": dataclasses.asdict(config), "path": str(path), "params": config.param_count(),
               "file_bytes": config.file_bytes(), "build_s": build_s, "load_s": load_s,
               "step_cost": g.cost.as_dict()}
-    for impl, cls in (("jax-peer", JaxPeer), ("torch-peer", TorchPeer)):
+    for impl, make in (("jax-peer", lambda: JaxPeer(g.lowered)),
+                       ("torch-peer", lambda: TorchPeer(g.lowered, compile=args.torch_compile))):
         if impl not in impls:
             continue
         try:
-            peer = cls(g.lowered)
+            peer = make()
             setattr(g, impl.replace("-", "_"), peer)
         except PeerUnsupported as e:
             g.peer_skip[impl] = str(e)
@@ -529,6 +532,8 @@ def measure_jax_peer(g: Group, case: Case, capacity: int, prefill: bool, verify:
 
     sec, detail = time_steps(lambda: None, call, sync, k, args.target_ms / 1e3, args.max_calls, args.reps)
     rec = _decode_record(g, case, sec, args.hbm, compile_s=compile_s, attention=peer.attention, **detail)
+    if peer.spec.quantized:
+        rec["weights_note"] = "MatMulNBits weights dequantised inside the jit (XLA fuses it)"
     if peer.attention_note:
         rec["attention_note"] = peer.attention_note
     rec.update(jax_kernels_per_step(lambda: None, call, sync, k) if _profile_this(g, case, args)
@@ -589,7 +594,7 @@ def measure_torch_peer(g: Group, case: Case, capacity: int, prefill: bool, verif
         dec.pos0.fill_(t)
         sec, detail = time_steps(lambda: None, dec, sync, k, args.target_ms / 1e3, args.max_calls, args.reps)
     rec = _decode_record(g, case, sec, args.hbm, compile_s=compile_s, cuda_graph=dec.graph is not None,
-                         weights_shared=peer.shared, **detail)
+                         weights_shared=peer.shared, torch_compile=peer.compiled, **detail)
     rec.update(torch_kernels_per_step(dec, k) if _profile_this(g, case, args)
                else {"kernels_per_step": None})
     out["decode"] = rec
@@ -725,6 +730,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="jax's persistent compilation cache on a GPU ('none': off)")
     ap.add_argument("--seed", type=int, default=0, help="weights' seed")
     ap.add_argument("--no-verify", dest="verify", action="store_false", help="skip the token check")
+    ap.add_argument("--torch-compile", action="store_true",
+                    help="torch.compile the torch peer's decode step before its CUDA graph (its "
+                         "compile time is not in the default budget: off by default)")
     ap.add_argument("--progress", action="store_true", help="progress bars while making models")
     ap.add_argument("--out", help="write the JSON results here")
     args = ap.parse_args(argv)

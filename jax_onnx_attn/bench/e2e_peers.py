@@ -18,7 +18,8 @@ or next to the product: the weight stays packed in HBM.
 torch-peer: the same step with `F.linear` on the [K, N] weights seen as [N, K] (a transposed view,
 no copy), `F.scaled_dot_product_attention` (GQA as [B, Hkv, group, D] queries against the
 [B, Hkv, C, D] static cache, a boolean mask of the valid keys; causal with enable_gqa for prompts),
-`index_copy_` into the static cache; K decode steps captured in one CUDA graph (eager on a CPU).
+`index_copy_` into the static cache; K decode steps captured in one CUDA graph (eager on a CPU);
+with compile=True (the bench's --torch-compile) the step is torch.compile'd before the capture.
 Quantised (MatMulNBits) models are not run: core torch has no packed int4/int8 weight-only GEMM, and
 a dequantised copy would stream 4x the bytes, so it would not be a peer of an int4 decoder.
 """
@@ -191,19 +192,22 @@ class JaxPeer:
     def _weight(self, p, proj: Proj):
         """The [K, N] weight (dense) or its in-jit dequantisation ([N, K], transposed=True)."""
         import jax.numpy as jnp
+        from jax import lax
         if not proj.bits:
             return p[proj.names[0]], False
         packed, scales = p[proj.names[0]], p[proj.names[1]]
         n, kb, _ = packed.shape
         if proj.bits == 4:
-            codes = jnp.stack([packed & 15, packed >> 4], axis=-1).reshape(n, kb, -1)
+            # uint8 -> uint4 pairs (low nibble first): XLA sees a 4-bit operand it can fuse into the
+            # product rather than shifts and masks.
+            codes = lax.bitcast_convert_type(packed, jnp.uint4).reshape(n, kb, -1)
         else:
             codes = packed
         dt = self.dtype
         if len(proj.names) > 2:
             zp = p[proj.names[2]]
             if proj.bits == 4:
-                zp = jnp.stack([zp & 15, zp >> 4], axis=-1).reshape(n, -1)
+                zp = lax.bitcast_convert_type(zp, jnp.uint4).reshape(n, -1)
             zp = zp[:, :kb, None].astype(dt)
         else:
             zp = jnp.asarray(1 << (proj.bits - 1), dt)
@@ -375,9 +379,10 @@ class TorchPeer:
 
     Attributes:
       shared: True when every weight was shared through DLPack (no copy).
+      compiled: True when the decode step is torch.compile'd (inductor kernels, then the CUDA graph).
     """
 
-    def __init__(self, lowered, device: str | None = None):
+    def __init__(self, lowered, device: str | None = None, compile: bool = False):
         torch, why = torch_status()
         if torch is None:
             raise PeerUnsupported(why)
@@ -391,6 +396,9 @@ class TorchPeer:
         self.w = {}
         for name in self.spec.param_names():
             self.w[name] = self._share(lowered.params[name])
+        #: The decode step the graph captures: forward, or torch.compile(forward) when asked.
+        self.compiled = bool(compile)
+        self.step = torch.compile(self.forward, dynamic=False) if compile else self.forward
 
     def _share(self, arr):
         torch = self.torch
@@ -514,7 +522,7 @@ class TorchDecoder:
         self._pos.copy_(self.pos0)
         tok = self.tok
         for i in range(self.steps):
-            logits = self.peer.forward(tok[:, None], self._pos, self.caches, prefill=False)
+            logits = self.peer.step(tok[:, None], self._pos, self.caches, prefill=False)
             nxt = torch.argmax(logits[:, 0], dim=-1)
             self.toks[i].copy_(nxt)
             tok = self.toks[i]
