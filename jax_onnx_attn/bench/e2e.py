@@ -81,6 +81,7 @@ from jax_onnx_attn.runtime.roofline import H200_HBM_BYTES_PER_S
 IMPLS = ("ours", "jax-peer", "torch-peer")
 #: Weight formats: DecoderConfig overrides.
 WEIGHTS = {"fp16": dict(dtype="float16", weight_bits=0), "bf16": dict(dtype="bfloat16", weight_bits=0),
+           "fp32": dict(dtype="float32", weight_bits=0),
            "int4": dict(dtype="float16", weight_bits=4), "int8": dict(dtype="float16", weight_bits=8)}
 #: The --quick subset: (model, weights, batch, ctx).
 QUICK = (("1b", "fp16", 1, 2048), ("1b", "fp16", 8, 2048), ("8b", "fp16", 1, 2048),

@@ -224,12 +224,12 @@ PRESETS: dict[str, DecoderConfig] = {
 PRESET_ALIASES = {"1b": "llama-3.2-1b", "8b": "llama-3.1-8b", "0.7b": "issue"}
 
 
-def preset(name: str, **overrides) -> DecoderConfig:
-    """The preset `name` (or an alias: "1b", "8b") with `overrides` applied, e.g.
-    `preset("8b", weight_bits=4)`."""
-    key = PRESET_ALIASES.get(name, name)
+def preset(preset_name: str, /, **overrides) -> DecoderConfig:
+    """The preset `preset_name` (or an alias: "1b", "8b") with `overrides` applied (any DecoderConfig
+    field, `name` included), e.g. `preset("8b", weight_bits=4)`."""
+    key = PRESET_ALIASES.get(preset_name, preset_name)
     if key not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; known: {sorted(PRESETS)} "
+        raise ValueError(f"unknown preset {preset_name!r}; known: {sorted(PRESETS)} "
                          f"(aliases {sorted(PRESET_ALIASES)})")
     return PRESETS[key].replace(**overrides)
 
