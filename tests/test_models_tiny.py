@@ -53,8 +53,9 @@ def test_graph_is_builder_shaped():
     inputs = [i.name for i in model.graph.input]
     outputs = [o.name for o in model.graph.output]
     assert inputs[:2] == ["input_ids", "attention_mask"]
-    assert inputs[2:] == [f"past_key_values.{i}.{kv}" for i in range(3) for kv in ("key", "value")]
-    assert outputs == ["logits"] + [f"present.{i}.{kv}" for i in range(3) for kv in ("key", "value")]
+    # The builder's order: every layer's key, then every layer's value.
+    assert inputs[2:] == [f"past_key_values.{i}.{kv}" for kv in ("key", "value") for i in range(3)]
+    assert outputs == ["logits"] + [f"present.{i}.{kv}" for kv in ("key", "value") for i in range(3)]
     gqa = [n for n in model.graph.node if n.op_type == "GroupQueryAttention"]
     assert len(gqa) == 3
     attrs = {a.name: a for a in gqa[0].attribute}

@@ -93,7 +93,8 @@ class _StandInStep:
             gate = h @ w[p + "mlp.gate_proj.MatMul.weight"]
             up = h @ w[p + "mlp.up_proj.MatMul.weight"]
             residual = residual + (gate * jax.nn.sigmoid(gate) * up) @ w[p + "mlp.down_proj.MatMul.weight"]
-            norm = f"model.layers.{i + 1}.input_layernorm.weight" if i + 1 < c.layers else "model.norm.weight"
+            norm = (f"model.layers.{i + 1}.input_layernorm.weight" if i + 1 < c.layers
+                    else f"model.layers.{c.layers}.final_norm_layernorm.weight")
             h = rms_norm(residual, w[norm], c.rms_eps)
         return h @ w["lm_head.MatMul.weight"], new_cache
 

@@ -2,7 +2,9 @@
 
     python tools/plot_bench.py [--results bench/results] [--out docs/images]
 
-Prints the figures written. With no results it says what is missing and exits with status 1.
+Prints the figures written (the kernel suites', gqa_step.png, and e2e_decode.png once whole-model
+results of `python -m jax_onnx_attn.bench e2e` are there). With no results it says what is missing
+and exits with status 1.
 The plotting code is `jax_onnx_attn.bench.plots` (also used by notebooks/04_performance.ipynb).
 """
 

@@ -1,25 +1,20 @@
-"""`python -m jax_onnx_attn.bench <suite> [options]`: benchmark suites (decode, gqa, linear)."""
+"""`python -m jax_onnx_attn.bench <suite> [options]`: benchmark suites (decode, gqa, linear, e2e)."""
 
 from __future__ import annotations
 
+import importlib
 import sys
+
+SUITES = ("decode", "gqa", "linear", "e2e")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Dispatch `argv[0]` to its suite's main; 2 with a usage line for an unknown suite."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    suites = ("decode", "gqa", "linear")
-    if not argv or argv[0] not in suites:
-        print(f"usage: python -m jax_onnx_attn.bench {{{','.join(suites)}}} [--help]", file=sys.stderr)
+    if not argv or argv[0] not in SUITES:
+        print(f"usage: python -m jax_onnx_attn.bench {{{','.join(SUITES)}}} [--help]", file=sys.stderr)
         return 2
-    if argv[0] == "linear":
-        from jax_onnx_attn.bench import linear
-        return linear.main(argv[1:])
-    if argv[0] == "gqa":
-        from jax_onnx_attn.bench import gqa
-        return gqa.main(argv[1:])
-    from jax_onnx_attn.bench import decode
-    return decode.main(argv[1:])
+    return importlib.import_module(f"jax_onnx_attn.bench.{argv[0]}").main(argv[1:])
 
 
 if __name__ == "__main__":

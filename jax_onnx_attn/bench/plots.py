@@ -25,6 +25,11 @@ Metrics, as DESIGN.md defines them:
 - effective GB/s = K + V bytes read / time = 2·B·Hkv·T·D·itemsize / time (the harness's "gbs" when
   it gives one);
 - arithmetic intensity (roofline x) = FLOPs / (Q + K + V + output bytes).
+
+Whole models (`python -m jax_onnx_attn.bench e2e`, "suite": "e2e") are read apart by `load_e2e`:
+per case (model, weights, B, T, phase) and impl (ours, jax-peer, torch-peer) the harness's ms,
+tokens/s and fraction of the bound (decode: `jax_onnx_attn.runtime.roofline`'s bandwidth bound;
+prefill: the GEMM peak measured in the run), drawn by `plot_e2e` (docs/images/e2e_decode.png).
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
+
+from jax_onnx_attn.runtime import roofline as _roofline
 
 #: The folder of the committed benchmark JSON and of the regenerated figures, from the repo root.
 RESULTS_DIR = Path("bench/results")
@@ -67,8 +74,10 @@ class Hardware:
         return self.peak_tflops.get(dtype)
 
 
-#: NVIDIA H200 SXM: 4.8 TB/s HBM3e; ~989 TFLOP/s dense bf16/fp16 tensor core; 67 TFLOP/s fp32 (CUDA cores).
-H200 = Hardware("NVIDIA H200", 4800.0, {"bfloat16": 989.0, "float16": 989.0, "float32": 67.0})
+#: NVIDIA H200 SXM: 4.8 TB/s HBM3e; ~989 TFLOP/s dense bf16/fp16 tensor core; 67 TFLOP/s fp32 (CUDA
+#: cores): the numbers of jax_onnx_attn.runtime.roofline (the one definition of the bound).
+H200 = Hardware("NVIDIA H200", _roofline.H200_HBM_BYTES_PER_S / 1e9,
+                {k: v / 1e12 for k, v in _roofline.H200_PEAK_FLOPS.items()})
 HARDWARE = {"H200": H200}
 
 
@@ -429,13 +438,113 @@ def plot_step_speedup(records: Sequence[dict], ax=None, ours: str = STEP_OURS):
     return ax
 
 
+# --------------------------------------------------------------------------------------------------
+# Whole models (the e2e suite)
+
+#: What identifies one e2e case (records of a case come from one run).
+E2E_KEY_FIELDS = ("model", "weights", "batch", "ctx", "phase", "gpu")
+#: Impls of the e2e suite in drawing order.
+E2E_IMPLS = ("ours", "jax-peer", "torch-peer")
+
+
+def load_e2e(results_dir: str | Path = RESULTS_DIR) -> list[dict]:
+    """The measurements of `python -m jax_onnx_attn.bench e2e` in `results_dir/*.json` as flat records:
+    model, model_alias, weights, weight_bits, batch, ctx, phase, impl, ms, tokens_per_s, frac
+    (frac_of_bound for decode, frac_of_gemm_peak for prefill), kernels_per_step, gpu, source. Each
+    case's records come from one run: the latest file (by name) that measured ours at it. Raises
+    NoResults when there are none."""
+    results_dir = Path(results_dir)
+    files = sorted(results_dir.glob("*.json")) if results_dir.is_dir() else []
+    runs: dict[tuple, list[list[dict]]] = {}
+    for path in files:
+        doc = json.loads(path.read_text())
+        if doc.get("suite") != "e2e":
+            continue
+        gpu = gpu_name(doc.get("env", {}))
+        for case in doc.get("results", []):
+            recs = []
+            for impl, m in case.get("impls", {}).items():
+                if "ms" not in m:
+                    continue
+                recs.append({"model": case["model"], "model_alias": case.get("model_alias", case["model"]),
+                             "weights": case["weights"], "weight_bits": case.get("weight_bits"),
+                             "batch": case["batch"], "ctx": case["ctx"], "phase": case["phase"],
+                             "impl": impl, "ms": m["ms"], "tokens_per_s": m["tokens_per_s"],
+                             "frac": m.get("frac_of_bound", m.get("frac_of_gemm_peak")),
+                             "kernels_per_step": m.get("kernels_per_step"), "gpu": gpu,
+                             "source": path.name})
+            if recs:
+                key = tuple(recs[0][f] for f in E2E_KEY_FIELDS)
+                runs.setdefault(key, []).append(recs)
+    latest = []
+    for case_runs in runs.values():
+        with_ours = [recs for recs in case_runs if any(r["impl"] == OURS for r in recs)]
+        latest.extend((with_ours or case_runs)[-1])
+    if not latest:
+        raise NoResults(f"no e2e results in {results_dir}/: measure on the GPU machine with "
+                        "`python -m jax_onnx_attn.bench e2e --out bench/results/<date>-<commit>-e2e.json`")
+    return latest
+
+
+def _ctx_label(t: int) -> str:
+    return f"{t // 1024}k" if t % 1024 == 0 else str(t)
+
+
+def plot_e2e(records: Sequence[dict], phase: str = "decode", fig=None):
+    """Whole-model speed per case, ours beside each peer: tokens/s on top (log scale), the fraction
+    of the bandwidth bound (decode) or of the measured GEMM peak (prefill) below, one group of bars
+    per (model, weights, B, T). Returns the Figure."""
+    _, plt = _plt()
+    recs = select(records, phase=phase)
+    cases = sorted({(r["model"], r["weights"], r["batch"], r["ctx"]) for r in recs})
+    impls = [i for i in E2E_IMPLS if any(r["impl"] == i for r in recs)] + \
+        sorted({r["impl"] for r in recs} - set(E2E_IMPLS))
+    if fig is None:
+        fig = plt.figure(figsize=(max(6.0, 0.55 * len(cases) * max(len(impls), 1) + 2), 6),
+                         layout="constrained")
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    colors = {"ours": "black", "jax-peer": "tab:blue", "torch-peer": "tab:orange"}
+    width = 0.8 / max(len(impls), 1)
+    for j, impl in enumerate(impls):
+        xs, tps, fr = [], [], []
+        for x, case in enumerate(cases):
+            r = select(recs, impl=impl, model=case[0], weights=case[1], batch=case[2], ctx=case[3])
+            if r:
+                xs.append(x + (j - (len(impls) - 1) / 2) * width)
+                tps.append(r[0]["tokens_per_s"])
+                fr.append(r[0]["frac"] or 0.0)
+        kw = dict(width=width, color=colors.get(impl), label=impl)
+        top.bar(xs, tps, **kw)
+        bottom.bar(xs, fr, **kw)
+    top.set_yscale("log")
+    top.set_ylabel("tokens/s")
+    metric = "fraction of the bandwidth bound" if phase == "decode" else "fraction of the GEMM peak"
+    bottom.set_ylabel(metric)
+    bottom.axhline(1.0, color="crimson", lw=1, ls="--")
+    bottom.set_xticks(range(len(cases)), [f"{m.split('-')[-1] if m.startswith('llama') else m} {w}\n"
+                                          f"B={b} T={_ctx_label(t)}" for m, w, b, t in cases],
+                      fontsize=7)
+    for ax in (top, bottom):
+        ax.grid(True, axis="y", which="both", alpha=0.3)
+    if cases:
+        top.legend(fontsize=8)
+        gpu = main_gpu(recs)
+        top.set_title(f"whole-model {phase}{' on ' + gpu if gpu else ''}: ours vs a hand-written JAX "
+                      "decoder and torch on the same weights", fontsize=9)
+    else:
+        top.text(0.5, 0.5, f"no e2e {phase} results yet", ha="center", va="center",
+                 transform=top.transAxes)
+    return fig
+
+
 def regenerate(results_dir: str | Path = RESULTS_DIR, images_dir: str | Path = IMAGES_DIR) -> list[Path]:
     """Write every figure as PNG into `images_dir` from the JSON in `results_dir`; returns the paths.
 
     Figures (of the GPU with the most measurements): prefill_tflops.png and decode_gbps.png for the
     phases measured (`plot_phase`), decode_gbps_s<S>.png for each longer query length of the decode
-    problem, roofline.png, and gqa_step.png when the gqa suite was measured
-    there (`plot_step_speedup`). Raises NoResults when there are no kernel results to plot.
+    problem, roofline.png, gqa_step.png when the gqa suite was measured
+    there (`plot_step_speedup`), and e2e_decode.png when the e2e suite was (`plot_e2e`, whole models
+    on their most measured GPU). Raises NoResults when there are no kernel results to plot.
     """
     _, plt = _plt()
     records = load_results(results_dir)
@@ -470,6 +579,13 @@ def regenerate(results_dir: str | Path = RESULTS_DIR, images_dir: str | Path = I
         steps = []
     if ratio_table(steps, STEP_OURS):
         save(plot_step_speedup(steps).figure, "gqa_step.png")
+    try:
+        whole = load_e2e(results_dir)
+    except NoResults:
+        whole = []
+    whole = select(whole, gpu=main_gpu(whole)) if whole else []
+    if select(whole, phase="decode"):
+        save(plot_e2e(whole, "decode"), "e2e_decode.png")
     return written
 
 
@@ -477,4 +593,5 @@ __all__ = ["Hardware", "H200", "HARDWARE", "NoResults", "RESULTS_DIR", "IMAGES_D
            "KERNEL_SUITES", "STEP_OURS", "plot_step_speedup",
            "KEY_FIELDS", "SHAPE_FIELDS", "load_results", "select", "main_gpu", "gpu_name",
            "hardware_for", "problem", "flops", "kv_bytes", "io_bytes", "plot_vs_context",
-           "ratio_table", "plot_ratio_vs_context", "plot_phase", "plot_roofline", "regenerate"]
+           "ratio_table", "plot_ratio_vs_context", "plot_phase", "plot_roofline", "regenerate",
+           "load_e2e", "plot_e2e", "E2E_KEY_FIELDS", "E2E_IMPLS"]

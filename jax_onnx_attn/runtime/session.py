@@ -456,6 +456,22 @@ class DecoderSession:
         self._check_status(host[2:], first, rows, "generate")
         return int(host[0]), int(host[1]), host[2:]
 
+    def run_decode(self, state: DecodeState, calls: int = 1, *,
+                   sampling: SamplingConfig | None = None) -> DecodeState:
+        """Advance `state` by `calls` calls of the compiled decode executable (steps_per_call steps
+        each while rows run) on the session's cache, reading nothing back: no summary, no status
+        check, the result not synchronised. For benchmarks and callers that build the DecodeState
+        themselves (row b's cache must hold its first length[b] - 1 tokens); it shares the
+        executable `generate` uses for the same sampling (default: greedy)."""
+        sampling = sampling or SamplingConfig()
+        decode, _ = self._executable("decode", self._decode_jit,
+                                     (sampling, self.steps_per_call, int(state.stop_ids.shape[0])),
+                                     self.params, state, self.cache, sampling=sampling,
+                                     steps=self.steps_per_call)
+        for _ in range(calls):
+            state, self.cache, _ = decode(self.params, state, self.cache)
+        return state
+
     def logits(self, sequence: Sequence[int], prompt_len: int) -> np.ndarray:
         """float32 [len(sequence), V]: row t is the distribution after token t, computed the way
         generation computes it: rows < prompt_len by one prefill of the prompt, each later row by a

@@ -1,0 +1,846 @@
+"""Whole-model prefill and decode: our lowered decoder vs a hand-written JAX decoder and torch.
+
+    python -m jax_onnx_attn.bench e2e [--quick] [--models 1b 8b] [--weights fp16 int4]
+        [--batch 1 8 32] [--ctx 1024 2048 8192 32768] [--max-seconds S] --out FILE
+
+Models are made on the machine by `jax_onnx_attn.models` (onnxruntime-genai builder graphs, seeded
+random weights) and cached under --models-dir (model.onnx + model.onnx.data per preset and weight
+format). Per (model, weights) group the model is lowered once (`jax_onnx_attn.load`); the peers
+(`bench/e2e_peers.py`) compute on the lowered params' device buffers. Every case (batch B, context
+T) gets its own KV capacity C = T + (max_calls + 1) * steps rounded up to 256, the same for every
+implementation; one
+implementation's cache is freed before the next one's is made.
+
+Decode (tokens/s at context T): each implementation runs K = --steps greedy steps per call, with
+nothing read back between calls:
+  * ours: `DecoderSession(lowered, max_length=C, batch=B, steps_per_call=K)`; its cache holds the
+    prompt's rows (after a prefill case) or random values; each sample starts from a DecodeState of
+    rows at length T and runs m calls of the session's compiled decode executable
+    (`DecoderSession.run_decode`, the executable `generate` uses);
+  * jax-peer: one jitted fori_loop of K steps from position T, cache donated;
+  * torch-peer: K steps captured in one CUDA graph, replayed (eager ops by default; --torch-compile
+    captures the torch.compile'd step instead, whose compile time the default budget does not hold).
+    Not run for MatMulNBits models (see bench/e2e_peers.py: the skip says why).
+After a warm-up call (compilation) and one timed call that sets m (so that a sample lasts about
+--target-ms, at most --max-calls calls), ms/step = the median over --reps samples of
+(wall time of m calls) / (m * K). The host dispatches the m calls back to back and synchronises once,
+so per-call dispatch hides behind the device. frac_of_bound = the bandwidth bound of one step
+(`jax_onnx_attn.runtime.roofline`: weights + B gathered rows + B * T KV rows, over 4.8 TB/s) over
+the measured step; tokens/s = B / step time.
+
+Prefill (cases with B * T <= --max-prefill-tokens): time to first token for a B x T prompt batch:
+ours `generate(prompts, max_new_tokens=1).timings.prefill_s` (the prefill executable and the summary
+read, compile time excluded), the best of --prefill-reps runs after a compiling one; the peers'
+prefill (logits at every position, as the graph computes them; first token by argmax) the same way.
+frac_of_gemm_peak = the prefill's FLOPs (roofline: 2 x matmul params x tokens + causal attention)
+per second over the fp16 GEMM peak measured in this run (a chain of 8192^3 matmuls in jax).
+
+Kernels per step (--profile first: each group's first case): one decode call traced with
+jax.profiler (create_perfetto_trace=True), the
+kernels on the GPU's stream lines of the Chrome-trace JSON counted and divided by K (torch: its
+profiler's CUDA kernels of one graph replay); null with a note when the trace has no device events
+(e.g. on a CPU).
+
+Verification: on the first B=1 case of each group, the greedy tokens of ours
+(`generate`) and of each peer for the same 16-token prompt, 1 + K tokens, are recorded side by side
+(`verify` in the JSON, with the number of leading tokens that agree).
+
+Budget: --max-seconds bounds the whole run (model making included); each (model, weights) group
+gets a share of what is left when it starts, in proportion to 1 + its weights' GB / 4 (it is not opened when less than OPEN_S_PER_GB
+seconds per GB of weights are left), runs its first case regardless and then its cases in order of
+priority while the previous case's duration still fits in its share; cases not run are listed under
+"skipped" with the reason (memory, time budget). A case that starts near the end may overrun the
+budget by its own duration. The JSON is rewritten after every case.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch shares the GPU
+
+import argparse
+import dataclasses
+import gc
+import glob
+import gzip
+import json
+import math
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from typing import Callable
+
+import numpy as np
+
+from jax_onnx_attn.bench.decode import _warm_up, environment
+from jax_onnx_attn.runtime.roofline import H200_HBM_BYTES_PER_S
+
+IMPLS = ("ours", "jax-peer", "torch-peer")
+#: Weight formats: DecoderConfig overrides.
+WEIGHTS = {"fp16": dict(dtype="float16", weight_bits=0), "bf16": dict(dtype="bfloat16", weight_bits=0),
+           "fp32": dict(dtype="float32", weight_bits=0),
+           "int4": dict(dtype="float16", weight_bits=4), "int8": dict(dtype="float16", weight_bits=8)}
+#: The --quick subset: (model, weights, batch, ctx).
+QUICK = (("1b", "fp16", 1, 2048), ("1b", "fp16", 8, 2048), ("8b", "fp16", 1, 2048),
+         ("1b", "int4", 1, 2048), ("1b", "int4", 8, 2048))
+#: Within a group, cases run by context in this order, then by batch (what a budget keeps first).
+CTX_PRIORITY = (2048, 8192, 32768, 1024)
+BATCH_PRIORITY = (1, 8, 32)
+#: Share of the device memory a case may plan for (weights + two caches' worth: ours' pool may keep
+#: one cache-sized region while torch allocates its own).
+MEMORY_SHARE = 0.9
+VERIFY_PROMPT = 16
+#: A group is not opened when less time is left than this many seconds per GB of weights (making,
+#: writing and lowering a model, then at least one case).
+OPEN_S_PER_GB = 4.0
+CAPACITY_ALIGN = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One e2e case: a model preset (or alias), a weight format, batch B and context T."""
+
+    model: str
+    weights: str
+    batch: int
+    ctx: int
+
+    def label(self) -> str:
+        """A one-line description for logs."""
+        return f"{self.model} {self.weights} B={self.batch} ctx={self.ctx}"
+
+
+def default_cases(args) -> list[Case]:
+    """The cases of `args` (the --quick subset, or models x weights x batch x ctx), grouped by
+    (model, weights) in the order given, each group's cases by CTX_PRIORITY then BATCH_PRIORITY."""
+    if args.quick:
+        return [Case(*c) for c in QUICK]
+
+    def rank(value, order):
+        return order.index(value) if value in order else len(order) + value
+
+    cases = []
+    for model in args.models:
+        for weights in args.weights:
+            group = [Case(model, weights, b, c) for b in args.batch for c in args.ctx]
+            group.sort(key=lambda x: (rank(x.ctx, CTX_PRIORITY), rank(x.batch, BATCH_PRIORITY)))
+            cases += group
+    return cases
+
+
+def model_config(case: Case, seed: int = 0):
+    """The DecoderConfig of a case's model and weight format."""
+    from jax_onnx_attn.models import preset
+    if case.weights not in WEIGHTS:
+        raise ValueError(f"unknown weights {case.weights!r}; known: {sorted(WEIGHTS)}")
+    return preset(case.model, seed=seed, **WEIGHTS[case.weights])
+
+
+# --------------------------------------------------------------------------------------------------
+# Timing and profiling
+
+def time_steps(start: Callable[[], None], call: Callable[[], None], sync: Callable[[], None],
+               steps_per_call: int, target_s: float, max_calls: int, reps: int) -> tuple[float, dict]:
+    """Median seconds per step (see the module doc). `start` resets the state (not timed), `call`
+    dispatches one call of `steps_per_call` steps, `sync` waits for the device. Returns (seconds,
+    details: the calls per sample and every sample's seconds per step)."""
+    start()
+    call()
+    sync()  # warm-up
+    start()
+    sync()
+    t0 = time.perf_counter()
+    call()
+    sync()
+    once = max(time.perf_counter() - t0, 1e-9)
+    m = int(min(max_calls, max(1, math.ceil(target_s / once))))
+    samples = []
+    for _ in range(reps):
+        start()
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(m):
+            call()
+        sync()
+        samples.append((time.perf_counter() - t0) / (m * steps_per_call))
+    return statistics.median(samples), {"calls_per_sample": m, "samples_ms": [s * 1e3 for s in samples]}
+
+
+_MEMCPY_WORDS = ("memcpy", "memset", "memory copy", "copy h2d", "copy d2h")
+_NOT_KERNEL_LINES = ("xla modules", "xla ops", "steps", "launch stats", "source", "framework",
+                     "host threads", "xla traceme")
+
+
+def count_device_kernels(events: list[dict]) -> tuple[int | None, dict]:
+    """Kernels in a Chrome-trace event list (jax.profiler's perfetto_trace.json): complete events
+    ("ph": "X") on the stream lines of GPU processes, memcpy / memset left out. Returns (count, info:
+    the kernel names by count, the lines read); count None with info["note"] when the trace has no
+    device events."""
+    procs, threads = {}, {}
+    for e in events:
+        if e.get("ph") != "M":
+            continue
+        if e.get("name") == "process_name":
+            procs[e.get("pid")] = str(e.get("args", {}).get("name", ""))
+        elif e.get("name") == "thread_name":
+            threads[(e.get("pid"), e.get("tid"))] = str(e.get("args", {}).get("name", ""))
+    gpus = {pid for pid, name in procs.items() if "gpu" in name.lower() or "/device:" in name.lower()}
+    if not gpus:
+        return None, {"note": f"no device events in the trace (processes: {sorted(set(procs.values()))[:6]})"}
+    lines = {k: n for k, n in threads.items() if k[0] in gpus}
+    streams = {k for k, n in lines.items() if n.lower().startswith("stream")}
+    if not streams:  # no "Stream #N" lines: every line of the device but the derived ones
+        streams = {k for k, n in lines.items() if not n.lower().startswith(_NOT_KERNEL_LINES)}
+    names = Counter()
+    for e in events:
+        if e.get("ph") == "X" and (e.get("pid"), e.get("tid")) in streams:
+            name = str(e.get("name", ""))
+            if not any(w in name.lower() for w in _MEMCPY_WORDS):
+                names[name] += 1
+    info = {"lines": sorted({lines[k] for k in streams}), "top": names.most_common(8)}
+    if not names:
+        info["note"] = f"no kernels on the device lines {sorted(set(lines.values()))[:8]}"
+        return None, info
+    return sum(names.values()), info
+
+
+def read_trace(folder: str) -> list[dict]:
+    """The events of the Chrome-trace JSON jax.profiler wrote under `folder` (perfetto_trace.json.gz,
+    else *.trace.json.gz); [] when there is none."""
+    paths = sorted(glob.glob(os.path.join(folder, "**", "perfetto_trace.json.gz"), recursive=True)) or \
+        sorted(glob.glob(os.path.join(folder, "**", "*.trace.json.gz"), recursive=True))
+    if not paths:
+        return []
+    with gzip.open(paths[-1], "rt") as f:
+        doc = json.load(f)
+    return doc.get("traceEvents", []) if isinstance(doc, dict) else list(doc)
+
+
+def jax_kernels_per_step(start, call, sync, steps: int) -> dict:
+    """{"kernels_per_step": float | None, "profile": info} from one traced call (see
+    count_device_kernels)."""
+    import jax
+    start()
+    sync()
+    with tempfile.TemporaryDirectory() as d:
+        try:
+            with jax.profiler.trace(d, create_perfetto_trace=True):
+                call()
+                sync()
+            n, info = count_device_kernels(read_trace(d))
+        except Exception as e:  # a profiler that cannot start is a note, not a failure
+            n, info = None, {"note": f"profiler: {type(e).__name__}: {str(e).splitlines()[0][:160]}"}
+    return {"kernels_per_step": None if n is None else n / steps, "profile": info}
+
+
+def torch_kernels_per_step(decoder, steps: int) -> dict:
+    """The same from torch's profiler: CUDA kernels of one call of a TorchDecoder."""
+    try:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+        if not decoder.peer.device.startswith("cuda"):
+            return {"kernels_per_step": None, "profile": {"note": "torch on a CPU: no device kernels"}}
+        decoder.sync()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            decoder()
+            torch.cuda.synchronize()
+        names = Counter(e.name for e in prof.events()
+                        if str(e.device_type).endswith("CUDA")
+                        and not any(w in e.name.lower() for w in _MEMCPY_WORDS))
+        if not names:
+            return {"kernels_per_step": None, "profile": {"note": "no CUDA kernels in torch's profile"}}
+        return {"kernels_per_step": sum(names.values()) / steps, "profile": {"top": names.most_common(8)}}
+    except Exception as e:
+        return {"kernels_per_step": None,
+                "profile": {"note": f"torch profiler: {type(e).__name__}: {str(e).splitlines()[0][:160]}"}}
+
+
+def gemm_peak(on_gpu: bool, n: int | None = None, chain: int = 8, reps: int = 5) -> dict:
+    """TFLOP/s of a chain of `chain` dependent fp16 n x n matmuls in one jit (n = 8192 on a GPU)."""
+    import jax
+    import jax.numpy as jnp
+    n = n or (8192 if on_gpu else 256)
+    key = jax.random.PRNGKey(0)
+    a = (jax.random.normal(key, (n, n), jnp.float32) / np.sqrt(n)).astype(jnp.float16)
+    x = jax.random.normal(jax.random.fold_in(key, 1), (n, n), jnp.float16)
+
+    @jax.jit
+    def run(x, a):
+        for _ in range(chain):
+            x = x @ a
+        return x
+
+    run(x, a).block_until_ready()
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        run(x, a).block_until_ready()
+        samples.append(time.perf_counter() - t0)
+    t = statistics.median(samples)
+    return {"tflops": 2.0 * n ** 3 * chain / t / 1e12, "n": n, "chain": chain, "dtype": "float16",
+            "impl": "jax"}
+
+
+# --------------------------------------------------------------------------------------------------
+# One group (model, weights) and its cases
+
+@dataclasses.dataclass
+class Group:
+    """What the cases of one (model, weights) share: the config, the lowered model, its cost, peers."""
+
+    model: str
+    weights: str
+    config: object
+    lowered: object = None
+    cost: object = None
+    jax_peer: object = None
+    torch_peer: object = None
+    peer_skip: dict = dataclasses.field(default_factory=dict)
+    info: dict = dataclasses.field(default_factory=dict)
+
+    def close(self):
+        """Drop every device reference (peers first: torch holds DLPack views of the params)."""
+        import jax
+        self.torch_peer = self.jax_peer = self.lowered = None
+        _free()
+        jax.clear_caches()  # compiled functions close over the peers and sessions
+
+
+def _free():
+    gc.collect()
+    try:
+        import torch
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except ImportError:
+        pass
+
+
+def _err(e: BaseException) -> str:
+    return f"error: {type(e).__name__}: {str(e).splitlines()[0][:240] if str(e) else ''}"
+
+
+def open_group(case: Case, args, impls) -> Group:
+    """Make (or reuse) the model on disk, lower it, compute its StepCost, set up the peers."""
+    import jax_onnx_attn
+    from jax_onnx_attn.bench.e2e_peers import JaxPeer, PeerUnsupported, TorchPeer
+    from jax_onnx_attn.models import ensure_model
+    from jax_onnx_attn.runtime.roofline import step_cost
+
+    config = model_config(case, args.seed)
+    g = Group(case.model, case.weights, config)
+    path, build_s = ensure_model(config, args.models_dir, progress=args.progress)
+    t0 = time.perf_counter()
+    g.lowered = jax_onnx_attn.load(path)
+    load_s = time.perf_counter() - t0
+    g.cost = step_cost(g.lowered)
+    g.info = {"config": dataclasses.asdict(config), "path": str(path), "params": config.param_count(),
+              "file_bytes": config.file_bytes(), "build_s": build_s, "load_s": load_s,
+              "step_cost": g.cost.as_dict()}
+    for impl, make in (("jax-peer", lambda: JaxPeer(g.lowered)),
+                       ("torch-peer", lambda: TorchPeer(g.lowered, compile=args.torch_compile))):
+        if impl not in impls:
+            continue
+        try:
+            peer = make()
+            setattr(g, impl.replace("-", "_"), peer)
+        except PeerUnsupported as e:
+            g.peer_skip[impl] = str(e)
+        except Exception as e:
+            g.peer_skip[impl] = _err(e)
+    if g.torch_peer is not None:
+        g.info["torch_weights_shared"] = g.torch_peer.shared
+    return g
+
+
+def capacity_for(ctx: int, args) -> int:
+    """KV capacity of a case: ctx + (max_calls + 1) * steps, rounded up to a multiple of 256 (the
+    same for every implementation; cuDNN and torch's kernels like aligned key lengths)."""
+    need = ctx + (args.max_calls + 1) * args.steps
+    return -(-need // CAPACITY_ALIGN) * CAPACITY_ALIGN
+
+
+def kv_bytes_per_token(config) -> int:
+    """K and V bytes of one cached token of one row (all layers)."""
+    return 2 * config.layers * config.kv_heads * config.head_size * config.np_dtype.itemsize
+
+
+def memory_skip(case: Case, config, capacity: int, limit: int | None) -> str | None:
+    """Why a case does not fit in `limit` bytes of device memory (None: it fits or no limit)."""
+    if not limit:
+        return None
+    need = config.file_bytes() + 2 * case.batch * capacity * kv_bytes_per_token(config)
+    if need > MEMORY_SHARE * limit:
+        return (f"beyond memory: weights + two KV caches = {need / 2**30:.0f} GiB of "
+                f"{MEMORY_SHARE * limit / 2**30:.0f} GiB")
+    return None
+
+
+def _decode_record(g: Group, case: Case, sec: float, hbm: float, **extra) -> dict:
+    return {"ms": sec * 1e3, "tokens_per_s": case.batch / sec,
+            "frac_of_bound": g.cost.decode_seconds(case.batch, case.ctx, hbm) / sec, **extra}
+
+
+def _prefill_record(g: Group, case: Case, sec: float, peak_tflops: float, **extra) -> dict:
+    flops = g.cost.prefill_flops(case.batch, case.ctx)
+    return {"ms": sec * 1e3, "tokens_per_s": case.batch * case.ctx / sec, "tflops": flops / sec / 1e12,
+            "frac_of_gemm_peak": flops / sec / 1e12 / peak_tflops if peak_tflops else None,
+            "kernels_per_step": None, **extra}
+
+
+def _guarded(fn: Callable[[], dict]) -> dict:
+    """fn()'s record, or {"skip": the error} (a prefill that does not fit still leaves the decode
+    measurement of the case)."""
+    try:
+        return fn()
+    except Exception as e:
+        return {"skip": _err(e)}
+
+
+def _deleted(caches) -> bool:
+    """True when any buffer of a jax-peer cache was donated away (a failed call)."""
+    return any(x.is_deleted() for kv in caches for x in kv)
+
+
+def _prompts(vocab: int, batch: int, length: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, vocab, (batch, length), dtype=np.int64).astype(np.int32)
+
+
+def measure_ours(g: Group, case: Case, capacity: int, prefill: bool, verify: bool, args, env) -> dict:
+    """Our DecoderSession on the case (see the module doc): {"decode": ..., "prefill": ...,
+    "verify": tokens}."""
+    import jax
+    import jax.numpy as jnp
+
+    from jax_onnx_attn.bench.e2e_peers import _normal_fill
+    from jax_onnx_attn.runtime import DecoderSession
+    from jax_onnx_attn.runtime.session import RUNNING, DecodeState
+
+    b, t, k = case.batch, case.ctx, args.steps
+    out = {}
+    session = DecoderSession(g.lowered, max_length=capacity, batch=b, steps_per_call=k)
+    compile_s = 0.0
+    if verify:
+        prompt = _prompts(g.config.vocab, 1, VERIFY_PROMPT, 7)[0].tolist()
+        r = session.generate([prompt] * b, max_new_tokens=1 + k)
+        compile_s += r.timings.compile_s
+        out["verify"] = r.tokens[0]
+    if prefill:
+        def run_prefill():
+            prompts = _prompts(g.config.vocab, b, t, case.ctx + b).tolist()
+            r = session.generate(prompts, max_new_tokens=1)
+            ttft = min(session.generate(prompts, max_new_tokens=1).timings.prefill_s
+                       for _ in range(args.prefill_reps))
+            return _prefill_record(g, case, ttft, env["gemm_peak_tflops"],
+                                   compile_s=compile_s + r.timings.compile_s)
+
+        out["prefill"] = _guarded(run_prefill)
+    if "ms" not in out.get("prefill", {}):
+        # Random rows instead of the zeros the session starts with (or the buffers a failed prefill
+        # donated), one buffer at a time.
+        fill = _normal_fill()
+        key = jax.random.PRNGKey(case.ctx)
+        for i, name in enumerate(sorted(session.cache)):
+            buf = session.cache[name]
+            shape, dtype = buf.shape, buf.dtype
+            if not buf.is_deleted():
+                buf.delete()
+            del buf
+            session.cache[name] = fill(jax.random.fold_in(key, i), shape, dtype)
+    tokens = _prompts(g.config.vocab, b, capacity, case.ctx + 1)
+    holder = {}
+
+    def start():
+        holder["state"] = DecodeState(
+            tokens=jnp.asarray(tokens), length=jnp.full((b,), t, jnp.int32),
+            prompt_len=jnp.full((b,), t, jnp.int32), max_new=jnp.full((b,), capacity, jnp.int32),
+            finish=jnp.full((b,), RUNNING, jnp.int32), stop_ids=jnp.full((8,), -1, jnp.int32),
+            key=jax.random.PRNGKey(0), step=jnp.zeros((), jnp.int32), status=jnp.zeros((b,), jnp.int32))
+
+    def call():
+        holder["state"] = session.run_decode(holder["state"], 1)
+
+    def sync():
+        jax.block_until_ready(holder["state"])
+
+    t0 = time.perf_counter()
+    start()
+    call()
+    sync()
+    first_call_s = time.perf_counter() - t0
+    sec, detail = time_steps(start, call, sync, k, args.target_ms / 1e3, args.max_calls, args.reps)
+    host = jax.device_get(holder["state"])
+    if (host.finish != RUNNING).any() or host.status.any():
+        raise RuntimeError(f"decode rows stopped or were refused during timing (finish {host.finish}, "
+                           f"status {host.status}): the capacity {capacity} is too small")
+    rec = _decode_record(g, case, sec, args.hbm, compile_s=compile_s, first_call_s=first_call_s, **detail)
+    rec.update(jax_kernels_per_step(start, call, sync, k) if _profile_this(g, case, args)
+               else {"kernels_per_step": None})
+    out["decode"] = rec
+    del session, holder
+    return out
+
+
+def measure_jax_peer(g: Group, case: Case, capacity: int, prefill: bool, verify: bool, args, env) -> dict:
+    """The hand-written JAX decoder on the case."""
+    import jax
+    import jax.numpy as jnp
+    peer = g.jax_peer
+    b, t, k = case.batch, case.ctx, args.steps
+    p = peer.params
+    out = {}
+    state = {"caches": peer.new_caches(b, capacity, seed=case.ctx)}
+    tok0 = jnp.asarray(_prompts(g.config.vocab, b, 1, case.ctx + 2)[:, 0])
+    t0 = time.perf_counter()
+    dec = peer.compile_with_fallback(lambda: peer.decode_fn(k), p, state["caches"], tok0, jnp.int32(t))
+    compile_s = time.perf_counter() - t0
+    if verify:
+        ids = jnp.asarray(np.repeat(_prompts(g.config.vocab, 1, VERIFY_PROMPT, 7), b, axis=0))
+        pre = peer.compile_with_fallback(peer.prefill_fn, p, ids, state["caches"])
+        _, state["caches"], first = pre(p, ids, state["caches"])
+        state["caches"], toks = dec(p, state["caches"], first, jnp.int32(VERIFY_PROMPT))
+        out["verify"] = [int(first[0])] + [int(x) for x in np.asarray(toks)[:, 0]]
+    if prefill:
+        def run_prefill():
+            ids = jnp.asarray(_prompts(g.config.vocab, b, t, case.ctx + b))
+            t0 = time.perf_counter()
+            pre = peer.compile_with_fallback(peer.prefill_fn, p, ids, state["caches"])
+            pre_compile_s = time.perf_counter() - t0
+            runs = []
+            for _ in range(1 + args.prefill_reps):
+                t0 = time.perf_counter()
+                _, state["caches"], first = pre(p, ids, state["caches"])
+                first.block_until_ready()
+                runs.append(time.perf_counter() - t0)
+            return _prefill_record(g, case, min(runs[1:]), env["gemm_peak_tflops"],
+                                   attention=peer.attention, compile_s=pre_compile_s)
+
+        out["prefill"] = _guarded(run_prefill)
+        if "caches" not in state or state["caches"] is None or _deleted(state["caches"]):
+            state["caches"] = peer.new_caches(b, capacity, seed=case.ctx)
+    holder = {"tok": tok0}
+    pos0 = jnp.int32(t)
+
+    def call():
+        state["caches"], toks = dec(p, state["caches"], holder["tok"], pos0)
+        holder["toks"] = toks
+
+    def sync():
+        jax.block_until_ready(holder.get("toks", holder["tok"]))
+
+    sec, detail = time_steps(lambda: None, call, sync, k, args.target_ms / 1e3, args.max_calls, args.reps)
+    rec = _decode_record(g, case, sec, args.hbm, compile_s=compile_s, attention=peer.attention, **detail)
+    if peer.spec.quantized:
+        rec["weights_note"] = "MatMulNBits weights dequantised inside the jit (XLA fuses it)"
+    if peer.attention_note:
+        rec["attention_note"] = peer.attention_note
+    rec.update(jax_kernels_per_step(lambda: None, call, sync, k) if _profile_this(g, case, args)
+               else {"kernels_per_step": None})
+    out["decode"] = rec
+    state.clear()
+    return out
+
+
+def _profile_this(g: Group, case: Case, args) -> bool:
+    """--profile first: the group's first case; all: every case; none: no case."""
+    return args.profile == "all" or (args.profile == "first" and g.info.get("first_case") == case.label())
+
+
+def measure_torch_peer(g: Group, case: Case, capacity: int, prefill: bool, verify: bool, args, env) -> dict:
+    """The torch decoder on the case (CUDA graph on a GPU)."""
+    peer = g.torch_peer
+    torch = peer.torch
+    b, t, k = case.batch, case.ctx, args.steps
+    out = {}
+    caches = peer.new_caches(b, capacity, seed=case.ctx)
+    t0 = time.perf_counter()
+    dec = peer.decoder(b, caches, k)
+    compile_s = time.perf_counter() - t0
+    dev = peer.device
+
+    def sync():
+        dec.sync()
+
+    with torch.no_grad():
+        if verify:
+            ids = torch.from_numpy(np.repeat(_prompts(g.config.vocab, 1, VERIFY_PROMPT, 7), b, 0)).long().to(dev)
+            logits = peer.forward(ids, torch.zeros(1, dtype=torch.long, device=dev), caches, prefill=True)
+            first = torch.argmax(logits[:, -1], dim=-1)
+            dec.tok.copy_(first)
+            dec.pos0.fill_(VERIFY_PROMPT)
+            dec()
+            sync()
+            out["verify"] = [int(first[0])] + [int(x) for x in dec.toks[:, 0].cpu()]
+        if prefill:
+            def run_prefill():
+                ids = torch.from_numpy(_prompts(g.config.vocab, b, t, case.ctx + b)).long().to(dev)
+                zero = torch.zeros(1, dtype=torch.long, device=dev)
+                runs = []
+                for _ in range(1 + args.prefill_reps):
+                    sync()
+                    t0 = time.perf_counter()
+                    logits = peer.forward(ids, zero, caches, prefill=True)
+                    torch.argmax(logits[:, -1], dim=-1)
+                    sync()
+                    runs.append(time.perf_counter() - t0)
+                    del logits
+                return _prefill_record(g, case, min(runs[1:]), env["gemm_peak_tflops"])
+
+            out["prefill"] = _guarded(run_prefill)
+            _free()
+        dec.tok.copy_(torch.from_numpy(_prompts(g.config.vocab, b, 1, case.ctx + 2)[:, 0]).long())
+        dec.pos0.fill_(t)
+        sec, detail = time_steps(lambda: None, dec, sync, k, args.target_ms / 1e3, args.max_calls, args.reps)
+    rec = _decode_record(g, case, sec, args.hbm, compile_s=compile_s, cuda_graph=dec.graph is not None,
+                         weights_shared=peer.shared, torch_compile=peer.compiled, **detail)
+    rec.update(torch_kernels_per_step(dec, k) if _profile_this(g, case, args)
+               else {"kernels_per_step": None})
+    out["decode"] = rec
+    del dec, caches
+    return out
+
+
+MEASURE = {"ours": measure_ours, "jax-peer": measure_jax_peer, "torch-peer": measure_torch_peer}
+
+
+def _group_weight(config) -> float:
+    """A group's share of the budget, relative to others: 1 + its weights in GB / 4 (bigger models
+    take longer to make, lower and run)."""
+    return 1.0 + config.file_bytes() / 4e9
+
+
+def run_case(g: Group, case: Case, args, env, impls, verify: bool) -> tuple[list[dict], dict | None]:
+    """Measure every impl on a case; returns (the decode / prefill result records, the verify record)."""
+    capacity = capacity_for(case.ctx, args)
+    prefill = "prefill" in args.phases and case.batch * case.ctx <= args.max_prefill_tokens
+    base = {"model": g.config.name, "model_alias": case.model, "weights": case.weights,
+            "weight_bits": g.config.weight_bits or 8 * g.config.np_dtype.itemsize,
+            "dtype": g.config.dtype, "batch": case.batch, "ctx": case.ctx, "capacity": capacity,
+            "steps_per_call": args.steps}
+    bound = g.cost.decode_seconds(case.batch, case.ctx, args.hbm)
+    records = {}
+    if "decode" in args.phases:
+        records["decode"] = {**base, "phase": "decode", "bytes_per_step": g.cost.decode_bytes(case.batch, case.ctx),
+                             "bound_ms": bound * 1e3, "impls": {}}
+    if prefill:
+        flops = g.cost.prefill_flops(case.batch, case.ctx)
+        records["prefill"] = {**base, "phase": "prefill", "tokens": case.batch * case.ctx, "flops": flops,
+                              "gemm_peak_tflops": env["gemm_peak_tflops"], "impls": {}}
+    verify_rec = {"model": g.config.name, "weights": case.weights, "batch": case.batch, "ctx": case.ctx,
+                  "prompt_tokens": VERIFY_PROMPT, "tokens": {}} if verify else None
+    for impl in impls:
+        skip = g.peer_skip.get(impl)
+        if skip is None:
+            try:
+                out = MEASURE[impl](g, case, capacity, prefill, verify, args, env)
+            except Exception as e:  # an impl that cannot run a case is a result, not a crash
+                out, skip = {}, _err(e)
+        else:
+            out = {}
+        for phase, rec in records.items():
+            rec["impls"][impl] = out.get(phase) or {"skip": skip or "not measured"}
+        if verify_rec is not None:
+            verify_rec["tokens"][impl] = out.get("verify") or {"skip": skip or "not measured"}
+        _free()
+    if verify_rec is not None:
+        ours = verify_rec["tokens"].get("ours")
+        agree = {}
+        for impl, toks in verify_rec["tokens"].items():
+            if impl != "ours" and isinstance(toks, list) and isinstance(ours, list):
+                n = 0
+                while n < min(len(toks), len(ours)) and toks[n] == ours[n]:
+                    n += 1
+                agree[impl] = n
+        verify_rec["agree_with_ours"] = agree
+        verify_rec["equal"] = {impl: n == 1 + args.steps for impl, n in agree.items()}
+    return list(records.values()), verify_rec
+
+
+# --------------------------------------------------------------------------------------------------
+# The run
+
+def _device_memory() -> int | None:
+    import jax
+    try:
+        stats = jax.devices()[0].memory_stats() or {}
+    except Exception:
+        stats = {}
+    return stats.get("bytes_limit")
+
+
+def format_table(results: list[dict]) -> str:
+    """The results as aligned text: per case and phase, each impl's ms, tokens/s and fraction."""
+    rows = [["case", "phase", "impl", "ms", "tok/s", "frac", "kern/step"]]
+    for r in results:
+        for impl, m in r["impls"].items():
+            label = f"{r['model_alias']} {r['weights']} B={r['batch']} T={r['ctx']}"
+            if "ms" not in m:
+                rows.append([label, r["phase"], impl, "-", "-", "-", m.get("skip", "")[:50]])
+                continue
+            frac = m.get("frac_of_bound", m.get("frac_of_gemm_peak"))
+            kern = m.get("kernels_per_step")
+            rows.append([label, r["phase"], impl, f"{m['ms']:.3f}", f"{m['tokens_per_s']:.0f}",
+                         "-" if frac is None else f"{frac:.2f}", "-" if kern is None else f"{kern:.0f}"])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(x.ljust(w) for x, w in zip(row, widths)) for row in rows)
+
+
+def write_json(path: str, env: dict, args, results, skipped, verify, models) -> None:
+    """The suite's JSON (see the module doc and bench/plots.py's e2e loader)."""
+    versions = {k: env.get(k) for k in ("jax", "jaxlib", "python", "torch", "torch_cuda", "cudnn_torch")}
+    doc = {"suite": "e2e", "gpu": env.get("gpu"), "versions": versions, "commit": env.get("commit"),
+           "env": env, "args": vars(args), "models": models, "verify": verify, "results": results,
+           "skipped": skipped}
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1, default=str)
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the e2e suite (see --help); print a table, optionally write JSON. Returns 0."""
+    ap = argparse.ArgumentParser(prog="python -m jax_onnx_attn.bench e2e", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", default=["1b", "8b"],
+                    help="presets or aliases (1b, 8b, issue, tiny)")
+    ap.add_argument("--weights", nargs="+", default=["fp16", "int4"], choices=sorted(WEIGHTS))
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--ctx", type=int, nargs="+", default=[1024, 2048, 8192, 32768])
+    ap.add_argument("--quick", action="store_true",
+                    help="only " + ", ".join(f"{m} {w} B={b} T={c}" for m, w, b, c in QUICK))
+    ap.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
+    ap.add_argument("--phases", nargs="+", default=["prefill", "decode"], choices=["prefill", "decode"])
+    ap.add_argument("--max-prefill-tokens", type=int, default=8192,
+                    help="prefill is measured where batch * ctx is at most this")
+    ap.add_argument("--steps", type=int, default=16, help="decode steps per call (K)")
+    ap.add_argument("--target-ms", type=float, default=150.0, help="wall time per timing sample")
+    ap.add_argument("--max-calls", type=int, default=8, help="calls per timing sample at most")
+    ap.add_argument("--reps", type=int, default=3, help="timing samples (median reported)")
+    ap.add_argument("--prefill-reps", type=int, default=2, help="timed prefills (best reported)")
+    ap.add_argument("--profile", choices=["first", "all", "none"], default="first",
+                    help="trace kernels per step: each group's first case, every case, none")
+    ap.add_argument("--hbm", type=float, default=H200_HBM_BYTES_PER_S, help="HBM bytes/s of the bound")
+    ap.add_argument("--max-seconds", type=float, default=None,
+                    help="budget for the whole run incl. making models (default 420, --quick 240)")
+    ap.add_argument("--models-dir", default=None, help="where models are made and reused "
+                    "(default $JOA_MODELS_DIR or /tmp/joa-models)")
+    ap.add_argument("--compile-cache", default="/tmp/joa-jax-cache",
+                    help="jax's persistent compilation cache on a GPU ('none': off)")
+    ap.add_argument("--seed", type=int, default=0, help="weights' seed")
+    ap.add_argument("--no-verify", dest="verify", action="store_false", help="skip the token check")
+    ap.add_argument("--torch-compile", action="store_true",
+                    help="torch.compile the torch peer's decode step before its CUDA graph (its "
+                         "compile time is not in the default budget: off by default)")
+    ap.add_argument("--progress", action="store_true", help="progress bars while making models")
+    ap.add_argument("--out", help="write the JSON results here")
+    args = ap.parse_args(argv)
+    if args.max_seconds is None:
+        args.max_seconds = 240.0 if args.quick else 420.0
+    start = time.perf_counter()
+
+    import jax
+    on_gpu = any(d.platform == "gpu" for d in jax.devices())
+    if on_gpu and args.compile_cache != "none":
+        jax.config.update("jax_compilation_cache_dir", args.compile_cache)
+    env = environment()
+    env["suite"] = "e2e"
+    print(json.dumps({k: env.get(k) for k in ("gpu", "jax", "jaxlib", "torch", "commit")}, indent=1))
+    from jax_onnx_attn.bench.e2e_peers import torch_status
+    impls = list(args.impls)
+    if on_gpu:
+        _warm_up(2.0)
+    env["gemm_peak"] = gemm_peak(on_gpu)
+    env["gemm_peak_tflops"] = env["gemm_peak"]["tflops"]
+    env["hbm_bytes_per_s"] = args.hbm
+    env["device_memory_bytes"] = limit = _device_memory()
+    print(f"GEMM peak (fp16, jax): {env['gemm_peak_tflops']:.1f} TFLOP/s", flush=True)
+    torch, why = torch_status()
+    env["torch_peer"] = why or ("cuda" if torch.cuda.is_available() else "cpu (eager, no CUDA graph)")
+
+    cases = default_cases(args)
+    groups = list(dict.fromkeys((c.model, c.weights) for c in cases))
+    results, skipped, verify, models = [], [], [], {}
+
+    def save():
+        if args.out:
+            write_json(args.out, env, args, results, skipped, verify, models)
+
+    for gi, key in enumerate(groups):
+        group_cases = [c for c in cases if (c.model, c.weights) == key]
+        elapsed = time.perf_counter() - start
+        if elapsed >= args.max_seconds:
+            skipped += [{**dataclasses.asdict(c), "why": "time budget"} for c in group_cases]
+            continue
+        cfg = model_config(group_cases[0], args.seed)
+        weights_left = sum(_group_weight(model_config(Case(m, w, 1, 1), args.seed)) for m, w in groups[gi:])
+        share_end = time.perf_counter() + (args.max_seconds - elapsed) * _group_weight(cfg) / weights_left
+        if args.max_seconds - elapsed < OPEN_S_PER_GB * cfg.file_bytes() / 1e9:
+            skipped += [{**dataclasses.asdict(c), "why": "time budget (making and lowering the model)"}
+                        for c in group_cases]
+            continue
+        fits = []
+        for c in group_cases:
+            why = memory_skip(c, cfg, capacity_for(c.ctx, args), limit)
+            if why:
+                skipped.append({**dataclasses.asdict(c), "why": why})
+            else:
+                fits.append(c)
+        if not fits:
+            continue
+        print(f"== {key[0]} {key[1]}: {cfg.name}, {cfg.param_count() / 1e9:.2f} B params, "
+              f"{cfg.file_bytes() / 1e9:.2f} GB", flush=True)
+        try:
+            g = open_group(fits[0], args, impls)
+        except Exception as e:
+            skipped += [{**dataclasses.asdict(c), "why": f"model: {_err(e)}"} for c in fits]
+            print(f"   cannot make / lower the model: {_err(e)}", flush=True)
+            save()
+            continue
+        g.info["first_case"] = fits[0].label()
+        models[f"{key[0]}/{key[1]}"] = g.info
+        print(f"   made in {g.info['build_s']:.1f} s, lowered in {g.info['load_s']:.1f} s; "
+              f"peers: {g.peer_skip or 'all'}", flush=True)
+        verified = not args.verify
+        last_case_s = 0.0  # a case is not started when the previous one's time would overrun
+        for i, case in enumerate(fits):
+            now = time.perf_counter()
+            if i and (now + last_case_s > share_end or now + last_case_s - start > args.max_seconds):
+                skipped.append({**dataclasses.asdict(case), "why": "time budget"})
+                continue
+            do_verify = not verified and case.batch == 1
+            t0 = time.perf_counter()
+            recs, ver = run_case(g, case, args, env, impls, do_verify)
+            if ver is not None:
+                verified = True
+                verify.append(ver)
+                print(f"   verify: leading tokens equal to ours {ver['agree_with_ours']} of {1 + args.steps}",
+                      flush=True)
+            last_case_s = time.perf_counter() - t0
+            for r in recs:
+                r["case_s"] = last_case_s
+                results.append(r)
+                line = "  ".join(
+                    f"{impl}={m['ms']:.3f}ms/{m.get('frac_of_bound', m.get('frac_of_gemm_peak')) or 0:.2f}"
+                    if "ms" in m else f"{impl}={m['skip'][:60]}" for impl, m in r["impls"].items())
+                print(f"   {case.label():34s} {r['phase']:7s} {line}", flush=True)
+            save()
+        g.close()
+    env["total_s"] = time.perf_counter() - start
+    print()
+    print(format_table(results))
+    print(f"\nms: per decode step / per prefill (TTFT); frac: of the bandwidth bound (decode, "
+          f"{args.hbm / 1e12:g} TB/s) or of the measured GEMM peak (prefill); total {env['total_s']:.0f} s")
+    if skipped:
+        print(f"skipped {len(skipped)} case(s): " + "; ".join(
+            f"{s['model']} {s['weights']} B={s['batch']} T={s['ctx']}: {s['why'][:40]}" for s in skipped[:8]))
+    save()
+    if args.out:
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

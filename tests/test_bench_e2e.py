@@ -1,0 +1,133 @@
+"""The e2e benchmark harness on CPU: a tiny preset end to end (ours on the reference backend, the JAX
+peer with XLA attention, torch eagerly where it is installed), valid JSON in the suite's schema, the
+peers' greedy tokens equal to ours, and the harness's own rules (case order, budget, memory, trace
+parsing). Speeds are not asserted."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from jax_onnx_attn.bench import __main__ as bench_main
+from jax_onnx_attn.bench import e2e
+from jax_onnx_attn.models import preset
+
+STEPS = 2
+ARGS = ["--models", "tiny", "--batch", "1", "--ctx", "32", "--steps", str(STEPS), "--max-calls", "2",
+        "--reps", "2", "--prefill-reps", "1", "--target-ms", "1"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """One run over fp16 and int4 tiny models; returns the JSON document."""
+    d = tmp_path_factory.mktemp("e2e")
+    out = d / "e2e.json"
+    rc = bench_main.main(["e2e", *ARGS, "--weights", "fp16", "int4", "--models-dir", str(d / "models"),
+                          "--out", str(out)])
+    assert rc == 0
+    return json.loads(out.read_text())
+
+
+def test_json_schema(run):
+    assert run["suite"] == "e2e"
+    assert {"gpu", "versions", "commit", "env", "results", "verify", "models", "skipped"} <= set(run)
+    assert run["versions"]["jax"] and run["env"]["gemm_peak_tflops"] > 0
+    phases = sorted((r["weights"], r["phase"]) for r in run["results"])
+    assert phases == [("fp16", "decode"), ("fp16", "prefill"), ("int4", "decode"), ("int4", "prefill")]
+    for r in run["results"]:
+        assert (r["model"], r["batch"], r["ctx"]) == ("tiny", 1, 32)
+        assert r["weight_bits"] == (16 if r["weights"] == "fp16" else 4)
+        assert r["capacity"] % 256 == 0 and r["capacity"] >= 32 + (2 + 1) * STEPS
+        assert set(r["impls"]) == {"ours", "jax-peer", "torch-peer"}
+        for impl in ("ours", "jax-peer"):
+            m = r["impls"][impl]
+            assert m["ms"] > 0 and "kernels_per_step" in m, (impl, m)
+            if r["phase"] == "decode":
+                assert m["tokens_per_s"] == pytest.approx(r["batch"] / (m["ms"] / 1e3))
+                # the fraction is the roofline bound over the measured step
+                assert m["frac_of_bound"] == pytest.approx(r["bound_ms"] / m["ms"])
+                assert m["calls_per_sample"] >= 1 and len(m["samples_ms"]) == 2
+            else:
+                assert m["tokens_per_s"] == pytest.approx(r["tokens"] / (m["ms"] / 1e3))
+                assert m["frac_of_gemm_peak"] == pytest.approx(
+                    r["flops"] / (m["ms"] / 1e3) / 1e12 / r["gemm_peak_tflops"])
+    decode = [r for r in run["results"] if r["phase"] == "decode"]
+    # on a CPU the trace has no device events: kernels per step is null, with the reason
+    ours = decode[0]["impls"]["ours"]
+    assert ours["kernels_per_step"] is None and "no device events" in ours["profile"]["note"]
+    int4 = next(r for r in decode if r["weights"] == "int4")
+    assert "MatMulNBits" in int4["impls"]["torch-peer"]["skip"]
+    model = run["models"]["tiny/fp16"]
+    assert model["params"] == preset("tiny").param_count() and model["step_cost"]["kv_bytes_per_token"] > 0
+
+
+def test_peers_compute_the_same_model(run):
+    """The JAX peer (and torch, where installed) give our greedy tokens step for step."""
+    assert [v["weights"] for v in run["verify"]] == ["fp16", "int4"]
+    for v in run["verify"]:
+        ours = v["tokens"]["ours"]
+        assert isinstance(ours, list) and len(ours) == 1 + STEPS
+        assert v["tokens"]["jax-peer"] == ours and v["equal"]["jax-peer"]
+        torch_tokens = v["tokens"]["torch-peer"]
+        if isinstance(torch_tokens, list):
+            assert torch_tokens == ours
+        else:
+            assert "torch not installed" in torch_tokens["skip"] or "MatMulNBits" in torch_tokens["skip"]
+
+
+def test_budget_skips_with_a_reason(tmp_path):
+    out = tmp_path / "e2e.json"
+    assert e2e.main([*ARGS, "--weights", "fp16", "--max-seconds", "0", "--models-dir", str(tmp_path),
+                     "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["results"] == [] and [s["why"] for s in doc["skipped"]] == ["time budget"]
+
+
+def test_memory_rule():
+    args = SimpleNamespace(max_calls=8, steps=16)
+    config = e2e.model_config(e2e.Case("8b", "fp16", 32, 32768))
+    cap = e2e.capacity_for(32768, args)
+    assert cap == 33024
+    why = e2e.memory_skip(e2e.Case("8b", "fp16", 32, 32768), config, cap, 140 * 2**30)
+    assert why and why.startswith("beyond memory")
+    assert e2e.memory_skip(e2e.Case("8b", "fp16", 8, 32768), config, cap, 140 * 2**30) is None
+    assert e2e.memory_skip(e2e.Case("8b", "fp16", 32, 32768), config, cap, None) is None
+
+
+def test_case_order_and_quick_subset():
+    args = SimpleNamespace(quick=False, models=["1b", "8b"], weights=["fp16", "int4"], batch=[1, 8, 32],
+                           ctx=[1024, 2048, 8192, 32768])
+    cases = e2e.default_cases(args)
+    assert len(cases) == 48
+    groups = list(dict.fromkeys((c.model, c.weights) for c in cases))
+    assert groups == [("1b", "fp16"), ("1b", "int4"), ("8b", "fp16"), ("8b", "int4")]
+    first = [(c.batch, c.ctx) for c in cases[:4]]
+    assert first == [(1, 2048), (8, 2048), (32, 2048), (1, 8192)]
+    quick = e2e.default_cases(SimpleNamespace(**{**vars(args), "quick": True}))
+    assert [c.label() for c in quick] == [f"{m} {w} B={b} ctx={t}" for m, w, b, t in e2e.QUICK]
+
+
+def _trace(lines):
+    """A Chrome trace with one GPU process: (thread name, [event names]) per line."""
+    events = [{"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/host:CPU"}},
+              {"ph": "M", "pid": 2, "name": "process_name", "args": {"name": "/device:GPU:0"}}]
+    for tid, (thread, names) in enumerate(lines):
+        events.append({"ph": "M", "pid": 2, "tid": tid, "name": "thread_name", "args": {"name": thread}})
+        events += [{"ph": "X", "pid": 2, "tid": tid, "ts": i, "dur": 1, "name": n} for i, n in enumerate(names)]
+    events.append({"ph": "X", "pid": 1, "tid": 0, "ts": 0, "dur": 5, "name": "PjitFunction(run)"})
+    return events
+
+
+def test_kernel_count_reads_the_stream_lines():
+    events = _trace([("XLA Modules", ["jit_run"]), ("XLA Ops", ["fusion", "gemm", "fusion.1"]),
+                     ("Stream #13(Compute)", ["fusion", "gemm_kernel", "fusion_1", "fusion"]),
+                     ("Stream #14(MemcpyD2H)", ["MemcpyD2H"])])
+    n, info = e2e.count_device_kernels(events)
+    assert n == 4 and dict(info["top"])["fusion"] == 2
+    # without "Stream" lines, every device line but the derived ones
+    n, _ = e2e.count_device_kernels(_trace([("XLA Ops", ["a"]), ("cuda stream 7", ["k1", "k2"])]))
+    assert n == 2
+    n, info = e2e.count_device_kernels(_trace([])[:1])
+    assert n is None and "no device events" in info["note"]
