@@ -187,9 +187,11 @@ def fused_linear(ctx, x, w, scales=None, zero_points=None, bias=None, residual=N
 
     x, w, scales, zero_points, bias, residual, norm_weight = (
         to_jax(v) for v in (x, w, scales, zero_points, bias, residual, norm_weight))
+    # pdl: the kernel may start streaming W before the previous kernel ends: W is a param, which
+    # nothing in the program writes (x and the residual are read only after the wait).
     common = dict(residual=residual, norm_weight=norm_weight,
                   norm_epsilon=float(ctx.attr("norm_epsilon", 1e-6)),
-                  gated=bool(ctx.attr("gated", 0)))
+                  gated=bool(ctx.attr("gated", 0)), pdl=True)
     bits = int(ctx.attr("bits", 0))
     n_out = int(ctx.attr("N")) if bits else w.shape[0]
     out_shape = x.shape[:-1] + (n_out // 2 if common["gated"] else n_out,)
