@@ -58,7 +58,8 @@ def test_json_schema(run):
     ours = decode[0]["impls"]["ours"]
     assert ours["kernels_per_step"] is None and "no device events" in ours["profile"]["note"]
     int4 = next(r for r in decode if r["weights"] == "int4")
-    assert "MatMulNBits" in int4["impls"]["torch-peer"]["skip"]
+    skip = int4["impls"]["torch-peer"]["skip"]
+    assert "MatMulNBits" in skip or "torch not installed" in skip
     model = run["models"]["tiny/fp16"]
     assert model["params"] == preset("tiny").param_count() and model["step_cost"]["kv_bytes_per_token"] > 0
 

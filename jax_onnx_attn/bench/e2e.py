@@ -340,8 +340,18 @@ def open_group(case: Case, args, impls) -> Group:
     g.info = {"config": dataclasses.asdict(config), "path": str(path), "params": config.param_count(),
               "file_bytes": config.file_bytes(), "build_s": build_s, "load_s": load_s,
               "step_cost": g.cost.as_dict()}
-    for impl, make in (("jax-peer", lambda: JaxPeer(g.lowered)),
-                       ("torch-peer", lambda: TorchPeer(g.lowered, compile=args.torch_compile))):
+    # The peers read the graph as the producer wrote it (our lowering rewrites it into fused nodes
+    # with weights in the kernels' layouts), so they get their own unfused lowering: the same
+    # weights, their own device copy.
+    plain = {}
+
+    def unfused():
+        if "lowered" not in plain:
+            plain["lowered"] = jax_onnx_attn.load(path, fuse=False)
+        return plain["lowered"]
+
+    for impl, make in (("jax-peer", lambda: JaxPeer(unfused())),
+                       ("torch-peer", lambda: TorchPeer(unfused(), compile=args.torch_compile))):
         if impl not in impls:
             continue
         try:

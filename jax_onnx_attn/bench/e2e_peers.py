@@ -1,9 +1,10 @@
 """The e2e bench's peers: the same decoder written by hand in JAX and in torch, on the same weights.
 
 Both read a builder-shaped llama graph (onnxruntime-genai's model builder or `jax_onnx_attn.models`)
-through `DecoderSpec.from_lowered`, which finds each weight by the builder's node names and takes the
-arrays from the lowered model's params, so the peers compute on the very device buffers our lowering
-uses (torch through DLPack, no copy).
+through `DecoderSpec.from_lowered` on an unfused lowering (`load(path, fuse=False)`: the graph as
+written), which finds each weight by the builder's node names and takes the arrays from its params:
+the same weights as ours, in the producer's layout (torch shares the jax-peer's buffers through
+DLPack, no copy).
 
 jax-peer: RMSNorm in float32, one fused QKV product, rotary (non-interleaved, cos/sin rows of the
 model's caches), the KV cache [B, C, Hkv, D] updated with `lax.dynamic_update_slice`,
