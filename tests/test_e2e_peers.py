@@ -32,8 +32,10 @@ def _ours(lowered, config, ids):
 @pytest.fixture(scope="module", params=sorted(VARIANTS))
 def model(request):
     config = preset("tiny", dtype="float32", vocab=512, **VARIANTS[request.param])
-    lowered = jax_onnx_attn.load(build_decoder(config))
-    return config, lowered, _ours(lowered, config, IDS)
+    proto = build_decoder(config)
+    # The peers read the graph as written; "ours" is the default (fused) lowering.
+    lowered = jax_onnx_attn.load(proto, fuse=False)
+    return config, lowered, _ours(jax_onnx_attn.load(proto), config, IDS)
 
 
 def test_jax_peer_prefill_and_decode_match_the_lowering(model):
@@ -74,12 +76,12 @@ def test_torch_peer_matches_the_lowering(model):
 
 
 def test_spec_refuses_other_graphs():
-    lowered = jax_onnx_attn.load(build_tiny_decoder())
+    lowered = jax_onnx_attn.load(build_tiny_decoder(), fuse=False)
     spec = DecoderSpec.from_lowered(lowered)
     assert (spec.heads, spec.kv_heads, spec.head_size, spec.vocab) == (4, 2, 16, 256)
-    torch_export = jax_onnx_attn.load(FIXTURES / "torch_llama_op20" / "model.onnx")
+    torch_export = jax_onnx_attn.load(FIXTURES / "torch_llama_op20" / "model.onnx", fuse=False)
     with pytest.raises(PeerUnsupported, match="GroupQueryAttention"):
         DecoderSpec.from_lowered(torch_export)
-    gemma = jax_onnx_attn.load(FIXTURES / "builder_gemma2_fp32" / "model.onnx")
+    gemma = jax_onnx_attn.load(FIXTURES / "builder_gemma2_fp32" / "model.onnx", fuse=False)
     with pytest.raises(PeerUnsupported):
         DecoderSpec.from_lowered(gemma)

@@ -155,6 +155,8 @@ def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
         dom = registry.normalize_domain(node.domain)
         if dom == "" and node.op_type == "MatMul" and is_weight(node.input[1]):
             w = node.input[1]
+            if any(d % 8 for d in arrays[w].shape):
+                continue  # ops.linear takes K and N in multiples of 8 (16-byte rows)
             if w in g.subgraph_reads or w in g.outputs or any(
                     g.nodes[r].op_type != "MatMul" or g.nodes[r].input[1] != w
                     or g.nodes[r].input[0] == w for r in readers[w]):
@@ -169,7 +171,7 @@ def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
             bq, scales, zp, g_idx, bias = ins[1], ins[2], ins[3], ins[4], ins[5]
             k, n = int(_attr(node, "K")), int(_attr(node, "N"))
             bits, block = int(_attr(node, "bits", 4)), int(_attr(node, "block_size"))
-            if g_idx or any(x and x not in arrays for x in (bq, scales, zp)):
+            if g_idx or n % 8 or any(x and x not in arrays for x in (bq, scales, zp)):
                 continue
             try:
                 pq, ps, pz = linear_ops.prepare_nbits(arrays[bq], arrays[scales],

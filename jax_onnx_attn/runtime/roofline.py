@@ -39,7 +39,8 @@ H200_HBM_BYTES_PER_S = 4.8e12
 #: The H200's dense tensor-core peak (FLOP/s, datasheet) per compute dtype.
 H200_PEAK_FLOPS = {"float16": 989e12, "bfloat16": 989e12, "float32": 67e12}
 
-_MATMULS = {("", "MatMul"): 1, ("", "Gemm"): 1, ("com.microsoft", "MatMulNBits"): 1}
+_MATMULS = {("", "MatMul"): 1, ("", "Gemm"): 1, ("com.microsoft", "MatMulNBits"): 1,
+            ("jax_onnx_attn", "Linear"): 1}  # the loader's fused projections (onnx/fusion.py)
 _GATHERED_ROPE = {("com.microsoft", "GroupQueryAttention"): (7, 8), ("", "RotaryEmbedding"): (1, 2),
                   ("com.microsoft", "RotaryEmbedding"): (2, 3)}
 
@@ -130,11 +131,13 @@ def step_cost(lowered) -> StepCost:
         elif key in _GATHERED_ROPE:
             row_inputs = {i for i in _GATHERED_ROPE[key] if i < len(ins)}
         if key in _MATMULS and len(ins) > 1 and ins[1] in params:
-            if key[1] == "MatMulNBits":
-                a = _attrs(node)
+            a = _attrs(node)
+            if key[1] == "MatMulNBits" or (key[1] == "Linear" and a.get("bits")):
                 matmul_params += int(a["K"]) * int(a["N"])
-                for name in ins[1:]:
-                    kinds.setdefault(name, "matmul_nbits")
+                # packed codes, scales, zero points (not a fused Linear's bias / residual / norm)
+                for name in ins[1:4 if key[1] == "Linear" else None]:
+                    if name:
+                        kinds.setdefault(name, "matmul_nbits")
             else:
                 w = params[ins[1]]
                 matmul_params += int(np.prod(w.shape[-2:])) * int(np.prod(w.shape[:-2]) or 1)
