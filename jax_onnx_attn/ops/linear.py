@@ -12,6 +12,7 @@ onnxruntime's MatMulNBits initialisers into the kernels' form, once, at load.
 from __future__ import annotations
 
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -198,9 +199,22 @@ def _run(op, backend, ref_fn, cuda_fn, why, x, operands, residual, n_out):
     return y.reshape(lead + (n_out,))
 
 
+#: Which weight formats `backend="auto"` runs on our kernels: "all", "nbits" (dense weights on
+#: XLA's GEMM) or "none"; from the environment variable JOA_LINEAR_KERNELS (read at trace time).
+def kernel_formats() -> str:
+    """The JOA_LINEAR_KERNELS setting ("all" by default)."""
+    value = os.environ.get("JOA_LINEAR_KERNELS", "all")
+    if value not in ("all", "nbits", "none"):
+        raise ValueError(f"JOA_LINEAR_KERNELS must be all, nbits or none, got {value!r}")
+    return value
+
+
 def _kernel_unsupported(x, n_rows, bits, gated, norm, block_size=0) -> str | None:
     if jnp.dtype(x.dtype) not in HALF_DTYPES:
         return f"x is {x.dtype}: the kernels take float16 and bfloat16"
+    formats = kernel_formats()
+    if formats == "none" or (formats == "nbits" and bits == cuda_matmul.DENSE_BITS):
+        return f"JOA_LINEAR_KERNELS={formats}: XLA's GEMM runs these weights"
     return cuda_matmul.unsupported(math.prod(x.shape[:-1]), n_rows, x.shape[-1], bits, gated,
                                    norm, block_size)
 
