@@ -199,11 +199,17 @@ def _run(op, backend, ref_fn, cuda_fn, why, x, operands, residual, n_out):
     return y.reshape(lead + (n_out,))
 
 
-#: Which weight formats `backend="auto"` runs on our kernels: "all", "nbits" (dense weights on
-#: XLA's GEMM) or "none"; from the environment variable JOA_LINEAR_KERNELS (read at trace time).
 def kernel_formats() -> str:
-    """The JOA_LINEAR_KERNELS setting ("all" by default)."""
-    value = os.environ.get("JOA_LINEAR_KERNELS", "all")
+    """Which weight formats `backend="auto"` runs on our kernels: "nbits" (the default: MatMulNBits
+    weights on ours, dense half weights on XLA's GEMM), "all" or "none"; set with the environment
+    variable JOA_LINEAR_KERNELS (read at trace time).
+
+    Why "nbits": on the H200 (bench/results/2026-11-30-*-linear*.json) XLA's plain half GEMV streams
+    large dense weights at 3.7-4.0 TB/s where our engine's first version reaches 1.5-2.5 TB/s,
+    while for int4 weights ours (0.7-1.1 TB/s) is still twice as fast as XLA's fused dequantisation
+    in the whole step (1B int4 decode 1.22 vs 2.37 ms/step).
+    """
+    value = os.environ.get("JOA_LINEAR_KERNELS", "nbits")
     if value not in ("all", "nbits", "none"):
         raise ValueError(f"JOA_LINEAR_KERNELS must be all, nbits or none, got {value!r}")
     return value
