@@ -53,19 +53,16 @@ ffi::Error DecodeAttentionImpl(cudaStream_t stream, AnyBuffer q, AnyBuffer k, An
   }
   decode::DecodeParams p{};
   std::string err = decode::Configure(p, qd[0], qd[1], qd[2], qd[3], kd[1], kd[2], split_rows,
-                                      decode::VariantAttrs{scale, softcap, causal, left, right, pos_shift});
+                                      VariantAttrs{scale, softcap, causal, left, right, pos_shift});
   if (err.empty() && kv_bits != 0) err = decode::ConfigureKvQuant(p, kv_bits, qd[3], k_scale, v_scale);
-  if (err.empty() && has_bias) err = decode::ConfigureBias(p, bias);
-  if (err.empty() && has_sink && (sink.dimensions().size() != 1 || sink.dimensions()[0] != qd[1])) {
-    err = "sink must be f32 [Hq]";
-  }
+  if (err.empty() && has_bias) err = SetBias(p.variant, bias, qd[0], qd[1], qd[2]);
+  if (err.empty() && has_sink) err = SetSink(p.variant, sink, qd[1]);
   if (!err.empty()) return InvalidArgument(std::string(kOp) + ": " + err);
   p.q = q.untyped_data();
   p.k = k.untyped_data();
   p.v = v.untyped_data();
   p.out = out->untyped_data();
   p.kv_len = kv_len.typed_data();
-  p.sink = has_sink ? sink.typed_data() : nullptr;
   p.cluster = cluster && p.splits > 1 ? p.splits : 0;
   return decode::LaunchDecode(p, q.element_type(), qd[3], workspace->typed_data(),
                               int64_t(workspace->element_count()), pdl, stream, kOp);

@@ -57,8 +57,8 @@ ffi::Error GeneralAttentionImpl(cudaStream_t stream, AnyBuffer q, AnyBuffer k, A
   general::GeneralParams p{};
   std::string err = general::Configure(
       p, qd[0], qd[1], qd[2], qd[3], kd[1], kd[2], vd[3],
-      general::Attrs{scale, softcap, causal, left, right, pos_shift, qk_mode, softmax_type});
-  if (err.empty() && has_bias) err = general::ConfigureBias(p, bias);
+      VariantAttrs{scale, softcap, causal, left, right, pos_shift}, qk_mode, softmax_type);
+  if (err.empty() && has_bias) err = SetBias(p.variant, bias, qd[0], qd[1], qd[2]);
   if (!err.empty()) return InvalidArgument(op + ": " + err);
   p.q = q.untyped_data();
   p.k = k.untyped_data();

@@ -22,6 +22,7 @@
 
 #include "common/ffi.h"
 #include "common/status.h"
+#include "kernels/common/kv_quant.cuh"
 #include "kernels/convert.cuh"
 
 namespace joa {
@@ -33,8 +34,6 @@ constexpr int kChunk = 8;          // elements of a head row each lane owns (16 
 constexpr int kMaxLanes = 32;      // a row is handled by at most one warp ...
 constexpr int kMaxHeadDim = kChunk * kMaxLanes;  // ... so D <= 256
 constexpr int kThreads = 128;
-
-enum class Store { kFloat, kInt8, kInt4 };  // the caches' element format
 
 struct PrepareParams {
   const void* query;
@@ -86,22 +85,19 @@ __device__ __forceinline__ void StoreChunk(void* dst, const float (&x)[kChunk]) 
   }
 }
 
-// reference/quant.py: clamp(round_half_even(x · (1 / scale))), the reciprocal in IEEE f32.
-__device__ __forceinline__ int Quantize(float x, float inv_scale, float qmin, float qmax) {
-  return int(fminf(fmaxf(rintf(__fmul_rn(x, inv_scale)), qmin), qmax));
-}
-
 // Writes one lane's kChunk values of row `cache_row` of a K or V cache of D-feature rows: T, or
-// quantised (int8, or int4 packed two a byte, even column in the low nibble, +8 bias).
-template <typename T, Store kStore>
+// quantised in the layout of kernels/common/kv_quant.cuh (the one the decode engine reads).
+template <typename T, KvFormat kFormat>
 __device__ __forceinline__ void StoreCacheChunk(void* cache, int64_t cache_row, int d, int lane,
                                                 const float (&x)[kChunk], const float* scale,
                                                 bool per_channel, int channel0) {
-  constexpr int kBits = kStore == Store::kInt4 ? 4 : kStore == Store::kInt8 ? 8 : 8 * sizeof(T);
+  static_assert(kChunk == 8, "the quantised layout moves 8 values at a time");
+  constexpr int kBits = kFormat == KvFormat::kDense ? 8 * sizeof(T) : KvBits(kFormat);
   char* dst = static_cast<char*>(cache) + (cache_row * d + lane * kChunk) * kBits / 8;
-  if constexpr (kStore == Store::kFloat) {
+  if constexpr (kFormat == KvFormat::kDense) {
     StoreChunk<T>(dst, x);
   } else {
+    using Layout = KvQuantLayout<kFormat>;
     float s[kChunk];
     if (per_channel) {
       LoadChunk<float>(scale + channel0, s);
@@ -109,36 +105,17 @@ __device__ __forceinline__ void StoreCacheChunk(void* cache, int64_t cache_row, 
 #pragma unroll
       for (int i = 0; i < kChunk; ++i) s[i] = scale[0];
     }
-    constexpr float qmax = kStore == Store::kInt8 ? 127.f : 7.f;
     int q[kChunk];
 #pragma unroll
-    for (int i = 0; i < kChunk; ++i) {  // a scale of 0 counts as 1
-      q[i] = Quantize(x[i], __frcp_rn(s[i] == 0.f ? 1.f : s[i]), -qmax - 1.f, qmax);
-    }
-    if constexpr (kStore == Store::kInt8) {
-      uint32_t lo = 0, hi = 0;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        lo |= uint32_t(uint8_t(q[i])) << (8 * i);
-        hi |= uint32_t(uint8_t(q[i + 4])) << (8 * i);
-      }
-      *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
-    } else {
-      uint32_t word = 0;
-#pragma unroll
-      for (int i = 0; i < kChunk; i += 2) {
-        const uint32_t byte = uint32_t((q[i] + 8) & 15) | (uint32_t((q[i + 1] + 8) & 15) << 4);
-        word |= byte << (4 * i);
-      }
-      *reinterpret_cast<uint32_t*>(dst) = word;
-    }
+    for (int i = 0; i < kChunk; ++i) q[i] = Layout::Quantize(x[i], __frcp_rn(ScaleOrOne(s[i])));
+    Layout::Store8(dst, q);
   }
 }
 
 // One head row (b, s, h) of D elements per group of kLanes lanes, h over N query heads, then Hkv
 // key heads, then Hkv value heads (the packed query's order). A group's lanes always take the
 // same branches, so its shuffles name just the group.
-template <typename T, Store kStore, int kLanes>
+template <typename T, KvFormat kFormat, int kLanes>
 __global__ void __launch_bounds__(kThreads) GqaPrepareKernel(const PrepareParams p) {
   static_assert(kThreads % kLanes == 0 && kLanes <= kMaxLanes, "groups must not straddle warps");
   const int all_heads = p.heads + 2 * p.kv_heads;
@@ -242,13 +219,13 @@ __global__ void __launch_bounds__(kThreads) GqaPrepareKernel(const PrepareParams
   } else {
     const int64_t cache_row = (int64_t(b) * p.kv_heads + kv_head) * p.capacity + past + s;
     const int channel0 = kv_head * d + lane * kChunk;
-    StoreCacheChunk<T, kStore>(is_k ? p.k_cache : p.v_cache, cache_row, d, lane, x,
+    StoreCacheChunk<T, kFormat>(is_k ? p.k_cache : p.v_cache, cache_row, d, lane, x,
                                is_k ? p.k_scale : p.v_scale,
                                is_k ? p.k_per_channel : p.v_per_channel, channel0);
   }
 }
 
-template <typename T, Store kStore>
+template <typename T, KvFormat kFormat>
 void Launch(const PrepareParams& p, cudaStream_t stream) {
   const int64_t rows = int64_t(p.batch) * p.seq * (p.heads + 2 * p.kv_heads);
   // Lanes per row: a power of two covering D / kChunk chunks (8 for D <= 64, 16 for D <= 128).
@@ -256,9 +233,9 @@ void Launch(const PrepareParams& p, cudaStream_t stream) {
   const int lanes = chunks <= 8 ? 8 : chunks <= 16 ? 16 : 32;
   const unsigned blocks = unsigned((rows * lanes + kThreads - 1) / kThreads);
   switch (lanes) {
-    case 8: GqaPrepareKernel<T, kStore, 8><<<blocks, kThreads, 0, stream>>>(p); break;
-    case 16: GqaPrepareKernel<T, kStore, 16><<<blocks, kThreads, 0, stream>>>(p); break;
-    default: GqaPrepareKernel<T, kStore, 32><<<blocks, kThreads, 0, stream>>>(p); break;
+    case 8: GqaPrepareKernel<T, kFormat, 8><<<blocks, kThreads, 0, stream>>>(p); break;
+    case 16: GqaPrepareKernel<T, kFormat, 16><<<blocks, kThreads, 0, stream>>>(p); break;
+    default: GqaPrepareKernel<T, kFormat, 32><<<blocks, kThreads, 0, stream>>>(p); break;
   }
 }
 
@@ -312,15 +289,15 @@ ffi::Error GqaPrepareImpl(cudaStream_t stream, AnyBuffer query, AnyBuffer key, A
       }
     }
   }
-  Store store;
+  KvFormat format;
   ffi::DataType cache_type = dtype;
-  int64_t cache_d = d;
   switch (kv_bits) {
-    case 0: store = Store::kFloat; break;
-    case 8: store = Store::kInt8; cache_type = ffi::DataType::S8; break;
-    case 4: store = Store::kInt4; cache_type = ffi::DataType::U8; cache_d = d / 2; break;
+    case 0: format = KvFormat::kDense; break;
+    case 8: format = KvFormat::kInt8; cache_type = ffi::DataType::S8; break;
+    case 4: format = KvFormat::kInt4; cache_type = ffi::DataType::U8; break;
     default: return fail("kv_bits must be 0, 4 or 8, got " + std::to_string(kv_bits));
   }
+  const int64_t cache_d = KvRowElems(d, format);
   auto cd = k_cache.dimensions();
   if (cd.size() != 4 || cd[0] != batch || cd[1] != kv_num_heads || cd[3] != cache_d) {
     return fail("k_cache must be [B, Hkv, C, " + std::to_string(cache_d) + "], got " + Shape(cd));
@@ -412,10 +389,10 @@ ffi::Error GqaPrepareImpl(cudaStream_t stream, AnyBuffer query, AnyBuffer key, A
   p.k_eps = k_norm_epsilon;
   ffi::Error err = DispatchFloat(dtype, "gqa_prepare", [&](auto t) {
     using T = decltype(t);
-    switch (store) {
-      case Store::kFloat: Launch<T, Store::kFloat>(p, stream); break;
-      case Store::kInt8: Launch<T, Store::kInt8>(p, stream); break;
-      case Store::kInt4: Launch<T, Store::kInt4>(p, stream); break;
+    switch (format) {
+      case KvFormat::kDense: Launch<T, KvFormat::kDense>(p, stream); break;
+      case KvFormat::kInt8: Launch<T, KvFormat::kInt8>(p, stream); break;
+      case KvFormat::kInt4: Launch<T, KvFormat::kInt4>(p, stream); break;
     }
     return ffi::Error::Success();
   });

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <string>
 
-#include "common/bias.h"
 #include "common/ffi.h"
+#include "common/variant.h"
 #include "kernels/decode/decode.h"
 #include "kernels/decode/params.h"
 
@@ -21,14 +21,6 @@ inline constexpr int kMaxSplitsHost = 256;  // = kMaxSplits of combine.cuh (s_w 
 inline int64_t WorkspaceElems(int64_t batch, int64_t kv_heads, int64_t splits, int64_t rows, int64_t d) {
   return splits > 1 ? batch * kv_heads * splits * rows * (d + 1) : 0;
 }
-
-// The static attributes that select the variant.
-struct VariantAttrs {
-  float scale, softcap;
-  bool causal;
-  int64_t left, right;
-  int64_t pos_shift;  // query row i sits at kv_len - S + i + pos_shift
-};
 
 // Fills shapes, strides, splits and variant of `p` for dense q / out [B, Hq, S, D] and caches
 // [B, Hkv, C, D] (pointers, kv_len, bias and sink are the caller's). Returns an error message or "".
@@ -62,22 +54,11 @@ inline std::string Configure(DecodeParams& p, int64_t batch, int64_t q_heads, in
   p.k_stride_n = p.v_stride_n = head_dim;
   p.k_stride_h = p.v_stride_h = capacity * head_dim;
   p.k_stride_b = p.v_stride_b = kv_heads * capacity * head_dim;
-  p.scale = v.scale;
-  p.softcap = v.softcap;
-  p.causal = v.causal;
-  p.pos_shift = int(std::max<int64_t>(-(int64_t(1) << 30), std::min<int64_t>(v.pos_shift, int64_t(1) << 30)));
-  p.left = int(std::max<int64_t>(-1, std::min<int64_t>(v.left, int64_t(1) << 30)));
-  p.right = int(std::max<int64_t>(-1, std::min<int64_t>(v.right, int64_t(1) << 30)));
-  p.bias = nullptr;
-  p.bias_type = BiasType::kNone;
-  p.bias_stride_b = p.bias_stride_h = p.bias_stride_s = 0;
-  p.bias_len = 0;
-  p.sink = nullptr;
+  p.variant = MakeVariant(v);
   p.part_o = p.part_lse = nullptr;
   p.cluster = 0;
   p.kv_format = KvFormat::kDense;
-  p.k_scale = p.v_scale = nullptr;
-  p.k_scale_per_channel = p.v_scale_per_channel = false;
+  p.kv_scales = KvScales{nullptr, nullptr, false, false};
   return "";
 }
 
@@ -95,28 +76,11 @@ inline std::string ConfigureKvQuant(DecodeParams& p, int64_t kv_bits, int64_t he
            std::to_string(channels) + " (per channel)";
   }
   p.kv_format = kv_bits == 8 ? KvFormat::kInt8 : KvFormat::kInt4;
-  const int64_t row = head_dim * kv_bits / 8;  // strides count bytes
+  const int64_t row = KvRowElems(head_dim, p.kv_format);  // strides count bytes
   p.k_stride_n = p.v_stride_n = row;
   p.k_stride_h = p.v_stride_h = int64_t(p.capacity) * row;
   p.k_stride_b = p.v_stride_b = int64_t(p.kv_heads) * p.capacity * row;
-  p.k_scale = k_scale.typed_data();
-  p.v_scale = v_scale.typed_data();
-  p.k_scale_per_channel = k_n != 1;
-  p.v_scale_per_channel = v_n != 1;
-  return "";
-}
-
-// Points p at a bias buffer [Bb, Hb, Sb, Tb] (Bb in {1, B}, Hb in {1, Hq}, Sb in {1, S}).
-inline std::string ConfigureBias(DecodeParams& p, const ffi::AnyBuffer& bias) {
-  BiasLayout b;
-  std::string err = ParseBias(bias, p.batch, p.q_heads, p.q_len, b);
-  if (!err.empty()) return err;
-  p.bias = b.data;
-  p.bias_type = b.type;
-  p.bias_len = int(std::min<int64_t>(b.len, int64_t(1) << 30));
-  p.bias_stride_b = b.stride_b;
-  p.bias_stride_h = b.stride_h;
-  p.bias_stride_s = b.stride_s;
+  p.kv_scales = KvScales{k_scale.typed_data(), v_scale.typed_data(), k_n != 1, v_n != 1};
   return "";
 }
 
@@ -143,7 +107,7 @@ inline ffi::Error LaunchDecode(DecodeParams& p, ffi::DataType dtype, int64_t hea
     p.part_lse = workspace + int64_t(p.batch) * p.kv_heads * p.splits * p.rows * head_dim;
   }
   if (p.batch == 0 || p.rows == 0) return ffi::Error::Success();
-  const LaunchOptions opt{p.softcap > 0.f || p.bias != nullptr, pdl};
+  const LaunchOptions opt{p.variant.softcap > 0.f || p.variant.bias != nullptr, pdl};
   cudaError_t err;
   switch (dtype) {
     case ffi::DataType::F16: err = LaunchHeadDim<__half>(int(head_dim), p, opt, stream); break;

@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "kernels/bias.cuh"
+#include "kernels/common/params.h"
 
 namespace joa::decode {
 
@@ -25,10 +25,6 @@ constexpr int BlockRows(int rows) { return rows <= 16 ? 16 : rows <= 32 ? 32 : r
 // Most splits combined inside one thread-block cluster (cluster_combine.cuh). Clusters over 8 CTAs
 // are sm_90's non-portable sizes (opted into at launch). Mirrored by jax_onnx_attn/ops/cuda.py.
 inline constexpr int kMaxClusterSplits = 16;
-
-// How the cache stores K and V (policies in kv_format.cuh): T, int8 [.., D], or int4 as uint8
-// [.., D / 2] (two values a byte, low nibble first, each stored + 8).
-enum class KvFormat : int { kDense = 0, kInt8 = 1, kInt4 = 2 };
 
 struct DecodeParams {
   // q [B, Hq, S, D] and out [B, Hq, S, D]; k, v [B, Hkv, C, D]. Strides in elements; the last dim
@@ -60,29 +56,13 @@ struct DecodeParams {
   float* part_o;
   float* part_lse;
 
-  // The variant (what a query row sees, how a logit becomes a score); see variant.cuh.
-  float scale;    // multiplies q.k
-  float softcap;  // > 0: softcap * tanh(x / softcap), before the bias
-  bool causal;    // key j visible to row i only if j <= pos_i = kv_len - S + i + pos_shift
-  int pos_shift;  // static shift of every query position (0: bottom-right aligned at kv_len)
-  int left;       // >= 0: keys with pos_i - j > left are hidden
-  int right;      // >= 0: keys with j - pos_i > right are hidden
-  // Additive bias bias[b, h, i, j] (bool: true = keep, false = -inf), indexed by absolute key j;
-  // keys j >= bias_len are hidden. Strides are 0 along broadcast dims.
-  const void* bias;
-  BiasType bias_type;
-  int64_t bias_stride_b, bias_stride_h, bias_stride_s;
-  int bias_len;
-  // Per query head extra logit (natural units) in the softmax denominator, no value row.
-  const float* sink;
+  // The variant (what a query row sees, how a logit becomes a score): kernels/common/variant.cuh.
+  VariantParams variant;
 
   // A quantized cache (kv_format != kDense) has its K / V strides in bytes; a value is
-  // q * scale (f32, a scale of 0 read as 1) with k_scale / v_scale f32: one element, or [Hkv, D]
-  // when *_per_channel.
+  // q * scale (f32, a scale of 0 read as 1; kernels/common/kv_quant.cuh).
   KvFormat kv_format;
-  const float* k_scale;
-  const float* v_scale;
-  bool k_scale_per_channel, v_scale_per_channel;
+  KvScales kv_scales;
 };
 
 // Host-side launch choices that are not kernel parameters.

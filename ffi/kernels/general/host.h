@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <string>
 
-#include "common/bias.h"
 #include "common/ffi.h"
+#include "common/variant.h"
 #include "kernels/general/general.h"
 #include "kernels/general/params.h"
 
@@ -18,20 +18,13 @@ inline int64_t WorkspaceElems(int64_t batch, int64_t q_heads, int64_t q_len, int
   return batch * q_heads * q_len * capacity;
 }
 
-// The static attributes of a call.
-struct Attrs {
-  float scale, softcap;
-  bool causal;
-  int64_t left, right, pos_shift;
-  int64_t qk_mode;       // kQkNone or 0-3
-  int64_t softmax_type;  // SoftmaxType
-};
 
 // Fills shapes and attributes of `p` for q [B, Hq, S, D], k [B, Hkv, C, D], v [B, Hkv, C, Dv]
 // (pointers, kv_len and bias are the caller's). Returns an error message or "".
 inline std::string Configure(GeneralParams& p, int64_t batch, int64_t q_heads, int64_t q_len,
                              int64_t head_dim, int64_t kv_heads, int64_t capacity,
-                             int64_t v_head_dim, const Attrs& a) {
+                             int64_t v_head_dim, const VariantAttrs& v, int64_t qk_mode,
+                             int64_t softmax_type) {
   constexpr int64_t kMaxDim = int64_t(1) << 30;
   if (kv_heads <= 0 || q_heads % kv_heads != 0) return "query heads must be a multiple of KV heads";
   const int64_t rows = (q_heads / kv_heads) * q_len;
@@ -41,8 +34,8 @@ inline std::string Configure(GeneralParams& p, int64_t batch, int64_t q_heads, i
   if (batch * kv_heads * RowBlocks(rows) > int64_t(0x7fffffff)) return "batch x heads too large for the grid";
   if (KeyTiles(capacity) > 65535) return "more than 65535 * 64 keys";
   if (ColumnBlocks(v_head_dim) > 65535) return "V head size too large for the grid";
-  if (a.qk_mode < kQkNone || a.qk_mode > kQkSoftmax) return "qk_mode must be -1 (none) or 0-3";
-  if (a.softmax_type < 0 || a.softmax_type > int64_t(SoftmaxType::kBF16)) {
+  if (qk_mode < kQkNone || qk_mode > kQkSoftmax) return "qk_mode must be -1 (none) or 0-3";
+  if (softmax_type < 0 || softmax_type > int64_t(SoftmaxType::kBF16)) {
     return "softmax_type must be 0 (f32), 1 (f16) or 2 (bf16)";
   }
   p.batch = int(batch);
@@ -54,33 +47,9 @@ inline std::string Configure(GeneralParams& p, int64_t batch, int64_t q_heads, i
   p.v_head_dim = int(v_head_dim);
   p.group = int(q_heads / kv_heads);
   p.rows = int(rows);
-  p.scale = a.scale;
-  p.softcap = a.softcap;
-  p.causal = a.causal;
-  p.pos_shift = int(std::max(-kMaxDim, std::min(a.pos_shift, kMaxDim)));
-  p.left = int(std::max<int64_t>(-1, std::min(a.left, kMaxDim)));
-  p.right = int(std::max<int64_t>(-1, std::min(a.right, kMaxDim)));
-  p.bias = nullptr;
-  p.bias_type = BiasType::kNone;
-  p.bias_stride_b = p.bias_stride_h = p.bias_stride_s = 0;
-  p.key_end = p.capacity;
-  p.qk_mode = int(a.qk_mode);
-  p.softmax_type = SoftmaxType(a.softmax_type);
-  return "";
-}
-
-// Points p at a bias buffer [Bb, Hb, Sb, Tb] (Bb in {1, B}, Hb in {1, Hq}, Sb in {1, S}); keys
-// j >= Tb are hidden.
-inline std::string ConfigureBias(GeneralParams& p, const ffi::AnyBuffer& bias) {
-  BiasLayout b;
-  std::string err = ParseBias(bias, p.batch, p.q_heads, p.q_len, b);
-  if (!err.empty()) return err;
-  p.bias = b.data;
-  p.bias_type = b.type;
-  p.key_end = int(std::min<int64_t>(b.len, p.capacity));
-  p.bias_stride_b = b.stride_b;
-  p.bias_stride_h = b.stride_h;
-  p.bias_stride_s = b.stride_s;
+  p.variant = MakeVariant(v);
+  p.qk_mode = int(qk_mode);
+  p.softmax_type = SoftmaxType(softmax_type);
   return "";
 }
 

@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "kernels/bias.cuh"
+#include "kernels/common/params.h"
 
 namespace joa::general {
 
@@ -33,17 +33,9 @@ struct GeneralParams {
   int group;  // G = Hq / Hkv
   int rows;   // M = G * S packed rows per KV head
 
-  float scale;    // multiplies q.k
-  float softcap;  // > 0: softcap * tanh(x / softcap), before the bias
-  bool causal;    // key j visible to row i only if j <= pos_i = kv_len - S + i + pos_shift
-  int pos_shift;
-  int left, right;  // >= 0: keys with pos_i - j > left / j - pos_i > right are hidden
-  // Additive bias bias[b, h, i, j] (bool: true keeps, false = -inf); keys j >= key_end are hidden
-  // (key_end is the bias length, or C without a bias). Strides are 0 along broadcast dims.
-  const void* bias;
-  BiasType bias_type;
-  int64_t bias_stride_b, bias_stride_h, bias_stride_s;
-  int key_end;
+  // The variant (what a query row sees, how a logit becomes a score; no sinks here):
+  // kernels/common/variant.cuh, as the decode engine reads it.
+  VariantParams variant;
 
   int qk_mode;  // kQkNone or a qk_matmul_output_mode
   SoftmaxType softmax_type;
