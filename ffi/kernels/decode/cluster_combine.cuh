@@ -18,14 +18,10 @@
 #include "kernels/common/variant.cuh"
 #include "kernels/convert.cuh"
 #include "kernels/decode/params.h"
+#include "kernels/decode/plan.h"
 #include "kernels/ptx.cuh"
 
 namespace joa::decode {
-
-// f32 elements of a CTA's cluster area: partial O [kBlockM, kD], lse [kBlockM], weights
-// [kBlockM, kMaxClusterSplits].
-template <int kBlockM, int kD>
-inline constexpr int kClusterPartFloats = kBlockM * kD + kBlockM + kBlockM * kMaxClusterSplits;
 
 // Called by every thread of every CTA of the cluster after its partials are in s_part (rows
 // R = row0 + r < p.rows written, others ignored). Contains two cluster barriers: no thread may skip it.

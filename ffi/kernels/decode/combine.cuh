@@ -10,12 +10,12 @@
 #include "kernels/common/variant.cuh"
 #include "kernels/convert.cuh"
 #include "kernels/decode/params.h"
+#include "kernels/decode/plan.h"
 #include "kernels/ptx.cuh"
 
 namespace joa::decode {
 
 inline constexpr int kCombineWarps = 4;
-inline constexpr int kMaxSplits = 256;
 
 template <typename T, int kD>
 __global__ void __launch_bounds__(32 * kCombineWarps)

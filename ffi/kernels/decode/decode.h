@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/decode/params.h"
+#include "kernels/decode/plan.h"
 
 namespace joa::decode {
 
@@ -23,8 +24,6 @@ JOA_DECODE_DECLARE_FORMATS(__half)
 JOA_DECODE_DECLARE_FORMATS(__nv_bfloat16)
 #undef JOA_DECODE_DECLARE_FORMATS
 #undef JOA_DECODE_DECLARE
-
-inline bool SupportedHeadDim(int d) { return d == 64 || d == 80 || d == 96 || d == 128 || d == 256; }
 
 template <typename T, KvFormat kKv>
 cudaError_t LaunchFormat(int d, const DecodeParams& p, const LaunchOptions& opt, cudaStream_t stream) {

@@ -31,62 +31,43 @@
 #include "kernels/convert.cuh"
 #include "kernels/decode/cluster_combine.cuh"
 #include "kernels/decode/params.h"
+#include "kernels/decode/plan.h"
 #include "kernels/ptx.cuh"
 
 namespace joa::decode {
 
+// The tiling of one layout, as compile-time constants: the values of plan.h's MakeLayout (the one
+// definition, which the planner reads too) and the checks that they fit.
 template <typename T, int kD, int kWarpsM, int kWarpsN, class Kv = DenseKv<T>>
 struct EngineConfig {
   static_assert(kD % 16 == 0, "head dim must be a multiple of 16");
-  static constexpr int kWarps = kWarpsM * kWarpsN;
-  static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kBlockM = 16 * kWarpsM;
-  // KV rows per stage: 64 when several warps split a tile (16+ columns each), else 32, so that the
-  // stages are small and more of them fit: decode is bound by the KV bytes in flight.
-  static constexpr int kTileN = kWarpsN > 1 ? 64 : 32;
+  static constexpr Layout kLayout =
+      MakeLayout(kD, kWarpsM, kWarpsN, int(sizeof(T)), Kv::kQuantized ? Kv::kBits : 0);
+  static constexpr int kWarps = kLayout.warps;
+  static constexpr int kThreads = kLayout.threads;
+  static constexpr int kBlockM = kLayout.block_m;
+  static constexpr int kTileN = kLayout.tile_n;
   static_assert(kBlockN % kTileN == 0, "split sizes must be whole tiles");
-  static constexpr int kWarpN = kTileN / kWarpsN;  // KV columns of a tile per warp
+  static constexpr int kWarpN = kLayout.warp_n;
   static_assert(kWarpN % 16 == 0, "a warp's KV slice must be whole k16 steps of P V");
-  static constexpr int kChunk = kWarpN < 32 ? kWarpN : 32;  // columns per softmax update
-  // Q fragments stay in registers except at d256, where they would push the O accumulators
-  // (128 registers) into spills; there they are re-read from shared memory per k step.
-  static constexpr bool kQInRegs = kD <= 128;
-  // Rows padded by 16 bytes: consecutive rows start 4 banks apart, so ldmatrix is conflict-free.
-  static constexpr int kStride = kD + 8;
-  static constexpr int kOStride = kD + 8;  // f32 merge rows, padded likewise
-  static constexpr int kVecs = kD / 8;     // 16-byte vectors per row
-  static constexpr int kQBytes = kBlockM * kStride * int(sizeof(T));
-  static constexpr int kTileElems = kTileN * kStride;
-  // A ring stage holds a K and a V tile as the cache stores them: padded T rows, or the packed
-  // rows of a quantized cache. Those add one converted T tile pair (what the MMAs read) and the
-  // K / V scales [2][kD] f32 in front of the ring.
-  static constexpr int kStageBytes =
-      Kv::kQuantized ? 2 * kTileN * kD * Kv::kBits / 8 : 2 * kTileElems * int(sizeof(T));
-  static constexpr int kConvBytes = Kv::kQuantized ? 2 * kTileElems * int(sizeof(T)) + 2 * kD * 4 : 0;
-  static constexpr int kRingOffset = kQBytes + kConvBytes;
-  static constexpr int kMergeBytes = kWarps * 16 * (kOStride + 2) * 4;
-  // Stages from the shared-memory budget (228 KB per SM, 1 KB reserved per CTA): as many as fit two
-  // CTAs per SM, or one CTA when that keeps half again as many tiles in flight (or two do not fit).
-  static constexpr int kBudget2 = 115712, kBudget1 = 232448;
-  static constexpr int kFit2 = (kBudget2 - kRingOffset) / kStageBytes;
-  static constexpr int kFit1 = (kBudget1 - kRingOffset) / kStageBytes;
-  static constexpr int kStages2 = kFit2 < 8 ? kFit2 : 8;
-  static constexpr int kStages1 = kFit1 < 8 ? kFit1 : 8;
-  static constexpr bool kTwoPerSm =
-      kThreads <= 128 && kStages2 >= 2 && 3 * (kStages2 - 1) >= kStages1 - 1 &&
-      kQBytes + kMergeBytes <= kBudget2;
-  static constexpr int kCtasPerSm = kTwoPerSm ? 2 : 1;
-  static constexpr int kStages = kTwoPerSm ? kStages2 : kStages1;
+  static constexpr int kChunk = kLayout.chunk;
+  static constexpr bool kQInRegs = kLayout.q_in_regs;
+  static constexpr int kStride = kLayout.stride;
+  static constexpr int kOStride = kLayout.o_stride;
+  static constexpr int kVecs = kD / 8;  // 16-byte vectors per row
+  static constexpr int kQBytes = kLayout.q_bytes;
+  static constexpr int kTileElems = kLayout.tile_elems;
+  static constexpr int kStageBytes = kLayout.stage_bytes;
+  static constexpr int kConvBytes = kLayout.conv_bytes;
+  static constexpr int kRingOffset = kLayout.ring_offset;
+  static constexpr int kMergeBytes = kLayout.merge_bytes;
+  static constexpr int kCtasPerSm = kLayout.ctas_per_sm;
+  static constexpr int kStages = kLayout.stages;
   static_assert(kStages >= 2, "the pipeline needs two stages");
-  static constexpr int kPipeBytes = kStages * kStageBytes;
-  // The merge reuses everything past Q once the loop is done.
-  static constexpr int kSmemBytes =
-      kQBytes + (kConvBytes + kPipeBytes > kMergeBytes ? kConvBytes + kPipeBytes : kMergeBytes);
-  static_assert(kSmemBytes <= (kTwoPerSm ? kBudget2 : kBudget1), "shared memory over budget");
-  // The in-cluster combine (cluster_combine.cuh) keeps its partials after the merge area; offered
-  // for 16-row blocks (the small-batch decode shapes where a combine launch costs most).
-  static constexpr bool kClusterCombine =
-      kBlockM == 16 && kQBytes + kMergeBytes + kClusterPartFloats<kBlockM, kD> * 4 <= kSmemBytes;
+  static constexpr int kPipeBytes = kLayout.pipe_bytes;
+  static constexpr int kSmemBytes = kLayout.smem_bytes;
+  static_assert(kSmemBytes <= (kCtasPerSm == 2 ? kBudget2 : kBudget1), "shared memory over budget");
+  static constexpr bool kClusterCombine = kLayout.cluster_combine;
 };
 
 // The stages of DecodeSplitKernel. Every function is inlined into the kernel: they name the steps,

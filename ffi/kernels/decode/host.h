@@ -11,16 +11,9 @@
 #include "common/variant.h"
 #include "kernels/decode/decode.h"
 #include "kernels/decode/params.h"
+#include "kernels/decode/plan.h"
 
 namespace joa::decode {
-
-inline constexpr int kMaxSplitsHost = 256;  // = kMaxSplits of combine.cuh (s_w is sized by it)
-
-// f32 elements of the workspace: normalised partial outputs [B, Hkv, splits, M, D] then their
-// log2-sum-exps [B, Hkv, splits, M]; nothing when there is one split.
-inline int64_t WorkspaceElems(int64_t batch, int64_t kv_heads, int64_t splits, int64_t rows, int64_t d) {
-  return splits > 1 ? batch * kv_heads * splits * rows * (d + 1) : 0;
-}
 
 // Fills shapes, strides, splits and variant of `p` for dense q / out [B, Hq, S, D] and caches
 // [B, Hkv, C, D] (pointers, kv_len, bias and sink are the caller's). Returns an error message or "".
@@ -28,7 +21,7 @@ inline std::string Configure(DecodeParams& p, int64_t batch, int64_t q_heads, in
                              int64_t head_dim, int64_t kv_heads, int64_t capacity,
                              int64_t split_rows, const VariantAttrs& v) {
   if (!SupportedHeadDim(int(head_dim))) {
-    return "head dim " + std::to_string(head_dim) + " is not one of 64, 80, 96, 128, 256";
+    return "head dim " + std::to_string(head_dim) + " is not one the engine is compiled for";
   }
   if (kv_heads <= 0 || q_heads % kv_heads != 0) return "query heads must be a multiple of KV heads";
   if (capacity <= 0 || capacity > (int64_t(1) << 30)) return "cache capacity out of range";
@@ -36,7 +29,7 @@ inline std::string Configure(DecodeParams& p, int64_t batch, int64_t q_heads, in
     return "split_rows must be a positive multiple of " + std::to_string(kBlockN);
   }
   const int64_t splits = (capacity + split_rows - 1) / split_rows;
-  if (splits > kMaxSplitsHost) return "more than 256 splits: raise split_rows";
+  if (splits > kMaxSplits) return "more than " + std::to_string(kMaxSplits) + " splits: raise split_rows";
   const int64_t rows = (q_heads / kv_heads) * q_len;
   if (batch > 65535 || kv_heads * ((rows + 15) / 16) > 65535) return "batch or heads too large for the grid";
   p.batch = int(batch);

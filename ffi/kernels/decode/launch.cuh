@@ -8,6 +8,7 @@
 #include "kernels/decode/combine.cuh"
 #include "kernels/decode/engine.cuh"
 #include "kernels/decode/params.h"
+#include "kernels/decode/plan.h"
 
 namespace joa::decode {
 
@@ -69,10 +70,10 @@ cudaError_t LaunchLayout(DecodeParams p, bool pdl, cudaStream_t stream) {
 template <typename T, int kD, class Variant, class Kv>
 cudaError_t LaunchVariant(const DecodeParams& p, bool pdl, cudaStream_t stream) {
   switch (BlockRows(p.rows)) {
-    case 16: return LaunchLayout<T, kD, 1, 4, Variant, Kv>(p, pdl, stream);
-    case 32: return LaunchLayout<T, kD, 2, 2, Variant, Kv>(p, pdl, stream);
-    case 64: return LaunchLayout<T, kD, 4, 1, Variant, Kv>(p, pdl, stream);
-    default: return LaunchLayout<T, kD, 8, 1, Variant, Kv>(p, pdl, stream);
+    case 16: return LaunchLayout<T, kD, WarpsM(16), WarpsN(16), Variant, Kv>(p, pdl, stream);
+    case 32: return LaunchLayout<T, kD, WarpsM(32), WarpsN(32), Variant, Kv>(p, pdl, stream);
+    case 64: return LaunchLayout<T, kD, WarpsM(64), WarpsN(64), Variant, Kv>(p, pdl, stream);
+    default: return LaunchLayout<T, kD, WarpsM(128), WarpsN(128), Variant, Kv>(p, pdl, stream);
   }
 }
 

@@ -4,7 +4,7 @@
 // to the first kv_len[b] rows of a fixed-capacity cache k/v[b, h / G, :, :]. The G query heads of a
 // KV head and their S rows are packed into the M dimension (row r = g * S + i), so a CTA reads each
 // KV row once for all of them. The context is cut into splits of a fixed size (a multiple of the KV
-// tile, chosen from static shapes by the caller); each split writes a partial output and its
+// tile, chosen from static shapes by plan.h); each split writes a partial output and its
 // log-sum-exp, and a combine kernel merges the splits in a fixed order.
 #pragma once
 
@@ -13,18 +13,6 @@
 #include "kernels/common/params.h"
 
 namespace joa::decode {
-
-// Split sizes are multiples of this many KV rows (and so of every engine tile size).
-inline constexpr int kBlockN = 64;
-
-// Packed rows per CTA for a row count: 16 (4 warps splitting each KV tile), 32 (2 x 2), 64 (4 x 1)
-// or 128 (8 x 1, more M blocks beyond). Mirrored, with EngineConfig's CTAs per SM, by
-// jax_onnx_attn/ops/cuda.py's split planner.
-constexpr int BlockRows(int rows) { return rows <= 16 ? 16 : rows <= 32 ? 32 : rows <= 64 ? 64 : 128; }
-
-// Most splits combined inside one thread-block cluster (cluster_combine.cuh). Clusters over 8 CTAs
-// are sm_90's non-portable sizes (opted into at launch). Mirrored by jax_onnx_attn/ops/cuda.py.
-inline constexpr int kMaxClusterSplits = 16;
 
 struct DecodeParams {
   // q [B, Hq, S, D] and out [B, Hq, S, D]; k, v [B, Hkv, C, D]. Strides in elements; the last dim

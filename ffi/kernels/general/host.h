@@ -32,7 +32,7 @@ inline std::string Configure(GeneralParams& p, int64_t batch, int64_t q_heads, i
     if (dim < 0 || dim > kMaxDim) return "a dimension is out of range (at most 2^30)";
   }
   if (batch * kv_heads * RowBlocks(rows) > int64_t(0x7fffffff)) return "batch x heads too large for the grid";
-  if (KeyTiles(capacity) > 65535) return "more than 65535 * 64 keys";
+  if (capacity > kMaxKeys) return "more than " + std::to_string(kMaxKeys) + " keys";
   if (ColumnBlocks(v_head_dim) > 65535) return "V head size too large for the grid";
   if (qk_mode < kQkNone || qk_mode > kQkSoftmax) return "qk_mode must be -1 (none) or 0-3";
   if (softmax_type < 0 || softmax_type > int64_t(SoftmaxType::kBF16)) {
