@@ -15,8 +15,6 @@ import numpy as np
 
 from jax_onnx_attn import _extension
 from jax_onnx_attn._extension import target
-from jax_onnx_attn.ops.dtypes import CUDA_FLOAT_DTYPES
-from jax_onnx_attn.ops.reference import quant
 
 
 def kv_append(cache, new, start):
@@ -149,87 +147,6 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=
 
 # --- GroupQueryAttention step preparation (ffi/gqa/prepare.cu) ------------------------------------
 
-#: Largest head size gqa_prepare takes (kMaxHeadDim in ffi/gqa/prepare.cu: 8 elements a lane, a
-#: warp a head row).
-GQA_PREPARE_MAX_HEAD_DIM = 256
-
-
-def _check_gqa_prepare(query, key, value, k_cache, v_cache, seqlens_k, cos_cache, sin_cache,
-                       position_ids, q_norm_weight, k_norm_weight, k_scale, v_scale, n, hkv,
-                       kv_bits) -> int:
-    """Trace-time checks of gqa_prepare's inputs; returns the head size D."""
-    def fail(name, rule, exc=ValueError):
-        raise exc(f"gqa_prepare: {name}: {rule}")
-
-    if n <= 0 or hkv <= 0 or n % hkv:
-        fail("num_heads", f"must be a positive multiple of kv_num_heads, got {n} and {hkv}")
-    if query.ndim != 3:
-        fail("query", f"must be [B, S, hidden], got shape {list(query.shape)}")
-    dtype = query.dtype
-    if dtype not in CUDA_FLOAT_DTYPES:
-        fail("query", f"must be float32, float16 or bfloat16, got {dtype}", TypeError)
-    b, s, hidden = query.shape
-    heads = n if key is not None else n + 2 * hkv
-    if hidden % heads:
-        fail("query", f"hidden size {hidden} is not a multiple of its {heads} heads")
-    d = hidden // heads
-    if d % 8 or not 0 < d <= GQA_PREPARE_MAX_HEAD_DIM:
-        fail("query", f"head size must be a multiple of 8 in [8, {GQA_PREPARE_MAX_HEAD_DIM}], got {d}")
-    if s < 1:
-        fail("query", "must have at least one row")
-    if (key is None) != (value is None):
-        fail("key" if key is None else "value", "key and value must be both given or both absent")
-    for name, x in (("key", key), ("value", value)):
-        if x is not None and (x.shape != (b, s, hkv * d) or x.dtype != dtype):
-            fail(name, f"must be {dtype}[{b}, {s}, {hkv * d}], got {x.dtype}{list(x.shape)}")
-    if kv_bits not in (0, 4, 8):
-        fail("kv_bits", f"must be 0, 4 or 8, got {kv_bits}")
-    cache_dtype = quant.storage_dtype(kv_bits) if kv_bits else dtype
-    cache_d = d // 2 if kv_bits == 4 else d
-    if k_cache.ndim != 4 or k_cache.shape[:2] != (b, hkv) or k_cache.shape[3] != cache_d:
-        fail("k_cache", f"must be [{b}, {hkv}, C, {cache_d}], got {list(k_cache.shape)}")
-    if v_cache.shape != k_cache.shape:
-        fail("v_cache", f"must have k_cache's shape {list(k_cache.shape)}, got {list(v_cache.shape)}")
-    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if x.dtype != cache_dtype:
-            fail(name, f"must be {cache_dtype} (kv_bits={kv_bits}), got {x.dtype}", TypeError)
-    if s > k_cache.shape[2]:
-        fail("query", f"{s} new rows do not fit the cache capacity {k_cache.shape[2]}")
-    if seqlens_k.shape != (b,) or not jnp.issubdtype(seqlens_k.dtype, jnp.integer):
-        fail("seqlens_k", f"must be integer [{b}], got {seqlens_k.dtype}{list(seqlens_k.shape)}")
-    if (cos_cache is None) != (sin_cache is None):
-        fail("cos_cache" if cos_cache is None else "sin_cache", "cos_cache and sin_cache must be both "
-                                                                "given or both absent")
-    if cos_cache is not None:
-        for name, x in (("cos_cache", cos_cache), ("sin_cache", sin_cache)):
-            if x.dtype != dtype or x.ndim != 2 or x.shape != cos_cache.shape:
-                fail(name, f"must be {dtype}[max_position, R/2] like cos_cache, got "
-                           f"{x.dtype}{list(x.shape)}")
-        if not (cos_cache.shape[0] >= 1 and cos_cache.shape[1] % 8 == 0
-                and 0 < 2 * cos_cache.shape[1] <= d):
-            fail("cos_cache", f"must be [max_position >= 1, R/2] with R/2 a multiple of 8 and "
-                              f"R <= {d}, got {list(cos_cache.shape)}")
-    if position_ids is not None:
-        if cos_cache is None:
-            fail("position_ids", "only feeds the rotary embedding (give cos_cache and sin_cache)")
-        if position_ids.shape != (b, s) or not jnp.issubdtype(position_ids.dtype, jnp.integer):
-            fail("position_ids", f"must be integer [{b}, {s}], got "
-                                 f"{position_ids.dtype}{list(position_ids.shape)}")
-    if (q_norm_weight is None) != (k_norm_weight is None):
-        fail("q_norm_weight" if q_norm_weight is None else "k_norm_weight",
-             "q_norm_weight and k_norm_weight must be both given or both absent")
-    for name, x in (("q_norm_weight", q_norm_weight), ("k_norm_weight", k_norm_weight)):
-        if x is not None and (x.shape != (d,) or x.dtype != dtype):
-            fail(name, f"must be {dtype}[{d}], got {x.dtype}{list(x.shape)}")
-    for name, x in (("k_scale", k_scale), ("v_scale", v_scale)):
-        if kv_bits and x is None:
-            fail(name, f"is required with kv_bits={kv_bits}")
-        if kv_bits and (x.dtype != jnp.float32 or x.size not in (1, hkv * d)):
-            fail(name, f"must be float32 of 1 (per tensor) or {hkv * d} (per channel) elements, got "
-                       f"{x.dtype}{list(x.shape)}")
-    return d
-
-
 def gqa_prepare(query, key, value, k_cache, v_cache, seqlens_k, cos_cache=None, sin_cache=None,
                 position_ids=None, q_norm_weight=None, k_norm_weight=None, k_scale=None,
                 v_scale=None, *, num_heads: int, kv_num_heads: int, rotary_interleaved: bool = False,
@@ -241,16 +158,12 @@ def gqa_prepare(query, key, value, k_cache, v_cache, seqlens_k, cos_cache=None, 
     Arguments and results of `jax_onnx_attn.ops.reference.gqa.prepare_step`: (q [B, N, S, D],
     k_cache, v_cache, status int32 [B]). The caches are aliased to their outputs (donate them);
     seqlens_k and position_ids are read on the device. Raises ValueError / TypeError
-    "gqa_prepare: <input>: <rule>" at trace time.
+    "gqa_prepare: <input>: <rule>" from the handler for shapes it cannot take; the rules of
+    GroupQueryAttention are checked once, by `ops.group_query_attention`.
     """
     n, hkv, bits = int(num_heads), int(kv_num_heads), int(kv_bits)
-    args = [None if x is None else jnp.asarray(x)
-            for x in (query, key, value, k_cache, v_cache, seqlens_k, cos_cache, sin_cache,
-                      position_ids, q_norm_weight, k_norm_weight, k_scale, v_scale)]
-    d = _check_gqa_prepare(*args, n, hkv, bits)
-    (query, key, value, k_cache, v_cache, seqlens_k, cos_cache, sin_cache, position_ids,
-     q_norm_weight, k_norm_weight, k_scale, v_scale) = args
-    b, s = query.shape[:2]
+    b, s, hidden = query.shape
+    d = hidden // (n if key is not None else n + 2 * hkv)
     t = query.dtype
 
     def or_placeholder(x, dtype):  # an absent input: one element the kernel never reads
