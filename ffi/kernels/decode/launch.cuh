@@ -86,9 +86,8 @@ cudaError_t Launch(const DecodeParams& p, const LaunchOptions& opt, cudaStream_t
 
 }  // namespace joa::decode
 
-// Explicit instantiations live in one translation unit per (dtype, head dim, cache format)
-// (inst/*.cu), so the build compiles them in parallel; handlers include decode.h only.
-#define JOA_DECODE_INSTANTIATE_KV(T, D, F)                                  \
-  template cudaError_t joa::decode::Launch<T, D, joa::KvFormat::F>(    \
+// Explicit instantiations live in one translation unit per (dtype, head dim, cache format), generated
+// by cmake/decode_instances.cmake, so the build compiles them in parallel; handlers include decode.h.
+#define JOA_DECODE_INSTANTIATE(T, D, F)                                     \
+  template cudaError_t joa::decode::Launch<T, D, joa::KvFormat::F>(         \
       const joa::decode::DecodeParams&, const joa::decode::LaunchOptions&, cudaStream_t);
-#define JOA_DECODE_INSTANTIATE(T, D) JOA_DECODE_INSTANTIATE_KV(T, D, kDense)
