@@ -97,7 +97,8 @@ class _StepRun(NamedTuple):
     num_new: jax.Array    # int32 [B]
     s: int                # new tokens per row this step
     fits: jax.Array       # bool [B]: the row's S tokens fit the buffer
-    causal: jax.Array     # bool [B, 1, S, C]: query s of row b may read key j
+    width: int            # keys the graph sees: C, or the S new rows (TorchConcat's first prompt)
+    causal: jax.Array     # bool [B, 1, S, width]: query s of row b may read key j
     statuses: list        # int32 [B] statuses of the step's cache writes
     empty_cache: bool     # a first prompt (every cache_len is 0)
 
@@ -121,6 +122,10 @@ class CachePolicy:
 
     def check(self, slots: list) -> None:
         """Raise ValueError for cache nodes this kind cannot drive."""
+
+    def key_width(self, s: int, empty_cache: bool) -> int:
+        """How many keys the graph sees in a step of S new tokens: the whole buffer by default."""
+        return self.step.capacity
 
     def feed(self, slot: KVSlot, run: _StepRun):
         """The value fed to the slot's past input."""
@@ -206,10 +211,16 @@ class TorchConcat(CachePolicy):
         # Every value computed from a Concat's output: the attention over the cache.
         self.kv_reach = self.step._reachable({s.node.output[0] for s in slots})
 
+    def key_width(self, s, empty_cache):
+        # A first prompt sees only its S new rows: its past is fed as empty, so the graph runs as a
+        # plain prompt and its attention is S x S instead of S x C (the buffer is still written in
+        # place).
+        return s if empty_cache else self.step.capacity
+
     def feed(self, slot, run):
-        # A shape-only placeholder of length C - S: the graph's mask arithmetic sees C keys.
+        # A shape-only placeholder of length width - S: the graph's mask arithmetic sees the keys.
         shape, dtype = self.step.cache_shapes[slot.past]
-        return ShapeOnly((shape[0], shape[1], self.step.capacity - run.s, shape[3]), dtype,
+        return ShapeOnly((shape[0], shape[1], run.width - run.s, shape[3]), dtype,
                          "the KV cache lives in the step's fixed-capacity buffer")
 
     def probe(self, ctx, inputs, slots, found):
@@ -219,35 +230,35 @@ class TorchConcat(CachePolicy):
 
     def hook(self, ctx, inputs, slots, run):
         node = ctx.node
-        c = self.step.capacity
         if slots:
             past = slots[0].past
             buf, status = ops.kv_append(run.cache[past], to_jax(inputs[1]).astype(run.cache[past].dtype),
                                         run.cache_len)
             run.statuses.append(status)
             run.new_cache[past] = buf
-            return (buf,)
+            return (buf if run.width == self.step.capacity else buf[:, :, :run.width],)
         if node.op_type == "Attention" and node.input[1] in self.kv_reach:
-            return self._masked_attention(ctx, inputs, run.causal)
+            return self._masked_attention(ctx, inputs, run.causal, run.width)
         if node.op_type == "Softmax" and node.input[0] in self.kv_reach:
             x = inputs[0]
-            if getattr(x, "ndim", 0) == 4 and x.shape[-1] == c and x.shape[-2] == run.s:
+            if getattr(x, "ndim", 0) == 4 and x.shape[-1] == run.width and x.shape[-2] == run.s:
                 x = to_jax(x)
                 x = jnp.where(run.causal, x, jnp.asarray(-jnp.inf, x.dtype))
                 return registry.lookup(ctx.key)(ctx, x)
         return None
 
-    def _masked_attention(self, ctx, inputs, causal):
-        """ai.onnx Attention over the cache: the graph's mask AND keys j <= cache_len + s."""
+    def _masked_attention(self, ctx, inputs, causal, width):
+        """ai.onnx Attention over the cache (its first `width` rows): the graph's mask AND keys
+        j <= cache_len + s."""
         inputs = list(inputs) + [None] * (7 - len(inputs))
         mask = inputs[3]
         if mask is None:
             mask = causal
         else:
             mask = to_jax(mask)
-            if mask.shape[-1] != self.step.capacity:
-                ctx.fail(f"the attention mask covers {mask.shape[-1]} keys, not the cache's "
-                         f"{self.step.capacity}")
+            if mask.shape[-1] != width:
+                ctx.fail(f"the attention mask covers {mask.shape[-1]} keys, not the {width} the "
+                         f"step feeds")
             if mask.dtype == jnp.bool_:
                 mask = mask & causal
             else:
@@ -443,14 +454,13 @@ class FixedCacheStep:
         """{past input name: zeros [B, Hkv, C, D]} in the cache dtype, allocated once."""
         return {name: jnp.zeros(shape, dtype) for name, (shape, dtype) in self.cache_shapes.items()}
 
-    def _driven_inputs(self, input_ids, cache_len, num_new, probe=False) -> dict:
+    def _driven_inputs(self, input_ids, cache_len, num_new, probe=False, width=None) -> dict:
         b, s = input_ids.shape
-        c = self.capacity
         feeds = {"input_ids": input_ids}
         if "attention_mask" in self._inputs:
             # Ones for every row position the graph may treat as a key: the cache plus this step's
             # S tokens (padding included; our causal mask hides what a valid query must not see).
-            width = 1 if probe else c
+            width = 1 if probe else (width or self.capacity)
             feeds["attention_mask"] = (jnp.arange(width, dtype=jnp.int32)[None, :]
                                        < (cache_len + s)[:, None]).astype(jnp.int32)
         if "position_ids" in self._inputs:
@@ -478,8 +488,10 @@ class FixedCacheStep:
           cache: as `init_cache` (donate it).
           empty_cache: static; True for a first prompt, when every row's cache_len is 0 (cache_len
             is then taken as zeros). The attention reads only the S new rows instead of the whole
-            capacity, and a long prompt of a GroupQueryAttention model runs on cuDNN's flash
-            attention on a GPU.
+            capacity: a GroupQueryAttention graph's long prompt runs on cuDNN's flash attention on a
+            GPU; a Concat-cache graph is fed an empty past (and a [B, S] mask) so it runs as a
+            plain prompt while the buffer is written in place (`CachePolicy.key_width`). (An
+            Attention-with-past graph still reads the whole buffer.)
 
         Returns:
           StepOutput(logits [B, S, V], cache, status int32 [B]): status is the OR of every cache
@@ -497,16 +509,19 @@ class FixedCacheStep:
         if empty_cache:
             cache_len = jnp.zeros_like(cache_len)
         num_new = jnp.asarray(num_new).astype(jnp.int32).reshape(b)
-        feeds = self._driven_inputs(input_ids, cache_len, num_new)
         c = self.capacity
+        # The keys the graph sees: the whole buffer, or what the policy says a step sees.
+        width = self.policy.key_width(s, empty_cache)
+        feeds = self._driven_inputs(input_ids, cache_len, num_new, width=width)
         # causal[b, 0, s, j]: query s of row b (at position cache_len[b] + s) may read key j.
-        causal = (jnp.arange(c, dtype=jnp.int32)[None, None, None, :]
+        causal = (jnp.arange(width, dtype=jnp.int32)[None, None, None, :]
                   <= (cache_len[:, None, None, None] + jnp.arange(s, dtype=jnp.int32)[None, None, :, None]))
         # Rows whose S new tokens fit the buffer; the cache ops flag (and skip) the others, and
         # every status they return is collected here.
         fits = (cache_len >= 0) & (cache_len + s <= c)
         run = _StepRun(cache=cache, new_cache={}, cache_len=cache_len, num_new=num_new, s=s, fits=fits,
-                       causal=causal, statuses=[st.kv_write_status(fits)], empty_cache=empty_cache)
+                       width=width, causal=causal, statuses=[st.kv_write_status(fits)],
+                       empty_cache=empty_cache)
         for sl in self.slots:
             feeds[sl.past] = self.policy.feed(sl, run)
 
