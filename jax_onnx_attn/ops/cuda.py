@@ -107,7 +107,7 @@ def decode_cluster_split_rows(batch: int, kv_heads: int, rows: int, capacity: in
     return plan["split_rows"] if plan["cluster"] else None
 
 
-# --- decode attention (ffi/attention/decode.cu, engine in ffi/kernels/decode/) ---------------------
+# --- decode attention (ffi/handlers/decode_attention.cu, engine in ffi/kernels/decode/) -----------
 
 def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=None, v_scale=None,
                      *, scale: float, softcap: float = 0.0, causal: bool = True, left: int = -1,
@@ -145,7 +145,7 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=
     return out
 
 
-# --- GroupQueryAttention step preparation (ffi/gqa/prepare.cu) ------------------------------------
+# --- GroupQueryAttention step preparation (ffi/handlers/gqa_prepare.cu, ffi/kernels/gqa/) ---------
 
 def gqa_prepare(query, key, value, k_cache, v_cache, seqlens_k, cos_cache=None, sin_cache=None,
                 position_ids=None, q_norm_weight=None, k_norm_weight=None, k_scale=None,
@@ -190,7 +190,7 @@ def gqa_prepare(query, key, value, k_cache, v_cache, seqlens_k, cos_cache=None, 
     return q, k_cache, v_cache, status
 
 
-# --- general attention (ffi/attention/general.cu, kernels in ffi/kernels/general/) ----------------
+# --- general attention (ffi/handlers/general_attention.cu, kernels in ffi/kernels/general/) --------
 
 
 def general_attention(q, k, v, kv_len, bias=None, *, scale: float, softcap: float = 0.0,
