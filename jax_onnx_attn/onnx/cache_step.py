@@ -148,12 +148,14 @@ class BuilderSharedBuffer(CachePolicy):
 
     @staticmethod
     def pairs(node, graph_inputs):
+        """GroupQueryAttention: past_key / past_value (inputs 3, 4) -> present (outputs 1, 2)."""
         if registry.normalize_domain(node.domain) == registry.MS_DOMAIN and \
                 node.op_type == "GroupQueryAttention":
             return [(3, 1), (4, 2)]
         return None
 
     def probe(self, ctx, inputs, slots, found):
+        """(Hkv, D) from the query (packed) or the key; the output as zeros."""
         a = ctx.attrs
         q = inputs[0]
         hkv, n = int(a["kv_num_heads"]), int(a["num_heads"])
@@ -165,6 +167,8 @@ class BuilderSharedBuffer(CachePolicy):
         return (jnp.zeros((b, sq, n * d), q.dtype), None, None, None)
 
     def hook(self, ctx, inputs, slots, run):
+        """GQA in its shared-buffer mode; an If that reads the mask's width decided on the
+        logical width."""
         node = ctx.node
         if slots:
             # A sliding-window layer keeps the full capacity-C buffer: no row is ever evicted
@@ -196,6 +200,7 @@ class TorchConcat(CachePolicy):
 
     @staticmethod
     def pairs(node, graph_inputs):
+        """Concat(past graph input, new): the past (input 0) -> the concatenation (output 0)."""
         ins = list(node.input)
         if registry.normalize_domain(node.domain) == "" and node.op_type == "Concat" and len(ins) == 2 and \
                 ins[0] in graph_inputs:
@@ -203,6 +208,7 @@ class TorchConcat(CachePolicy):
         return None
 
     def check(self, slots):
+        """Concats along the sequence axis only; remembers what the cache reaches."""
         for s in slots:
             axis = next((a.i for a in s.node.attribute if a.name == "axis"), None)
             if axis not in (2, -2):
@@ -212,23 +218,28 @@ class TorchConcat(CachePolicy):
         self.kv_reach = self.step._reachable({s.node.output[0] for s in slots})
 
     def key_width(self, s, empty_cache):
+        """S on a first prompt (an empty past), else the capacity."""
         # A first prompt sees only its S new rows: its past is fed as empty, so the graph runs as a
         # plain prompt and its attention is S x S instead of S x C (the buffer is still written in
         # place).
         return s if empty_cache else self.step.capacity
 
     def feed(self, slot, run):
+        """A shape-only placeholder: the graph's mask arithmetic sees `width` keys."""
         # A shape-only placeholder of length width - S: the graph's mask arithmetic sees the keys.
         shape, dtype = self.step.cache_shapes[slot.past]
         return ShapeOnly((shape[0], shape[1], run.width - run.s, shape[3]), dtype,
                          "the KV cache lives in the step's fixed-capacity buffer")
 
     def probe(self, ctx, inputs, slots, found):
+        """(Hkv, D) from the new rows, which stand in for the concatenation."""
         k = to_jax(inputs[1])
         found[slots[0].past] = (k.shape[1], k.shape[3])
         return (k,)  # the concatenation with an empty past
 
     def hook(self, ctx, inputs, slots, run):
+        """The Concat as an in-place kv_append; the attention and the softmax over the cache
+        under the step's causal mask."""
         node = ctx.node
         if slots:
             past = slots[0].past
@@ -274,6 +285,7 @@ class AttentionWithPast(CachePolicy):
 
     @staticmethod
     def pairs(node, graph_inputs):
+        """Attention with past inputs: past_key / past_value (4, 5) -> present (1, 2)."""
         ins = list(node.input)
         if registry.normalize_domain(node.domain) == "" and node.op_type == "Attention" and \
                 len(ins) > 5 and ins[4]:
@@ -281,6 +293,7 @@ class AttentionWithPast(CachePolicy):
         return None
 
     def probe(self, ctx, inputs, slots, found):
+        """(Hkv, D) from the new K / V; the node itself over an empty past."""
         k, v = inputs[1], inputs[2]
         if k.ndim == 3:
             hkv = int(ctx.attrs["kv_num_heads"])
@@ -298,6 +311,7 @@ class AttentionWithPast(CachePolicy):
         return registry.lookup(ctx.key)(ctx, *inputs)
 
     def hook(self, ctx, inputs, slots, run):
+        """The node as `ops.attention_with_cache` over the buffers."""
         if not slots:
             return None
         inputs = list(inputs) + [None] * (7 - len(inputs))
