@@ -5,12 +5,12 @@
 #include "xla/ffi/api/ffi.h"
 
 #ifdef JOA_WITH_CUDA
-XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaKvAppend);  // ffi/kv_cache/append.cu
-XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaDecodeAttention);  // ffi/attention/decode.cu
-XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaGqaPrepare);  // ffi/gqa/prepare.cu
-XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaGeneralAttention);  // ffi/attention/general.cu
-XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaLinear);  // ffi/matmul/linear.cu
-XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaMatMulNBits);  // ffi/matmul/nbits.cu
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaKvAppend);  // ffi/handlers/kv_append.cu
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaDecodeAttention);  // ffi/handlers/decode_attention.cu
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaGqaPrepare);  // ffi/handlers/gqa_prepare.cu
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaGeneralAttention);  // ffi/handlers/general_attention.cu
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaLinear);  // ffi/handlers/linear.cu
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaMatMulNBits);  // ffi/handlers/matmul_nbits.cu
 #endif
 
 namespace joa {

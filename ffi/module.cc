@@ -2,11 +2,14 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
+#include <cstdint>
 #include <string>
 
 #include "common/status.h"
 #include "handlers.h"
-#include "matmul/plan_binding.h"
+#include "kernels/gemv/plan_binding.h"
+#include "kernels/decode/plan.h"
+#include "kernels/general/params.h"
 
 namespace nb = nanobind;
 
@@ -50,6 +53,58 @@ NB_MODULE(_ffi, m) {
   }, "What the extension was built with.");
 
   joa::gemv::BindPlan(m);  // gemv_plan: the GEMV engine's launch plan (ffi/kernels/gemv/plan.h)
+  // The kernels' limits and the decode plan, computed here from the headers the kernels compile
+  // with (host-only C++: also in a build without CUDA). ops/cuda.py asks instead of re-deriving.
+  m.def("limits", []() {
+    nb::dict decode;
+    decode["block_n"] = joa::decode::kBlockN;
+    decode["max_splits"] = joa::decode::kMaxSplits;
+    decode["max_cluster_splits"] = joa::decode::kMaxClusterSplits;
+    nb::list head_dims;
+    for (int d : joa::decode::kHeadDims) head_dims.append(d);
+    decode["head_dims"] = head_dims;
+    nb::list plans;
+    for (const auto& c : joa::decode::kClusterPlans) plans.append(nb::make_tuple(c.size, c.max_tiles));
+    decode["cluster_plans"] = plans;
+    decode["plan_sms"] = joa::decode::kPlanSms;
+    nb::dict general;
+    general["max_keys"] = joa::general::kMaxKeys;
+    nb::list softmax;
+    for (const char* name : joa::general::kSoftmaxTypeNames) softmax.append(name);
+    general["softmax_types"] = softmax;
+    nb::dict out;
+    out["decode"] = decode;
+    out["general"] = general;
+    return out;
+  }, "The kernels' limits: {'decode': {...}, 'general': {...}}.");
+
+  m.def("decode_plan", [](int64_t batch, int64_t q_heads, int64_t kv_heads, int64_t q_len,
+                          int64_t capacity, int head_dim, int kv_bits, bool cluster_capable,
+                          int64_t split_rows, int cluster) {
+    if (batch < 0 || q_len < 0 || capacity < 1 || kv_heads < 1 || q_heads % kv_heads != 0) {
+      throw nb::value_error("decode_plan: shapes out of range");
+    }
+    if (kv_bits != 0 && kv_bits != 4 && kv_bits != 8) throw nb::value_error("decode_plan: kv_bits must be 0, 4 or 8");
+    if (split_rows < 0 || split_rows % joa::decode::kBlockN != 0) {
+      throw nb::value_error("decode_plan: split_rows must be 0 (plan it) or a positive multiple of the block");
+    }
+    const joa::KvFormat format = kv_bits == 8 ? joa::KvFormat::kInt8 : kv_bits == 4 ? joa::KvFormat::kInt4
+                                                                                : joa::KvFormat::kDense;
+    const joa::decode::Plan p = joa::decode::MakePlan(batch, q_heads, kv_heads, q_len, capacity, head_dim,
+                                                      format, cluster_capable, split_rows, cluster);
+    nb::dict out;
+    out["split_rows"] = p.split_rows;
+    out["splits"] = p.splits;
+    out["cluster"] = p.cluster;
+    out["workspace_elems"] = p.workspace_elems;
+    out["block_rows"] = p.block_rows;
+    out["ctas_per_sm"] = p.ctas_per_sm;
+    return out;
+  }, nb::arg("batch"), nb::arg("q_heads"), nb::arg("kv_heads"), nb::arg("q_len"), nb::arg("capacity"),
+     nb::arg("head_dim"), nb::arg("kv_bits") = 0, nb::arg("cluster_capable") = false,
+     nb::arg("split_rows") = 0, nb::arg("cluster") = -1,
+     "The decode engine's plan for a call of these static shapes (kernels/decode/plan.h): "
+     "split_rows 0 and cluster -1 let it choose.");
 
   m.def("status_flags", []() {
     nb::dict flags;

@@ -67,6 +67,23 @@ def register_targets() -> tuple[str, ...]:
     return tuple(names)
 
 
+@functools.cache
+def limits() -> dict[str, Any] | None:
+    """The kernels' limits as the extension was compiled with them (`_ffi.limits()`), or None
+    without the extension. Every build has them, one without CUDA too: they come from the kernels'
+    host-only headers, which are the one definition (ffi/kernels/decode/plan.h,
+    ffi/kernels/general/params.h)."""
+    return None if _ffi is None else _ffi.limits()
+
+
+def decode_plan(**shapes) -> dict[str, Any]:
+    """The decode engine's plan for a call (`_ffi.decode_plan`, ffi/kernels/decode/plan.h): a pure
+    function of static shapes. Raises RuntimeError without the extension."""
+    if _ffi is None:
+        raise RuntimeError(f"no decode plan: {_IMPORT_ERROR}")
+    return dict(_ffi.decode_plan(**shapes))
+
+
 def target(name: str) -> str:
     """The registered FFI target name for a short kernel name; fails clearly if it is missing."""
     registered = register_targets()

@@ -1,12 +1,8 @@
 """decode_attention over int8 / int4 KV caches (kv_bits 8 / 4) on CPU: the reference path against a
-float64 NumPy oracle that dequantises by hand, the trace-time errors, and the split planner's mirror
-of the engine's shared-memory plan."""
+float64 NumPy oracle that dequantises by hand, the trace-time errors, and the split plan for quantised
+caches (asked from the extension: ffi/kernels/decode/plan.h)."""
 
 import itertools
-import os
-import shutil
-import subprocess
-import textwrap
 
 import jax.numpy as jnp
 import ml_dtypes
@@ -140,38 +136,3 @@ def test_split_plan_is_valid(batch, rows, capacity, d, bits):
     sr = cuda.decode_split_rows(batch, 8, rows, capacity, d, bits)
     assert sr % cuda.DECODE_BLOCK_N == 0 and sr > 0
     assert -(-capacity // sr) <= cuda.DECODE_MAX_SPLITS
-
-
-# Prints EngineConfig::kCtasPerSm for every layout the launcher picks (BlockRows 16, 32, 64, 128),
-# head dim and cache format, one "rows d bits ctas" line each.
-_CONFIG_PROBE = textwrap.dedent("""
-    #include <cstdio>
-    #include "kernels/decode/engine.cuh"
-    using namespace joa::decode;
-    template <int kD, int kWm, int kWn, class Kv, int kBits>
-    void Row() {
-      std::printf("%d %d %d %d\\n", 16 * kWm, kD, kBits,
-                  EngineConfig<__half, kD, kWm, kWn, Kv>::kCtasPerSm);
-    }
-    template <int kD, class Kv, int kBits>
-    void Layouts() { Row<kD, 1, 4, Kv, kBits>(); Row<kD, 2, 2, Kv, kBits>();
-                     Row<kD, 4, 1, Kv, kBits>(); Row<kD, 8, 1, Kv, kBits>(); }
-    template <int kD>
-    void Formats() { Layouts<kD, DenseKv<__half>, 0>(); Layouts<kD, QuantKv<__half, 8>, 8>();
-                     Layouts<kD, QuantKv<__half, 4>, 4>(); }
-    int main() { Formats<64>(); Formats<80>(); Formats<96>(); Formats<128>(); Formats<256>(); }
-""")
-
-
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc to evaluate EngineConfig")
-def test_planner_mirrors_the_engine_config(tmp_path):
-    ffi = os.path.join(os.path.dirname(__file__), "..", "ffi")
-    src, exe = tmp_path / "probe.cu", tmp_path / "probe"
-    src.write_text(_CONFIG_PROBE)
-    subprocess.run(["nvcc", "-std=c++17", "-arch=sm_80", "-I", ffi, str(src), "-o", str(exe)],
-                   check=True, capture_output=True)
-    lines = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split("\n")
-    rows = [tuple(map(int, line.split())) for line in lines if line.strip()]
-    assert len(rows) == 5 * 3 * 4
-    for block, d, bits, ctas in rows:
-        assert cuda.decode_ctas_per_sm(block, d, bits) == ctas, (block, d, bits)

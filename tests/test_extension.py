@@ -43,3 +43,25 @@ def test_cuda_backend_unavailable_is_a_clear_error():
     with pytest.raises(NotImplementedError, match="backend='cuda'"):
         jax_onnx_attn.ops.kv_append(jnp.zeros((1, 1, 4, 8)), jnp.zeros((1, 1, 1, 8)),
                                     jnp.zeros((1,), jnp.int32), backend="cuda")
+
+
+@pytest.mark.skipif(_extension._ffi is None, reason="extension not built")
+def test_the_decode_plan_and_limits_come_from_the_extension():
+    """The plan and the limits are the kernels' headers' (ffi/kernels/decode/plan.h), in every build."""
+    from jax_onnx_attn.ops import cuda
+    limits = _extension.limits()
+    assert cuda.DECODE_HEAD_DIMS == tuple(limits["decode"]["head_dims"])
+    assert [str(t) for t in cuda.GENERAL_SOFTMAX_DTYPES] == ["float32", "float16", "bfloat16"]
+    shapes = dict(batch=1, q_heads=32, kv_heads=8, q_len=1, capacity=4096, kv_bits=0)
+    plan = _extension.decode_plan(head_dim=128, cluster_capable=True, **shapes)
+    assert plan == _extension.decode_plan(head_dim=128, cluster_capable=True, **shapes)  # pure
+    assert plan["cluster"] and plan["splits"] == 16 and plan["workspace_elems"] == 1
+    assert not _extension.decode_plan(head_dim=128, cluster_capable=False, **shapes)["cluster"]
+    # Head dim 256 runs one CTA per SM: its cluster plan counts half the CTA slots of d128's.
+    wide = dict(shapes, kv_heads=32, q_heads=32, capacity=1024)
+    assert _extension.decode_plan(head_dim=128, cluster_capable=True, **wide)["ctas_per_sm"] == 2
+    assert _extension.decode_plan(head_dim=256, cluster_capable=True, **wide)["ctas_per_sm"] == 1
+    assert cuda.decode_cluster_split_rows(1, 32, 1, 1024, 128) == 128
+    assert cuda.decode_cluster_split_rows(1, 32, 1, 1024, 256) == 256
+    with pytest.raises(ValueError, match="split_rows"):
+        _extension.decode_plan(head_dim=128, split_rows=100, **shapes)

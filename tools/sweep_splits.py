@@ -65,7 +65,7 @@ def main() -> None:
     rows = hq // hkv * a.qlen
     plans = [("planner", None, False)] + [(f"split_rows={n}", n, False) for n in a.split_rows]
     if a.cluster:
-        plans.append(("cluster", cuda.decode_cluster_split_rows(a.batch, hkv, rows, a.ctx), True))
+        plans.append(("cluster", cuda.decode_cluster_split_rows(a.batch, hkv, rows, a.ctx, a.dim), True))
     tiles = -(-a.ctx // cuda.DECODE_BLOCK_N)
     for n in a.cluster_splits:
         plans.append((f"cluster splits={n}", -(-tiles // n) * cuda.DECODE_BLOCK_N, True))

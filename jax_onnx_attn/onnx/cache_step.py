@@ -19,7 +19,10 @@ held; its logits are not meaningful. Nothing synchronises: the caller reads the 
 reads anything else (DecoderSession folds it into the summary it reads between decode calls).
 Calling the step itself returns (logits, cache) as before.
 
-How the graph is driven, by the kind of KV cache it has:
+How the graph is driven, by the kind of KV cache it has: one cache policy class each
+(`BuilderSharedBuffer`, `TorchConcat`, `AttentionWithPast`), with one method per decision (which
+nodes hold the cache, what feeds the past inputs, how the node's head count and size are probed,
+how the step intercepts the graph):
   * GroupQueryAttention (onnxruntime-genai builder): past_key_values.* are fed the capacity-C buffers
     and GQA runs in its shared-buffer mode (present is past, written in place at past_b). The
     attention_mask fed is [B, C] with ones at j < cache_len + S, so the graph's own mask subgraph
@@ -59,7 +62,7 @@ from jax_onnx_attn import ops
 from jax_onnx_attn.onnx import registry
 from jax_onnx_attn.ops import status as st
 from jax_onnx_attn.onnx.handlers.attention import (ATTENTION_ATTRS, known_attrs, run_attention,
-                                              run_gqa)
+                                                   run_gqa)
 from jax_onnx_attn.onnx.handlers.control import select_branches
 from jax_onnx_attn.onnx.values import ShapeOnly, is_static, to_jax
 
@@ -86,12 +89,257 @@ class StepOutput(NamedTuple):
     status: jax.Array
 
 
+class _StepRun(NamedTuple):
+    """The values of one call of the step that a policy's hook reads or fills."""
+    cache: dict          # {past name: buffer} as given
+    new_cache: dict      # {past name: updated buffer}, filled by the hooks that update one
+    cache_len: jax.Array  # int32 [B]
+    num_new: jax.Array    # int32 [B]
+    s: int                # new tokens per row this step
+    fits: jax.Array       # bool [B]: the row's S tokens fit the buffer
+    width: int            # keys the graph sees: C, or the S new rows (TorchConcat's first prompt)
+    causal: jax.Array     # bool [B, 1, S, width]: query s of row b may read key j
+    statuses: list        # int32 [B] statuses of the step's cache writes
+    empty_cache: bool     # a first prompt (every cache_len is 0)
+
+
+class CachePolicy:
+    """How the step drives one kind of KV cache. Subclasses say, each in one place: which nodes hold
+    the cache and which of their inputs / outputs are the buffers (`pairs`), what checks the nodes
+    need (`check`), what feeds a past input (`feed`), how a node's (Hkv, D) is probed when the graph
+    does not declare it (`probe`), and how the step intercepts the graph (`hook`)."""
+
+    #: The kind's name (FixedCacheStep.mode).
+    mode = ""
+
+    def __init__(self, step: "FixedCacheStep"):
+        self.step = step
+
+    @staticmethod
+    def pairs(node: onnx.NodeProto, graph_inputs: set) -> list | None:
+        """[(past input index, present output index)] when `node` holds this kind of cache."""
+        raise NotImplementedError
+
+    def check(self, slots: list) -> None:
+        """Raise ValueError for cache nodes this kind cannot drive."""
+
+    def key_width(self, s: int, empty_cache: bool) -> int:
+        """How many keys the graph sees in a step of S new tokens: the whole buffer by default."""
+        return self.step.capacity
+
+    def feed(self, slot: KVSlot, run: _StepRun):
+        """The value fed to the slot's past input."""
+        return run.cache[slot.past]
+
+    def probe(self, ctx, inputs, slots: list, found: dict):
+        """Record {past: (Hkv, D)} of the node's slots in `found`; return the node's outputs."""
+        raise NotImplementedError
+
+    def hook(self, ctx, inputs, slots: list | None, run: _StepRun):
+        """The node's outputs under the step, or None to run its handler (`slots`: the node's cache
+        slots, None for any other node)."""
+        raise NotImplementedError
+
+
+class BuilderSharedBuffer(CachePolicy):
+    """onnxruntime-genai's builder: GroupQueryAttention over past_key_values.*, run in its
+    shared-buffer mode on the capacity-C buffers (module doc)."""
+    mode = "gqa"
+
+    @staticmethod
+    def pairs(node, graph_inputs):
+        """GroupQueryAttention: past_key / past_value (inputs 3, 4) -> present (outputs 1, 2)."""
+        if registry.normalize_domain(node.domain) == registry.MS_DOMAIN and \
+                node.op_type == "GroupQueryAttention":
+            return [(3, 1), (4, 2)]
+        return None
+
+    def probe(self, ctx, inputs, slots, found):
+        """(Hkv, D) from the query (packed) or the key; the output as zeros."""
+        a = ctx.attrs
+        q = inputs[0]
+        hkv, n = int(a["kv_num_heads"]), int(a["num_heads"])
+        packed = len(inputs) < 2 or inputs[1] is None
+        d = q.shape[-1] // (n + 2 * hkv) if packed else inputs[1].shape[-1] // hkv
+        for s in slots:
+            found[s.past] = (hkv, d)
+        b, sq = q.shape[:2]
+        return (jnp.zeros((b, sq, n * d), q.dtype), None, None, None)
+
+    def hook(self, ctx, inputs, slots, run):
+        """GQA in its shared-buffer mode; an If that reads the mask's width decided on the
+        logical width."""
+        node = ctx.node
+        if slots:
+            # A sliding-window layer keeps the full capacity-C buffer: no row is ever evicted
+            # (cache_len + S <= C), so the window-sized layout would hold the same rows at the same
+            # places, and local_window_size alone gives the same output. The windowed path would
+            # restage (copy) the buffer every step.
+            inputs = list(inputs)
+            if len(inputs) > 5 and inputs[5] is not None:
+                # The graph derives seqlens_k from the C-wide mask, which clamps a row that does not
+                # fit into range (GQA would write rows C - S .. C - 1): such a row gets its true
+                # seqlens_k, beyond the buffer, so the op refuses its write and flags it.
+                seqlens = to_jax(inputs[5])
+                inputs[5] = jnp.where(run.fits, seqlens,
+                                      (run.cache_len + run.s - 1).astype(seqlens.dtype))
+            return run_gqa(ctx, inputs, shared_buffer=True, overrides={"sliding_window_cache": 0},
+                           statuses=run.statuses, past_empty=run.empty_cache)
+        if node.op_type == "If" and is_static(inputs[0]):
+            cond = self.step._logical_if_condition(ctx, run.cache_len + run.num_new)
+            if cond is not None:
+                return select_branches(ctx, cond, pad_rows=True)
+        return None
+
+
+class TorchConcat(CachePolicy):
+    """torch.onnx.export: Concat(past, new) along the sequence axis, outside the attention op; the
+    Concat becomes an in-place kv_append and the attention reading the cache gets the step's causal
+    mask (module doc)."""
+    mode = "concat"
+
+    @staticmethod
+    def pairs(node, graph_inputs):
+        """Concat(past graph input, new): the past (input 0) -> the concatenation (output 0)."""
+        ins = list(node.input)
+        if registry.normalize_domain(node.domain) == "" and node.op_type == "Concat" and len(ins) == 2 and \
+                ins[0] in graph_inputs:
+            return [(0, 0)]
+        return None
+
+    def check(self, slots):
+        """Concats along the sequence axis only; remembers what the cache reaches."""
+        for s in slots:
+            axis = next((a.i for a in s.node.attribute if a.name == "axis"), None)
+            if axis not in (2, -2):
+                raise ValueError(f"fixed_cache_step: Concat {s.node.name!r} appends along axis "
+                                 f"{axis}, not the sequence axis of [B, H, T, D]")
+        # Every value computed from a Concat's output: the attention over the cache.
+        self.kv_reach = self.step._reachable({s.node.output[0] for s in slots})
+
+    def key_width(self, s, empty_cache):
+        """S on a first prompt (an empty past), else the capacity."""
+        # A first prompt sees only its S new rows: its past is fed as empty, so the graph runs as a
+        # plain prompt and its attention is S x S instead of S x C (the buffer is still written in
+        # place).
+        return s if empty_cache else self.step.capacity
+
+    def feed(self, slot, run):
+        """A shape-only placeholder: the graph's mask arithmetic sees `width` keys."""
+        # A shape-only placeholder of length width - S: the graph's mask arithmetic sees the keys.
+        shape, dtype = self.step.cache_shapes[slot.past]
+        return ShapeOnly((shape[0], shape[1], run.width - run.s, shape[3]), dtype,
+                         "the KV cache lives in the step's fixed-capacity buffer")
+
+    def probe(self, ctx, inputs, slots, found):
+        """(Hkv, D) from the new rows, which stand in for the concatenation."""
+        k = to_jax(inputs[1])
+        found[slots[0].past] = (k.shape[1], k.shape[3])
+        return (k,)  # the concatenation with an empty past
+
+    def hook(self, ctx, inputs, slots, run):
+        """The Concat as an in-place kv_append; the attention and the softmax over the cache
+        under the step's causal mask."""
+        node = ctx.node
+        if slots:
+            past = slots[0].past
+            buf, status = ops.kv_append(run.cache[past], to_jax(inputs[1]).astype(run.cache[past].dtype),
+                                        run.cache_len)
+            run.statuses.append(status)
+            run.new_cache[past] = buf
+            return (buf if run.width == self.step.capacity else buf[:, :, :run.width],)
+        if node.op_type == "Attention" and node.input[1] in self.kv_reach:
+            return self._masked_attention(ctx, inputs, run.causal, run.width)
+        if node.op_type == "Softmax" and node.input[0] in self.kv_reach:
+            x = inputs[0]
+            if getattr(x, "ndim", 0) == 4 and x.shape[-1] == run.width and x.shape[-2] == run.s:
+                x = to_jax(x)
+                x = jnp.where(run.causal, x, jnp.asarray(-jnp.inf, x.dtype))
+                return registry.lookup(ctx.key)(ctx, x)
+        return None
+
+    def _masked_attention(self, ctx, inputs, causal, width):
+        """ai.onnx Attention over the cache (its first `width` rows): the graph's mask AND keys
+        j <= cache_len + s."""
+        inputs = list(inputs) + [None] * (7 - len(inputs))
+        mask = inputs[3]
+        if mask is None:
+            mask = causal
+        else:
+            mask = to_jax(mask)
+            if mask.shape[-1] != width:
+                ctx.fail(f"the attention mask covers {mask.shape[-1]} keys, not the {width} the "
+                         f"step feeds")
+            if mask.dtype == jnp.bool_:
+                mask = mask & causal
+            else:
+                mask = mask + jnp.where(causal, 0, -jnp.inf).astype(mask.dtype)
+        return run_attention(ctx, inputs[0], inputs[1], inputs[2], mask, *inputs[4:7],
+                             overrides={"is_causal": 0})
+
+
+class AttentionWithPast(CachePolicy):
+    """ai.onnx Attention with past_key / past_value inputs: the node runs as
+    `ops.attention_with_cache` over the buffers (module doc)."""
+    mode = "attention_past"
+
+    @staticmethod
+    def pairs(node, graph_inputs):
+        """Attention with past inputs: past_key / past_value (4, 5) -> present (1, 2)."""
+        ins = list(node.input)
+        if registry.normalize_domain(node.domain) == "" and node.op_type == "Attention" and \
+                len(ins) > 5 and ins[4]:
+            return [(4, 1), (5, 2)]
+        return None
+
+    def probe(self, ctx, inputs, slots, found):
+        """(Hkv, D) from the new K / V; the node itself over an empty past."""
+        k, v = inputs[1], inputs[2]
+        if k.ndim == 3:
+            hkv = int(ctx.attrs["kv_num_heads"])
+            found[slots[0].past] = (hkv, k.shape[-1] // hkv)
+            found[slots[1].past] = (hkv, v.shape[-1] // hkv)
+        else:
+            found[slots[0].past] = (k.shape[1], k.shape[3])
+            found[slots[1].past] = (v.shape[1], v.shape[3])
+        # The node itself over an empty past of the probed shape.
+        inputs = list(inputs)
+        b = k.shape[0]
+        for i, slot in ((4, slots[0]), (5, slots[1])):
+            hkv, d = found[slot.past]
+            inputs[i] = jnp.zeros((b, hkv, 0, d), to_jax(k).dtype)
+        return registry.lookup(ctx.key)(ctx, *inputs)
+
+    def hook(self, ctx, inputs, slots, run):
+        """The node as `ops.attention_with_cache` over the buffers."""
+        if not slots:
+            return None
+        inputs = list(inputs) + [None] * (7 - len(inputs))
+        if inputs[6] is not None:
+            ctx.fail("nonpad_kv_seqlen together with past_key is invalid")
+        # The node's attributes checked as run_attention checks them, and its model's opset (the
+        # window attributes need 25).
+        attrs = known_attrs(ctx, ATTENTION_ATTRS)
+        res = ops.attention_with_cache(
+            to_jax(inputs[0]), to_jax(inputs[1]), to_jax(inputs[2]), run.cache[slots[0].past],
+            run.cache[slots[1].past], run.cache_len, to_jax(inputs[3]), **attrs,
+            opset=ctx.interp.opsets[""], return_qk=ctx.wants(3))
+        run.new_cache[slots[0].past], run.new_cache[slots[1].past] = res.key_cache, res.value_cache
+        run.statuses.append(res.status)
+        return res.y, res.key_cache, res.value_cache, res.qk
+
+
+#: The cache kinds the step recognises.
+POLICIES = (BuilderSharedBuffer, TorchConcat, AttentionWithPast)
+
+
 class FixedCacheStep:
     """A jittable prefill/decode step of `lowered` over [batch, Hkv, capacity, D] KV buffers.
 
     Attributes:
       batch, capacity: B and C.
-      mode: "gqa", "concat" or "attention_past" (see the module doc).
+      policy: the model's cache policy (`BuilderSharedBuffer`, `TorchConcat`, `AttentionWithPast`).
+      mode: its name: "gqa", "concat" or "attention_past" (see the module doc).
       slots: the KV buffers (KVSlot per past input).
       cache_shapes: {past input name: ((B, Hkv, C, D), dtype)}.
       logits_name: the graph output returned as logits.
@@ -106,7 +354,13 @@ class FixedCacheStep:
         self._inputs = set(lowered.input_names)
         outputs = {o.name for o in graph.output}
         self._producers = {o: n for n in graph.node for o in n.output if o}
-        self.slots, self.mode = self._find_slots(graph, outputs)
+        self.slots, policy = self._find_slots(graph, outputs)
+        self._slots_of = {}
+        for sl in self.slots:
+            self._slots_of.setdefault(id(sl.node), []).append(sl)
+        self.policy = policy(self)
+        self.mode = self.policy.mode
+        self.policy.check(self.slots)
         others = [n for n in lowered.input_names
                   if n not in DRIVEN_INPUTS and n not in {s.past for s in self.slots}]
         if others:
@@ -116,8 +370,6 @@ class FixedCacheStep:
             raise ValueError("fixed_cache_step: the model has no input_ids input")
         self.logits_name = "logits" if "logits" in lowered.output_names else lowered.output_names[0]
         self.cache_shapes = self._cache_shapes()
-        if self.mode == "concat":
-            self._kv_reach = self._reachable({s.node.output[0] for s in self.slots})
 
     # -- graph analysis --------------------------------------------------------------------------
     def _through_identity(self, name: str, outputs: set) -> str | None:
@@ -132,47 +384,35 @@ class FixedCacheStep:
         return None
 
     def _find_slots(self, graph, outputs):
-        slots, modes = [], set()
+        """The cache slots and the one policy whose nodes hold them."""
+        slots, kinds = [], set()
         for node in graph.node:
-            dom = registry.normalize_domain(node.domain)
             ins = list(node.input)
-            if dom == registry.MS_DOMAIN and node.op_type == "GroupQueryAttention":
-                pairs = [(3, 1), (4, 2)]
-                mode = "gqa"
-            elif dom == "" and node.op_type == "Attention" and len(ins) > 5 and ins[4]:
-                pairs = [(4, 1), (5, 2)]
-                mode = "attention_past"
-            elif dom == "" and node.op_type == "Concat" and len(ins) == 2 and ins[0] in self._inputs:
-                pairs = [(0, 0)]
-                mode = "concat"
-            else:
-                continue
-            for i, o in pairs:
-                if len(ins) > i and ins[i] in self._inputs:
-                    present = node.output[o] if len(node.output) > o and node.output[o] else None
-                    slots.append(KVSlot(ins[i], present and self._through_identity(present, outputs),
-                                        node))
-                    modes.add(mode)
+            for policy in POLICIES:
+                pairs = policy.pairs(node, self._inputs)
+                if pairs is None:
+                    continue
+                for i, o in pairs:
+                    if len(ins) > i and ins[i] in self._inputs:
+                        present = node.output[o] if len(node.output) > o and node.output[o] else None
+                        slots.append(KVSlot(ins[i], present and self._through_identity(present, outputs),
+                                            node))
+                        kinds.add(policy)
+                break
         if not slots:
             raise ValueError(
                 "fixed_cache_step: no recognisable KV cache in the model: expected past inputs "
                 "consumed by com.microsoft GroupQueryAttention, by ai.onnx Attention's past_key/"
                 "past_value, or by Concat(past, new) along the sequence axis; the model's inputs "
                 f"are {self.lowered.input_names}")
-        if len(modes) > 1:
-            raise ValueError(f"fixed_cache_step: the model mixes KV cache kinds {sorted(modes)}")
+        if len(kinds) > 1:
+            raise ValueError(f"fixed_cache_step: the model mixes KV cache kinds "
+                             f"{sorted(k.mode for k in kinds)}")
         seen = [s.past for s in slots]
         dup = sorted({p for p in seen if seen.count(p) > 1})
         if dup:
             raise ValueError(f"fixed_cache_step: past inputs {dup} feed more than one cache node")
-        mode = modes.pop()
-        if mode == "concat":
-            for s in slots:
-                axis = next((a.i for a in s.node.attribute if a.name == "axis"), None)
-                if axis not in (2, -2):
-                    raise ValueError(f"fixed_cache_step: Concat {s.node.name!r} appends along axis "
-                                     f"{axis}, not the sequence axis of [B, H, T, D]")
-        return slots, mode
+        return slots, kinds.pop()
 
     def _reachable(self, names: set) -> set:
         """Every value name computed (transitively) from `names`."""
@@ -197,40 +437,15 @@ class FixedCacheStep:
         return shapes
 
     def _probe_dims(self) -> dict:
-        """(Hkv, D) of each buffer, from the new K/V its node receives (abstract evaluation)."""
+        """(Hkv, D) of each buffer, from the new K/V its node receives: an abstract run of the graph
+        (jax.eval_shape) in which each cache node reports its dims and stands in for itself."""
         found = {}
-        by_node = {}
-        for s in self.slots:
-            by_node.setdefault(id(s.node), []).append(s)
-
-        def hook(ctx, inputs):
-            slots = by_node.get(id(ctx.node))
-            if not slots:
-                return None
-            a = ctx.attrs
-            if self.mode == "gqa":
-                q = inputs[0]
-                hkv, n = int(a["kv_num_heads"]), int(a["num_heads"])
-                packed = len(inputs) < 2 or inputs[1] is None
-                d = q.shape[-1] // (n + 2 * hkv) if packed else inputs[1].shape[-1] // hkv
-                for s in slots:
-                    found[s.past] = (hkv, d)
-                b, sq = q.shape[:2]
-                return (jnp.zeros((b, sq, n * d), q.dtype), None, None, None)
-            k = inputs[1]
-            if self.mode == "attention_past" and k.ndim == 3:
-                hkv = int(a["kv_num_heads"])
-                found[slots[0].past] = (hkv, k.shape[-1] // hkv)
-                found[slots[1].past] = (hkv, inputs[2].shape[-1] // hkv)
-            elif self.mode == "attention_past":
-                found[slots[0].past] = (k.shape[1], k.shape[3])
-                found[slots[1].past] = (inputs[2].shape[1], inputs[2].shape[3])
-            else:
-                found[slots[0].past] = (k.shape[1], k.shape[3])
-            raise _ProbeDone()
-
         info = self.lowered.input_info()
         b = self.batch
+
+        def hook(ctx, inputs):
+            slots = self._slots_of.get(id(ctx.node))
+            return self.policy.probe(ctx, inputs, slots, found) if slots else None
 
         def run(params):
             feeds = self._driven_inputs(jnp.zeros((b, 1), jnp.int32), jnp.zeros((b,), jnp.int32),
@@ -239,16 +454,10 @@ class FixedCacheStep:
                 dims, dtype = info[s.past]
                 feeds[s.past] = ShapeOnly((b, dims[1] if isinstance(dims[1], int) else 0, 0, 0), dtype,
                                           "probing the KV head size")
-            try:
-                self.lowered.run(params, feeds, hook)
-            except _ProbeDone:
-                pass
+            self.lowered.run(params, feeds, hook)
             return 0
 
-        try:
-            jax.eval_shape(run, self.lowered.params)
-        except _ProbeDone:
-            pass
+        jax.eval_shape(run, self.lowered.params)
         missing = [s.past for s in self.slots if s.past not in found]
         if missing:
             raise ValueError(f"fixed_cache_step: could not infer the head count/size of {missing}")
@@ -295,8 +504,8 @@ class FixedCacheStep:
             is then taken as zeros). The attention reads only the S new rows instead of the whole
             capacity: a GroupQueryAttention graph's long prompt runs on cuDNN's flash attention on a
             GPU; a Concat-cache graph is fed an empty past (and a [B, S] mask) so it runs as a
-            plain prompt while the buffer is written in place. (An Attention-with-past graph
-            still reads the whole buffer.)
+            plain prompt while the buffer is written in place (`CachePolicy.key_width`). (An
+            Attention-with-past graph still reads the whole buffer.)
 
         Returns:
           StepOutput(logits [B, S, V], cache, status int32 [B]): status is the OR of every cache
@@ -315,85 +524,33 @@ class FixedCacheStep:
             cache_len = jnp.zeros_like(cache_len)
         num_new = jnp.asarray(num_new).astype(jnp.int32).reshape(b)
         c = self.capacity
-        # The keys the graph sees: the whole buffer, or on a first prompt of a Concat-cache graph
-        # only the S new rows (its past is fed as empty, so the graph runs as a plain prompt and
-        # its attention is S x S instead of S x C; the buffer is still written in place).
-        width = s if empty_cache and self.mode == "concat" else c
+        # The keys the graph sees: the whole buffer, or what the policy says a step sees.
+        width = self.policy.key_width(s, empty_cache)
         feeds = self._driven_inputs(input_ids, cache_len, num_new, width=width)
         # causal[b, 0, s, j]: query s of row b (at position cache_len[b] + s) may read key j.
         causal = (jnp.arange(width, dtype=jnp.int32)[None, None, None, :]
                   <= (cache_len[:, None, None, None] + jnp.arange(s, dtype=jnp.int32)[None, None, :, None]))
-        new_cache: dict = {}
         # Rows whose S new tokens fit the buffer; the cache ops flag (and skip) the others, and
         # every status they return is collected here.
         fits = (cache_len >= 0) & (cache_len + s <= c)
-        statuses = [st.kv_write_status(fits)]
-        slot_of = {}
+        run = _StepRun(cache=cache, new_cache={}, cache_len=cache_len, num_new=num_new, s=s, fits=fits,
+                       width=width, causal=causal, statuses=[st.kv_write_status(fits)],
+                       empty_cache=empty_cache)
         for sl in self.slots:
-            slot_of.setdefault(id(sl.node), []).append(sl)
-            if self.mode == "concat":
-                shape, dtype = self.cache_shapes[sl.past]
-                feeds[sl.past] = ShapeOnly((b, shape[1], width - s, shape[3]), dtype,
-                                           "the KV cache lives in the step's fixed-capacity buffer")
-            else:
-                feeds[sl.past] = cache[sl.past]
+            feeds[sl.past] = self.policy.feed(sl, run)
 
         def hook(ctx, inputs):
-            node = ctx.node
-            slots = slot_of.get(id(node))
-            if self.mode == "gqa":
-                if slots:
-                    # A sliding-window layer keeps the full capacity-C buffer: no row is ever
-                    # evicted (cache_len + S <= C), so the window-sized layout would hold the same
-                    # rows at the same places, and local_window_size alone gives the same output.
-                    # The windowed path would restage (copy) the buffer every step.
-                    inputs = list(inputs)
-                    if len(inputs) > 5 and inputs[5] is not None:
-                        # The graph derives seqlens_k from the C-wide mask, which clamps a row
-                        # that does not fit into range (GQA would write rows C - S .. C - 1):
-                        # such a row gets its true seqlens_k, beyond the buffer, so the op
-                        # refuses its write and flags it.
-                        seqlens = to_jax(inputs[5])
-                        inputs[5] = jnp.where(fits, seqlens, (cache_len + s - 1).astype(seqlens.dtype))
-                    return run_gqa(ctx, inputs, shared_buffer=True,
-                                   overrides={"sliding_window_cache": 0}, statuses=statuses,
-                                   past_empty=empty_cache)
-                if node.op_type == "If" and is_static(inputs[0]):
-                    cond = self._logical_if_condition(ctx, cache_len + num_new)
-                    if cond is not None:
-                        return select_branches(ctx, cond, pad_rows=True)
-                return None
-            if self.mode == "attention_past":
-                if slots:
-                    return self._attention_past(ctx, inputs, cache, cache_len, new_cache, slots,
-                                                statuses)
-                return None
-            # concat mode
-            if slots:
-                sl = slots[0]
-                buf, status = ops.kv_append(cache[sl.past],
-                                            to_jax(inputs[1]).astype(cache[sl.past].dtype), cache_len)
-                statuses.append(status)
-                new_cache[sl.past] = buf
-                return (buf if width == c else buf[:, :, :width],)
-            if node.op_type == "Attention" and node.input[1] in self._kv_reach:
-                return self._masked_attention(ctx, inputs, causal, width)
-            if node.op_type == "Softmax" and node.input[0] in self._kv_reach:
-                x = inputs[0]
-                if getattr(x, "ndim", 0) == 4 and x.shape[-1] == width and x.shape[-2] == s:
-                    x = to_jax(x)
-                    x = jnp.where(causal, x, jnp.asarray(-jnp.inf, x.dtype))
-                    return registry.lookup(ctx.key)(ctx, x)
-            return None
+            return self.policy.hook(ctx, inputs, self._slots_of.get(id(ctx.node)), run)
 
         outs = self.lowered.run(params, feeds, hook)
+        new_cache = run.new_cache
         for sl in self.slots:
             if sl.past not in new_cache:
                 if sl.present is None:
                     raise ValueError(f"step: the cache fed by {sl.past} is not returned by any output")
                 new_cache[sl.past] = outs[sl.present]
-        status = statuses[0]
-        for flags in statuses[1:]:
+        status = run.statuses[0]
+        for flags in run.statuses[1:]:
             status = status | flags.astype(jnp.int32).reshape(b)
         return StepOutput(outs[self.logits_name], new_cache, status)
 
@@ -403,41 +560,7 @@ class FixedCacheStep:
         fn = self.with_status if with_status else self.__call__
         return jax.jit(fn, donate_argnums=(4,), **kwargs)
 
-    # -- pieces of the hook ------------------------------------------------------------------
-    def _masked_attention(self, ctx, inputs, causal, width):
-        """ai.onnx Attention over the cache (its first `width` rows): the graph's mask AND keys
-        j <= cache_len + s."""
-        inputs = list(inputs) + [None] * (7 - len(inputs))
-        mask = inputs[3]
-        if mask is None:
-            mask = causal
-        else:
-            mask = to_jax(mask)
-            if mask.shape[-1] != width:
-                ctx.fail(f"the attention mask covers {mask.shape[-1]} keys, not the {width} the "
-                         f"step feeds")
-            if mask.dtype == jnp.bool_:
-                mask = mask & causal
-            else:
-                mask = mask + jnp.where(causal, 0, -jnp.inf).astype(mask.dtype)
-        return run_attention(ctx, inputs[0], inputs[1], inputs[2], mask, *inputs[4:7],
-                             overrides={"is_causal": 0})
-
-    def _attention_past(self, ctx, inputs, cache, cache_len, new_cache, slots, statuses):
-        inputs = list(inputs) + [None] * (7 - len(inputs))
-        if inputs[6] is not None:
-            ctx.fail("nonpad_kv_seqlen together with past_key is invalid")
-        # The node's attributes checked as run_attention checks them, and its model's opset (the
-        # window attributes need 25).
-        attrs = known_attrs(ctx, ATTENTION_ATTRS)
-        res = ops.attention_with_cache(
-            to_jax(inputs[0]), to_jax(inputs[1]), to_jax(inputs[2]), cache[slots[0].past],
-            cache[slots[1].past], cache_len, to_jax(inputs[3]), **attrs,
-            opset=ctx.interp.opsets[""], return_qk=ctx.wants(3))
-        new_cache[slots[0].past], new_cache[slots[1].past] = res.key_cache, res.value_cache
-        statuses.append(res.status)
-        return res.y, res.key_cache, res.value_cache, res.qk
-
+    # -- pieces of the policies' hooks ------------------------------------------------------------
     def _logical_if_condition(self, ctx, lengths):
         """An If condition that reads the attention mask's width, recomputed with the logical width
         max(lengths) on the device (the fed mask is C wide); None when it does not read it."""
@@ -469,7 +592,3 @@ class FixedCacheStep:
             else:
                 interp.run_node(node, env)
         return env[cond_name]
-
-
-class _ProbeDone(Exception):
-    """Stops the abstract probe run once the shapes are known."""

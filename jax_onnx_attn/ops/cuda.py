@@ -8,15 +8,13 @@ donated cache is updated in place. Every handler is command-buffer compatible.
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_onnx_attn import _extension
 from jax_onnx_attn._extension import target
-from jax_onnx_attn.ops.dtypes import CUDA_FLOAT_DTYPES
-from jax_onnx_attn.ops.reference import quant
 
 
 def kv_append(cache, new, start):
@@ -31,86 +29,41 @@ def kv_append(cache, new, start):
     return call(cache, new, start.astype(jnp.int32))
 
 
-# --- decode attention (ffi/attention/decode.cu, engine in ffi/kernels/decode/) ---------------------
+# --- the kernels' limits and the decode plan: asked from the extension ---------------------------
+# ffi/kernels/decode/plan.h and ffi/kernels/general/params.h define them once (host-only C++, also in a
+# build without CUDA); `_ffi.limits()` and `_ffi.decode_plan(...)` export them. Nothing here
+# re-derives a kernel rule.
 
-#: KV rows per engine tile; split sizes are multiples of it (kBlockN in ffi/kernels/decode/params.h).
-DECODE_BLOCK_N = 64
-#: Most splits the combine takes (kMaxSplits in ffi/kernels/decode/combine.cuh).
-DECODE_MAX_SPLITS = 256
-#: Head dims the decode engine is compiled for.
-DECODE_HEAD_DIMS = (64, 80, 96, 128, 256)
-# CTA slots the split planner aims to fill: an H200's 132 SMs. A constant, not a device query, so a
-# given call shape always gets the same splits, hence the same bits, on any GPU.
-_PLAN_SMS = 132
-
-
-def _decode_block_rows(rows: int) -> int:
-    """Packed query rows per CTA (BlockRows in ffi/kernels/decode/launch.cuh)."""
-    return 16 if rows <= 16 else 32 if rows <= 32 else 64 if rows <= 64 else 128
+def _limits() -> dict:
+    found = _extension.limits()
+    if found is None:
+        raise RuntimeError(f"the kernels' limits are unknown: {_extension.build_info()['reason']}")
+    return found
 
 
-def decode_ctas_per_sm(rows: int, head_dim: int, kv_bits: int = 0) -> int:
-    """CTAs per SM of the engine's layout for `rows` packed rows (EngineConfig::kCtasPerSm in
-    ffi/kernels/decode/engine.cuh: stages sized to fit two CTAs of ~113 KB, or one of 227 KB when
-    that keeps half again as many KV tiles in flight; 16-bit q). A quantized cache (kv_bits 8 / 4)
-    streams stages of packed rows and adds one converted 16-bit tile pair and the scales."""
-    block = _decode_block_rows(rows)
-    warps_m = block // 16
-    warps_n = 4 // warps_m if warps_m < 4 else 1
-    tile_n = 64 if warps_n > 1 else 32
-    stride = head_dim + 8
-    q_bytes = block * stride * 2
-    tile_pair = 2 * tile_n * stride * 2
-    stage = 2 * tile_n * head_dim * kv_bits // 8 if kv_bits else tile_pair
-    ring_offset = q_bytes + (tile_pair + 2 * head_dim * 4 if kv_bits else 0)
-    merge = warps_m * warps_n * 16 * (stride + 2) * 4
-    two = min(8, (115712 - ring_offset) // stage)
-    one = min(8, (232448 - ring_offset) // stage)
-    fits_two = (32 * warps_m * warps_n <= 128 and two >= 2 and 3 * (two - 1) >= one - 1
-                and q_bytes + merge <= 115712)
-    return 2 if fits_two else 1
+#: Module attributes read from the extension's limits on first use (PEP 562).
+_LIMITS = {
+    "DECODE_BLOCK_N": lambda lim: lim["decode"]["block_n"],          # KV rows per split step
+    "DECODE_MAX_SPLITS": lambda lim: lim["decode"]["max_splits"],    # most splits of one call
+    "DECODE_HEAD_DIMS": lambda lim: tuple(lim["decode"]["head_dims"]),
+    "DECODE_MAX_CLUSTER_SPLITS": lambda lim: lim["decode"]["max_cluster_splits"],
+    "_CLUSTER_PLANS": lambda lim: tuple(tuple(c) for c in lim["decode"]["cluster_plans"]),
+    # Softmax dtypes of the general kernel, indexed by its SoftmaxType.
+    "GENERAL_SOFTMAX_DTYPES": lambda lim: tuple(jnp.dtype(t) for t in lim["general"]["softmax_types"]),
+    "GENERAL_MAX_KEYS": lambda lim: lim["general"]["max_keys"],
+}
 
 
-def decode_split_rows(batch: int, kv_heads: int, rows: int, capacity: int, head_dim: int,
-                      kv_bits: int = 0) -> int:
-    """KV rows per split for a decode call: a pure function of static shapes.
-
-    With enough (batch, KV head, M block) CTAs to fill the GPU there is one split (no combine).
-    Otherwise it takes the fewest splits whose wave efficiency is within 85% of the best (the FA3
-    heuristic), each split a whole number of tiles. rows = (Hq / Hkv) * S.
-    """
-    block = _decode_block_rows(rows)
-    ctas = batch * kv_heads * -(-rows // block)
-    tiles = max(1, -(-capacity // DECODE_BLOCK_N))
-    slots = _PLAN_SMS * decode_ctas_per_sm(rows, head_dim, kv_bits)
-    if ctas >= 0.8 * slots:
-        return tiles * DECODE_BLOCK_N
-    options = []
-    for per_split in range(1, tiles + 1):
-        n = -(-tiles // per_split)
-        if n > DECODE_MAX_SPLITS:
-            continue
-        work = ctas * n
-        options.append((n, per_split, work / (math.ceil(work / slots) * slots)))
-    best = max(eff for _, _, eff in options)
-    n, per_split, _ = min((o for o in options if o[2] >= 0.85 * best), key=lambda o: o[0])
-    return per_split * DECODE_BLOCK_N
-
-
-#: Most splits the kernel combines inside one thread-block cluster (kMaxClusterSplits in
-#: ffi/kernels/decode/params.h; over 8 is a non-portable cluster size).
-DECODE_MAX_CLUSTER_SPLITS = 16
-# What the planner uses, in order: (cluster size, most KV tiles a split may stream). Measured on the
-# H200 (bench/results/2026-11-30-decode-notes.md), B=1 32/8 d128 against split + combine kernel:
-# 1k as 8 splits of 2 tiles 11.2 -> 7.8-8.6 µs; 4k as 16 splits of 4 tiles 18.3 -> 14.1 µs; 8k as 16
-# splits of 8 tiles 22.9 -> 20.7 µs; but 8 splits of 8 tiles were slower (4k 20.0 vs 17.7 µs): few
-# CTAs each streaming many tiles leave the bandwidth of the other SMs unused.
-_CLUSTER_PLANS = ((8, 2), (16, 4), (16, 8))
+def __getattr__(name: str):
+    if name in _LIMITS:
+        return _LIMITS[name](_limits())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @functools.cache
 def _cluster_capable() -> bool:
-    """Whether the local GPU runs thread-block clusters (sm_90+); False without a GPU."""
+    """Whether the local GPU runs thread-block clusters (sm_90+); False without a GPU. The one device
+    query the plan depends on."""
     try:
         dev = jax.devices("gpu")[0]
         return int(str(getattr(dev, "compute_capability", "0")).split(".")[0]) >= 9
@@ -118,31 +71,43 @@ def _cluster_capable() -> bool:
         return False
 
 
-def decode_cluster_split_rows(batch: int, kv_heads: int, rows: int, capacity: int) -> int | None:
-    """KV rows per split when the splits should combine inside a thread-block cluster, else None.
+@functools.cache
+def decode_plan(batch: int, q_heads: int, kv_heads: int, q_len: int, capacity: int, head_dim: int,
+                kv_bits: int = 0, split_rows: int | None = None, cluster: bool | None = None,
+                cluster_capable: bool | None = None) -> dict:
+    """The decode engine's plan for a call (ffi/kernels/decode/plan.h, through `_ffi.decode_plan`): a
+    pure function of static shapes, so one call shape always gets the same bits.
 
-    For 16-row blocks (decode at small batch) that leave most of the GPU idle: the first of
-    _CLUSTER_PLANS whose cluster (capped by the tiles and by the GPU's CTA slots) cuts the context
-    into splits short enough. A pure function of static shapes.
+    Returns {split_rows, splits, cluster, workspace_elems, block_rows, ctas_per_sm}. split_rows /
+    cluster override the planner (None: it chooses; it offers a cluster only with split_rows None,
+    a float cache and a GPU that runs clusters, `cluster_capable`, None: this process's GPU).
     """
-    if _decode_block_rows(rows) != 16:
-        return None
-    ctas = batch * kv_heads
-    tiles = max(1, -(-capacity // DECODE_BLOCK_N))
-    slots = _PLAN_SMS * decode_ctas_per_sm(rows, 128)
-    for size, max_tiles in _CLUSTER_PLANS:
-        n = min(size, tiles, slots // max(ctas, 1))
-        if n >= 2 and -(-tiles // n) <= max_tiles:
-            return -(-tiles // n) * DECODE_BLOCK_N
-    return None
+    if cluster_capable is None:
+        cluster_capable = _cluster_capable()
+    return _extension.decode_plan(
+        batch=int(batch), q_heads=int(q_heads), kv_heads=int(kv_heads), q_len=int(q_len),
+        capacity=int(capacity), head_dim=int(head_dim), kv_bits=int(kv_bits),
+        cluster_capable=bool(cluster_capable), split_rows=int(split_rows or 0),
+        cluster=-1 if cluster is None else int(bool(cluster)))
 
 
-def decode_workspace_elems(batch: int, kv_heads: int, rows: int, capacity: int, head_dim: int,
-                           split_rows: int) -> int:
-    """f32 elements of the split partials (WorkspaceElems in ffi/kernels/decode/host.h), >= 1."""
-    splits = -(-capacity // split_rows)
-    return batch * kv_heads * splits * rows * (head_dim + 1) if splits > 1 else 1
+def decode_split_rows(batch: int, kv_heads: int, rows: int, capacity: int, head_dim: int,
+                      kv_bits: int = 0) -> int:
+    """KV rows per split of the plan without a cluster, for `rows` = (Hq / Hkv) * S packed rows."""
+    return decode_plan(batch, kv_heads * rows, kv_heads, 1, capacity, head_dim, kv_bits,
+                       cluster=False)["split_rows"]
 
+
+def decode_cluster_split_rows(batch: int, kv_heads: int, rows: int, capacity: int,
+                              head_dim: int = 128) -> int | None:
+    """KV rows per split when the plan combines the splits inside a thread-block cluster (on a GPU
+    that runs clusters, a float cache), else None."""
+    plan = decode_plan(batch, kv_heads * rows, kv_heads, 1, capacity, head_dim, 0,
+                       cluster_capable=True)
+    return plan["split_rows"] if plan["cluster"] else None
+
+
+# --- decode attention (ffi/handlers/decode_attention.cu, engine in ffi/kernels/decode/) -----------
 
 def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=None, v_scale=None,
                      *, scale: float, softcap: float = 0.0, causal: bool = True, left: int = -1,
@@ -153,23 +118,15 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=
     Semantics of `jax_onnx_attn.ops.reference.decode.decode_attention`. bias: None or
     [B|1, Hq|1, S|1, T] f32/f16/bf16/bool; sink: None or [Hq]. kv_bits 8: int8 caches
     [B, Hkv, C, D]; 4: uint8 [B, Hkv, C, D / 2]; both with float k_scale / v_scale of 1 element
-    (per tensor) or Hkv·D elements (per channel, e.g. [1, Hkv, 1, D]). split_rows overrides the
-    planner (a multiple of DECODE_BLOCK_N); pdl launches the combine as a programmatic dependent
-    launch. cluster: combine the splits inside a thread-block cluster (sm_90+, <= 16 splits of a
-    16-row block); None lets the planner choose (only when split_rows is None too).
+    (per tensor) or Hkv·D elements (per channel, e.g. [1, Hkv, 1, D]). split_rows and cluster
+    override the plan (`decode_plan`: split_rows a multiple of DECODE_BLOCK_N; cluster combines the
+    splits inside a thread-block cluster, sm_90+, <= 16 splits of a 16-row block); pdl launches the
+    combine as a programmatic dependent launch.
     """
     b, hq, s, d = q.shape
     hkv, c = k_cache.shape[1], k_cache.shape[2]
-    rows = (hq // hkv) * s
-    if cluster is None:
-        cluster = split_rows is None and kv_bits == 0 and _cluster_capable() and \
-            decode_cluster_split_rows(b, hkv, rows, c) is not None
-        if cluster:
-            split_rows = decode_cluster_split_rows(b, hkv, rows, c)
-    if split_rows is None:
-        split_rows = decode_split_rows(b, hkv, rows, c, d, kv_bits)
-    cluster = bool(cluster) and -(-c // split_rows) > 1
-    ws = 1 if cluster else decode_workspace_elems(b, hkv, rows, c, d, split_rows)
+    plan = decode_plan(b, hq, hkv, s, c, d, kv_bits, split_rows, cluster)
+    ws = plan["workspace_elems"]
     placeholder = jnp.zeros((1,), jnp.float32)
     call = jax.ffi.ffi_call(
         target("decode_attention"),
@@ -184,92 +141,11 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=
                   scale=np.float32(scale), softcap=np.float32(softcap if softcap > 0 else 0.0),
                   causal=bool(causal), left=int(left), right=int(right), pos_shift=int(pos_shift),
                   has_bias=bias is not None, has_sink=sink is not None, kv_bits=int(kv_bits),
-                  split_rows=int(split_rows), pdl=bool(pdl), cluster=cluster)
+                  split_rows=plan["split_rows"], pdl=bool(pdl), cluster=plan["cluster"])
     return out
 
 
-# --- GroupQueryAttention step preparation (ffi/gqa/prepare.cu) ------------------------------------
-
-#: Largest head size gqa_prepare takes (kMaxHeadDim in ffi/gqa/prepare.cu: 8 elements a lane, a
-#: warp a head row).
-GQA_PREPARE_MAX_HEAD_DIM = 256
-
-
-def _check_gqa_prepare(query, key, value, k_cache, v_cache, seqlens_k, cos_cache, sin_cache,
-                       position_ids, q_norm_weight, k_norm_weight, k_scale, v_scale, n, hkv,
-                       kv_bits) -> int:
-    """Trace-time checks of gqa_prepare's inputs; returns the head size D."""
-    def fail(name, rule, exc=ValueError):
-        raise exc(f"gqa_prepare: {name}: {rule}")
-
-    if n <= 0 or hkv <= 0 or n % hkv:
-        fail("num_heads", f"must be a positive multiple of kv_num_heads, got {n} and {hkv}")
-    if query.ndim != 3:
-        fail("query", f"must be [B, S, hidden], got shape {list(query.shape)}")
-    dtype = query.dtype
-    if dtype not in CUDA_FLOAT_DTYPES:
-        fail("query", f"must be float32, float16 or bfloat16, got {dtype}", TypeError)
-    b, s, hidden = query.shape
-    heads = n if key is not None else n + 2 * hkv
-    if hidden % heads:
-        fail("query", f"hidden size {hidden} is not a multiple of its {heads} heads")
-    d = hidden // heads
-    if d % 8 or not 0 < d <= GQA_PREPARE_MAX_HEAD_DIM:
-        fail("query", f"head size must be a multiple of 8 in [8, {GQA_PREPARE_MAX_HEAD_DIM}], got {d}")
-    if s < 1:
-        fail("query", "must have at least one row")
-    if (key is None) != (value is None):
-        fail("key" if key is None else "value", "key and value must be both given or both absent")
-    for name, x in (("key", key), ("value", value)):
-        if x is not None and (x.shape != (b, s, hkv * d) or x.dtype != dtype):
-            fail(name, f"must be {dtype}[{b}, {s}, {hkv * d}], got {x.dtype}{list(x.shape)}")
-    if kv_bits not in (0, 4, 8):
-        fail("kv_bits", f"must be 0, 4 or 8, got {kv_bits}")
-    cache_dtype = quant.storage_dtype(kv_bits) if kv_bits else dtype
-    cache_d = d // 2 if kv_bits == 4 else d
-    if k_cache.ndim != 4 or k_cache.shape[:2] != (b, hkv) or k_cache.shape[3] != cache_d:
-        fail("k_cache", f"must be [{b}, {hkv}, C, {cache_d}], got {list(k_cache.shape)}")
-    if v_cache.shape != k_cache.shape:
-        fail("v_cache", f"must have k_cache's shape {list(k_cache.shape)}, got {list(v_cache.shape)}")
-    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if x.dtype != cache_dtype:
-            fail(name, f"must be {cache_dtype} (kv_bits={kv_bits}), got {x.dtype}", TypeError)
-    if s > k_cache.shape[2]:
-        fail("query", f"{s} new rows do not fit the cache capacity {k_cache.shape[2]}")
-    if seqlens_k.shape != (b,) or not jnp.issubdtype(seqlens_k.dtype, jnp.integer):
-        fail("seqlens_k", f"must be integer [{b}], got {seqlens_k.dtype}{list(seqlens_k.shape)}")
-    if (cos_cache is None) != (sin_cache is None):
-        fail("cos_cache" if cos_cache is None else "sin_cache", "cos_cache and sin_cache must be both "
-                                                                "given or both absent")
-    if cos_cache is not None:
-        for name, x in (("cos_cache", cos_cache), ("sin_cache", sin_cache)):
-            if x.dtype != dtype or x.ndim != 2 or x.shape != cos_cache.shape:
-                fail(name, f"must be {dtype}[max_position, R/2] like cos_cache, got "
-                           f"{x.dtype}{list(x.shape)}")
-        if not (cos_cache.shape[0] >= 1 and cos_cache.shape[1] % 8 == 0
-                and 0 < 2 * cos_cache.shape[1] <= d):
-            fail("cos_cache", f"must be [max_position >= 1, R/2] with R/2 a multiple of 8 and "
-                              f"R <= {d}, got {list(cos_cache.shape)}")
-    if position_ids is not None:
-        if cos_cache is None:
-            fail("position_ids", "only feeds the rotary embedding (give cos_cache and sin_cache)")
-        if position_ids.shape != (b, s) or not jnp.issubdtype(position_ids.dtype, jnp.integer):
-            fail("position_ids", f"must be integer [{b}, {s}], got "
-                                 f"{position_ids.dtype}{list(position_ids.shape)}")
-    if (q_norm_weight is None) != (k_norm_weight is None):
-        fail("q_norm_weight" if q_norm_weight is None else "k_norm_weight",
-             "q_norm_weight and k_norm_weight must be both given or both absent")
-    for name, x in (("q_norm_weight", q_norm_weight), ("k_norm_weight", k_norm_weight)):
-        if x is not None and (x.shape != (d,) or x.dtype != dtype):
-            fail(name, f"must be {dtype}[{d}], got {x.dtype}{list(x.shape)}")
-    for name, x in (("k_scale", k_scale), ("v_scale", v_scale)):
-        if kv_bits and x is None:
-            fail(name, f"is required with kv_bits={kv_bits}")
-        if kv_bits and (x.dtype != jnp.float32 or x.size not in (1, hkv * d)):
-            fail(name, f"must be float32 of 1 (per tensor) or {hkv * d} (per channel) elements, got "
-                       f"{x.dtype}{list(x.shape)}")
-    return d
-
+# --- GroupQueryAttention step preparation (ffi/handlers/gqa_prepare.cu, ffi/kernels/gqa/) ---------
 
 def gqa_prepare(query, key, value, k_cache, v_cache, seqlens_k, cos_cache=None, sin_cache=None,
                 position_ids=None, q_norm_weight=None, k_norm_weight=None, k_scale=None,
@@ -282,16 +158,12 @@ def gqa_prepare(query, key, value, k_cache, v_cache, seqlens_k, cos_cache=None, 
     Arguments and results of `jax_onnx_attn.ops.reference.gqa.prepare_step`: (q [B, N, S, D],
     k_cache, v_cache, status int32 [B]). The caches are aliased to their outputs (donate them);
     seqlens_k and position_ids are read on the device. Raises ValueError / TypeError
-    "gqa_prepare: <input>: <rule>" at trace time.
+    "gqa_prepare: <input>: <rule>" from the handler for shapes it cannot take; the rules of
+    GroupQueryAttention are checked once, by `ops.group_query_attention`.
     """
     n, hkv, bits = int(num_heads), int(kv_num_heads), int(kv_bits)
-    args = [None if x is None else jnp.asarray(x)
-            for x in (query, key, value, k_cache, v_cache, seqlens_k, cos_cache, sin_cache,
-                      position_ids, q_norm_weight, k_norm_weight, k_scale, v_scale)]
-    d = _check_gqa_prepare(*args, n, hkv, bits)
-    (query, key, value, k_cache, v_cache, seqlens_k, cos_cache, sin_cache, position_ids,
-     q_norm_weight, k_norm_weight, k_scale, v_scale) = args
-    b, s = query.shape[:2]
+    b, s, hidden = query.shape
+    d = hidden // (n if key is not None else n + 2 * hkv)
     t = query.dtype
 
     def or_placeholder(x, dtype):  # an absent input: one element the kernel never reads
@@ -318,12 +190,7 @@ def gqa_prepare(query, key, value, k_cache, v_cache, seqlens_k, cos_cache=None, 
     return q, k_cache, v_cache, status
 
 
-# --- general attention (ffi/attention/general.cu, kernels in ffi/kernels/general/) ----------------
-
-#: Softmax dtypes of the general kernel, indexed by SoftmaxType (ffi/kernels/general/params.h).
-GENERAL_SOFTMAX_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
-#: Most keys the general kernel takes: its 64-key tiles are a grid dimension (at most 65535).
-GENERAL_MAX_KEYS = 64 * 65535
+# --- general attention (ffi/handlers/general_attention.cu, kernels in ffi/kernels/general/) --------
 
 
 def general_attention(q, k, v, kv_len, bias=None, *, scale: float, softcap: float = 0.0,
@@ -352,5 +219,5 @@ def general_attention(q, k, v, kv_len, bias=None, *, scale: float, softcap: floa
                     scale=np.float32(scale), softcap=np.float32(softcap if softcap > 0 else 0.0),
                     causal=bool(causal), left=int(left), right=int(right), pos_shift=int(pos_shift),
                     has_bias=bias is not None, qk_mode=-1 if qk_mode is None else int(qk_mode),
-                    softmax_type=GENERAL_SOFTMAX_DTYPES.index(softmax_dtype))
+                    softmax_type=__getattr__("GENERAL_SOFTMAX_DTYPES").index(softmax_dtype))
     return y, (qk if qk_mode is not None else None)

@@ -13,6 +13,7 @@ import math
 
 import jax.numpy as jnp
 
+from jax_onnx_attn import _extension
 from jax_onnx_attn.ops import cuda
 from jax_onnx_attn.ops.backend import dispatch
 from jax_onnx_attn.ops.dtypes import CUDA_FLOAT_DTYPES, HALF_DTYPES, check_float_dtype
@@ -28,6 +29,8 @@ def cuda_unsupported(q_dtype, head_dim: int) -> str | None:
     """Why the CUDA decode engine cannot take a call, or None when it can."""
     if jnp.dtype(q_dtype) not in HALF_DTYPES:
         return f"the CUDA decode kernels take float16 and bfloat16, not {jnp.dtype(q_dtype)}"
+    if _extension.limits() is None:
+        return _extension.build_info()["reason"]
     if head_dim not in cuda.DECODE_HEAD_DIMS:
         return f"head dim {head_dim} is not one of {cuda.DECODE_HEAD_DIMS}"
     return None
@@ -104,7 +107,8 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=
                         for name, x in (("k_scale", k_scale), ("v_scale", v_scale)))
     if scale is None:
         scale = 1.0 / math.sqrt(d)
-    if split_rows is not None and (split_rows <= 0 or split_rows % cuda.DECODE_BLOCK_N):
+    if split_rows is not None and _extension.limits() is not None and (
+            split_rows <= 0 or split_rows % cuda.DECODE_BLOCK_N):
         raise ValueError(f"{OP}: split_rows must be a positive multiple of {cuda.DECODE_BLOCK_N}")
     static = dict(scale=float(scale), softcap=float(softcap), causal=bool(causal), left=int(left),
                   right=int(right), pos_shift=int(pos_shift), kv_bits=int(kv_bits))

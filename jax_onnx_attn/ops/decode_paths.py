@@ -7,8 +7,9 @@ reference under backend="auto" and raises with the reason under backend="cuda").
 signature and results of the reference function the op dispatches to.
 
 Covered: decode and speculative verify steps (S <= MAX_QUERY_ROWS query rows). The engine takes
-float16 / bfloat16 with head dims 64, 80, 96, 128, 256; ai.onnx Attention's other calls of that size
-(float32, mixed dtypes or head sizes, qk_matmul_output, a half softmax) take the general kernel.
+float16 / bfloat16 with the head dims it is compiled for (cuda.DECODE_HEAD_DIMS, from the
+extension); ai.onnx Attention's other calls of that size (float32, mixed dtypes or head sizes,
+qk_matmul_output, a half softmax) take the general kernel.
 """
 
 from __future__ import annotations

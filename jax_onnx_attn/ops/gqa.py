@@ -102,6 +102,291 @@ def _check_scale(name, x, mode, hkv, d):
     return x.reshape(1, hkv, 1, d)
 
 
+class _Attributes(NamedTuple):
+    """The op's attributes, checked and resolved (the config's static part before shapes)."""
+    n: int
+    hkv: int
+    window: int
+    quantized: bool
+    bits: int
+    eps: dict
+
+
+def _check_attributes(num_heads, kv_num_heads, causal, do_rotary, rotary_interleaved,
+                      sliding_window_cache, qk_output, local_window_size, k_quant_type, v_quant_type,
+                      kv_cache_bit_width, qk_norm_epsilon, q_norm_epsilon, k_norm_epsilon
+                      ) -> _Attributes:
+    for name, val in (("num_heads", num_heads), ("kv_num_heads", kv_num_heads)):
+        if not isinstance(val, (int, np.integer)) or val <= 0:
+            _fail(name, f"must be a positive int, got {val!r}")
+    n, hkv = int(num_heads), int(kv_num_heads)
+    if n % hkv:
+        _fail("num_heads", f"must be a multiple of kv_num_heads ({n} % {hkv} = {n % hkv})")
+    for name, val in (("causal", causal), ("do_rotary", do_rotary),
+                      ("rotary_interleaved", rotary_interleaved),
+                      ("sliding_window_cache", sliding_window_cache)):
+        if int(val) not in (0, 1):
+            _fail(name, f"must be 0 or 1, got {val!r}")
+    if int(qk_output) not in (0, 1, 2):
+        _fail("qk_output", f"must be 0, 1 (logits) or 2 (probabilities), got {qk_output!r}")
+    window = int(local_window_size)
+    if window < -1:
+        _fail("local_window_size", f"must be -1 (off) or >= 0, got {window}")
+    if not causal and window != -1:
+        _fail("local_window_size", "must be -1 when causal is 0")
+    if k_quant_type not in QUANT_TYPES:
+        _fail("k_quant_type", f"must be one of {QUANT_TYPES}, got {k_quant_type!r}")
+    if v_quant_type not in QUANT_TYPES:
+        _fail("v_quant_type", f"must be one of {QUANT_TYPES}, got {v_quant_type!r}")
+    if k_quant_type != v_quant_type:
+        _fail("v_quant_type", f"must equal k_quant_type ({k_quant_type!r}), got {v_quant_type!r}")
+    quantized = k_quant_type != "NONE"
+    bits = int(kv_cache_bit_width)
+    if quantized and bits not in (4, 8):
+        _fail("kv_cache_bit_width", f"must be 4 or 8 for a quantised cache, got {bits}")
+    eps = {}
+    for name, val in (("qk_norm_epsilon", qk_norm_epsilon), ("q_norm_epsilon", q_norm_epsilon),
+                      ("k_norm_epsilon", k_norm_epsilon)):
+        if val is not None and not (math.isfinite(val) and val > 0):
+            _fail(name, f"must be finite and positive, got {val!r}")
+        eps[name] = val
+    return _Attributes(n, hkv, window, quantized, bits, eps)
+
+
+def _check_qkv(query, key, value, a: _Attributes):
+    """query / key / value -> (query, key, value, dtype, b, s, d, kv_len); kv_len is the new K/V
+    rows (0 for a KV-shared layer)."""
+    n, hkv = a.n, a.hkv
+    query, key, value = _array("query", query), _array("key", key), _array("value", value)
+    if query is None:
+        _fail("query", "is required")
+    if query.ndim != 3:
+        _fail("query", f"must be 3-D [B, S, hidden], got shape {list(query.shape)}")
+    if query.dtype not in FLOAT_DTYPES:
+        _fail("query", f"must be one of {[str(t) for t in FLOAT_DTYPES]}, got {query.dtype}",
+              TypeError)
+    dtype = query.dtype
+    b, s, hidden = query.shape
+    if (key is None) != (value is None):
+        _fail("key" if key is None else "value", "key and value must be both given or both absent "
+                                                 "(absent: packed QKV in query)")
+    packed = key is None
+    heads_in_query = n + 2 * hkv if packed else n
+    if hidden % heads_in_query:
+        what = "(num_heads + 2*kv_num_heads)" if packed else "num_heads"
+        _fail("query", f"hidden size {hidden} is not a multiple of {what} = {heads_in_query}")
+    d = hidden // heads_in_query
+    if d % 8:
+        _fail("query", f"head_size must be a multiple of 8, got {d}")
+    kv_len = s
+    if not packed:
+        for name, x in (("key", key), ("value", value)):
+            if x.ndim != 3:
+                _fail(name, f"must be 3-D [B, S, kv_num_heads*head_size], got {list(x.shape)}")
+            _check_same_dtype(name, x, dtype)
+            if x.shape[0] != b:
+                _fail(name, f"batch size {x.shape[0]} differs from the query's {b}")
+            if x.shape[1] not in (s, 0):
+                _fail(name, f"sequence length must be the query's ({s}) or 0 (KV-shared layer), "
+                            f"got {x.shape[1]}")
+            if x.shape[2] != hkv * d:
+                _fail(name, f"hidden size must be kv_num_heads*head_size = {hkv * d}, got {x.shape[2]}")
+        if key.shape[1] != value.shape[1]:
+            _fail("value", f"sequence length {value.shape[1]} differs from the key's {key.shape[1]}")
+        kv_len = key.shape[1]
+    return query, key, value, dtype, b, s, d, kv_len
+
+
+def _check_past(past_key, past_value, a: _Attributes, dtype, b, d, kv_len, shared_buffer,
+                past_empty, sliding_window_cache):
+    """past_key / past_value -> (past_key, past_value, past_len)."""
+    hkv, quantized, bits = a.hkv, a.quantized, a.bits
+    past_key, past_value = _array("past_key", past_key), _array("past_value", past_value)
+    if (past_key is None) != (past_value is None):
+        _fail("past_key" if past_key is None else "past_value",
+              "past_key and past_value must be both given or both absent")
+    cache_d = d // 2 if quantized and bits == 4 else d
+    if quantized:
+        cache_dtype = quant.storage_dtype(bits)
+    else:
+        cache_dtype = dtype
+    past_len = 0
+    if past_key is not None:
+        for name, x in (("past_key", past_key), ("past_value", past_value)):
+            if x.ndim != 4:
+                _fail(name, f"must be 4-D [B, kv_num_heads, P, head_size], got {list(x.shape)}")
+            if (x.shape[0], x.shape[1], x.shape[3]) != (b, hkv, cache_d):
+                _fail(name, f"must be [{b}, {hkv}, P, {cache_d}], got {list(x.shape)}")
+            if x.dtype != cache_dtype:
+                what = (f"{bits}-bit quantised cache" if quantized else "the query's dtype")
+                _fail(name, f"must be {cache_dtype} ({what}), got {x.dtype}", TypeError)
+        if past_key.shape[2] != past_value.shape[2]:
+            _fail("past_value", f"length {past_value.shape[2]} differs from past_key's {past_key.shape[2]}")
+        past_len = past_key.shape[2]
+    elif quantized:
+        _fail("past_key", "is required for a quantised cache (it sets the cache's type)")
+    if shared_buffer and past_key is None:
+        _fail("past_key", "is required with shared_buffer=True (it is the buffer)")
+    if past_empty and (past_key is None or not shared_buffer or sliding_window_cache):
+        _fail("past_empty", "needs a shared fixed-capacity cache (past_key with shared_buffer=True, "
+                            "sliding_window_cache=0)")
+    if kv_len == 0 and past_key is None:
+        _fail("past_key", "is required when key/value have no rows (KV-shared layer)")
+    return past_key, past_value, past_len
+
+
+def _check_lengths(seqlens_k, total_sequence_length, query_seqlens, a: _Attributes, causal,
+                   sliding_window_cache, shared_buffer, past_key, past_len, b, s, kv_len):
+    """-> (seqlens_k, query_seqlens, total, first_prompt, windowed, present_len)."""
+    window = a.window
+    seqlens_k = _array("seqlens_k", seqlens_k)
+    if seqlens_k is None:
+        _fail("seqlens_k", "is required")
+    seqlens_k = _check_int("seqlens_k", seqlens_k, (b,))
+    total = _static_int("total_sequence_length", total_sequence_length)
+    query_seqlens = _check_int("query_seqlens", _array("query_seqlens", query_seqlens), (b,))
+    if total < 1:
+        _fail("total_sequence_length", f"must be >= 1, got {total}")
+    windowed = bool(sliding_window_cache)
+    if not windowed and total < s:
+        _fail("total_sequence_length", f"must be >= the query length {s}, got {total}")
+    if query_seqlens is not None:
+        if not causal:
+            _fail("query_seqlens", "requires causal=1")
+        if past_key is None:
+            _fail("query_seqlens", "requires past_key and past_value")
+        if kv_len != s:
+            _fail("query_seqlens", "requires key/value with the query's sequence length")
+        first_prompt = False
+    else:
+        first_prompt = s == total
+        if not first_prompt and s > 1 and past_key is None:
+            _fail("past_key", f"is required for a multi-token step that is not a first prompt "
+                              f"(S={s} != total_sequence_length={total})")
+    if windowed:
+        if window <= 0:
+            _fail("local_window_size", "must be > 0 with sliding_window_cache=1")
+        if past_key is None:
+            _fail("past_key", "is required with sliding_window_cache=1 (its length is the capacity)")
+        if past_len < window:
+            _fail("past_key", f"capacity {past_len} must be >= local_window_size {window} with "
+                              f"sliding_window_cache=1")
+        present_len = past_len
+    else:
+        present_len = past_len if shared_buffer else max(total, past_len)
+        # onnxruntime's rule: a growing cache (total = P + S) or a static one (total <= P).
+        if past_key is not None and total != past_len + kv_len and total > past_len:
+            _fail("total_sequence_length", f"must be P + S = {past_len + kv_len} (growing cache) "
+                                           f"or <= P = {past_len} (static cache), got {total}")
+        if past_key is None and not first_prompt:
+            _fail("past_key", f"is required when S={s} != total_sequence_length={total}")
+    return seqlens_k, query_seqlens, total, first_prompt, windowed, present_len
+
+
+def _check_rotary(cos_cache, sin_cache, position_ids, do_rotary, dtype, d, total, b, s):
+    """-> (cos_cache, sin_cache, position_ids), all None without rotary."""
+    cos_cache, sin_cache = _array("cos_cache", cos_cache), _array("sin_cache", sin_cache)
+    if (cos_cache is None) != (sin_cache is None):
+        _fail("cos_cache" if cos_cache is None else "sin_cache",
+              "cos_cache and sin_cache must be both given or both absent")
+    if do_rotary and cos_cache is None:
+        _fail("cos_cache", "is required when do_rotary=1")
+    if cos_cache is not None:
+        for name, x in (("cos_cache", cos_cache), ("sin_cache", sin_cache)):
+            _check_same_dtype(name, x, dtype)
+            if x.ndim != 2:
+                _fail(name, f"must be 2-D [max_position, rotary_dim/2], got {list(x.shape)}")
+            if d % 16:
+                _fail(name, f"rotary needs head_size to be a multiple of 16, got {d}")
+            if x.shape[0] < total:
+                _fail(name, f"dimension 0 ({x.shape[0]}) must be >= total_sequence_length {total}")
+            if x.shape[1] > d // 2 or x.shape[1] % 8:
+                _fail(name, f"dimension 1 ({x.shape[1]}) must be <= head_size/2 = {d // 2} and a "
+                            f"multiple of 8")
+        if cos_cache.shape != sin_cache.shape:
+            _fail("sin_cache", f"shape {list(sin_cache.shape)} differs from cos_cache's "
+                               f"{list(cos_cache.shape)}")
+    position_ids = _check_int("position_ids", _array("position_ids", position_ids), (b, s))
+    if not do_rotary:
+        # cos/sin and position_ids only feed the rotary embedding.
+        cos_cache = sin_cache = position_ids = None
+    return cos_cache, sin_cache, position_ids
+
+
+def _check_extras(attention_bias, head_sink, k_scale, v_scale, q_norm_weight, k_norm_weight,
+                  a: _Attributes, k_quant_type, v_quant_type, dtype, b, s, d, total):
+    """-> (attention_bias, head_sink, k_scale, v_scale, q_norm_weight, k_norm_weight)."""
+    n, hkv, quantized = a.n, a.hkv, a.quantized
+    attention_bias = _array("attention_bias", attention_bias)
+    if attention_bias is not None:
+        _check_same_dtype("attention_bias", attention_bias, dtype)
+        shp = attention_bias.shape
+        if (attention_bias.ndim != 4 or shp[0] not in (1, b) or shp[1] not in (1, n)
+                or shp[2] != s or shp[3] != total):
+            _fail("attention_bias", f"must be [{b} or 1, {n} or 1, {s}, {total}] "
+                                    f"(B|1, N|1, S, total_sequence_length), got {list(shp)}")
+    head_sink = _array("head_sink", head_sink)
+    _check_same_dtype("head_sink", head_sink, dtype)
+    _check_shape("head_sink", head_sink, (n,))
+    k_scale, v_scale = _array("k_scale", k_scale), _array("v_scale", v_scale)
+    if quantized:
+        k_scale = _check_scale("k_scale", k_scale, k_quant_type, hkv, d)
+        v_scale = _check_scale("v_scale", v_scale, v_quant_type, hkv, d)
+    else:
+        k_scale = v_scale = None
+    q_norm_weight = _array("q_norm_weight", q_norm_weight)
+    k_norm_weight = _array("k_norm_weight", k_norm_weight)
+    if (q_norm_weight is None) != (k_norm_weight is None):
+        _fail("q_norm_weight" if q_norm_weight is None else "k_norm_weight",
+              "q_norm_weight and k_norm_weight must be both given or both absent")
+    for name, x in (("q_norm_weight", q_norm_weight), ("k_norm_weight", k_norm_weight)):
+        _check_same_dtype(name, x, dtype)
+        _check_shape(name, x, (d,))
+    return attention_bias, head_sink, k_scale, v_scale, q_norm_weight, k_norm_weight
+
+
+def _prepare(arguments: dict):
+    """Every check of the op, once (the CUDA paths and handlers do not repeat them): the inputs
+    normalised and the static GQAConfig that the reference and the CUDA routes take.
+
+    Returns (config, args): args in the reference's order (query .. query_seqlens).
+    """
+    g = arguments
+    a = _check_attributes(g["num_heads"], g["kv_num_heads"], g["causal"], g["do_rotary"],
+                          g["rotary_interleaved"], g["sliding_window_cache"], g["qk_output"],
+                          g["local_window_size"], g["k_quant_type"], g["v_quant_type"],
+                          g["kv_cache_bit_width"], g["qk_norm_epsilon"], g["q_norm_epsilon"],
+                          g["k_norm_epsilon"])
+    query, key, value, dtype, b, s, d, kv_len = _check_qkv(g["query"], g["key"], g["value"], a)
+    past_key, past_value, past_len = _check_past(
+        g["past_key"], g["past_value"], a, dtype, b, d, kv_len, g["shared_buffer"], g["past_empty"],
+        g["sliding_window_cache"])
+    seqlens_k, query_seqlens, total, first_prompt, windowed, present_len = _check_lengths(
+        g["seqlens_k"], g["total_sequence_length"], g["query_seqlens"], a, g["causal"],
+        g["sliding_window_cache"], g["shared_buffer"], past_key, past_len, b, s, kv_len)
+    cos_cache, sin_cache, position_ids = _check_rotary(
+        g["cos_cache"], g["sin_cache"], g["position_ids"], g["do_rotary"], dtype, d, total, b, s)
+    attention_bias, head_sink, k_scale, v_scale, q_norm_weight, k_norm_weight = _check_extras(
+        g["attention_bias"], g["head_sink"], g["k_scale"], g["v_scale"], g["q_norm_weight"],
+        g["k_norm_weight"], a, g["k_quant_type"], g["v_quant_type"], dtype, b, s, d, total)
+    scale, softcap, eps = g["scale"], g["softcap"], a.eps
+    config = reference.GQAConfig(
+        num_heads=a.n, kv_num_heads=a.hkv, head_size=d, total_sequence_length=total,
+        present_length=present_len, scale=float(scale) if scale else 1.0 / math.sqrt(d),
+        softcap=float(softcap) if softcap > 0 else 0.0, local_window_size=a.window,
+        do_rotary=bool(g["do_rotary"]), rotary_interleaved=bool(g["rotary_interleaved"]),
+        smooth_softmax=int(g["smooth_softmax"]) == 1, qk_output=int(g["qk_output"]),
+        causal=bool(g["causal"]), sliding_window_cache=windowed,
+        kv_bits=a.bits if a.quantized else 0,
+        q_norm_epsilon=float(eps["q_norm_epsilon"] or g["qk_norm_epsilon"]),
+        k_norm_epsilon=float(eps["k_norm_epsilon"] or g["qk_norm_epsilon"]),
+        shared_buffer=bool(g["shared_buffer"]), first_prompt=first_prompt,
+        past_empty=bool(g["past_empty"]))
+    args = (query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
+            attention_bias, head_sink, k_scale, v_scale, q_norm_weight, k_norm_weight, query_seqlens)
+    return config, args
+
+
 def group_query_attention(query, key=None, value=None, past_key=None, past_value=None,
                           seqlens_k=None, total_sequence_length=None, cos_cache=None,
                           sin_cache=None, position_ids=None, attention_bias=None, head_sink=None,
@@ -180,223 +465,8 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
     Raises ValueError / TypeError "group_query_attention: <input>: <rule>" at trace time for
     invalid shapes, dtypes, attributes and step types.
     """
-    # ---- attributes ----
-    for name, val in (("num_heads", num_heads), ("kv_num_heads", kv_num_heads)):
-        if not isinstance(val, (int, np.integer)) or val <= 0:
-            _fail(name, f"must be a positive int, got {val!r}")
-    n, hkv = int(num_heads), int(kv_num_heads)
-    if n % hkv:
-        _fail("num_heads", f"must be a multiple of kv_num_heads ({n} % {hkv} = {n % hkv})")
-    for name, val in (("causal", causal), ("do_rotary", do_rotary),
-                      ("rotary_interleaved", rotary_interleaved),
-                      ("sliding_window_cache", sliding_window_cache)):
-        if int(val) not in (0, 1):
-            _fail(name, f"must be 0 or 1, got {val!r}")
-    if int(qk_output) not in (0, 1, 2):
-        _fail("qk_output", f"must be 0, 1 (logits) or 2 (probabilities), got {qk_output!r}")
-    window = int(local_window_size)
-    if window < -1:
-        _fail("local_window_size", f"must be -1 (off) or >= 0, got {window}")
-    if not causal and window != -1:
-        _fail("local_window_size", "must be -1 when causal is 0")
-    if k_quant_type not in QUANT_TYPES:
-        _fail("k_quant_type", f"must be one of {QUANT_TYPES}, got {k_quant_type!r}")
-    if v_quant_type not in QUANT_TYPES:
-        _fail("v_quant_type", f"must be one of {QUANT_TYPES}, got {v_quant_type!r}")
-    if k_quant_type != v_quant_type:
-        _fail("v_quant_type", f"must equal k_quant_type ({k_quant_type!r}), got {v_quant_type!r}")
-    quantized = k_quant_type != "NONE"
-    bits = int(kv_cache_bit_width)
-    if quantized and bits not in (4, 8):
-        _fail("kv_cache_bit_width", f"must be 4 or 8 for a quantised cache, got {bits}")
-    eps = {}
-    for name, val in (("qk_norm_epsilon", qk_norm_epsilon), ("q_norm_epsilon", q_norm_epsilon),
-                      ("k_norm_epsilon", k_norm_epsilon)):
-        if val is not None and not (math.isfinite(val) and val > 0):
-            _fail(name, f"must be finite and positive, got {val!r}")
-        eps[name] = val
-
-    # ---- query / key / value ----
-    query, key, value = _array("query", query), _array("key", key), _array("value", value)
-    if query is None:
-        _fail("query", "is required")
-    if query.ndim != 3:
-        _fail("query", f"must be 3-D [B, S, hidden], got shape {list(query.shape)}")
-    if query.dtype not in FLOAT_DTYPES:
-        _fail("query", f"must be one of {[str(t) for t in FLOAT_DTYPES]}, got {query.dtype}",
-              TypeError)
-    dtype = query.dtype
-    b, s, hidden = query.shape
-    if (key is None) != (value is None):
-        _fail("key" if key is None else "value", "key and value must be both given or both absent "
-                                                 "(absent: packed QKV in query)")
-    packed = key is None
-    heads_in_query = n + 2 * hkv if packed else n
-    if hidden % heads_in_query:
-        what = "(num_heads + 2*kv_num_heads)" if packed else "num_heads"
-        _fail("query", f"hidden size {hidden} is not a multiple of {what} = {heads_in_query}")
-    d = hidden // heads_in_query
-    if d % 8:
-        _fail("query", f"head_size must be a multiple of 8, got {d}")
-    kv_len = s
-    if not packed:
-        for name, x in (("key", key), ("value", value)):
-            if x.ndim != 3:
-                _fail(name, f"must be 3-D [B, S, kv_num_heads*head_size], got {list(x.shape)}")
-            _check_same_dtype(name, x, dtype)
-            if x.shape[0] != b:
-                _fail(name, f"batch size {x.shape[0]} differs from the query's {b}")
-            if x.shape[1] not in (s, 0):
-                _fail(name, f"sequence length must be the query's ({s}) or 0 (KV-shared layer), "
-                            f"got {x.shape[1]}")
-            if x.shape[2] != hkv * d:
-                _fail(name, f"hidden size must be kv_num_heads*head_size = {hkv * d}, got {x.shape[2]}")
-        if key.shape[1] != value.shape[1]:
-            _fail("value", f"sequence length {value.shape[1]} differs from the key's {key.shape[1]}")
-        kv_len = key.shape[1]
-
-    # ---- past KV ----
-    past_key, past_value = _array("past_key", past_key), _array("past_value", past_value)
-    if (past_key is None) != (past_value is None):
-        _fail("past_key" if past_key is None else "past_value",
-              "past_key and past_value must be both given or both absent")
-    cache_d = d // 2 if quantized and bits == 4 else d
-    if quantized:
-        cache_dtype = quant.storage_dtype(bits)
-    else:
-        cache_dtype = dtype
-    past_len = 0
-    if past_key is not None:
-        for name, x in (("past_key", past_key), ("past_value", past_value)):
-            if x.ndim != 4:
-                _fail(name, f"must be 4-D [B, kv_num_heads, P, head_size], got {list(x.shape)}")
-            if (x.shape[0], x.shape[1], x.shape[3]) != (b, hkv, cache_d):
-                _fail(name, f"must be [{b}, {hkv}, P, {cache_d}], got {list(x.shape)}")
-            if x.dtype != cache_dtype:
-                what = (f"{bits}-bit quantised cache" if quantized else "the query's dtype")
-                _fail(name, f"must be {cache_dtype} ({what}), got {x.dtype}", TypeError)
-        if past_key.shape[2] != past_value.shape[2]:
-            _fail("past_value", f"length {past_value.shape[2]} differs from past_key's {past_key.shape[2]}")
-        past_len = past_key.shape[2]
-    elif quantized:
-        _fail("past_key", "is required for a quantised cache (it sets the cache's type)")
-    if shared_buffer and past_key is None:
-        _fail("past_key", "is required with shared_buffer=True (it is the buffer)")
-    if past_empty and (past_key is None or not shared_buffer or sliding_window_cache):
-        _fail("past_empty", "needs a shared fixed-capacity cache (past_key with shared_buffer=True, "
-                            "sliding_window_cache=0)")
-    if kv_len == 0 and past_key is None:
-        _fail("past_key", "is required when key/value have no rows (KV-shared layer)")
-
-    # ---- lengths ----
-    seqlens_k = _array("seqlens_k", seqlens_k)
-    if seqlens_k is None:
-        _fail("seqlens_k", "is required")
-    seqlens_k = _check_int("seqlens_k", seqlens_k, (b,))
-    total = _static_int("total_sequence_length", total_sequence_length)
-    query_seqlens = _check_int("query_seqlens", _array("query_seqlens", query_seqlens), (b,))
-    if total < 1:
-        _fail("total_sequence_length", f"must be >= 1, got {total}")
-    windowed = bool(sliding_window_cache)
-    if not windowed and total < s:
-        _fail("total_sequence_length", f"must be >= the query length {s}, got {total}")
-    if query_seqlens is not None:
-        if not causal:
-            _fail("query_seqlens", "requires causal=1")
-        if past_key is None:
-            _fail("query_seqlens", "requires past_key and past_value")
-        if kv_len != s:
-            _fail("query_seqlens", "requires key/value with the query's sequence length")
-        first_prompt = False
-    else:
-        first_prompt = s == total
-        if not first_prompt and s > 1 and past_key is None:
-            _fail("past_key", f"is required for a multi-token step that is not a first prompt "
-                              f"(S={s} != total_sequence_length={total})")
-    if windowed:
-        if window <= 0:
-            _fail("local_window_size", "must be > 0 with sliding_window_cache=1")
-        if past_key is None:
-            _fail("past_key", "is required with sliding_window_cache=1 (its length is the capacity)")
-        if past_len < window:
-            _fail("past_key", f"capacity {past_len} must be >= local_window_size {window} with "
-                              f"sliding_window_cache=1")
-        present_len = past_len
-    else:
-        present_len = past_len if shared_buffer else max(total, past_len)
-        # onnxruntime's rule: a growing cache (total = P + S) or a static one (total <= P).
-        if past_key is not None and total != past_len + kv_len and total > past_len:
-            _fail("total_sequence_length", f"must be P + S = {past_len + kv_len} (growing cache) "
-                                           f"or <= P = {past_len} (static cache), got {total}")
-        if past_key is None and not first_prompt:
-            _fail("past_key", f"is required when S={s} != total_sequence_length={total}")
-
-    # ---- rotary ----
-    cos_cache, sin_cache = _array("cos_cache", cos_cache), _array("sin_cache", sin_cache)
-    if (cos_cache is None) != (sin_cache is None):
-        _fail("cos_cache" if cos_cache is None else "sin_cache",
-              "cos_cache and sin_cache must be both given or both absent")
-    if do_rotary and cos_cache is None:
-        _fail("cos_cache", "is required when do_rotary=1")
-    if cos_cache is not None:
-        for name, x in (("cos_cache", cos_cache), ("sin_cache", sin_cache)):
-            _check_same_dtype(name, x, dtype)
-            if x.ndim != 2:
-                _fail(name, f"must be 2-D [max_position, rotary_dim/2], got {list(x.shape)}")
-            if d % 16:
-                _fail(name, f"rotary needs head_size to be a multiple of 16, got {d}")
-            if x.shape[0] < total:
-                _fail(name, f"dimension 0 ({x.shape[0]}) must be >= total_sequence_length {total}")
-            if x.shape[1] > d // 2 or x.shape[1] % 8:
-                _fail(name, f"dimension 1 ({x.shape[1]}) must be <= head_size/2 = {d // 2} and a "
-                            f"multiple of 8")
-        if cos_cache.shape != sin_cache.shape:
-            _fail("sin_cache", f"shape {list(sin_cache.shape)} differs from cos_cache's "
-                               f"{list(cos_cache.shape)}")
-    position_ids = _check_int("position_ids", _array("position_ids", position_ids), (b, s))
-    if not do_rotary:
-        # cos/sin and position_ids only feed the rotary embedding.
-        cos_cache = sin_cache = position_ids = None
-
-    # ---- bias, sink, scales, norms ----
-    attention_bias = _array("attention_bias", attention_bias)
-    if attention_bias is not None:
-        _check_same_dtype("attention_bias", attention_bias, dtype)
-        shp = attention_bias.shape
-        if (attention_bias.ndim != 4 or shp[0] not in (1, b) or shp[1] not in (1, n)
-                or shp[2] != s or shp[3] != total):
-            _fail("attention_bias", f"must be [{b} or 1, {n} or 1, {s}, {total}] "
-                                    f"(B|1, N|1, S, total_sequence_length), got {list(shp)}")
-    head_sink = _array("head_sink", head_sink)
-    _check_same_dtype("head_sink", head_sink, dtype)
-    _check_shape("head_sink", head_sink, (n,))
-    k_scale, v_scale = _array("k_scale", k_scale), _array("v_scale", v_scale)
-    if quantized:
-        k_scale = _check_scale("k_scale", k_scale, k_quant_type, hkv, d)
-        v_scale = _check_scale("v_scale", v_scale, v_quant_type, hkv, d)
-    else:
-        k_scale = v_scale = None
-    q_norm_weight = _array("q_norm_weight", q_norm_weight)
-    k_norm_weight = _array("k_norm_weight", k_norm_weight)
-    if (q_norm_weight is None) != (k_norm_weight is None):
-        _fail("q_norm_weight" if q_norm_weight is None else "k_norm_weight",
-              "q_norm_weight and k_norm_weight must be both given or both absent")
-    for name, x in (("q_norm_weight", q_norm_weight), ("k_norm_weight", k_norm_weight)):
-        _check_same_dtype(name, x, dtype)
-        _check_shape(name, x, (d,))
-
-    config = reference.GQAConfig(
-        num_heads=n, kv_num_heads=hkv, head_size=d, total_sequence_length=total,
-        present_length=present_len, scale=float(scale) if scale else 1.0 / math.sqrt(d),
-        softcap=float(softcap) if softcap > 0 else 0.0, local_window_size=window,
-        do_rotary=bool(do_rotary), rotary_interleaved=bool(rotary_interleaved),
-        smooth_softmax=int(smooth_softmax) == 1, qk_output=int(qk_output), causal=bool(causal),
-        sliding_window_cache=windowed, kv_bits=bits if quantized else 0,
-        q_norm_epsilon=float(eps["q_norm_epsilon"] or qk_norm_epsilon),
-        k_norm_epsilon=float(eps["k_norm_epsilon"] or qk_norm_epsilon),
-        shared_buffer=bool(shared_buffer), first_prompt=first_prompt, past_empty=bool(past_empty))
-    args = (query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
-            attention_bias, head_sink, k_scale, v_scale, q_norm_weight, k_norm_weight, query_seqlens)
+    config, args = _prepare(locals())
+    query, key, past_key, query_seqlens = args[0], args[1], args[3], args[15]
     cuda_fn, why = decode_paths.gqa_cuda(config, query=query, key=key, past_key=past_key,
                                          query_seqlens=query_seqlens)
     result = dispatch(OP, backend, functools.partial(reference.group_query_attention, config=config),

@@ -1,4 +1,4 @@
-"""The fused GroupQueryAttention step preparation (gqa_prepare, ffi/gqa/prepare.cu) on a GPU against
+"""The fused GroupQueryAttention step preparation (gqa_prepare, ffi/handlers/gqa_prepare.cu) on a GPU against
 its jnp spec `reference.gqa.prepare_step` run on the CPU: Q, the appended K/V rows (float, and int8 /
 int4 per tensor and per channel bit for bit), the rows it must leave alone, status, determinism,
 in-place donation and command-buffer capture."""

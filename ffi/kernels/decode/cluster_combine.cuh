@@ -15,21 +15,13 @@
 #include <cooperative_groups.h>
 #endif
 
+#include "kernels/common/variant.cuh"
+#include "kernels/convert.cuh"
 #include "kernels/decode/params.h"
-#include "kernels/decode/variant.cuh"
+#include "kernels/decode/plan.h"
 #include "kernels/ptx.cuh"
 
 namespace joa::decode {
-
-// f32 elements of a CTA's cluster area: partial O [kBlockM, kD], lse [kBlockM], weights
-// [kBlockM, kMaxClusterSplits].
-template <int kBlockM, int kD>
-inline constexpr int kClusterPartFloats = kBlockM * kD + kBlockM + kBlockM * kMaxClusterSplits;
-
-template <typename T>
-struct alignas(8) OutVec4 {
-  T v[4];
-};
 
 // Called by every thread of every CTA of the cluster after its partials are in s_part (rows
 // R = row0 + r < p.rows written, others ignored). Contains two cluster barriers: no thread may skip it.
@@ -49,7 +41,7 @@ __device__ __forceinline__ void ClusterCombine(const DecodeParams& p, float* s_p
     const int R = row0 + tid;
     const int h = kvh * p.group + R / p.q_len;
     float lse[kMaxClusterSplits];
-    const float sink = p.sink ? p.sink[h] * kLog2e : -INFINITY;
+    const float sink = SinkLog2(p.variant.sink, h);
     float mx = sink;
 #pragma unroll
     for (int s = 0; s < kMaxClusterSplits; ++s) {
@@ -90,10 +82,7 @@ __device__ __forceinline__ void ClusterCombine(const DecodeParams& p, float* s_p
       acc.x += w * x[s].x; acc.y += w * x[s].y; acc.z += w * x[s].z; acc.w += w * x[s].w;
     }
     const int h = kvh * p.group + R / p.q_len, i = R % p.q_len;
-    OutVec4<T> y;
-    y.v[0] = T(acc.x); y.v[1] = T(acc.y); y.v[2] = T(acc.z); y.v[3] = T(acc.w);
-    *reinterpret_cast<OutVec4<T>*>(static_cast<T*>(p.out) + b * p.o_stride_b + h * p.o_stride_h +
-                                   i * p.o_stride_s + d) = y;
+    StoreVec4(static_cast<T*>(p.out) + b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s + d, acc);
   }
   cluster.sync();  // no CTA exits while another still reads its shared memory
 #endif

@@ -7,14 +7,15 @@
 
 #include <cstdint>
 
-#include "kernels/decode/engine.cuh"
+#include "kernels/common/variant.cuh"
+#include "kernels/convert.cuh"
 #include "kernels/decode/params.h"
+#include "kernels/decode/plan.h"
 #include "kernels/ptx.cuh"
 
 namespace joa::decode {
 
 inline constexpr int kCombineWarps = 4;
-inline constexpr int kMaxSplits = 256;
 
 template <typename T, int kD>
 __global__ void __launch_bounds__(32 * kCombineWarps)
@@ -35,7 +36,7 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
   for (int s = lane; s < p.splits; s += 32) mx = fmaxf(mx, p.part_lse[first + int64_t(s) * p.rows]);
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-  const float sink = p.sink ? p.sink[h] * kLog2e : -INFINITY;
+  const float sink = SinkLog2(p.variant.sink, h);
   mx = fmaxf(mx, sink);
 
   T* out = static_cast<T*>(p.out) + b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s;

@@ -5,40 +5,33 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "kernels/decode/instances.h"
 #include "kernels/decode/params.h"
+#include "kernels/decode/plan.h"
 
 namespace joa::decode {
 
 template <typename T, int kD, KvFormat kKv>
 cudaError_t Launch(const DecodeParams& p, const LaunchOptions& opt, cudaStream_t stream);
 
-#define JOA_DECODE_HEAD_DIMS(X, T, F) X(T, 64, F) X(T, 80, F) X(T, 96, F) X(T, 128, F) X(T, 256, F)
+// Every instance is compiled in its own TU (cmake/decode_instances.cmake: the generated list).
 #define JOA_DECODE_DECLARE(T, D, F) \
-  extern template cudaError_t Launch<T, D, F>(const DecodeParams&, const LaunchOptions&, cudaStream_t);
-#define JOA_DECODE_DECLARE_FORMATS(T)                         \
-  JOA_DECODE_HEAD_DIMS(JOA_DECODE_DECLARE, T, KvFormat::kDense) \
-  JOA_DECODE_HEAD_DIMS(JOA_DECODE_DECLARE, T, KvFormat::kInt8)  \
-  JOA_DECODE_HEAD_DIMS(JOA_DECODE_DECLARE, T, KvFormat::kInt4)
-JOA_DECODE_DECLARE_FORMATS(__half)
-JOA_DECODE_DECLARE_FORMATS(__nv_bfloat16)
-#undef JOA_DECODE_DECLARE_FORMATS
+  extern template cudaError_t Launch<T, D, KvFormat::F>(const DecodeParams&, const LaunchOptions&, cudaStream_t);
+JOA_DECODE_FOR_EACH_INSTANCE(JOA_DECODE_DECLARE)
 #undef JOA_DECODE_DECLARE
-
-inline bool SupportedHeadDim(int d) { return d == 64 || d == 80 || d == 96 || d == 128 || d == 256; }
 
 template <typename T, KvFormat kKv>
 cudaError_t LaunchFormat(int d, const DecodeParams& p, const LaunchOptions& opt, cudaStream_t stream) {
+#define JOA_DECODE_CASE(D) \
+  case D: return Launch<T, D, kKv>(p, opt, stream);
   switch (d) {
-    case 64: return Launch<T, 64, kKv>(p, opt, stream);
-    case 80: return Launch<T, 80, kKv>(p, opt, stream);
-    case 96: return Launch<T, 96, kKv>(p, opt, stream);
-    case 128: return Launch<T, 128, kKv>(p, opt, stream);
-    case 256: return Launch<T, 256, kKv>(p, opt, stream);
+    JOA_DECODE_FOR_EACH_HEAD_DIM(JOA_DECODE_CASE)
     default: return cudaErrorInvalidValue;
   }
+#undef JOA_DECODE_CASE
 }
 
-// Launches the engine for head dim `d` (one of SupportedHeadDim) and the cache format p.kv_format.
+// Launches the engine for head dim `d` (one of kHeadDims) and the cache format p.kv_format.
 template <typename T>
 cudaError_t LaunchHeadDim(int d, const DecodeParams& p, const LaunchOptions& opt, cudaStream_t stream) {
   switch (p.kv_format) {

@@ -1,5 +1,14 @@
 // The split-KV decode engine: one CTA per (split, KV head x M block, batch row).
 //
+// DecodeSplitKernel runs five named stages (SplitStages below), in this order:
+//   load     Q rows into shared memory once; K / V tiles through a cp.async ring (quantised tiles
+//            converted to T after they land);
+//   QK       S = Q K^T of a chunk of a tile's columns, then the variant's mask and score (inline);
+//   softmax  the online softmax update of the rows' max, sum and O;
+//   PV       O += P V of the chunk;
+//   combine  the warps that share rows merge (max, sum, O) in a fixed order, then the CTA writes
+//            its output, its split's partial, or its cluster share (cluster_combine.cuh).
+//
 // A CTA holds its packed query rows (G heads x S rows of one KV head) in shared memory and streams
 // the KV tiles of its split through a cp.async ring of kStages stages (16-byte copies, zero fill
 // past the valid rows, so unwritten cache rows are never read); an int8 / int4 cache (the Kv policy,
@@ -17,92 +26,290 @@
 
 #include <cstdint>
 
+#include "kernels/common/kv_format.cuh"
+#include "kernels/common/variant.cuh"
+#include "kernels/convert.cuh"
 #include "kernels/decode/cluster_combine.cuh"
-#include "kernels/decode/kv_format.cuh"
 #include "kernels/decode/params.h"
-#include "kernels/decode/variant.cuh"
+#include "kernels/decode/plan.h"
 #include "kernels/ptx.cuh"
 
 namespace joa::decode {
 
+// The tiling of one layout, as compile-time constants: the values of plan.h's MakeLayout (the one
+// definition, which the planner reads too) and the checks that they fit.
 template <typename T, int kD, int kWarpsM, int kWarpsN, class Kv = DenseKv<T>>
 struct EngineConfig {
   static_assert(kD % 16 == 0, "head dim must be a multiple of 16");
-  static constexpr int kWarps = kWarpsM * kWarpsN;
-  static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kBlockM = 16 * kWarpsM;
-  // KV rows per stage: 64 when several warps split a tile (16+ columns each), else 32, so that the
-  // stages are small and more of them fit: decode is bound by the KV bytes in flight.
-  static constexpr int kTileN = kWarpsN > 1 ? 64 : 32;
+  static constexpr Layout kLayout =
+      MakeLayout(kD, kWarpsM, kWarpsN, int(sizeof(T)), Kv::kQuantized ? Kv::kBits : 0);
+  static constexpr int kWarps = kLayout.warps;
+  static constexpr int kThreads = kLayout.threads;
+  static constexpr int kBlockM = kLayout.block_m;
+  static constexpr int kTileN = kLayout.tile_n;
   static_assert(kBlockN % kTileN == 0, "split sizes must be whole tiles");
-  static constexpr int kWarpN = kTileN / kWarpsN;  // KV columns of a tile per warp
+  static constexpr int kWarpN = kLayout.warp_n;
   static_assert(kWarpN % 16 == 0, "a warp's KV slice must be whole k16 steps of P V");
-  static constexpr int kChunk = kWarpN < 32 ? kWarpN : 32;  // columns per softmax update
-  // Q fragments stay in registers except at d256, where they would push the O accumulators
-  // (128 registers) into spills; there they are re-read from shared memory per k step.
-  static constexpr bool kQInRegs = kD <= 128;
-  // Rows padded by 16 bytes: consecutive rows start 4 banks apart, so ldmatrix is conflict-free.
-  static constexpr int kStride = kD + 8;
-  static constexpr int kOStride = kD + 8;  // f32 merge rows, padded likewise
-  static constexpr int kVecs = kD / 8;     // 16-byte vectors per row
-  static constexpr int kQBytes = kBlockM * kStride * int(sizeof(T));
-  static constexpr int kTileElems = kTileN * kStride;
-  // A ring stage holds a K and a V tile as the cache stores them: padded T rows, or the packed
-  // rows of a quantized cache. Those add one converted T tile pair (what the MMAs read) and the
-  // K / V scales [2][kD] f32 in front of the ring.
-  static constexpr int kStageBytes =
-      Kv::kQuantized ? 2 * kTileN * kD * Kv::kBits / 8 : 2 * kTileElems * int(sizeof(T));
-  static constexpr int kConvBytes = Kv::kQuantized ? 2 * kTileElems * int(sizeof(T)) + 2 * kD * 4 : 0;
-  static constexpr int kRingOffset = kQBytes + kConvBytes;
-  static constexpr int kMergeBytes = kWarps * 16 * (kOStride + 2) * 4;
-  // Stages from the shared-memory budget (228 KB per SM, 1 KB reserved per CTA): as many as fit two
-  // CTAs per SM, or one CTA when that keeps half again as many tiles in flight (or two do not fit).
-  static constexpr int kBudget2 = 115712, kBudget1 = 232448;
-  static constexpr int kFit2 = (kBudget2 - kRingOffset) / kStageBytes;
-  static constexpr int kFit1 = (kBudget1 - kRingOffset) / kStageBytes;
-  static constexpr int kStages2 = kFit2 < 8 ? kFit2 : 8;
-  static constexpr int kStages1 = kFit1 < 8 ? kFit1 : 8;
-  static constexpr bool kTwoPerSm =
-      kThreads <= 128 && kStages2 >= 2 && 3 * (kStages2 - 1) >= kStages1 - 1 &&
-      kQBytes + kMergeBytes <= kBudget2;
-  static constexpr int kCtasPerSm = kTwoPerSm ? 2 : 1;
-  static constexpr int kStages = kTwoPerSm ? kStages2 : kStages1;
+  static constexpr int kChunk = kLayout.chunk;
+  static constexpr bool kQInRegs = kLayout.q_in_regs;
+  static constexpr int kStride = kLayout.stride;
+  static constexpr int kOStride = kLayout.o_stride;
+  static constexpr int kVecs = kD / 8;  // 16-byte vectors per row
+  static constexpr int kQBytes = kLayout.q_bytes;
+  static constexpr int kTileElems = kLayout.tile_elems;
+  static constexpr int kStageBytes = kLayout.stage_bytes;
+  static constexpr int kConvBytes = kLayout.conv_bytes;
+  static constexpr int kRingOffset = kLayout.ring_offset;
+  static constexpr int kMergeBytes = kLayout.merge_bytes;
+  static constexpr int kCtasPerSm = kLayout.ctas_per_sm;
+  static constexpr int kStages = kLayout.stages;
   static_assert(kStages >= 2, "the pipeline needs two stages");
-  static constexpr int kPipeBytes = kStages * kStageBytes;
-  // The merge reuses everything past Q once the loop is done.
-  static constexpr int kSmemBytes =
-      kQBytes + (kConvBytes + kPipeBytes > kMergeBytes ? kConvBytes + kPipeBytes : kMergeBytes);
-  static_assert(kSmemBytes <= (kTwoPerSm ? kBudget2 : kBudget1), "shared memory over budget");
-  // The in-cluster combine (cluster_combine.cuh) keeps its partials after the merge area; offered
-  // for 16-row blocks (the small-batch decode shapes where a combine launch costs most).
-  static constexpr bool kClusterCombine =
-      kBlockM == 16 && kQBytes + kMergeBytes + kClusterPartFloats<kBlockM, kD> * 4 <= kSmemBytes;
+  static constexpr int kPipeBytes = kLayout.pipe_bytes;
+  static constexpr int kSmemBytes = kLayout.smem_bytes;
+  static_assert(kSmemBytes <= (kCtasPerSm == 2 ? kBudget2 : kBudget1), "shared memory over budget");
+  static constexpr bool kClusterCombine = kLayout.cluster_combine;
 };
 
-// Copies rows [0, n_rows) of a [n_rows, kD] tile whose row i is at src + i * row_stride into
-// shared memory with row stride kStride; rows outside [valid_lo, valid_hi) become zeros.
-template <typename T, int kD, int kRows, int kThreads, int kStride>
-__device__ __forceinline__ void LoadRows(T* dst, const T* src, int64_t row_stride, int valid_lo,
-                                         int valid_hi, int tid) {
-  constexpr int kVecs = kD / 8;
-  constexpr int kTotal = kRows * kVecs;
-  constexpr int kIters = (kTotal + kThreads - 1) / kThreads;
+// The stages of DecodeSplitKernel. Every function is inlined into the kernel: they name the steps,
+// they do not move work between them.
+template <typename T, int kD, int kWarpsM, int kWarpsN, class Kv>
+struct SplitStages {
+  using Cfg = EngineConfig<T, kD, kWarpsM, kWarpsN, Kv>;
+  static constexpr int kBlockM = Cfg::kBlockM, kStride = Cfg::kStride, kStages = Cfg::kStages;
+  static constexpr int kChunk = Cfg::kChunk, kThreads = Cfg::kThreads, kTileN = Cfg::kTileN;
+  // Score fragments of one chunk: kChunk / 8 n8 tiles of the mma accumulator layout.
+  using Scores = float[kChunk / 8][4];
+  // The O accumulators of the thread's two rows (kD / 8 n8 tiles).
+  using Out = float[kD / 8][4];
+
+  // --- load ------------------------------------------------------------------------------------
+
+  // Copies rows [0, kRows) of a [kRows, kD] tile whose row i is at src + i * row_stride into shared
+  // memory with row stride kStride; rows outside [valid_lo, valid_hi) become zeros.
+  template <int kRows>
+  static __device__ __forceinline__ void LoadRows(T* dst, const T* src, int64_t row_stride, int valid_lo,
+                                                  int valid_hi, int tid) {
+    constexpr int kVecs = kD / 8;
+    constexpr int kTotal = kRows * kVecs;
+    constexpr int kIters = (kTotal + kThreads - 1) / kThreads;
 #pragma unroll
-  for (int it = 0; it < kIters; ++it) {
-    const int c = tid + it * kThreads;
-    if (kTotal % kThreads == 0 || c < kTotal) {
-      const int r = c / kVecs;
-      const int col = (c % kVecs) * 8;
-      const bool valid = r >= valid_lo && r < valid_hi;
-      const T* g = valid ? src + r * row_stride + col : src;
-      ptx::CpAsync16(ptx::SmemAddr(dst + r * kStride + col), g, valid);
+    for (int it = 0; it < kIters; ++it) {
+      const int c = tid + it * kThreads;
+      if (kTotal % kThreads == 0 || c < kTotal) {
+        const int r = c / kVecs;
+        const int col = (c % kVecs) * 8;
+        const bool valid = r >= valid_lo && r < valid_hi;
+        const T* g = valid ? src + r * row_stride + col : src;
+        ptx::CpAsync16(ptx::SmemAddr(dst + r * kStride + col), g, valid);
+      }
     }
   }
-}
 
-template <typename T>
-struct alignas(8) Vec4 {
-  T v[4];
+  // Q rows of the CTA: packed row R = g * S + i is q[b, kvh * G + g, i]; rows past M are zeros.
+  static __device__ __forceinline__ void LoadQ(T* s_q, const DecodeParams& p, int b, int kvh, int row0,
+                                               int tid) {
+    constexpr int kTotal = kBlockM * Cfg::kVecs;
+    for (int c = tid; c < kTotal; c += kThreads) {
+      const int r = c / Cfg::kVecs, col = (c % Cfg::kVecs) * 8;
+      const int R = row0 + r;
+      const bool valid = R < p.rows;
+      const T* src = static_cast<const T*>(p.q);
+      if (valid) {
+        const int h = kvh * p.group + R / p.q_len, i = R % p.q_len;
+        src += b * p.q_stride_b + h * p.q_stride_h + i * p.q_stride_s + col;
+      }
+      ptx::CpAsync16(ptx::SmemAddr(s_q + r * kStride + col), src, valid);
+    }
+  }
+
+  // Issues the copies of KV tile t (rows [n0, n0 + kTileN), n0 = t * kTileN) into ring stage st;
+  // rows outside [n_begin, n_end) are zero-filled and not read.
+  static __device__ __forceinline__ void LoadKvTile(int t, int st, const DecodeParams& p, int b, int kvh,
+                                                    const T* k_base, const T* v_base, T* s_kv,
+                                                    unsigned char* s_ring, int n_begin, int n_end,
+                                                    int tid) {
+    const int n0 = t * kTileN;
+    if constexpr (Kv::kQuantized) {
+      // Strides of a quantized cache count bytes.
+      const unsigned char* k_raw = static_cast<const unsigned char*>(p.k) + b * p.k_stride_b +
+                                   kvh * p.k_stride_h + n0 * p.k_stride_n;
+      const unsigned char* v_raw = static_cast<const unsigned char*>(p.v) + b * p.v_stride_b +
+                                   kvh * p.v_stride_h + n0 * p.v_stride_n;
+      Kv::template LoadTile<kD, kTileN, kThreads>(s_ring + st * Cfg::kStageBytes, k_raw, v_raw,
+                                                  p.k_stride_n, p.v_stride_n, n_begin - n0,
+                                                  n_end - n0, tid);
+    } else {
+      T* s_k = s_kv + (2 * st) * Cfg::kTileElems;
+      LoadRows<kTileN>(s_k, k_base + n0 * p.k_stride_n, p.k_stride_n, n_begin - n0, n_end - n0, tid);
+      LoadRows<kTileN>(s_k + Cfg::kTileElems, v_base + n0 * p.v_stride_n, p.v_stride_n, n_begin - n0,
+                       n_end - n0, tid);
+    }
+  }
+
+  // --- QK ----------------------------------------------------------------------------------------
+
+  // s = Q K^T for the kChunk tile columns from c0 (k_lane: this lane's ldmatrix offset into the K
+  // tile). Q comes from registers (qa) or, at d256, from shared memory at q_addr.
+  template <int kQRegs>
+  static __device__ __forceinline__ void Qk(Scores& s, const uint32_t (&qa)[kQRegs][4], uint32_t q_addr,
+                                            const T* s_k, int c0, int k_row, int k_col) {
+#pragma unroll
+    for (int nt = 0; nt < kChunk / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+    // Fully unrolled with Q in registers; at d256 (Q from shared memory) partly, which keeps the
+    // compiler from hoisting every K fragment of the chunk into registers and spilling O.
+    constexpr int kUnrollK = Cfg::kQInRegs ? kD / 16 : 4;
+#pragma unroll kUnrollK
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      uint32_t a[4];
+      if constexpr (Cfg::kQInRegs) {
+        a[0] = qa[kk][0]; a[1] = qa[kk][1]; a[2] = qa[kk][2]; a[3] = qa[kk][3];
+      } else {
+        ptx::LdMatrixX4(a, q_addr + kk * 32);
+      }
+#pragma unroll
+      for (int np = 0; np < kChunk / 16; ++np) {
+        uint32_t bk[4];
+        ptx::LdMatrixX4(bk, ptx::SmemAddr(s_k + (c0 + np * 16 + k_row) * kStride + kk * 16 + k_col));
+        ptx::Mma16816<T>(s[2 * np], a, bk[0], bk[1]);
+        ptx::Mma16816<T>(s[2 * np + 1], a, bk[2], bk[3]);
+      }
+    }
+  }
+
+  // --- softmax update ----------------------------------------------------------------------------
+
+  // The online softmax over a chunk, per row (the 4 lanes of a quad share a row): the new max m,
+  // s -> exp2(s - m), the running sum l and the rescale of O.
+  static __device__ __forceinline__ void SoftmaxUpdate(Scores& s, float (&m)[2], float (&l)[2], Out& o) {
+#pragma unroll
+    for (int r2 = 0; r2 < 2; ++r2) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < kChunk / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r2], s[nt][2 * r2 + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[r2], mx);
+      // A row with no visible key yet keeps max -inf; shifting by 0 keeps exp2 at 0, not NaN.
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;
+      const float corr = ptx::Exp2(m[r2] - m_use);
+      m[r2] = m_new;
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < kChunk / 8; ++nt) {
+        s[nt][2 * r2] = ptx::Exp2(s[nt][2 * r2] - m_use);
+        s[nt][2 * r2 + 1] = ptx::Exp2(s[nt][2 * r2 + 1] - m_use);
+        sum += s[nt][2 * r2] + s[nt][2 * r2 + 1];
+      }
+      l[r2] = l[r2] * corr + sum;
+      // Once a row's max settles (most chunks of a long context) corr is exactly 1: skip the
+      // kD / 4 multiplies.
+      if (corr != 1.f) {
+#pragma unroll
+        for (int dt = 0; dt < kD / 8; ++dt) {
+          o[dt][2 * r2] *= corr;
+          o[dt][2 * r2 + 1] *= corr;
+        }
+      }
+    }
+  }
+
+  // --- PV ----------------------------------------------------------------------------------------
+
+  // O += P V: two adjacent n8 score tiles form the A operand of one k16 step (v_lane: this lane's
+  // ldmatrix offset into the transposed V tile).
+  static __device__ __forceinline__ void Pv(const Scores& s, Out& o, const T* s_v, int c0, int v_row,
+                                            int v_col) {
+#pragma unroll
+    for (int kc = 0; kc < kChunk / 16; ++kc) {
+      const uint32_t pa[4] = {ptx::Pack2<T>(s[2 * kc][0], s[2 * kc][1]),
+                              ptx::Pack2<T>(s[2 * kc][2], s[2 * kc][3]),
+                              ptx::Pack2<T>(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                              ptx::Pack2<T>(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+      const uint32_t v_addr = ptx::SmemAddr(s_v + (c0 + kc * 16 + v_row) * kStride + v_col);
+#pragma unroll
+      for (int dp = 0; dp < kD / 16; ++dp) {
+        uint32_t bv[4];
+        ptx::LdMatrixX4Trans(bv, v_addr + dp * 32);
+        ptx::Mma16816<T>(o[2 * dp], pa, bv[0], bv[1]);
+        ptx::Mma16816<T>(o[2 * dp + 1], pa, bv[2], bv[3]);
+      }
+    }
+  }
+
+  // --- combine -----------------------------------------------------------------------------------
+
+  // Each warp's (O, max, sum) into shared memory (the pipeline's, now idle) for the merge; row sums
+  // were kept per lane and are reduced over the quad first.
+  static __device__ __forceinline__ void StageWarp(const Out& o, const float (&m)[2], float (&l)[2],
+                                                   float* s_o, float* s_m, float* s_l, int warp,
+                                                   int lane) {
+#pragma unroll
+    for (int r2 = 0; r2 < 2; ++r2) {
+      l[r2] += __shfl_xor_sync(0xffffffffu, l[r2], 1);
+      l[r2] += __shfl_xor_sync(0xffffffffu, l[r2], 2);
+    }
+    ptx::CpAsyncWait<0>();
+    __syncthreads();
+    float* w_o = s_o + warp * 16 * Cfg::kOStride;
+#pragma unroll
+    for (int dt = 0; dt < kD / 8; ++dt) {
+      const int col = dt * 8 + 2 * (lane & 3);
+      *reinterpret_cast<float2*>(w_o + (lane >> 2) * Cfg::kOStride + col) = make_float2(o[dt][0], o[dt][1]);
+      *reinterpret_cast<float2*>(w_o + ((lane >> 2) + 8) * Cfg::kOStride + col) = make_float2(o[dt][2], o[dt][3]);
+    }
+    if ((lane & 3) == 0) {
+      s_m[warp * 16 + (lane >> 2)] = m[0];
+      s_m[warp * 16 + (lane >> 2) + 8] = m[1];
+      s_l[warp * 16 + (lane >> 2)] = l[0];
+      s_l[warp * 16 + (lane >> 2) + 8] = l[1];
+    }
+    __syncthreads();
+  }
+
+  // Merges the kWarpsN warps that share rows in warp order and writes each (row, 4 columns) of the
+  // CTA: with one split the normalised output (sinks applied); in a cluster the split's partial and
+  // log2-sum-exp into s_part for ClusterCombine; otherwise into the workspace for the combine kernel.
+  static __device__ __forceinline__ void WriteSplit(const DecodeParams& p, const float* s_o,
+                                                    const float* s_m, const float* s_l, float* s_part,
+                                                    bool single, bool in_cluster, int b, int kvh,
+                                                    int split, int row0, int tid) {
+    const int64_t part_row0 = ((int64_t(b) * p.kv_heads + kvh) * p.splits + split) * p.rows;
+    constexpr int kD4 = kD / 4;
+    for (int idx = tid; idx < kBlockM * kD4; idx += kThreads) {
+      const int r = idx / kD4, d = (idx % kD4) * 4;
+      const int R = row0 + r;
+      if (R >= p.rows) continue;
+      const int w0 = (r >> 4) * kWarpsN, rr = r & 15;
+      float mx = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < kWarpsN; ++w) mx = fmaxf(mx, s_m[(w0 + w) * 16 + rr]);
+      const int h = kvh * p.group + R / p.q_len, i = R % p.q_len;
+      // With one split the sink enters here; with several the combine adds it once.
+      const float sink = SinkLog2(p.variant.sink, h, single);
+      mx = fmaxf(mx, sink);
+      const float m_use = mx == -INFINITY ? 0.f : mx;
+      float sum = sink == -INFINITY ? 0.f : ptx::Exp2(sink - m_use);
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int w = 0; w < kWarpsN; ++w) {
+        const float f = ptx::Exp2(s_m[(w0 + w) * 16 + rr] - m_use);
+        sum += s_l[(w0 + w) * 16 + rr] * f;
+        const float4 x = *reinterpret_cast<const float4*>(s_o + ((w0 + w) * 16 + rr) * Cfg::kOStride + d);
+        acc.x += x.x * f; acc.y += x.y * f; acc.z += x.z * f; acc.w += x.w * f;
+      }
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+      acc.x *= inv; acc.y *= inv; acc.z *= inv; acc.w *= inv;
+      if (single) {
+        StoreVec4(static_cast<T*>(p.out) + b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s + d, acc);
+      } else if (in_cluster) {
+        *reinterpret_cast<float4*>(s_part + r * kD + d) = acc;
+        if (d == 0) s_part[kBlockM * kD + r] = sum > 0.f ? mx + log2f(sum) : -INFINITY;
+      } else {
+        *reinterpret_cast<float4*>(p.part_o + (part_row0 + R) * kD + d) = acc;
+        if (d == 0) p.part_lse[part_row0 + R] = sum > 0.f ? mx + log2f(sum) : -INFINITY;
+      }
+    }
+  }
 };
 
 template <typename T, int kD, int kWarpsM, int kWarpsN, class Variant, class Kv = DenseKv<T>>
@@ -110,6 +317,7 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
                                   (EngineConfig<T, kD, kWarpsM, kWarpsN, Kv>::kCtasPerSm))
     DecodeSplitKernel(const __grid_constant__ DecodeParams p) {
   using Cfg = EngineConfig<T, kD, kWarpsM, kWarpsN, Kv>;
+  using Stages = SplitStages<T, kD, kWarpsM, kWarpsN, Kv>;
   constexpr int kBlockM = Cfg::kBlockM, kStride = Cfg::kStride, kStages = Cfg::kStages;
   constexpr int kChunk = Cfg::kChunk, kThreads = Cfg::kThreads, kTileN = Cfg::kTileN;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -130,26 +338,13 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
   // The combine (if any) may be scheduled now; it waits for this grid to finish before reading.
   ptx::LaunchDependents();
 
-  // Q rows of the CTA: packed row R = g * S + i is q[b, kvh * G + g, i]; rows past M are zeros.
-  // Issued before kv_len is read: Q does not depend on it, and the two latencies overlap.
-  {
-    constexpr int kTotal = kBlockM * Cfg::kVecs;
-    for (int c = tid; c < kTotal; c += kThreads) {
-      const int r = c / Cfg::kVecs, col = (c % Cfg::kVecs) * 8;
-      const int R = row0 + r;
-      const bool valid = R < p.rows;
-      const T* src = static_cast<const T*>(p.q);
-      if (valid) {
-        const int h = kvh * p.group + R / p.q_len, i = R % p.q_len;
-        src += b * p.q_stride_b + h * p.q_stride_h + i * p.q_stride_s + col;
-      }
-      ptx::CpAsync16(ptx::SmemAddr(s_q + r * kStride + col), src, valid);
-    }
-  }
+  // load: Q, issued before kv_len is read (Q does not depend on it, and the two latencies overlap).
+  Stages::LoadQ(s_q, p, b, kvh, row0, tid);
 
+  // The keys of this split the CTA's rows can see, from the variant's bounds.
   const int len = min(max(p.kv_len[b], 0), p.capacity);
-  const Variant var(p, len);
-  const int pos0 = len - p.q_len + p.pos_shift;  // position of query row 0
+  const Variant var(p.variant, len);
+  const int pos0 = len - p.q_len + p.variant.pos_shift;  // position of query row 0
   const KeyBounds kb = var.Bounds(pos0, pos0 + p.q_len - 1);
   const int n_begin = max(kb.lo, split * p.split_rows);
   const int n_end = min(kb.hi, min((split + 1) * p.split_rows, p.capacity));
@@ -159,33 +354,17 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
   const T* k_base = static_cast<const T*>(p.k) + b * p.k_stride_b + kvh * p.k_stride_h;
   const T* v_base = static_cast<const T*>(p.v) + b * p.v_stride_b + kvh * p.v_stride_h;
   auto load_tile = [&](int t, int st) {
-    const int n0 = t * kTileN;
-    if constexpr (Kv::kQuantized) {
-      // Strides of a quantized cache count bytes.
-      const unsigned char* k_raw = static_cast<const unsigned char*>(p.k) + b * p.k_stride_b +
-                                   kvh * p.k_stride_h + n0 * p.k_stride_n;
-      const unsigned char* v_raw = static_cast<const unsigned char*>(p.v) + b * p.v_stride_b +
-                                   kvh * p.v_stride_h + n0 * p.v_stride_n;
-      Kv::template LoadTile<kD, kTileN, kThreads>(s_ring + st * Cfg::kStageBytes, k_raw, v_raw,
-                                                  p.k_stride_n, p.v_stride_n, n_begin - n0,
-                                                  n_end - n0, tid);
-    } else {
-      T* s_k = s_kv + (2 * st) * Cfg::kTileElems;
-      LoadRows<T, kD, kTileN, kThreads, kStride>(s_k, k_base + n0 * p.k_stride_n, p.k_stride_n,
-                                                 n_begin - n0, n_end - n0, tid);
-      LoadRows<T, kD, kTileN, kThreads, kStride>(s_k + Cfg::kTileElems, v_base + n0 * p.v_stride_n,
-                                                 p.v_stride_n, n_begin - n0, n_end - n0, tid);
-    }
+    Stages::LoadKvTile(t, st, p, b, kvh, k_base, v_base, s_kv, s_ring, n_begin, n_end, tid);
   };
 
   // The two packed rows this thread holds in the mma accumulator layout: lane / 4 and lane / 4 + 8.
-  QueryRow rows[2];
+  QueryRow<> rows[2];
 #pragma unroll
   for (int r2 = 0; r2 < 2; ++r2) {
     const int R = min(row0 + wm * 16 + (lane >> 2) + 8 * r2, p.rows - 1);  // padding: any real row
     const int h = kvh * p.group + R / p.q_len, i = R % p.q_len;
     rows[r2].pos = pos0 + i;
-    rows[r2].bias_off = b * p.bias_stride_b + h * p.bias_stride_h + i * p.bias_stride_s;
+    rows[r2].bias_off = b * p.variant.bias_stride_b + h * p.variant.bias_stride_h + i * p.variant.bias_stride_s;
   }
 
   float o[kD / 8][4];
@@ -195,9 +374,9 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
   float l[2] = {0.f, 0.f};
   uint32_t qa[Cfg::kQInRegs ? kD / 16 : 1][4];
 
-  // Prologue: Q and the first kStages - 1 tiles; Q lands in the first commit group. The scales
-  // are plain stores, visible after the first barrier of the loop.
-  if constexpr (Kv::kQuantized) Kv::template LoadScales<kD, kThreads>(s_scale, p, kvh, tid);
+  // load, prologue: Q and the first kStages - 1 tiles; Q lands in the first commit group. The
+  // scales are plain stores, visible after the first barrier of the loop.
+  if constexpr (Kv::kQuantized) Kv::template LoadScales<kD, kThreads>(s_scale, p.kv_scales, kvh, tid);
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (t_begin + s < t_end) load_tile(t_begin + s, s);
@@ -211,8 +390,9 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
 
   for (int t = t_begin; t < t_end; ++t) {
     const int it = t - t_begin;
+    // load: tile t is in; every warp is done with the stage the next load overwrites.
     ptx::CpAsyncWait<kStages - 2>();
-    __syncthreads();  // tile t is in; every warp is done with the stage the next load overwrites
+    __syncthreads();
     {
       const int tn = t + kStages - 1;
       if (tn < t_end) load_tile(tn, (it + kStages - 1) % kStages);
@@ -241,162 +421,34 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
     for (int ch = 0; ch < Cfg::kWarpN / kChunk; ++ch) {
       const int c0 = wn * Cfg::kWarpN + ch * kChunk;  // first tile column of the chunk
       float s[kChunk / 8][4];
-#pragma unroll
-      for (int nt = 0; nt < kChunk / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-      // Fully unrolled with Q in registers; at d256 (Q from shared memory) partly, which keeps
-      // the compiler from hoisting every K fragment of the chunk into registers and spilling O.
-      constexpr int kUnrollK = Cfg::kQInRegs ? kD / 16 : 4;
-#pragma unroll kUnrollK
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        uint32_t a[4];
-        if constexpr (Cfg::kQInRegs) {
-          a[0] = qa[kk][0]; a[1] = qa[kk][1]; a[2] = qa[kk][2]; a[3] = qa[kk][3];
-        } else {
-          ptx::LdMatrixX4(a, q_addr + kk * 32);
-        }
-#pragma unroll
-        for (int np = 0; np < kChunk / 16; ++np) {
-          uint32_t bk[4];
-          ptx::LdMatrixX4(bk, ptx::SmemAddr(s_k + (c0 + np * 16 + k_row) * kStride + kk * 16 + k_col));
-          ptx::Mma16816<T>(s[2 * np], a, bk[0], bk[1]);
-          ptx::Mma16816<T>(s[2 * np + 1], a, bk[2], bk[3]);
-        }
-      }
-
-      // Scores in the log2 domain; hidden keys -inf (the bias is read only for visible keys).
+      Stages::Qk(s, qa, q_addr, s_k, c0, k_row, k_col);  // QK
+      // QK, masked: scores in the log2 domain, hidden keys -inf (the variant's rule; the bias is
+      // read only for visible keys). Inline, not a stage function: as a function the same code
+      // compiles to other (not measured) instructions, and the engine's PTX is held identical.
 #pragma unroll
       for (int nt = 0; nt < kChunk / 8; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int j = n0 + c0 + nt * 8 + 2 * (lane & 3) + (e & 1);
-          const QueryRow& row = rows[e >> 1];
+          const QueryRow<>& row = rows[e >> 1];
           s[nt][e] = (full || var.Visible(row, j)) ? var.Score(s[nt][e], row, j) : -INFINITY;
         }
       }
-
-      // Online softmax per row; the 4 lanes of a quad share a row.
-#pragma unroll
-      for (int r2 = 0; r2 < 2; ++r2) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < kChunk / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r2], s[nt][2 * r2 + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m[r2], mx);
-        // A row with no visible key yet keeps max -inf; shifting by 0 keeps exp2 at 0, not NaN.
-        const float m_use = m_new == -INFINITY ? 0.f : m_new;
-        const float corr = ptx::Exp2(m[r2] - m_use);
-        m[r2] = m_new;
-        float sum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < kChunk / 8; ++nt) {
-          s[nt][2 * r2] = ptx::Exp2(s[nt][2 * r2] - m_use);
-          s[nt][2 * r2 + 1] = ptx::Exp2(s[nt][2 * r2 + 1] - m_use);
-          sum += s[nt][2 * r2] + s[nt][2 * r2 + 1];
-        }
-        l[r2] = l[r2] * corr + sum;
-        // Once a row's max settles (most chunks of a long context) corr is exactly 1: skip the
-        // kD / 4 multiplies.
-        if (corr != 1.f) {
-#pragma unroll
-          for (int dt = 0; dt < kD / 8; ++dt) {
-            o[dt][2 * r2] *= corr;
-            o[dt][2 * r2 + 1] *= corr;
-          }
-        }
-      }
-
-      // O += P V: two adjacent n8 score tiles form the A operand of one k16 step.
-#pragma unroll
-      for (int kc = 0; kc < kChunk / 16; ++kc) {
-        const uint32_t pa[4] = {ptx::Pack2<T>(s[2 * kc][0], s[2 * kc][1]),
-                                ptx::Pack2<T>(s[2 * kc][2], s[2 * kc][3]),
-                                ptx::Pack2<T>(s[2 * kc + 1][0], s[2 * kc + 1][1]),
-                                ptx::Pack2<T>(s[2 * kc + 1][2], s[2 * kc + 1][3])};
-        const uint32_t v_addr = ptx::SmemAddr(s_v + (c0 + kc * 16 + v_row) * kStride + v_col);
-#pragma unroll
-        for (int dp = 0; dp < kD / 16; ++dp) {
-          uint32_t bv[4];
-          ptx::LdMatrixX4Trans(bv, v_addr + dp * 32);
-          ptx::Mma16816<T>(o[2 * dp], pa, bv[0], bv[1]);
-          ptx::Mma16816<T>(o[2 * dp + 1], pa, bv[2], bv[3]);
-        }
-      }
+      Stages::SoftmaxUpdate(s, m, l, o);  // softmax update
+      Stages::Pv(s, o, s_v, c0, v_row, v_col);  // PV
     }
   }
 
-  // Row sums were kept per lane; reduce over the quad.
-#pragma unroll
-  for (int r2 = 0; r2 < 2; ++r2) {
-    l[r2] += __shfl_xor_sync(0xffffffffu, l[r2], 1);
-    l[r2] += __shfl_xor_sync(0xffffffffu, l[r2], 2);
-  }
-
-  // Merge the kWarpsN warps that share rows, through shared memory (the pipeline's, now idle).
-  ptx::CpAsyncWait<0>();
-  __syncthreads();
+  // combine: the warps that share rows, then the CTA's output / partial, then the cluster.
   float* s_o = reinterpret_cast<float*>(smem + Cfg::kQBytes);  // [warp][16][kOStride]
   float* s_m = s_o + Cfg::kWarps * 16 * Cfg::kOStride;        // [warp][16]
   float* s_l = s_m + Cfg::kWarps * 16;                         // [warp][16]
-  {
-    float* w_o = s_o + warp * 16 * Cfg::kOStride;
-#pragma unroll
-    for (int dt = 0; dt < kD / 8; ++dt) {
-      const int col = dt * 8 + 2 * (lane & 3);
-      *reinterpret_cast<float2*>(w_o + (lane >> 2) * Cfg::kOStride + col) = make_float2(o[dt][0], o[dt][1]);
-      *reinterpret_cast<float2*>(w_o + ((lane >> 2) + 8) * Cfg::kOStride + col) = make_float2(o[dt][2], o[dt][3]);
-    }
-    if ((lane & 3) == 0) {
-      s_m[warp * 16 + (lane >> 2)] = m[0];
-      s_m[warp * 16 + (lane >> 2) + 8] = m[1];
-      s_l[warp * 16 + (lane >> 2)] = l[0];
-      s_l[warp * 16 + (lane >> 2) + 8] = l[1];
-    }
-  }
-  __syncthreads();
+  Stages::StageWarp(o, m, l, s_o, s_m, s_l, warp, lane);
 
   const bool single = p.splits == 1;
   const bool in_cluster = Cfg::kClusterCombine && p.cluster > 1;
   float* s_part = reinterpret_cast<float*>(smem + Cfg::kQBytes + Cfg::kMergeBytes);
-  const int64_t part_row0 = ((int64_t(b) * p.kv_heads + kvh) * p.splits + split) * p.rows;
-  constexpr int kD4 = kD / 4;
-  for (int idx = tid; idx < kBlockM * kD4; idx += kThreads) {
-    const int r = idx / kD4, d = (idx % kD4) * 4;
-    const int R = row0 + r;
-    if (R >= p.rows) continue;
-    const int w0 = (r >> 4) * kWarpsN, rr = r & 15;
-    float mx = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarpsN; ++w) mx = fmaxf(mx, s_m[(w0 + w) * 16 + rr]);
-    const int h = kvh * p.group + R / p.q_len, i = R % p.q_len;
-    // With one split the sink enters here; with several the combine adds it once.
-    const float sink = (single && p.sink) ? p.sink[h] * kLog2e : -INFINITY;
-    mx = fmaxf(mx, sink);
-    const float m_use = mx == -INFINITY ? 0.f : mx;
-    float sum = sink == -INFINITY ? 0.f : ptx::Exp2(sink - m_use);
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int w = 0; w < kWarpsN; ++w) {
-      const float f = ptx::Exp2(s_m[(w0 + w) * 16 + rr] - m_use);
-      sum += s_l[(w0 + w) * 16 + rr] * f;
-      const float4 x = *reinterpret_cast<const float4*>(s_o + ((w0 + w) * 16 + rr) * Cfg::kOStride + d);
-      acc.x += x.x * f; acc.y += x.y * f; acc.z += x.z * f; acc.w += x.w * f;
-    }
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    acc.x *= inv; acc.y *= inv; acc.z *= inv; acc.w *= inv;
-    if (single) {
-      Vec4<T> y;
-      y.v[0] = T(acc.x); y.v[1] = T(acc.y); y.v[2] = T(acc.z); y.v[3] = T(acc.w);
-      *reinterpret_cast<Vec4<T>*>(static_cast<T*>(p.out) + b * p.o_stride_b + h * p.o_stride_h +
-                                  i * p.o_stride_s + d) = y;
-    } else if (in_cluster) {
-      *reinterpret_cast<float4*>(s_part + r * kD + d) = acc;
-      if (d == 0) s_part[kBlockM * kD + r] = sum > 0.f ? mx + log2f(sum) : -INFINITY;
-    } else {
-      *reinterpret_cast<float4*>(p.part_o + (part_row0 + R) * kD + d) = acc;
-      if (d == 0) p.part_lse[part_row0 + R] = sum > 0.f ? mx + log2f(sum) : -INFINITY;
-    }
-  }
+  Stages::WriteSplit(p, s_o, s_m, s_l, s_part, single, in_cluster, b, kvh, split, row0, tid);
   if constexpr (Cfg::kClusterCombine) {
     if (in_cluster) ClusterCombine<T, kD, kBlockM, kThreads>(p, s_part, b, kvh, row0, tid);
   }

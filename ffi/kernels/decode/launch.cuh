@@ -8,6 +8,7 @@
 #include "kernels/decode/combine.cuh"
 #include "kernels/decode/engine.cuh"
 #include "kernels/decode/params.h"
+#include "kernels/decode/plan.h"
 
 namespace joa::decode {
 
@@ -69,10 +70,10 @@ cudaError_t LaunchLayout(DecodeParams p, bool pdl, cudaStream_t stream) {
 template <typename T, int kD, class Variant, class Kv>
 cudaError_t LaunchVariant(const DecodeParams& p, bool pdl, cudaStream_t stream) {
   switch (BlockRows(p.rows)) {
-    case 16: return LaunchLayout<T, kD, 1, 4, Variant, Kv>(p, pdl, stream);
-    case 32: return LaunchLayout<T, kD, 2, 2, Variant, Kv>(p, pdl, stream);
-    case 64: return LaunchLayout<T, kD, 4, 1, Variant, Kv>(p, pdl, stream);
-    default: return LaunchLayout<T, kD, 8, 1, Variant, Kv>(p, pdl, stream);
+    case 16: return LaunchLayout<T, kD, WarpsM(16), WarpsN(16), Variant, Kv>(p, pdl, stream);
+    case 32: return LaunchLayout<T, kD, WarpsM(32), WarpsN(32), Variant, Kv>(p, pdl, stream);
+    case 64: return LaunchLayout<T, kD, WarpsM(64), WarpsN(64), Variant, Kv>(p, pdl, stream);
+    default: return LaunchLayout<T, kD, WarpsM(128), WarpsN(128), Variant, Kv>(p, pdl, stream);
   }
 }
 
@@ -85,9 +86,8 @@ cudaError_t Launch(const DecodeParams& p, const LaunchOptions& opt, cudaStream_t
 
 }  // namespace joa::decode
 
-// Explicit instantiations live in one translation unit per (dtype, head dim, cache format)
-// (inst/*.cu), so the build compiles them in parallel; handlers include decode.h only.
-#define JOA_DECODE_INSTANTIATE_KV(T, D, F)                                  \
-  template cudaError_t joa::decode::Launch<T, D, joa::decode::KvFormat::F>( \
+// Explicit instantiations live in one translation unit per (dtype, head dim, cache format), generated
+// by cmake/decode_instances.cmake, so the build compiles them in parallel; handlers include decode.h.
+#define JOA_DECODE_INSTANTIATE(T, D, F)                                     \
+  template cudaError_t joa::decode::Launch<T, D, joa::KvFormat::F>(         \
       const joa::decode::DecodeParams&, const joa::decode::LaunchOptions&, cudaStream_t);
-#define JOA_DECODE_INSTANTIATE(T, D) JOA_DECODE_INSTANTIATE_KV(T, D, kDense)

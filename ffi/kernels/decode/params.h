@@ -4,31 +4,15 @@
 // to the first kv_len[b] rows of a fixed-capacity cache k/v[b, h / G, :, :]. The G query heads of a
 // KV head and their S rows are packed into the M dimension (row r = g * S + i), so a CTA reads each
 // KV row once for all of them. The context is cut into splits of a fixed size (a multiple of the KV
-// tile, chosen from static shapes by the caller); each split writes a partial output and its
+// tile, chosen from static shapes by plan.h); each split writes a partial output and its
 // log-sum-exp, and a combine kernel merges the splits in a fixed order.
 #pragma once
 
 #include <cstdint>
 
-#include "kernels/bias.cuh"
+#include "kernels/common/params.h"
 
 namespace joa::decode {
-
-// Split sizes are multiples of this many KV rows (and so of every engine tile size).
-inline constexpr int kBlockN = 64;
-
-// Packed rows per CTA for a row count: 16 (4 warps splitting each KV tile), 32 (2 x 2), 64 (4 x 1)
-// or 128 (8 x 1, more M blocks beyond). Mirrored, with EngineConfig's CTAs per SM, by
-// jax_onnx_attn/ops/cuda.py's split planner.
-constexpr int BlockRows(int rows) { return rows <= 16 ? 16 : rows <= 32 ? 32 : rows <= 64 ? 64 : 128; }
-
-// Most splits combined inside one thread-block cluster (cluster_combine.cuh). Clusters over 8 CTAs
-// are sm_90's non-portable sizes (opted into at launch). Mirrored by jax_onnx_attn/ops/cuda.py.
-inline constexpr int kMaxClusterSplits = 16;
-
-// How the cache stores K and V (policies in kv_format.cuh): T, int8 [.., D], or int4 as uint8
-// [.., D / 2] (two values a byte, low nibble first, each stored + 8).
-enum class KvFormat : int { kDense = 0, kInt8 = 1, kInt4 = 2 };
 
 struct DecodeParams {
   // q [B, Hq, S, D] and out [B, Hq, S, D]; k, v [B, Hkv, C, D]. Strides in elements; the last dim
@@ -60,29 +44,13 @@ struct DecodeParams {
   float* part_o;
   float* part_lse;
 
-  // The variant (what a query row sees, how a logit becomes a score); see variant.cuh.
-  float scale;    // multiplies q.k
-  float softcap;  // > 0: softcap * tanh(x / softcap), before the bias
-  bool causal;    // key j visible to row i only if j <= pos_i = kv_len - S + i + pos_shift
-  int pos_shift;  // static shift of every query position (0: bottom-right aligned at kv_len)
-  int left;       // >= 0: keys with pos_i - j > left are hidden
-  int right;      // >= 0: keys with j - pos_i > right are hidden
-  // Additive bias bias[b, h, i, j] (bool: true = keep, false = -inf), indexed by absolute key j;
-  // keys j >= bias_len are hidden. Strides are 0 along broadcast dims.
-  const void* bias;
-  BiasType bias_type;
-  int64_t bias_stride_b, bias_stride_h, bias_stride_s;
-  int bias_len;
-  // Per query head extra logit (natural units) in the softmax denominator, no value row.
-  const float* sink;
+  // The variant (what a query row sees, how a logit becomes a score): kernels/common/variant.cuh.
+  VariantParams variant;
 
   // A quantized cache (kv_format != kDense) has its K / V strides in bytes; a value is
-  // q * scale (f32, a scale of 0 read as 1) with k_scale / v_scale f32: one element, or [Hkv, D]
-  // when *_per_channel.
+  // q * scale (f32, a scale of 0 read as 1; kernels/common/kv_quant.cuh).
   KvFormat kv_format;
-  const float* k_scale;
-  const float* v_scale;
-  bool k_scale_per_channel, v_scale_per_channel;
+  KvScales kv_scales;
 };
 
 // Host-side launch choices that are not kernel parameters.

@@ -24,6 +24,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/variant.cuh"
 #include "kernels/convert.cuh"
 #include "kernels/general/params.h"
 
@@ -54,12 +55,6 @@ __device__ __forceinline__ float WarpSum(float x) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
   return x;
-}
-
-// Whether key j is visible to a query row at absolute position pos (int64: pos_shift may be large).
-__device__ __forceinline__ bool Visible(const GeneralParams& p, int len, int64_t pos, int j) {
-  return j < len && j < p.key_end && (!p.causal || j <= pos) && (p.left < 0 || pos - j <= p.left) &&
-         (p.right < 0 || j - pos <= p.right);
 }
 
 __device__ __forceinline__ int ValidLength(const GeneralParams& p, int b) {
@@ -113,21 +108,20 @@ __global__ void __launch_bounds__(kThreads) ScoresKernel(const __grid_constant__
 
   const int j = j0 + key;
   if (j >= p.capacity) return;
+  const LogitVariant var(p.variant, len);
 #pragma unroll
   for (int i = 0; i < kRowsPerThread; ++i) {
     const int r = r0 + rt + i;
     if (r >= p.rows) break;
     const int h = kvh * p.group + r / p.q_len, s = r % p.q_len;
-    const int64_t pos = int64_t(len) - p.q_len + s + p.pos_shift;
-    const float raw = acc[i] * p.scale;
-    const float capped = p.softcap > 0.f ? p.softcap * tanhf(raw / p.softcap) : raw;
-    float x = -INFINITY;  // hidden keys by select: garbage in K never reaches x
-    if (Visible(p, len, pos, j)) {
-      x = capped;
-      if (p.bias_type != BiasType::kNone) {
-        x += BiasValue(p.bias, p.bias_type, b * p.bias_stride_b + h * p.bias_stride_h + s * p.bias_stride_s + j);
-      }
-    }
+    // Positions in 64 bits: a large pos_shift must not wrap.
+    const QueryRow<int64_t> row{int64_t(len) - p.q_len + s + p.variant.pos_shift,
+                                b * p.variant.bias_stride_b + h * p.variant.bias_stride_h +
+                                    s * p.variant.bias_stride_s};
+    const float raw = var.Scaled(acc[i]);
+    const float capped = var.Capped(raw);
+    // Hidden keys by select: garbage in K never reaches x.
+    const float x = var.Visible(row, j) ? var.Biased(capped, row, j) : -INFINITY;
     const int64_t at = (int64_t(bh) * p.rows + r) * p.capacity + j;
     p.scores[at] = x;
     if (p.qk_mode >= kQkRaw && p.qk_mode <= kQkBiased) {

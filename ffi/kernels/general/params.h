@@ -9,12 +9,14 @@
 
 #include <cstdint>
 
-#include "kernels/bias.cuh"
+#include "kernels/common/params.h"
 
 namespace joa::general {
 
-// The dtype the softmax runs in; the order of GENERAL_SOFTMAX_DTYPES in jax_onnx_attn/ops/cuda.py.
+// The dtype the softmax runs in, and its name for Python (jax_onnx_attn._ffi.limits(), indexed by
+// the enum's value: ops/cuda.py passes the index of the dtype it wants).
 enum class SoftmaxType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+inline constexpr const char* kSoftmaxTypeNames[] = {"float32", "float16", "bfloat16"};
 // qk_matmul_output_mode values (the ONNX attribute), and kQkNone when no qk output is wanted.
 inline constexpr int kQkNone = -1, kQkRaw = 0, kQkSoftcap = 1, kQkBiased = 2, kQkSoftmax = 3;
 
@@ -33,17 +35,9 @@ struct GeneralParams {
   int group;  // G = Hq / Hkv
   int rows;   // M = G * S packed rows per KV head
 
-  float scale;    // multiplies q.k
-  float softcap;  // > 0: softcap * tanh(x / softcap), before the bias
-  bool causal;    // key j visible to row i only if j <= pos_i = kv_len - S + i + pos_shift
-  int pos_shift;
-  int left, right;  // >= 0: keys with pos_i - j > left / j - pos_i > right are hidden
-  // Additive bias bias[b, h, i, j] (bool: true keeps, false = -inf); keys j >= key_end are hidden
-  // (key_end is the bias length, or C without a bias). Strides are 0 along broadcast dims.
-  const void* bias;
-  BiasType bias_type;
-  int64_t bias_stride_b, bias_stride_h, bias_stride_s;
-  int key_end;
+  // The variant (what a query row sees, how a logit becomes a score; no sinks here):
+  // kernels/common/variant.cuh, as the decode engine reads it.
+  VariantParams variant;
 
   int qk_mode;  // kQkNone or a qk_matmul_output_mode
   SoftmaxType softmax_type;
@@ -67,6 +61,8 @@ inline constexpr int kValueCols = kColThreads * kColsPerThread;  // 256
 // Launch geometry, from static shapes only (constexpr: the kernels use them too).
 constexpr int64_t RowBlocks(int64_t rows) { return (rows + kRowsPerCta - 1) / kRowsPerCta; }
 constexpr int64_t KeyTiles(int64_t capacity) { return (capacity + kScoreKeys - 1) / kScoreKeys; }
+// Most keys a call may have: ScoresKernel's key tiles are a grid dimension (at most 65535).
+inline constexpr int64_t kMaxKeys = int64_t(kScoreKeys) * 65535;
 // At least one column block: the mode-3 qk output is written there even when Dv is 0.
 constexpr int64_t ColumnBlocks(int64_t v_head_dim) {
   return v_head_dim > 0 ? (v_head_dim + kValueCols - 1) / kValueCols : 1;

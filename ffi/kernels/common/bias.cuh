@@ -9,9 +9,9 @@
 #include <cmath>
 #include <cstdint>
 
-namespace joa {
+#include "kernels/common/params.h"
 
-enum class BiasType : int { kNone = 0, kF32 = 1, kF16 = 2, kBF16 = 3, kBool = 4 };
+namespace joa {
 
 // Element i of the bias as an additive logit (a false keep-mask entry hides the key: -inf).
 __device__ __forceinline__ float BiasValue(const void* bias, BiasType type, int64_t i) {

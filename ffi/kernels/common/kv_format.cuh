@@ -1,13 +1,14 @@
-// How the decode engine reads a KV cache, as policy types (like the score variants of variant.cuh).
+// How an engine reads a KV cache into shared memory, as policy types (like the score variants of
+// variant.cuh); the decode engine's cp.async ring uses them, and a tiled prefill engine can.
 //
 // DenseKv<T>: the cache holds T; tiles stream straight into the ring the MMAs read.
-// QuantKv<T, 8>: int8 [B, Hkv, C, D]. QuantKv<T, 4>: uint8 [B, Hkv, C, D / 2], two values a byte
-//   (column 2i in the low nibble), each stored as q + 8. Both stream the raw bytes (half / a quarter
-//   of a dense tile) through the cp.async ring, so the same shared memory keeps more tiles in
-//   flight. Once a tile has landed the CTA converts it into one T tile pair laid out like a dense
-//   stage, which the unchanged MMA code reads. A value is T(float(q) * scale), the f32 product
-//   rounded once to T, with a scale of 0 read as 1: jax_onnx_attn/ops/reference/quant.dequantize.
-//   Scales are f32, one per tensor or one per (KV head, channel).
+// QuantKv<T, 8>: int8 [B, Hkv, C, D]. QuantKv<T, 4>: uint8 [B, Hkv, C, D / 2] (the layout of
+//   kv_quant.cuh, which the writer uses too). Both stream the raw bytes (half / a quarter of a dense
+//   tile) through the cp.async ring, so the same shared memory keeps more tiles in flight. Once a
+//   tile has landed the CTA converts it into one T tile pair laid out like a dense stage, which the
+//   unchanged MMA code reads. A value is T(float(q) * scale), the f32 product rounded once to T, with
+//   a scale of 0 read as 1: jax_onnx_attn/ops/reference/quant.dequantize. Scales are f32, one per
+//   tensor or one per (KV head, channel).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -15,10 +16,11 @@
 
 #include <cstdint>
 
-#include "kernels/decode/params.h"
+#include "kernels/common/kv_quant.cuh"
+#include "kernels/common/params.h"
 #include "kernels/ptx.cuh"
 
-namespace joa::decode {
+namespace joa {
 
 template <typename T>
 struct DenseKv {
@@ -28,25 +30,24 @@ struct DenseKv {
 
 template <typename T, int kBits_>
 struct QuantKv {
-  static_assert(kBits_ == 8 || kBits_ == 4, "int8 or int4 caches");
+  using Layout = KvQuantLayout<kBits_ == 8 ? KvFormat::kInt8 : KvFormat::kInt4>;
   static constexpr bool kQuantized = true;
   static constexpr int kBits = kBits_;
 
   // Bytes of one cache row of kD values (rows are contiguous in the ring, unpadded: only the
   // convert step reads them, with conflict-free consecutive accesses).
   template <int kD>
-  static constexpr int RowBytes() { return kD * kBits / 8; }
+  static constexpr int RowBytes() { return Layout::template RowBytes<kD>(); }
 
   // The f32 scales of KV head kvh into s_scale[0, kD) (K) and [kD, 2 kD) (V), 0 read as 1.
   template <int kD, int kThreads>
-  static __device__ __forceinline__ void LoadScales(float* s_scale, const DecodeParams& p, int kvh,
-                                                    int tid) {
+  static __device__ __forceinline__ void LoadScales(float* s_scale, const KvScales& sc, int kvh, int tid) {
     // Per tensor: every channel reads element 0.
-    const int k_step = p.k_scale_per_channel ? 1 : 0, v_step = p.v_scale_per_channel ? 1 : 0;
+    const int k_step = sc.k_per_channel ? 1 : 0, v_step = sc.v_per_channel ? 1 : 0;
     for (int d = tid; d < kD; d += kThreads) {
-      const float ks = p.k_scale[(kvh * kD + d) * k_step], vs = p.v_scale[(kvh * kD + d) * v_step];
-      s_scale[d] = ks == 0.f ? 1.f : ks;
-      s_scale[kD + d] = vs == 0.f ? 1.f : vs;
+      const float ks = sc.k[(kvh * kD + d) * k_step], vs = sc.v[(kvh * kD + d) * v_step];
+      s_scale[d] = ScaleOrOne(ks);
+      s_scale[kD + d] = ScaleOrOne(vs);
     }
   }
 
@@ -74,7 +75,7 @@ struct QuantKv {
     constexpr int kRowStep = kThreads / kSlices;          // rows converted side by side
     static_assert(kRowStep >= 1, "a thread per 8-column slice of a row");
     constexpr int kIters = (kRows + kRowStep - 1) / kRowStep;
-    constexpr int kSliceBytes = 8 * kBits / 8;
+    constexpr int kSliceBytes = Layout::kBytes8;
     // D 80 / 96: 128 or 256 threads are not whole rows of slices; the remainder idles.
     if (kThreads % kSlices != 0 && tid >= kRowStep * kSlices) return;
     const int slice = tid % kSlices, r0 = tid / kSlices;
@@ -128,32 +129,11 @@ struct QuantKv {
     }
   }
 
-  // 2^23 + u as an f32 (exact for a byte u): the byte dropped into the mantissa of 2^23.
-  static __device__ __forceinline__ float Magic(uint32_t bytes, int i) {
-    return __uint_as_float(__byte_perm(bytes, 0x4B000000u, 0x7650u | unsigned(i)));
-  }
-
   // 8 consecutive values of one row at raw (8 bytes int8 / 4 bytes int4) -> 8 T in one uint4,
-  // each T(float(q) * sc[c]). Integer -> f32 through the mantissa (exact, and cheaper than I2F).
+  // each T(float(q) * sc[c]).
   static __device__ __forceinline__ uint4 Dequant8(const unsigned char* raw, const float (&sc)[8]) {
     float x[8];
-    if constexpr (kBits == 8) {
-      const uint2 w = *reinterpret_cast<const uint2*>(raw);
-      const uint32_t u0 = w.x ^ 0x80808080u, u1 = w.y ^ 0x80808080u;  // q + 128 per byte
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        x[i] = Magic(u0, i) - 8388736.f;  // 2^23 + 128
-        x[4 + i] = Magic(u1, i) - 8388736.f;
-      }
-    } else {
-      const uint32_t w = *reinterpret_cast<const uint32_t*>(raw);
-      const uint32_t lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;  // q + 8: columns 2i, 2i + 1
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        x[2 * i] = Magic(lo, i) - 8388616.f;  // 2^23 + 8
-        x[2 * i + 1] = Magic(hi, i) - 8388616.f;
-      }
-    }
+    Layout::Load8(raw, x);
     uint4 y;
     y.x = ptx::Pack2<T>(x[0] * sc[0], x[1] * sc[1]);
     y.y = ptx::Pack2<T>(x[2] * sc[2], x[3] * sc[3]);
@@ -181,4 +161,4 @@ struct KvPolicyOf<T, KvFormat::kInt4> {
 template <typename T, KvFormat kFormat>
 using KvPolicy = typename KvPolicyOf<T, kFormat>::type;
 
-}  // namespace joa::decode
+}  // namespace joa
