@@ -1,5 +1,5 @@
 """CUDA backend of the projections: `jax.ffi.ffi_call` wrappers for the GEMV engine's targets
-(`linear`, `matmul_nbits`; ffi/matmul/, engine in ffi/kernels/gemv/) and its launch plan.
+(`linear`, `matmul_nbits`; ffi/handlers/linear.cu and matmul_nbits.cu, engine in ffi/kernels/gemv/) and its launch plan.
 
 Inputs reach these wrappers validated and in the kernels' layout (`jax_onnx_attn.ops.linear` does
 that): x is 2-D [M, K] with M <= 32. The plan (grid, warp layout, cluster) is decided in C++

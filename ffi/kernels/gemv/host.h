@@ -1,4 +1,4 @@
-// Host side shared by the GEMV handlers (ffi/matmul/): the plan for the device at hand and the
+// Host side shared by the GEMV handlers (ffi/handlers/linear.cu, matmul_nbits.cu): the plan for the device at hand and the
 // launch. Everything here depends on static shapes and attributes only (command-buffer safe).
 #pragma once
 
