@@ -105,13 +105,14 @@ def main(argv=None) -> int:
     ap.add_argument("--n1", type=int, default=2, help="decode calls of the short generate")
     ap.add_argument("--n2", type=int, default=6, help="decode calls of the long generate")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--no-fuse", action="store_true", help="load(..., fuse=False)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 
     t0 = time.perf_counter()
     cfg = TinyConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
                      intermediate=args.inter, dtype=args.dtype, max_positions=40000)
-    lowered = load(build_tiny_decoder(cfg))
+    lowered = load(build_tiny_decoder(cfg), fuse=not args.no_fuse)
     wbytes = weight_bytes(lowered.params) - cfg.vocab * cfg.hidden * 2  # embedding: B rows only
     print(f"model built and loaded in {time.perf_counter() - t0:.1f} s: "
           f"{weight_bytes(lowered.params) / 1e9:.2f} GB of params", flush=True)

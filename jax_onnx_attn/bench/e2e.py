@@ -606,8 +606,12 @@ def measure_torch_peer(g: Group, case: Case, capacity: int, prefill: bool, verif
         sec, detail = time_steps(lambda: None, dec, sync, k, args.target_ms / 1e3, args.max_calls, args.reps)
     rec = _decode_record(g, case, sec, args.hbm, compile_s=compile_s, cuda_graph=dec.graph is not None,
                          weights_shared=peer.shared, torch_compile=peer.compiled, **detail)
-    rec.update(torch_kernels_per_step(dec, k) if _profile_this(g, case, args)
-               else {"kernels_per_step": None})
+    # torch's profiler leaves CUPTI to itself: jax.profiler traces nothing after it in the same
+    # process (seen on the H200), so torch is profiled only when asked, after every jax trace.
+    rec.update(torch_kernels_per_step(dec, k) if args.profile_torch and _profile_this(g, case, args)
+               else {"kernels_per_step": None,
+                     "profile": {"note": "not profiled (--profile-torch: torch's profiler stops "
+                                         "jax.profiler's device tracing for the rest of the run)"}})
     out["decode"] = rec
     del dec, caches
     return out
@@ -730,6 +734,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-calls", type=int, default=8, help="calls per timing sample at most")
     ap.add_argument("--reps", type=int, default=3, help="timing samples (median reported)")
     ap.add_argument("--prefill-reps", type=int, default=2, help="timed prefills (best reported)")
+    ap.add_argument("--profile-torch", action="store_true",
+                    help="also count the torch peer's kernels (then jax traces taken later in the "
+                         "run see no device events)")
     ap.add_argument("--profile", choices=["first", "all", "none"], default="first",
                     help="trace kernels per step: each group's first case, every case, none")
     ap.add_argument("--hbm", type=float, default=H200_HBM_BYTES_PER_S, help="HBM bytes/s of the bound")
