@@ -531,7 +531,7 @@ class _VersionAction(argparse.Action):
         super().__init__(option_strings=option_strings, dest=dest, default=default, nargs=0, help=help)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        print(_version())
+        print(_version(), file=getattr(parser, "out", None) or sys.stdout)
         parser.exit(0)
 
 
@@ -653,6 +653,7 @@ def main(argv: Sequence[str] | None = None, out=None) -> int:
     want_json = "--json" in argv
     want_tb = "--traceback" in argv or bool(os.environ.get("JAX_ONNX_ATTN_TRACEBACK"))
     parser = build_parser()
+    parser.out = out
     command = next((a for a in argv if a in ("demo", "generate", "parity")), None)
     try:
         args = parser.parse_args(argv)
