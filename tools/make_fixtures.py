@@ -21,6 +21,10 @@ The tokenizer files alone need only `tokenizers` (pip install tokenizers):
 
     python tools/make_fixtures.py --tokenizers-only
 
+The same torch export, of any Hugging Face causal LM (the README's route to a real model):
+
+    python tools/make_fixtures.py --export-torch Qwen/Qwen2.5-0.5B-Instruct --out qwen-torch
+
 Every fixture folder gets `model.onnx` (+ `model.onnx.data` where the producer writes external data),
 the tokenizer files (so `jax-onnx-attn generate FOLDER --prompt TEXT` works on it) and `fixture.json`
 (producer, precision, family, the versions that made it); builder fixtures also keep the builder's
@@ -222,14 +226,18 @@ class _FlatPast:
         return Wrapper()
 
 
-def run_torch_export(ckpt: Path, out: Path, opset: int) -> None:
+def run_torch_export(ckpt: Path | str, out: Path, opset: int, external_data: bool = False) -> None:
+    """torch.onnx.export(dynamo=True) of the causal LM at `ckpt` (a folder or a Hub id) into
+    out/model.onnx with flat past/present I/O (_FlatPast); external_data writes the weights to
+    model.onnx.data (needed past protobuf's 2 GB)."""
     import torch
     import transformers
 
     cfg = transformers.AutoConfig.from_pretrained(ckpt)
     # SDPA attention is what torchlib maps onto ai.onnx Attention at opset >= 23; at opset 20 it is
     # decomposed into MatMul/Softmax like every other op.
-    model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, attn_implementation="sdpa").eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, attn_implementation="sdpa",
+                                                              dtype=torch.float32).eval()
     n_layers, hkv = cfg.num_hidden_layers, cfg.num_key_value_heads
     d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     b, s, p = 2, 3, 5
@@ -253,7 +261,23 @@ def run_torch_export(ckpt: Path, out: Path, opset: int) -> None:
                                  output_names=names_out, dynamic_shapes=dyn, optimize=True,
                                  external_data=False)
     out.mkdir(parents=True, exist_ok=True)
-    prog.save(str(out / "model.onnx"))
+    prog.save(str(out / "model.onnx"), external_data=external_data)
+
+
+def export_torch(model: str, out: Path, opset: int) -> None:
+    """The README's torch route: export a Hugging Face causal LM (Hub id or local folder) as the
+    torch fixtures are exported, weights in model.onnx.data, with its tokenizer (tokenizer.json,
+    tokenizer_config.json / chat template) and generation_config.json (eos ids) beside it."""
+    import transformers
+
+    os.environ.pop("HF_HUB_OFFLINE", None)  # a Hub id may need the network here
+    os.environ.pop("TRANSFORMERS_OFFLINE", None)
+    run_torch_export(model, out, opset, external_data=True)
+    transformers.AutoTokenizer.from_pretrained(model).save_pretrained(out)
+    try:
+        transformers.GenerationConfig.from_pretrained(model).save_pretrained(out)
+    except OSError:  # a checkpoint without generation_config.json: eos then comes from the tokenizer
+        pass
 
 
 def versions() -> dict:
@@ -272,7 +296,19 @@ def main(argv=None) -> None:
     ap.add_argument("--only", nargs="*", help="fixture names to (re)make; default all")
     ap.add_argument("--tokenizers-only", action="store_true",
                     help="only (re)write each fixture's tokenizer files (needs just `tokenizers`)")
+    ap.add_argument("--export-torch", metavar="MODEL",
+                    help="instead of the fixtures: export this Hugging Face causal LM (Hub id or "
+                         "folder) with torch.onnx.export into --out, with its tokenizer")
+    ap.add_argument("--opset", type=int, default=23, choices=(20, 23),
+                    help="opset of --export-torch (23: ai.onnx Attention; 20: decomposed)")
     args = ap.parse_args(argv)
+    if args.export_torch:
+        if args.out == ap.get_default("out"):
+            ap.error("--export-torch needs --out DIR (not the fixtures folder)")
+        export_torch(args.export_torch, Path(args.out), args.opset)
+        print(f"exported {args.export_torch} to {args.out}: jax-onnx-attn generate {args.out} "
+              "--prompt TEXT", flush=True)
+        return
     out_root = Path(args.out)
     wanted = [f for f in FIXTURES if not args.only or f[0] in args.only]
     if args.tokenizers_only:
