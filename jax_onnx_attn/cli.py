@@ -678,6 +678,12 @@ def main(argv: Sequence[str] | None = None, out=None) -> int:
         return _fail(args.json, args.command, EXIT_MODEL, "model", str(e), out)
     except KeyboardInterrupt:
         return _fail(args.json, args.command, EXIT_INTERRUPTED, "interrupted", "interrupted", out)
+    except BrokenPipeError:  # `jax-onnx-attn ... | head`: the reader left; nothing more to say
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return EXIT_OK
     except Exception as e:  # noqa: BLE001 - a bug: one line (the traceback on request), exit 4
         if want_tb:
             traceback.print_exc()
