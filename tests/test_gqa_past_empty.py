@@ -65,12 +65,21 @@ def test_past_empty_needs_a_shared_cache():
                                   past_empty=True, backend="reference")
 
 
-def test_cache_step_prefill_with_empty_cache_equals_the_general_step():
-    model = load(build_tiny_decoder(layers=2, dtype="f32"))
+@pytest.mark.parametrize("model", ["tiny", "torch_llama_op20", "torch_qwen2_op23"])
+def test_cache_step_prefill_with_empty_cache_equals_the_general_step(model):
+    model = load(build_tiny_decoder(layers=2, dtype="f32") if model == "tiny"
+                 else f"tests/fixtures/{model}/model.onnx")
     step = model.fixed_cache_step(batch=2, capacity=96)
     ids = np.random.default_rng(0).integers(0, 256, (2, 32)).astype(np.int32)
     zeros, num_new = np.zeros(2, np.int32), np.array([32, 17], np.int32)
     want, _ = step(model.params, ids, zeros, num_new, step.init_cache())
+    want_cache = step(model.params, ids, zeros, num_new, step.init_cache())[1]
     got, cache = step(model.params, ids, zeros, num_new, step.init_cache(), empty_cache=True)
     for b, n in enumerate(num_new):
         assert_close(np.asarray(got)[b, :n], np.asarray(want)[b, :n], np.float32)
+    for name in want_cache:  # the buffers are written the same way
+        assert_close(np.asarray(cache[name]), np.asarray(want_cache[name]), np.float32)
+    # The prompt's attention is S x S: no [.., 32, 96] logits in the traced step.
+    hlo = jax.jit(lambda p, i: step(p, i, zeros, num_new, step.init_cache(), empty_cache=True)[0]
+                  ).lower(model.params, ids).as_text()
+    assert "x32x96x" not in hlo

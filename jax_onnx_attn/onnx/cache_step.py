@@ -259,14 +259,13 @@ class FixedCacheStep:
         """{past input name: zeros [B, Hkv, C, D]} in the cache dtype, allocated once."""
         return {name: jnp.zeros(shape, dtype) for name, (shape, dtype) in self.cache_shapes.items()}
 
-    def _driven_inputs(self, input_ids, cache_len, num_new, probe=False) -> dict:
+    def _driven_inputs(self, input_ids, cache_len, num_new, probe=False, width=None) -> dict:
         b, s = input_ids.shape
-        c = self.capacity
         feeds = {"input_ids": input_ids}
         if "attention_mask" in self._inputs:
             # Ones for every row position the graph may treat as a key: the cache plus this step's
             # S tokens (padding included; our causal mask hides what a valid query must not see).
-            width = 1 if probe else c
+            width = 1 if probe else (width or self.capacity)
             feeds["attention_mask"] = (jnp.arange(width, dtype=jnp.int32)[None, :]
                                        < (cache_len + s)[:, None]).astype(jnp.int32)
         if "position_ids" in self._inputs:
@@ -294,8 +293,10 @@ class FixedCacheStep:
           cache: as `init_cache` (donate it).
           empty_cache: static; True for a first prompt, when every row's cache_len is 0 (cache_len
             is then taken as zeros). The attention reads only the S new rows instead of the whole
-            capacity, and a long prompt of a GroupQueryAttention model runs on cuDNN's flash
-            attention on a GPU.
+            capacity: a GroupQueryAttention graph's long prompt runs on cuDNN's flash attention on a
+            GPU; a Concat-cache graph is fed an empty past (and a [B, S] mask) so it runs as a
+            plain prompt while the buffer is written in place. (An Attention-with-past graph
+            still reads the whole buffer.)
 
         Returns:
           StepOutput(logits [B, S, V], cache, status int32 [B]): status is the OR of every cache
@@ -313,10 +314,14 @@ class FixedCacheStep:
         if empty_cache:
             cache_len = jnp.zeros_like(cache_len)
         num_new = jnp.asarray(num_new).astype(jnp.int32).reshape(b)
-        feeds = self._driven_inputs(input_ids, cache_len, num_new)
         c = self.capacity
+        # The keys the graph sees: the whole buffer, or on a first prompt of a Concat-cache graph
+        # only the S new rows (its past is fed as empty, so the graph runs as a plain prompt and
+        # its attention is S x S instead of S x C; the buffer is still written in place).
+        width = s if empty_cache and self.mode == "concat" else c
+        feeds = self._driven_inputs(input_ids, cache_len, num_new, width=width)
         # causal[b, 0, s, j]: query s of row b (at position cache_len[b] + s) may read key j.
-        causal = (jnp.arange(c, dtype=jnp.int32)[None, None, None, :]
+        causal = (jnp.arange(width, dtype=jnp.int32)[None, None, None, :]
                   <= (cache_len[:, None, None, None] + jnp.arange(s, dtype=jnp.int32)[None, None, :, None]))
         new_cache: dict = {}
         # Rows whose S new tokens fit the buffer; the cache ops flag (and skip) the others, and
@@ -328,7 +333,7 @@ class FixedCacheStep:
             slot_of.setdefault(id(sl.node), []).append(sl)
             if self.mode == "concat":
                 shape, dtype = self.cache_shapes[sl.past]
-                feeds[sl.past] = ShapeOnly((b, shape[1], c - s, shape[3]), dtype,
+                feeds[sl.past] = ShapeOnly((b, shape[1], width - s, shape[3]), dtype,
                                            "the KV cache lives in the step's fixed-capacity buffer")
             else:
                 feeds[sl.past] = cache[sl.past]
@@ -370,12 +375,12 @@ class FixedCacheStep:
                                             to_jax(inputs[1]).astype(cache[sl.past].dtype), cache_len)
                 statuses.append(status)
                 new_cache[sl.past] = buf
-                return (buf,)
+                return (buf if width == c else buf[:, :, :width],)
             if node.op_type == "Attention" and node.input[1] in self._kv_reach:
-                return self._masked_attention(ctx, inputs, causal)
+                return self._masked_attention(ctx, inputs, causal, width)
             if node.op_type == "Softmax" and node.input[0] in self._kv_reach:
                 x = inputs[0]
-                if getattr(x, "ndim", 0) == 4 and x.shape[-1] == c and x.shape[-2] == s:
+                if getattr(x, "ndim", 0) == 4 and x.shape[-1] == width and x.shape[-2] == s:
                     x = to_jax(x)
                     x = jnp.where(causal, x, jnp.asarray(-jnp.inf, x.dtype))
                     return registry.lookup(ctx.key)(ctx, x)
@@ -399,17 +404,18 @@ class FixedCacheStep:
         return jax.jit(fn, donate_argnums=(4,), **kwargs)
 
     # -- pieces of the hook ------------------------------------------------------------------
-    def _masked_attention(self, ctx, inputs, causal):
-        """ai.onnx Attention over the cache: the graph's mask AND keys j <= cache_len + s."""
+    def _masked_attention(self, ctx, inputs, causal, width):
+        """ai.onnx Attention over the cache (its first `width` rows): the graph's mask AND keys
+        j <= cache_len + s."""
         inputs = list(inputs) + [None] * (7 - len(inputs))
         mask = inputs[3]
         if mask is None:
             mask = causal
         else:
             mask = to_jax(mask)
-            if mask.shape[-1] != self.capacity:
-                ctx.fail(f"the attention mask covers {mask.shape[-1]} keys, not the cache's "
-                         f"{self.capacity}")
+            if mask.shape[-1] != width:
+                ctx.fail(f"the attention mask covers {mask.shape[-1]} keys, not the {width} the "
+                         f"step feeds")
             if mask.dtype == jnp.bool_:
                 mask = mask & causal
             else:
