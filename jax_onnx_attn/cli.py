@@ -224,6 +224,32 @@ def _stop_tokens(args, model_file: Path) -> tuple[list[int], str | None]:
     return ids, (Path(source).name if source else None)
 
 
+def _context_length(model_file: Path) -> tuple[int | None, str | None]:
+    """(the model's context length, the file that says so): genai_config.json's
+    model.context_length, else config.json's max_position_embeddings; (None, None) if neither."""
+    for name, keys in (("genai_config.json", ("model", "context_length")),
+                       ("config.json", ("max_position_embeddings",))):
+        path = model_file.parent / name
+        if not path.is_file():
+            continue
+        try:
+            value = json.loads(path.read_text())
+        except ValueError:
+            raise CliError(f"{path} is not valid JSON") from None
+        for k in keys:
+            value = value.get(k) if isinstance(value, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value, name
+    return None, None
+
+
+def _check_context(model_file: Path, max_length: int, what: str) -> None:
+    ctx, source = _context_length(model_file)
+    if ctx is not None and max_length > ctx:
+        raise CliError(f"{what} {max_length} exceeds the model's context length {ctx} ({source}); "
+                       "ask for fewer tokens")
+
+
 def _dtype(name: str | None):
     if name is None:
         return None
@@ -337,8 +363,10 @@ def _generate(session, prompts, args, stop, progress):
                                   **_sampling_kwargs(args))
         result = session.generate(prompts, args.max_new_tokens, stop_tokens=stop, seed=args.seed,
                                   progress=progress, **_sampling_kwargs(args))
-    except RuntimeError as e:  # the device refused a cache write; compile failures
-        raise ModelError(f"generation failed: {e}") from e
+    except (RuntimeError, ValueError, NotImplementedError) as e:
+        # trace-time checks of the ops (shapes beyond what the model supports), a refused cache
+        # write on the device, compile failures: the model cannot run this way
+        raise ModelError(f"generation failed: {type(e).__name__}: {e}") from e
     return warm, result
 
 
@@ -443,6 +471,8 @@ def cmd_generate(args, out) -> int:
     max_length = args.max_length or longest + args.max_new_tokens + 1
     if longest >= max_length:
         raise CliError(f"--max-length {max_length} leaves no room after a prompt of {longest} tokens")
+    _check_context(model_file, max_length, "--max-length" if args.max_length else
+                   "prompt + --max-new-tokens + 1 =")
     session, load_s = _load_session(str(model_file), args, max_length, args.batch or len(prompts),
                                     args.progress, str(model_file))
     if not args.json:
@@ -463,6 +493,8 @@ def cmd_parity(args, out) -> int:
     prompts, tok, _ = _prompts(args, model_file)
     if len(prompts) != 1:
         raise CliError("parity compares one prompt at a time (give one --ids or --prompt)")
+    _check_context(model_file, len(prompts[0]) + args.max_new_tokens + 1,
+                   "prompt + --max-new-tokens + 1 =")
     try:
         with spinner("running onnxruntime and jax_onnx_attn", args.progress):
             report = compare_with_onnxruntime(str(model_file), prompts[0], args.max_new_tokens,

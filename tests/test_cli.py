@@ -228,6 +228,12 @@ def test_generate_default_stop_is_the_exports_eos(llama_tokenizer):
      "argument --stop: expected comma-separated token ids (integers >= 0), got 'x'"),
     (["generate", "{dir}", "--ids", "1", "--dtype", "int8"], "argument --dtype: invalid choice"),
     (["parity", "{dir}", "--ids", "1", "--ids", "2"], "one prompt at a time"),
+    (["generate", str(LLAMA), "--ids", "1", "--max-length", "300"],
+     "--max-length 300 exceeds the model's context length 256 (genai_config.json)"),
+    (["generate", str(LLAMA), "--ids", "1,2", "--max-new-tokens", "300"],
+     "prompt + --max-new-tokens + 1 = 303 exceeds the model's context length 256"),
+    (["parity", str(LLAMA), "--ids", "1,2", "--max-new-tokens", "300"],
+     "prompt + --max-new-tokens + 1 = 303 exceeds the model's context length 256"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
 ])
 def test_usage_errors(model_dir, argv, message):
@@ -322,6 +328,14 @@ def test_an_unsupported_model_exits_3(tmp_path):
               str(tmp_path / "model.onnx"))
     rc, _, err = run("generate", tmp_path, "--ids", "1,2")
     assert rc == 3 and "could not load" in err and "DynamicQuantizeLinear" in err, err
+    assert "Traceback" not in err
+
+
+def test_a_run_the_model_cannot_do_exits_3(model_dir):
+    """Beyond the tiny model's 512 rotary positions (no config file says so): the op's own check
+    stops the run at trace time; exit 3 with its message, no traceback."""
+    rc, _, err = run("generate", model_dir, "--ids", "1,2", "--max-length", 600, "--max-new-tokens", 2)
+    assert rc == 3 and "generation failed: ValueError" in err and "cos_cache" in err, err
     assert "Traceback" not in err
 
 

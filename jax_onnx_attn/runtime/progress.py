@@ -61,14 +61,13 @@ def spinner(desc: str, enabled: bool | None = None) -> Iterator[None]:
     from tqdm import tqdm
 
     frames = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
-    with tqdm(total=None, desc=desc, leave=False, file=sys.stderr,
-              bar_format="{desc} {postfix} {elapsed}") as bar:
+    with tqdm(total=None, desc=desc, leave=False, file=sys.stderr, bar_format="{desc} {elapsed}") as bar:
         state = {"i": 0}
         orig_refresh = bar.refresh
 
         def refresh(*args, **kwargs):
             state["i"] += 1
-            bar.postfix = frames[state["i"] % len(frames)]
+            bar.desc = f"{desc} {frames[state['i'] % len(frames)]}"
             return orig_refresh(*args, **kwargs)
 
         bar.refresh = refresh
