@@ -282,9 +282,14 @@ def bandwidth_bound(session, timings) -> dict | None:
 
     Returns {"bytes_per_step": ..., "achieved_gb_s": ..., "peak_gb_s": ..., "fraction": ...}.
 
-    LEAD: wire jax_onnx_attn.runtime.roofline here once it lands (bytes read per decode step of the
-    lowered model at this batch and context, and the device's peak GB/s); the CLI prints and
-    --json reports whatever this returns, nothing else needs to change.
+    LEAD: wire jax_onnx_attn.runtime.roofline here once it lands in main; the CLI prints and --json
+    reports whatever this returns, nothing else needs to change. What is at hand: the lowered
+    model (`session.lowered`), `session.batch`, the timed run's `timings` (`step_s`: seconds per
+    decode step; `decode_steps`; `prompt_tokens` / `rows`), and the device
+    (`jax.devices()[0].device_kind`). A step's bytes are affine in the context, so the mean over
+    the run's steps is the bound at the mean context (prompt length + decode_steps / 2), e.g. with
+    the models-e2e branch's API: bound_s = roofline.decode_bound_seconds(session.lowered,
+    session.batch, ctx); fraction = bound_s / timings.step_s. Return None off a GPU.
     """
     return None
 
