@@ -5,7 +5,7 @@ Public API:
   build_info()                                               -- what the compiled extension contains
 """
 
-from jax_onnx_attn._extension import build_info, has_cuda, register_targets
+from jax_onnx_attn._extension import build_info, cuda_usable, has_cuda, register_targets
 from jax_onnx_attn import ops
 from jax_onnx_attn.onnx import load  # ONNX -> JAX: load(model) -> LoweredModel
 
@@ -14,4 +14,4 @@ __version__ = "0.1.0"
 # Registering at import makes the CUDA targets available to every jit in the process.
 register_targets()
 
-__all__ = ["build_info", "has_cuda", "load", "ops", "__version__"]
+__all__ = ["build_info", "cuda_usable", "has_cuda", "load", "ops", "__version__"]

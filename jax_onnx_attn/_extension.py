@@ -23,18 +23,37 @@ except ImportError as e:  # a source tree without a build, or a broken build
     _IMPORT_ERROR = f"the compiled extension jax_onnx_attn._ffi could not be imported ({e}); reinstall with `pip install .`"
 
 
+def _cuda_devices() -> tuple[list[str], str | None]:
+    """(names of the CUDA devices jax sees, why there are none or None)."""
+    try:
+        devices = jax.devices("cuda")
+    except RuntimeError as e:  # jax without CUDA support, or no GPU / driver
+        platforms = sorted({d.platform for d in jax.devices()})
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        return [], f"jax has no CUDA device (its devices: {', '.join(platforms)}; {first})"
+    if not devices:
+        return [], "jax has no CUDA device"
+    return [d.device_kind for d in devices], None
+
+
 def build_info() -> dict[str, Any]:
-    """What the compiled extension contains.
+    """What the compiled extension contains, and whether its kernels can run in this process.
 
     Returns a dict with:
-      cuda (bool): whether CUDA kernels were compiled in;
+      cuda_compiled (bool): whether CUDA kernels were compiled into the extension;
+      cuda (bool): the same as cuda_compiled (kept for older callers);
+      reason (str | None): why they were not compiled, when they were not (e.g. no GPU was found at
+        build time: `JOA_ENABLE_CUDA=ON` compiles them anyway);
       cuda_version (str | None), cuda_architectures (list[str]): the toolkit and the targets built;
       jaxlib_headers (str): the jaxlib version whose XLA FFI headers were compiled against;
       targets (list[str]): FFI target names registered for platform "CUDA";
-      reason (str | None): why CUDA is missing, when it is.
+      cuda_usable (bool): compiled AND jax sees a CUDA device now, i.e. `backend="auto"` runs the
+        kernels when it compiles for that device;
+      cuda_devices (list[str]): the CUDA devices jax sees (device kinds);
+      usable_reason (str | None): why the kernels cannot run now, when they cannot.
     """
     if _ffi is None:
-        return {
+        info: dict[str, Any] = {
             "cuda": False,
             "cuda_version": None,
             "cuda_architectures": [],
@@ -42,14 +61,30 @@ def build_info() -> dict[str, Any]:
             "targets": [],
             "reason": _IMPORT_ERROR,
         }
-    info = dict(_ffi.build_info())
-    info["targets"] = sorted(TARGET_PREFIX + name for name in _ffi.registrations())
+    else:
+        info = dict(_ffi.build_info())
+        info["targets"] = sorted(TARGET_PREFIX + name for name in _ffi.registrations())
+    info["cuda"] = bool(info["cuda"])
+    info["cuda_compiled"] = info["cuda"]
+    devices, no_device = _cuda_devices()
+    info["cuda_devices"] = devices
+    info["cuda_usable"] = info["cuda"] and not no_device
+    if not info["cuda"]:
+        info["usable_reason"] = f"the CUDA kernels were not compiled: {info['reason']}"
+    else:
+        info["usable_reason"] = no_device
     return info
 
 
 def has_cuda() -> bool:
-    """True when the extension was built with CUDA kernels."""
-    return bool(build_info()["cuda"])
+    """True when the extension was compiled with CUDA kernels (whether or not a GPU is here: see
+    `cuda_usable`)."""
+    return bool(_ffi is not None and _ffi.build_info()["cuda"])
+
+
+def cuda_usable() -> bool:
+    """True when the CUDA kernels were compiled AND jax sees a CUDA device in this process."""
+    return has_cuda() and not _cuda_devices()[1]
 
 
 @functools.cache

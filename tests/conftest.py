@@ -1,8 +1,11 @@
-"""Shared pytest setup: GPU tests skip, with the reason shown, where no CUDA GPU or CUDA build exists."""
+"""Shared pytest setup: GPU tests skip where no CUDA GPU or CUDA build exists, wide sweeps skip unless
+selected, and the run ends with the skipped tests counted per reason (one line per reason, not per
+test), so a plain `pytest` says why it skipped what it skipped."""
 
 from __future__ import annotations
 
 import os
+from collections import Counter
 
 # GPU tests may run in parallel processes (pytest -n): none may grab most of the GPU up front.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -39,3 +42,25 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def skip_reason(report) -> str:
+    """The reason of a skipped test's report, without pytest's "Skipped: " prefix."""
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+def skip_summary(reports) -> list[str]:
+    """Lines counting skipped reports per reason, most frequent first."""
+    counts = Counter(skip_reason(r) for r in reports)
+    return [f"{n:6d}  {reason}" for reason, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        return
+    terminalreporter.write_sep("-", f"{len(skipped)} skipped, by reason")
+    for line in skip_summary(skipped):
+        terminalreporter.write_line(line)

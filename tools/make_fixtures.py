@@ -2,7 +2,7 @@
 
 Each fixture is a tiny, randomly initialised Hugging Face decoder (2 layers, hidden 64, 4 query heads,
 2 KV heads, head size 16, vocabulary 320) saved locally together with a byte-level BPE tokenizer
-trained here, then exported by
+trained here (tokenizer.json + tokenizer_config.json with a small chat template), then exported by
 
   * onnxruntime-genai's model builder (`python -m onnxruntime_genai.models.builder`, offline) at the
     precisions it offers for CPU/CUDA: fp32 (cpu), fp16 (cuda), int4 and int8 (cpu, MatMulNBits),
@@ -17,10 +17,19 @@ environment with the producers installed) to regenerate them:
     pip install torch==2.13.0 transformers==5.24.0 onnxruntime-genai==0.18.0 onnxscript
     python tools/make_fixtures.py [--only NAME ...] [--out tests/fixtures]
 
-Every fixture folder gets `model.onnx` (+ `model.onnx.data` where the producer writes external data)
-and `fixture.json` (producer, precision, family, the versions that made it); builder fixtures also
-keep the builder's `genai_config.json` (how onnxruntime-genai drives the model: sliding-window layers
-and their cache sizes). The output is deterministic: re-running reproduces the files byte for byte.
+The tokenizer files alone need only `tokenizers` (pip install tokenizers):
+
+    python tools/make_fixtures.py --tokenizers-only
+
+The same torch export, of any Hugging Face causal LM (the README's route to a real model):
+
+    python tools/make_fixtures.py --export-torch Qwen/Qwen2.5-0.5B-Instruct --out qwen-torch
+
+Every fixture folder gets `model.onnx` (+ `model.onnx.data` where the producer writes external data),
+the tokenizer files (so `jax-onnx-attn generate FOLDER --prompt TEXT` works on it) and `fixture.json`
+(producer, precision, family, the versions that made it); builder fixtures also keep the builder's
+`genai_config.json` (how onnxruntime-genai drives the model: sliding-window layers and their cache
+sizes). The output is deterministic: re-running reproduces the files byte for byte.
 """
 
 from __future__ import annotations
@@ -100,10 +109,21 @@ FIXTURES = [
 ]
 
 
-def train_tokenizer(folder: Path) -> None:
-    """A byte-level BPE trained on a small generated corpus: the builder loads a tokenizer upfront."""
+#: Special tokens, ids 0-3 in this order: the checkpoints' pad / bos / eos ids (COMMON) match them.
+SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
+#: A small chat template (role headers between <s> and </s>), so that the chat-template path of
+#: `jax-onnx-attn generate --prompt` runs on the fixtures as it does on a real instruct model's export.
+CHAT_TEMPLATE = ("{% for message in messages %}{{ bos_token + message['role'] + '\\n' + "
+                 "message['content'] + eos_token + '\\n' }}{% endfor %}"
+                 "{% if add_generation_prompt %}{{ bos_token + 'assistant\\n' }}{% endif %}")
+#: Files the tokenizer consists of (what `write_tokenizer` writes and every fixture keeps).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def train_tokenizer():
+    """A byte-level BPE of VOCAB tokens (4 special, 256 bytes, merges) trained on a small generated
+    corpus: deterministic, offline, and needs only the `tokenizers` package."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     words = ("the model reads tokens and writes logits while attention looks back over the cache of "
              "keys and values for every layer in the decoder stack").split()
@@ -111,12 +131,36 @@ def train_tokenizer(folder: Path) -> None:
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<pad>", "<s>", "</s>", "<unk>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
     tok.train_from_iterator(corpus, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                                   unk_token="<unk>", pad_token="<pad>")
-    fast.save_pretrained(folder)
+    assert tok.get_vocab_size() == VOCAB, tok.get_vocab_size()
+    return tok
+
+
+def write_tokenizer(folder: Path) -> None:
+    """tokenizer.json and a tokenizer_config.json (special tokens, chat template) into `folder`, as
+    transformers' PreTrainedTokenizerFast.save_pretrained lays them out: the model builder reads
+    them from the checkpoint, and every fixture keeps them so `--prompt` works on it."""
+    tok = train_tokenizer()
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    config = {
+        "added_tokens_decoder": {str(i): {"content": t, "lstrip": False, "normalized": False,
+                                          "rstrip": False, "single_word": False, "special": True}
+                                 for i, t in enumerate(SPECIAL_TOKENS)},
+        "bos_token": "<s>",
+        "chat_template": CHAT_TEMPLATE,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": "</s>",
+        "extra_special_tokens": {},
+        "model_max_length": COMMON["max_position_embeddings"],
+        "pad_token": "<pad>",
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "unk_token": "<unk>",
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
 def make_checkpoint(family: str, folder: Path) -> None:
@@ -139,7 +183,7 @@ def make_checkpoint(family: str, folder: Path) -> None:
             else:  # norm weights: around their neutral value (1 for RMSNorm, 0 for Gemma's 1+w)
                 p.add_(torch.randn_like(p) * 0.1)
     model.save_pretrained(folder, safe_serialization=True)
-    train_tokenizer(folder)
+    write_tokenizer(folder)
 
 
 def run_builder(ckpt: Path, out: Path, precision: str, ep: str) -> None:
@@ -182,14 +226,18 @@ class _FlatPast:
         return Wrapper()
 
 
-def run_torch_export(ckpt: Path, out: Path, opset: int) -> None:
+def run_torch_export(ckpt: Path | str, out: Path, opset: int, external_data: bool = False) -> None:
+    """torch.onnx.export(dynamo=True) of the causal LM at `ckpt` (a folder or a Hub id) into
+    out/model.onnx with flat past/present I/O (_FlatPast); external_data writes the weights to
+    model.onnx.data (needed past protobuf's 2 GB)."""
     import torch
     import transformers
 
     cfg = transformers.AutoConfig.from_pretrained(ckpt)
     # SDPA attention is what torchlib maps onto ai.onnx Attention at opset >= 23; at opset 20 it is
     # decomposed into MatMul/Softmax like every other op.
-    model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, attn_implementation="sdpa").eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, attn_implementation="sdpa",
+                                                              dtype=torch.float32).eval()
     n_layers, hkv = cfg.num_hidden_layers, cfg.num_key_value_heads
     d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     b, s, p = 2, 3, 5
@@ -213,7 +261,23 @@ def run_torch_export(ckpt: Path, out: Path, opset: int) -> None:
                                  output_names=names_out, dynamic_shapes=dyn, optimize=True,
                                  external_data=False)
     out.mkdir(parents=True, exist_ok=True)
-    prog.save(str(out / "model.onnx"))
+    prog.save(str(out / "model.onnx"), external_data=external_data)
+
+
+def export_torch(model: str, out: Path, opset: int) -> None:
+    """The README's torch route: export a Hugging Face causal LM (Hub id or local folder) as the
+    torch fixtures are exported, weights in model.onnx.data, with its tokenizer (tokenizer.json,
+    tokenizer_config.json / chat template) and generation_config.json (eos ids) beside it."""
+    import transformers
+
+    os.environ.pop("HF_HUB_OFFLINE", None)  # a Hub id may need the network here
+    os.environ.pop("TRANSFORMERS_OFFLINE", None)
+    run_torch_export(model, out, opset, external_data=True)
+    transformers.AutoTokenizer.from_pretrained(model).save_pretrained(out)
+    try:
+        transformers.GenerationConfig.from_pretrained(model).save_pretrained(out)
+    except OSError:  # a checkpoint without generation_config.json: eos then comes from the tokenizer
+        pass
 
 
 def versions() -> dict:
@@ -230,9 +294,28 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(ROOT / "tests" / "fixtures"))
     ap.add_argument("--only", nargs="*", help="fixture names to (re)make; default all")
+    ap.add_argument("--tokenizers-only", action="store_true",
+                    help="only (re)write each fixture's tokenizer files (needs just `tokenizers`)")
+    ap.add_argument("--export-torch", metavar="MODEL",
+                    help="instead of the fixtures: export this Hugging Face causal LM (Hub id or "
+                         "folder) with torch.onnx.export into --out, with its tokenizer")
+    ap.add_argument("--opset", type=int, default=23, choices=(20, 23),
+                    help="opset of --export-torch (23: ai.onnx Attention; 20: decomposed)")
     args = ap.parse_args(argv)
+    if args.export_torch:
+        if args.out == ap.get_default("out"):
+            ap.error("--export-torch needs --out DIR (not the fixtures folder)")
+        export_torch(args.export_torch, Path(args.out), args.opset)
+        print(f"exported {args.export_torch} to {args.out}: jax-onnx-attn generate {args.out} "
+              "--prompt TEXT", flush=True)
+        return
     out_root = Path(args.out)
     wanted = [f for f in FIXTURES if not args.only or f[0] in args.only]
+    if args.tokenizers_only:
+        for name, *_ in wanted:
+            write_tokenizer(out_root / name)
+            print(f"{name}: {', '.join(TOKENIZER_FILES)}", flush=True)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         ckpts: dict[str, Path] = {}
@@ -253,6 +336,10 @@ def main(argv=None) -> None:
                         shutil.copy(work / f, dest / f)
             else:
                 run_torch_export(ckpts[family], dest, target)
+            # The checkpoint's tokenizer, as an export folder carries it (the builder copies it into
+            # its output; a torch.onnx.export user saves it beside the model).
+            for f in TOKENIZER_FILES:
+                shutil.copy(ckpts[family] / f, dest / f)
             meta = dict(producer=producer, family=family, precision=precision,
                         target=target, versions=versions())
             (dest / "fixture.json").write_text(json.dumps(meta, indent=1) + "\n")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from pathlib import Path
 from typing import Mapping
 
@@ -13,6 +14,7 @@ import onnx.inliner
 
 from jax_onnx_attn.onnx import handlers as _handlers  # noqa: F401  (registers every handler)
 from jax_onnx_attn.onnx import registry
+from jax_onnx_attn.onnx.files import model_file
 from jax_onnx_attn.onnx.fusion import fuse_decoder
 from jax_onnx_attn.onnx.interpreter import Hook, Interpreter
 from jax_onnx_attn.onnx.values import ShapeOnly, np_dtype, tensor_to_numpy, to_jax
@@ -129,9 +131,11 @@ class LoweredModel:
             float type are cast to `dtype`; int64 inputs become int32 unless jax_enable_x64 is on.
 
         Returns:
-          {output name: jax.Array} in the model's declared order (`output_names`).
+          {output name: jax.Array} in the model's declared order (`output_names`), also under
+          `jax.jit`: an OrderedDict, whose order jax keeps (a plain dict comes out of jit with its
+          keys sorted).
         """
-        return self.run(params, inputs)
+        return OrderedDict(self.run(params, inputs))
 
     __call__ = apply
 
@@ -146,7 +150,8 @@ def load(model, dtype=None, *, base_dir: str | os.PathLike | None = None,
     """Lower an ONNX model to JAX.
 
     Args:
-      model: a path to a .onnx file (external data next to it is read), or a ModelProto (external
+      model: a path to a .onnx file (external data next to it is read) or to an export folder
+        holding one (`onnx.files.model_file` says which), or a ModelProto (external
         data is read from `base_dir` when the proto does not carry it yet).
       dtype: None keeps the model's types; a float dtype (e.g. jnp.bfloat16) replaces the model's
         float type (the dtype of most weight bytes) everywhere: weights, constants, casts, inputs.
@@ -169,7 +174,7 @@ def load(model, dtype=None, *, base_dir: str | os.PathLike | None = None,
       UnsupportedOpsError: listing every (domain, op_type, since_version) without a handler.
     """
     if isinstance(model, (str, os.PathLike)):
-        path = Path(model)
+        path = model_file(model)
         # External data is read straight into NumPy (memory-mapped), not through the proto: a
         # multi-GB model is then held once on the host, not twice.
         model = onnx.load(str(path), load_external_data=False)

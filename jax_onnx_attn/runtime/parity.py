@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 
+from jax_onnx_attn.onnx.files import model_file
 from jax_onnx_attn.runtime.onnxruntime_ref import OrtDecoder
 from jax_onnx_attn.runtime.session import DecoderSession
 from jax_onnx_attn.testing import tolerance
@@ -91,6 +94,11 @@ class ParityReport:
         return out
 
 
+def _eps(dtype: np.dtype) -> float:
+    """Machine epsilon of a float dtype, bfloat16 included (np.finfo does not know ml_dtypes')."""
+    return float(ml_dtypes.finfo(dtype).eps)
+
+
 def _first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
@@ -103,13 +111,15 @@ def compare_with_onnxruntime(model, prompt: Sequence[int], max_new_tokens: int =
     """Run `model` in onnxruntime CPU and in jax_onnx_attn on the same prompt and compare.
 
     Args:
-      model: a path or onnx.ModelProto (onnxruntime runs it; jax_onnx_attn loads it unless
-        `lowered` is given).
+      model: a path (an .onnx file or an export folder holding one) or an onnx.ModelProto
+        (onnxruntime runs it; jax_onnx_attn loads it unless `lowered` is given).
       prompt: token ids.
-      dtype: the jax side's dtype (None: the model's); the tolerance is that of the less precise of
-        it and onnxruntime's logits.
+      dtype: the jax side's dtype (None: the model's), e.g. jnp.bfloat16; the tolerance is that of
+        the less precise of it and onnxruntime's logits.
     """
     prompt = [int(t) for t in prompt]
+    if isinstance(model, (str, os.PathLike)):
+        model = str(model_file(model))
     ort = OrtDecoder(model)
     ort_tokens = ort.greedy(prompt, max_new_tokens, stop_tokens)
     session = DecoderSession(lowered if lowered is not None else model,
@@ -121,7 +131,7 @@ def compare_with_onnxruntime(model, prompt: Sequence[int], max_new_tokens: int =
     theirs = ort.logits(sequence, len(prompt))
     diff = np.abs(ours.astype(np.float64) - theirs)
     logits_dtype = np.dtype(ort.logits_dtype)
-    if dtype is not None and np.finfo(np.dtype(dtype)).eps > np.finfo(logits_dtype).eps:
+    if dtype is not None and _eps(np.dtype(dtype)) > _eps(logits_dtype):
         logits_dtype = np.dtype(dtype)
     rtol, atol = tolerance(logits_dtype)
     scale = float(np.abs(theirs).max())

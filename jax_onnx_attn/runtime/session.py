@@ -41,6 +41,7 @@ import numpy as np
 from jax import lax
 
 from jax_onnx_attn.ops.status import describe
+from jax_onnx_attn.runtime.progress import progress_default, ticking
 from jax_onnx_attn.runtime.sampling import SamplingConfig, sample
 
 #: Finish codes kept on the device; FINISH_REASONS names them.
@@ -80,7 +81,20 @@ class DecodeState(NamedTuple):
 class Timings:
     """Wall times of one `generate` call (seconds) and the token counts they cover.
 
-    compile_s is kept apart: tokens/s figures cover prefill and decode only.
+    compile_s is kept apart: no other figure includes it. The first run of a freshly compiled
+    executable also pays one-time set-up (allocations, loading kernels; ~10 ms on a CPU, more on a
+    GPU) that later runs do not: `warm` says whether this call's prefill_s / decode_s are free of
+    it. Steady-state figures come from a warm call (e.g. the second `generate` of a session, or
+    after `DecoderSession.warmup`).
+
+    Attributes:
+      compile_s: compiling executables this call needed (0 when all were compiled before).
+      prefill_s: the prompt steps, from the call to the host holding each row's first token.
+      decode_s: the one-token steps after it, until the host holds every row's tokens.
+      ttft_s: time to first token: prefill_s of the first batch of prompts (compile excluded).
+      prompt_tokens, new_tokens, rows: prompt tokens read, tokens generated, prompts.
+      decode_steps: one-token decode steps run (per batch of prompts, the longest row's).
+      warm: True when every executable this call ran had run before in this session.
     """
 
     compile_s: float = 0.0
@@ -89,6 +103,9 @@ class Timings:
     prompt_tokens: int = 0
     new_tokens: int = 0
     rows: int = 0
+    ttft_s: float = 0.0
+    decode_steps: int = 0
+    warm: bool = True
 
     @property
     def total_s(self) -> float:
@@ -101,19 +118,43 @@ class Timings:
         return self.new_tokens / self.total_s if self.total_s > 0 else float("nan")
 
     @property
+    def decode_tokens(self) -> int:
+        """Tokens made by decode steps (the first token of each row comes from prefill)."""
+        return max(self.new_tokens - self.rows, 0)
+
+    @property
     def decode_tokens_per_s(self) -> float:
-        """Tokens per second of the decode phase (the first token of each row comes from prefill)."""
-        n = self.new_tokens - self.rows
+        """Tokens per second of the decode phase, over all rows (steady state when `warm`)."""
+        n = self.decode_tokens
         return n / self.decode_s if self.decode_s > 0 and n > 0 else float("nan")
+
+    @property
+    def step_s(self) -> float:
+        """Seconds per decode step (one token for every running row)."""
+        return self.decode_s / self.decode_steps if self.decode_steps > 0 else float("nan")
 
     @property
     def prefill_tokens_per_s(self) -> float:
         """Prompt tokens per second of the prefill phase."""
         return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else float("nan")
 
+    def to_dict(self) -> dict:
+        """The fields and the derived rates as a JSON-ready dict (NaN rates become None)."""
+        out = {f: getattr(self, f) for f in ("compile_s", "prefill_s", "decode_s", "ttft_s",
+                                             "prompt_tokens", "new_tokens", "rows", "decode_tokens",
+                                             "decode_steps", "warm")}
+        for f in ("tokens_per_s", "decode_tokens_per_s", "prefill_tokens_per_s", "step_s"):
+            v = getattr(self, f)
+            out[f] = None if math.isnan(v) else v
+        return out
+
     def __iadd__(self, other: "Timings") -> "Timings":
-        for f in ("compile_s", "prefill_s", "decode_s", "prompt_tokens", "new_tokens", "rows"):
+        if not self.rows:
+            self.ttft_s = other.ttft_s
+        for f in ("compile_s", "prefill_s", "decode_s", "prompt_tokens", "new_tokens", "rows",
+                  "decode_steps"):
             setattr(self, f, getattr(self, f) + getattr(other, f))
+        self.warm = self.warm and other.warm
         return self
 
 
@@ -354,7 +395,11 @@ class DecoderSession:
           temperature / top_k / top_p: see SamplingConfig; temperature 0 (default) is greedy.
           seed: the sampler's seed; the same seed, prompts and session settings give the same tokens.
           stop_tokens: a row ends after emitting one of these (it is kept in the output).
-          progress: a tqdm bar on stderr (None: when stderr is a terminal).
+          progress: progress on stderr (None: when stderr is a terminal and $CI is unset): what
+            runs (compile, prefill, decode) with its elapsed time, then a bar of the tokens made.
+
+        The result's `timings` keep compile time apart and say whether the call was `warm` (see
+        Timings; `warmup` makes the next call warm).
         """
         prompts = [[int(t) for t in p] for p in prompts]
         if not prompts:
@@ -378,11 +423,11 @@ class DecoderSession:
         stop_ids = np.full((slots,), -1, np.int32)
         stop_ids[:len(stop)] = stop
         if progress is None:
-            progress = sys.stderr.isatty() and not os.environ.get("CI")
+            progress = progress_default()
         from tqdm.auto import tqdm
 
         with tqdm(total=len(prompts) * max_new_tokens, disable=not progress, unit="tok",
-                  desc="generate", leave=False) as bar:
+                  desc="generate", leave=False, file=sys.stderr) as bar:
             for g in range(0, len(prompts), self.batch):
                 group = prompts[g:g + self.batch]
                 tokens, reasons, timings = self._generate_group(
@@ -407,22 +452,29 @@ class DecoderSession:
         timings = Timings(prompt_tokens=sum(map(len, group)), rows=len(group))
         args = (self.params, jnp.asarray(ids), jnp.asarray(lengths), self.cache, key,
                 jnp.asarray(max_new), jnp.asarray(stop_ids))
-        prefill, dt = self._executable("prefill", self._prefill_jit, (s, sampling, len(stop_ids)),
-                                       *args, sampling=sampling)
+        with ticking(bar, f"compile prefill (prompts <= {s} tokens)"):
+            prefill, dt = self._executable("prefill", self._prefill_jit,
+                                           (s, sampling, len(stop_ids)), *args, sampling=sampling)
         timings.compile_s += dt
+        timings.warm = not self._first_run(prefill)
 
-        t0 = time.perf_counter()
-        state, self.cache, summary = prefill(*args)
-        running, generated, _ = self._read_summary(summary, first, len(group))
-        timings.prefill_s = time.perf_counter() - t0
+        with ticking(bar, f"prefill ({timings.prompt_tokens} prompt tokens)"):
+            t0 = time.perf_counter()
+            state, self.cache, summary = prefill(*args)
+            running, generated, _ = self._read_summary(summary, first, len(group))
+            timings.prefill_s = timings.ttft_s = time.perf_counter() - t0
         bar.update(generated)
         reported = generated
 
-        decode, dt = self._executable("decode", self._decode_jit,
-                                      (sampling, self.steps_per_call, len(stop_ids)),
-                                      self.params, state, self.cache, sampling=sampling,
-                                      steps=self.steps_per_call)
+        with ticking(bar, f"compile decode ({self.steps_per_call} steps a call)"):
+            decode, dt = self._executable("decode", self._decode_jit,
+                                          (sampling, self.steps_per_call, len(stop_ids)),
+                                          self.params, state, self.cache, sampling=sampling,
+                                          steps=self.steps_per_call)
         timings.compile_s += dt
+        if running and self._first_run(decode):
+            timings.warm = False
+        bar.set_description_str("decode", refresh=False)
         t0 = time.perf_counter()
         pending = None  # summary of the last call made, not read yet
         calls_left = math.ceil(max_new_tokens / self.steps_per_call) + 2  # a bound, never reached
@@ -448,7 +500,30 @@ class DecoderSession:
             tokens.append(host.tokens[r, len(p):n].tolist())
             reasons.append(FINISH_REASONS[int(host.finish[r])])
         timings.new_tokens = sum(map(len, tokens))
+        timings.decode_steps = int(host.step)
         return tokens, reasons, timings
+
+    def _first_run(self, executable) -> bool:
+        """Whether `executable` is about to run for the first time in this session (the run
+        that pays its one-time set-up); records that it runs."""
+        ran = self.__dict__.setdefault("_ran_executables", set())
+        first = id(executable) not in ran
+        ran.add(id(executable))
+        return first
+
+    def warmup(self, prompts: Sequence[Sequence[int]], *, temperature: float = 0.0, top_k: int = 0,
+               top_p: float = 1.0, stop_tokens: Sequence[int] = (),
+               progress: bool | None = None) -> Timings:
+        """Compile and run once what `generate(prompts, ...)` with these settings will run, so
+        that its timings are steady state (`Timings.warm`); returns the warm-up's timings.
+
+        Generates two tokens per prompt (one prefill, one decode step) with stop tokens that never
+        match, so the decode step runs even where a real stop token would come first. The cache's
+        contents are overwritten by the next prompt's prefill; results of later calls do not change.
+        """
+        never = [-(i + 1) for i in range(len({int(t) for t in stop_tokens}))]
+        return self.generate(prompts, 2, temperature=temperature, top_k=top_k, top_p=top_p,
+                             stop_tokens=never, progress=progress).timings
 
     def _read_summary(self, summary, first: int, rows: int) -> tuple[int, int, np.ndarray]:
         """(rows running, tokens generated, status [B]) from a summary; raises on a flagged row."""
