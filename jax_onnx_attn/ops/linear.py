@@ -215,11 +215,13 @@ def kernel_formats() -> str:
     return value
 
 
-def _kernel_unsupported(x, n_rows, bits, gated, norm, block_size=0) -> str | None:
+def _kernel_unsupported(x, n_rows, bits, gated, norm, block_size=0, backend="auto") -> str | None:
     if jnp.dtype(x.dtype) not in HALF_DTYPES:
         return f"x is {x.dtype}: the kernels take float16 and bfloat16"
     formats = kernel_formats()
-    if formats == "none" or (formats == "nbits" and bits == cuda_matmul.DENSE_BITS):
+    # A preference of "auto" only: backend="cuda" always runs the kernels where they can.
+    if backend == "auto" and (formats == "none"
+                              or (formats == "nbits" and bits == cuda_matmul.DENSE_BITS)):
         return f"JOA_LINEAR_KERNELS={formats}: XLA's GEMM runs these weights"
     return cuda_matmul.unsupported(math.prod(x.shape[:-1]), n_rows, x.shape[-1], bits, gated,
                                    norm, block_size)
@@ -264,7 +266,8 @@ def linear(x, w, bias=None, *, residual=None, norm_weight=None, norm_epsilon: fl
     def ref_fn(x2, w, bias, norm_weight, r2):
         return reference.linear(x2, w, bias, r2, norm_weight, eps, gated)
 
-    why = _kernel_unsupported(x, w.shape[0], cuda_matmul.DENSE_BITS, gated, norm_weight is not None)
+    why = _kernel_unsupported(x, w.shape[0], cuda_matmul.DENSE_BITS, gated, norm_weight is not None,
+                              backend=backend)
     cuda_fn = None
     if why is None:
         def cuda_fn(x2, w, bias, norm_weight, r2):
@@ -326,7 +329,7 @@ def matmul_nbits(x, b_quant, scales, zero_points=None, bias=None, *, k: int, n: 
         return reference.matmul_nbits(x2, b_quant, scales, zero_points, bias, r2, norm_weight, eps,
                                       gated, bits=bits, block_size=block_size)
 
-    why = _kernel_unsupported(x, n, bits, gated, norm_weight is not None, block_size)
+    why = _kernel_unsupported(x, n, bits, gated, norm_weight is not None, block_size, backend=backend)
     cuda_fn = None
     if why is None:
         def cuda_fn(x2, b_quant, scales, zero_points, bias, norm_weight, r2):

@@ -286,8 +286,13 @@ def test_every_output_element_is_written(gated):
         _check(got, ref, dtype, f"int4 K={k} N={n} M={m}")
 
 
-def test_auto_backend_picks_the_kernel():
+def test_auto_backend_picks_the_kernel(monkeypatch):
     x, w = _dense(2048, 2048, jnp.float16)
+    # Dense weights go to XLA's GEMM under the default preference (ops.linear.kernel_formats) ...
+    hlo = jax.jit(lambda x, w: ops.linear(x[:4], w)).lower(x, w).compile().as_text()
+    assert "jax_onnx_attn_linear" not in hlo
+    # ... and to ours when asked for.
+    monkeypatch.setenv("JOA_LINEAR_KERNELS", "all")
     hlo = jax.jit(lambda x, w: ops.linear(x[:4], w)).lower(x, w).compile().as_text()
     assert 'custom_call_target="jax_onnx_attn_linear"' in hlo
     assert " conditional(" not in hlo, "platform_dependent left a runtime branch"
