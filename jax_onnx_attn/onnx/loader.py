@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import os
+from collections import OrderedDict
 from pathlib import Path
 from typing import Mapping
 
@@ -14,7 +16,8 @@ import onnx.inliner
 from jax_onnx_attn.onnx import handlers as _handlers  # noqa: F401  (registers every handler)
 from jax_onnx_attn.onnx import registry
 from jax_onnx_attn.onnx.interpreter import Hook, Interpreter
-from jax_onnx_attn.onnx.values import ShapeOnly, np_dtype, tensor_to_numpy, to_jax
+from jax_onnx_attn.onnx.values import ShapeOnly, Static, np_dtype, tensor_to_numpy, \
+    to_jax, traced_dtype
 from jax_onnx_attn.ops.dtypes import FLOAT_DTYPES
 
 #: Integer initializers up to this many elements (rank <= 1) stay NumPy so that shape arithmetic
@@ -36,6 +39,98 @@ def _primary_float(arrays) -> np.dtype | None:
     return max(nbytes, key=nbytes.get) if nbytes else None
 
 
+#: Ops whose output depends on their input's shape only: value dependence stops there.
+_SHAPE_ONLY_OPS = ("Shape", "Size")
+
+
+def _reads(node: onnx.NodeProto) -> list[str]:
+    """The values a node reads: its inputs and, for If / Loop / Scan, every value its subgraphs
+    read (outer-scope references included)."""
+    names = [i for i in node.input if i]
+    for attr in node.attribute:
+        subs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        for g in subs:
+            for sub in registry.iter_nodes(g):
+                names.extend(i for i in sub.input if i)
+            names.extend(o.name for o in g.output)
+    return names
+
+
+def find_static_inputs(model: onnx.ModelProto, input_names) -> dict[str, str]:
+    """{graph input name: where its value sets a shape} for the inputs whose values must be known at
+    trace time: those that reach a static input position (`registry.static_inputs`) of some node,
+    through any chain of nodes other than Shape / Size (which read only the shape).
+
+    Args:
+      model: the ModelProto (subgraphs included).
+      input_names: the graph's input names (initializers excluded).
+    """
+    opsets = registry.model_opsets(model)
+    producers = {}
+    for node in registry.iter_nodes(model.graph):
+        for o in node.output:
+            if o:
+                producers[o] = node
+    inputs = set(input_names)
+    found: dict[str, str] = {}
+    for node in registry.iter_nodes(model.graph):
+        positions = registry.static_inputs(registry.resolve(node.domain, node.op_type, opsets))
+        for pos in positions:
+            if pos >= len(node.input) or not node.input[pos]:
+                continue
+            where = f"{node.op_type} node {node.name or node.output[0]!r} input {pos}"
+            stack, seen = [node.input[pos]], set()
+            while stack:
+                name = stack.pop()
+                if name in seen:
+                    continue
+                seen.add(name)
+                if name in inputs:
+                    found.setdefault(name, where)
+                    continue
+                prod = producers.get(name)
+                if prod is None or prod.op_type in _SHAPE_ONLY_OPS:
+                    continue
+                stack.extend(_reads(prod))
+    return {n: found[n] for n in input_names if n in found}
+
+
+@functools.lru_cache(maxsize=None)
+def _jax_lacks(dtype: np.dtype) -> str | None:
+    """Why jax cannot hold `dtype` (e.g. float6, which ml_dtypes has and XLA lacks), or None."""
+    try:
+        jax.numpy.zeros((0,), traced_dtype(dtype))
+    except Exception as e:  # noqa: BLE001 - jax's error varies by dtype and version
+        return str(e).splitlines()[0] if str(e) else type(e).__name__
+    return None
+
+
+def _check_jax_dtype(name: str, dtype) -> None:
+    """TypeError naming input `name` when jax cannot hold `dtype`."""
+    why = _jax_lacks(np.dtype(dtype))
+    if why is not None:
+        raise TypeError(f"apply: input {name!r} has dtype {np.dtype(dtype)}, which jax cannot hold "
+                        f"({why})")
+
+
+def _declared(vi: onnx.ValueInfoProto):
+    """(numpy dtype or None, dims or None) of a graph input's declared tensor type."""
+    if not vi.type.HasField("tensor_type"):
+        return None, None
+    tt = vi.type.tensor_type
+    dtype = None
+    if tt.elem_type:
+        try:
+            dtype = np_dtype(tt.elem_type)
+        except (KeyError, ValueError, TypeError):
+            dtype = None
+    dims = None
+    if tt.HasField("shape"):
+        dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                     for d in tt.shape.dim)
+    return dtype, dims
+
+
 class LoweredModel:
     """An ONNX model lowered to JAX.
 
@@ -46,6 +141,10 @@ class LoweredModel:
       input_names, output_names: the graph's inputs (initializers excluded) and outputs, in order.
       dtype: the dtype the model's float type was mapped to, or None.
       float_type: the model's own float type (the dtype of most weight bytes), or None.
+      static_inputs: {graph input name: where its value sets a shape}: the inputs whose values must
+        be known at trace time (a Reshape's shape fed as an input, ...). Unjitted, pass them as
+        arrays; under `jax.jit` pass them as `jax_onnx_attn.onnx.Static(value)` (one compile per
+        distinct value), or use `jit()`, which does it.
     """
 
     def __init__(self, model: onnx.ModelProto, params: dict, constants: dict, float_map: dict,
@@ -61,6 +160,13 @@ class LoweredModel:
         self.output_names = [o.name for o in model.graph.output]
         self._options = dict(options or {})
         self._interp = Interpreter(model, float_map, options=self._options)
+        self._declared = {vi.name: _declared(vi) for vi in model.graph.input
+                          if vi.name in self.input_names}
+        self.static_inputs = find_static_inputs(model, self.input_names)
+        for name, (dtype, _) in self._declared.items():
+            if dtype is not None and dtype.kind in "OSU":
+                self.static_inputs.setdefault(
+                    name, "a string tensor: jax has no string type, so it is passed by value")
 
     # -- introspection -------------------------------------------------------------------------
     def input_info(self) -> dict[str, tuple[tuple, np.dtype]]:
@@ -75,15 +181,71 @@ class LoweredModel:
         return out
 
     # -- running ---------------------------------------------------------------------------------
-    def _prepare_input(self, value):
+    def _accepts(self, declared: np.dtype, got: np.dtype) -> bool:
+        """Whether a feed of dtype `got` may stand for an input declared `declared`: the same type,
+        the type load(dtype=...) maps it to, or either's JAX-canonical form (int64 -> int32,
+        float64 -> float32 without jax_enable_x64)."""
+        mapped = self._interp.map_dtype(declared)
+        return got in {declared, mapped, traced_dtype(declared), traced_dtype(mapped)}
+
+    def _check_feeds(self, arrays: dict) -> None:
+        """Feeds against the declared inputs: dtype, rank, fixed dims, and one size per symbolic dim
+        name across all inputs. Raises TypeError / ValueError naming the input and the rule."""
+        bound: dict[str, tuple[int, str]] = {}
+        for name, arr in arrays.items():
+            if isinstance(arr, ShapeOnly):
+                continue
+            dtype, dims = self._declared.get(name, (None, None))
+            got = np.dtype(arr.dtype)
+            if dtype is not None and not self._accepts(dtype, got):
+                want = {str(dtype), str(self._interp.map_dtype(dtype))}
+                raise TypeError(f"apply: input {name!r} has dtype {got}, but the model declares "
+                                f"{' / '.join(sorted(want))} (cast it before the call: a silent "
+                                f"conversion could change its values)")
+            if dims is None:
+                continue
+            shape = tuple(arr.shape)
+            if len(shape) != len(dims):
+                raise ValueError(f"apply: input {name!r} has shape {list(shape)} (rank {len(shape)}), "
+                                 f"but the model declares rank {len(dims)}: {list(dims)}")
+            for axis, (have, want) in enumerate(zip(shape, dims)):
+                if isinstance(want, int) and want > 0 and have != want:
+                    raise ValueError(f"apply: input {name!r} has shape {list(shape)}, but the model "
+                                     f"declares dim {axis} = {want} ({list(dims)})")
+                if isinstance(want, str):
+                    prev = bound.setdefault(want, (have, name))
+                    if prev[0] != have:
+                        raise ValueError(
+                            f"apply: input {name!r} dim {axis} ({want!r}) is {have}, but input "
+                            f"{prev[1]!r} has {want!r} = {prev[0]}: a symbolic dim has one size")
+
+    def _prepare_input(self, name: str, value):
         if isinstance(value, ShapeOnly):
             return value  # a placeholder of the cache step: only Shape reads it
-        arr = value if isinstance(value, jax.Array) else np.asarray(value)
+        if isinstance(value, Static):
+            arr = value.value
+        elif isinstance(value, jax.core.Tracer):
+            if name in self.static_inputs:
+                raise TypeError(
+                    f"apply: input {name!r} sets a shape ({self.static_inputs[name]}), so its value "
+                    f"must be known at trace time, but it is traced: under jax.jit pass it as "
+                    f"jax_onnx_attn.onnx.Static(value) (one compile per distinct value), or call "
+                    f"LoweredModel.jit()")
+            arr = value
+        else:
+            arr = value if isinstance(value, jax.Array) else np.asarray(value)
+        if np.dtype(arr.dtype).kind in "OSU":
+            return np.asarray(arr)  # strings are host values (checked against the declared type)
+        _check_jax_dtype(name, arr.dtype)
         mapped = self._interp.map_dtype(np.dtype(arr.dtype))
+        if name in self.static_inputs and not isinstance(arr, jax.core.Tracer):
+            # A shape-setting input stays NumPy, so the shapes it decides are static.
+            arr = np.asarray(arr)
+            return arr.astype(mapped) if mapped != arr.dtype else arr
         if mapped != arr.dtype:
             arr = arr.astype(mapped)
-        # Inputs are always traced (jax arrays): folding the graph on concrete input data would run
-        # a different (NumPy) code path than the jitted one.
+        # Other inputs are always traced (jax arrays): folding the graph on concrete input data
+        # would run a different (NumPy) code path than the jitted one.
         return to_jax(arr)
 
     def run(self, params: Mapping, inputs: Mapping, hook: Hook | None = None) -> dict:
@@ -105,10 +267,14 @@ class LoweredModel:
         if missing or extra:
             raise ValueError(f"apply: inputs missing {missing}, unknown {extra}; the model's inputs "
                              f"are {self.input_names}")
+        arrays = {n: (inputs[n].value if isinstance(inputs[n], Static) else
+                      inputs[n] if hasattr(inputs[n], "dtype") or isinstance(inputs[n], ShapeOnly)
+                      else np.asarray(inputs[n])) for n in self.input_names}
+        self._check_feeds(arrays)
         env: dict = dict(self._constants)
         env.update(params)
         for name in self.input_names:
-            env[name] = self._prepare_input(inputs[name])
+            env[name] = self._prepare_input(name, inputs[name])
         interp = self._interp if hook is None else Interpreter(self.model, self._float_map, hook,
                                                                self._options)
         outs = interp.run_graph(self.model.graph, env)
@@ -123,11 +289,31 @@ class LoweredModel:
             float type are cast to `dtype`; int64 inputs become int32 unless jax_enable_x64 is on.
 
         Returns:
-          {output name: jax.Array} in the model's declared order (`output_names`).
+          {output name: jax.Array} in the model's declared order (`output_names`), also under
+          `jax.jit`: an OrderedDict, whose order jax keeps (a plain dict comes out of jit with its
+          keys sorted).
         """
-        return self.run(params, inputs)
+        return OrderedDict(self.run(params, inputs))
 
     __call__ = apply
+
+    def jit(self, **jit_kwargs):
+        """`jax.jit(apply)` that passes the `static_inputs` as `Static` values (one compile per
+        distinct value of them) and traces every other input.
+
+        Args:
+          **jit_kwargs: passed to `jax.jit` (e.g. donate_argnums).
+
+        Returns:
+          fn(params, inputs) -> {output name: jax.Array}, as `apply`.
+        """
+        jitted = jax.jit(self.apply, **jit_kwargs)
+        static = set(self.static_inputs)
+
+        def call(params, inputs):
+            return jitted(params, {k: Static(v) if k in static and not isinstance(v, Static) else v
+                                   for k, v in inputs.items()})
+        return call
 
     def fixed_cache_step(self, batch: int, capacity: int):
         """A decode/prefill step over fixed-capacity KV buffers: see `FixedCacheStep`."""
