@@ -11,6 +11,7 @@ from typing import Mapping
 import jax
 import numpy as np
 import onnx
+import onnx.defs
 import onnx.inliner
 
 from jax_onnx_attn.onnx import handlers as _handlers  # noqa: F401  (registers every handler)
@@ -163,6 +164,7 @@ class LoweredModel:
         self._declared = {vi.name: _declared(vi) for vi in model.graph.input
                           if vi.name in self.input_names}
         self.static_inputs = find_static_inputs(model, self.input_names)
+        self._checked = None
         for name, (dtype, _) in self._declared.items():
             if dtype is not None and dtype.kind in "OSU":
                 self.static_inputs.setdefault(
@@ -248,7 +250,8 @@ class LoweredModel:
         # would run a different (NumPy) code path than the jitted one.
         return to_jax(arr)
 
-    def run(self, params: Mapping, inputs: Mapping, hook: Hook | None = None) -> dict:
+    def run(self, params: Mapping, inputs: Mapping, hook: Hook | None = None,
+            statuses: dict | None = None) -> dict:
         """`apply` with an optional node hook (used by the fixed-capacity cache step).
 
         Args:
@@ -258,9 +261,11 @@ class LoweredModel:
             model's float type are cast to `dtype`; int64 becomes int32 without jax_enable_x64.
           hook: hook(ctx, inputs) -> outputs or None, run before each node's handler (see
             `interpreter.Hook`); None runs the plain graph.
+          statuses: a dict that receives {node label: int32 device status} from every node that can
+            see a bad runtime value (see `apply_with_status`); None collects nothing.
 
         Returns:
-          {output name: jax.Array} in `output_names` order.
+          {output name: jax.Array} in `output_names` order (string outputs stay NumPy).
         """
         missing = [n for n in self.input_names if n not in inputs]
         extra = [n for n in inputs if n not in self.input_names]
@@ -277,8 +282,13 @@ class LoweredModel:
             env[name] = self._prepare_input(name, inputs[name])
         interp = self._interp if hook is None else Interpreter(self.model, self._float_map, hook,
                                                                self._options)
-        outs = interp.run_graph(self.model.graph, env)
-        return {n: to_jax(v) for n, v in zip(self.output_names, outs)}
+        interp.status_sink = statuses
+        try:
+            outs = interp.run_graph(self.model.graph, env)
+        finally:
+            interp.status_sink = None
+        return {n: v if v is not None and np.dtype(v.dtype).kind in "OSU" else to_jax(v)
+                for n, v in zip(self.output_names, outs)}
 
     def apply(self, params: Mapping, inputs: Mapping) -> dict:
         """Run the model: pure and jittable.
@@ -292,22 +302,81 @@ class LoweredModel:
           {output name: jax.Array} in the model's declared order (`output_names`), also under
           `jax.jit`: an OrderedDict, whose order jax keeps (a plain dict comes out of jit with its
           keys sorted).
+
+        Values that only the device sees are not checked here: jax's gather clamps an index out of
+        range (a token id beyond the vocabulary reads the last row, where onnxruntime raises), and a
+        GroupQueryAttention row whose seqlens_k does not fit its cache outputs 0 (onnxruntime
+        raises). `apply_with_status` returns the device statuses that flag both;
+        `checked_apply` raises on them.
         """
         return OrderedDict(self.run(params, inputs))
 
     __call__ = apply
 
-    def jit(self, **jit_kwargs):
+    def apply_with_status(self, params: Mapping, inputs: Mapping):
+        """`apply` plus the device statuses of every node that can see a bad runtime value: pure
+        and jittable, nothing synchronises.
+
+        Args:
+          params, inputs: as in `apply`.
+
+        Returns:
+          (outputs as `apply` returns them, statuses): statuses is {node label: int32 array} with
+          the flags of `jax_onnx_attn.ops.status` (0 = fine): "Gather 'name'" int32 [] per Gather
+          with traced indices (INDEX_OUT_OF_RANGE: an index outside [-dim, dim) was clamped),
+          "GroupQueryAttention 'name'" int32 [B] (KV_WRITE_OUT_OF_RANGE: the row's seqlens_k does not
+          fit its cache, the row was not written and outputs 0; TOTAL_SEQUENCE_LENGTH_INVALID).
+          Read them with `jax_onnx_attn.ops.status.check` / `describe`.
+        """
+        statuses: dict = {}
+        outputs = OrderedDict(self.run(params, inputs, statuses=statuses))
+        return outputs, statuses
+
+    def checked_apply(self, params: Mapping, inputs: Mapping):
+        """`apply` under `jit()` that raises RuntimeError (naming the node, batch row and problem)
+        when a device status is set: the checked mode, onnxruntime's behaviour for out-of-range
+        token ids and GroupQueryAttention lengths. It reads the statuses back to the host, so it
+        synchronises once per call and cannot itself run under a jit.
+
+        Args:
+          params, inputs: as in `apply`.
+
+        Returns:
+          The outputs, as `apply` returns them.
+        """
+        from jax_onnx_attn.ops import status as st
+
+        if self._checked is None:
+            self._checked = self.jit(fn=self.apply_with_status)
+        outputs, statuses = self._checked(params, inputs)
+        st.check(statuses)
+        return outputs
+
+    @property
+    def vocab_size(self) -> int | None:
+        """Rows of the token embedding (the Gather reading graph input "input_ids" from a weight),
+        or None when the model has no such Gather. Token ids must lie in [0, vocab_size)."""
+        for node in self.model.graph.node:
+            if node.op_type == "Gather" and len(node.input) == 2 and node.input[1] == "input_ids":
+                table = self.params.get(node.input[0])
+                if table is None:
+                    table = self._constants.get(node.input[0])
+                if table is not None and table.ndim >= 1:
+                    return int(table.shape[0])
+        return None
+
+    def jit(self, fn=None, **jit_kwargs):
         """`jax.jit(apply)` that passes the `static_inputs` as `Static` values (one compile per
         distinct value of them) and traces every other input.
 
         Args:
+          fn: the method to jit, `apply` (default) or `apply_with_status`.
           **jit_kwargs: passed to `jax.jit` (e.g. donate_argnums).
 
         Returns:
-          fn(params, inputs) -> {output name: jax.Array}, as `apply`.
+          fn(params, inputs) -> what `fn` returns ({output name: jax.Array} for apply).
         """
-        jitted = jax.jit(self.apply, **jit_kwargs)
+        jitted = jax.jit(fn or self.apply, **jit_kwargs)
         static = set(self.static_inputs)
 
         def call(params, inputs):
@@ -319,6 +388,68 @@ class LoweredModel:
         """A decode/prefill step over fixed-capacity KV buffers: see `FixedCacheStep`."""
         from jax_onnx_attn.onnx.cache_step import FixedCacheStep
         return FixedCacheStep(self, batch, capacity)
+
+
+def read_model(path: str | os.PathLike, load_external_data: bool = True) -> onnx.ModelProto:
+    """The ModelProto in the .onnx file `path`; errors name the file.
+
+    Raises FileNotFoundError for a missing file and ValueError for an empty (0-byte), truncated or
+    corrupt one.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"load: {str(path)!r} does not exist or is not a file")
+    if path.stat().st_size == 0:
+        raise ValueError(f"load: {str(path)!r} is empty (0 bytes): not an ONNX model")
+    try:
+        return onnx.load(str(path), load_external_data=load_external_data)
+    except Exception as e:  # noqa: BLE001 - protobuf / IO errors differ by version
+        raise ValueError(f"load: {str(path)!r} is not a readable ONNX model (truncated or corrupt "
+                         f"file, or its external data is missing): {type(e).__name__}: {e}") from e
+
+
+def check_model(model: onnx.ModelProto) -> None:
+    """Structural rules the lowering relies on, checked at load (ValueError naming the value):
+    a graph with at least one output; unique graph input and output names; every value produced
+    once (no two nodes, inputs or initializers define one name); ai.onnx nodes within their schema's
+    input and output counts."""
+    graph = model.graph
+    if not graph.output:
+        raise ValueError(f"load: the model's graph {graph.name!r} has no outputs (an empty model?)")
+    for what, names in (("input", [i.name for i in graph.input]),
+                        ("output", [o.name for o in graph.output])):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"load: graph {what} name(s) {dup} appear more than once")
+    init_names = {t.name for t in graph.initializer}
+    defined = {i.name: "a graph input" for i in graph.input if i.name not in init_names}
+    defined.update({n: "an initializer" for n in init_names})
+    opsets = registry.model_opsets(model)
+    for node in graph.node:
+        label = f"node {node.name or node.op_type!r} ({node.op_type})"
+        for o in node.output:
+            if not o:
+                continue
+            if o in defined:
+                raise ValueError(f"load: {label} outputs {o!r}, which {defined[o]} already defines "
+                                 f"(every value must be produced once)")
+            defined[o] = label
+        domain = registry.normalize_domain(node.domain)
+        if domain not in opsets:
+            continue
+        try:
+            schema = onnx.defs.get_schema(node.op_type, max_inclusive_version=opsets[domain],
+                                          domain=domain)
+        except onnx.defs.SchemaError:
+            continue
+        n_in = len(node.input)
+        if n_in > schema.max_input or sum(1 for i in node.input if i) < schema.min_input:
+            raise ValueError(f"load: {label} has {n_in} inputs; {node.op_type}-"
+                             f"{schema.since_version} takes {schema.min_input} to "
+                             f"{schema.max_input}")
+        if len(node.output) > schema.max_output:
+            raise ValueError(f"load: {label} has {len(node.output)} outputs; {node.op_type}-"
+                             f"{schema.since_version} has at most {schema.max_output}")
 
 
 def load(model, dtype=None, *, base_dir: str | os.PathLike | None = None,
@@ -346,10 +477,11 @@ def load(model, dtype=None, *, base_dir: str | os.PathLike | None = None,
     """
     if isinstance(model, (str, os.PathLike)):
         path = Path(model)
-        model = onnx.load(str(path), load_external_data=True)
+        model = read_model(path)
         base_dir = None
     elif not isinstance(model, onnx.ModelProto):
         raise TypeError(f"load: expected a path or an onnx.ModelProto, got {type(model).__name__}")
+    check_model(model)
     if model.functions:
         # Model-local functions (onnxscript/torch exports may carry them) become plain nodes.
         model = onnx.inliner.inline_local_functions(model)

@@ -11,8 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_onnx_attn.ops import decode_paths
+from jax_onnx_attn.ops import status as st
 from jax_onnx_attn.ops.backend import dispatch
-from jax_onnx_attn.ops.dtypes import FLOAT_DTYPES
+from jax_onnx_attn.ops.dtypes import FLOAT_DTYPES, host_integers_fit, lengths_int32
 from jax_onnx_attn.ops.reference import gqa as reference
 from jax_onnx_attn.ops.reference import quant
 
@@ -47,23 +48,27 @@ def _array(name, x):
         return None
     if isinstance(x, (int, float, bool)) or not hasattr(x, "dtype"):
         x = np.asarray(x)
+    # 64-bit host integers are saturated, not wrapped, on their way to 32 bits.
+    x = host_integers_fit(x)
     return jnp.asarray(x) if not isinstance(x, jax.Array) else x
 
 
-def _static_int(name, value) -> int:
-    """A value that decides output shapes: a Python int or a concrete (non-traced) array."""
+def _static_int(name, value):
+    """A value that decides output shapes: an int from a Python int or a concrete array, or the
+    traced int32 scalar when only the device knows it (the caller derives the shapes then)."""
     if value is None:
         _fail(name, "is required")
+    shape = np.shape(value)
+    if int(np.prod(shape, dtype=np.int64)) != 1:
+        _fail(name, f"must be a scalar or a 1-element tensor, got shape {tuple(shape)}")
+    dtype = np.dtype(getattr(value, "dtype", np.asarray(value).dtype if not isinstance(
+        value, jax.core.Tracer) else np.int32))
+    if not np.issubdtype(dtype, np.integer):
+        _fail(name, f"must be an integer, got {dtype}", TypeError)
     try:
         arr = np.asarray(value)
     except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-        _fail(name, "must be known at trace time (a Python int or a concrete array, not a traced "
-                    "value): it sets the present_key and output_qk shapes. Pass it as a static "
-                    "argument of the jit, or close over a concrete array", TypeError)
-    if arr.size != 1:
-        _fail(name, f"must be a scalar or a 1-element tensor, got shape {arr.shape}")
-    if not np.issubdtype(arr.dtype, np.integer):
-        _fail(name, f"must be an integer, got {arr.dtype}", TypeError)
+        return lengths_int32(jnp.reshape(value, ()))
     return int(arr.reshape(()))
 
 
@@ -83,7 +88,7 @@ def _check_int(name, x, shape):
     if not jnp.issubdtype(x.dtype, jnp.integer):
         _fail(name, f"must be an integer tensor, got {x.dtype}", TypeError)
     _check_shape(name, x, shape)
-    return x.astype(jnp.int32)
+    return lengths_int32(x)
 
 
 def _check_scale(name, x, mode, hkv, d):
@@ -100,6 +105,38 @@ def _check_scale(name, x, mode, hkv, d):
         _fail(name, f"PER_CHANNEL takes kv_num_heads*head_size = {hkv * d} elements "
                     f"([1, {hkv}, 1, {d}]), got shape {list(x.shape)}")
     return x.reshape(1, hkv, 1, d)
+
+
+def _derived_total(attention_bias, past_key, shared_buffer: bool, kv_len: int, s: int) -> int:
+    """The width total_sequence_length sets when only the device knows its value: attention_bias's
+    last dim when given, else P (shared buffer), P + new rows (growing cache) or S (no past)."""
+    if attention_bias is not None and np.ndim(attention_bias) == 4:
+        return int(attention_bias.shape[3])
+    if past_key is None:
+        return s
+    return int(past_key.shape[2]) + (0 if shared_buffer else kv_len)
+
+
+def _total_ok(total, seqlens_k, *, static_total: int, s: int, kv_len: int, past_len: int,
+              has_past: bool, shared: bool, windowed: bool, cos_rows: int | None, bias_given: bool,
+              qk: bool):
+    """Device check of a traced total_sequence_length against onnxruntime's rules (bool [B]):
+    S on a first prompt, P + S (growing) or <= P (static) with a past, every row's seqlens_k below
+    onnxruntime's present length max(total, P), within the rotary table and the bias width."""
+    ok = total >= max(s, 1) if not windowed else total >= 1
+    ok = jnp.broadcast_to(ok, seqlens_k.shape)
+    if not has_past:
+        ok = ok & (total == s)
+    elif not windowed:
+        ok = ok & ((total == s) | (total == past_len + kv_len) | (total <= past_len))
+        if not shared:
+            ok = ok & (total <= static_total)  # the derived present holds every row
+            ok = ok & (seqlens_k < jnp.maximum(total, past_len))
+    if cos_rows is not None:
+        ok = ok & (total <= cos_rows)
+    if bias_given or qk:
+        ok = ok & (total == static_total)  # the bias / output_qk width is total
+    return ok
 
 
 def group_query_attention(query, key=None, value=None, past_key=None, past_value=None,
@@ -236,6 +273,11 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
         what = "(num_heads + 2*kv_num_heads)" if packed else "num_heads"
         _fail("query", f"hidden size {hidden} is not a multiple of {what} = {heads_in_query}")
     d = hidden // heads_in_query
+    if s == 0:
+        _fail("query", f"sequence length must be >= 1 (a step has a query token), got shape "
+                       f"{list(query.shape)}")
+    if d == 0:
+        _fail("query", f"head_size must be >= 8, got 0 (hidden size {hidden})")
     if d % 8:
         _fail("query", f"head_size must be a multiple of 8, got {d}")
     kv_len = s
@@ -295,9 +337,15 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
     seqlens_k = _check_int("seqlens_k", seqlens_k, (b,))
     total = _static_int("total_sequence_length", total_sequence_length)
     query_seqlens = _check_int("query_seqlens", _array("query_seqlens", query_seqlens), (b,))
+    windowed = bool(sliding_window_cache)
+    total_device = None
+    if not isinstance(total, int):
+        # Only the device knows the value (a traced input of a user's jit): the shapes it would set
+        # are derived from the other inputs and the value is checked on the device (status).
+        total_device = total
+        total = _derived_total(attention_bias, past_key, shared_buffer, kv_len, s)
     if total < 1:
         _fail("total_sequence_length", f"must be >= 1, got {total}")
-    windowed = bool(sliding_window_cache)
     if not windowed and total < s:
         _fail("total_sequence_length", f"must be >= the query length {s}, got {total}")
     if query_seqlens is not None:
@@ -308,6 +356,9 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
         if kv_len != s:
             _fail("query_seqlens", "requires key/value with the query's sequence length")
         first_prompt = False
+    elif total_device is not None:
+        # Without a past every step is a first prompt; with one, the device tells (total == S).
+        first_prompt = True if past_key is None else None
     else:
         first_prompt = s == total
         if not first_prompt and s > 1 and past_key is None:
@@ -322,6 +373,8 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
             _fail("past_key", f"capacity {past_len} must be >= local_window_size {window} with "
                               f"sliding_window_cache=1")
         present_len = past_len
+    elif total_device is not None:
+        present_len = past_len if shared_buffer else max(total, past_len)
     else:
         present_len = past_len if shared_buffer else max(total, past_len)
         # onnxruntime's rule: a growing cache (total = P + S) or a static one (total <= P).
@@ -345,7 +398,7 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
                 _fail(name, f"must be 2-D [max_position, rotary_dim/2], got {list(x.shape)}")
             if d % 16:
                 _fail(name, f"rotary needs head_size to be a multiple of 16, got {d}")
-            if x.shape[0] < total:
+            if x.shape[0] < total and total_device is None:
                 _fail(name, f"dimension 0 ({x.shape[0]}) must be >= total_sequence_length {total}")
             if x.shape[1] > d // 2 or x.shape[1] % 8:
                 _fail(name, f"dimension 1 ({x.shape[1]}) must be <= head_size/2 = {d // 2} and a "
@@ -397,8 +450,20 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
         shared_buffer=bool(shared_buffer), first_prompt=first_prompt, past_empty=bool(past_empty))
     args = (query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
             attention_bias, head_sink, k_scale, v_scale, q_norm_weight, k_norm_weight, query_seqlens)
-    cuda_fn, why = decode_paths.gqa_cuda(config, query=query, key=key, past_key=past_key,
-                                         query_seqlens=query_seqlens)
-    result = dispatch(OP, backend, functools.partial(reference.group_query_attention, config=config),
-                      cuda_fn, *args, unsupported=why)
-    return GroupQueryAttentionOutput(*result)
+    if total_device is None:
+        cuda_fn, why = decode_paths.gqa_cuda(config, query=query, key=key, past_key=past_key,
+                                             query_seqlens=query_seqlens)
+    else:
+        cuda_fn, why = None, ("total_sequence_length is only known on the device (traced): the "
+                              "reference decides the step type there")
+    fn = functools.partial(reference.group_query_attention, config=config, total=total_device)
+    result = GroupQueryAttentionOutput(*dispatch(OP, backend, fn, cuda_fn, *args,
+                                                 unsupported=why))
+    if total_device is not None:
+        ok = _total_ok(total_device, seqlens_k, static_total=total, s=s, kv_len=kv_len, past_len=past_len,
+                       has_past=past_key is not None, shared=bool(shared_buffer), windowed=windowed,
+                       cos_rows=None if cos_cache is None else cos_cache.shape[0],
+                       bias_given=attention_bias is not None, qk=bool(qk_output))
+        flag = st.flag_unless(ok, st.TOTAL_SEQUENCE_LENGTH_INVALID)
+        result = result._replace(status=result.status | flag)
+    return result

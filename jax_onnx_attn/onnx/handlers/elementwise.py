@@ -329,13 +329,18 @@ def identity(ctx, x):
     return x
 
 
-@register("Dropout", 10, 12, 13, 22, static_inputs=(2,))
+@register("Dropout", 10, 12, 13, 22, static_inputs=(1, 2))
 def dropout(ctx, x, ratio=None, training_mode=None):
     """Dropout (inference): (x, all-True bool mask of x's shape). training_mode must be known at
-    trace time (it decides which computation runs); True is not supported."""
-    # Inference: Dropout is the identity and its mask is all True.
+    trace time (it decides which computation runs); True is supported only with ratio 0 (which
+    drops nothing): random dropping is not."""
+    # Inference (or ratio 0): Dropout is the identity and its mask is all True.
     if training_mode is not None and bool(np.asarray(
             ctx.static_value(training_mode, "Dropout's training_mode")).reshape(-1)[0]):
-        ctx.fail("training_mode=True is not supported (inference only)", NotImplementedError)
+        r = 0.5 if ratio is None else float(
+            np.asarray(ctx.static_value(ratio, "Dropout's ratio")).reshape(-1)[0])
+        if r != 0.0:
+            ctx.fail(f"training_mode=True with ratio {r} (random dropping) is not supported "
+                     f"(inference only)", NotImplementedError)
     mask = np.ones(x.shape, bool) if is_static(x) else jnp.ones(x.shape, bool)
     return x, mask

@@ -142,6 +142,13 @@ def _norm_index(xp, idx, dim: int):
     return xp.where(idx < 0, idx + dim, idx)
 
 
+def _index_status(idx, dim: int):
+    """int32 [] status: INDEX_OUT_OF_RANGE when any (negative-wrapped) index is outside [0, dim)."""
+    from jax_onnx_attn.ops import status as st
+    ok = jnp.all((idx >= 0) & (idx < dim)) if idx.size else jnp.bool_(True)
+    return st.flag_unless(ok, st.INDEX_OUT_OF_RANGE)
+
+
 def _gather_operands(ctx, data, indices):
     """(axis, data, indices with negatives wrapped) for the Gather family."""
     axis = ctx.attr("axis", 0)
@@ -155,8 +162,17 @@ def gather(ctx, data, indices):
     """Gather: data indexed by integer indices (negatives wrapped) along `axis`."""
     axis, data, idx = _gather_operands(ctx, data, indices)
     if ctx.static:
+        dim = data.shape[axis]
+        bad = (idx < 0) | (idx >= dim)
+        if np.any(bad):
+            ctx.fail(f"indices {sorted(set(np.asarray(indices)[bad].tolist()))[:8]} are outside "
+                     f"[-{dim}, {dim})", IndexError)
         return np.take(data, idx, axis=axis)
-    # Indices are in range for a valid model; "clip" keeps XLA's gather free of a fill branch.
+    if ctx.collecting_status:
+        # Only the device sees traced indices: the status flags any outside [-dim, dim).
+        ctx.report_status(_index_status(idx, data.shape[axis]))
+    # Out-of-range indices are clamped ("clip" keeps XLA's gather free of a fill branch);
+    # apply_with_status flags them.
     return jnp.take(data, idx, axis=axis, mode="clip")
 
 
