@@ -334,6 +334,14 @@ def group_query_attention(query, key, value, past_key, past_value, seqlens_k, co
     if c.local_window_size >= 0:
         visible = visible & (pos >= limit - c.local_window_size)
 
+    # Rows past T_b (or not resident) hold no token and are never read, whatever they hold (NaN
+    # included), as onnxruntime reads only [0, T_b): their K never reaches a logit (the select
+    # below) and their V is zeroed, so that 0 * NaN cannot reach the output.
+    if key_pos is None:
+        readable = pos < total_b[:, None, None, None]
+    else:
+        readable = key_ok[:, None, None, :]
+    values = jnp.where(jnp.swapaxes(readable, -1, -2), values, jnp.zeros((), values.dtype))
     x = core.logits(q, keys, c.scale)
     x = core.apply_softcap(x, c.softcap)
     if attention_bias is not None:
