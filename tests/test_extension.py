@@ -43,3 +43,24 @@ def test_cuda_backend_unavailable_is_a_clear_error():
     with pytest.raises(NotImplementedError, match="backend='cuda'"):
         jax_onnx_attn.ops.kv_append(jnp.zeros((1, 1, 4, 8)), jnp.zeros((1, 1, 1, 8)),
                                     jnp.zeros((1,), jnp.int32), backend="cuda")
+
+
+def test_cuda_backend_without_a_gpu_is_a_clear_error(monkeypatch):
+    """Kernels compiled but no GPU (a CUDA build on a CPU machine): backend="cuda" raises
+    NotImplementedError saying so, not XLA's "No FFI handler registered" from deep inside."""
+    from jax_onnx_attn.ops import backend
+
+    monkeypatch.setattr(backend, "has_cuda", lambda: True)
+    monkeypatch.setattr(backend, "no_cuda_device", lambda: "jax sees no CUDA device (test)")
+    x = jnp.zeros((1, 1, 1, 64), jnp.float16)
+    with pytest.raises(NotImplementedError, match="backend='cuda'.*no CUDA device"):
+        jax_onnx_attn.ops.attention(x, x, x, backend="cuda")
+    with pytest.raises(NotImplementedError, match="backend='cuda'.*no CUDA device"):
+        jax_onnx_attn.ops.kv_append(jnp.zeros((1, 1, 4, 8)), jnp.zeros((1, 1, 1, 8)),
+                                    jnp.zeros((1,), jnp.int32), backend="cuda")
+    if not jax_onnx_attn.build_info()["cuda"]:
+        return
+    monkeypatch.undo()
+    if backend.no_cuda_device() is not None:  # the real machine: a CUDA build without a GPU
+        with pytest.raises(NotImplementedError, match="no CUDA device"):
+            jax_onnx_attn.ops.attention(x, x, x, backend="cuda")
