@@ -380,6 +380,11 @@ class LoweredModel:
         static = set(self.static_inputs)
 
         def call(params, inputs):
+            # The feeds are checked here, on the host: inside the jit, jax has already turned
+            # float64 / int64 arrays into 32-bit ones (without jax_enable_x64).
+            self._check_feeds({k: v.value if isinstance(v, Static) else
+                               v if hasattr(v, "dtype") else np.asarray(v)
+                               for k, v in inputs.items() if k in self.input_names})
             return jitted(params, {k: Static(v) if k in static and not isinstance(v, Static) else v
                                    for k, v in inputs.items()})
         return call

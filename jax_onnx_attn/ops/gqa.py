@@ -131,12 +131,19 @@ def _total_ok(total, seqlens_k, *, static_total: int, s: int, kv_len: int, past_
         ok = ok & ((total == s) | (total == past_len + kv_len) | (total <= past_len))
         if not shared:
             ok = ok & (total <= static_total)  # the derived present holds every row
-            ok = ok & (seqlens_k < jnp.maximum(total, past_len))
     if cos_rows is not None:
         ok = ok & (total <= cos_rows)
     if bias_given or qk:
         ok = ok & (total == static_total)  # the bias / output_qk width is total
     return ok
+
+
+def _rows_fit(total, seqlens_k, *, past_len: int, has_past: bool, shared: bool, windowed: bool):
+    """bool [B]: onnxruntime's seqlens_k[b] < present length max(total, P) (a non-shared present;
+    the derived present may be longer, so the device checks the rule itself)."""
+    if not has_past or shared or windowed:
+        return jnp.ones(seqlens_k.shape, bool)
+    return seqlens_k < jnp.maximum(total, past_len)
 
 
 def group_query_attention(query, key=None, value=None, past_key=None, past_value=None,
@@ -464,6 +471,9 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
                        has_past=past_key is not None, shared=bool(shared_buffer), windowed=windowed,
                        cos_rows=None if cos_cache is None else cos_cache.shape[0],
                        bias_given=attention_bias is not None, qk=bool(qk_output))
-        flag = st.flag_unless(ok, st.TOTAL_SEQUENCE_LENGTH_INVALID)
+        fits = _rows_fit(total_device, seqlens_k, past_len=past_len, has_past=past_key is not None,
+                         shared=bool(shared_buffer), windowed=windowed)
+        flag = (st.flag_unless(ok, st.TOTAL_SEQUENCE_LENGTH_INVALID)
+                | st.flag_unless(fits, st.KV_WRITE_OUT_OF_RANGE))
         result = result._replace(status=result.status | flag)
     return result
