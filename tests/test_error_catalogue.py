@@ -219,6 +219,10 @@ CASES = [
      "max_new_tokens must be >= 0"),
     ("session-max-length", lambda t: __import__("jax_onnx_attn.runtime").runtime.DecoderSession(
         add_model(), max_length=1), ValueError, "max_length must be >= 2"),
+    ("session-max-length-beyond-positions", lambda t: __import__("jax_onnx_attn.runtime").runtime
+     .DecoderSession(__import__("jax_onnx_attn.models").models.build_tiny_decoder(max_positions=32),
+                     max_length=40), ValueError,
+     "max_length 40 exceeds the 32 positions the model supports"),
     ("session-logits-float-token", lambda t: _session().logits([1, 2.0], 1), TypeError,
      "sequence: token 1 is 2.0"),
     # ---- backends ----

@@ -90,6 +90,12 @@ __device__ __forceinline__ uint32_t Pack2<__half>(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// max(a, b) that is NaN when either is (fmaxf drops a NaN): a NaN logit / log-sum-exp must poison
+// the row it belongs to, never vanish from it (docs/attention.md, "NaN and Inf").
+__device__ __forceinline__ float MaxNan(float a, float b) {
+  return (a != a || b != b) ? __int_as_float(0x7fffffff) : fmaxf(a, b);
+}
+
 __device__ __forceinline__ float Exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));

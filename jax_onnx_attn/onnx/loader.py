@@ -353,6 +353,26 @@ class LoweredModel:
         return outputs
 
     @property
+    def max_positions(self) -> int | None:
+        """Positions the model supports: the fewest rows among the rotary cos tables (weights) of
+        its GroupQueryAttention / RotaryEmbedding nodes, or None when it has none. A sequence
+        longer than this has no rotary angles for its last positions."""
+        rows = []
+        for node in registry.iter_nodes(self.model.graph):
+            if node.op_type == "GroupQueryAttention" and len(node.input) > 7:
+                name = node.input[7]
+            elif node.op_type == "RotaryEmbedding":
+                name = node.input[2] if node.domain == registry.MS_DOMAIN else node.input[1]
+            else:
+                continue
+            table = self.params.get(name) if name else None
+            if table is None and name:
+                table = self._constants.get(name)
+            if table is not None and table.ndim == 2:
+                rows.append(int(table.shape[0]))
+        return min(rows) if rows else None
+
+    @property
     def vocab_size(self) -> int | None:
         """Rows of the token embedding (the Gather reading graph input "input_ids" from a weight),
         or None when the model has no such Gather. Token ids must lie in [0, vocab_size)."""

@@ -406,7 +406,9 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
             if d % 16:
                 _fail(name, f"rotary needs head_size to be a multiple of 16, got {d}")
             if x.shape[0] < total and total_device is None:
-                _fail(name, f"dimension 0 ({x.shape[0]}) must be >= total_sequence_length {total}")
+                _fail(name, f"dimension 0 ({x.shape[0]}) must be >= total_sequence_length {total}: "
+                            f"the rotary table covers {x.shape[0]} positions, so the model "
+                            f"supports sequences of at most {x.shape[0]} tokens")
             if x.shape[1] > d // 2 or x.shape[1] % 8:
                 _fail(name, f"dimension 1 ({x.shape[1]}) must be <= head_size/2 = {d // 2} and a "
                             f"multiple of 8")

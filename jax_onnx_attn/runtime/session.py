@@ -227,6 +227,11 @@ class DecoderSession:
         self.compiler_options = (default_compiler_options() if compiler_options is None
                                  else dict(compiler_options))
         self.params = self.lowered.params
+        positions = getattr(self.lowered, "max_positions", None)
+        if positions is not None and self.max_length > positions:
+            raise ValueError(f"max_length {self.max_length} exceeds the {positions} positions the "
+                             f"model supports (its rotary cos/sin tables have {positions} rows); "
+                             f"make the session with max_length <= {positions}")
         #: Rows of the token embedding: prompts are checked against it (None: not known).
         self.vocab_size = getattr(self.lowered, "vocab_size", None)
         self.step = self.lowered.fixed_cache_step(self.batch, self.max_length)

@@ -54,7 +54,7 @@ __device__ __forceinline__ void ClusterCombine(const DecodeParams& p, float* s_p
 #pragma unroll
     for (int s = 0; s < kMaxClusterSplits; ++s) {
       lse[s] = s < n ? cluster.map_shared_rank(s_lse, s)[tid] : -INFINITY;
-      mx = fmaxf(mx, lse[s]);
+      mx = ptx::MaxNan(mx, lse[s]);  // a poisoned split (NaN lse) poisons the row
     }
     float sum = 0.f;
 #pragma unroll
@@ -63,7 +63,7 @@ __device__ __forceinline__ void ClusterCombine(const DecodeParams& p, float* s_p
       sum += lse[s];
     }
     if (sink != -INFINITY) sum += ptx::Exp2(sink - mx);
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    const float inv = sum == 0.f ? 0.f : 1.f / sum;
 #pragma unroll
     for (int s = 0; s < kMaxClusterSplits; ++s) s_w[tid * kMaxClusterSplits + s] = lse[s] * inv;
   }

@@ -382,7 +382,9 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
       const float4 x = *reinterpret_cast<const float4*>(s_o + ((w0 + w) * 16 + rr) * Cfg::kOStride + d);
       acc.x += x.x * f; acc.y += x.y * f; acc.z += x.z * f; acc.w += x.w * f;
     }
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    // sum 0: no visible key (and no sink), the row is 0; a NaN sum (a NaN or +inf logit) keeps
+    // the row NaN, never 0.
+    const float inv = sum == 0.f ? 0.f : 1.f / sum;
     acc.x *= inv; acc.y *= inv; acc.z *= inv; acc.w *= inv;
     if (single) {
       Vec4<T> y;
@@ -391,10 +393,10 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
                                   i * p.o_stride_s + d) = y;
     } else if (in_cluster) {
       *reinterpret_cast<float4*>(s_part + r * kD + d) = acc;
-      if (d == 0) s_part[kBlockM * kD + r] = sum > 0.f ? mx + log2f(sum) : -INFINITY;
+      if (d == 0) s_part[kBlockM * kD + r] = sum == 0.f ? -INFINITY : mx + log2f(sum);
     } else {
       *reinterpret_cast<float4*>(p.part_o + (part_row0 + R) * kD + d) = acc;
-      if (d == 0) p.part_lse[part_row0 + R] = sum > 0.f ? mx + log2f(sum) : -INFINITY;
+      if (d == 0) p.part_lse[part_row0 + R] = sum == 0.f ? -INFINITY : mx + log2f(sum);
     }
   }
   if constexpr (Cfg::kClusterCombine) {

@@ -161,9 +161,10 @@ __global__ void __launch_bounds__(kThreads) SoftmaxValuesKernel(const __grid_con
       const float* x = scores + i * c;
       for (int j = lane; j < len; j += 32) m = fmaxf(m, RoundTo(x[j], sm));
       m = WarpMax(m);
-      // No finite logit (e.g. every key hidden): shift by 0 as core.softmax does; the sum is then
-      // 0 and the row's p is 0 (the spec's fully masked row).
-      if (!isfinite(m)) m = 0.f;
+      // Every logit -inf (e.g. every key hidden): shift by 0 as core.softmax does; the sum is then
+      // 0 and the row's p is 0 (the spec's fully masked row). A +inf max is kept: inf - inf makes
+      // the row NaN, as the spec's math does; so does a NaN logit (through the sum).
+      if (m == -INFINITY) m = 0.f;
       for (int j = lane; j < len; j += 32) sum += ShiftedExp(x[j], m, sm);
       sum = RoundTo(WarpSum(sum), sm);
     }
@@ -191,8 +192,9 @@ __global__ void __launch_bounds__(kThreads) SoftmaxValuesKernel(const __grid_con
       const int i = e / kValueKeys, j = e % kValueKeys;
       float pr = 0.f;
       if (r0 + i < p.rows && j < keys) {
-        const float sum = s_sum[i];
-        if (sum > 0.f) pr = RoundTo(ShiftedExp(scores[i * c + j0 + j], s_max[i], sm) / sum, sm);
+        // p = e / sum, 0 / 1 for a fully masked row; a NaN sum (a poisoned row) gives NaN.
+        const float sum = s_sum[i] == 0.f ? 1.f : s_sum[i];
+        pr = RoundTo(ShiftedExp(scores[i * c + j0 + j], s_max[i], sm) / sum, sm);
         const T pt = FromFloat<T>(pr);  // the spec casts p to Q's dtype before P @ V
         if (write_qk) qk[i * c + j0 + j] = pt;
         pr = ToFloat(pt);
