@@ -17,7 +17,7 @@ import onnx.inliner
 from jax_onnx_attn.onnx import handlers as _handlers  # noqa: F401  (registers every handler)
 from jax_onnx_attn.onnx import registry
 from jax_onnx_attn.onnx.interpreter import Hook, Interpreter
-from jax_onnx_attn.onnx.values import ShapeOnly, Static, np_dtype, tensor_to_numpy, \
+from jax_onnx_attn.onnx.values import ShapeOnly, Static, is_traced, np_dtype, tensor_to_numpy, \
     to_jax, traced_dtype
 from jax_onnx_attn.ops.dtypes import FLOAT_DTYPES
 
@@ -226,7 +226,7 @@ class LoweredModel:
             return value  # a placeholder of the cache step: only Shape reads it
         if isinstance(value, Static):
             arr = value.value
-        elif isinstance(value, jax.core.Tracer):
+        elif is_traced(value):
             if name in self.static_inputs:
                 raise TypeError(
                     f"apply: input {name!r} sets a shape ({self.static_inputs[name]}), so its value "
@@ -240,7 +240,7 @@ class LoweredModel:
             return np.asarray(arr)  # strings are host values (checked against the declared type)
         _check_jax_dtype(name, arr.dtype)
         mapped = self._interp.map_dtype(np.dtype(arr.dtype))
-        if name in self.static_inputs and not isinstance(arr, jax.core.Tracer):
+        if name in self.static_inputs and not is_traced(arr):
             # A shape-setting input stays NumPy, so the shapes it decides are static.
             arr = np.asarray(arr)
             return arr.astype(mapped) if mapped != arr.dtype else arr

@@ -85,6 +85,17 @@ def is_static(v: Any) -> bool:
     return isinstance(v, (np.ndarray, np.generic))
 
 
+try:  # the public name (jax 0.10 - 0.12); the private one if a later jax drops it
+    _TRACER = jax.core.Tracer
+except AttributeError:  # pragma: no cover
+    from jax._src.core import Tracer as _TRACER
+
+
+def is_traced(v: Any) -> bool:
+    """True for a tracer (a value inside jax.jit / vmap / grad whose data is not known yet)."""
+    return isinstance(v, _TRACER)
+
+
 def np_dtype(elem_type: int) -> np.dtype:
     """numpy dtype of an ONNX TensorProto elem type (bfloat16 / float8 via ml_dtypes)."""
     if elem_type == onnx.TensorProto.BFLOAT16:

@@ -61,8 +61,7 @@ def _static_int(name, value):
     shape = np.shape(value)
     if int(np.prod(shape, dtype=np.int64)) != 1:
         _fail(name, f"must be a scalar or a 1-element tensor, got shape {tuple(shape)}")
-    dtype = np.dtype(getattr(value, "dtype", np.asarray(value).dtype if not isinstance(
-        value, jax.core.Tracer) else np.int32))
+    dtype = np.dtype(value.dtype if hasattr(value, "dtype") else np.asarray(value).dtype)
     if not np.issubdtype(dtype, np.integer):
         _fail(name, f"must be an integer, got {dtype}", TypeError)
     try:
