@@ -108,6 +108,22 @@ def _session():
     return DecoderSession(build_tiny_decoder(), max_length=16)
 
 
+def _cli(*argv):
+    """Run the CLI; raise SystemExit with its stderr when it exits with an error status."""
+    import contextlib
+    import io
+
+    from jax_onnx_attn import cli
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc = cli.main(list(argv), out=io.StringIO())
+    if rc:
+        raise SystemExit(err.getvalue().strip())
+
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "builder_llama_fp32" / "model.onnx"
+
+
 def _dup_output():
     m = add_model()
     m.graph.output.append(m.graph.output[0])
@@ -225,6 +241,12 @@ CASES = [
      "max_length 40 exceeds the 32 positions the model supports"),
     ("session-logits-float-token", lambda t: _session().logits([1, 2.0], 1), TypeError,
      "sequence: token 1 is 2.0"),
+    ("cli-token-beyond-vocab", lambda t: _cli("generate", str(FIXTURE), "--ids", "1,320",
+                                              "--max-new-tokens", "1", "--no-progress"),
+     SystemExit, "token 1 is 320, outside the model's vocabulary"),
+    ("cli-float-token", lambda t: _cli("generate", str(FIXTURE), "--ids", "1,2.5",
+                                       "--max-new-tokens", "1", "--no-progress"),
+     SystemExit, "--ids takes comma-separated integers"),
     # ---- backends ----
     ("backend-cuda-without-kernels-or-gpu", lambda t: jax_onnx_attn.ops.attention(
         *[np.zeros((1, 1, 1, 64), np.float16)] * 3, backend="cuda")

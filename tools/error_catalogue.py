@@ -42,7 +42,7 @@ NaN and Inf are not errors: see "NaN and Inf" in [attention.md](attention.md) an
 """
 
 WHEN = {"load": "load", "apply": "apply (host / trace)", "status": "device status",
-        "session": "session (host)", "backend": "trace"}
+        "session": "session (host)", "cli": "CLI (host)", "backend": "trace"}
 
 
 def _cell(text: str) -> str:
