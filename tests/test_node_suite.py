@@ -25,7 +25,7 @@ MIN_PASS = 0.97
 
 
 #: At most this many cases per prefix (in name order), to keep CI's time small.
-PER_PREFIX = 4
+PER_PREFIX = 3
 
 
 def _sample():
@@ -38,10 +38,10 @@ def _sample():
 
 def test_sample_is_meaningful():
     cases = _sample()
-    assert len(cases) >= 80, [c.name for c in cases]
+    assert len(cases) >= 70, [c.name for c in cases]
     # The sample holds cases whose shape inputs are graph inputs (the class this issue fixed).
     from jax_onnx_attn.onnx import load
-    assert sum(bool(load(c.model).static_inputs) for c in cases) >= 30
+    assert sum(bool(load(c.model).static_inputs) for c in cases) >= 25
 
 
 @pytest.mark.parametrize("jit", [False, True], ids=["apply", "jit"])
