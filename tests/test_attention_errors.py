@@ -104,6 +104,12 @@ CASES = [
     ("V heads", lambda: call4d(V=z(B, 1, L, DV)), ValueError, "V has 1 heads but K has 2"),
     ("V length", lambda: call4d(V=z(B, HKV, L + 1, DV)), ValueError,
      "V has sequence length 6 but K has 5"),
+    ("no keys", lambda: call4d(K=z(B, HKV, 0, D), V=z(B, HKV, 0, DV)), ValueError,
+     r"K has no keys and there is no past \(T = P \+ L = 0\)"),
+    ("head size 0", lambda: call4d(Q=z(B, HQ, S, 0), K=z(B, HKV, L, 0)), ValueError,
+     "Q head size must be >= 1"),
+    ("no KV heads", lambda: call4d(K=z(B, 0, L, D), V=z(B, 0, L, DV)), ValueError,
+     "K must have at least one head"),
     # masks
     ("mask rank 5", lambda: call4d(attn_mask=z(1, B, HQ, S, L)), ValueError,
      "attn_mask must have rank 1 to 4"),

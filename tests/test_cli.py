@@ -332,10 +332,10 @@ def test_an_unsupported_model_exits_3(tmp_path):
 
 
 def test_a_run_the_model_cannot_do_exits_3(model_dir):
-    """Beyond the tiny model's 512 rotary positions (no config file says so): the op's own check
-    stops the run at trace time; exit 3 with its message, no traceback."""
+    """Beyond the tiny model's 512 rotary positions (no config file says so): the session refuses
+    the capacity when it is made, naming the model's limit; exit 3 with its message, no traceback."""
     rc, _, err = run("generate", model_dir, "--ids", "1,2", "--max-length", 600, "--max-new-tokens", 2)
-    assert rc == 3 and "generation failed: ValueError" in err and "cos_cache" in err, err
+    assert rc == 3 and "512 positions the model supports" in err, err
     assert "Traceback" not in err
 
 

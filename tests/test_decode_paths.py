@@ -29,6 +29,7 @@ from gqa_decode_cases import gqa_inputs, quant_attrs
 @pytest.fixture
 def kernels_as_specs(monkeypatch):
     monkeypatch.setattr(backend, "has_cuda", lambda: True)
+    monkeypatch.setattr(backend, "no_cuda_device", lambda: None)  # the specs run on the CPU
     monkeypatch.setattr(cuda, "kv_append", kv_reference.kv_append)
     monkeypatch.setattr(cuda, "decode_attention", decode_reference.decode_attention)
     monkeypatch.setattr(cuda, "gqa_prepare", gqa_reference.prepare_step)

@@ -65,3 +65,24 @@ def test_the_decode_plan_and_limits_come_from_the_extension():
     assert cuda.decode_cluster_split_rows(1, 32, 1, 1024, 256) == 256
     with pytest.raises(ValueError, match="split_rows"):
         _extension.decode_plan(head_dim=128, split_rows=100, **shapes)
+
+
+def test_cuda_backend_without_a_gpu_is_a_clear_error(monkeypatch):
+    """Kernels compiled but no GPU (a CUDA build on a CPU machine): backend="cuda" raises
+    NotImplementedError saying so, not XLA's "No FFI handler registered" from deep inside."""
+    from jax_onnx_attn.ops import backend
+
+    monkeypatch.setattr(backend, "has_cuda", lambda: True)
+    monkeypatch.setattr(backend, "no_cuda_device", lambda: "jax sees no CUDA device (test)")
+    x = jnp.zeros((1, 1, 1, 64), jnp.float16)
+    with pytest.raises(NotImplementedError, match="backend='cuda'.*no CUDA device"):
+        jax_onnx_attn.ops.attention(x, x, x, backend="cuda")
+    with pytest.raises(NotImplementedError, match="backend='cuda'.*no CUDA device"):
+        jax_onnx_attn.ops.kv_append(jnp.zeros((1, 1, 4, 8)), jnp.zeros((1, 1, 1, 8)),
+                                    jnp.zeros((1,), jnp.int32), backend="cuda")
+    if not jax_onnx_attn.build_info()["cuda"]:
+        return
+    monkeypatch.undo()
+    if backend.no_cuda_device() is not None:  # the real machine: a CUDA build without a GPU
+        with pytest.raises(NotImplementedError, match="no CUDA device"):
+            jax_onnx_attn.ops.attention(x, x, x, backend="cuda")

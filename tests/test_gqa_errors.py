@@ -46,6 +46,14 @@ CASES = [
     ("head-size-not-multiple-of-8",
      _base(query=np.zeros((B, S, N * 12), np.float32), key=np.zeros((B, S, HKV * 12), np.float32),
            value=np.zeros((B, S, HKV * 12), np.float32)), A, "query", ValueError, True),
+    ("query-no-tokens", _base(query=np.zeros((B, 0, N * D), np.float32),
+                              key=np.zeros((B, 0, HKV * D), np.float32),
+                              value=np.zeros((B, 0, HKV * D), np.float32)), A, "query",
+     ValueError, True),
+    ("head-size-zero", _base(query=np.zeros((B, S, 0), np.float32),
+                             key=np.zeros((B, S, 0), np.float32),
+                             value=np.zeros((B, S, 0), np.float32)), A, "query", ValueError,
+     None),  # onnxruntime 1.32 dies of SIGFPE on it (a division by the head size)
     ("packed-hidden", _base(query=np.zeros((B, S, 100), np.float32), key=None, value=None), A,
      "query", ValueError, True),
     ("value-missing", _base(value=None), A, "value", ValueError, True),
@@ -164,20 +172,28 @@ def test_shared_buffer_needs_past():
         group_query_attention(**_base(), **A, shared_buffer=True)
 
 
-def test_traced_total_sequence_length_is_a_type_error():
+def test_traced_total_sequence_length_is_derived_and_checked_on_the_device():
+    """A traced total_sequence_length (a graph input under a user's jit) works: the shapes it sets
+    are derived from the other inputs and its value is checked on the device (status)."""
     inputs = _base()
     total = inputs.pop("total_sequence_length")
 
     def step(total):
-        return group_query_attention(**inputs, total_sequence_length=total, **A).output
+        res = group_query_attention(**inputs, total_sequence_length=total, **A)
+        return res.output, res.present_key, res.status
 
-    with pytest.raises(TypeError, match="^group_query_attention: total_sequence_length: must be known"):
-        jax.jit(step)(np.int32(total))
+    want = group_query_attention(**inputs, total_sequence_length=total, **A)
+    out, present, stat = jax.jit(step)(np.int32(total))
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(want.output))
+    np.testing.assert_array_equal(np.asarray(present), np.asarray(want.present_key))
+    np.testing.assert_array_equal(np.asarray(stat), 0)
+    # A value that breaks onnxruntime's rule (neither S, P + S nor <= P) is flagged on every row.
+    _, _, stat = jax.jit(step)(np.int32(total + 3))
+    np.testing.assert_array_equal(np.asarray(stat), status.TOTAL_SEQUENCE_LENGTH_INVALID)
     # A concrete array is read at trace time, also as a jit constant.
-    want = np.asarray(group_query_attention(**inputs, total_sequence_length=total, **A).output)
     concrete = jax.numpy.asarray([total], jax.numpy.int32)
     got = jax.jit(lambda: group_query_attention(**inputs, total_sequence_length=concrete, **A).output)()
-    np.testing.assert_array_equal(np.asarray(got), want)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want.output))
 
 
 def _decode(seqlens, capacity=P):

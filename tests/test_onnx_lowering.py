@@ -54,13 +54,34 @@ def test_unsupported_ops_are_all_listed_at_load():
     assert "FancyNorm" in str(info.value) and "Hardmax" in str(info.value)
 
 
-def test_a_newer_schema_version_is_reported_not_run_with_old_semantics():
-    # Mod gained a since_version 28; the handler declares 10 and 13 only.
+def test_a_newer_schema_version_is_reported_not_run_with_old_semantics(monkeypatch):
+    # Mod has a since_version 28; a handler that declares only 10 and 13 must not run it.
+    from jax_onnx_attn.onnx import registry
+    monkeypatch.delitem(registry._REGISTRY, registry.OpKey("", "Mod", 28))
     x = helper.make_tensor_value_info("x", TensorProto.INT64, [3])
     model = _model([helper.make_node("Mod", ["x", "x"], ["y"])], [x],
                    [helper.make_tensor_value_info("y", TensorProto.INT64, [3])], opset=28)
     with pytest.raises(UnsupportedOpsError, match="Mod"):
         jax_onnx_attn.load(model)
+
+
+def test_every_registered_op_has_its_newest_schema():
+    """A handler covers the newest since_version onnx defines for its op (onnx.defs), so a model at
+    the newest opset runs every op the lowering has."""
+    import onnx.defs
+    from jax_onnx_attn.onnx import registry
+    have = {}
+    for k in registry.registered():
+        have.setdefault((k.domain, k.op_type), set()).add(k.since_version)
+    stale = {}
+    for (domain, op), versions in have.items():
+        try:
+            newest = onnx.defs.get_schema(op, domain=domain).since_version
+        except onnx.defs.SchemaError:
+            continue  # onnxruntime contrib ops: not in onnx.defs
+        if newest not in versions:
+            stale[op] = (newest, sorted(versions))
+    assert not stale, stale
 
 
 def test_shape_arithmetic_folds_at_trace_time():

@@ -78,6 +78,23 @@ class NodeContext:
         d = self.interp.map_dtype(np_dtype(elem_type))
         return d if self.static else traced_dtype(d)
 
+    @property
+    def collecting_status(self) -> bool:
+        """True when the run collects device statuses (`LoweredModel.apply_with_status`): a handler
+        that can see a bad runtime value computes its status only then."""
+        return self.interp.status_sink is not None
+
+    def report_status(self, status) -> None:
+        """Record this node's int32 device status (flags of `jax_onnx_attn.ops.status`; any shape,
+        e.g. [B] or a scalar) for `LoweredModel.apply_with_status`; a no-op when not collecting.
+        Statuses of one node (a subgraph run twice) are ORed."""
+        sink = self.interp.status_sink
+        if sink is None:
+            return
+        name = self.node.name or self.node.output[0]
+        key = f"{self.node.op_type} {name!r}"
+        sink[key] = status if key not in sink else sink[key] | status
+
     def producer(self, name: str):
         """The node that outputs `name` (None for graph inputs and initializers)."""
         return self.interp.producers.get(name)
@@ -107,6 +124,8 @@ class Interpreter:
                 if o:
                     self.producers[o] = node
         self._keys: dict[int, registry.OpKey] = {}
+        #: {node label: int32 status} while a run collects device statuses, else None.
+        self.status_sink: dict | None = None
 
     def map_dtype(self, dtype) -> np.dtype:
         """`dtype` after load(dtype=...)'s float_map (e.g. float32 -> bfloat16); others unchanged."""

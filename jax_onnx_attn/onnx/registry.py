@@ -35,6 +35,8 @@ class OpKey(NamedTuple):
 
 
 _REGISTRY: dict[OpKey, Handler] = {}
+#: {OpKey: input positions whose values must be known at trace time (they set shapes)}.
+_STATIC_INPUTS: dict[OpKey, tuple[int, ...]] = {}
 
 
 def normalize_domain(domain: str) -> str:
@@ -42,8 +44,14 @@ def normalize_domain(domain: str) -> str:
     return ONNX_DOMAIN if domain in ("", "ai.onnx") else domain
 
 
-def register(op_type: str, *since_versions: int, domain: str = ONNX_DOMAIN):
-    """Decorator: `fn` implements `op_type` at each listed schema since_version of `domain`."""
+def register(op_type: str, *since_versions: int, domain: str = ONNX_DOMAIN,
+             static_inputs: tuple[int, ...] = ()):
+    """Decorator: `fn` implements `op_type` at each listed schema since_version of `domain`.
+
+    static_inputs: the input positions whose values decide output shapes (a Reshape's shape, a
+    Slice's starts, ...). The handler reads them with `NodeContext.static_value`; a graph input that
+    reaches one of them is one of the model's `LoweredModel.static_inputs`.
+    """
     if not since_versions:
         raise ValueError(f"register({op_type!r}): list the since_versions the handler implements")
 
@@ -53,6 +61,7 @@ def register(op_type: str, *since_versions: int, domain: str = ONNX_DOMAIN):
             if key in _REGISTRY:
                 raise ValueError(f"{key} is registered twice")
             _REGISTRY[key] = fn
+            _STATIC_INPUTS[key] = tuple(int(i) for i in static_inputs)
         return fn
 
     return deco
@@ -78,6 +87,11 @@ def resolve(domain: str, op_type: str, opsets: dict[str, int]) -> OpKey:
     candidates = [k.since_version for k in _REGISTRY
                   if k.domain == domain and k.op_type == op_type and k.since_version <= imported]
     return OpKey(domain, op_type, max(candidates) if candidates else imported)
+
+
+def static_inputs(key: OpKey) -> tuple[int, ...]:
+    """The input positions of `key` whose values must be known at trace time (see `register`)."""
+    return _STATIC_INPUTS.get(key, ())
 
 
 def lookup(key: OpKey) -> Handler | None:

@@ -40,6 +40,42 @@ class ShapeOnly:
         return f"ShapeOnly({self.shape}, {self.dtype}, {self.why!r})"
 
 
+class Static:
+    """A graph input passed by value: static under `jax.jit`, one compile per distinct value.
+
+    Inputs that set shapes (a Reshape's shape, Slice's starts, TopK's k, ...: the model's
+    `LoweredModel.static_inputs`) must be known at trace time. Wrap them in Static to pass them
+    through `jax.jit(lowered.apply)`: Static is a pytree without leaves whose value is part of the
+    tree's structure, so jit hashes it and retraces when it changes. Unjitted, a NumPy array works
+    as well.
+
+    Args:
+      value: any array-like (NumPy array or scalar, a concrete jax array, a list); kept as NumPy.
+    """
+
+    __slots__ = ("value", "_key")
+
+    def __init__(self, value):
+        if isinstance(value, Static):
+            value = value.value
+        arr = np.asarray(value)  # a tracer fails here: a Static needs a concrete value
+        arr.setflags(write=False)
+        self.value = arr
+        self._key = (arr.dtype.str, arr.shape, arr.tobytes())
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Static) and self._key == other._key
+
+    def __repr__(self) -> str:
+        return f"Static({self.value!r})"
+
+
+jax.tree_util.register_pytree_node(Static, lambda s: ((), s), lambda aux, _: aux)
+
+
 def is_static(v: Any) -> bool:
     """True for values known at trace time (NumPy arrays / scalars).
 
@@ -48,6 +84,17 @@ def is_static(v: Any) -> bool:
         `ShapeOnly` or None -> False.
     """
     return isinstance(v, (np.ndarray, np.generic))
+
+
+try:  # the public name (jax 0.10 - 0.12); the private one if a later jax drops it
+    _TRACER = jax.core.Tracer
+except AttributeError:  # pragma: no cover
+    from jax._src.core import Tracer as _TRACER
+
+
+def is_traced(v: Any) -> bool:
+    """True for a tracer (a value inside jax.jit / vmap / grad whose data is not known yet)."""
+    return isinstance(v, _TRACER)
 
 
 def np_dtype(elem_type: int) -> np.dtype:

@@ -25,7 +25,7 @@ import numpy as np
 from jax_onnx_attn.ops import decode_paths
 from jax_onnx_attn.ops import status as st
 from jax_onnx_attn.ops.backend import check_backend, dispatch
-from jax_onnx_attn.ops.dtypes import check_float_dtype
+from jax_onnx_attn.ops.dtypes import check_float_dtype, lengths_int32
 from jax_onnx_attn.ops.kv_cache import kv_append
 from jax_onnx_attn.ops.reference import attention as reference
 
@@ -197,6 +197,10 @@ def _check_qkv(q, k, v):
     if k.dtype != q.dtype:
         raise _error(f"K has dtype {k.dtype} but Q has {q.dtype} (both are T1)", TypeError)
     b, hq, _, d = q.shape
+    if d == 0:
+        raise _error(f"Q head size must be >= 1 (scale is 1/sqrt(D)), got Q shape {_shape(q)}")
+    if k.shape[1] == 0:
+        raise _error(f"K must have at least one head, got K shape {_shape(k)}")
     if k.shape[0] != b or v.shape[0] != b:
         raise _error(f"batch sizes differ: Q {q.shape[0]}, K {k.shape[0]}, V {v.shape[0]}")
     if k.shape[3] != d:
@@ -221,10 +225,15 @@ def _check_pair(name: str, x, like, what: str):
 
 
 def _check_lengths(name: str, x, batch: int):
-    if x.ndim != 1 or x.shape[0] != batch:
+    """An integer [B] length tensor as int32, saturated (`dtypes.lengths_int32`): a 64-bit value
+    out of range stays out of range instead of wrapping."""
+    if not hasattr(x, "dtype"):
+        x = np.asarray(x)
+    if np.ndim(x) != 1 or x.shape[0] != batch:
         raise _error(f"{name} must have shape [B] = [{batch}], got {_shape(x)}")
     if not jnp.issubdtype(x.dtype, jnp.integer):
         raise _error(f"{name} must be an integer tensor, got {x.dtype}", TypeError)
+    return lengths_int32(x)
 
 
 def _normalise_mask(mask, target: tuple, *, short_ok: bool, total_name: str, short_rule: str):
@@ -253,6 +262,16 @@ def _normalise_mask(mask, target: tuple, *, short_ok: bool, total_name: str, sho
         raise _error(f"attn_mask last dim {last} is shorter than {total_name} {total}; "
                      f"{short_rule}")
     return mask.reshape(shape)
+
+
+def _mask_array(mask):
+    """attn_mask as a jax array; a 64-bit integer mask from the host becomes float32 (it is added
+    as numbers either way), so that its values are not wrapped into 32 bits."""
+    if not isinstance(mask, jax.Array):
+        mask = np.asarray(mask)
+        if mask.dtype.kind in "iu" and mask.dtype.itemsize == 8:
+            mask = mask.astype(np.float32)
+    return jnp.asarray(mask)
 
 
 def _resolve_opset(opset) -> int:
@@ -360,12 +379,13 @@ def attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv
         if past_key is not None:
             raise _error("nonpad_kv_seqlen cannot be combined with past_key / past_value (it "
                          "describes an external cache held in K and V)")
-        nonpad_kv_seqlen = jnp.asarray(nonpad_kv_seqlen)
-        _check_lengths("nonpad_kv_seqlen", nonpad_kv_seqlen, b)
-        nonpad_kv_seqlen = nonpad_kv_seqlen.astype(jnp.int32)
+        nonpad_kv_seqlen = _check_lengths("nonpad_kv_seqlen", nonpad_kv_seqlen, b)
     total = past + k.shape[2]
+    if total == 0:
+        raise _error(f"K has no keys and there is no past (T = P + L = 0): there is nothing to "
+                     f"attend to (K shape {_shape(K)})")
     if attn_mask is not None:
-        attn_mask = _normalise_mask(jnp.asarray(attn_mask), (b, hq, s, total), short_ok=opset >= 24,
+        attn_mask = _normalise_mask(_mask_array(attn_mask), (b, hq, s, total), short_ok=opset >= 24,
                                     total_name="total_sequence_length T",
                                     short_rule="a shorter mask needs opset >= 24")
 
@@ -418,7 +438,6 @@ def attention_with_cache(Q, K, V, key_cache, value_cache, cache_lengths, attn_ma
         raise _error(f"attention_with_cache needs K / V with the query's {s} new rows, got "
                      f"{k.shape[2]}")
     key_cache, value_cache = jnp.asarray(key_cache), jnp.asarray(value_cache)
-    cache_lengths = jnp.asarray(cache_lengths)
     _check_pair("key_cache", key_cache, k, "C")
     _check_pair("value_cache", value_cache, v, "C")
     capacity = key_cache.shape[2]
@@ -427,10 +446,9 @@ def attention_with_cache(Q, K, V, key_cache, value_cache, cache_lengths, attn_ma
                      f"{value_cache.shape[2]}")
     if s > capacity:
         raise _error(f"{s} new rows do not fit a cache of capacity {capacity}")
-    _check_lengths("cache_lengths", cache_lengths, b)
-    cache_lengths = cache_lengths.astype(jnp.int32)
+    cache_lengths = _check_lengths("cache_lengths", cache_lengths, b)
     if attn_mask is not None:
-        attn_mask = _normalise_mask(jnp.asarray(attn_mask), (b, hq, s, capacity), short_ok=True,
+        attn_mask = _normalise_mask(_mask_array(attn_mask), (b, hq, s, capacity), short_ok=True,
                                     total_name="cache capacity C", short_rule="")
 
     key_cache, status_k = kv_append(key_cache, k, cache_lengths, backend=backend)

@@ -4,6 +4,7 @@ kernels) or "auto" (the CUDA kernels where XLA compiles for a CUDA device, the r
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Literal
 
 import jax
@@ -20,6 +21,18 @@ def check_backend(backend: str) -> None:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
 
 
+@functools.cache
+def no_cuda_device() -> str | None:
+    """Why jax has no CUDA device in this process (None when it has one): backend="cuda" needs one,
+    the compiled kernels alone are not enough (XLA would fail with "No FFI handler registered")."""
+    try:
+        devices = jax.devices("cuda")
+    except RuntimeError as e:  # a CPU-only jaxlib, or no GPU / driver
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        return f"jax sees no CUDA device ({first})"
+    return None if devices else "jax sees no CUDA device"
+
+
 def dispatch(op: str, backend: str, reference_fn: Callable, cuda_fn: Callable | None, *args,
              unsupported: str | None = None):
     """Call `reference_fn(*args)` or `cuda_fn(*args)`; both must return the same pytree of arrays.
@@ -30,12 +43,14 @@ def dispatch(op: str, backend: str, reference_fn: Callable, cuda_fn: Callable | 
     check_backend(backend)
     if backend == "reference":
         return reference_fn(*args)
-    if cuda_fn is None or not has_cuda():
-        if backend == "cuda":
-            why = unsupported if cuda_fn is None else build_info()["reason"]
-            raise NotImplementedError(f"{op}: backend='cuda' is not available for this call: {why}")
-        return reference_fn(*args)
     if backend == "cuda":
+        why = (unsupported if cuda_fn is None else
+               f"the CUDA kernels were not compiled: {build_info()['reason']}" if not has_cuda()
+               else no_cuda_device())
+        if why:
+            raise NotImplementedError(f"{op}: backend='cuda' is not available for this call: {why}")
         return cuda_fn(*args)
+    if cuda_fn is None or not has_cuda():
+        return reference_fn(*args)
     # "auto": XLA keeps only the branch of the platform it compiles for.
     return jax.lax.platform_dependent(*args, cuda=cuda_fn, default=reference_fn)

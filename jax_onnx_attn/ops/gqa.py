@@ -11,8 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_onnx_attn.ops import decode_paths
+from jax_onnx_attn.ops import status as st
 from jax_onnx_attn.ops.backend import dispatch
-from jax_onnx_attn.ops.dtypes import FLOAT_DTYPES
+from jax_onnx_attn.ops.dtypes import FLOAT_DTYPES, host_integers_fit, lengths_int32
 from jax_onnx_attn.ops.reference import gqa as reference
 from jax_onnx_attn.ops.reference import quant
 
@@ -47,23 +48,26 @@ def _array(name, x):
         return None
     if isinstance(x, (int, float, bool)) or not hasattr(x, "dtype"):
         x = np.asarray(x)
+    # 64-bit host integers are saturated, not wrapped, on their way to 32 bits.
+    x = host_integers_fit(x)
     return jnp.asarray(x) if not isinstance(x, jax.Array) else x
 
 
-def _static_int(name, value) -> int:
-    """A value that decides output shapes: a Python int or a concrete (non-traced) array."""
+def _static_int(name, value):
+    """A value that decides output shapes: an int from a Python int or a concrete array, or the
+    traced int32 scalar when only the device knows it (the caller derives the shapes then)."""
     if value is None:
         _fail(name, "is required")
+    shape = np.shape(value)
+    if int(np.prod(shape, dtype=np.int64)) != 1:
+        _fail(name, f"must be a scalar or a 1-element tensor, got shape {tuple(shape)}")
+    dtype = np.dtype(value.dtype if hasattr(value, "dtype") else np.asarray(value).dtype)
+    if not np.issubdtype(dtype, np.integer):
+        _fail(name, f"must be an integer, got {dtype}", TypeError)
     try:
         arr = np.asarray(value)
     except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-        _fail(name, "must be known at trace time (a Python int or a concrete array, not a traced "
-                    "value): it sets the present_key and output_qk shapes. Pass it as a static "
-                    "argument of the jit, or close over a concrete array", TypeError)
-    if arr.size != 1:
-        _fail(name, f"must be a scalar or a 1-element tensor, got shape {arr.shape}")
-    if not np.issubdtype(arr.dtype, np.integer):
-        _fail(name, f"must be an integer, got {arr.dtype}", TypeError)
+        return lengths_int32(jnp.reshape(value, ()))
     return int(arr.reshape(()))
 
 
@@ -83,7 +87,7 @@ def _check_int(name, x, shape):
     if not jnp.issubdtype(x.dtype, jnp.integer):
         _fail(name, f"must be an integer tensor, got {x.dtype}", TypeError)
     _check_shape(name, x, shape)
-    return x.astype(jnp.int32)
+    return lengths_int32(x)
 
 
 def _check_scale(name, x, mode, hkv, d):
@@ -100,6 +104,46 @@ def _check_scale(name, x, mode, hkv, d):
         _fail(name, f"PER_CHANNEL takes kv_num_heads*head_size = {hkv * d} elements "
                     f"([1, {hkv}, 1, {d}]), got shape {list(x.shape)}")
     return x.reshape(1, hkv, 1, d)
+
+
+def _derived_total(attention_bias, past_key, shared_buffer: bool, kv_len: int, s: int) -> int:
+    """The width total_sequence_length sets when only the device knows its value: attention_bias's
+    last dim when given, else P (shared buffer), P + new rows (growing cache) or S (no past)."""
+    if attention_bias is not None and np.ndim(attention_bias) == 4:
+        return int(attention_bias.shape[3])
+    if past_key is None:
+        return s
+    return int(past_key.shape[2]) + (0 if shared_buffer else kv_len)
+
+
+def _total_ok(total, seqlens_k, *, static_total: int, s: int, kv_len: int, past_len: int,
+              has_past: bool, shared: bool, windowed: bool, cos_rows: int | None, bias_given: bool,
+              qk: bool):
+    """Device check of a traced total_sequence_length against onnxruntime's rules (bool [B]):
+    S on a first prompt, P + S (growing) or <= P (static) with a past, every row's seqlens_k below
+    onnxruntime's present length max(total, P), within the rotary table and the bias width."""
+    ok = total >= max(s, 1) if not windowed else total >= 1
+    ok = jnp.broadcast_to(ok, seqlens_k.shape)
+    if not has_past:
+        ok = ok & (total == s)
+    elif not windowed:
+        ok = ok & ((total == s) | (total == past_len + kv_len) | (total <= past_len))
+        if not shared:
+            ok = ok & (total <= static_total)  # the derived present holds every row
+    if cos_rows is not None:
+        ok = ok & (total <= cos_rows)
+    if bias_given or qk:
+        ok = ok & (total == static_total)  # the bias / output_qk width is total
+    return ok
+
+
+def _rows_fit(total, seqlens_k, *, past_len: int, has_past: bool, shared: bool, windowed: bool):
+    """bool [B]: onnxruntime's seqlens_k[b] < present length max(total, P) (a non-shared present;
+    the derived present may be longer, so the device checks the rule itself)."""
+    if not has_past or shared or windowed:
+        return jnp.ones(seqlens_k.shape, bool)
+    return seqlens_k < jnp.maximum(total, past_len)
+
 
 
 class _Attributes(NamedTuple):
@@ -176,6 +220,11 @@ def _check_qkv(query, key, value, a: _Attributes):
         what = "(num_heads + 2*kv_num_heads)" if packed else "num_heads"
         _fail("query", f"hidden size {hidden} is not a multiple of {what} = {heads_in_query}")
     d = hidden // heads_in_query
+    if s == 0:
+        _fail("query", f"sequence length must be >= 1 (a step has a query token), got shape "
+                       f"{list(query.shape)}")
+    if d == 0:
+        _fail("query", f"head_size must be >= 8, got 0 (hidden size {hidden})")
     if d % 8:
         _fail("query", f"head_size must be a multiple of 8, got {d}")
     kv_len = s
@@ -236,7 +285,8 @@ def _check_past(past_key, past_value, a: _Attributes, dtype, b, d, kv_len, share
 
 
 def _check_lengths(seqlens_k, total_sequence_length, query_seqlens, a: _Attributes, causal,
-                   sliding_window_cache, shared_buffer, past_key, past_len, b, s, kv_len):
+                   sliding_window_cache, shared_buffer, past_key, past_len, b, s, kv_len,
+                   attention_bias):
     """-> (seqlens_k, query_seqlens, total, first_prompt, windowed, present_len)."""
     window = a.window
     seqlens_k = _array("seqlens_k", seqlens_k)
@@ -245,9 +295,15 @@ def _check_lengths(seqlens_k, total_sequence_length, query_seqlens, a: _Attribut
     seqlens_k = _check_int("seqlens_k", seqlens_k, (b,))
     total = _static_int("total_sequence_length", total_sequence_length)
     query_seqlens = _check_int("query_seqlens", _array("query_seqlens", query_seqlens), (b,))
+    windowed = bool(sliding_window_cache)
+    total_device = None
+    if not isinstance(total, int):
+        # Only the device knows the value (a traced input of a user's jit): the shapes it would set
+        # are derived from the other inputs and the value is checked on the device (status).
+        total_device = total
+        total = _derived_total(attention_bias, past_key, shared_buffer, kv_len, s)
     if total < 1:
         _fail("total_sequence_length", f"must be >= 1, got {total}")
-    windowed = bool(sliding_window_cache)
     if not windowed and total < s:
         _fail("total_sequence_length", f"must be >= the query length {s}, got {total}")
     if query_seqlens is not None:
@@ -258,6 +314,9 @@ def _check_lengths(seqlens_k, total_sequence_length, query_seqlens, a: _Attribut
         if kv_len != s:
             _fail("query_seqlens", "requires key/value with the query's sequence length")
         first_prompt = False
+    elif total_device is not None:
+        # Without a past every step is a first prompt; with one, the device tells (total == S).
+        first_prompt = True if past_key is None else None
     else:
         first_prompt = s == total
         if not first_prompt and s > 1 and past_key is None:
@@ -272,6 +331,8 @@ def _check_lengths(seqlens_k, total_sequence_length, query_seqlens, a: _Attribut
             _fail("past_key", f"capacity {past_len} must be >= local_window_size {window} with "
                               f"sliding_window_cache=1")
         present_len = past_len
+    elif total_device is not None:
+        present_len = past_len if shared_buffer else max(total, past_len)
     else:
         present_len = past_len if shared_buffer else max(total, past_len)
         # onnxruntime's rule: a growing cache (total = P + S) or a static one (total <= P).
@@ -280,10 +341,11 @@ def _check_lengths(seqlens_k, total_sequence_length, query_seqlens, a: _Attribut
                                            f"or <= P = {past_len} (static cache), got {total}")
         if past_key is None and not first_prompt:
             _fail("past_key", f"is required when S={s} != total_sequence_length={total}")
-    return seqlens_k, query_seqlens, total, first_prompt, windowed, present_len
+    return seqlens_k, query_seqlens, total, total_device, first_prompt, windowed, present_len
 
 
-def _check_rotary(cos_cache, sin_cache, position_ids, do_rotary, dtype, d, total, b, s):
+def _check_rotary(cos_cache, sin_cache, position_ids, do_rotary, dtype, d, total, b, s,
+                  total_known: bool = True):
     """-> (cos_cache, sin_cache, position_ids), all None without rotary."""
     cos_cache, sin_cache = _array("cos_cache", cos_cache), _array("sin_cache", sin_cache)
     if (cos_cache is None) != (sin_cache is None):
@@ -298,8 +360,10 @@ def _check_rotary(cos_cache, sin_cache, position_ids, do_rotary, dtype, d, total
                 _fail(name, f"must be 2-D [max_position, rotary_dim/2], got {list(x.shape)}")
             if d % 16:
                 _fail(name, f"rotary needs head_size to be a multiple of 16, got {d}")
-            if x.shape[0] < total:
-                _fail(name, f"dimension 0 ({x.shape[0]}) must be >= total_sequence_length {total}")
+            if x.shape[0] < total and total_known:
+                _fail(name, f"dimension 0 ({x.shape[0]}) must be >= total_sequence_length {total}: "
+                            f"the rotary table covers {x.shape[0]} positions, so the model "
+                            f"supports sequences of at most {x.shape[0]} tokens")
             if x.shape[1] > d // 2 or x.shape[1] % 8:
                 _fail(name, f"dimension 1 ({x.shape[1]}) must be <= head_size/2 = {d // 2} and a "
                             f"multiple of 8")
@@ -349,7 +413,8 @@ def _prepare(arguments: dict):
     """Every check of the op, once (the CUDA paths and handlers do not repeat them): the inputs
     normalised and the static GQAConfig that the reference and the CUDA routes take.
 
-    Returns (config, args): args in the reference's order (query .. query_seqlens).
+    Returns (config, args, device): args in the reference's order (query .. query_seqlens);
+    device is None, or (for a traced total_sequence_length) what the device check needs.
     """
     g = arguments
     a = _check_attributes(g["num_heads"], g["kv_num_heads"], g["causal"], g["do_rotary"],
@@ -361,11 +426,13 @@ def _prepare(arguments: dict):
     past_key, past_value, past_len = _check_past(
         g["past_key"], g["past_value"], a, dtype, b, d, kv_len, g["shared_buffer"], g["past_empty"],
         g["sliding_window_cache"])
-    seqlens_k, query_seqlens, total, first_prompt, windowed, present_len = _check_lengths(
-        g["seqlens_k"], g["total_sequence_length"], g["query_seqlens"], a, g["causal"],
-        g["sliding_window_cache"], g["shared_buffer"], past_key, past_len, b, s, kv_len)
+    seqlens_k, query_seqlens, total, total_device, first_prompt, windowed, present_len = \
+        _check_lengths(g["seqlens_k"], g["total_sequence_length"], g["query_seqlens"], a,
+                       g["causal"], g["sliding_window_cache"], g["shared_buffer"], past_key,
+                       past_len, b, s, kv_len, _array("attention_bias", g["attention_bias"]))
     cos_cache, sin_cache, position_ids = _check_rotary(
-        g["cos_cache"], g["sin_cache"], g["position_ids"], g["do_rotary"], dtype, d, total, b, s)
+        g["cos_cache"], g["sin_cache"], g["position_ids"], g["do_rotary"], dtype, d, total, b, s,
+        total_known=total_device is None)
     attention_bias, head_sink, k_scale, v_scale, q_norm_weight, k_norm_weight = _check_extras(
         g["attention_bias"], g["head_sink"], g["k_scale"], g["v_scale"], g["q_norm_weight"],
         g["k_norm_weight"], a, g["k_quant_type"], g["v_quant_type"], dtype, b, s, d, total)
@@ -384,7 +451,14 @@ def _prepare(arguments: dict):
         past_empty=bool(g["past_empty"]))
     args = (query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
             attention_bias, head_sink, k_scale, v_scale, q_norm_weight, k_norm_weight, query_seqlens)
-    return config, args
+    device = None
+    if total_device is not None:
+        device = dict(total=total_device, static_total=total, s=s, kv_len=kv_len,
+                      past_len=past_len, has_past=past_key is not None,
+                      shared=bool(g["shared_buffer"]), windowed=windowed,
+                      cos_rows=None if cos_cache is None else cos_cache.shape[0],
+                      bias_given=attention_bias is not None, qk=bool(int(g["qk_output"])))
+    return config, args, device
 
 
 def group_query_attention(query, key=None, value=None, past_key=None, past_value=None,
@@ -415,7 +489,10 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
       seqlens_k: integer [B], T_b - 1; read on the device, drives every mask and write.
       total_sequence_length: Python int or concrete integer scalar / 1-element array (static):
         S == total marks a first prompt; it sets present's length (non-shared) and output_qk's
-        width. A traced value raises TypeError.
+        width. A traced value (only the device knows it, e.g. a graph input under a user's jit)
+        is allowed: the widths are derived from attention_bias, the past (P, or P + S growing)
+        or S, the step type is decided on the device, and a value breaking onnxruntime's rules
+        sets status TOTAL_SEQUENCE_LENGTH_INVALID (the reference backend runs such a call).
       cos_cache, sin_cache: [max_position >= total, R/2] T, R/2 a multiple of 8, R <= D
         (partial rotary), D % 16 == 0; used when do_rotary=1.
       position_ids: integer [B, S]; rotary positions. On a first prompt only position_ids[0, 0]
@@ -465,10 +542,25 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
     Raises ValueError / TypeError "group_query_attention: <input>: <rule>" at trace time for
     invalid shapes, dtypes, attributes and step types.
     """
-    config, args = _prepare(locals())
+    config, args, device = _prepare(locals())
     query, key, past_key, query_seqlens = args[0], args[1], args[3], args[15]
-    cuda_fn, why = decode_paths.gqa_cuda(config, query=query, key=key, past_key=past_key,
-                                         query_seqlens=query_seqlens)
-    result = dispatch(OP, backend, functools.partial(reference.group_query_attention, config=config),
-                      cuda_fn, *args, unsupported=why)
-    return GroupQueryAttentionOutput(*result)
+    seqlens_k = args[5]
+    if device is None:
+        cuda_fn, why = decode_paths.gqa_cuda(config, query=query, key=key, past_key=past_key,
+                                             query_seqlens=query_seqlens)
+    else:
+        cuda_fn, why = None, ("total_sequence_length is only known on the device (traced): the "
+                              "reference decides the step type there")
+    fn = functools.partial(reference.group_query_attention, config=config,
+                           total=None if device is None else device["total"])
+    result = GroupQueryAttentionOutput(*dispatch(OP, backend, fn, cuda_fn, *args,
+                                                 unsupported=why))
+    if device is not None:
+        total = device.pop("total")
+        fit = {k: device[k] for k in ("past_len", "has_past", "shared", "windowed")}
+        ok = _total_ok(total, seqlens_k, **device)
+        fits = _rows_fit(total, seqlens_k, **fit)
+        flag = (st.flag_unless(ok, st.TOTAL_SEQUENCE_LENGTH_INVALID)
+                | st.flag_unless(fits, st.KV_WRITE_OUT_OF_RANGE))
+        result = result._replace(status=result.status | flag)
+    return result

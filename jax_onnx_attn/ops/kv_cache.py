@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 from jax_onnx_attn.ops import cuda
 from jax_onnx_attn.ops.backend import dispatch
-from jax_onnx_attn.ops.dtypes import check_float_dtype
+from jax_onnx_attn.ops.dtypes import check_float_dtype, lengths_int32
 from jax_onnx_attn.ops.reference import kv_cache as reference
 
 
@@ -24,7 +25,8 @@ def kv_append(cache, new, start, *, backend: str = "auto"):
       (cache, status): the updated cache, and int32 [B] status (see `jax_onnx_attn.ops.status`): a
       batch row whose rows would fall outside [0, C) is not written and gets KV_WRITE_OUT_OF_RANGE.
     """
-    cache, new, start = jnp.asarray(cache), jnp.asarray(new), jnp.asarray(start)
+    cache, new = jnp.asarray(cache), jnp.asarray(new)
+    start = start if hasattr(start, "dtype") else np.asarray(start)
     if cache.ndim != 4:
         raise ValueError(f"kv_append: cache must be [B, H, C, D], got shape {cache.shape}")
     if new.ndim != 4:
@@ -37,8 +39,9 @@ def kv_append(cache, new, start, *, backend: str = "auto"):
         raise ValueError(f"kv_append: new {new.shape} does not match cache {cache.shape} in B, H or D")
     if new.shape[2] > c:
         raise ValueError(f"kv_append: new has {new.shape[2]} rows, more than the cache capacity {c}")
-    if start.shape != (b,) or not jnp.issubdtype(start.dtype, jnp.integer):
+    if tuple(start.shape) != (b,) or not jnp.issubdtype(start.dtype, jnp.integer):
         raise ValueError(f"kv_append: start must be integer [B]=[{b}], got {start.dtype}{list(start.shape)}")
+    start = lengths_int32(start)  # any integer width: saturated, never wrapped
     cuda_fn = cuda.kv_append if cache.dtype != jnp.float64 else None
     return dispatch("kv_append", backend, reference.kv_append, cuda_fn, cache, new, start,
                     unsupported="float64 runs on the reference backend only")

@@ -249,6 +249,8 @@ class DecoderSession:
         `default_compiler_options()` for the platform.
 
     Attributes:
+      vocab_size: rows of the model's token embedding (None when the model has no recognisable
+        one); every token id passed in must lie in [0, vocab_size).
       trace_counts / compile_counts: Counter of how often "prefill" and "decode" were traced and
         compiled (tests use them to show decode compiles once).
     """
@@ -266,6 +268,13 @@ class DecoderSession:
         self.compiler_options = (default_compiler_options() if compiler_options is None
                                  else dict(compiler_options))
         self.params = self.lowered.params
+        positions = getattr(self.lowered, "max_positions", None)
+        if positions is not None and self.max_length > positions:
+            raise ValueError(f"max_length {self.max_length} exceeds the {positions} positions the "
+                             f"model supports (its rotary cos/sin tables have {positions} rows); "
+                             f"make the session with max_length <= {positions}")
+        #: Rows of the token embedding: prompts are checked against it (None: not known).
+        self.vocab_size = getattr(self.lowered, "vocab_size", None)
         self.step = self.lowered.fixed_cache_step(self.batch, self.max_length)
         self.cache = self.step.init_cache(self.params)
         self.trace_counts: Counter = Counter()
@@ -275,6 +284,22 @@ class DecoderSession:
         self._decode_jit = jax.jit(self._decode, static_argnames=("sampling", "steps"),
                                    donate_argnums=(1, 2))
         self._score_jit = jax.jit(self._run_step, donate_argnums=(4,), static_argnums=(5,))
+
+    def _token_ids(self, tokens, what: str, in_vocab: bool = True) -> list[int]:
+        """`tokens` as Python ints, checked on the host: integers (not floats, not bools) in
+        [0, vocab_size) (the embedding's rows: on the device jax's gather would clamp an id beyond
+        them, where onnxruntime raises). ValueError / TypeError name the row and position."""
+        out = []
+        for j, t in enumerate(tokens):
+            if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
+                raise TypeError(f"{what}: token {j} is {t!r} ({type(t).__name__}); token ids are "
+                                f"integers")
+            t = int(t)
+            if in_vocab and (t < 0 or (self.vocab_size is not None and t >= self.vocab_size)):
+                raise ValueError(f"{what}: token {j} is {t}, outside the model's vocabulary "
+                                 f"[0, {self.vocab_size if self.vocab_size is not None else 'V'})")
+            out.append(t)
+        return out
 
     # ---------------------------------------------------------------------------------------------
     # Traced functions
@@ -400,8 +425,11 @@ class DecoderSession:
 
         The result's `timings` keep compile time apart and say whether the call was `warm` (see
         Timings; `warmup` makes the next call warm).
+
+        Raises TypeError for a token id that is not an integer and ValueError for one outside
+        [0, vocab_size), naming the prompt and position (checked on the host before any work).
         """
-        prompts = [[int(t) for t in p] for p in prompts]
+        prompts = [self._token_ids(p, f"prompt {i}") for i, p in enumerate(prompts)]
         if not prompts:
             raise ValueError("generate needs at least one prompt")
         for i, p in enumerate(prompts):
@@ -418,7 +446,7 @@ class DecoderSession:
             result.tokens = [[] for _ in prompts]
             result.finish_reasons = ["length"] * len(prompts)
             return result
-        stop = sorted({int(t) for t in stop_tokens})
+        stop = sorted(set(self._token_ids(stop_tokens, "stop_tokens", in_vocab=False)))
         slots = max(_MIN_STOP_SLOTS, 1 << max(len(stop) - 1, 0).bit_length())
         stop_ids = np.full((slots,), -1, np.int32)
         stop_ids[:len(stop)] = stop
@@ -551,7 +579,7 @@ class DecoderSession:
         """float32 [len(sequence), V]: row t is the distribution after token t, computed the way
         generation computes it: rows < prompt_len by one prefill of the prompt, each later row by a
         one-token decode step through the cache. Runs batch row 0 (for parity checks; slow path)."""
-        sequence = [int(t) for t in sequence]
+        sequence = self._token_ids(sequence, "sequence")
         if not 1 <= prompt_len <= len(sequence) <= self.max_length:
             raise ValueError(f"need 1 <= prompt_len ({prompt_len}) <= len(sequence) ({len(sequence)}) "
                              f"<= max_length ({self.max_length})")

@@ -228,8 +228,12 @@ def run_gqa(ctx, inputs, *, shared_buffer: bool = False, overrides: dict | None 
 
 @register("GroupQueryAttention", 1, domain=MS_DOMAIN)
 def group_query_attention(ctx, *inputs):
-    """com.microsoft GroupQueryAttention-1 (onnxruntime's default, non-shared present buffer)."""
-    return run_gqa(ctx, inputs)
+    """com.microsoft GroupQueryAttention-1 (onnxruntime's default, non-shared present buffer); its
+    int32 [B] status goes to `LoweredModel.apply_with_status`."""
+    statuses: list = []
+    out = run_gqa(ctx, inputs, statuses=statuses)
+    ctx.report_status(statuses[0])
+    return out
 
 
 def _rotary(x, cos, sin, positions, *, interleaved: bool, rotary_dim: int, num_heads: int | None,

@@ -12,6 +12,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 
 from jax_onnx_attn.onnx.registry import MS_DOMAIN, register
@@ -86,7 +87,7 @@ for _name, (_versions, _fn) in _BINARY.items():
     register(_name, *_versions)(_binary_handler(_fn))
 
 
-@register("Mod", 10, 13)
+@register("Mod", 10, 13, 28)
 def mod(ctx, a, b):
     """Mod: remainder with the divisor's sign, or the dividend's (C fmod) with fmod=1."""
     a, b = ctx.operands(a, b)
@@ -233,23 +234,78 @@ def where(ctx, cond, a, b):
     return ctx.xp.where(cond, a, b)
 
 
-@register("Cast", 6, 9, 13, 19, 21, 23, 24, 25)
+#: float8 types that Cast saturates (attribute saturate=1, the default): out-of-range -> +-max.
+_SATURATING_FLOAT8 = tuple(np.dtype(t) for t in (
+    ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e4m3fnuz, ml_dtypes.float8_e5m2,
+    ml_dtypes.float8_e5m2fnuz))
+#: Sub-byte integer types: a float goes through int32 (truncation) then wraps, as NumPy does.
+_NARROW_INTS = tuple(np.dtype(t) for t in (ml_dtypes.int4, ml_dtypes.uint4, ml_dtypes.int2,
+                                            ml_dtypes.uint2))
+_E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)
+
+
+def _to_e8m0(xp, x, saturate: bool, round_mode: str):
+    """float8e8m0 (a power of two) from float32 bits, as onnx.numpy_helper.to_float8e8m0."""
+    bits = x.astype(np.float32).view(np.uint32) if xp is np else \
+        jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
+    exponent = ((bits >> 23) & 0xFF).astype(np.int32)
+    special = exponent == 0xFF
+    if round_mode == "nearest":
+        g = (bits & 0x400000) > 0
+        r = (bits & 0x200000) > 0
+        sticky = (bits & 0x1FFFFF) > 0
+        up = g & (r | sticky | (exponent > 0))
+    elif round_mode == "up":
+        up = (bits & 0x7FFFFF) > 0
+    elif round_mode == "down":
+        up = xp.zeros(bits.shape, bool)
+    else:
+        raise ValueError(f"Cast: round_mode must be 'up', 'down' or 'nearest', got {round_mode!r}")
+    up = up & ~special
+    if saturate:
+        up = up & (exponent != 0xFE)
+    out = xp.where(special, 0xFF, (exponent + up.astype(np.int32)) & 0xFF).astype(np.uint8)
+    if xp is np:
+        return out.view(ml_dtypes.float8_e8m0fnu)
+    return jax.lax.bitcast_convert_type(out, _E8M0)
+
+
+def cast_value(ctx, x, dtype, *, saturate: bool = True, round_mode: str = "up"):
+    """x as `dtype` by ONNX Cast's rules (NumPy for a static x, jax otherwise).
+
+    float8 e4m3fn / e4m3fnuz / e5m2 / e5m2fnuz saturate (out-of-range and +-inf become +-max) when
+    `saturate`; float8e8m0 rounds by `round_mode`; a float cast to a sub-byte integer (int4 / uint4 /
+    int2 / uint2) truncates to int32 and wraps, as NumPy's (and the reference's) cast does.
+    """
+    static = is_static(x)
+    xp = np if static else jnp
+    x = np.asarray(x) if static else to_jax(x)
+    dtype = np.dtype(dtype)
+    src = np.dtype(x.dtype)
+    if dtype == _E8M0 and src != _E8M0:
+        return _to_e8m0(xp, x, bool(saturate), round_mode)
+    if dtype in _SATURATING_FLOAT8 and saturate and src.kind == "f" and src not in _SATURATING_FLOAT8:
+        info = ml_dtypes.finfo(dtype)
+        x = xp.clip(x, np.asarray(float(info.min), src), np.asarray(float(info.max), src))
+    if dtype in _NARROW_INTS and src.kind == "f":
+        x = x.astype(np.int32)
+    return x.astype(dtype)
+
+
+@register("Cast", 6, 9, 13, 19, 21, 23, 24, 25, 28)
 def cast(ctx, x):
-    """Cast: x in the dtype of attribute `to` (mapped by load(dtype=...), JAX's when traced)."""
-    dtype = ctx.dtype(ctx.attr("to"))
-    if is_static(x):
-        return np.asarray(x).astype(dtype)
-    return to_jax(x).astype(dtype)
+    """Cast: x in the dtype of attribute `to` (mapped by load(dtype=...), JAX's when traced), with
+    Cast's saturate / round_mode rules for float8 (`cast_value`)."""
+    return cast_value(ctx, x, ctx.dtype(ctx.attr("to")), saturate=bool(ctx.attr("saturate", 1)),
+                      round_mode=ctx.attr("round_mode", "up"))
 
 
 @register("CastLike", 15, 19, 21, 23, 24, 25)
 def cast_like(ctx, x, like):
-    """CastLike: x in like's dtype (a static x stays NumPy)."""
-    dtype = like.dtype
-    if is_static(x):
-        # A static value cast like a traced one stays static (shape arithmetic stays foldable).
-        return np.asarray(x).astype(dtype)
-    return to_jax(x).astype(dtype)
+    """CastLike: x in like's dtype (a static x stays NumPy), with Cast's rules (`cast_value`)."""
+    # A static value cast like a traced one stays static (shape arithmetic stays foldable).
+    return cast_value(ctx, x, like.dtype, saturate=bool(ctx.attr("saturate", 1)),
+                      round_mode=ctx.attr("round_mode", "up"))
 
 
 @register("Clip", 6, 11, 12, 13)
@@ -273,11 +329,18 @@ def identity(ctx, x):
     return x
 
 
-@register("Dropout", 12, 13, 22)
+@register("Dropout", 10, 12, 13, 22, static_inputs=(1, 2))
 def dropout(ctx, x, ratio=None, training_mode=None):
-    """Dropout (inference): (x, all-True bool mask of x's shape)."""
-    # Inference: Dropout is the identity and its mask is all True.
-    if training_mode is not None and is_static(training_mode) and bool(np.asarray(training_mode)):
-        ctx.fail("training_mode=True is not supported (inference only)")
+    """Dropout (inference): (x, all-True bool mask of x's shape). training_mode must be known at
+    trace time (it decides which computation runs); True is supported only with ratio 0 (which
+    drops nothing): random dropping is not."""
+    # Inference (or ratio 0): Dropout is the identity and its mask is all True.
+    if training_mode is not None and bool(np.asarray(
+            ctx.static_value(training_mode, "Dropout's training_mode")).reshape(-1)[0]):
+        r = 0.5 if ratio is None else float(
+            np.asarray(ctx.static_value(ratio, "Dropout's ratio")).reshape(-1)[0])
+        if r != 0.0:
+            ctx.fail(f"training_mode=True with ratio {r} (random dropping) is not supported "
+                     f"(inference only)", NotImplementedError)
     mask = np.ones(x.shape, bool) if is_static(x) else jnp.ones(x.shape, bool)
     return x, mask

@@ -75,7 +75,7 @@ def gemm(ctx, a, b, c=None):
     return y
 
 
-@register("Einsum", 12)
+@register("Einsum", 12, 28)
 def einsum(ctx, *xs):
     """Einsum: the `equation` attribute over the inputs, in the first input's dtype."""
     eq = ctx.attr("equation")

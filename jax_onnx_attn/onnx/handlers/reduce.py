@@ -20,6 +20,17 @@ def _acc(x):
     return jnp.float32 if np.dtype(x.dtype) in HALF_DTYPES else None
 
 
+def _identity(dtype, fn_name: str):
+    """The identity of max / min over `dtype`: its lowest / highest value (-inf / inf for floats)."""
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return fn_name == "min"
+    if dtype.kind == "f" or dtype.kind == "V":
+        return -np.inf if fn_name == "max" else np.inf
+    info = np.iinfo(dtype)
+    return info.min if fn_name == "max" else info.max
+
+
 def _axes(ctx, x, axes_input, axes_from_input: bool):
     if axes_from_input:
         axes = None if axes_input is None else [
@@ -45,6 +56,9 @@ def _reduce(fn_name: str, first_input_version: int, post=None, pre=None):
         kwargs = {}
         if not ctx.static and fn_name in ("sum", "mean", "prod") and _acc(x) is not None:
             kwargs["dtype"] = _acc(x)
+        if fn_name in ("max", "min") and any(x.shape[a] == 0 for a in ax):
+            # An empty reduction gives the identity: -inf / +inf (the type's lowest / highest).
+            kwargs["initial"] = _identity(x.dtype, fn_name)
         out = getattr(xp, fn_name)(x, axis=ax, keepdims=keep, **kwargs)
         if post is not None:
             out = post(xp, out)
@@ -53,13 +67,13 @@ def _reduce(fn_name: str, first_input_version: int, post=None, pre=None):
     return handler
 
 
-register("ReduceSum", 11, 13)(_reduce("sum", 13))
-register("ReduceMean", 11, 13, 18)(_reduce("mean", 18))
-register("ReduceMax", 11, 12, 13, 18, 20)(_reduce("max", 18))
-register("ReduceMin", 11, 12, 13, 18, 20)(_reduce("min", 18))
-register("ReduceProd", 11, 13, 18)(_reduce("prod", 18))
-register("ReduceSumSquare", 11, 13, 18)(_reduce("sum", 18, pre=lambda xp, x: x * x))
-register("ReduceL2", 11, 13, 18)(_reduce("sum", 18, pre=lambda xp, x: x * x,
+register("ReduceSum", 11, 13, static_inputs=(1,))(_reduce("sum", 13))
+register("ReduceMean", 11, 13, 18, static_inputs=(1,))(_reduce("mean", 18))
+register("ReduceMax", 11, 12, 13, 18, 20, static_inputs=(1,))(_reduce("max", 18))
+register("ReduceMin", 11, 12, 13, 18, 20, static_inputs=(1,))(_reduce("min", 18))
+register("ReduceProd", 11, 13, 18, static_inputs=(1,))(_reduce("prod", 18))
+register("ReduceSumSquare", 11, 13, 18, static_inputs=(1,))(_reduce("sum", 18, pre=lambda xp, x: x * x))
+register("ReduceL2", 11, 13, 18, static_inputs=(1,))(_reduce("sum", 18, pre=lambda xp, x: x * x,
                                          post=lambda xp, y: xp.sqrt(y)))
 
 
@@ -115,7 +129,7 @@ register("ArgMax", 11, 12, 13)(_arg("argmax"))
 register("ArgMin", 11, 12, 13)(_arg("argmin"))
 
 
-@register("CumSum", 11, 14)
+@register("CumSum", 11, 14, static_inputs=(1,))
 def cumsum(ctx, x, axis):
     """CumSum along a static axis (exclusive / reverse attributes), in x's dtype."""
     ax = int(ctx.static_value(axis, "CumSum's axis").reshape(()))
@@ -132,7 +146,7 @@ def cumsum(ctx, x, axis):
     return out
 
 
-@register("TopK", 11, 24)
+@register("TopK", 11, 24, static_inputs=(1,))
 def topk(ctx, x, k):
     """TopK with static k: (values, indices int64 static / int32 traced); ties: lower index."""
     k = int(ctx.static_value(k, "TopK's k").reshape(-1)[0])

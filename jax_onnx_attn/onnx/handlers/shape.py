@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 
 from jax_onnx_attn.onnx.registry import register
@@ -45,7 +46,7 @@ def size(ctx, x):
     return np.asarray(int(np.prod(x.shape, dtype=np.int64)), dtype=np.int64)
 
 
-@register("Reshape", 5, 13, 14, 19, 21, 23, 24, 25)
+@register("Reshape", 5, 13, 14, 19, 21, 23, 24, 25, static_inputs=(1,))
 def reshape(ctx, x, new_shape):
     """Reshape to a static int64 shape (0 copies a dim unless allowzero; -1 inferred)."""
     dims = _ints(ctx.static_value(new_shape, "Reshape's shape"))
@@ -66,7 +67,7 @@ def flatten(ctx, x):
     return ctx.xp.reshape(ctx.operands(x), (outer, -1))
 
 
-@register("Expand", 8, 13)
+@register("Expand", 8, 13, static_inputs=(1,))
 def expand(ctx, x, new_shape):
     """Expand: x broadcast bidirectionally with a static int64 shape."""
     dims = tuple(_ints(ctx.static_value(new_shape, "Expand's shape")))
@@ -77,7 +78,7 @@ def expand(ctx, x, new_shape):
     return jnp.broadcast_to(to_jax(x), out)
 
 
-@register("Unsqueeze", 11, 13, 21, 23, 24, 25)
+@register("Unsqueeze", 11, 13, 21, 23, 24, 25, static_inputs=(1,))
 def unsqueeze(ctx, x, axes=None):
     """Unsqueeze: size-1 axes inserted (static int64 axes; an attribute before opset 13)."""
     axes = ctx.attr("axes") if ctx.version < 13 else _ints(ctx.static_value(axes, "Unsqueeze's axes"))
@@ -87,7 +88,7 @@ def unsqueeze(ctx, x, axes=None):
     return jnp.expand_dims(to_jax(x), axes)
 
 
-@register("Squeeze", 11, 13, 21, 23, 24, 25)
+@register("Squeeze", 11, 13, 21, 23, 24, 25, static_inputs=(1,))
 def squeeze(ctx, x, axes=None):
     """Squeeze: the given (static) size-1 axes removed, or every size-1 axis."""
     if ctx.version < 13:
@@ -120,7 +121,7 @@ def transpose(ctx, x):
     return ctx.xp.transpose(ctx.operands(x), perm)
 
 
-@register("Slice", 10, 11, 13)
+@register("Slice", 10, 11, 13, static_inputs=(1, 2, 3, 4))
 def slice_(ctx, x, starts, ends, axes=None, steps=None):
     """Slice with static int starts / ends / axes / steps, clamped as Python slices."""
     starts = _ints(ctx.static_value(starts, "Slice's starts"))
@@ -141,6 +142,13 @@ def _norm_index(xp, idx, dim: int):
     return xp.where(idx < 0, idx + dim, idx)
 
 
+def _index_status(idx, dim: int):
+    """int32 [] status: INDEX_OUT_OF_RANGE when any (negative-wrapped) index is outside [0, dim)."""
+    from jax_onnx_attn.ops import status as st
+    ok = jnp.all((idx >= 0) & (idx < dim)) if idx.size else jnp.bool_(True)
+    return st.flag_unless(ok, st.INDEX_OUT_OF_RANGE)
+
+
 def _gather_operands(ctx, data, indices):
     """(axis, data, indices with negatives wrapped) for the Gather family."""
     axis = ctx.attr("axis", 0)
@@ -154,8 +162,17 @@ def gather(ctx, data, indices):
     """Gather: data indexed by integer indices (negatives wrapped) along `axis`."""
     axis, data, idx = _gather_operands(ctx, data, indices)
     if ctx.static:
+        dim = data.shape[axis]
+        bad = (idx < 0) | (idx >= dim)
+        if np.any(bad):
+            ctx.fail(f"indices {sorted(set(np.asarray(indices)[bad].tolist()))[:8]} are outside "
+                     f"[-{dim}, {dim})", IndexError)
         return np.take(data, idx, axis=axis)
-    # Indices are in range for a valid model; "clip" keeps XLA's gather free of a fill branch.
+    if ctx.collecting_status:
+        # Only the device sees traced indices: the status flags any outside [-dim, dim).
+        ctx.report_status(_index_status(idx, data.shape[axis]))
+    # Out-of-range indices are clamped ("clip" keeps XLA's gather free of a fill branch);
+    # apply_with_status flags them.
     return jnp.take(data, idx, axis=axis, mode="clip")
 
 
@@ -190,15 +207,26 @@ def gather_nd(ctx, data, indices):
     return out.reshape(tuple(batch) + tuple(indices.shape[b:-1]) + tuple(data.shape[b + k:]))
 
 
-@register("Range", 11)
+@register("Range", 11, 27, static_inputs=(0, 1, 2))
 def range_(ctx, start, limit, delta):
-    """Range from static scalars: [start, limit) by delta, in start's dtype."""
+    """Range from static scalars: [start, limit) by delta, in start's dtype.
+
+    Range-27 float16 / bfloat16 makes the values in float32 (stash_type 1, the default) or float64
+    (stash_type 11) and rounds them once to the input type.
+    """
     start, limit, delta = (ctx.static_value(v, "Range's " + n).reshape(()) for v, n in
                            ((start, "start"), (limit, "limit"), (delta, "delta")))
-    return np.arange(start, limit, delta, dtype=start.dtype)
+    dtype = start.dtype
+    if dtype in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)) and ctx.version >= 27:
+        # stash_type: FLOAT (1, the default) or DOUBLE (11) is the type the values are made in.
+        stash = {1: np.float32, 11: np.float64}.get(int(ctx.attr("stash_type", 1)))
+        if stash is None:
+            ctx.fail(f"stash_type must be 1 (FLOAT) or 11 (DOUBLE), got {ctx.attr('stash_type')}")
+        return np.arange(stash(start), float(limit), float(delta), dtype=stash).astype(dtype)
+    return np.arange(start.item(), limit.item(), delta.item()).astype(dtype)
 
 
-@register("ConstantOfShape", 9, 20, 21, 23, 24, 25)
+@register("ConstantOfShape", 9, 20, 21, 23, 24, 25, static_inputs=(0,))
 def constant_of_shape(ctx, dims):
     """ConstantOfShape: a static tensor of shape dims filled with `value` (default 0.0 f32)."""
     dims = _ints(ctx.static_value(dims, "ConstantOfShape's shape"))
@@ -229,7 +257,7 @@ def constant(ctx):
     return v.astype(ctx.interp.map_dtype(v.dtype))
 
 
-@register("Pad", 11, 13, 18, 19, 21, 23, 24, 25)
+@register("Pad", 11, 13, 18, 19, 21, 23, 24, 25, static_inputs=(1, 3))
 def pad(ctx, x, pads, constant_value=None, axes=None):
     """Pad with static int64 pads (negative pads crop); constant, reflect, edge or wrap mode."""
     mode = ctx.attr("mode", "constant")
@@ -248,16 +276,22 @@ def pad(ctx, x, pads, constant_value=None, axes=None):
     x = x[crop]
     pos = [(max(lo, 0), max(hi, 0)) for lo, hi in widths]
     if mode == "constant":
-        cv = 0 if constant_value is None else np.asarray(ctx.static_value(constant_value,
-                                                                          "Pad's constant_value"))
-        cv = np.asarray(cv).reshape(-1)[0] if np.size(cv) else 0
-        return xp.pad(x, pos, mode="constant", constant_values=np.asarray(cv).astype(x.dtype))
+        # The fill value sets no shape: it may be traced (lax.pad takes it as an operand).
+        if constant_value is None or np.size(constant_value) == 0:
+            cv = np.zeros((), x.dtype)
+        elif is_static(constant_value):
+            cv = np.asarray(constant_value).reshape(-1)[0].astype(x.dtype)
+        else:
+            cv = to_jax(constant_value).reshape(-1)[0].astype(x.dtype)
+            x = to_jax(x)
+            xp = jnp
+        return xp.pad(x, pos, mode="constant", constant_values=cv)
     if mode not in ("reflect", "edge", "wrap"):
         ctx.fail(f"mode {mode!r} is not supported", NotImplementedError)
     return xp.pad(x, pos, mode=mode)
 
 
-@register("Split", 11, 13, 18)
+@register("Split", 11, 13, 18, static_inputs=(1,))
 def split(ctx, x, split_sizes=None):
     """Split along `axis` by static sizes, or into equal chunks (the last smaller)."""
     axis = ctx.attr("axis", 0)
@@ -278,7 +312,7 @@ def split(ctx, x, split_sizes=None):
     return tuple(ctx.xp.split(ctx.operands(x), bounds, axis=axis))
 
 
-@register("Tile", 6, 13)
+@register("Tile", 6, 13, static_inputs=(1,))
 def tile(ctx, x, repeats):
     """Tile: x repeated by static int64 repeats per axis."""
     reps = _ints(ctx.static_value(repeats, "Tile's repeats"))
@@ -287,10 +321,19 @@ def tile(ctx, x, repeats):
 
 @register("Trilu", 14)
 def trilu(ctx, x, k=None):
-    """Trilu: upper (triu) or lower (tril) triangle of the last two axes, diagonal k."""
-    k = 0 if k is None else int(ctx.static_value(k, "Trilu's k").reshape(()))
+    """Trilu: upper (triu) or lower (tril) triangle of the last two axes, diagonal k (k may be
+    traced: it selects elements, it does not set a shape)."""
     x = ctx.operands(x)
-    return ctx.xp.triu(x, k) if ctx.attr("upper", 1) else ctx.xp.tril(x, k)
+    upper = ctx.attr("upper", 1)
+    if k is None or (ctx.static and np.ndim(k) <= 1):
+        kk = 0 if k is None else int(np.asarray(k).reshape(()))
+        return ctx.xp.triu(x, kk) if upper else ctx.xp.tril(x, kk)
+    kk = to_jax(k).reshape(()).astype(jnp.int32)
+    rows, cols = x.shape[-2], x.shape[-1]
+    diff = jnp.arange(cols, dtype=jnp.int32)[None, :] - jnp.arange(rows, dtype=jnp.int32)[:, None]
+    keep = diff >= kk if upper else diff <= kk
+    x = to_jax(x)
+    return jnp.where(keep, x, jnp.zeros((), x.dtype))
 
 
 @register("ScatterND", 11, 13, 16, 18)
@@ -322,7 +365,7 @@ def eye_like(ctx, x):
     return np.eye(x.shape[0], x.shape[1], k=ctx.attr("k", 0), dtype=dtype)
 
 
-@register("NonZero", 9, 13)
+@register("NonZero", 9, 13, static_inputs=(0,))
 def non_zero(ctx, x):
     """NonZero of a static x: int64 [rank, nnz] indices of its nonzero elements."""
     # The output's length is the number of nonzeros: only foldable when x is static.

@@ -65,23 +65,28 @@ def apply_softcap(x, softcap: float):
 
 
 def softmax(x, sink=None):
-    """Softmax over the last axis that gives 0 for a row with no finite logit (never NaN).
+    """Softmax over the last axis by the spec's math (ONNX's reference `_softmax`): a row with no
+    visible key (all -inf) gives 0; NaN and +inf propagate as exp / sum make them (NaN rows).
+
+    The NaN / Inf rule of both operators (docs/attention.md "NaN and Inf"): a row is *fully masked*
+    when every logit is -inf (no visible key) and gives 0, never NaN; a row that is *poisoned* (a
+    NaN logit, or a +inf one, from Q, K, a float mask or bias) gives NaN, never 0.
 
     `sink` (broadcastable to x[..., :1]) is an extra logit that enters the max and the denominator
     but has no value row (attention sinks / smooth softmax). Computed in x's dtype.
     """
-    m = jnp.max(x, axis=-1, keepdims=True)
+    m = jnp.max(x, axis=-1, keepdims=True)          # NaN when the row holds a NaN
     if sink is not None:
         sink = jnp.asarray(sink, x.dtype)
         m = jnp.maximum(m, sink)
-    # A row that is all -inf has m = -inf; shifting by 0 instead keeps exp() at 0, not NaN.
-    m = jnp.where(jnp.isfinite(m), m, jnp.zeros_like(m))
+    # A row of -inf (no visible key) is shifted by 0, so exp() gives 0 there rather than NaN;
+    # a NaN or +inf max is kept, so the row becomes NaN as the plain math makes it.
+    m = jnp.where(jnp.isneginf(m), jnp.zeros_like(m), m)
     e = jnp.exp(x - lax.stop_gradient(m))
     denom = jnp.sum(e, axis=-1, keepdims=True)
     if sink is not None:
         denom = denom + jnp.exp(sink - m)
-    safe = jnp.where(denom > 0, denom, jnp.ones_like(denom))
-    return jnp.where(denom > 0, e / safe, jnp.zeros_like(e))
+    return e / jnp.where(denom == 0, jnp.ones_like(denom), denom)
 
 
 def weighted_values(p, v, acc_dtype=None):

@@ -50,7 +50,9 @@ class GQAConfig:
     q_norm_epsilon: float = 1e-6
     k_norm_epsilon: float = 1e-6
     shared_buffer: bool = False
-    first_prompt: bool = False
+    #: S == total_sequence_length; None when total is only known on the device (the reference then
+    #: gets it as `total` and decides per call).
+    first_prompt: bool | None = False
     #: The caller guarantees every row's past is empty (past_b = 0, T_b <= S): the attention reads
     #: only the first S cache rows (a fixed-capacity cache's first prompt).
     past_empty: bool = False
@@ -89,18 +91,31 @@ def split_heads(query, key, value, config: GQAConfig):
     return _to_bnsd(query, n, d), _to_bnsd(key, hkv, d), _to_bnsd(value, hkv, d)
 
 
-def step_lengths(seqlens_k, query_seqlens, s: int, kv_len: int, config: GQAConfig):
+def first_prompt_flag(config: GQAConfig, total, s: int):
+    """Whether the step is a first prompt: config.first_prompt, or, when that is None, the device's
+    `total == S` (bool [])."""
+    if config.first_prompt is not None:
+        return config.first_prompt
+    return jnp.asarray(total).reshape(()) == s
+
+
+def step_lengths(seqlens_k, query_seqlens, s: int, kv_len: int, config: GQAConfig, total=None):
     """Per-batch lengths of one step, int32 [B] each: (T_b, past_b, new_b, valid).
 
     T_b = seqlens_k + 1 tokens after the step; past_b = 0 on a first prompt, T_b - query_seqlens
     when given, else T_b - S; new_b = tokens appended (0 for a KV-shared layer). valid is False
     where only the device can see the lengths are impossible (the row is then refused).
+    total: the traced total_sequence_length when config.first_prompt is None.
     """
     total_b = seqlens_k.astype(jnp.int32) + 1
+    first = first_prompt_flag(config, total, s)
     if query_seqlens is not None:
         new_b = query_seqlens.astype(jnp.int32)
         past_b = total_b - new_b
-    elif config.first_prompt:
+    elif not isinstance(first, bool):
+        past_b = jnp.where(first, 0, total_b - s)
+        new_b = jnp.where(first, total_b, s)
+    elif first:
         past_b = jnp.zeros_like(total_b)
         new_b = total_b
     else:
@@ -117,7 +132,7 @@ def step_lengths(seqlens_k, query_seqlens, s: int, kv_len: int, config: GQAConfi
 
 
 def normalize_and_rotate(q, k, past_b, cos_cache, sin_cache, position_ids, q_norm_weight,
-                         k_norm_weight, has_query_seqlens: bool, config: GQAConfig):
+                         k_norm_weight, has_query_seqlens: bool, config: GQAConfig, first=None):
     """q/k norm (per-head RMSNorm over D) then rotary on q [B, N, S, D] and k [B, Hkv, S, D].
 
     Rotary positions: position_ids[b, s] when given (only position_ids[0, 0] + s on a first
@@ -132,10 +147,16 @@ def normalize_and_rotate(q, k, past_b, cos_cache, sin_cache, position_ids, q_nor
         steps = jnp.arange(s, dtype=jnp.int32)
         if position_ids is None:
             positions = past_b[:, None] + steps
-        elif c.first_prompt and not has_query_seqlens:
-            positions = jnp.broadcast_to(position_ids[0, 0].astype(jnp.int32) + steps, (b, s))
         else:
-            positions = position_ids.astype(jnp.int32)
+            first = c.first_prompt if first is None else first
+            given = position_ids.astype(jnp.int32)
+            quirk = jnp.broadcast_to(given[0, 0] + steps, (b, s))
+            if has_query_seqlens or first is False:
+                positions = given
+            elif first is True:
+                positions = quirk
+            else:
+                positions = jnp.where(first, quirk, given)
         rope = dict(interleaved=c.rotary_interleaved)
         q = rotary_embedding(q, cos_cache, sin_cache, positions, **rope)
         if k.shape[2]:  # a KV-shared layer has no new keys to rotate
@@ -250,7 +271,7 @@ def _absolute_columns(scores, key_pos, width: int):
 
 def group_query_attention(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache,
                           position_ids, attention_bias, head_sink, k_scale, v_scale, q_norm_weight,
-                          k_norm_weight, query_seqlens, *, config: GQAConfig):
+                          k_norm_weight, query_seqlens, *, config: GQAConfig, total=None):
     """GroupQueryAttention on validated inputs.
 
     Args (B batch, S query length, N / Hkv heads, D head size, P past capacity, K new KV rows):
@@ -264,6 +285,8 @@ def group_query_attention(query, key, value, past_key, past_value, seqlens_k, co
       head_sink: [N] or None. k_scale, v_scale: float32 broadcastable to the cache, or None.
       q_norm_weight, k_norm_weight: [D] or None.
       config: the static attributes (GQAConfig).
+      total: total_sequence_length as a traced int32 [] when only the device knows it
+        (config.first_prompt is None: the step type is decided by total == S); else None.
 
     Returns:
       (output [B, S, N·D], present_key, present_value [B, Hkv, present_length, D or D/2],
@@ -275,9 +298,10 @@ def group_query_attention(query, key, value, past_key, past_value, seqlens_k, co
     b, s = query.shape[:2]
     q, k, v = split_heads(query, key, value, c)
     kv_len = k.shape[2]
-    total_b, past_b, new_b, valid = step_lengths(seqlens_k, query_seqlens, s, kv_len, c)
+    total_b, past_b, new_b, valid = step_lengths(seqlens_k, query_seqlens, s, kv_len, c, total)
     q, k = normalize_and_rotate(q, k, past_b, cos_cache, sin_cache, position_ids, q_norm_weight,
-                                k_norm_weight, query_seqlens is not None, c)
+                                k_norm_weight, query_seqlens is not None, c,
+                                first_prompt_flag(c, total, s))
 
     cache_dtype = past_key.dtype if past_key is not None else dtype
     k_new = _store(k, k_scale, c, cache_dtype)
@@ -310,6 +334,14 @@ def group_query_attention(query, key, value, past_key, past_value, seqlens_k, co
     if c.local_window_size >= 0:
         visible = visible & (pos >= limit - c.local_window_size)
 
+    # Rows past T_b (or not resident) hold no token and are never read, whatever they hold (NaN
+    # included), as onnxruntime reads only [0, T_b): their K never reaches a logit (the select
+    # below) and their V is zeroed, so that 0 * NaN cannot reach the output.
+    if key_pos is None:
+        readable = pos < total_b[:, None, None, None]
+    else:
+        readable = key_ok[:, None, None, :]
+    values = jnp.where(jnp.swapaxes(readable, -1, -2), values, jnp.zeros((), values.dtype))
     x = core.logits(q, keys, c.scale)
     x = core.apply_softcap(x, c.softcap)
     if attention_bias is not None:
