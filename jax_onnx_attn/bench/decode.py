@@ -288,7 +288,7 @@ def format_table(results: list[dict], impls: list[str]) -> str:
                f"{100 * t['ours']['gbs'] / HBM_PEAK_GBS:.0f}" if ours else "-"]
         for p in peers:
             us = t.get(p, {}).get("us")
-            row.append(f"{us:.1f}" if us else t.get(p, {}).get("skip", "err")[:12])
+            row.append(f"{us:.1f}" if us else t.get(p, {}).get("skip", "-")[:12])
         for p in peers:
             us = t.get(p, {}).get("us")
             row.append(f"{us / ours:.2f}" if us and ours else "-")

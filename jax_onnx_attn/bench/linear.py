@@ -198,26 +198,10 @@ def cases(args) -> list[Case]:
 
 
 def format_table(results: list[dict], impls: list[str]) -> str:
-    """The results as a text table: our µs, GB/s and % of peak, the peers' µs and their ratio to ours."""
-    peers = [i for i in impls if not i.startswith("ours")]
-    head = ["case", "ours us", "GB/s", "%peak"] + [f"{p} us" for p in peers] + [f"x{p}" for p in peers]
-    rows = [head]
-    for res in results:
-        t = res["impls"]
-        ours = t.get("ours", {}).get("us")
-        row = [res["label"], f"{ours:.1f}" if ours else "-",
-               f"{t['ours']['gbs']:.0f}" if ours else "-",
-               f"{100 * t['ours']['gbs'] / HBM_PEAK_GBS:.0f}" if ours else "-"]
-        for p in peers:
-            us = t.get(p, {}).get("us")
-            row.append(f"{us:.1f}" if us else t.get(p, {}).get("skip", "-")[:12])
-        for p in peers:
-            us = t.get(p, {}).get("us")
-            row.append(f"{us / ours:.2f}" if us and ours else "-")
-        rows.append(row)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    return "\n".join("  ".join(x.rjust(w) if i else x.ljust(w) for i, (x, w) in enumerate(zip(r, widths)))
-                     for r in rows)
+    """The results as a text table: our µs, GB/s and % of peak, the peers' µs and their ratio to ours
+    (the decode suite's table; extra plans of ours count as peers)."""
+    from jax_onnx_attn.bench.decode import format_table as table
+    return table(results, ["ours"] + [i for i in impls if i != "ours"])
 
 
 def main(argv: list[str] | None = None) -> int:

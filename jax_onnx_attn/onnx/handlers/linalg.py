@@ -19,6 +19,7 @@ from jax_onnx_attn.onnx.fusion import JOA_DOMAIN
 from jax_onnx_attn.onnx.handlers.attention import GroupedKV, grouped_kv
 from jax_onnx_attn.onnx.registry import MS_DOMAIN, register
 from jax_onnx_attn.onnx.values import to_jax
+from jax_onnx_attn.ops.reference.linear import unpack_nbits
 from jax_onnx_attn.ops.dtypes import HALF_DTYPES
 
 
@@ -87,16 +88,6 @@ def einsum(ctx, *xs):
     return jnp.einsum(eq, *xs, **kw).astype(xs[0].dtype)
 
 
-def _unpack_bits(packed, bits: int):
-    """uint8 [..., n_bytes] -> uint8 [..., n_bytes * 8 / bits], lowest bits first (ORT's layout)."""
-    if bits == 8:
-        return packed
-    per_byte = 8 // bits
-    shifts = jnp.arange(per_byte, dtype=jnp.uint8) * bits
-    vals = (packed[..., None] >> shifts) & jnp.uint8((1 << bits) - 1)
-    return vals.reshape(packed.shape[:-1] + (packed.shape[-1] * per_byte,))
-
-
 def dequantize_nbits(b_quant, scales, zero_points, *, k: int, n: int, bits: int, block_size: int,
                      dtype):
     """MatMulNBits' B as a dense [K, N] matrix of `dtype`.
@@ -107,7 +98,7 @@ def dequantize_nbits(b_quant, scales, zero_points, *, k: int, n: int, bits: int,
     j // per_byte, lowest first. W[k, n] = (q - zp) * scale[n, k // block_size].
     """
     k_blocks = -(-k // block_size)
-    q = _unpack_bits(to_jax(b_quant).reshape(n, k_blocks, -1), bits)       # [N, kb, block]
+    q = unpack_nbits(to_jax(b_quant).reshape(n, k_blocks, -1), bits)       # [N, kb, block]
     q = q[..., :block_size].astype(jnp.float32)
     s = to_jax(scales).reshape(n, k_blocks, 1).astype(jnp.float32)
     if zero_points is None:
@@ -115,7 +106,7 @@ def dequantize_nbits(b_quant, scales, zero_points, *, k: int, n: int, bits: int,
     else:
         zp = to_jax(zero_points)
         if zp.dtype == jnp.uint8:
-            zp = _unpack_bits(zp.reshape(n, -1), bits)[:, :k_blocks]
+            zp = unpack_nbits(zp.reshape(n, -1), bits)[:, :k_blocks]
         zp = zp.reshape(n, k_blocks, 1).astype(jnp.float32)
     w = ((q - zp) * s).reshape(n, k_blocks * block_size)[:, :k]            # [N, K]
     return w.T.astype(dtype)
