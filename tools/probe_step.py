@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import glob
-import gzip
 import json
 import os
 import sys
@@ -30,8 +28,8 @@ import numpy as np  # noqa: E402
 from jax_onnx_attn.models import TinyConfig, build_tiny_decoder  # noqa: E402
 from jax_onnx_attn.onnx import load  # noqa: E402
 from jax_onnx_attn.runtime import DecoderSession  # noqa: E402
+from jax_onnx_attn.runtime.roofline import step_cost  # noqa: E402
 
-HBM = 4.8e12
 CMDBUF = {
     "default": None,
     "while": {"xla_gpu_enable_command_buffer":
@@ -45,40 +43,18 @@ def weight_bytes(params) -> int:
 
 
 def device_kernels(trace_dir: str):
-    """{kernel name: (count, total µs)} of the GPU stream events of the newest perfetto trace."""
-    files = sorted(glob.glob(os.path.join(trace_dir, "**", "*perfetto*trace*.json*"), recursive=True)
-                   + glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True),
-                   key=os.path.getmtime)
-    if not files:
-        return None, []
-    path = files[-1]
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt") as f:
-        data = json.load(f)
-    events = data["traceEvents"] if isinstance(data, dict) else data
-    pnames, tnames = {}, {}
-    for e in events:
-        if e.get("ph") == "M" and e.get("name") == "process_name":
-            pnames[e["pid"]] = e["args"].get("name", "")
-        if e.get("ph") == "M" and e.get("name") == "thread_name":
-            tnames[(e["pid"], e["tid"])] = e["args"].get("name", "")
+    """{kernel name: [count, total µs]} of the newest jax.profiler trace under trace_dir (the e2e
+    bench's reading of it), and the device lines read."""
+    from jax_onnx_attn.bench.e2e import device_kernel_events, read_trace
+
+    kernels, info = device_kernel_events(read_trace(trace_dir))
+    if kernels is None:
+        return None, [info.get("note", "")]
     out = collections.defaultdict(lambda: [0, 0.0])
-    threads = set()
-    for e in events:
-        if e.get("ph") != "X":
-            continue
-        p = pnames.get(e.get("pid"), "")
-        t = tnames.get((e.get("pid"), e.get("tid")), "")
-        if "GPU" not in p and "gpu" not in p:
-            continue
-        threads.add(f"{p} / {t}")
-        if not t.lower().startswith("stream"):
-            continue
-        if "memcpy" in e["name"].lower() or "memset" in e["name"].lower():
-            continue
+    for e in kernels:
         out[e["name"]][0] += 1
         out[e["name"]][1] += float(e.get("dur", 0))
-    return dict(out), sorted(threads)
+    return dict(out), info["lines"]
 
 
 def profile(session, prompts, n_new, trace_dir):
@@ -113,16 +89,15 @@ def main(argv=None) -> int:
     cfg = TinyConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
                      intermediate=args.inter, dtype=args.dtype, max_positions=40000)
     lowered = load(build_tiny_decoder(cfg), fuse=not args.no_fuse)
-    wbytes = weight_bytes(lowered.params) - cfg.vocab * cfg.hidden * 2  # embedding: B rows only
+    cost = step_cost(lowered)  # the one definition of the bound (runtime/roofline.py)
     print(f"model built and loaded in {time.perf_counter() - t0:.1f} s: "
           f"{weight_bytes(lowered.params) / 1e9:.2f} GB of params", flush=True)
     rng = np.random.default_rng(0)
     rows = []
-    kv_per_tok = 2 * cfg.layers * cfg.kv_heads * cfg.head_size * 2
     for b in args.batch:
         for ctx in args.ctx:
             prompts = rng.integers(32, 127, (b, ctx)).tolist()
-            bound_ms = (wbytes + b * ctx * kv_per_tok) / HBM * 1e3
+            bound_ms = cost.decode_seconds(b, ctx) * 1e3
             for steps in args.steps:
                 for cb in args.cmdbuf:
                     n1, n2 = 1 + steps * args.n1, 1 + steps * args.n2
@@ -171,8 +146,8 @@ def main(argv=None) -> int:
         prompt = rng.integers(32, 127, (1, ctx)).tolist()
         s.generate(prompt, max_new_tokens=1)
         t = min(s.generate(prompt, max_new_tokens=1).timings.prefill_s for _ in range(3))
-        flops = 2 * (weight_bytes(lowered.params) / 2) * ctx
-        row = dict(phase="prefill", ctx=ctx, ttft_ms=t * 1e3, tflops_weights=flops / t / 1e12)
+        flops = cost.prefill_flops(1, ctx)
+        row = dict(phase="prefill", ctx=ctx, ttft_ms=t * 1e3, tflops=flops / t / 1e12)
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.out:

@@ -174,11 +174,11 @@ _NOT_KERNEL_LINES = ("xla modules", "xla ops", "steps", "launch stats", "source"
                      "host threads", "xla traceme")
 
 
-def count_device_kernels(events: list[dict]) -> tuple[int | None, dict]:
-    """Kernels in a Chrome-trace event list (jax.profiler's perfetto_trace.json): complete events
-    ("ph": "X") on the stream lines of GPU processes, memcpy / memset left out. Returns (count, info:
-    the kernel names by count, the lines read); count None with info["note"] when the trace has no
-    device events."""
+def device_kernel_events(events: list[dict]) -> tuple[list[dict] | None, dict]:
+    """The kernel events of a Chrome-trace event list (jax.profiler's perfetto_trace.json): complete
+    events ("ph": "X") on the stream lines of GPU processes, memcpy / memset left out. Returns
+    (events, info: the lines read), or (None, info with a "note") when the trace has no device
+    events."""
     procs, threads = {}, {}
     for e in events:
         if e.get("ph") != "M":
@@ -194,15 +194,25 @@ def count_device_kernels(events: list[dict]) -> tuple[int | None, dict]:
     streams = {k for k, n in lines.items() if n.lower().startswith("stream")}
     if not streams:  # no "Stream #N" lines: every line of the device but the derived ones
         streams = {k for k, n in lines.items() if not n.lower().startswith(_NOT_KERNEL_LINES)}
-    names = Counter()
-    for e in events:
-        if e.get("ph") == "X" and (e.get("pid"), e.get("tid")) in streams:
-            name = str(e.get("name", ""))
-            if not any(w in name.lower() for w in _MEMCPY_WORDS):
-                names[name] += 1
-    info = {"lines": sorted({lines[k] for k in streams}), "top": names.most_common(8)}
+    kernels = [e for e in events
+               if e.get("ph") == "X" and (e.get("pid"), e.get("tid")) in streams
+               and not any(w in str(e.get("name", "")).lower() for w in _MEMCPY_WORDS)]
+    return kernels, {"lines": sorted({lines[k] for k in streams}),
+                     "all_lines": sorted(set(lines.values()))}
+
+
+def count_device_kernels(events: list[dict]) -> tuple[int | None, dict]:
+    """Kernels in a Chrome-trace event list (see `device_kernel_events`). Returns (count, info: the
+    kernel names by count, the lines read); count None with info["note"] when the trace has no
+    device kernels."""
+    kernels, info = device_kernel_events(events)
+    if kernels is None:
+        return None, info
+    lines = info.pop("all_lines")
+    names = Counter(str(e.get("name", "")) for e in kernels)
+    info["top"] = names.most_common(8)
     if not names:
-        info["note"] = f"no kernels on the device lines {sorted(set(lines.values()))[:8]}"
+        info["note"] = f"no kernels on the device lines {lines[:8]}"
         return None, info
     return sum(names.values()), info
 
