@@ -192,43 +192,31 @@ def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
                                  bits=bits, K=k, N=n, block_size=block)
             report.nbits += 1
 
-    # 1b. Linear -> Add(y, bias [N]) becomes the bias epilogue.
+    # 1b. Linear -> Add(y, other): a [N] initializer becomes the bias epilogue (only before a
+    # residual: the epilogue adds bias, then residual), an activation the residual epilogue (torch's
+    # residual add; the handler adds one whose shape differs from the output's the broadcasting way).
     readers, producers = g.readers(), g.producers()
     for i, node in enumerate(g.nodes):
         if node is None or node.op_type != "Add" or registry.normalize_domain(node.domain):
             continue
-        for lin_in, bias in ((node.input[0], node.input[1]), (node.input[1], node.input[0])):
+        for lin_in, other in ((node.input[0], node.input[1]), (node.input[1], node.input[0])):
             p = producers.get(lin_in)
-            if p is None or g.nodes[p].op_type != "Linear" or _get_input(g.nodes[p], "bias"):
+            if (p is None or g.nodes[p].op_type != "Linear" or other == lin_in
+                    or _get_input(g.nodes[p], "residual") or not g.private(lin_in, readers)):
                 continue
             lin = g.nodes[p]
-            n_out = arrays[_get_input(lin, "w")].shape[0] if not _attr(lin, "bits") else _attr(lin, "N")
-            b = arrays.get(bias)
-            if b is None or bias in graph_inputs or b.shape != (n_out,) or not g.private(lin_in, readers):
-                continue
-            _set_input(lin, "bias", bias)
+            if other in arrays:
+                n_out = _attr(lin, "N") if _attr(lin, "bits") else arrays[_get_input(lin, "w")].shape[0]
+                if (_get_input(lin, "bias") or other in graph_inputs
+                        or arrays[other].shape != (n_out,)):
+                    continue
+                _set_input(lin, "bias", other)
+                report.bias += 1
+            else:
+                _set_input(lin, "residual", other)
+                report.residual += 1
             lin.output[0] = node.output[0]
             g.nodes[i], g.nodes[p] = lin, None  # the fused node takes the Add's place
-            report.bias += 1
-            readers, producers = g.readers(), g.producers()
-            break
-
-    # 1c. Linear -> Add(y, r) with r an activation (torch's residual add): the residual epilogue.
-    # The handler adds a residual whose shape differs from the output's the broadcasting way.
-    readers, producers = g.readers(), g.producers()
-    for i, node in enumerate(g.nodes):
-        if node is None or node.op_type != "Add" or registry.normalize_domain(node.domain):
-            continue
-        for lin_in, res in ((node.input[0], node.input[1]), (node.input[1], node.input[0])):
-            p = producers.get(lin_in)
-            if (p is None or g.nodes[p].op_type != "Linear" or _get_input(g.nodes[p], "residual")
-                    or res in arrays or res == lin_in or not g.private(lin_in, readers)):
-                continue
-            lin = g.nodes[p]
-            _set_input(lin, "residual", res)
-            lin.output[0] = node.output[0]
-            g.nodes[i], g.nodes[p] = lin, None
-            report.residual += 1
             readers, producers = g.readers(), g.producers()
             break
 
