@@ -119,6 +119,15 @@ def _attention_step(q, k, v, attn_mask, past_key, past_value, nonpad, *, engine,
     return y, k, v, qk
 
 
+def _route(checks, cuda_fn):
+    """(cuda_fn, None), or (None, reason) for the first failed check: checks are (failed, reason)
+    pairs, a failed value that is itself a string being its own reason."""
+    for failed, reason in checks:
+        if failed:
+            return None, failed if isinstance(failed, str) else reason
+    return cuda_fn, None
+
+
 # --- com.microsoft GroupQueryAttention: ops.gqa.group_query_attention ---------------------------
 
 def gqa_cuda(config, *, query, key, past_key, query_seqlens):
@@ -154,10 +163,7 @@ def gqa_cuda(config, *, query, key, past_key, query_seqlens):
         (past_key is not None and s > past_key.shape[2],
          "more query rows than the cache holds run on the reference"),
     )
-    for failed, reason in checks:
-        if failed:
-            return None, failed if isinstance(failed, str) else reason
-    return functools.partial(_gqa_decode, config=c), None
+    return _route(checks, functools.partial(_gqa_decode, config=c))
 
 
 def _gqa_decode(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache,
@@ -240,10 +246,7 @@ def _gqa_prefill_route(config, *, query, key, past_key):
          "a KV-shared layer (no new K/V rows) runs on the reference"),
         (query.shape[1] > past_key.shape[2], "more query rows than the cache holds"),
     )
-    for failed, reason in checks:
-        if failed:
-            return None, failed if isinstance(failed, str) else reason
-    return functools.partial(_gqa_prefill, config=c), None
+    return _route(checks, functools.partial(_gqa_prefill, config=c))
 
 
 def _gqa_prefill(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache,
