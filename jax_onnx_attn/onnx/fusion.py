@@ -357,11 +357,12 @@ def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether a prepared array is the original (same object, or same shape, dtype and bytes)."""
-    if a is b:
-        return True
+    """Whether a prepared array is the original unchanged: the same shape and dtype over the same
+    memory (prepare_nbits returns views of what it leaves as is; comparing the bytes of a multi-GB
+    weight would read it twice at load)."""
     a, b = np.asarray(a), np.asarray(b)
-    return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b)
+    return (a.shape == b.shape and a.dtype == b.dtype and a.strides == b.strides
+            and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
 
 
 def _elem_type(arr: np.ndarray) -> int:
