@@ -430,7 +430,7 @@ def _fragments(chunk, q, bits, dtype):
     """NbitsWeights / DenseWeights::Fragments: a[2][4] 32-bit registers."""
     a = [[0] * 4 for _ in range(2)]
     if bits == 16:
-        w0, w1 = chunk["w"]
+        w0, w1 = (w[4 * q:4 * q + 4] for w in chunk["w"])
         a[0] = [w0[0], w1[0], w0[1], w1[1]]
         a[1] = [w0[2], w1[2], w0[3], w1[3]]
         return a
@@ -507,6 +507,7 @@ def _emulate_tile(x, w_bytes, row_bytes, scales, zeros, bits, block, plan, dtype
     """One warp over rows row0 .. row0 + 15 and all of K: its accumulators, acc[n8 tile][lane][4]."""
     m, k = x.shape
     quads, lane_k, chunk_k = plan["quads"], plan["lane_k"], plan["chunk_k"]
+    lane_stride, quad_stride = plan["lane_stride"], plan["quad_stride"]
     nt = plan["nt"]
     kc = -(-k // chunk_k)
     n_rows = w_bytes.shape[0]
@@ -517,7 +518,7 @@ def _emulate_tile(x, w_bytes, row_bytes, scales, zeros, bits, block, plan, dtype
         for q in range(quads):
             for mr in range(m):
                 for t in range(4):
-                    kk = c * chunk_k + lane_k * t + 8 * q
+                    kk = c * chunk_k + lane_stride * t + quad_stride * q
                     vals = xb[mr, kk:kk + 8] if kk < k else np.zeros(8, np.uint16)
                     if bits == 4:
                         vals = vals[[0, 4, 1, 5, 2, 6, 3, 7]]
@@ -528,13 +529,19 @@ def _emulate_tile(x, w_bytes, row_bytes, scales, zeros, bits, block, plan, dtype
         chunks = []
         for lane in range(32):
             g, t = lane // 4, lane % 4
-            kk = c * chunk_k + lane_k * t
+            kk = c * chunk_k + lane_stride * t
             ch = {"w": [], "scale": [], "zero": []}
             for h in range(2):
                 r = row0 + g + 8 * h
                 valid = r < n_rows and kk < k
-                off = kk * bits // 8
-                ch["w"].append(_words(w_bytes[r, off:off + 16]) if valid else [0, 0, 0, 0])
+                # The lane's 16-byte pieces: two dense quads (elements kk and kk + quad_stride), or
+                # the n-bit lane's 16 packed bytes; a piece past K or N lands as zeros.
+                words = []
+                for at in ((0, quad_stride) if bits == 16 else (0,)):
+                    off = (kk + at) * bits // 8
+                    piece = w_bytes[r, off:off + 16] if r < n_rows and kk + at < k else np.zeros(16, np.uint8)
+                    words += _words(piece)
+                ch["w"].append(words)
                 if bits != 16:
                     blk = kk // block
                     ch["scale"].append(int(scales[r, blk].view(np.uint16)) if valid else 0)

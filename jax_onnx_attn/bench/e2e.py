@@ -211,6 +211,13 @@ def count_device_kernels(events: list[dict]) -> tuple[int | None, dict]:
     lines = info.pop("all_lines")
     names = Counter(str(e.get("name", "")) for e in kernels)
     info["top"] = names.most_common(8)
+    # Where the time goes: kernels by total device µs in the trace (name[:80], count, µs).
+    us, count = Counter(), Counter()
+    for e in kernels:
+        us[str(e.get("name", ""))[:80]] += float(e.get("dur", 0))
+        count[str(e.get("name", ""))[:80]] += 1
+    info["top_time"] = [(n, count[n], round(t, 1)) for n, t in us.most_common(16)]
+    info["total_us"] = round(sum(us.values()), 1)
     if not names:
         info["note"] = f"no kernels on the device lines {lines[:8]}"
         return None, info

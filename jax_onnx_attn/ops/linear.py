@@ -204,10 +204,12 @@ def kernel_formats() -> str:
     weights on ours, dense half weights on XLA's GEMM), "all" or "none"; set with the environment
     variable JOA_LINEAR_KERNELS (read at trace time).
 
-    Why "nbits": on the H200 (bench/results/2026-11-30-*-linear*.json) XLA's plain half GEMV streams
-    large dense weights at 3.7-4.0 TB/s where our engine's first version reaches 1.5-2.5 TB/s,
-    while for int4 weights ours (0.7-1.1 TB/s) is still twice as fast as XLA's fused dequantisation
-    in the whole step (1B int4 decode 1.22 vs 2.37 ms/step).
+    Why "nbits": on the H200 XLA's plain half GEMV streams dense weights at 3.3-4.0 TB/s; our
+    engine (two 16-byte quads a lane per chunk since 2026-12-01) reaches 0.80-0.93x of it at M = 1
+    and less at M = 8 / 32 (bench/results/2026-12-01-*-linear*.json), and a whole 8B decode step with
+    every projection on ours ("all", 7.4 kernels a layer) is 4.90 ms against 4.63 ms with XLA's
+    GEMMs. For n-bit weights ours (dequantised in registers) is the only path that does not
+    materialise a dequantised matrix: 2-3x faster than XLA's in the whole step.
     """
     value = os.environ.get("JOA_LINEAR_KERNELS", "nbits")
     if value not in ("all", "nbits", "none"):

@@ -63,18 +63,24 @@ __global__ void __launch_bounds__(kThreads, 2) GemvKernel(const __grid_constant_
   ptx::LaunchDependents();
 
   // Step i = (row block iteration i / cpp, chunk c_begin + i % cpp) into slot i % stages; one
-  // commit group per step, empty past the end or past the part's last chunk.
-  auto issue = [&](int i) {
-    if (i < steps) {
-      const int it = i / p.cpp, c = c_begin + (i - it * p.cpp);
-      if (c < c_end) {
-        const int row = (group + it * p.groups) * p.rows_block + wn * 16 + g;
-        Weights::Issue(ring + (i % p.stages) * kStageBytes, p, row, c, t, lane);
-      }
+  // commit group per step, empty past the end or past the part's last chunk. Steps are issued in
+  // order, so a cursor replaces the division (it was a fifth of the loop's instructions).
+  int iss_step = 0, iss_it = 0, iss_j = 0, iss_slot = 0;
+  auto issue_next = [&]() {
+    const int c = c_begin + iss_j;
+    if (iss_step < steps && c < c_end) {
+      const int row = (group + iss_it * p.groups) * p.rows_block + wn * 16 + g;
+      Weights::Issue(ring + iss_slot * kStageBytes, p, row, c, t, lane);
     }
     CpAsyncCommit();
+    ++iss_step;
+    iss_slot = iss_slot + 1 == p.stages ? 0 : iss_slot + 1;
+    if (++iss_j == p.cpp) {
+      iss_j = 0;
+      ++iss_it;
+    }
   };
-  for (int i = 0; i < p.stages; ++i) issue(i);
+  for (int i = 0; i < p.stages; ++i) issue_next();
 
   ptx::WaitForPrimary();  // x, gamma, bias, residual may come from the previous kernel
   StageX<T, Weights, Prologue>(p, smem, slice0, tid);
@@ -114,7 +120,7 @@ __global__ void __launch_bounds__(kThreads, 2) GemvKernel(const __grid_constant_
         }
       }
     }
-    issue(i + p.stages);  // refills the slot just read (its values are in registers by now)
+    issue_next();  // step i + stages: refills the slot just read (its values are in registers)
     slot = slot + 1 == p.stages ? 0 : slot + 1;
     if (++j < p.cpp) continue;
     j = 0;

@@ -3,8 +3,9 @@
 // it to Python (jax_onnx_attn._ffi.gemv_plan) for routing and for the benchmarks.
 //
 // The engine computes y[M, N] = x[M, K] W[N, K]^T for M <= 32 with the weight as the MMA A
-// operand: a warp owns a 16-row tile of W and a contiguous range of K "chunks" (4 lanes x 16 bytes
-// of each of its 16 rows: 1 KB a chunk). It streams its chunks through its own cp.async ring of
+// operand: a warp owns a 16-row tile of W and a contiguous range of K "chunks" (4 lanes x 32 bytes
+// of each of its 16 rows dense, 4 x 16 n-bit: 2 or 1 KB of W a chunk). It streams its chunks
+// through its own cp.async ring of
 // `stages` slots in shared memory. A CTA of kWarps warps is warps_n row tiles x warps_k K parts; the
 // CTAs of a thread-block cluster (sm_90) split K once more. x's share of K is staged once per CTA
 // in shared memory, in the order the MMA fragments read it (with the RMS-norm prologue, its slice of
@@ -37,18 +38,26 @@ inline constexpr int64_t kSmemOnePerSm80 = 166912;
 // RMS norm: per x row, this CTA's f32 sum of squares and the inverse RMS.
 inline constexpr int64_t kNormBytes = 2 * 4 * kMaxM;
 
-// Weight formats by bits per element: 16 (dense f16 / bf16), 8 or 4 (MatMulNBits). A lane loads 16
-// bytes of a W row per chunk: 8, 16 or 32 elements, i.e. 1, 2 or 4 "quads" of 8 x values, each quad
-// feeding two k16 MMA steps.
+// Weight formats by bits per element: 16 (dense f16 / bf16), 8 or 4 (MatMulNBits). A chunk is 64
+// bytes of each of a warp's 16 W rows for n-bit weights (a lane's 16 bytes: 16 or 32 elements) and
+// 128 bytes dense (a lane's two 16-byte pieces, 8 elements each): 2, 2 or 4 "quads" of 8 x values a
+// lane, each quad feeding two k16 MMA steps. Dense quad q of lane t holds elements
+// 32 q + 8 t .. + 7 of the chunk, so that each copy instruction of a warp reads whole 64-byte runs
+// of 8 rows (lane-contiguous pieces would split every 32-byte sector between two instructions);
+// n-bit lane t holds elements lane_k t .. lane_k (t + 1) - 1 (its 16 packed bytes), quad q the 8
+// from lane_k t + 8 q. Two dense quads a chunk halve the loop's instructions per byte.
 struct FormatInfo {
-  int quads;    // 16-byte x quads per lane per chunk
-  int lane_k;   // K elements one lane covers per chunk (8 * quads)
-  int chunk_k;  // K elements per chunk (4 lanes)
+  int quads;        // 16-byte x quads per lane per chunk
+  int lane_k;       // K elements one lane covers per chunk (8 * quads)
+  int chunk_k;      // K elements per chunk (4 lanes)
+  int lane_stride;  // K offset of lane t's first element in a chunk: lane_stride * t
+  int quad_stride;  // K offset of quad q from the lane's first element
 };
 
 inline constexpr FormatInfo Format(int bits) {
-  const int quads = bits == 16 ? 1 : bits == 8 ? 2 : 4;
-  return FormatInfo{quads, 8 * quads, 32 * quads};
+  const int quads = bits == 4 ? 4 : 2;
+  return bits == 16 ? FormatInfo{quads, 8 * quads, 32 * quads, 8, 32}
+                    : FormatInfo{quads, 8 * quads, 32 * quads, 8 * quads, 8};
 }
 
 // n8 MMA tiles over x's rows: 1, 2 or 4 (M <= 8, 16, 32).
@@ -57,14 +66,16 @@ inline constexpr int TilesM(int64_t m) { return m <= 8 ? 1 : m <= 16 ? 2 : 4; }
 // The warp layouts a CTA may take: (row tiles, K parts), warps_n * warps_k = kWarps.
 inline constexpr int kLayouts[4][2] = {{8, 1}, {4, 2}, {2, 4}, {1, 8}};
 
-// Bytes of one ring slot of a warp: a chunk of W (2 x 32 lanes x 16 bytes), and for n-bit
-// weights each lane's scale and zero-point words (weights.cuh).
-inline constexpr int StageBytes(int bits) { return bits == 16 ? 1024 : 1536; }
+// Bytes of one ring slot of a warp: a chunk of W (2 rows x 32 lanes x 32 bytes dense, x 16 bytes
+// n-bit), and for n-bit weights each lane's scale and zero-point words (weights.cuh).
+inline constexpr int StageBytes(int bits) { return bits == 16 ? 2048 : 1536; }
+// W bytes of one chunk (what the HBM stream carries, scales aside).
+inline constexpr int ChunkWeightBytes(int bits) { return bits == 16 ? 2048 : 1024; }
 
 // Cost model constants behind the choice among plans (to be tuned on the GPU with
 // `python -m jax_onnx_attn.bench linear --sweep`). Achievable HBM GB/s; the latency a chunk waits
 // under load; per-SM L2 -> SM GB/s for staging x; fixed cost of one row block's reduction, plus
-// the cluster barrier. A warp keeps stages - 1 to stages chunks of 1 KB in flight.
+// the cluster barrier. A warp keeps stages - 1 to stages chunks in flight.
 inline constexpr double kModelHbmGbs = 4300.0;
 inline constexpr double kModelLatencyUs = 1.2;
 inline constexpr double kModelSmInflight = 40.0 * 1024;  // what one SM's memory pipeline keeps in flight
@@ -75,7 +86,7 @@ inline constexpr double kModelClusterUs = 0.35;
 struct Plan {
   std::string error;  // empty when the engine takes this shape
   int m = 0, n_rows = 0, n_out = 0, k = 0, bits = 16, nt = 1;
-  int quads = 1, lane_k = 8, chunk_k = 32;
+  int quads = 2, lane_k = 16, chunk_k = 64, lane_stride = 8, quad_stride = 32;
   int kc = 0;            // K chunks
   int cluster = 1;       // CTAs of a cluster, splitting K
   int warps_n = 1, warps_k = 8;
@@ -130,14 +141,18 @@ inline bool Layout(Plan& p, int cluster, int warps_n, int warps_k, int ctas_per_
   p.waves = int(CeilDiv(p.blocks, groups));
   p.groups = int(CeilDiv(p.blocks, p.waves));  // the same number of blocks for (almost) every group
   p.grid = p.groups * cluster;
-  // Cost model: a warp streams waves * cpp chunks of 1 KB; all warps share the HBM bandwidth, or
-  // are latency bound when too few bytes are in flight (per SM at most kModelSmInflight).
-  const double warps = double(p.grid) * kWarps;
-  const double sms = std::min<double>(kPlanSms, p.grid);
-  const double per_sm = std::min(kModelSmInflight, warps / sms * (p.stages - 0.5) * 1024.0);
-  const double gbs = std::min(kModelHbmGbs, sms * per_sm / (kModelLatencyUs * 1e3));
-  const double warp_bytes = double(p.waves) * p.cpp * 1024.0;
-  const double stream_us = warp_bytes * warps / (gbs * 1e3);
+  // Cost model: a warp streams waves * cpp chunks; all warps share the HBM bandwidth, and an SM
+  // streams at most kModelSmInflight bytes per latency. The busiest SM sets the time: with 224 CTAs
+  // on 132 SMs, 92 hold two and 40 one (ncu: a 235 MB weight at 0.72 of HBM, 1.7 CTAs an SM), so
+  // the plan counts the CTAs of the busiest SM, not the average.
+  const double chunk_bytes = ChunkWeightBytes(p.bits);
+  const double warp_bytes = double(p.waves) * p.cpp * chunk_bytes;
+  const double cta_bytes = warp_bytes * kWarps;
+  const int busiest = int(CeilDiv(p.grid, kPlanSms));  // CTAs on the busiest SM
+  const double sm_inflight = std::min(kModelSmInflight, busiest * kWarps * (p.stages - 0.5) * chunk_bytes);
+  const double sm_gbs = sm_inflight / (kModelLatencyUs * 1e3);
+  const double stream_us = std::max(cta_bytes * p.grid / (kModelHbmGbs * 1e3),
+                                    cta_bytes * busiest / (sm_gbs * 1e3));
   const double start_us = double(p.x_bytes) / (kModelSmL2Gbs * 1e3);
   const double block_us = p.waves * (kModelBlockUs + (cluster > 1 ? kModelClusterUs : 0.0));
   p.est_us = start_us + stream_us + block_us;
@@ -181,6 +196,8 @@ inline Plan MakePlan(int64_t m, int64_t n_rows, int64_t k, int bits, bool gated,
   base.quads = f.quads;
   base.lane_k = f.lane_k;
   base.chunk_k = f.chunk_k;
+  base.lane_stride = f.lane_stride;
+  base.quad_stride = f.quad_stride;
   base.kc = int(CeilDiv(k, f.chunk_k));
   bool found = false;
   for (int cluster = 1; cluster <= (sm90 ? kMaxCluster : 1); cluster *= 2) {

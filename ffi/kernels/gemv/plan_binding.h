@@ -19,6 +19,7 @@ inline void BindPlan(nanobind::module_& m) {
           d["error"] = p.error.empty() ? nb::object(nb::none()) : nb::object(nb::str(p.error.c_str()));
           d["m"] = p.m; d["n_rows"] = p.n_rows; d["n_out"] = p.n_out; d["k"] = p.k; d["bits"] = p.bits;
           d["nt"] = p.nt; d["quads"] = p.quads; d["lane_k"] = p.lane_k; d["chunk_k"] = p.chunk_k;
+          d["lane_stride"] = p.lane_stride; d["quad_stride"] = p.quad_stride;
           d["kc"] = p.kc; d["cluster"] = p.cluster; d["warps_n"] = p.warps_n; d["warps_k"] = p.warps_k;
           d["cpp"] = p.cpp; d["stages"] = p.stages; d["slice_chunks"] = p.slice_chunks;
           d["rows_block"] = p.rows_block; d["blocks"] = p.blocks; d["groups"] = p.groups;

@@ -2,14 +2,14 @@
 // (16 bytes of row g and of row g + 8 of the warp's 16-row tile) into mma.m16n8k16 A fragments.
 //
 // The k-permutation. The order of k inside a dot product is free, so a lane (g = lane / 4,
-// t = lane % 4) loads the 16 contiguous bytes of a row that start at element chunk_k * c +
-// lane_k * t, and x is staged (stage.cuh) so that the B fragment of the same lane holds the x values
+// t = lane % 4) loads its quads of a row (plan.h's FormatInfo: two 8-element pieces dense, 16
+// contiguous bytes n-bit) from chunk c, and x is staged (stage.cuh) so that the B fragment of the same lane holds the x values
 // of exactly the k that its A registers hold. mma.m16n8k16 takes, per lane, A = {row g k(2t, 2t+1),
 // row g+8 k(2t, 2t+1), row g k(2t+8, 2t+9), row g+8 k(2t+8, 2t+9)} and B = {k(2t, 2t+1),
 // k(2t+8, 2t+9)} of column g; any bijection of the 16 k of a step onto "logical" k that A and B
 // share leaves the product unchanged. Per 16-byte x quad q of a lane, a policy returns the A
 // registers of two k16 steps s = 0, 1, and the x quad's words are B = {x.w[2s], x.w[2s + 1]}:
-//   dense (8 elements):   step s <- W words 2s, 2s+1 (k 4s..4s+3 of the lane's 8);
+//   dense (16 elements, two 16-byte quads): quad q, step s <- W words 2s, 2s+1 of quad q;
 //   8-bit (16 elements):  quad q, step s <- W word 2q + s: bytes (0, 1) and (2, 3);
 //   4-bit (32 elements):  quad q <- W word q (8 nibbles e0..e7, element 8q + j in bits 4j): the
 //     magic-number conversion yields pairs (e0, e4), (e1, e5), (e2, e6), (e3, e7) = step 0 lo, hi,
@@ -120,29 +120,36 @@ __device__ __forceinline__ uint32_t SubMul(uint32_t a, uint32_t b, uint32_t s) {
   return AsU32(__hmul2(__hsub2(AsH2<T>(a), AsH2<T>(b)), AsH2<T>(s)));
 }
 
-// Dense T weights [n_rows, k].
+// Dense T weights [n_rows, k]: a lane's 16 elements of a row per chunk are two 16-byte quads
+// (elements 8 t and 32 + 8 t of the chunk: FormatInfo).
 template <typename T>
 struct DenseWeights {
   static constexpr int kBits = 16;
   static constexpr FormatInfo kInfo = Format(kBits);
   static constexpr bool kPermuteX = false;
-  // A ring stage of a warp: [row g / g + 8][lane][16 bytes].
-  static constexpr int kStageBytes = 2 * 32 * 16;
+  // A ring stage of a warp: [row g / g + 8][quad][lane][16 bytes].
+  static constexpr int kStageBytes = 2 * kInfo.quads * 32 * 16;
+  static_assert(kStageBytes == StageBytes(kBits), "plan.h sizes the ring");
   struct Chunk {
-    uint4 w[2];  // rows g, g + 8
+    uint4 w[2][kInfo.quads];  // rows g, g + 8
   };
 
   // Starts copying chunk c of W rows `row` and row + 8 (lane t) into `stage`. Rows past n_rows and
   // k past K land as zeros.
   __device__ __forceinline__ static void Issue(unsigned char* stage, const GemvParams& p, int row,
                                                int c, int t, int lane) {
-    const int kk = c * kInfo.chunk_k + kInfo.lane_k * t;
+    const int kk = c * kInfo.chunk_k + kInfo.lane_stride * t;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = row + 8 * h;
-      const bool valid = r < p.n_rows && kk < p.k;
-      const T* src = static_cast<const T*>(p.w) + (valid ? int64_t(r) * p.k + kk : 0);
-      CpAsync16(SmemAddr(stage + (h * 32 + lane) * 16), src, valid);
+      const T* src = static_cast<const T*>(p.w) + int64_t(r) * p.k + kk;
+#pragma unroll
+      for (int q = 0; q < kInfo.quads; ++q) {
+        const int at = kInfo.quad_stride * q;
+        const bool valid = r < p.n_rows && kk + at < p.k;
+        CpAsync16(SmemAddr(stage + ((h * kInfo.quads + q) * 32 + lane) * 16),
+                  valid ? static_cast<const void*>(src + at) : p.w, valid);
+      }
     }
   }
 
@@ -150,15 +157,20 @@ struct DenseWeights {
   __device__ __forceinline__ static Chunk Read(const unsigned char* stage, const GemvParams&, int,
                                                int, int, int lane) {
     Chunk ch;
-    ch.w[0] = *reinterpret_cast<const uint4*>(stage + lane * 16);
-    ch.w[1] = *reinterpret_cast<const uint4*>(stage + (32 + lane) * 16);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int q = 0; q < kInfo.quads; ++q) {
+        ch.w[h][q] = *reinterpret_cast<const uint4*>(stage + ((h * kInfo.quads + q) * 32 + lane) * 16);
+      }
+    }
     return ch;
   }
 
   __device__ __forceinline__ static void Fragments(const Chunk& ch, int q, uint32_t (&a)[2][4]) {
-    (void)q;  // one quad
-    a[0][0] = ch.w[0].x; a[0][1] = ch.w[1].x; a[0][2] = ch.w[0].y; a[0][3] = ch.w[1].y;
-    a[1][0] = ch.w[0].z; a[1][1] = ch.w[1].z; a[1][2] = ch.w[0].w; a[1][3] = ch.w[1].w;
+    const uint4 &w0 = ch.w[0][q], &w1 = ch.w[1][q];
+    a[0][0] = w0.x; a[0][1] = w1.x; a[0][2] = w0.y; a[0][3] = w1.y;
+    a[1][0] = w0.z; a[1][1] = w1.z; a[1][2] = w0.w; a[1][3] = w1.w;
   }
 };
 
