@@ -109,6 +109,54 @@ def test_attention_with_cache_qk(kernels, dtype, v_dtype, dv, mode):
         np.testing.assert_array_equal(np.asarray(getattr(got, name)), np.asarray(getattr(want, name)))
 
 
+def _nan_case(kind, dtype):
+    """(inputs, attributes, the fully masked (b, h, s) row) of a call with a NaN / +inf logit at a
+    key its mask hides, in a row the mask leaves no key; other rows see the NaN too (poisoned)."""
+    rng = np.random.default_rng(len(kind))
+    b, h, s, n, d = 2, 2, 3, 5, 64
+    x = {"Q": rng.standard_normal((b, h, s, d)).astype(dtype),
+         "K": rng.standard_normal((b, h, n, d)).astype(dtype),
+         "V": rng.standard_normal((b, h, n, d)).astype(dtype)}
+    if kind == "bool_row_empty_k_nan":        # the bool mask hides row 1; K NaN at key 1
+        mask = np.ones((s, n), bool)
+        mask[1] = False
+        x["K"][0, 0, 1, 0] = np.nan
+        return dict(x, attn_mask=mask), {}, (0, 0, 1)
+    if kind == "float_row_neginf_k_inf":      # the float mask hides row 2; K +inf at key 3
+        mask = np.zeros((b, 1, s, n), np.float32)
+        mask[1, 0, 2] = -np.inf
+        x["K"][1, 1, 3] = np.inf
+        return dict(x, attn_mask=mask), {}, (1, 1, 2)
+    # mask_and_causal_empty_q_nan: row 0 keeps key 4 only, which causal hides; Q NaN in row 0
+    mask = np.ones((s, n), bool)
+    mask[0, :4] = False
+    x["Q"][0, 1, 0, 0] = np.nan
+    x["Q"][0, 1, 2, 0] = np.nan
+    return dict(x, attn_mask=mask), {"is_causal": 1}, (0, 1, 0)
+
+
+@pytest.mark.parametrize("qk", [False, True], ids=["y", "y_qk3"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("kind", ["bool_row_empty_k_nan", "float_row_neginf_k_inf",
+                                  "mask_and_causal_empty_q_nan"])
+def test_nan_rule_fully_masked_rows(kernels, kind, dtype, qk):
+    """The NaN / Inf rule through the composition (docs/attention.md, "NaN and Inf"): the kernels
+    add a mask's -inf to the logit, so a NaN or +inf logit at a masked key is NaN there; a row the
+    mask leaves no key is still 0 (the spec decides on the bias), the poisoned rows stay NaN."""
+    inputs, attrs, empty = _nan_case(kind, dtype)
+    if qk:
+        attrs.update(return_qk=True, qk_matmul_output_mode=3)
+    run = lambda bk: jax.jit(lambda a: ops.attention(**a, **attrs, backend=bk))(inputs)  # noqa: E731
+    got, want = run("cuda"), run("reference")
+    assert kernels
+    outputs = ("y", "qk") if qk else ("y",)
+    for name in outputs:
+        g = np.asarray(getattr(got, name)).astype(np.float32)
+        assert_close(g, np.asarray(getattr(want, name)), dtype, err_msg=name)
+        np.testing.assert_array_equal(g[empty], 0, err_msg=f"{name}: the fully masked row")
+        assert np.isnan(g).any(), f"{name}: the poisoned rows"
+
+
 def _attrs(**over):
     attrs = dict(scale=0.1, softcap=0.0, is_causal=False, qk_matmul_output_mode=0,
                  softmax_dtype=None, left_window_size=-1, right_window_size=-1)

@@ -1,6 +1,6 @@
 // Thin wrappers over the sm_80+ instructions the attention engines use: cp.async (16 / 8-byte global ->
-// shared copies with zero fill), ldmatrix, mma.sync m16n8k16 with f32 accumulation, exp2, and
-// programmatic dependent launch (sm_90; no-ops before).
+// shared copies with zero fill), ldmatrix, mma.sync m16n8k16 with f32 accumulation, a NaN-propagating
+// max, exp2, and programmatic dependent launch (sm_90; no-ops before).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -88,6 +88,15 @@ template <>
 __device__ __forceinline__ uint32_t Pack2<__half>(float lo, float hi) {
   __half2 v = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// max(a, b) that is NaN when either is (fmaxf drops a NaN): one max.NaN.f32, no branch. A NaN
+// log-sum-exp must poison the row it belongs to, never vanish from it (docs/attention.md, "NaN and
+// Inf"). Not volatile: the compiler may schedule or merge it like fmaxf.
+__device__ __forceinline__ float MaxNan(float a, float b) {
+  float y;
+  asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(y) : "f"(a), "f"(b));
+  return y;
 }
 
 __device__ __forceinline__ float Exp2(float x) {

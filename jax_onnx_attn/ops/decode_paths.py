@@ -22,6 +22,7 @@ from jax_onnx_attn.ops import cuda
 from jax_onnx_attn.ops import status as st
 from jax_onnx_attn.ops.decode import BIAS_DTYPES, cuda_unsupported
 from jax_onnx_attn.ops.dtypes import CUDA_FLOAT_DTYPES, HALF_DTYPES
+from jax_onnx_attn.ops.reference.decode import visible_keys
 
 #: Query rows per step the decode engine takes; longer steps are prefill (the reference, until the
 #: prefill kernel exists).
@@ -96,6 +97,7 @@ def _attention_step(q, k, v, attn_mask, past_key, past_value, nonpad, *, engine,
     nonpad: kv_len = nonpad, pos_shift 0 (offset nonpad - S, keys >= nonpad hidden). Otherwise:
     kv_len = T = P + L, pos_shift = S - L (offset P with past, 0 without: top-left when S < L).
     The rank-4 mask is the bias; a short last dim hides the keys past it (the spec's -inf padding).
+    A row the mask leaves no key is 0 in y and mode-3 qk (`_fully_masked_rows`).
     """
     new_rows = k.shape[2]
     if past_key is not None:
@@ -116,7 +118,31 @@ def _attention_step(q, k, v, attn_mask, past_key, past_value, nonpad, *, engine,
     else:
         y, qk = cuda.general_attention(q, k, v, kv_len, bias, qk_mode=qk_mode,
                                        softmax_dtype=softmax_dtype, **static)
+    if attn_mask is not None:
+        empty = _fully_masked_rows(attn_mask, kv_len, s, k.shape[2], causal=causal, left=left,
+                                   right=right, pos_shift=pos_shift)
+        y = jnp.where(empty, jnp.zeros((), y.dtype), y)
+        if qk_mode == 3:
+            qk = jnp.where(empty, jnp.zeros((), qk.dtype), qk)
     return y, k, v, qk
+
+
+def _fully_masked_rows(attn_mask, kv_len, s: int, c: int, *, causal, left, right, pos_shift):
+    """Boolean [B, Hq|1, S, 1]: the query rows whose every key is hidden, by the mask (False / -inf)
+    or by lengths, causal and window.
+
+    The spec decides "fully masked" on the bias, not on the logits: such a row is 0 whatever its
+    logits hold. The kernels add the mask's -inf to the logit, so a NaN or +inf logit at a masked
+    key would make the row NaN (NaN + -inf); selecting 0 here restores the spec's 0 (without a mask
+    the kernels hide keys by select, and a row with no visible key is 0 already).
+    """
+    keep = attn_mask if attn_mask.dtype == jnp.bool_ else ~jnp.isneginf(attn_mask)
+    keep = keep[..., :c]
+    if keep.shape[-1] < c:  # the short mask's padding hides the keys past it
+        keep = jnp.pad(keep, [(0, 0)] * 3 + [(0, c - keep.shape[-1])])
+    seen = keep & visible_keys(kv_len, s, c, causal=causal, left=left, right=right,
+                               pos_shift=pos_shift)
+    return ~jnp.any(seen, axis=-1, keepdims=True)
 
 
 def _route(checks, cuda_fn):

@@ -5,7 +5,8 @@
 // shared memory; after a cluster barrier every CTA reads the others' partials directly (no
 // workspace round trip through L2, no second kernel launch) and writes a share of the outputs.
 // Same arithmetic as DecodeCombineKernel: M = max(max_s lse_s, sink), w_s = 2^(lse_s - M),
-// out = sum_s w_s O_s / (sum_s w_s + 2^(sink - M)), splits summed in index order: deterministic.
+// out = sum_s w_s O_s / (sum_s w_s + 2^(sink - M)), splits summed in index order: deterministic; a
+// NaN lse or sink makes the row NaN.
 // It pays at small batch, where the combine kernel's launch and L2 round trips are most of a call.
 #pragma once
 
@@ -46,7 +47,7 @@ __device__ __forceinline__ void ClusterCombine(const DecodeParams& p, float* s_p
 #pragma unroll
     for (int s = 0; s < kMaxClusterSplits; ++s) {
       lse[s] = s < n ? cluster.map_shared_rank(s_lse, s)[tid] : -INFINITY;
-      mx = fmaxf(mx, lse[s]);
+      mx = ptx::MaxNan(mx, lse[s]);  // a poisoned split (NaN lse) poisons the row
     }
     float sum = 0.f;
 #pragma unroll
@@ -55,7 +56,7 @@ __device__ __forceinline__ void ClusterCombine(const DecodeParams& p, float* s_p
       sum += lse[s];
     }
     if (sink != -INFINITY) sum += ptx::Exp2(sink - mx);
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    const float inv = sum == 0.f ? 0.f : 1.f / sum;  // NaN stays NaN
 #pragma unroll
     for (int s = 0; s < kMaxClusterSplits; ++s) s_w[tid * kMaxClusterSplits + s] = lse[s] * inv;
   }

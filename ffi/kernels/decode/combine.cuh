@@ -2,7 +2,8 @@
 //   M = max(max_s lse_s, sink), w_s = 2^(lse_s - M), out = sum_s w_s O_s / (sum_s w_s + 2^(sink - M)).
 // One warp per row; splits are summed in index order and the lane sums through a fixed shuffle
 // tree, so the result is bitwise reproducible. Splits that saw no key (lse = -inf) weigh 0 and their
-// (unwritten) partials are skipped.
+// (unwritten) partials are skipped. A NaN lse (a split poisoned by a NaN or +inf logit) or a NaN
+// sink makes M, and so the whole row, NaN: never the 0 of a row that saw no key.
 #pragma once
 
 #include <cstdint>
@@ -33,11 +34,11 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
   const int64_t first = bh * p.splits * p.rows + R;  // partial row of split 0; split s at + s * M
 
   float mx = -INFINITY;
-  for (int s = lane; s < p.splits; s += 32) mx = fmaxf(mx, p.part_lse[first + int64_t(s) * p.rows]);
+  for (int s = lane; s < p.splits; s += 32) mx = ptx::MaxNan(mx, p.part_lse[first + int64_t(s) * p.rows]);
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  for (int off = 16; off > 0; off >>= 1) mx = ptx::MaxNan(mx, __shfl_xor_sync(0xffffffffu, mx, off));
   const float sink = SinkLog2(p.variant.sink, h);
-  mx = fmaxf(mx, sink);
+  mx = ptx::MaxNan(mx, sink);
 
   T* out = static_cast<T*>(p.out) + b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s;
   if (mx == -INFINITY) {  // no visible key in any split and no sink
@@ -58,7 +59,7 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
   for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
   if (sink != -INFINITY) sum += ptx::Exp2(sink - mx);
   __syncwarp();
-  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  const float inv = sum == 0.f ? 0.f : 1.f / sum;  // NaN stays NaN
   // Partials sit in L2 (just written): issue kUnroll independent loads before using any, so a row
   // costs splits / kUnroll L2 round trips. Accumulation stays in split order.
   constexpr int kUnroll = 16;

@@ -269,6 +269,9 @@ struct SplitStages {
   // Merges the kWarpsN warps that share rows in warp order and writes each (row, 4 columns) of the
   // CTA: with one split the normalised output (sinks applied); in a cluster the split's partial and
   // log2-sum-exp into s_part for ClusterCombine; otherwise into the workspace for the combine kernel.
+  // A row's sum is 0 only when it saw no key (and no sink): its output is 0 and its log2-sum-exp
+  // -inf. A NaN or +inf logit made the sum NaN (exp2(NaN), exp2(inf - inf)): the output and the
+  // log2-sum-exp stay NaN, so the combine poisons the whole row (docs/attention.md, "NaN and Inf").
   static __device__ __forceinline__ void WriteSplit(const DecodeParams& p, const float* s_o,
                                                     const float* s_m, const float* s_l, float* s_part,
                                                     bool single, bool in_cluster, int b, int kvh,
@@ -297,16 +300,16 @@ struct SplitStages {
         const float4 x = *reinterpret_cast<const float4*>(s_o + ((w0 + w) * 16 + rr) * Cfg::kOStride + d);
         acc.x += x.x * f; acc.y += x.y * f; acc.z += x.z * f; acc.w += x.w * f;
       }
-      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+      const float inv = sum == 0.f ? 0.f : 1.f / sum;  // NaN stays NaN
       acc.x *= inv; acc.y *= inv; acc.z *= inv; acc.w *= inv;
       if (single) {
         StoreVec4(static_cast<T*>(p.out) + b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s + d, acc);
       } else if (in_cluster) {
         *reinterpret_cast<float4*>(s_part + r * kD + d) = acc;
-        if (d == 0) s_part[kBlockM * kD + r] = sum > 0.f ? mx + log2f(sum) : -INFINITY;
+        if (d == 0) s_part[kBlockM * kD + r] = sum == 0.f ? -INFINITY : mx + log2f(sum);
       } else {
         *reinterpret_cast<float4*>(p.part_o + (part_row0 + R) * kD + d) = acc;
-        if (d == 0) p.part_lse[part_row0 + R] = sum > 0.f ? mx + log2f(sum) : -INFINITY;
+        if (d == 0) p.part_lse[part_row0 + R] = sum == 0.f ? -INFINITY : mx + log2f(sum);
       }
     }
   }

@@ -155,9 +155,10 @@ __global__ void __launch_bounds__(kThreads) SoftmaxValuesKernel(const __grid_con
       const float* x = scores + i * c;
       for (int j = lane; j < len; j += 32) m = fmaxf(m, RoundTo(x[j], sm));
       m = WarpMax(m);
-      // No finite logit (e.g. every key hidden): shift by 0 as core.softmax does; the sum is then
-      // 0 and the row's p is 0 (the spec's fully masked row).
-      if (!isfinite(m)) m = 0.f;
+      // Every logit -inf (e.g. every key hidden): shift by 0 as core.softmax does; the sum is then
+      // 0 and the row's p is 0 (the spec's fully masked row). A +inf max is kept: inf - inf makes
+      // the sum NaN, as the spec's math does; so does a NaN logit (fmaxf skips it, the sum does not).
+      if (m == -INFINITY) m = 0.f;
       for (int j = lane; j < len; j += 32) sum += ShiftedExp(x[j], m, sm);
       sum = RoundTo(WarpSum(sum), sm);
     }
@@ -185,8 +186,9 @@ __global__ void __launch_bounds__(kThreads) SoftmaxValuesKernel(const __grid_con
       const int i = e / kValueKeys, j = e % kValueKeys;
       float pr = 0.f;
       if (r0 + i < p.rows && j < keys) {
-        const float sum = s_sum[i];
-        if (sum > 0.f) pr = RoundTo(ShiftedExp(scores[i * c + j0 + j], s_max[i], sm) / sum, sm);
+        // e / sum; e / 1 = 0 for a fully masked row (sum 0); NaN for a poisoned row (sum NaN).
+        const float sum = s_sum[i] == 0.f ? 1.f : s_sum[i];
+        pr = RoundTo(ShiftedExp(scores[i * c + j0 + j], s_max[i], sm) / sum, sm);
         const T pt = FromFloat<T>(pr);  // the spec casts p to Q's dtype before P @ V
         if (write_qk) qk[i * c + j0 + j] = pt;
         pr = ToFloat(pt);
@@ -209,9 +211,10 @@ __global__ void __launch_bounds__(kThreads) SoftmaxValuesKernel(const __grid_con
     __syncthreads();
   }
 
-  if (write_qk) {  // keys past the valid length: p = 0
+  if (write_qk) {  // keys past the valid length: p = 0, or NaN in a poisoned row (sum NaN)
     for (int i = warp; i < kRowsPerCta && r0 + i < p.rows; i += kWarps) {
-      for (int64_t j = len + lane; j < c; j += 32) qk[i * c + j] = FromFloat<T>(0.f);
+      const T pad = FromFloat<T>(isnan(s_sum[i]) ? s_sum[i] : 0.f);
+      for (int64_t j = len + lane; j < c; j += 32) qk[i * c + j] = pad;
     }
   }
   T* y = static_cast<T*>(p.y) + (int64_t(bh) * p.rows + r0) * p.v_head_dim + c0;
