@@ -302,10 +302,15 @@ def _nb(n=16, k=64, bits=4, block=32):
      ValueError, "b_quant must be uint8 \\[16, 2, 16\\]"),
     (lambda: ops.matmul_nbits(np.ones((2, 64), np.float16), _nb()[0], np.ones((16, 4), np.float16),
                               k=64, n=16, bits=4, block_size=32), ValueError, "scales must be \\[16, 2\\]"),
+    (lambda: ops.matmul_nbits(np.ones((2, 64), np.float16), _nb()[0], np.ones((2, 2, 16), np.float16),
+                              k=64, n=16, bits=4, block_size=32), ValueError, "or tiled \\[1, 2, 16\\]"),
+    (lambda: ops.matmul_nbits(np.ones((2, 64), np.float16), _nb()[0], np.ones((1, 2, 16), np.float16),
+                              np.ones((16, 2), np.uint8), k=64, n=16, bits=4, block_size=32), ValueError,
+     "zero_points must be uint8 in scales' layout \\[1, 2, 16\\]"),
     (lambda: ops.matmul_nbits(np.ones((2, 64), np.float16), _nb()[0], np.ones((16, 2), np.float32),
                               k=64, n=16, bits=4, block_size=32), TypeError, "scales must have x's dtype"),
     (lambda: ops.matmul_nbits(np.ones((2, 64), np.float16), *_nb()[:2], np.ones((16, 2), np.float16),
-                              k=64, n=16, bits=4, block_size=32), ValueError, "zero_points must be uint8 \\[16, 2\\]"),
+                              k=64, n=16, bits=4, block_size=32), ValueError, "zero_points must be uint8 in scales' layout \\[16, 2\\]"),
     (lambda: ops.matmul_nbits(np.ones((2, 64), np.float16), *_nb(n=8), k=64, n=8, bits=4, block_size=32,
                               gated=True), ValueError, "b_quant: N=8 must be a multiple of 16"),
     (lambda: ops.interleave_gate_up(np.ones((8, 2)), np.ones((16, 2))), ValueError, "differ"),
@@ -679,3 +684,24 @@ def test_bench_linear_times_the_xla_peers_on_cpu_and_writes_json(tmp_path, capsy
         assert "skip" in res["impls"]["ours"] and "skip" in res["impls"]["torch"]
     assert doc["results"][2]["weight_bytes"] == 32 * 64 // 2 + 3 * 32 * 2  # int4 + scales + zp
     assert "ours and torch skipped" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("n", [16, 24, 40])
+def test_tiled_scales_and_zero_points(n):
+    # tile_nbits_meta is a permutation with zero rows past N; matmul_nbits gives the same bits on
+    # either layout (the reference un-tiles, the kernels tile row-major operands on the call).
+    k, block = 64, 32
+    rng = np.random.default_rng(n)
+    bq = rng.integers(0, 256, (n, k // block, block // 2), dtype=np.uint8)
+    s = rng.uniform(0.5, 1.5, (n, k // block)).astype(np.float16)
+    z = rng.integers(0, 16, (n, k // block), dtype=np.uint8)
+    st, zt = ops.tile_nbits_meta(s), ops.tile_nbits_meta(z)
+    assert st.shape == (-(-n // 16), k // block, 16) and zt.dtype == np.uint8
+    np.testing.assert_array_equal(ops.untile_nbits_meta(st, n), s)
+    np.testing.assert_array_equal(st[1 if n > 16 else 0, 1, 3], s[(16 if n > 16 else 0) + 3, 1])
+    if n % 16:
+        assert not st[-1, :, n % 16:].any() and not zt[-1, :, n % 16:].any()  # rows past N
+    x = rng.standard_normal((3, k)).astype(np.float16)
+    kw = dict(k=k, n=n, bits=4, block_size=block, backend="reference")
+    np.testing.assert_array_equal(np.asarray(ops.matmul_nbits(x, bq, st, zt, **kw)),
+                                  np.asarray(ops.matmul_nbits(x, bq, s, z, **kw)))

@@ -1,8 +1,9 @@
 // matmul_nbits: onnxruntime's com.microsoft::MatMulNBits (bits 4 / 8) on the GEMV engine, weights
 // dequantised in registers: y[M, N_out] = x[M, K] W^T, W[n, k] = (q[n, k] - zp[n, k / bs]) *
 // scale[n, k / bs]. b_quant uint8 [N, k_blocks, bs * bits / 8] (element j of a block in bits
-// (j % (8 / bits)) * bits of byte j / (8 / bits)), scales [N, k_blocks] of x's dtype, zero points
-// uint8 [N, k_blocks] (has_zero_points) or 2^(bits - 1). Fusions and attributes as linear.cu.
+// (j % (8 / bits)) * bits of byte j / (8 / bits)); scales of x's dtype and zero points uint8
+// (has_zero_points; else 2^(bits - 1)) tiled [ceil(N / 16), k_blocks, 16] (scale[n, b] at
+// [n / 16, b, n % 16]; ops.linear.tile_nbits_meta). Fusions and attributes as linear.cu.
 #include <string>
 
 #include "common/ffi.h"
@@ -24,8 +25,8 @@ ffi::Error MatMulNBitsImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer b_quant, 
   if (block_size < lane_k || block_size > (int64_t(1) << 20) || (block_size & (block_size - 1))) {
     return InvalidArgument("matmul_nbits: block_size must be a power of two >= " + std::to_string(lane_k));
   }
-  if (xd.size() != 2 || bd.size() != 3 || sd.size() != 2 || yd.size() != 2) {
-    return InvalidArgument("matmul_nbits: x [M, K], b_quant [N, k_blocks, blob], scales [N, k_blocks], y [M, N_out]");
+  if (xd.size() != 2 || bd.size() != 3 || sd.size() != 3 || yd.size() != 2) {
+    return InvalidArgument("matmul_nbits: x [M, K], b_quant [N, k_blocks, blob], scales [ceil(N / 16), k_blocks, 16], y [M, N_out]");
   }
   if (b_quant.element_type() != ffi::DataType::U8 || scales.element_type() != dtype ||
       y->element_type() != dtype) {
@@ -35,11 +36,15 @@ ffi::Error MatMulNBitsImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer b_quant, 
   if (bd[2] * 8 != block_size * bits || xd[1] != k_blocks * block_size) {
     return InvalidArgument("matmul_nbits: b_quant must be [N, K / block_size, block_size * bits / 8]");
   }
-  if (sd[0] != n || sd[1] != k_blocks) return InvalidArgument("matmul_nbits: scales must be [N, k_blocks]");
+  const int64_t tiles = (n + gemv::kMetaTileRows - 1) / gemv::kMetaTileRows;
+  if (sd[0] != tiles || sd[1] != k_blocks || sd[2] != gemv::kMetaTileRows) {
+    return InvalidArgument("matmul_nbits: scales must be tiled [ceil(N / 16), k_blocks, 16]");
+  }
   if (has_zero_points) {
     auto zd = zero_points.dimensions();
-    if (zero_points.element_type() != ffi::DataType::U8 || zd.size() != 2 || zd[0] != n || zd[1] != k_blocks) {
-      return InvalidArgument("matmul_nbits: zero_points must be uint8 [N, k_blocks]");
+    if (zero_points.element_type() != ffi::DataType::U8 || zd.size() != 3 || zd[0] != tiles ||
+        zd[1] != k_blocks || zd[2] != gemv::kMetaTileRows) {
+      return InvalidArgument("matmul_nbits: zero_points must be uint8 tiled [ceil(N / 16), k_blocks, 16]");
     }
   }
   const int64_t n_out = gated ? n / 2 : n;
@@ -76,8 +81,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JoaMatMulNBits, joa::MatMulNBitsImpl,
                                   .Ctx<joa::Stream>()
                                   .Arg<joa::AnyBuffer>()  // x [M, K]
                                   .Arg<joa::AnyBuffer>()  // b_quant uint8 [N, k_blocks, blob]
-                                  .Arg<joa::AnyBuffer>()  // scales [N, k_blocks]
-                                  .Arg<joa::AnyBuffer>()  // zero_points uint8 [N, k_blocks] (or placeholder)
+                                  .Arg<joa::AnyBuffer>()  // scales [ceil(N / 16), k_blocks, 16]
+                                  .Arg<joa::AnyBuffer>()  // zero_points uint8, scales' shape (or placeholder)
                                   .Arg<joa::AnyBuffer>()  // bias [N] (or placeholder)
                                   .Arg<joa::AnyBuffer>()  // residual [M, N_out] (or placeholder)
                                   .Arg<joa::AnyBuffer>()  // norm_weight [K] (or placeholder)

@@ -77,6 +77,8 @@ def _weights(case: Case, impl: str, seed: int = 0):
     import jax
     import jax.numpy as jnp
 
+    from jax_onnx_attn.ops.linear import tile_nbits_meta
+
     dt = jnp.bfloat16 if case.fmt == "bf16" else jnp.float16
     keys = jax.random.split(jax.random.PRNGKey(seed + case.k + case.n), case.rotations + 1)
     if case.bits == 16:
@@ -90,6 +92,8 @@ def _weights(case: Case, impl: str, seed: int = 0):
         bq = jax.random.randint(a, (case.n, kb, BLOCK * case.bits // 8), 0, 256, jnp.int32).astype(jnp.uint8)
         s = (jax.random.uniform(b, (case.n, kb), jnp.float32, 0.5, 1.5) / (1 << case.bits)).astype(dt)
         z = jax.random.randint(c, (case.n, kb), 0, 1 << case.bits, jnp.int32).astype(jnp.uint8)
+        if impl == "ours":  # the layout the loader stores for our kernels
+            s, z = tile_nbits_meta(s), tile_nbits_meta(z)
         out.append((bq, s, z))
     return out
 

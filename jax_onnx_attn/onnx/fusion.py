@@ -335,6 +335,19 @@ def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
         report.norm += 1
         readers, producers = g.readers(), g.producers()
 
+    # MatMulNBits scales / zero points in the kernels' tiled layout (ops.tile_nbits_meta), last, so
+    # that the passes above see them row-major.
+    tiled: dict[str, str] = {}
+    for node in g.nodes:
+        if node is None or node.op_type != "Linear" or not _attr(node, "bits"):
+            continue
+        for what in ("scales", "zero_points"):
+            name = _get_input(node, what)
+            if name and arrays[name].ndim == 2:
+                if name not in tiled:
+                    tiled[name] = f"{name}.tiles"
+                    arrays[tiled[name]] = linear_ops.tile_nbits_meta(arrays[name])
+                _set_input(node, what, tiled[name])
     out.graph.node.extend(n for n in g.nodes if n is not None)
     # Initializers: the new layouts; the replaced ones go when nothing reads them any more.
     used = {i for n in registry.iter_nodes(out.graph) for i in n.input if i}

@@ -12,7 +12,8 @@ from jax_onnx_attn.ops.gqa import GroupQueryAttentionOutput, group_query_attenti
 
 __all__ += ["group_query_attention", "GroupQueryAttentionOutput"]
 from jax_onnx_attn.ops.linear import (deinterleave_gate_up, interleave_gate_up,
-                                      interleave_gate_up_nbits, linear, matmul_nbits, prepare_nbits)
+                                      interleave_gate_up_nbits, linear, matmul_nbits, prepare_nbits,
+                                      tile_nbits_meta, untile_nbits_meta)
 
 __all__ += ["linear", "matmul_nbits", "prepare_nbits", "interleave_gate_up", "deinterleave_gate_up",
-            "interleave_gate_up_nbits"]
+            "interleave_gate_up_nbits", "tile_nbits_meta", "untile_nbits_meta"]

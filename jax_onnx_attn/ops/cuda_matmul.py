@@ -97,7 +97,8 @@ def matmul_nbits(x, b_quant, scales, zero_points=None, bias=None, residual=None,
                  *, bits: int, block_size: int, eps: float = 1e-6, gated: bool = False,
                  pdl: bool = False, cluster: int = 0, warps_k: int = 0):
     """x [M, K] f16/bf16, b_quant uint8 [N, K / block_size, block_size * bits / 8], scales
-    [N, k_blocks] of x's dtype, zero_points uint8 [N, k_blocks] or None -> [M, N_out].
+    [ceil(N / 16), k_blocks, 16] of x's dtype and zero_points uint8 of that shape or None, tiled by
+    `jax_onnx_attn.ops.linear.tile_nbits_meta` -> [M, N_out].
 
     Semantics of `jax_onnx_attn.ops.reference.linear.matmul_nbits`; other arguments as `linear`.
     """

@@ -29,6 +29,8 @@ from jax_onnx_attn.ops.reference import linear as reference
 GATE_UP_BLOCK = 8
 #: Bits per element the MatMulNBits kernels take.
 NBITS = (4, 8)
+#: W rows per tile of the kernels' scale / zero-point layout (`tile_nbits_meta`).
+META_TILE_ROWS = 16
 
 
 def _xp(a):
@@ -93,6 +95,30 @@ def interleave_gate_up_nbits(gate, up):
         raise ValueError("interleave_gate_up_nbits: zero_points must be given for both or neither")
     zp = None if gz is None else interleave_gate_up(gz, uz)
     return interleave_gate_up(gb, ub), interleave_gate_up(gs, us), zp
+
+
+def tile_nbits_meta(meta):
+    """Per-block scales or zero points [N, k_blocks] -> the kernels' layout [ceil(N / 16), k_blocks,
+    16]: tile T holds rows 16 T .. 16 T + 15 block-major, so the 16 values of one block that a warp's
+    row tile needs are 32 (scales) or 16 (zero points) contiguous bytes, one or two 16-byte copies
+    for a whole chunk (a 4-byte load per lane and row made the int4 kernels L1-bound). Rows past N
+    are zeros. Done once at load (`onnx.fusion`); NumPy in, NumPy out (jax arrays work too).
+    """
+    xp = _xp(meta)
+    if meta.ndim != 2:
+        raise ValueError(f"tile_nbits_meta: expected [N, k_blocks], got shape {tuple(meta.shape)}")
+    n, kb = meta.shape
+    tiles = -(-n // META_TILE_ROWS)
+    if tiles * META_TILE_ROWS != n:
+        meta = xp.concatenate([meta, xp.zeros((tiles * META_TILE_ROWS - n, kb), meta.dtype)])
+    out = meta.reshape(tiles, META_TILE_ROWS, kb).transpose(0, 2, 1)
+    return np.ascontiguousarray(out) if xp is np else out
+
+
+def untile_nbits_meta(tiles, n: int):
+    """The inverse of `tile_nbits_meta`: [ceil(N / 16), k_blocks, 16] -> [N, k_blocks]."""
+    t, kb, rows = tiles.shape
+    return tiles.transpose(0, 2, 1).reshape(t * rows, kb)[:n]
 
 
 def prepare_nbits(b_quant, scales, zero_points, *, k: int, n: int, bits: int, block_size: int):
@@ -286,7 +312,9 @@ def matmul_nbits(x, b_quant, scales, zero_points=None, bias=None, *, k: int, n: 
       x: [..., K] float16 / bfloat16 (float32 / float64 on the reference); K a multiple of 8.
       b_quant, scales, zero_points: the kernels' form (`prepare_nbits`): uint8 [N, K / block_size,
         block_size * bits / 8], [N, K / block_size] of x's dtype, None (2^(bits-1)) or uint8
-        [N, K / block_size], one zero point per block. W[n, k] = (q - zp) * scale, exactly the
+        [N, K / block_size], one zero point per block. scales and zero_points may also come tiled
+        (`tile_nbits_meta`: [ceil(N / 16), K / block_size, 16]), the layout the kernels read;
+        row-major ones are tiled on every call of the kernels. W[n, k] = (q - zp) * scale, exactly the
         ONNX lowering's dequantisation. With gated: rows interleaved (`interleave_gate_up_nbits`).
       bias: None or [N] of x's dtype.
       k, n, bits, block_size: the node's attributes (bits 4 or 8; block_size a power of two >= 16
@@ -317,17 +345,25 @@ def matmul_nbits(x, b_quant, scales, zero_points=None, bias=None, *, k: int, n: 
     if b_quant.dtype != jnp.uint8 or tuple(b_quant.shape) != want:
         raise ValueError(f"{op}: b_quant must be uint8 {list(want)} (see prepare_nbits), got "
                          f"{b_quant.dtype}{list(b_quant.shape)}")
-    if tuple(scales.shape) != (n, kb):
-        raise ValueError(f"{op}: scales must be [{n}, {kb}] (see prepare_nbits), got {list(scales.shape)}")
+    tiled_shape = (-(-n // META_TILE_ROWS), kb, META_TILE_ROWS)
+    if tuple(scales.shape) not in ((n, kb), tiled_shape):
+        raise ValueError(f"{op}: scales must be [{n}, {kb}] (see prepare_nbits) or tiled "
+                         f"{list(tiled_shape)} (tile_nbits_meta), got {list(scales.shape)}")
+    tiled = scales.ndim == 3
     if scales.dtype != x.dtype:
         raise TypeError(f"{op}: scales must have x's dtype {x.dtype}, got {scales.dtype}")
-    if zero_points is not None and (zero_points.dtype != jnp.uint8 or tuple(zero_points.shape) != (n, kb)):
-        raise ValueError(f"{op}: zero_points must be uint8 [{n}, {kb}], one per block (see "
-                         f"prepare_nbits), got {zero_points.dtype}{list(zero_points.shape)}")
+    if zero_points is not None and (zero_points.dtype != jnp.uint8
+                                    or tuple(zero_points.shape) != tuple(scales.shape)):
+        raise ValueError(f"{op}: zero_points must be uint8 in scales' layout {list(scales.shape)}, "
+                         f"one per block (see prepare_nbits), got {zero_points.dtype}"
+                         f"{list(zero_points.shape)}")
     n_out = _check_operands(op, x, n, "b_quant", gated, bias, residual, norm_weight)
     eps = float(norm_epsilon)
 
     def ref_fn(x2, b_quant, scales, zero_points, bias, norm_weight, r2):
+        if tiled:
+            scales = untile_nbits_meta(scales, n)
+            zero_points = None if zero_points is None else untile_nbits_meta(zero_points, n)
         return reference.matmul_nbits(x2, b_quant, scales, zero_points, bias, r2, norm_weight, eps,
                                       gated, bits=bits, block_size=block_size)
 
@@ -335,6 +371,9 @@ def matmul_nbits(x, b_quant, scales, zero_points=None, bias=None, *, k: int, n: 
     cuda_fn = None
     if why is None:
         def cuda_fn(x2, b_quant, scales, zero_points, bias, norm_weight, r2):
+            if not tiled:  # a transpose per call: tile at load (onnx.fusion does) to avoid it
+                scales = tile_nbits_meta(scales)
+                zero_points = None if zero_points is None else tile_nbits_meta(zero_points)
             return cuda_matmul.matmul_nbits(x2, b_quant, scales, zero_points, bias, r2, norm_weight,
                                             bits=bits, block_size=block_size, eps=eps, gated=gated,
                                             pdl=pdl)

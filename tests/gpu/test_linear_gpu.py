@@ -63,7 +63,8 @@ def _dense(k, n, dtype, seed=0):
 
 @functools.cache
 def _nbits(k, n, bits, block, zp, dtype, seed=0):
-    """Kernel-form MatMulNBits operands with random bytes, scales ~ 1 / (2^bits sqrt(K))."""
+    """Kernel-form MatMulNBits operands with random bytes, scales ~ 1 / (2^bits sqrt(K)); scales and
+    zero points tiled as the loader stores them (ops.tile_nbits_meta)."""
     keys = jax.random.split(jax.random.PRNGKey(seed + 7 * k + n + bits), 4)
     kb = k // block
     b_quant = jax.random.randint(keys[0], (n, kb, block * bits // 8), 0, 256, jnp.int32).astype(jnp.uint8)
@@ -72,7 +73,7 @@ def _nbits(k, n, bits, block, zp, dtype, seed=0):
     zeros = (jax.random.randint(keys[2], (n, kb), 0, 1 << bits, jnp.int32).astype(jnp.uint8)
              if zp else None)
     x = jax.random.normal(keys[3], (32, k), dtype)
-    return x, b_quant, scales, zeros
+    return x, b_quant, ops.tile_nbits_meta(scales), None if zeros is None else ops.tile_nbits_meta(zeros)
 
 
 @functools.cache
@@ -279,6 +280,9 @@ def test_bitwise_repeatable_and_pdl_invariant():
         g = _nbits_fn("cuda", k=k, n=n, bits=4, block_size=32)
         first = np.asarray(g(x[:m], bq, s, z))
         np.testing.assert_array_equal(np.asarray(g(x[:m], bq, s, z)), first)
+        # Row-major scales / zero points (tiled on the call) give the same bits.
+        rows = [ops.untile_nbits_meta(a, n) for a in (s, z)]
+        np.testing.assert_array_equal(np.asarray(g(x[:m], bq, *rows)), first)
 
 
 def _poisoned_call(name, m, n_out, dtype, args, **attrs):

@@ -8,8 +8,8 @@ namespace joa::gemv {
 struct GemvParams {
   const void* x;         // [m, k] T
   const void* w;         // dense: [n_rows, k] T; n-bit: uint8 [n_rows, k * bits / 8]
-  const void* scales;    // n-bit: [n_rows, k_blocks] T
-  const uint8_t* zeros;  // n-bit: uint8 [n_rows, k_blocks], or null (2^(bits-1))
+  const void* scales;    // n-bit: [ceil(n_rows / 16), k_blocks, 16] T (plan.h's kMetaTileRows)
+  const uint8_t* zeros;  // n-bit: uint8, scales' shape, or null (2^(bits-1))
   const void* bias;      // [n_rows] T or null
   const void* residual;  // [m, n_out] T or null
   const void* gamma;     // [k] T (RMS norm prologue) or null

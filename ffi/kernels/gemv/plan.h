@@ -25,6 +25,8 @@ inline constexpr int kThreads = 32 * kWarps;
 inline constexpr int kMaxM = 32;                 // rows of x the engine takes (4 n8 MMA tiles)
 inline constexpr int kMinStages = 2, kMaxStages = 8;  // ring slots (chunks in flight) per warp
 inline constexpr int kMaxCluster = 16;
+// Rows per tile of the n-bit scales / zero points ([ceil(N / 16), k_blocks, 16]: a warp's row tile).
+inline constexpr int kMetaTileRows = 16;
 // CTA slots the planner fills: an H200's 132 SMs. A constant, not a device query, so one call
 // shape always gets the same plan, hence the same bits.
 inline constexpr int kPlanSms = 132;

@@ -40,13 +40,6 @@ __device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool va
                : "memory");
 }
 
-// 4 bytes (zero-filled when !valid), for scales and zero points.
-__device__ __forceinline__ void CpAsync4(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 4 : 0)
-               : "memory");
-}
-
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
 // Waits until at most n (0..7, warp-uniform) of this thread's newest copy groups are pending.
@@ -65,19 +58,6 @@ __device__ __forceinline__ void CpAsyncWaitPending(int n) {
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// Scales and zero points with plain loads (the last word of an array; see NbitsWeights::Issue).
-__device__ __forceinline__ uint32_t LoadU16(const void* p) {
-  unsigned short v;
-  asm volatile("ld.global.nc.u16 %0, [%1];\n" : "=h"(v) : "l"(p));
-  return v;
-}
-
-__device__ __forceinline__ uint32_t LoadU8(const void* p) {
-  unsigned short v;
-  asm volatile("ld.global.nc.u8 %0, [%1];\n" : "=h"(v) : "l"(p));
-  return v;
 }
 
 // (a & b) | c in one instruction.
@@ -175,9 +155,10 @@ struct DenseWeights {
 };
 
 // MatMulNBits weights: uint8 [n_rows, k * kBits / 8] (onnxruntime's [N, k_blocks, blob] rows, element
-// j of a block in bits (j % (8 / kBits)) * kBits of byte j / (8 / kBits)), scales T [n_rows,
-// k_blocks], zero points uint8 [n_rows, k_blocks] or none (2^(kBits - 1)). W = (q - zp) * scale.
-// A lane's lane_k elements lie in one block (block_size >= lane_k, checked by the handler).
+// j of a block in bits (j % (8 / kBits)) * kBits of byte j / (8 / kBits)); scales T and zero points
+// uint8 (or none: 2^(kBits - 1)) tiled [ceil(n_rows / 16), k_blocks, 16] (params.h): the 16 rows of
+// a warp's tile for one block are 32 / 16 contiguous bytes. W = (q - zp) * scale. A lane's lane_k
+// elements lie in one block (block_size >= lane_k, checked by the handler).
 template <typename T, int kBitsT>
 struct NbitsWeights {
   static_assert(kBitsT == 4 || kBitsT == 8, "4- or 8-bit weights");
@@ -185,67 +166,72 @@ struct NbitsWeights {
   static constexpr FormatInfo kInfo = Format(kBits);
   static constexpr bool kPermuteX = kBits == 4;
   static constexpr uint32_t kMidpoint = 1u << (kBits - 1);
-  // A ring stage of a warp: W [row g / g + 8][lane][16 bytes], then per lane 16 bytes: the aligned
-  // 4-byte words that hold the scale of row g and of row g + 8, then those of their zero points.
+  // Blocks a chunk spans, at most (block_size >= lane_k = chunk_k / 4).
+  static constexpr int kMaxChunkBlocks = 4;
+  // A ring stage of a warp: W [row g / g + 8][lane][16 bytes], then the tile's scales of the
+  // chunk's blocks [block][16 rows] (32 bytes each), then its zero points [block][16 rows].
   static constexpr int kStageBytes = 2 * 32 * 16 + 32 * 16;
+  static constexpr int kScalesAt = 2 * 32 * 16;
+  static_assert(kStageBytes == StageBytes(kBits), "plan.h sizes the ring");
+  static_assert(kMaxChunkBlocks * (32 + 16) <= 32 * 16, "the chunk's scales and zeros fit");
   struct Chunk {
     uint4 w[2];
     uint32_t scale[2];  // T bits
     uint32_t zero[2];
   };
 
-  // Flat index of the (row, block) of lane t's elements in chunk c, in scales / zero points.
-  __device__ __forceinline__ static int64_t Block(const GemvParams& p, int r, int c, int t) {
-    return int64_t(r) * p.k_blocks + ((c * kInfo.chunk_k + kInfo.lane_k * t) >> p.block_shift);
+  // Blocks of chunk c: the first, and how many (1 when a block is longer than a chunk).
+  __device__ __forceinline__ static int ChunkBlocks(const GemvParams& p) {
+    return max(1, kInfo.chunk_k >> p.block_shift);
   }
 
-  // Starts copying chunk c (lane t) of rows `row`, row + 8 and their scales / zero points. A scale
-  // (2 bytes) or zero point (1 byte) travels in the aligned 4-byte word that holds it; the last word
-  // of an array whose size is not a multiple of 4 bytes is read with a plain load instead, so that
-  // nothing past the array is read.
+  // Starts copying chunk c (lane t) of rows `row`, row + 8, and the tile's scales / zero points of
+  // the chunk's blocks: lanes 0 .. 2 nb - 1 copy 16 bytes of scales each (8 rows of a block), lanes
+  // 2 nb .. 3 nb - 1 the 16 zero points of a block. Blocks past K land as zeros (scale 0).
   __device__ __forceinline__ static void Issue(unsigned char* stage, const GemvParams& p, int row,
                                                int c, int t, int lane) {
     const int kk = c * kInfo.chunk_k + kInfo.lane_k * t;
     const int64_t row_bytes = int64_t(p.k) * kBits / 8;
-    const int64_t total = int64_t(p.n_rows) * p.k_blocks;
-    uint32_t* meta = reinterpret_cast<uint32_t*>(stage + 2 * 32 * 16 + lane * 16);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = row + 8 * h;
       const bool valid = r < p.n_rows && kk < p.k;
       const int64_t offset = valid ? int64_t(r) * row_bytes + int64_t(kk) * kBits / 8 : 0;
-      const uint8_t* src = static_cast<const uint8_t*>(p.w) + offset;
-      CpAsync16(SmemAddr(stage + (h * 32 + lane) * 16), src, valid);
-      // Invalid lanes get scale 0: they add (0 - zp) * 0 = 0.
-      const int64_t blk = valid ? Block(p, r, c, t) : 0;
-      const uint8_t* scales = static_cast<const uint8_t*>(p.scales);
-      if (!valid || (blk | 1) < total) {
-        CpAsync4(SmemAddr(meta + h), scales + 2 * (blk & ~int64_t(1)), valid);
-      } else {
-        meta[h] = LoadU16(scales + 2 * blk) << (16 * (blk & 1));
-      }
-      if (p.zeros != nullptr) {
-        if (!valid || (blk | 3) < total) {
-          CpAsync4(SmemAddr(meta + 2 + h), p.zeros + (blk & ~int64_t(3)), valid);
-        } else {
-          meta[2 + h] = LoadU8(p.zeros + blk) << (8 * (blk & 3));
-        }
-      }
+      CpAsync16(SmemAddr(stage + (h * 32 + lane) * 16), static_cast<const uint8_t*>(p.w) + offset, valid);
+    }
+    const int nb = ChunkBlocks(p);
+    const int tile = row >> 4;  // row = 16 * tile + g
+    const int b0 = (c * kInfo.chunk_k) >> p.block_shift;
+    const bool tile_valid = tile * kMetaTileRows < p.n_rows;
+    if (lane < 2 * nb) {
+      const int b = b0 + (lane >> 1);
+      const bool valid = tile_valid && b < p.k_blocks;
+      const int64_t at = valid ? (int64_t(tile) * p.k_blocks + b) * 32 + (lane & 1) * 16 : 0;
+      CpAsync16(SmemAddr(stage + kScalesAt + lane * 16), static_cast<const uint8_t*>(p.scales) + at, valid);
+    } else if (p.zeros != nullptr && lane < 3 * nb) {
+      const int b = b0 + lane - 2 * nb;
+      const bool valid = tile_valid && b < p.k_blocks;
+      const int64_t at = valid ? (int64_t(tile) * p.k_blocks + b) * 16 : 0;
+      CpAsync16(SmemAddr(stage + kScalesAt + lane * 16), p.zeros + at, valid);
     }
   }
 
   __device__ __forceinline__ static Chunk Read(const unsigned char* stage, const GemvParams& p,
                                                int row, int c, int t, int lane) {
+    (void)row;
+    (void)c;
     Chunk ch;
     ch.w[0] = *reinterpret_cast<const uint4*>(stage + lane * 16);
     ch.w[1] = *reinterpret_cast<const uint4*>(stage + (32 + lane) * 16);
-    const uint4 meta = *reinterpret_cast<const uint4*>(stage + 2 * 32 * 16 + lane * 16);
+    const int nb = ChunkBlocks(p);
+    const int j = min(nb - 1, (kInfo.lane_k * t) >> p.block_shift);  // the lane's block of the chunk
+    const int g = lane >> 2;
+    const unsigned char* scales = stage + kScalesAt + j * 32;
+    const unsigned char* zeros = stage + kScalesAt + 2 * nb * 16 + j * 16;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      // Rows past n_rows: any in-range index; their scale word is 0.
-      const int64_t blk = Block(p, min(row + 8 * h, p.n_rows - 1), c, t);
-      ch.scale[h] = ((h ? meta.y : meta.x) >> (16 * (blk & 1))) & 0xFFFFu;
-      ch.zero[h] = p.zeros != nullptr ? ((h ? meta.w : meta.z) >> (8 * (blk & 3))) & 0xFFu : kMidpoint;
+      ch.scale[h] = *reinterpret_cast<const unsigned short*>(scales + (8 * h + g) * 2);
+      ch.zero[h] = p.zeros != nullptr ? uint32_t(zeros[8 * h + g]) : kMidpoint;
     }
     return ch;
   }
