@@ -638,3 +638,67 @@ def _attention_layout(q, k, v, attn_mask=None, past_key=None, past_value=None,
 #: ops.attention / attention_with_cache (reference.attention and its CUDA paths), on BHSD q, k, v.
 ATTENTION = Rule("attention", _attention_layout)
 
+
+# Projections: y [M, N_out] = x [M, K] W^T. Column-parallel: W's N rows split (h), each device
+# computes its output features, no collective; gate / up pairs stay together (pieces of 16 rows).
+# Row-parallel: K split (k), in pieces of whole blocks: each device a partial product, summed by one
+# psum, the bias and the residual added after the sum. The batch axis is M. K stays whole with an
+# RMS-norm prologue (the norm reads all of K) and when gated (the gate is not linear).
+
+def _linear_layout(x, w, bias=None, residual=None, norm_weight=None, *, gated=False, **static):
+    rows, k = w.shape
+    unit = 16 if gated else 8
+    whole_k = gated or norm_weight is not None or k % 8
+    k_axis = "kw" if whole_k else "(k e)"
+    sizes = {HEADS: rows // unit} if whole_k else {HEADS: rows // unit, CONTRACTED: k // 8}
+    return Layout((f"b {k_axis}", f"(h r) {k_axis}", None if bias is None else "(h r)",
+                   None if residual is None else "b (h o)", None if norm_weight is None else "kw"),
+                  ("b (h o)",), sizes=sizes)
+
+
+def _nbits_layout(x, b_quant, scales, zero_points=None, bias=None, residual=None, norm_weight=None,
+                  *, gated=False, **static):
+    rows = b_quant.shape[0]
+    unit = 16 if gated else 8
+    whole_k = gated or norm_weight is not None
+    blocks = "kb" if whole_k else "k"  # K splits in whole quantisation blocks
+    return Layout(("b kw" if whole_k else "b (k e)", f"(h r) {blocks} blob", f"(h r) {blocks}",
+                   None if zero_points is None else f"(h r) {blocks}",
+                   None if bias is None else "(h r)", None if residual is None else "b (h o)",
+                   None if norm_weight is None else "kw"),
+                  ("b (h o)",), sizes={HEADS: rows // unit})
+
+
+def _partial_sums(bias_at: int, residual_at: int):
+    """per_shard of a projection: with K split, the partial products summed over the devices
+    (one psum), then the bias and the residual (each rounded to y's dtype, as the epilogue does)."""
+    def per_shard(impl, static, shards: Shards):
+        if not shards.contracted:
+            return functools.partial(impl, **static)
+
+        def run(*operands):
+            operands = list(operands)
+            bias, residual = operands[bias_at], operands[residual_at]
+            operands[bias_at] = operands[residual_at] = None
+            y = jax.lax.psum(impl(*operands, **static), shards.contracted)
+            if bias is not None:
+                y = y + bias.astype(y.dtype)
+            if residual is not None:
+                y = y + residual.astype(y.dtype)
+            return y
+        return run
+    return per_shard
+
+
+def _weight_first(n: int) -> list[int]:
+    """The weight decides a projection's split (rows: column-parallel, K: row-parallel), then x."""
+    return [1, 0] + list(range(2, n))
+
+
+#: The linear target (and its spec reference.linear.linear): x [M, K], w [N, K], bias [N],
+#: residual [M, N_out], norm_weight [K] -> [M, N_out].
+LINEAR = Rule("linear", _linear_layout, per_shard=_partial_sums(2, 3), priority=_weight_first)
+#: The matmul_nbits target (and reference.linear.matmul_nbits): x [M, K], b_quant [N, K / block,
+#: blob], scales / zero_points [N, K / block], bias, residual, norm_weight as LINEAR.
+MATMUL_NBITS = Rule("matmul_nbits", _nbits_layout, per_shard=_partial_sums(4, 5),
+                    priority=_weight_first)
