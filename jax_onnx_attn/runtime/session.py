@@ -14,6 +14,11 @@ How a generation runs (all arrays on the device):
   buffers. The host only reads a small summary after each call (rows still running, tokens
   generated, each row's device status) for the progress bar and to stop; the next call is already
   queued when it reads it.
+* Several devices (`mesh=`): the weights split Megatron-style over the mesh's "model" axis, the
+  attention and the KV cache by heads, the batch rows over its "data" axis (`runtime.mesh`). The
+  same two executables run as one SPMD program on every device; each device's cache shard is
+  donated and updated in place; per layer the attention block and the MLP each end in one
+  all-reduce.
 * Device status: every step's status (the OR of its cache writes' `jax_onnx_attn.ops.status`
   flags, from the step's `with_status`) is ORed into the decode state on the device and read only
   with that summary. A flagged row's KV write was refused (skipped, never out of bounds), so the
@@ -247,16 +252,24 @@ class DecoderSession:
       compiler_options: XLA options for the prefill and decode executables (passed to
         `jax.stages.Lowered.compile`), e.g. {"xla_gpu_enable_command_buffer": ...}; None uses
         `default_compiler_options()` for the platform.
+      mesh: None (one device), or a jax Mesh with a "model" axis (tensor parallelism: weights,
+        attention heads and the KV cache split over it) and / or a "data" axis (batch rows split
+        over it; `batch` must be a multiple of its size): see `runtime.mesh.make_mesh`. The KV
+        heads (and the heads of every attention) must be a multiple of the model axis' size.
 
     Attributes:
       vocab_size: rows of the model's token embedding (None when the model has no recognisable
         one); every token id passed in must lie in [0, vocab_size).
       trace_counts / compile_counts: Counter of how often "prefill" and "decode" were traced and
         compiled (tests use them to show decode compiles once).
+      layout: the `runtime.mesh.MeshLayout` of a session made with a mesh (its `plan` says which
+        projections split), else None.
+      cache_shardings: {past name: NamedSharding} of the cache buffers with a mesh, else None (a
+        buffer put into `cache` must have its sharding).
     """
 
     def __init__(self, model, max_length: int, batch: int = 1, dtype=None, *,
-                 steps_per_call: int = 32, compiler_options: dict | None = None):
+                 steps_per_call: int = 32, compiler_options: dict | None = None, mesh=None):
         if max_length < 2:
             raise ValueError(f"max_length must be >= 2, got {max_length}")
         if batch < 1:
@@ -267,6 +280,11 @@ class DecoderSession:
         self.max_length, self.batch, self.steps_per_call = int(max_length), int(batch), int(steps_per_call)
         self.compiler_options = (default_compiler_options() if compiler_options is None
                                  else dict(compiler_options))
+        self.layout = self.cache_shardings = None
+        if mesh is not None:
+            from jax_onnx_attn.runtime.mesh import MeshLayout
+
+            self.layout = MeshLayout(mesh, self.lowered, self.batch)
         self.params = self.lowered.params
         positions = getattr(self.lowered, "max_positions", None)
         if positions is not None and self.max_length > positions:
@@ -275,8 +293,16 @@ class DecoderSession:
                              f"make the session with max_length <= {positions}")
         #: Rows of the token embedding: prompts are checked against it (None: not known).
         self.vocab_size = getattr(self.lowered, "vocab_size", None)
-        self.step = self.lowered.fixed_cache_step(self.batch, self.max_length)
-        self.cache = self.step.init_cache(self.params)
+        if self.layout is None:
+            self.step = self.lowered.fixed_cache_step(self.batch, self.max_length)
+            self.cache = self.step.init_cache(self.params)
+        else:
+            self.step = self.lowered.fixed_cache_step(
+                self.batch, self.max_length, regrouped_queries=self.layout.plan.regrouped_queries)
+            self.params = self.layout.place_params(self.params)
+            self.cache_shardings = self.layout.cache_shardings(self.step.cache_shapes)
+            # Allocated in place, each device its shard.
+            self.cache = jax.jit(self.step.init_cache, out_shardings=self.cache_shardings)()
         self.trace_counts: Counter = Counter()
         self.compile_counts: Counter = Counter()
         self._executables: dict[tuple, Any] = {}
@@ -306,11 +332,12 @@ class DecoderSession:
 
     def _finish_update(self, state: DecodeState, token) -> DecodeState:
         """Append `token` [B] to the running rows and set the finish code of rows that end."""
-        b, cap = state.tokens.shape
+        cap = state.tokens.shape[1]
         running = state.finish == RUNNING
-        # Finished rows write out of bounds, which mode="drop" discards.
+        # Finished rows write nowhere (position cap). A select rather than a scatter: each row
+        # writes its own row only, so rows split over devices stay where they are.
         pos = jnp.where(running, state.length, cap)
-        tokens = state.tokens.at[jnp.arange(b), pos].set(token, mode="drop")
+        tokens = jnp.where(jnp.arange(cap)[None, :] == pos[:, None], token[:, None], state.tokens)
         length = state.length + running.astype(jnp.int32)
         is_stop = jnp.any(token[:, None] == state.stop_ids[None, :], axis=-1)
         finish = state.finish
@@ -318,6 +345,28 @@ class DecoderSession:
         finish = jnp.where((finish == RUNNING) & (length - state.prompt_len >= state.max_new), LENGTH, finish)
         finish = jnp.where((finish == RUNNING) & (length >= cap), MAX_LENGTH, finish)
         return state._replace(tokens=tokens, length=length, finish=finish)
+
+    def _placed_cache(self, cache):
+        """The cache pinned to its shardings (with a mesh): a donated shard is then updated in
+        place, the output's sharding being the input's."""
+        if self.layout is None:
+            return cache
+        return jax.lax.with_sharding_constraint(cache, self.cache_shardings)
+
+    def state_shardings(self, state: DecodeState) -> DecodeState | None:
+        """The shardings of a DecodeState on the session's mesh (per-row fields over the data
+        axis, the rest whole), or None without a mesh."""
+        if self.layout is None:
+            return None
+        per_row = ("tokens", "length", "prompt_len", "max_new", "finish", "status")
+        return DecodeState(**{f: self.layout.rows(np.ndim(v)) if f in per_row else self.layout.whole()
+                              for f, v in state._asdict().items()})
+
+    def _placed_state(self, state: DecodeState) -> DecodeState:
+        """The decode state pinned to its shardings (with a mesh)."""
+        if self.layout is None:
+            return state
+        return jax.lax.with_sharding_constraint(state, self.state_shardings(state))
 
     @staticmethod
     def _summary(state: DecodeState):
@@ -335,9 +384,11 @@ class DecoderSession:
         # A hand-written step need not know empty_cache; it then runs its general form.
         kw = {"empty_cache": True} if empty_cache and _takes(fn, "empty_cache") else {}
         if with_status is not None:
-            return tuple(with_status(params, ids, cache_len, num_new, cache, **kw))
-        logits, cache = self.step(params, ids, cache_len, num_new, cache, **kw)
-        return logits, cache, jnp.zeros((ids.shape[0],), jnp.int32)
+            logits, cache, status = with_status(params, ids, cache_len, num_new, cache, **kw)
+        else:
+            logits, cache = self.step(params, ids, cache_len, num_new, cache, **kw)
+            status = jnp.zeros((ids.shape[0],), jnp.int32)
+        return logits, self._placed_cache(cache), status
 
     def _prefill(self, params, ids, lengths, cache, key, max_new, stop_ids, *, sampling):
         """ids int32 [B, S] right-padded, lengths int32 [B] -> (DecodeState, cache, summary)."""
@@ -351,7 +402,8 @@ class DecoderSession:
                             finish=jnp.where(max_new > 0, RUNNING, PADDING).astype(jnp.int32),
                             stop_ids=stop_ids, key=key, step=jnp.zeros((), jnp.int32),
                             status=status)
-        state = self._finish_update(state, sample(last, jax.random.fold_in(key, 0), sampling))
+        state = self._placed_state(
+            self._finish_update(state, sample(last, jax.random.fold_in(key, 0), sampling)))
         return state, cache, self._summary(state)
 
     def _decode(self, params, state: DecodeState, cache, *, sampling, steps):
@@ -374,10 +426,10 @@ class DecoderSession:
             step = st.step + 1
             token = sample(logits[:, 0], jax.random.fold_in(st.key, step), sampling)
             st = st._replace(step=step, status=st.status | status)
-            return i + 1, self._finish_update(st, token), c
+            return i + 1, self._placed_state(self._finish_update(st, token)), c
 
         _, state, cache = lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), state, cache))
-        return state, cache, self._summary(state)
+        return state, self._placed_cache(cache), self._summary(state)
 
     @staticmethod
     def _check_status(status, first_prompt: int, rows: int, where: str) -> None:
@@ -567,6 +619,8 @@ class DecoderSession:
         themselves (row b's cache must hold its first length[b] - 1 tokens); it shares the
         executable `generate` uses for the same sampling (default: greedy)."""
         sampling = sampling or SamplingConfig()
+        if self.layout is not None:
+            state = jax.device_put(state, self.state_shardings(state))
         decode, _ = self._executable("decode", self._decode_jit,
                                      (sampling, self.steps_per_call, int(state.stop_ids.shape[0])),
                                      self.params, state, self.cache, sampling=sampling,
