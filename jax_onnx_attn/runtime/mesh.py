@@ -91,10 +91,15 @@ class MeshLayout:
 
     def place_params(self, params: dict) -> dict:
         """The params on the mesh: packed QKV rows regrouped (plan.prepare), each weight put with
-        its spec (a split weight lands on each device as its piece only)."""
-        prepared = self.plan.prepare(params)
-        return {name: jax.device_put(x, self.sharding(self.param_spec(name, np.ndim(x))))
-                for name, x in prepared.items()}
+        its spec. Each device gets its piece from the host value (every process reads its own
+        devices' pieces: the same code on every host)."""
+        prepared = self.plan.prepare({name: np.asarray(x) for name, x in params.items()})
+        placed = {}
+        for name, host in prepared.items():
+            sharding = self.sharding(self.param_spec(name, host.ndim))
+            placed[name] = jax.make_array_from_callback(host.shape, sharding,
+                                                        lambda index, h=host: h[index])
+        return placed
 
     # -- the cache and per-row state -------------------------------------------------------------
     def cache_spec(self, shape) -> PartitionSpec:

@@ -30,6 +30,7 @@ How a generation runs (all arrays on the device):
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import os
@@ -276,11 +277,15 @@ class DecoderSession:
             raise ValueError(f"batch must be >= 1, got {batch}")
         if steps_per_call < 1:
             raise ValueError(f"steps_per_call must be >= 1, got {steps_per_call}")
-        self.lowered = _load(model, dtype)
+        # With a mesh the weights load into host memory and go to the devices shard by shard: a
+        # model larger than one device never lands whole on one.
+        with (jax.default_device(jax.local_devices(backend="cpu")[0]) if mesh is not None
+              else contextlib.nullcontext()):
+            self.lowered = _load(model, dtype)
         self.max_length, self.batch, self.steps_per_call = int(max_length), int(batch), int(steps_per_call)
         self.compiler_options = (default_compiler_options() if compiler_options is None
                                  else dict(compiler_options))
-        self.layout = self.cache_shardings = None
+        self.layout = self.cache_shardings = self._whole = None
         if mesh is not None:
             from jax_onnx_attn.runtime.mesh import MeshLayout
 
@@ -368,13 +373,31 @@ class DecoderSession:
             return state
         return jax.lax.with_sharding_constraint(state, self.state_shardings(state))
 
-    @staticmethod
-    def _summary(state: DecodeState):
+    def _summary(self, state: DecodeState):
         """int32 [2 + B]: rows still running, new tokens so far, then each row's status (what the
-        host reads between calls)."""
-        return jnp.concatenate([jnp.stack([jnp.sum(state.finish == RUNNING, dtype=jnp.int32),
-                                           jnp.sum(state.length - state.prompt_len, dtype=jnp.int32)]),
-                                state.status])
+        host reads between calls; whole on every device with a mesh, so any process reads it)."""
+        summary = jnp.concatenate([jnp.stack([jnp.sum(state.finish == RUNNING, dtype=jnp.int32),
+                                              jnp.sum(state.length - state.prompt_len,
+                                                      dtype=jnp.int32)]),
+                                   state.status])
+        if self.layout is None:
+            return summary
+        return jax.lax.with_sharding_constraint(summary, self.layout.whole())
+
+    def _to_host(self, tree):
+        """A pytree of device arrays as NumPy. With a mesh the arrays are first made whole on
+        every device (split over processes, no process could read them)."""
+        if self.layout is not None:
+            if self._whole is None:
+                self._whole = jax.jit(lambda x: x, out_shardings=self.layout.whole())
+            tree = self._whole(tree)
+        return jax.device_get(tree)
+
+    def _host_input(self, x):
+        """A host value as the jitted calls take it: with a mesh as NumPy (every process passes
+        the same value and jit places it; an array on one local device could not join a mesh
+        that spans processes), else a jax array."""
+        return np.asarray(x) if self.layout is not None else jnp.asarray(x)
 
     def _run_step(self, params, ids, cache_len, num_new, cache, empty_cache: bool = False):
         """(logits, cache, status int32 [B]) of one step; status 0 for a step without with_status.
@@ -530,8 +553,8 @@ class DecoderSession:
             lengths[r] = len(p)
             max_new[r] = max_new_tokens
         timings = Timings(prompt_tokens=sum(map(len, group)), rows=len(group))
-        args = (self.params, jnp.asarray(ids), jnp.asarray(lengths), self.cache, key,
-                jnp.asarray(max_new), jnp.asarray(stop_ids))
+        args = (self.params, self._host_input(ids), self._host_input(lengths), self.cache,
+                self._host_input(key), self._host_input(max_new), self._host_input(stop_ids))
         with ticking(bar, f"compile prefill (prompts <= {s} tokens)"):
             prefill, dt = self._executable("prefill", self._prefill_jit,
                                            (s, sampling, len(stop_ids)), *args, sampling=sampling)
@@ -570,7 +593,7 @@ class DecoderSession:
                 bar.update(generated - reported)
                 reported = generated
             pending = summary
-        host = jax.device_get(state)
+        host = self._to_host(state)
         timings.decode_s = time.perf_counter() - t0
         self._check_status(host.status, first, len(group), "generate")
 
@@ -643,9 +666,10 @@ class DecoderSession:
         ids[0, :prompt_len] = sequence[:prompt_len]
         num_new = np.ones((b,), np.int32)
         num_new[0] = prompt_len
-        logits, self.cache, status = self._score_jit(self.params, jnp.asarray(ids),
-                                                     jnp.zeros((b,), jnp.int32), jnp.asarray(num_new),
-                                                     self.cache, True)
+        logits, self.cache, status = self._score_jit(
+            self.params, self._host_input(ids), self._host_input(np.zeros((b,), np.int32)),
+            self._host_input(num_new), self.cache, True)
+        logits, status = self._to_host((logits, status))
         self._check_status(status, 0, 1, "logits")
         rows = [np.asarray(logits[0, :prompt_len], np.float32)]
         for t in range(prompt_len, len(sequence)):
@@ -653,9 +677,10 @@ class DecoderSession:
             ids[0, 0] = sequence[t]
             cache_len = np.zeros((b,), np.int32)
             cache_len[0] = t
-            logits, self.cache, status = self._score_jit(self.params, jnp.asarray(ids),
-                                                         jnp.asarray(cache_len),
-                                                         jnp.ones((b,), jnp.int32), self.cache)
+            logits, self.cache, status = self._score_jit(
+                self.params, self._host_input(ids), self._host_input(cache_len),
+                self._host_input(np.ones((b,), np.int32)), self.cache)
+            logits, status = self._to_host((logits, status))
             self._check_status(status, 0, 1, "logits")
             rows.append(np.asarray(logits[0], np.float32))
         return np.concatenate(rows, axis=0)
