@@ -263,11 +263,20 @@ def _load_session(model, args, max_length: int, batch: int, progress: bool, labe
     from jax_onnx_attn.runtime import DecoderSession
     from jax_onnx_attn.runtime.progress import spinner
 
+    mesh = None
+    if getattr(args, "devices", None):
+        from jax_onnx_attn.runtime.mesh import make_mesh
+
+        try:
+            mesh = make_mesh(args.devices, data=args.data_parallel)
+        except ValueError as e:
+            raise CliError(f"--devices {args.devices} --data-parallel {args.data_parallel}: "
+                           f"{e}") from None
     t0 = time.perf_counter()
     try:
         with spinner(f"loading and lowering {label}", progress):
             session = DecoderSession(model, max_length=max_length, batch=batch,
-                                     dtype=_dtype(getattr(args, "dtype", None)))
+                                     dtype=_dtype(getattr(args, "dtype", None)), mesh=mesh)
     except (NotImplementedError, ValueError, TypeError, OSError, RuntimeError) as e:
         raise ModelError(f"could not load {label}: {type(e).__name__}: {e}") from e
     return session, time.perf_counter() - t0
@@ -299,7 +308,10 @@ def bandwidth_bound(session, timings) -> dict | None:
     ctx = int(timings.prompt_tokens / rows + getattr(timings, "decode_steps", 0) / 2)
     batch = session.batch
     bytes_per_step = cost.decode_bytes(batch, ctx)
-    peak = roofline.H200_HBM_BYTES_PER_S
+    # With a mesh every device streams its share of the bytes: the bound is all of them together.
+    layout = getattr(session, "layout", None)
+    devices = layout.mesh.devices.size if layout is not None else 1
+    peak = roofline.H200_HBM_BYTES_PER_S * devices
     return {"bytes_per_step": bytes_per_step, "achieved_gb_s": bytes_per_step / step_s / 1e9,
             "peak_gb_s": peak / 1e9, "fraction": cost.fraction_of_bound(step_s, batch, ctx, peak)}
 
@@ -418,12 +430,15 @@ def _run_and_report(args, out, session, model_label, prompts, tok, stop, stop_so
               "chat_template": (tok.chat_template_source
                                 if tok is not None and not getattr(args, "raw", False) else None),
               "stop_tokens": stop, "batch": session.batch, "max_length": session.max_length,
+              "mesh": _mesh_record(session),
               "warmup": warm.to_dict() if warm is not None else None, "rows": rows,
               "timings": result.timings.to_dict(), "bandwidth_bound": bound}
     if args.json:
         _emit(args, out, [], record)
         return EXIT_OK
     print(f"backend: {backend['description']}", file=out)
+    if record["mesh"] is not None:
+        print(record["mesh"]["description"], file=out)
     if tok is not None:
         line = f"tokenizer: {tok.path}"
         if record["chat_template"]:
@@ -436,6 +451,16 @@ def _run_and_report(args, out, session, model_label, prompts, tok, stop, stop_so
     _print_rows(rows, out)
     _print_timings(result.timings, session.batch, bound, out)
     return EXIT_OK
+
+
+def _mesh_record(session) -> dict | None:
+    """The session's mesh for the report: axis sizes, what splits; None on one device."""
+    layout = getattr(session, "layout", None)
+    if layout is None:
+        return None
+    return {"devices": int(layout.mesh.devices.size), "model": layout.model, "data": layout.data,
+            "projections_split": layout.plan.counts(), "projections_whole": dict(layout.plan.whole),
+            "description": layout.describe()}
 
 
 def cmd_demo(args, out) -> int:
@@ -664,6 +689,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="KV-cache capacity per row (default: longest prompt + max-new-tokens + 1)")
     gen.add_argument("--batch", type=_int_at_least(1),
                      help="rows per call (default: the number of prompts)")
+    gen.add_argument("--devices", type=_int_at_least(1), metavar="N",
+                     help="run on the first N devices (tensor parallel: weights, attention heads "
+                          "and the KV cache split over them; default: one device)")
+    gen.add_argument("--data-parallel", type=_int_at_least(1), default=1, metavar="D",
+                     help="of the --devices, D split the batch rows (the rest split the model); "
+                          "--batch must be a multiple of D (default 1)")
     gen.add_argument("--stop", type=_token_ids(allow_empty=True), metavar="IDS",
                      help="stop token ids, comma-separated (default: eos_token_id from the export's "
                           "genai_config.json, generation_config.json or tokenizer; '' for none)")

@@ -33,13 +33,47 @@ def assert_close(actual, expected, dtype=None, *, err_msg: str = "") -> None:
                                rtol=rtol, atol=atol, err_msg=err_msg)
 
 
-def hlo_copies_of(hlo_text: str, shape, dtype) -> list[str]:
+def hlo_copies_of(hlo_text: str, shape, dtype, *, inside_fusions: bool = True) -> list[str]:
     """Lines of compiled HLO text that copy a whole array of `shape`/`dtype` (e.g. a KV cache).
 
     Donation works when this is empty: XLA updated the buffer in place instead of copying it.
+    inside_fusions=False leaves out the computations of fusions (where a copy is a fused kernel's
+    layout change of a value it reads, not a buffer copied).
     """
     hlo_type = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64",
                 "int32": "s32", "int8": "s8", "uint8": "u8"}[np.dtype(dtype).name]
     dims = ",".join(str(int(d)) for d in shape)
     pattern = re.compile(rf"= {hlo_type}\[{dims}\]\{{[^}}]*\}} copy(-start)?\(")
-    return [line.strip() for line in hlo_text.splitlines() if pattern.search(line)]
+    lines = hlo_text.splitlines() if inside_fusions else _outside_fusions(hlo_text)
+    return [line.strip() for line in lines if pattern.search(line)]
+
+
+def _outside_fusions(hlo_text: str) -> list[str]:
+    """The lines of the computations that no fusion calls."""
+    fused = set(re.findall(r"\bfusion\(.*?calls=%?([\w.\-]+)", hlo_text))
+    out, keep = [], True
+    for line in hlo_text.splitlines():
+        header = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$", line)
+        if header:
+            keep = header.group(1) not in fused
+        if keep:
+            out.append(line)
+    return out
+
+
+#: The collectives of XLA's SPMD partitioner.
+COLLECTIVES = ("all-reduce", "all-gather", "all-to-all", "collective-permute", "reduce-scatter")
+
+
+def hlo_collectives(hlo_text: str) -> list[tuple[str, str, tuple[int, ...]]]:
+    """(op, element type, shape) of every collective in compiled HLO text (async pairs counted
+    once, by their start)."""
+    ops = "|".join(COLLECTIVES)
+    pattern = re.compile(rf"= \(?(\w+)\[([\d,]*)\][^=]*? ({ops})(?:-start)?\(")
+    found = []
+    for line in hlo_text.splitlines():
+        m = pattern.search(line)
+        if m:
+            dims = tuple(int(d) for d in m.group(2).split(",") if d)
+            found.append((m.group(3), m.group(1), dims))
+    return found

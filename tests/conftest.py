@@ -16,6 +16,14 @@ import pytest  # noqa: E402
 import jax_onnx_attn  # noqa: E402
 
 
+def pytest_ignore_collect(collection_path, config):
+    """tests/mesh needs 4 devices, made when jax starts: it runs in its own process
+    (tests/test_mesh.py, or JOA_MESH_SUITE=1 pytest tests/mesh)."""
+    if collection_path.name == "mesh" and collection_path.parent.name == "tests":
+        return None if os.environ.get("JOA_MESH_SUITE") else True
+    return None
+
+
 def _gpu_skip_reason() -> str | None:
     info = jax_onnx_attn.build_info()
     if not info["cuda"]:

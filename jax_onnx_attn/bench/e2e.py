@@ -16,7 +16,9 @@ nothing read back between calls:
   * ours: `DecoderSession(lowered, max_length=C, batch=B, steps_per_call=K)`; its cache holds the
     prompt's rows (after a prefill case) or random values; each sample starts from a DecodeState of
     rows at length T and runs m calls of the session's compiled decode executable
-    (`DecoderSession.run_decode`, the executable `generate` uses);
+    (`DecoderSession.run_decode`, the executable `generate` uses); with --devices 1 2 also as
+    ours-tp2: the same session on a mesh of two devices (tensor parallel; its bound and GEMM peak
+    are the two devices' together, its records carry "devices");
   * jax-peer: one jitted fori_loop of K steps from position T, cache donated;
   * torch-peer: K steps captured in one CUDA graph, replayed (eager ops by default; --torch-compile
     captures the torch.compile'd step instead, whose compile time the default budget does not hold).
@@ -61,6 +63,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch shares 
 
 import argparse
 import dataclasses
+import functools
 import gc
 import glob
 import gzip
@@ -436,19 +439,23 @@ def _prompts(vocab: int, batch: int, length: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, vocab, (batch, length), dtype=np.int64).astype(np.int32)
 
 
-def measure_ours(g: Group, case: Case, capacity: int, prefill: bool, verify: bool, args, env) -> dict:
+def measure_ours(g: Group, case: Case, capacity: int, prefill: bool, verify: bool, args, env,
+                 devices: int = 1) -> dict:
     """Our DecoderSession on the case (see the module doc): {"decode": ..., "prefill": ...,
-    "verify": tokens}."""
+    "verify": tokens}. devices > 1: tensor parallel over the first `devices` devices (a mesh of
+    that many on the model axis; the bound is theirs together)."""
     import jax
     import jax.numpy as jnp
 
     from jax_onnx_attn.bench.e2e_peers import _normal_fill
     from jax_onnx_attn.runtime import DecoderSession
+    from jax_onnx_attn.runtime.mesh import make_mesh
     from jax_onnx_attn.runtime.session import RUNNING, DecodeState
 
     b, t, k = case.batch, case.ctx, args.steps
     out = {}
-    session = DecoderSession(g.lowered, max_length=capacity, batch=b, steps_per_call=k)
+    mesh = make_mesh(devices) if devices > 1 else None
+    session = DecoderSession(g.lowered, max_length=capacity, batch=b, steps_per_call=k, mesh=mesh)
     compile_s = 0.0
     if verify:
         prompt = _prompts(g.config.vocab, 1, VERIFY_PROMPT, 7)[0].tolist()
@@ -461,8 +468,8 @@ def measure_ours(g: Group, case: Case, capacity: int, prefill: bool, verify: boo
             r = session.generate(prompts, max_new_tokens=1)
             ttft = min(session.generate(prompts, max_new_tokens=1).timings.prefill_s
                        for _ in range(args.prefill_reps))
-            return _prefill_record(g, case, ttft, env["gemm_peak_tflops"],
-                                   compile_s=compile_s + r.timings.compile_s)
+            return _prefill_record(g, case, ttft, env["gemm_peak_tflops"] * devices,
+                                   compile_s=compile_s + r.timings.compile_s, devices=devices)
 
         out["prefill"] = _guarded(run_prefill)
     if "ms" not in out.get("prefill", {}):
@@ -476,7 +483,10 @@ def measure_ours(g: Group, case: Case, capacity: int, prefill: bool, verify: boo
             if not buf.is_deleted():
                 buf.delete()
             del buf
-            session.cache[name] = fill(jax.random.fold_in(key, i), shape, dtype)
+            filled = fill(jax.random.fold_in(key, i), shape, dtype)
+            if session.cache_shardings is not None:
+                filled = jax.device_put(filled, session.cache_shardings[name])
+            session.cache[name] = filled
     tokens = _prompts(g.config.vocab, b, capacity, case.ctx + 1)
     holder = {}
 
@@ -503,7 +513,8 @@ def measure_ours(g: Group, case: Case, capacity: int, prefill: bool, verify: boo
     if (host.finish != RUNNING).any() or host.status.any():
         raise RuntimeError(f"decode rows stopped or were refused during timing (finish {host.finish}, "
                            f"status {host.status}): the capacity {capacity} is too small")
-    rec = _decode_record(g, case, sec, args.hbm, compile_s=compile_s, first_call_s=first_call_s, **detail)
+    rec = _decode_record(g, case, sec, args.hbm * devices, compile_s=compile_s,
+                         first_call_s=first_call_s, devices=devices, **detail)
     rec.update(jax_kernels_per_step(start, call, sync, k) if _profile_this(g, case, args)
                else {"kernels_per_step": None})
     out["decode"] = rec
@@ -637,6 +648,22 @@ def measure_torch_peer(g: Group, case: Case, capacity: int, prefill: bool, verif
 MEASURE = {"ours": measure_ours, "jax-peer": measure_jax_peer, "torch-peer": measure_torch_peer}
 
 
+def ours_name(devices: int) -> str:
+    """Our impl's name in the results on `devices` devices: "ours", "ours-tp2", ..."""
+    return "ours" if devices == 1 else f"ours-tp{devices}"
+
+
+def measured_impls(impls, devices) -> list[tuple[str, Callable]]:
+    """(name, measure function) per impl, ours once per device count of --devices."""
+    runs = []
+    for impl in impls:
+        if impl == "ours":
+            runs += [(ours_name(n), functools.partial(measure_ours, devices=n)) for n in devices]
+        else:
+            runs.append((impl, MEASURE[impl]))
+    return runs
+
+
 def _group_weight(config) -> float:
     """A group's share of the budget, relative to others: 1 + its weights in GB / 4 (bigger models
     take longer to make, lower and run)."""
@@ -662,11 +689,11 @@ def run_case(g: Group, case: Case, args, env, impls, verify: bool) -> tuple[list
                               "gemm_peak_tflops": env["gemm_peak_tflops"], "impls": {}}
     verify_rec = {"model": g.config.name, "weights": case.weights, "batch": case.batch, "ctx": case.ctx,
                   "prompt_tokens": VERIFY_PROMPT, "tokens": {}} if verify else None
-    for impl in impls:
+    for impl, measure in measured_impls(impls, args.devices):
         skip = g.peer_skip.get(impl)
         if skip is None:
             try:
-                out = MEASURE[impl](g, case, capacity, prefill, verify, args, env)
+                out = measure(g, case, capacity, prefill, verify, args, env)
             except Exception as e:  # an impl that cannot run a case is a result, not a crash
                 out, skip = {}, _err(e)
         else:
@@ -743,6 +770,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true",
                     help="only " + ", ".join(f"{m} {w} B={b} T={c}" for m, w, b, c in QUICK))
     ap.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
+    ap.add_argument("--devices", type=int, nargs="+", default=[1],
+                    help="device counts to run ours on (tensor parallel over the first N devices; "
+                         "results as ours, ours-tp2, ...; default 1)")
     ap.add_argument("--phases", nargs="+", default=["prefill", "decode"], choices=["prefill", "decode"])
     ap.add_argument("--max-prefill-tokens", type=int, default=8192,
                     help="prefill is measured where batch * ctx is at most this")

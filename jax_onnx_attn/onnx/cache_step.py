@@ -176,6 +176,10 @@ class BuilderSharedBuffer(CachePolicy):
             # places, and local_window_size alone gives the same output. The windowed path would
             # restage (copy) the buffer every step.
             inputs = list(inputs)
+            groups = self.step.regrouped_queries.get(node.input[0], 1)
+            if groups > 1 and (len(inputs) < 2 or inputs[1] is None):
+                inputs[:3] = unpack_regrouped_qkv(to_jax(inputs[0]), int(ctx.attrs["num_heads"]),
+                                                  int(ctx.attrs["kv_num_heads"]), groups)
             if len(inputs) > 5 and inputs[5] is not None:
                 # The graph derives seqlens_k from the C-wide mask, which clamps a row that does not
                 # fit into range (GQA would write rows C - S .. C - 1): such a row gets its true
@@ -190,6 +194,21 @@ class BuilderSharedBuffer(CachePolicy):
             if cond is not None:
                 return select_branches(ctx, cond, pad_rows=True)
         return None
+
+
+def unpack_regrouped_qkv(query, num_heads: int, kv_num_heads: int, groups: int):
+    """A packed query whose rows were regrouped shard-major (`onnx.sharding.regroup_packed_rows`:
+    [Q_0 K_0 V_0 | Q_1 K_1 V_1 | ...] along the last axis) -> (q [B, S, N·D], k, v [B, S, Hkv·D])
+    in the heads' own order. The slices are within each group, so a query split into the groups
+    (tensor parallelism) is unpacked on each device without moving data between them."""
+    b, s, hidden = query.shape
+    d = hidden // (num_heads + 2 * kv_num_heads)
+    q_width, kv_width = num_heads // groups * d, kv_num_heads // groups * d
+    x = query.reshape(b, s, groups, hidden // groups)
+    q = x[..., :q_width].reshape(b, s, num_heads * d)
+    k = x[..., q_width:q_width + kv_width].reshape(b, s, kv_num_heads * d)
+    v = x[..., q_width + kv_width:].reshape(b, s, kv_num_heads * d)
+    return q, k, v
 
 
 class TorchConcat(CachePolicy):
@@ -336,6 +355,12 @@ POLICIES = (BuilderSharedBuffer, TorchConcat, AttentionWithPast)
 class FixedCacheStep:
     """A jittable prefill/decode step of `lowered` over [batch, Hkv, capacity, D] KV buffers.
 
+    Args:
+      lowered, batch, capacity: the model, B and C.
+      regrouped_queries: {packed query value name: G} when the params hold those GroupQueryAttention
+        nodes' packed QKV rows regrouped shard-major (tensor parallelism: `onnx.sharding`); the step
+        unpacks each into separate Q, K, V (`unpack_regrouped_qkv`). None: the graph's layout.
+
     Attributes:
       batch, capacity: B and C.
       policy: the model's cache policy (`BuilderSharedBuffer`, `TorchConcat`, `AttentionWithPast`).
@@ -345,9 +370,13 @@ class FixedCacheStep:
       logits_name: the graph output returned as logits.
     """
 
-    def __init__(self, lowered, batch: int, capacity: int):
+    def __init__(self, lowered, batch: int, capacity: int, *,
+                 regrouped_queries: dict[str, int] | None = None):
         self.lowered = lowered
         self.batch, self.capacity = int(batch), int(capacity)
+        #: {packed query value: G}: GroupQueryAttention queries whose packed QKV rows the params hold
+        #: regrouped into G shard-major groups (`onnx.sharding`); the step unpacks them.
+        self.regrouped_queries = dict(regrouped_queries or {})
         if self.batch < 1 or self.capacity < 1:
             raise ValueError(f"fixed_cache_step: batch and capacity must be >= 1, got {batch}, {capacity}")
         graph = lowered.model.graph

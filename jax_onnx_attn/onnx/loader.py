@@ -416,10 +416,11 @@ class LoweredModel:
                                    for k, v in inputs.items()})
         return call
 
-    def fixed_cache_step(self, batch: int, capacity: int):
-        """A decode/prefill step over fixed-capacity KV buffers: see `FixedCacheStep`."""
+    def fixed_cache_step(self, batch: int, capacity: int, **options):
+        """A decode/prefill step over fixed-capacity KV buffers: see `FixedCacheStep` (options are
+        its keyword arguments)."""
         from jax_onnx_attn.onnx.cache_step import FixedCacheStep
-        return FixedCacheStep(self, batch, capacity)
+        return FixedCacheStep(self, batch, capacity, **options)
 
 
 def read_model(path: str | os.PathLike, load_external_data: bool = True) -> onnx.ModelProto:

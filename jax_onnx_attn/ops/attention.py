@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_onnx_attn.ops import decode_paths
+from jax_onnx_attn.ops import decode_paths, partitioning
 from jax_onnx_attn.ops import status as st
 from jax_onnx_attn.ops.backend import check_backend, dispatch
 from jax_onnx_attn.ops.dtypes import check_float_dtype, lengths_int32
@@ -397,7 +397,7 @@ def attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv
         present_value=jax.ShapeDtypeStruct((b, hkv, total, v.shape[3]), v.dtype))
     y, present_key, present_value, qk = dispatch(
         _OP, backend, fn, cuda_fn, q, k, v, attn_mask, past_key, past_value, nonpad_kv_seqlen,
-        unsupported=why)
+        unsupported=why, rule=partitioning.ATTENTION)
     return AttentionOutputs(_heads_back(y, is_3d), present_key, present_value, qk)
 
 
@@ -462,7 +462,7 @@ def attention_with_cache(Q, K, V, key_cache, value_cache, cache_lengths, attn_ma
     cuda_fn, why = decode_paths.attention_cuda(attrs, return_qk=bool(return_qk), q=q,
                                                present_key=key_cache, present_value=value_cache)
     y, _, _, qk = dispatch(_OP, backend, fn, cuda_fn, q, key_cache, value_cache, attn_mask, None, None,
-                           valid, unsupported=why)
+                           valid, unsupported=why, rule=partitioning.ATTENTION)
     new_lengths = jnp.where(written, cache_lengths + s, cache_lengths)
     return CachedAttentionOutputs(_heads_back(y, is_3d), key_cache, value_cache, new_lengths, status,
                                   qk)

@@ -34,13 +34,18 @@ def no_cuda_device() -> str | None:
 
 
 def dispatch(op: str, backend: str, reference_fn: Callable, cuda_fn: Callable | None, *args,
-             unsupported: str | None = None):
+             unsupported: str | None = None, rule=None):
     """Call `reference_fn(*args)` or `cuda_fn(*args)`; both must return the same pytree of arrays.
 
     `cuda_fn=None` (with `unsupported` saying why) means the CUDA kernels do not cover this call:
-    "auto" then uses the reference and "cuda" raises.
+    "auto" then uses the reference and "cuda" raises. `rule` (an `ops.partitioning.Rule`) gives
+    either implementation the op's batching and partitioning; the functions are then
+    functools.partials whose keywords are the static attributes.
     """
     check_backend(backend)
+    if rule is not None:
+        reference_fn = rule.bind(reference_fn)
+        cuda_fn = None if cuda_fn is None else rule.bind(cuda_fn)
     if backend == "reference":
         return reference_fn(*args)
     if backend == "cuda":

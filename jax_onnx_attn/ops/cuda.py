@@ -3,6 +3,10 @@
 Inputs reach these wrappers already validated and in the kernels' layout (the public ops in
 `jax_onnx_attn.ops` do that). Caches are aliased to their outputs (`input_output_aliases`) so a
 donated cache is updated in place. Every handler is command-buffer compatible.
+
+Each wrapper runs under its target's rule (`ops.partitioning`): under `jax.vmap` the mapped axis
+joins the batch axis (one launch), under a sharded `jax.jit` the call splits over batch and heads
+and each device launches the kernel on its shard.
 """
 
 from __future__ import annotations
@@ -15,18 +19,22 @@ import numpy as np
 
 from jax_onnx_attn import _extension
 from jax_onnx_attn._extension import target
+from jax_onnx_attn.ops import partitioning
 
 
 def kv_append(cache, new, start):
     """cache [B, H, C, D] (aliased), new [B, H, S, D], start int32 [B] -> (cache, status int32 [B])."""
+    return partitioning.KV_APPEND.apply(_kv_append, (cache, new, start.astype(jnp.int32)))
+
+
+def _kv_append(cache, new, start):
     b = cache.shape[0]
     call = jax.ffi.ffi_call(
         target("kv_append"),
         (jax.ShapeDtypeStruct(cache.shape, cache.dtype), jax.ShapeDtypeStruct((b,), jnp.int32)),
         input_output_aliases={0: 0},
-        vmap_method="sequential",
     )
-    return call(cache, new, start.astype(jnp.int32))
+    return call(cache, new, start)
 
 
 # --- the kernels' limits and the decode plan: asked from the extension ---------------------------
@@ -123,6 +131,25 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=
     splits inside a thread-block cluster, sm_90+, <= 16 splits of a 16-row block); pdl launches the
     combine as a programmatic dependent launch.
     """
+    static = dict(scale=scale, softcap=softcap, causal=causal, left=left, right=right,
+                  pos_shift=pos_shift, kv_bits=kv_bits, split_rows=split_rows, pdl=pdl,
+                  cluster=cluster)
+    return partitioning.DECODE_ATTENTION.apply(
+        _decode_attention, (q, k_cache, v_cache, kv_len, bias, sink, k_scale, v_scale), static,
+        pin=_per_example_plan)
+
+
+def _per_example_plan(static, axis_size, q, k_cache, *rest) -> dict:
+    """The plan of one example's call, kept by a call over folded examples (vmap): the same splits,
+    so the same bits, as the per-example loop."""
+    b, hq, s, d = q.shape
+    plan = decode_plan(b, hq, k_cache.shape[1], s, k_cache.shape[2], d, static["kv_bits"],
+                       static["split_rows"], static["cluster"])
+    return dict(split_rows=plan["split_rows"], cluster=plan["cluster"])
+
+
+def _decode_attention(q, k_cache, v_cache, kv_len, bias, sink, k_scale, v_scale, *, scale, softcap,
+                      causal, left, right, pos_shift, kv_bits, split_rows, pdl, cluster):
     b, hq, s, d = q.shape
     hkv, c = k_cache.shape[1], k_cache.shape[2]
     plan = decode_plan(b, hq, hkv, s, c, d, kv_bits, split_rows, cluster)
@@ -131,7 +158,6 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=
     call = jax.ffi.ffi_call(
         target("decode_attention"),
         (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((ws,), jnp.float32)),
-        vmap_method="sequential",
     )
     out, _ = call(q, k_cache, v_cache, kv_len.astype(jnp.int32),
                   placeholder if bias is None else bias,
@@ -161,7 +187,18 @@ def gqa_prepare(query, key, value, k_cache, v_cache, seqlens_k, cos_cache=None, 
     "gqa_prepare: <input>: <rule>" from the handler for shapes it cannot take; the rules of
     GroupQueryAttention are checked once, by `ops.group_query_attention`.
     """
-    n, hkv, bits = int(num_heads), int(kv_num_heads), int(kv_bits)
+    static = dict(num_heads=int(num_heads), kv_num_heads=int(kv_num_heads),
+                  rotary_interleaved=bool(rotary_interleaved), q_norm_epsilon=q_norm_epsilon,
+                  k_norm_epsilon=k_norm_epsilon, kv_bits=int(kv_bits))
+    return partitioning.GQA_PREPARE.apply(
+        _gqa_prepare, (query, key, value, k_cache, v_cache, seqlens_k, cos_cache, sin_cache,
+                       position_ids, q_norm_weight, k_norm_weight, k_scale, v_scale), static)
+
+
+def _gqa_prepare(query, key, value, k_cache, v_cache, seqlens_k, cos_cache, sin_cache, position_ids,
+                 q_norm_weight, k_norm_weight, k_scale, v_scale, *, num_heads, kv_num_heads,
+                 rotary_interleaved, q_norm_epsilon, k_norm_epsilon, kv_bits):
+    n, hkv, bits = num_heads, kv_num_heads, kv_bits
     b, s, hidden = query.shape
     d = hidden // (n if key is not None else n + 2 * hkv)
     t = query.dtype
@@ -174,7 +211,6 @@ def gqa_prepare(query, key, value, k_cache, v_cache, seqlens_k, cos_cache=None, 
         (jax.ShapeDtypeStruct((b, n, s, d), t), jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype),
          jax.ShapeDtypeStruct(v_cache.shape, v_cache.dtype), jax.ShapeDtypeStruct((b,), jnp.int32)),
         input_output_aliases={3: 1, 4: 2},
-        vmap_method="sequential",
     )
     q, k_cache, v_cache, status = call(
         query, or_placeholder(key, t), or_placeholder(value, t), k_cache, v_cache,
@@ -184,7 +220,7 @@ def gqa_prepare(query, key, value, k_cache, v_cache, seqlens_k, cos_cache=None, 
         or_placeholder(k_scale, jnp.float32).reshape(-1),
         or_placeholder(v_scale, jnp.float32).reshape(-1),
         num_heads=n, kv_num_heads=hkv, packed=key is None, do_rotary=cos_cache is not None,
-        rotary_interleaved=bool(rotary_interleaved), has_position_ids=position_ids is not None,
+        rotary_interleaved=rotary_interleaved, has_position_ids=position_ids is not None,
         has_norm=q_norm_weight is not None, q_norm_epsilon=np.float32(q_norm_epsilon),
         k_norm_epsilon=np.float32(k_norm_epsilon), kv_bits=bits)
     return q, k_cache, v_cache, status
@@ -204,6 +240,13 @@ def general_attention(q, k, v, kv_len, bias=None, *, scale: float, softcap: floa
     qk_mode: None or a qk_matmul_output_mode (0-3); softmax_dtype: one of GENERAL_SOFTMAX_DTYPES or
     None (float32). The f32 score workspace [B, Hq, S, C] is an extra result.
     """
+    static = dict(scale=scale, softcap=softcap, causal=causal, left=left, right=right,
+                  pos_shift=pos_shift, qk_mode=qk_mode, softmax_dtype=softmax_dtype)
+    return partitioning.GENERAL_ATTENTION.apply(_general_attention, (q, k, v, kv_len, bias), static)
+
+
+def _general_attention(q, k, v, kv_len, bias, *, scale, softcap, causal, left, right, pos_shift,
+                       qk_mode, softmax_dtype):
     b, hq, s, _ = q.shape
     c, dv = k.shape[2], v.shape[3]
     softmax_dtype = jnp.dtype(jnp.float32 if softmax_dtype is None else softmax_dtype)
@@ -212,7 +255,6 @@ def general_attention(q, k, v, kv_len, bias=None, *, scale: float, softcap: floa
         target("general_attention"),
         (jax.ShapeDtypeStruct((b, hq, s, dv), q.dtype), jax.ShapeDtypeStruct(qk_shape, q.dtype),
          jax.ShapeDtypeStruct((max(1, b * hq * s * c),), jnp.float32)),
-        vmap_method="sequential",
     )
     y, qk, _ = call(q, k, v, kv_len.astype(jnp.int32),
                     jnp.zeros((1,), jnp.float32) if bias is None else bias,

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_onnx_attn._extension import _ffi, target
+from jax_onnx_attn.ops import partitioning
 
 #: Bits per weight element of the dense format in the plan (the n-bit formats are 4 and 8).
 DENSE_BITS = 16
@@ -68,6 +69,23 @@ def unsupported(rows: int, n_rows: int, k: int, bits: int, gated: bool, norm: bo
     return None
 
 
+def _per_example_plan(bits: int):
+    """pin of a folded call (vmap): the per-example plan's cluster and K split, so the folded rows
+    are reduced as each example's own call reduces them; None (one call per example) where the
+    folded rows leave the engine's plan."""
+    def pin(static, axis_size, x, w, *rest):
+        rows, n_rows, k = x.shape[0], w.shape[0], x.shape[1]
+        norm = rest[-1] is not None
+        plan = gemv_plan(rows, n_rows, k, bits, static["gated"], norm, static["cluster"],
+                         static["warps_k"])
+        folded = gemv_plan(axis_size * rows, n_rows, k, bits, static["gated"], norm,
+                           plan["cluster"], plan["warps_k"])
+        if plan["error"] or folded["error"]:
+            return None
+        return dict(cluster=plan["cluster"], warps_k=plan["warps_k"])
+    return pin
+
+
 def _placeholder(dtype):
     return jnp.zeros((1,), dtype)
 
@@ -81,10 +99,15 @@ def linear(x, w, bias=None, residual=None, norm_weight=None, *, eps: float = 1e-
     kernel has finished: only for weights no kernel of the program writes). cluster / warps_k > 0
     override the plan.
     """
+    static = dict(eps=eps, gated=gated, pdl=pdl, cluster=cluster, warps_k=warps_k)
+    return partitioning.LINEAR.apply(_linear, (x, w, bias, residual, norm_weight), static,
+                                     pin=_per_example_plan(DENSE_BITS))
+
+
+def _linear(x, w, bias, residual, norm_weight, *, eps, gated, pdl, cluster, warps_k):
     m, n = x.shape[0], w.shape[0]
     n_out = n // 2 if gated else n
-    call = jax.ffi.ffi_call(target("linear"), jax.ShapeDtypeStruct((m, n_out), x.dtype),
-                            vmap_method="sequential")
+    call = jax.ffi.ffi_call(target("linear"), jax.ShapeDtypeStruct((m, n_out), x.dtype))
     ph = _placeholder(x.dtype)
     return call(x, w, ph if bias is None else bias, ph if residual is None else residual,
                 ph if norm_weight is None else norm_weight,
@@ -102,10 +125,18 @@ def matmul_nbits(x, b_quant, scales, zero_points=None, bias=None, residual=None,
 
     Semantics of `jax_onnx_attn.ops.reference.linear.matmul_nbits`; other arguments as `linear`.
     """
+    static = dict(bits=bits, block_size=block_size, eps=eps, gated=gated, pdl=pdl,
+                  cluster=cluster, warps_k=warps_k)
+    return partitioning.MATMUL_NBITS.apply(
+        _matmul_nbits, (x, b_quant, scales, zero_points, bias, residual, norm_weight), static,
+        pin=_per_example_plan(bits))
+
+
+def _matmul_nbits(x, b_quant, scales, zero_points, bias, residual, norm_weight, *, bits, block_size,
+                  eps, gated, pdl, cluster, warps_k):
     m, n = x.shape[0], b_quant.shape[0]
     n_out = n // 2 if gated else n
-    call = jax.ffi.ffi_call(target("matmul_nbits"), jax.ShapeDtypeStruct((m, n_out), x.dtype),
-                            vmap_method="sequential")
+    call = jax.ffi.ffi_call(target("matmul_nbits"), jax.ShapeDtypeStruct((m, n_out), x.dtype))
     ph = _placeholder(x.dtype)
     return call(x, b_quant, scales, jnp.zeros((1,), jnp.uint8) if zero_points is None else zero_points,
                 ph if bias is None else bias, ph if residual is None else residual,

@@ -14,7 +14,7 @@ import math
 import jax.numpy as jnp
 
 from jax_onnx_attn import _extension
-from jax_onnx_attn.ops import cuda
+from jax_onnx_attn.ops import cuda, partitioning
 from jax_onnx_attn.ops.backend import dispatch
 from jax_onnx_attn.ops.dtypes import CUDA_FLOAT_DTYPES, HALF_DTYPES, check_float_dtype
 from jax_onnx_attn.ops.reference import decode as reference
@@ -116,7 +116,7 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=
     why = cuda_unsupported(q.dtype, d)
     cuda_fn = None if why else functools.partial(cuda.decode_attention, split_rows=split_rows, **static)
     return dispatch(OP, backend, ref_fn, cuda_fn, q, k_cache, v_cache, kv_len, bias, sink, k_scale,
-                    v_scale, unsupported=why)
+                    v_scale, unsupported=why, rule=partitioning.DECODE_ATTENTION)
 
 
 def _check_kv_scale(name: str, x, kv_bits: int, hkv: int, d: int):

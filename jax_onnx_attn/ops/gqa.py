@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_onnx_attn.ops import decode_paths
+from jax_onnx_attn.ops import decode_paths, partitioning
 from jax_onnx_attn.ops import status as st
 from jax_onnx_attn.ops.backend import dispatch
 from jax_onnx_attn.ops.dtypes import FLOAT_DTYPES, host_integers_fit, lengths_int32
@@ -554,7 +554,8 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
     fn = functools.partial(reference.group_query_attention, config=config,
                            total=None if device is None else device["total"])
     result = GroupQueryAttentionOutput(*dispatch(OP, backend, fn, cuda_fn, *args,
-                                                 unsupported=why))
+                                                 unsupported=why,
+                                                 rule=partitioning.GROUP_QUERY_ATTENTION))
     if device is not None:
         total = device.pop("total")
         fit = {k: device[k] for k in ("past_len", "has_past", "shared", "windowed")}

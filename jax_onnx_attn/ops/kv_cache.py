@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from jax_onnx_attn.ops import cuda
+from jax_onnx_attn.ops import cuda, partitioning
 from jax_onnx_attn.ops.backend import dispatch
 from jax_onnx_attn.ops.dtypes import check_float_dtype, lengths_int32
 from jax_onnx_attn.ops.reference import kv_cache as reference
@@ -44,4 +44,5 @@ def kv_append(cache, new, start, *, backend: str = "auto"):
     start = lengths_int32(start)  # any integer width: saturated, never wrapped
     cuda_fn = cuda.kv_append if cache.dtype != jnp.float64 else None
     return dispatch("kv_append", backend, reference.kv_append, cuda_fn, cache, new, start,
-                    unsupported="float64 runs on the reference backend only")
+                    unsupported="float64 runs on the reference backend only",
+                    rule=partitioning.KV_APPEND)

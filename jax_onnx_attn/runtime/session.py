@@ -14,6 +14,11 @@ How a generation runs (all arrays on the device):
   buffers. The host only reads a small summary after each call (rows still running, tokens
   generated, each row's device status) for the progress bar and to stop; the next call is already
   queued when it reads it.
+* Several devices (`mesh=`): the weights split Megatron-style over the mesh's "model" axis, the
+  attention and the KV cache by heads, the batch rows over its "data" axis (`runtime.mesh`). The
+  same two executables run as one SPMD program on every device; each device's cache shard is
+  donated and updated in place; per layer the attention block and the MLP each end in one
+  all-reduce.
 * Device status: every step's status (the OR of its cache writes' `jax_onnx_attn.ops.status`
   flags, from the step's `with_status`) is ORed into the decode state on the device and read only
   with that summary. A flagged row's KV write was refused (skipped, never out of bounds), so the
@@ -25,6 +30,7 @@ How a generation runs (all arrays on the device):
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import os
@@ -247,26 +253,43 @@ class DecoderSession:
       compiler_options: XLA options for the prefill and decode executables (passed to
         `jax.stages.Lowered.compile`), e.g. {"xla_gpu_enable_command_buffer": ...}; None uses
         `default_compiler_options()` for the platform.
+      mesh: None (one device), or a jax Mesh with a "model" axis (tensor parallelism: weights,
+        attention heads and the KV cache split over it) and / or a "data" axis (batch rows split
+        over it; `batch` must be a multiple of its size): see `runtime.mesh.make_mesh`. The KV
+        heads (and the heads of every attention) must be a multiple of the model axis' size.
 
     Attributes:
       vocab_size: rows of the model's token embedding (None when the model has no recognisable
         one); every token id passed in must lie in [0, vocab_size).
       trace_counts / compile_counts: Counter of how often "prefill" and "decode" were traced and
         compiled (tests use them to show decode compiles once).
+      layout: the `runtime.mesh.MeshLayout` of a session made with a mesh (its `plan` says which
+        projections split), else None.
+      cache_shardings: {past name: NamedSharding} of the cache buffers with a mesh, else None (a
+        buffer put into `cache` must have its sharding).
     """
 
     def __init__(self, model, max_length: int, batch: int = 1, dtype=None, *,
-                 steps_per_call: int = 32, compiler_options: dict | None = None):
+                 steps_per_call: int = 32, compiler_options: dict | None = None, mesh=None):
         if max_length < 2:
             raise ValueError(f"max_length must be >= 2, got {max_length}")
         if batch < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
         if steps_per_call < 1:
             raise ValueError(f"steps_per_call must be >= 1, got {steps_per_call}")
-        self.lowered = _load(model, dtype)
+        # With a mesh the weights load into host memory and go to the devices shard by shard: a
+        # model larger than one device never lands whole on one.
+        with (jax.default_device(jax.local_devices(backend="cpu")[0]) if mesh is not None
+              else contextlib.nullcontext()):
+            self.lowered = _load(model, dtype)
         self.max_length, self.batch, self.steps_per_call = int(max_length), int(batch), int(steps_per_call)
         self.compiler_options = (default_compiler_options() if compiler_options is None
                                  else dict(compiler_options))
+        self.layout = self.cache_shardings = self._whole = None
+        if mesh is not None:
+            from jax_onnx_attn.runtime.mesh import MeshLayout
+
+            self.layout = MeshLayout(mesh, self.lowered, self.batch)
         self.params = self.lowered.params
         positions = getattr(self.lowered, "max_positions", None)
         if positions is not None and self.max_length > positions:
@@ -275,8 +298,16 @@ class DecoderSession:
                              f"make the session with max_length <= {positions}")
         #: Rows of the token embedding: prompts are checked against it (None: not known).
         self.vocab_size = getattr(self.lowered, "vocab_size", None)
-        self.step = self.lowered.fixed_cache_step(self.batch, self.max_length)
-        self.cache = self.step.init_cache(self.params)
+        if self.layout is None:
+            self.step = self.lowered.fixed_cache_step(self.batch, self.max_length)
+            self.cache = self.step.init_cache(self.params)
+        else:
+            self.step = self.lowered.fixed_cache_step(
+                self.batch, self.max_length, regrouped_queries=self.layout.plan.regrouped_queries)
+            self.params = self.layout.place_params(self.params)
+            self.cache_shardings = self.layout.cache_shardings(self.step.cache_shapes)
+            # Allocated in place, each device its shard.
+            self.cache = jax.jit(self.step.init_cache, out_shardings=self.cache_shardings)()
         self.trace_counts: Counter = Counter()
         self.compile_counts: Counter = Counter()
         self._executables: dict[tuple, Any] = {}
@@ -306,11 +337,12 @@ class DecoderSession:
 
     def _finish_update(self, state: DecodeState, token) -> DecodeState:
         """Append `token` [B] to the running rows and set the finish code of rows that end."""
-        b, cap = state.tokens.shape
+        cap = state.tokens.shape[1]
         running = state.finish == RUNNING
-        # Finished rows write out of bounds, which mode="drop" discards.
+        # Finished rows write nowhere (position cap). A select rather than a scatter: each row
+        # writes its own row only, so rows split over devices stay where they are.
         pos = jnp.where(running, state.length, cap)
-        tokens = state.tokens.at[jnp.arange(b), pos].set(token, mode="drop")
+        tokens = jnp.where(jnp.arange(cap)[None, :] == pos[:, None], token[:, None], state.tokens)
         length = state.length + running.astype(jnp.int32)
         is_stop = jnp.any(token[:, None] == state.stop_ids[None, :], axis=-1)
         finish = state.finish
@@ -319,13 +351,53 @@ class DecoderSession:
         finish = jnp.where((finish == RUNNING) & (length >= cap), MAX_LENGTH, finish)
         return state._replace(tokens=tokens, length=length, finish=finish)
 
-    @staticmethod
-    def _summary(state: DecodeState):
+    def _placed_cache(self, cache):
+        """The cache pinned to its shardings (with a mesh): a donated shard is then updated in
+        place, the output's sharding being the input's."""
+        if self.layout is None:
+            return cache
+        return jax.lax.with_sharding_constraint(cache, self.cache_shardings)
+
+    def state_shardings(self, state: DecodeState) -> DecodeState | None:
+        """The shardings of a DecodeState on the session's mesh (per-row fields over the data
+        axis, the rest whole), or None without a mesh."""
+        if self.layout is None:
+            return None
+        per_row = ("tokens", "length", "prompt_len", "max_new", "finish", "status")
+        return DecodeState(**{f: self.layout.rows(np.ndim(v)) if f in per_row else self.layout.whole()
+                              for f, v in state._asdict().items()})
+
+    def _placed_state(self, state: DecodeState) -> DecodeState:
+        """The decode state pinned to its shardings (with a mesh)."""
+        if self.layout is None:
+            return state
+        return jax.lax.with_sharding_constraint(state, self.state_shardings(state))
+
+    def _summary(self, state: DecodeState):
         """int32 [2 + B]: rows still running, new tokens so far, then each row's status (what the
-        host reads between calls)."""
-        return jnp.concatenate([jnp.stack([jnp.sum(state.finish == RUNNING, dtype=jnp.int32),
-                                           jnp.sum(state.length - state.prompt_len, dtype=jnp.int32)]),
-                                state.status])
+        host reads between calls; whole on every device with a mesh, so any process reads it)."""
+        summary = jnp.concatenate([jnp.stack([jnp.sum(state.finish == RUNNING, dtype=jnp.int32),
+                                              jnp.sum(state.length - state.prompt_len,
+                                                      dtype=jnp.int32)]),
+                                   state.status])
+        if self.layout is None:
+            return summary
+        return jax.lax.with_sharding_constraint(summary, self.layout.whole())
+
+    def _to_host(self, tree):
+        """A pytree of device arrays as NumPy. With a mesh the arrays are first made whole on
+        every device (split over processes, no process could read them)."""
+        if self.layout is not None:
+            if self._whole is None:
+                self._whole = jax.jit(lambda x: x, out_shardings=self.layout.whole())
+            tree = self._whole(tree)
+        return jax.device_get(tree)
+
+    def _host_input(self, x):
+        """A host value as the jitted calls take it: with a mesh as NumPy (every process passes
+        the same value and jit places it; an array on one local device could not join a mesh
+        that spans processes), else a jax array."""
+        return np.asarray(x) if self.layout is not None else jnp.asarray(x)
 
     def _run_step(self, params, ids, cache_len, num_new, cache, empty_cache: bool = False):
         """(logits, cache, status int32 [B]) of one step; status 0 for a step without with_status.
@@ -335,9 +407,11 @@ class DecoderSession:
         # A hand-written step need not know empty_cache; it then runs its general form.
         kw = {"empty_cache": True} if empty_cache and _takes(fn, "empty_cache") else {}
         if with_status is not None:
-            return tuple(with_status(params, ids, cache_len, num_new, cache, **kw))
-        logits, cache = self.step(params, ids, cache_len, num_new, cache, **kw)
-        return logits, cache, jnp.zeros((ids.shape[0],), jnp.int32)
+            logits, cache, status = with_status(params, ids, cache_len, num_new, cache, **kw)
+        else:
+            logits, cache = self.step(params, ids, cache_len, num_new, cache, **kw)
+            status = jnp.zeros((ids.shape[0],), jnp.int32)
+        return logits, self._placed_cache(cache), status
 
     def _prefill(self, params, ids, lengths, cache, key, max_new, stop_ids, *, sampling):
         """ids int32 [B, S] right-padded, lengths int32 [B] -> (DecodeState, cache, summary)."""
@@ -351,7 +425,8 @@ class DecoderSession:
                             finish=jnp.where(max_new > 0, RUNNING, PADDING).astype(jnp.int32),
                             stop_ids=stop_ids, key=key, step=jnp.zeros((), jnp.int32),
                             status=status)
-        state = self._finish_update(state, sample(last, jax.random.fold_in(key, 0), sampling))
+        state = self._placed_state(
+            self._finish_update(state, sample(last, jax.random.fold_in(key, 0), sampling)))
         return state, cache, self._summary(state)
 
     def _decode(self, params, state: DecodeState, cache, *, sampling, steps):
@@ -374,10 +449,10 @@ class DecoderSession:
             step = st.step + 1
             token = sample(logits[:, 0], jax.random.fold_in(st.key, step), sampling)
             st = st._replace(step=step, status=st.status | status)
-            return i + 1, self._finish_update(st, token), c
+            return i + 1, self._placed_state(self._finish_update(st, token)), c
 
         _, state, cache = lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), state, cache))
-        return state, cache, self._summary(state)
+        return state, self._placed_cache(cache), self._summary(state)
 
     @staticmethod
     def _check_status(status, first_prompt: int, rows: int, where: str) -> None:
@@ -478,8 +553,8 @@ class DecoderSession:
             lengths[r] = len(p)
             max_new[r] = max_new_tokens
         timings = Timings(prompt_tokens=sum(map(len, group)), rows=len(group))
-        args = (self.params, jnp.asarray(ids), jnp.asarray(lengths), self.cache, key,
-                jnp.asarray(max_new), jnp.asarray(stop_ids))
+        args = (self.params, self._host_input(ids), self._host_input(lengths), self.cache,
+                self._host_input(key), self._host_input(max_new), self._host_input(stop_ids))
         with ticking(bar, f"compile prefill (prompts <= {s} tokens)"):
             prefill, dt = self._executable("prefill", self._prefill_jit,
                                            (s, sampling, len(stop_ids)), *args, sampling=sampling)
@@ -518,7 +593,7 @@ class DecoderSession:
                 bar.update(generated - reported)
                 reported = generated
             pending = summary
-        host = jax.device_get(state)
+        host = self._to_host(state)
         timings.decode_s = time.perf_counter() - t0
         self._check_status(host.status, first, len(group), "generate")
 
@@ -567,6 +642,8 @@ class DecoderSession:
         themselves (row b's cache must hold its first length[b] - 1 tokens); it shares the
         executable `generate` uses for the same sampling (default: greedy)."""
         sampling = sampling or SamplingConfig()
+        if self.layout is not None:
+            state = jax.device_put(state, self.state_shardings(state))
         decode, _ = self._executable("decode", self._decode_jit,
                                      (sampling, self.steps_per_call, int(state.stop_ids.shape[0])),
                                      self.params, state, self.cache, sampling=sampling,
@@ -589,9 +666,10 @@ class DecoderSession:
         ids[0, :prompt_len] = sequence[:prompt_len]
         num_new = np.ones((b,), np.int32)
         num_new[0] = prompt_len
-        logits, self.cache, status = self._score_jit(self.params, jnp.asarray(ids),
-                                                     jnp.zeros((b,), jnp.int32), jnp.asarray(num_new),
-                                                     self.cache, True)
+        logits, self.cache, status = self._score_jit(
+            self.params, self._host_input(ids), self._host_input(np.zeros((b,), np.int32)),
+            self._host_input(num_new), self.cache, True)
+        logits, status = self._to_host((logits, status))
         self._check_status(status, 0, 1, "logits")
         rows = [np.asarray(logits[0, :prompt_len], np.float32)]
         for t in range(prompt_len, len(sequence)):
@@ -599,9 +677,10 @@ class DecoderSession:
             ids[0, 0] = sequence[t]
             cache_len = np.zeros((b,), np.int32)
             cache_len[0] = t
-            logits, self.cache, status = self._score_jit(self.params, jnp.asarray(ids),
-                                                         jnp.asarray(cache_len),
-                                                         jnp.ones((b,), jnp.int32), self.cache)
+            logits, self.cache, status = self._score_jit(
+                self.params, self._host_input(ids), self._host_input(cache_len),
+                self._host_input(np.ones((b,), np.int32)), self.cache)
+            logits, status = self._to_host((logits, status))
             self._check_status(status, 0, 1, "logits")
             rows.append(np.asarray(logits[0], np.float32))
         return np.concatenate(rows, axis=0)

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
-from jax import lax
 
 from jax_onnx_attn.ops import status as st
 
@@ -13,19 +11,18 @@ def kv_append(cache, new, start):
     """Write new [B, H, S, D] into cache [B, H, C, D] at rows start[b] .. start[b]+S-1.
 
     A batch row whose rows do not all fit in [0, C) is left untouched and flagged in the status.
-    Written as a clamped dynamic_update_slice so that XLA updates a donated cache in place.
+    Written as a scatter whose refused rows aim past the cache (mode="drop" discards them), so
+    that XLA updates a donated cache in place without reading it first (a read of the old rows
+    made XLA copy the cache at batch 1).
     """
-    capacity, s = cache.shape[2], new.shape[2]
+    b, h, capacity, _ = cache.shape
+    s = new.shape[2]
     start = start.astype(jnp.int32)
     ok = (start >= 0) & (start <= capacity - s)
-
-    zero = jnp.int32(0)  # index dtypes must agree (int64 under x64 otherwise)
-
-    def one(c, n, pos, fits):
-        pos = jnp.clip(pos, 0, capacity - s)
-        current = lax.dynamic_slice(c, (zero, pos, zero), n.shape)
-        return lax.dynamic_update_slice(c, jnp.where(fits, n, current), (zero, pos, zero))
-
-    out = jax.vmap(one)(cache, new, start, ok)
+    rows = jnp.where(ok, start, capacity)[:, None] + jnp.arange(s, dtype=jnp.int32)  # [B, S]
+    batch = jnp.arange(b, dtype=jnp.int32)[:, None, None]
+    heads = jnp.arange(h, dtype=jnp.int32)[None, :, None]
+    out = cache.at[batch, heads, rows[:, None, :]].set(new, mode="drop", unique_indices=True,
+                                                     indices_are_sorted=True)
     status = st.kv_write_status(ok)
     return out, status
