@@ -4,6 +4,7 @@ wrappers' own code (their batching and partitioning rules) runs on the CPU as it
 from __future__ import annotations
 
 from jax_onnx_attn.ops import cuda, cuda_matmul
+from jax_onnx_attn.ops.linear import untile_nbits_meta
 from jax_onnx_attn.ops.reference import decode as decode_reference
 from jax_onnx_attn.ops.reference import general as general_reference
 from jax_onnx_attn.ops.reference import gqa as gqa_reference
@@ -17,6 +18,11 @@ def _linear(x, w, bias, residual, norm_weight, *, eps, gated):
 
 def _nbits(x, b_quant, scales, zero_points, bias, residual, norm_weight, *, bits, block_size, eps,
            gated):
+    # The target takes scales / zero points tiled (ops.tile_nbits_meta); the reference row-major.
+    if scales.ndim == 3:
+        n = b_quant.shape[0]
+        scales = untile_nbits_meta(scales, n)
+        zero_points = None if zero_points is None else untile_nbits_meta(zero_points, n)
     return linear_reference.matmul_nbits(x, b_quant, scales, zero_points, bias, residual,
                                          norm_weight, eps, gated, bits=bits, block_size=block_size)
 

@@ -32,6 +32,7 @@ import onnx
 
 from jax_onnx_attn.onnx import registry
 from jax_onnx_attn.onnx.fusion import JOA_DOMAIN, LINEAR_INPUTS
+from jax_onnx_attn.ops.linear import META_TILE_ROWS, tile_nbits_meta, untile_nbits_meta
 
 COLUMN, ROW, VOCAB = "column", "row", "vocab"
 #: Normalisations: the walks from an attention stop there (the residual stream is beyond), except
@@ -49,10 +50,14 @@ class ParamSplit:
     axis: the axis split into equal contiguous pieces.
     packed_heads: (num_heads, kv_num_heads, head_size) for a packed QKV projection's rows (axis 0
       of the weight, its scales / zero points, its bias): regrouped shard-major before the split.
+    tiled_rows: N for MatMulNBits scales / zero points in the kernels' tiled layout [ceil(N / 16),
+      k_blocks, 16] (`ops.tile_nbits_meta`): axis 0 holds tiles of 16 rows, so a row split cuts
+      between tiles and a regroup un-tiles, regroups the rows and tiles again.
     """
 
     axis: int
     packed_heads: tuple[int, int, int] | None = None
+    tiled_rows: int | None = None
 
 
 @dataclasses.dataclass
@@ -79,8 +84,14 @@ class TensorParallelPlan:
         others as they are)."""
         out = dict(params)
         for name, split in self.splits.items():
-            if split.packed_heads is not None:
+            if split.packed_heads is None:
+                continue
+            if split.tiled_rows is None:
                 out[name] = regroup_packed_rows(params[name], *split.packed_heads, self.pieces)
+            else:
+                rows = untile_nbits_meta(params[name], split.tiled_rows)
+                out[name] = tile_nbits_meta(regroup_packed_rows(rows, *split.packed_heads,
+                                                                self.pieces))
         return out
 
     def counts(self) -> dict[str, int]:
@@ -311,7 +322,9 @@ def _place(plan: TensorParallelPlan, node, role: str, packed_heads, params) -> s
             return f"K={k} does not split into {t} pieces of whole {block}-element blocks"
         axis = 1
     else:
-        unit = 16 if gated else 8
+        # Tiled scales / zero points split between their 16-row tiles.
+        tiled = bool(bits) and np.ndim(params[_input(node, "scales")]) == 3
+        unit = META_TILE_ROWS if gated or tiled else 8
         if rows % (t * unit):
             return f"N={rows} does not split into {t} pieces of multiples of {unit} rows"
         if packed_heads is not None:
@@ -321,7 +334,12 @@ def _place(plan: TensorParallelPlan, node, role: str, packed_heads, params) -> s
                 return f"packed QKV of {n} + 2 x {hkv} heads does not regroup into {t} pieces"
         axis = 0
     split = ParamSplit(axis, packed_heads if role == COLUMN else None)
-    new = {_input(node, what): split for what in ("w", "scales", "zero_points") if _input(node, what)}
+    new = {_input(node, "w"): split}
+    for what in ("scales", "zero_points"):
+        name = _input(node, what)
+        if name:
+            tiled = np.ndim(params[name]) == 3  # else row-major [N, k_blocks]: as the weight
+            new[name] = dataclasses.replace(split, tiled_rows=rows) if tiled else split
     bias = _input(node, "bias")
     if bias and role != ROW:
         new[bias] = ParamSplit(0, split.packed_heads)

@@ -659,14 +659,22 @@ def _linear_layout(x, w, bias=None, residual=None, norm_weight=None, *, gated=Fa
 def _nbits_layout(x, b_quant, scales, zero_points=None, bias=None, residual=None, norm_weight=None,
                   *, gated=False, **static):
     rows = b_quant.shape[0]
-    unit = 16 if gated else 8
+    tiled = scales.ndim == 3  # [ceil(N / 16), k_blocks, 16] (ops.tile_nbits_meta): split by tiles
+    unit = 16 if gated or tiled else 8
     whole_k = gated or norm_weight is not None
     blocks = "kb" if whole_k else "k"  # K splits in whole quantisation blocks
-    return Layout(("b kw" if whole_k else "b (k e)", f"(h r) {blocks} blob", f"(h r) {blocks}",
-                   None if zero_points is None else f"(h r) {blocks}",
-                   None if bias is None else "(h r)", None if residual is None else "b (h o)",
+    if tiled and rows % unit:  # a partial last tile: the rows stay whole
+        n, meta, sizes = "n", f"tiles {blocks} t", {}
+    else:
+        # (A tile is one h: Shardy takes no group with a factor of size 1.)
+        meta = f"h {blocks} t" if tiled else f"(h r) {blocks}"
+        n, sizes = "(h r)", {HEADS: rows // unit}
+    out = "b (h o)" if sizes else "b o"
+    return Layout(("b kw" if whole_k else "b (k e)", f"{n} {blocks} blob", meta,
+                   None if zero_points is None else meta,
+                   None if bias is None else n, None if residual is None else out,
                    None if norm_weight is None else "kw"),
-                  ("b (h o)",), sizes={HEADS: rows // unit})
+                  (out,), sizes=sizes)
 
 
 def _partial_sums(bias_at: int, residual_at: int):
@@ -699,6 +707,7 @@ def _weight_first(n: int) -> list[int]:
 #: residual [M, N_out], norm_weight [K] -> [M, N_out].
 LINEAR = Rule("linear", _linear_layout, per_shard=_partial_sums(2, 3), priority=_weight_first)
 #: The matmul_nbits target (and reference.linear.matmul_nbits): x [M, K], b_quant [N, K / block,
-#: blob], scales / zero_points [N, K / block], bias, residual, norm_weight as LINEAR.
+#: blob], scales / zero_points [N, K / block] or tiled [ceil(N / 16), K / block, 16], bias, residual,
+#: norm_weight as LINEAR.
 MATMUL_NBITS = Rule("matmul_nbits", _nbits_layout, per_shard=_partial_sums(4, 5),
                     priority=_weight_first)

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from jax_onnx_attn import ops
 from jax_onnx_attn.models import build_decoder, preset
 from jax_onnx_attn.onnx import load
 from jax_onnx_attn.ops import cuda, cuda_matmul
@@ -85,7 +86,7 @@ def test_vmap_of_the_kernels_equals_the_loop_bitwise():
     _equal(jax.jit(jax.vmap(lambda x: cuda_matmul.linear(x, w)))(x),
            _stack([cuda_matmul.linear(x[i], w) for i in range(n)]), "linear")
     b_quant = rng.integers(0, 256, (2048, 1024 // 32, 16)).astype(np.uint8)
-    scales = _normal(rng, (2048, 1024 // 32)) / 100
+    scales = ops.tile_nbits_meta(_normal(rng, (2048, 1024 // 32)) / 100)  # the target's layout
 
     def nbits(x):
         return cuda_matmul.matmul_nbits(x, b_quant, scales, bits=4, block_size=32)
@@ -141,7 +142,7 @@ def test_projections_split_by_rows_and_by_k(two_gpus, bits):
             return cuda_matmul.linear(x, w)
     else:
         weights = [rng.integers(0, 256, (n, k // 32, 16)).astype(np.uint8),
-                   _normal(rng, (n, k // 32)) / 100]
+                   ops.tile_nbits_meta(_normal(rng, (n, k // 32)) / 100)]  # split between tiles
 
         def project(x, b_quant, scales):
             return cuda_matmul.matmul_nbits(x, b_quant, scales, bits=4, block_size=32)
