@@ -72,11 +72,14 @@ NB_MODULE(_ffi, m) {
     nb::list softmax;
     for (const char* name : joa::general::kSoftmaxTypeNames) softmax.append(name);
     general["softmax_types"] = softmax;
+    nb::dict gemv;
+    gemv["meta_tile_rows"] = joa::gemv::kMetaTileRows;
     nb::dict out;
     out["decode"] = decode;
     out["general"] = general;
+    out["gemv"] = gemv;
     return out;
-  }, "The kernels' limits: {'decode': {...}, 'general': {...}}.");
+  }, "The kernels' limits: {'decode': {...}, 'general': {...}, 'gemv': {...}}.");
 
   m.def("decode_plan", [](int64_t batch, int64_t q_heads, int64_t kv_heads, int64_t q_len,
                           int64_t capacity, int head_dim, int kv_bits, bool cluster_capable,

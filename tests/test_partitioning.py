@@ -143,11 +143,20 @@ def test_linear_folds_with_the_per_example_plan(kernels, gated, norm):
 def test_matmul_nbits_folds(kernels):
     rng, n, m, k, rows, block = np.random.default_rng(6), 2, 3, 64, 16, 32
     b_quant = rng.integers(0, 256, (rows, k // block, block // 2)).astype(np.uint8)
-    shared = dict(b_quant=b_quant, scales=_normal(rng, (rows, k // block), np.float16),
-                  zero_points=rng.integers(0, 16, (rows, k // block)).astype(np.uint8),
+    shared = dict(b_quant=b_quant,
+                  scales=ops.tile_nbits_meta(_normal(rng, (rows, k // block), np.float16)),
+                  zero_points=ops.tile_nbits_meta(rng.integers(0, 16, (rows, k // block)).astype(np.uint8)),
                   bits=4, block_size=block)
     _check_fold(kernels, "nbits", cuda_matmul.matmul_nbits,
                 dict(x=_normal(rng, (n, m, k), np.float16)), shared, n, exact=False)
+
+
+def test_matmul_nbits_wants_tiled_meta():
+    rng, k, rows, block = np.random.default_rng(6), 64, 16, 32
+    b_quant = rng.integers(0, 256, (rows, k // block, block // 2)).astype(np.uint8)
+    with pytest.raises(ValueError, match=r"scales must be tiled \[1, 2, 16\]"):
+        cuda_matmul.matmul_nbits(_normal(rng, (1, k), np.float16), b_quant,
+                                 _normal(rng, (rows, k // block), np.float16), bits=4, block_size=block)
 
 
 def test_linear_loops_where_the_folded_rows_leave_the_plan(kernels):

@@ -32,7 +32,7 @@ import onnx
 
 from jax_onnx_attn.onnx import registry
 from jax_onnx_attn.onnx.fusion import JOA_DOMAIN, LINEAR_INPUTS
-from jax_onnx_attn.ops.linear import META_TILE_ROWS, tile_nbits_meta, untile_nbits_meta
+from jax_onnx_attn.ops.linear import meta_tile_rows, tile_nbits_meta, untile_nbits_meta
 
 COLUMN, ROW, VOCAB = "column", "row", "vocab"
 #: Normalisations: the walks from an attention stop there (the residual stream is beyond), except
@@ -324,7 +324,7 @@ def _place(plan: TensorParallelPlan, node, role: str, packed_heads, params) -> s
     else:
         # Tiled scales / zero points split between their 16-row tiles.
         tiled = bool(bits) and np.ndim(params[_input(node, "scales")]) == 3
-        unit = META_TILE_ROWS if gated or tiled else 8
+        unit = max(16 if gated else 8, meta_tile_rows() if tiled else 1)
         if rows % (t * unit):
             return f"N={rows} does not split into {t} pieces of multiples of {unit} rows"
         if packed_heads is not None:

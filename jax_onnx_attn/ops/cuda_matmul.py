@@ -125,6 +125,12 @@ def matmul_nbits(x, b_quant, scales, zero_points=None, bias=None, residual=None,
 
     Semantics of `jax_onnx_attn.ops.reference.linear.matmul_nbits`; other arguments as `linear`.
     """
+    tile = _ffi.limits()["gemv"]["meta_tile_rows"]
+    want = (-(-b_quant.shape[0] // tile), b_quant.shape[1], tile)
+    for name, meta in (("scales", scales), ("zero_points", zero_points)):
+        if meta is not None and tuple(meta.shape) != want:
+            raise ValueError(f"matmul_nbits: {name} must be tiled {list(want)} "
+                             f"(ops.tile_nbits_meta), got {list(meta.shape)}")
     static = dict(bits=bits, block_size=block_size, eps=eps, gated=gated, pdl=pdl,
                   cluster=cluster, warps_k=warps_k)
     return partitioning.MATMUL_NBITS.apply(

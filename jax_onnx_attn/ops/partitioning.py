@@ -216,6 +216,7 @@ class Shards(NamedTuple):
     contracted: tuple[str, ...]
 
     def count(self, axes: tuple[str, ...]) -> int:
+        """How many pieces these mesh axes split a value into."""
         return math.prod(self.mesh.shape[a] for a in axes)
 
     @property
@@ -270,6 +271,7 @@ def _replicated_mesh(shardings) -> Mesh:
 
 
 def _default_per_shard(impl, static, shards: Shards):
+    """What a shard runs by default: the implementation with its static attributes."""
     return functools.partial(impl, **static)
 
 
@@ -660,7 +662,7 @@ def _nbits_layout(x, b_quant, scales, zero_points=None, bias=None, residual=None
                   *, gated=False, **static):
     rows = b_quant.shape[0]
     tiled = scales.ndim == 3  # [ceil(N / 16), k_blocks, 16] (ops.tile_nbits_meta): split by tiles
-    unit = 16 if gated or tiled else 8
+    unit = max(16 if gated else 8, scales.shape[2] if tiled else 1)
     whole_k = gated or norm_weight is not None
     blocks = "kb" if whole_k else "k"  # K splits in whole quantisation blocks
     if tiled and rows % unit:  # a partial last tile: the rows stay whole

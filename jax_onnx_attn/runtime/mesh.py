@@ -79,6 +79,7 @@ class MeshLayout:
         self.plan: TensorParallelPlan = plan_tensor_parallel(lowered, self.model, logits_name)
 
     def sharding(self, spec: PartitionSpec) -> NamedSharding:
+        """spec on this layout's mesh."""
         return NamedSharding(self.mesh, spec)
 
     # -- weights ----------------------------------------------------------------------------------
@@ -120,6 +121,7 @@ class MeshLayout:
         return self.sharding(PartitionSpec(self._data) if ndim else PartitionSpec())
 
     def whole(self) -> NamedSharding:
+        """Whole on every device of the mesh."""
         return self.sharding(PartitionSpec())
 
     def describe(self) -> str:

@@ -160,15 +160,13 @@ def test_gated_linear_splits_gate_up_pairs(kernels, partitioner):
     assert got.sharding.spec == HEADS
 
 
-@pytest.mark.parametrize("tiled", [False, True], ids=["row-major-meta", "tiled-meta"])
 @pytest.mark.parametrize("split", ["column", "row"])
-def test_matmul_nbits_splits_rows_or_whole_blocks(kernels, partitioner, split, tiled):
+def test_matmul_nbits_splits_rows_or_whole_blocks(kernels, partitioner, split):
     rng, m, k, rows, block = np.random.default_rng(8), 2, 128, 32, 32
     args = [_normal(rng, (m, k)), rng.integers(0, 256, (rows, k // block, block // 2)).astype(np.uint8),
             _normal(rng, (rows, k // block)) / 10,
             rng.integers(0, 16, (rows, k // block)).astype(np.uint8)]
-    if tiled:  # the layout onnx.fusion gives the kernels: split between 16-row tiles
-        args[2:] = [ops.tile_nbits_meta(a) for a in args[2:]]
+    args[2:] = [ops.tile_nbits_meta(a) for a in args[2:]]  # the target's layout: split by tiles
 
     def fn(x, b_quant, scales, zero_points):
         return cuda_matmul.matmul_nbits(x, b_quant, scales, zero_points, bits=4, block_size=block)
