@@ -4,9 +4,8 @@
 //
 // The engine computes y[M, N] = x[M, K] W[N, K]^T for M <= 32 with the weight as the MMA A
 // operand: a warp owns a 16-row tile of W and a contiguous range of K "chunks" (4 lanes x 32 bytes
-// of each of its 16 rows dense and n-bit wide, 4 x 16 n-bit: 2 or 1 KB of W a chunk). It streams its chunks
-// through its own cp.async ring of
-// `stages` slots in shared memory. A CTA of kWarps warps is warps_n row tiles x warps_k K parts; the
+// of each of its 16 rows dense and n-bit wide, 4 x 16 n-bit: 2 or 1 KB of W a chunk). It streams
+// its chunks through its own cp.async ring of `stages` slots in shared memory. A CTA of kWarps warps is warps_n row tiles x warps_k K parts; the
 // CTAs of a thread-block cluster (sm_90) split K once more. x's share of K is staged once per CTA
 // in shared memory, in the order the MMA fragments read it (with the RMS-norm prologue, its slice of
 // gamma too). CTAs loop over row blocks
