@@ -169,7 +169,8 @@ def test_nbits_blocks_and_zero_points(bits, block, zp, dtype, wide, full):
     ref = _nbits_fn("reference", **kw)(x, bq, s, z)
     assert cuda_matmul.unsupported(32, n, k, bits, False, False, block, wide=wide) is None
     for m in (1, 5, 32) if full else (5, 32):
-        _check(_nbits_fn("cuda", wide=wide, **kw)(x[:m], bq, s, z), ref[:m], dtype, f"M={m} wide={wide}")
+        got = _nbits_fn("cuda", wide=wide, **kw)(x[:m], bq, s, z)
+        _check(got, ref[:m], dtype, f"M={m} wide={wide}")
 
 
 FUSIONS = ["bias", "residual", "norm", "gated", "gated_bias", "all"]
@@ -217,7 +218,8 @@ def test_dense_fusions(shape, fusion, dtype, full):
 @pytest.mark.parametrize("fusion", FUSIONS)
 @pytest.mark.parametrize("bits", [4, 8])
 def test_nbits_fusions(bits, fusion, dtype, wide, full):
-    if wide and not full and (FUSIONS.index(fusion) + bits // 4) % 2 != (jnp.dtype(dtype) == jnp.dtype(jnp.float16)):
+    f16 = jnp.dtype(dtype) == jnp.dtype(jnp.float16)
+    if wide and not full and (FUSIONS.index(fusion) + bits // 4) % 2 != f16:
         pytest.skip("the default run takes one dtype per (fusion, bits) in the wide format; -m slow both")
     k, n, block = 4096, 6144, 32
     x, bq, s, z = _nbits(k, n, bits, block, True, dtype, seed=2)
