@@ -49,5 +49,5 @@ def use_specs(monkeypatch) -> list:
     monkeypatch.setattr(cuda_matmul, "_linear",
                         spec("linear", _linear, drop=("pdl", "cluster", "warps_k")))
     monkeypatch.setattr(cuda_matmul, "_matmul_nbits",
-                        spec("nbits", _nbits, drop=("pdl", "cluster", "warps_k")))
+                        spec("nbits", _nbits, drop=("pdl", "cluster", "warps_k", "wide")))
     return calls

@@ -364,11 +364,12 @@ def _plan(*a, **kw):
 
 
 @pytest.mark.parametrize("k, n", MODEL_SHAPES, ids=str)
-@pytest.mark.parametrize("bits", [16, 8, 4])
-def test_plan_covers_the_model_shapes(k, n, bits):
+@pytest.mark.parametrize("bits, wide", [(16, False), (8, False), (4, False), (8, True), (4, True)])
+def test_plan_covers_the_model_shapes(k, n, bits, wide):
     for m in (1, 2, 3, 8, 16, 32):
         for gated, norm in ((False, False), (True, True)):
-            p = _plan(m, n, k, bits, gated, norm)
+            p = _plan(m, n, k, bits, gated, norm, wide=wide)
+            assert p["wide"] == wide
             assert p["error"] is None, p
             assert p["nt"] == (1 if m <= 8 else 2 if m <= 16 else 4)
             assert p["grid"] == p["groups"] * p["cluster"] and p["groups"] <= p["blocks"]
@@ -378,7 +379,7 @@ def test_plan_covers_the_model_shapes(k, n, bits):
             assert 2 <= p["stages"] <= 8
             assert p["smem_bytes"] <= (115712 if p["ctas_per_sm"] == 2 else 232448)
             assert p["x_bytes"] >= m * p["slice_chunks"] * p["chunk_k"] * 2
-            assert p == _plan(m, n, k, bits, gated, norm)  # a pure function of the shape
+            assert p == _plan(m, n, k, bits, gated, norm, wide=wide)  # a pure function of the shape
 
 
 def test_plan_overrides_and_refusals():
@@ -391,6 +392,25 @@ def test_plan_overrides_and_refusals():
     assert "power of two" in _plan(1, 64, 64, 16, False, cluster=3)["error"]
     assert "warps_k" in _plan(1, 64, 64, 16, False, warps_k=3)["error"]
     assert "bits" in _plan(1, 64, 64, 2, False)["error"]
+
+
+def test_nbits_wide_is_chosen_by_the_environment_default_off(monkeypatch):
+    monkeypatch.delenv(cuda_matmul.NBITS_WIDE_ENV, raising=False)
+    assert not cuda_matmul.nbits_wide()
+    assert not _plan(1, 2048, 2048, 4, False)["wide"]
+    monkeypatch.setenv(cuda_matmul.NBITS_WIDE_ENV, "1")
+    assert cuda_matmul.nbits_wide()
+    p = _plan(1, 2048, 2048, 4, False)
+    assert p["wide"] and p["chunk_k"] == 256 and p["pieces"] == 2
+    assert not _plan(1, 2048, 2048, 4, False, wide=False)["wide"]  # an explicit choice wins
+    assert not _plan(1, 2048, 2048, 16, False)["wide"]  # dense weights have one format
+    # Blocks must hold a 16-byte piece in either format (32 int4 / 16 int8 elements).
+    assert cuda_matmul.unsupported(1, 64, 256, 4, False, block_size=32) is None
+    assert cuda_matmul.unsupported(1, 64, 256, 8, False, block_size=16) is None
+    assert ">= 32" in cuda_matmul.unsupported(1, 64, 256, 4, False, block_size=16)
+    monkeypatch.setenv(cuda_matmul.NBITS_WIDE_ENV, "yes")
+    with pytest.raises(ValueError, match="JOA_GEMV_NBITS_WIDE"):
+        cuda_matmul.nbits_wide()
 
 
 # --- NumPy emulation of the kernel's index maps --------------------------------------------------
@@ -432,7 +452,9 @@ def _sub_mul(a, b, s, dtype):
 
 
 def _fragments(chunk, q, bits, dtype):
-    """NbitsWeights / DenseWeights::Fragments: a[2][4] 32-bit registers."""
+    """NbitsWeights / DenseWeights::Fragments of quad q of one Read: a[2][4] 32-bit registers.
+    chunk: {"w": [row g's words, row g + 8's], "scale": [2], "zero": [2]} of the read (dense: both
+    pieces, 8 words a row; n-bit: one 16-byte piece, quad q of it)."""
     a = [[0] * 4 for _ in range(2)]
     if bits == 16:
         w0, w1 = (w[4 * q:4 * q + 4] for w in chunk["w"])
@@ -508,11 +530,20 @@ def _mma(acc, a, b0, b1, dtype):
         acc[lane] += np.array([D[g, 2 * t], D[g, 2 * t + 1], D[g + 8, 2 * t], D[g + 8, 2 * t + 1]])
 
 
+def _quad_k(plan, q):
+    """plan.h's QuadK: the K offset of quad q of a lane from the lane's first element."""
+    per_piece = plan["quads"] // plan["pieces"]
+    return plan["piece_stride"] * (q // per_piece) + plan["quad_stride"] * (q % per_piece)
+
+
 def _emulate_tile(x, w_bytes, row_bytes, scales, zeros, bits, block, plan, dtype, row0):
     """One warp over rows row0 .. row0 + 15 and all of K: its accumulators, acc[n8 tile][lane][4]."""
     m, k = x.shape
-    quads, lane_k, chunk_k = plan["quads"], plan["lane_k"], plan["chunk_k"]
-    lane_stride, quad_stride = plan["lane_stride"], plan["quad_stride"]
+    quads, chunk_k = plan["quads"], plan["chunk_k"]
+    lane_stride, pieces, piece_stride = plan["lane_stride"], plan["pieces"], plan["piece_stride"]
+    # Read() calls per chunk (weights.cuh kReads): dense one (both pieces), n-bit one per piece.
+    reads = 1 if bits == 16 else pieces
+    read_quads = quads // reads
     nt = plan["nt"]
     kc = -(-k // chunk_k)
     n_rows = w_bytes.shape[0]
@@ -523,7 +554,7 @@ def _emulate_tile(x, w_bytes, row_bytes, scales, zeros, bits, block, plan, dtype
         for q in range(quads):
             for mr in range(m):
                 for t in range(4):
-                    kk = c * chunk_k + lane_stride * t + quad_stride * q
+                    kk = c * chunk_k + lane_stride * t + _quad_k(plan, q)
                     vals = xb[mr, kk:kk + 8] if kk < k else np.zeros(8, np.uint16)
                     if bits == 4:
                         vals = vals[[0, 4, 1, 5, 2, 6, 3, 7]]
@@ -531,31 +562,33 @@ def _emulate_tile(x, w_bytes, row_bytes, scales, zeros, bits, block, plan, dtype
                                                                 vals.view(np.uint32)]
     acc = np.zeros((nt, 32, 4))
     for c in range(kc):
-        chunks = []
+        chunks = []  # chunks[lane][read]
         for lane in range(32):
             g, t = lane // 4, lane % 4
-            kk = c * chunk_k + lane_stride * t
-            ch = {"w": [], "scale": [], "zero": []}
-            for h in range(2):
-                r = row0 + g + 8 * h
-                valid = r < n_rows and kk < k
-                # The lane's 16-byte pieces: two dense quads (elements kk and kk + quad_stride), or
-                # the n-bit lane's 16 packed bytes; a piece past K or N lands as zeros.
-                words = []
-                for at in ((0, quad_stride) if bits == 16 else (0,)):
-                    off = (kk + at) * bits // 8
-                    piece = w_bytes[r, off:off + 16] if r < n_rows and kk + at < k else np.zeros(16, np.uint8)
-                    words += _words(piece)
-                ch["w"].append(words)
-                if bits != 16:
-                    blk = kk // block
-                    ch["scale"].append(int(scales[r, blk].view(np.uint16)) if valid else 0)
-                    # Read(): the copied zero-point word, zero-filled for an invalid lane.
-                    ch["zero"].append(1 << (bits - 1) if zeros is None else
-                                      int(zeros[r, blk]) if valid else 0)
-            chunks.append(ch)
+            kk0 = c * chunk_k + lane_stride * t
+            lane_reads = [{"w": [[], []], "scale": [], "zero": []} for _ in range(reads)]
+            for pc in range(pieces):
+                # Piece pc of the lane: elements kk .. kk + 128 / bits - 1 (64 pc + 16 t bytes into
+                # the chunk's run of each row); a piece past K or N lands as zeros.
+                kk = kk0 + piece_stride * pc
+                ch = lane_reads[pc if reads > 1 else 0]
+                for h in range(2):
+                    r = row0 + g + 8 * h
+                    valid = r < n_rows and kk < k
+                    # Issue(): dense pieces at element QuadK, n-bit ones 64 bytes apart.
+                    off = kk * 2 if bits == 16 else kk0 * bits // 8 + 64 * pc
+                    piece = w_bytes[r, off:off + 16] if valid else np.zeros(16, np.uint8)
+                    ch["w"][h] += _words(piece)
+                    if bits != 16:
+                        blk = kk // block  # each piece has its own block (wide: maybe another)
+                        ch["scale"].append(int(scales[r, blk].view(np.uint16)) if valid else 0)
+                        # Read(): the copied zero-point word, zero-filled for an invalid piece.
+                        ch["zero"].append(1 << (bits - 1) if zeros is None else
+                                          int(zeros[r, blk]) if valid else 0)
+            chunks.append(lane_reads)
         for q in range(quads):
-            frags = [_fragments(chunks[lane], q, bits, dtype) for lane in range(32)]
+            frags = [_fragments(chunks[lane][q // read_quads], q % read_quads, bits, dtype)
+                     for lane in range(32)]
             for n in range(nt):
                 xv = [units[((c * quads + q) * m + min(8 * n + lane // 4, m - 1)) * 4 + lane % 4]
                       for lane in range(32)]
@@ -565,11 +598,12 @@ def _emulate_tile(x, w_bytes, row_bytes, scales, zeros, bits, block, plan, dtype
     return acc
 
 
-def _emulate(x, w_bytes, scales, zeros, bits, block, dtype, gated, warps_n):
+def _emulate(x, w_bytes, scales, zeros, bits, block, dtype, gated, warps_n, wide=False):
     """The whole output through the reduction buffer and the epilogue units (one CTA, warps_k 1)."""
     m, k = x.shape
     n_rows = w_bytes.shape[0]
-    plan = _plan(m, n_rows, k, bits, gated)
+    plan = _plan(m, n_rows, k, bits, gated, wide=wide)
+    assert plan["wide"] == (wide and bits != 16)
     rows_block = 16 * warps_n
     rs = rows_block + 4
     n_out = n_rows // 2 if gated else n_rows
@@ -605,15 +639,103 @@ def _emulate(x, w_bytes, scales, zeros, bits, block, dtype, gated, warps_n):
     return y
 
 
-@pytest.mark.parametrize("bits, dtype", [(16, np.float16), (16, BF16), (8, np.float16), (8, BF16),
-                                         (4, np.float16), (4, BF16)],
+@pytest.mark.parametrize("bits, wide", [(16, 0), (8, 0), (8, 1), (4, 0), (4, 1)])
+def test_formats_cover_each_chunk_once_in_64_byte_runs(bits, wide):
+    # plan.h's FormatInfo: the quads of the 4 lanes tile a chunk's K once; quad q of a lane is the
+    # 8 elements 8 (q % per-piece quads) into its piece q / per-piece quads (what Fragments() reads
+    # from the piece's words); a warp's copy instruction for piece pc reads bytes 64 pc .. 64 pc + 63
+    # of each row's chunk run (whole 64-byte runs of 8 rows, as Issue() places them).
+    p = _plan(1, 64, 4096, bits, False, wide=bool(wide))
+    assert p["wide"] == bool(wide and bits != 16)
+    assert p["lane_k"] == 8 * p["quads"] and p["chunk_k"] == 4 * p["lane_k"]
+    assert p["pieces"] == (2 if bits == 16 or wide else 1) and p["lane_stride"] == 128 // bits
+    per_piece = p["quads"] // p["pieces"]
+    ks = sorted(p["lane_stride"] * t + _quad_k(p, q) + j
+                for t in range(4) for q in range(p["quads"]) for j in range(8))
+    assert ks == list(range(p["chunk_k"]))
+    for q in range(p["quads"]):
+        assert _quad_k(p, q) == p["piece_stride"] * (q // per_piece) + 8 * (q % per_piece)
+    for pc in range(p["pieces"]):
+        starts = [(p["lane_stride"] * t + p["piece_stride"] * pc) * bits // 8 for t in range(4)]
+        assert starts == [64 * pc + 16 * t for t in range(4)]
+    # A ring slot: the chunk's W (2 KB with two pieces) and, n-bit, its scales and zero points
+    # (32 + 16 bytes for each of up to chunk_k / piece_k blocks; 512 reserved with one piece).
+    w_bytes = 1024 * p["pieces"]
+    assert p["stage_bytes"] == w_bytes + (0 if bits == 16 else 48 * 8 if wide else 512)
+
+
+@pytest.mark.parametrize("bits, wide", [(4, 0), (4, 1), (8, 0), (8, 1)])
+@pytest.mark.parametrize("block", [16, 32, 64, 128, 256, 512])
+@pytest.mark.parametrize("zp", [False, True], ids=["sym", "zp"])
+def test_ring_slot_scales_and_zero_points(bits, wide, block, zp):
+    # NbitsWeights' slot layout: MakeLane() / Issue() copy 16 bytes of the tile's scales or zero
+    # points a lane (lanes 0 .. 2 nb - 1: half a block's scales, 2 nb .. 3 nb - 1: a block's zero
+    # points; past k_blocks or N: zeros) after the chunk's W; Read() finds row g / g + 8's scale and
+    # zero point of each piece's block at kScalesAt + 2 u (+ 16) and kScalesAt + 32 nb + u (+ 8),
+    # u = 16 j + g. Emulated byte for byte against the row-major values.
+    if block < 128 // bits:
+        pytest.skip("blocks must hold a 16-byte piece")
+    p = _plan(1, 64, 4096, bits, False, wide=bool(wide))
+    chunk_k, pieces = p["chunk_k"], p["pieces"]
+    shift = block.bit_length() - 1
+    k = 3 * max(block, chunk_k) + block  # ragged: the last chunk has blocks past K
+    n, kb = 40, k // block  # the third row tile is half empty
+    rng = np.random.default_rng(block + bits + wide)
+    scales = rng.uniform(0.5, 1.5, (n, kb)).astype(np.float16)
+    zeros = rng.integers(0, 1 << bits, (n, kb), dtype=np.uint8) if zp else None
+    st = ops.tile_nbits_meta(scales).view(np.uint8).reshape(-1)
+    zt = ops.tile_nbits_meta(zeros).reshape(-1) if zp else None
+    scales_at = 1024 * pieces
+    nb = max(1, chunk_k >> shift)
+    assert 3 * nb <= 32 and scales_at + 48 * nb <= p["stage_bytes"]
+    for tile in range(-(-n // 16)):
+        for c in range(-(-k // chunk_k)):
+            slot = np.full(p["stage_bytes"], 0xAB, np.uint8)  # what no copy writes stays poison
+            for lane in range(32):
+                if lane < 2 * nb:
+                    meta_b, zp_lane, half = lane >> 1, False, (lane & 1) * 16
+                elif zp and lane < 3 * nb:
+                    meta_b, zp_lane, half = lane - 2 * nb, True, 0
+                else:
+                    continue
+                b = ((c * chunk_k) >> shift) + meta_b
+                valid = tile * 16 < n and b < kb
+                rec = tile * kb + b
+                src = (zt[rec * 16:rec * 16 + 16] if zp_lane else st[rec * 32 + half:rec * 32 + half + 16])
+                slot[scales_at + 16 * lane:scales_at + 16 * lane + 16] = src if valid else 0
+            for lane in range(32):
+                g, t = lane // 4, lane % 4
+                for pc in range(pieces):
+                    kk = c * chunk_k + p["lane_stride"] * t + p["piece_stride"] * pc
+                    j = (p["lane_stride"] * t + p["piece_stride"] * pc) >> shift
+                    assert j < nb and (kk >> shift) == ((c * chunk_k) >> shift) + j
+                    u = 16 * j + g
+                    for h in range(2):
+                        r = 16 * tile + g + 8 * h
+                        at = scales_at + 2 * u + 16 * h
+                        got_s = slot[at:at + 2].view(np.float16)[0]
+                        got_z = slot[scales_at + 32 * nb + u + 8 * h] if zp else 1 << (bits - 1)
+                        if kk < k and r < n:
+                            assert got_s == scales[r, kk >> shift], (tile, c, lane, pc, h)
+                            assert got_z == (zeros[r, kk >> shift] if zp else 1 << (bits - 1))
+                        else:  # a piece past K or a row past N: scale 0 (the product is 0)
+                            assert got_s == 0
+
+
+@pytest.mark.parametrize("bits, dtype, wide",
+                         [(16, np.float16, 0), (16, BF16, 0), (8, np.float16, 0), (8, BF16, 0),
+                          (4, np.float16, 0), (4, BF16, 0), (8, np.float16, 1), (8, BF16, 1),
+                          (4, np.float16, 1), (4, BF16, 1)],
                          ids=lambda v: str(v) if isinstance(v, int) else np.dtype(v).name)
 @pytest.mark.parametrize("m", [1, 3, 11])
-def test_kernel_index_maps_reproduce_the_product(bits, dtype, m):
+def test_kernel_index_maps_reproduce_the_product(bits, dtype, wide, m):
     rng = np.random.default_rng(bits * 10 + m)
     block = 32
-    # K ends inside a chunk for the dense and 8-bit formats (lanes past K read zeros).
-    k = {16: 72, 8: 96, 4: 160}[bits]
+    # K ends inside a chunk (lanes past K read zeros); wide: int4 160 = 128 + 32, int8 160 = 128 +
+    # 32, so lane 0's second piece is in K and the others' are not (int4), or the last chunk's
+    # first pieces are half in (int8); with block 32 each piece of a lane has its own scale and
+    # zero point.
+    k = {16: 72, 8: 160 if wide else 96, 4: 160}[bits]
     n = 24  # the second row tile is half empty
     x = _rand(rng, (m, k), dtype)
     zeros = scales = None
@@ -628,7 +750,7 @@ def test_kernel_index_maps_reproduce_the_product(bits, dtype, m):
         w_bytes = b_quant.reshape(n, -1)
         w_eff = np.asarray(reference.dequantize_nbits(b_quant, scales, zeros, bits=bits,
                                                       block_size=block, dtype=dtype)).astype(np.float64)
-    got = _emulate(x, w_bytes, scales, zeros, bits, block, dtype, False, warps_n=2)
+    got = _emulate(x, w_bytes, scales, zeros, bits, block, dtype, False, warps_n=2, wide=bool(wide))
     want = _round(x.astype(np.float64) @ w_eff.T, dtype)
     # The A fragments hold exactly the reference's dequantised values, so the only difference is
     # the order of the float64 sum: the same bits after rounding, but for a rare last-ulp tie.
@@ -637,8 +759,8 @@ def test_kernel_index_maps_reproduce_the_product(bits, dtype, m):
     assert (got == want).mean() > 0.97
 
 
-@pytest.mark.parametrize("bits", [16, 4])
-def test_kernel_gated_epilogue_maps_gate_and_up_rows(bits):
+@pytest.mark.parametrize("bits, wide", [(16, 0), (4, 0), (4, 1)])
+def test_kernel_gated_epilogue_maps_gate_and_up_rows(bits, wide):
     rng = np.random.default_rng(7)
     m, k, i, block = 2, 128, 16, 32
     dtype = np.float16
@@ -653,7 +775,7 @@ def test_kernel_gated_epilogue_maps_gate_and_up_rows(bits):
             bq, s, p, _, _ = _quantized(np.random.default_rng(seed), i, k, 4, block, zp=True, dtype=dtype)
             parts.append(ops.prepare_nbits(bq, s, p, k=k, n=i, bits=4, block_size=block))
         bq, s, z = ops.interleave_gate_up_nbits(*parts)
-        got = _emulate(x, bq.reshape(2 * i, -1), s, z, 4, block, dtype, True, 1)
+        got = _emulate(x, bq.reshape(2 * i, -1), s, z, 4, block, dtype, True, 1, wide=bool(wide))
         wg, wu = (np.asarray(reference.dequantize_nbits(*pp, bits=4, block_size=block, dtype=dtype))
                   for pp in parts)
     g = _round(x.astype(np.float64) @ wg.astype(np.float64).T, dtype)
@@ -671,7 +793,8 @@ def test_bench_linear_times_the_xla_peers_on_cpu_and_writes_json(tmp_path, capsy
 
     out = tmp_path / "linear.json"
     rc = bench_main.main(["linear", "--shapes", "64x32", "--rows", "1", "2", "--formats", "fp16",
-                          "int4", "--target-ms", "2", "--reps", "2", "--plans", "1,8", "--out", str(out)])
+                          "int4", "--target-ms", "2", "--reps", "2", "--plans", "1,8",
+                          "--nbits-wide", "0", "1", "--out", str(out)])
     assert rc == 0
     doc = json.loads(out.read_text())
     assert doc["suite"] == "linear" and len(doc["results"]) == 4
@@ -682,6 +805,7 @@ def test_bench_linear_times_the_xla_peers_on_cpu_and_writes_json(tmp_path, capsy
         if res["fmt"] == "fp16":
             assert res["impls"]["xla-nk"]["us"] > 0
         assert "skip" in res["impls"]["ours"] and "skip" in res["impls"]["torch"]
+        assert "skip" in res["impls"]["ours[wide]"] and res["wide"] is False
     assert doc["results"][2]["weight_bytes"] == 32 * 64 // 2 + 3 * 32 * 2  # int4 + scales + zp
     assert "ours and torch skipped" in capsys.readouterr().err
 

@@ -41,8 +41,8 @@ ffi::Error LinearImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer w, AnyBuffer b
   std::string err = gemv::ConfigureExtras(p, dtype, bias, residual, norm_weight, has_bias,
                                           has_residual, has_norm);
   if (!err.empty()) return InvalidArgument(std::string(kOp) + ": " + err);
-  return gemv::PlanAndLaunch(p, dtype, 16, gemv::Fusion{gated, has_norm}, cluster, warps_k, pdl,
-                             stream, kOp);
+  return gemv::PlanAndLaunch(p, dtype, 16, gemv::Fusion{gated, has_norm}, cluster, warps_k,
+                             /*wide=*/false, pdl, stream, kOp);
 }
 
 }  // namespace

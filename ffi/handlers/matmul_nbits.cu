@@ -3,7 +3,9 @@
 // scale[n, k / bs]. b_quant uint8 [N, k_blocks, bs * bits / 8] (element j of a block in bits
 // (j % (8 / bits)) * bits of byte j / (8 / bits)); scales of x's dtype and zero points uint8
 // (has_zero_points; else 2^(bits - 1)) tiled [ceil(N / 16), k_blocks, 16] (scale[n, b] at
-// [n / 16, b, n % 16]; ops.linear.tile_nbits_meta). Fusions and attributes as linear.cu.
+// [n / 16, b, n % 16]; ops.linear.tile_nbits_meta). Fusions and attributes as linear.cu; wide: the
+// two-piece n-bit format (ffi/kernels/gemv/plan.h's FormatInfo; jax_onnx_attn.ops.cuda_matmul
+// chooses it, JOA_GEMV_NBITS_WIDE).
 #include <string>
 
 #include "common/ffi.h"
@@ -16,14 +18,17 @@ ffi::Error MatMulNBitsImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer b_quant, 
                            AnyBuffer zero_points, AnyBuffer bias, AnyBuffer residual,
                            AnyBuffer norm_weight, AnyResult y, int64_t bits, int64_t block_size,
                            bool has_zero_points, bool has_bias, bool has_residual, bool has_norm,
-                           bool gated, float eps, int64_t cluster, int64_t warps_k, bool pdl) {
+                           bool gated, float eps, int64_t cluster, int64_t warps_k, bool wide,
+                           bool pdl) {
   constexpr const char* kOp = "matmul_nbits";
   const ffi::DataType dtype = x.element_type();
   auto xd = x.dimensions(), bd = b_quant.dimensions(), sd = scales.dimensions(), yd = y->dimensions();
   if (bits != 4 && bits != 8) return InvalidArgument("matmul_nbits: bits must be 4 or 8");
-  const int64_t lane_k = gemv::Format(int(bits)).lane_k;
-  if (block_size < lane_k || block_size > (int64_t(1) << 20) || (block_size & (block_size - 1))) {
-    return InvalidArgument("matmul_nbits: block_size must be a power of two >= " + std::to_string(lane_k));
+  // Each 16-byte piece of a lane must lie in one block (its scale and zero point); the format's
+  // pieces are piece_k = lane_stride elements long, one or (wide) two a lane.
+  const int64_t piece_k = gemv::Format(int(bits), wide).lane_stride;
+  if (block_size < piece_k || block_size > (int64_t(1) << 20) || (block_size & (block_size - 1))) {
+    return InvalidArgument("matmul_nbits: block_size must be a power of two >= " + std::to_string(piece_k));
   }
   if (xd.size() != 2 || bd.size() != 3 || sd.size() != 3 || yd.size() != 2) {
     return InvalidArgument("matmul_nbits: x [M, K], b_quant [N, k_blocks, blob], scales [ceil(N / 16), k_blocks, 16], y [M, N_out]");
@@ -70,7 +75,7 @@ ffi::Error MatMulNBitsImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer b_quant, 
                                           has_residual, has_norm);
   if (!err.empty()) return InvalidArgument(std::string(kOp) + ": " + err);
   return gemv::PlanAndLaunch(p, dtype, int(bits), gemv::Fusion{gated, has_norm}, cluster, warps_k,
-                             pdl, stream, kOp);
+                             wide, pdl, stream, kOp);
 }
 
 }  // namespace
@@ -97,5 +102,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JoaMatMulNBits, joa::MatMulNBitsImpl,
                                   .Attr<float>("eps")
                                   .Attr<int64_t>("cluster")
                                   .Attr<int64_t>("warps_k")
+                                  .Attr<bool>("wide")
                                   .Attr<bool>("pdl"),
                               JOA_COMMAND_BUFFER_SAFE);

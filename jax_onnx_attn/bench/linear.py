@@ -4,7 +4,9 @@ One case is a weight of a decoder projection (K, N) in a format (fp16, bf16: den
 MatMulNBits with block 32 and zero points, x in fp16) against x [M, K], M in {1, 8, 32}. Peers in
 the same process on the same GPU: XLA with the weight as ONNX stores it ([K, N], `x @ w`) and as
 torch does ([N, K], `x @ w.T`); for the n-bit formats XLA's dequantise-and-dot (the ONNX lowering's
-path); torch `F.linear` in a CUDA graph (dense only).
+path); torch `F.linear` in a CUDA graph (dense only). `--nbits-wide 0 1` times our n-bit kernels in
+both formats (one or two 16-byte pieces a lane per chunk): the first is "ours", the other a peer
+("ours[wide]" / "ours[narrow]").
 
 Timing: R calls on R different copies of the weight (R = enough copies that they do not fit the
 50 MB L2, at most 16) in one jitted function / one CUDA graph, its output buffers donated back so
@@ -98,9 +100,11 @@ def _weights(case: Case, impl: str, seed: int = 0):
     return out
 
 
-def bench_jax(case: Case, impl: str, target_s: float, reps: int, plan: tuple[int, int] = (0, 0)) -> float:
+def bench_jax(case: Case, impl: str, target_s: float, reps: int, plan: tuple[int, int] = (0, 0),
+              wide: bool = False) -> float:
     """Median seconds per call of "ours" (our kernels; plan = forced (cluster, warps_k), (0, 0) =
-    the planner's), "xla-kn" (x @ w[K, N]; n-bit: XLA dequantise + dot) or "xla-nk" (x @ w[N, K].T)."""
+    the planner's; wide: the two-piece n-bit format), "xla-kn" (x @ w[K, N]; n-bit: XLA dequantise
+    + dot) or "xla-nk" (x @ w[N, K].T)."""
     import jax
     import jax.numpy as jnp
 
@@ -125,7 +129,7 @@ def bench_jax(case: Case, impl: str, target_s: float, reps: int, plan: tuple[int
         if impl == "ours":
             def call(x, w):
                 return cuda_matmul.matmul_nbits(x, *w, bits=case.bits, block_size=BLOCK,
-                                                cluster=plan[0], warps_k=plan[1])
+                                                cluster=plan[0], warps_k=plan[1], wide=wide)
         else:
             def call(x, w):
                 return reference.matmul_nbits(x, *w, bits=case.bits, block_size=BLOCK)
@@ -178,12 +182,13 @@ def bench_torch(case: Case, target_s: float, reps: int) -> float:
         torch.cuda.empty_cache()
 
 
-def _skip(case: Case, impl: str, gpu: bool, cuda_built: bool) -> str | None:
+def _skip(case: Case, impl: str, gpu: bool, cuda_built: bool, wide: bool = False) -> str | None:
     if impl == "ours":
         if not (gpu and cuda_built):
             return "no GPU / CUDA build"
         from jax_onnx_attn.ops import cuda_matmul
-        return cuda_matmul.unsupported(case.m, case.n, case.k, case.bits, False, False, BLOCK)
+        return cuda_matmul.unsupported(case.m, case.n, case.k, case.bits, False, False, BLOCK,
+                                       wide=wide)
     if impl == "torch":
         if case.bits != 16:
             return "no n-bit peer"
@@ -218,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
     ap.add_argument("--plans", nargs="*", default=[],
                     help="extra plans of ours to time, as CLUSTER,WARPS_K (e.g. 1,8 4,2): tuning")
+    ap.add_argument("--nbits-wide", type=int, nargs="+", choices=(0, 1), default=None,
+                    help="n-bit format(s) of ours: 0 one 16-byte piece a lane per chunk, 1 two "
+                         "(wide); the first is 'ours' (and the --plans'), the others peers "
+                         "'ours[wide]' / 'ours[narrow]' (default: JOA_GEMV_NBITS_WIDE, off)")
     ap.add_argument("--target-ms", type=float, default=10.0, help="wall time per timing sample")
     ap.add_argument("--reps", type=int, default=3, help="timing samples (median reported)")
     ap.add_argument("--max-seconds", type=float, default=55.0,
@@ -235,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         print("ours and torch skipped (no GPU or no CUDA build): timing the XLA peers only",
               file=sys.stderr)
     plans = [tuple(int(v) for v in p.split(",")) for p in args.plans]
+    from jax_onnx_attn.ops.cuda_matmul import nbits_wide
+    wides = [bool(w) for w in dict.fromkeys(args.nbits_wide or [int(nbits_wide())])]
     _warm_up(2.0 if gpu else 0.2)
     results: list[dict] = []
     start = time.perf_counter()
@@ -244,22 +255,33 @@ def main(argv: list[str] | None = None) -> int:
             break
         res = {**dataclasses.asdict(case), "label": case.label(), "bytes": case.bytes,
                "weight_bytes": case.weight_bytes, "rotations": case.rotations, "impls": {}}
+        res["wide"] = wides[0] and case.bits != 16
         if cuda_built:
             from jax_onnx_attn.ops import cuda_matmul
-            res["plan"] = cuda_matmul.gemv_plan(case.m, case.n, case.k, case.bits, False)
-        runs = [(impl, (0, 0)) for impl in args.impls] + [("ours", p) for p in plans]
-        for impl, plan in runs:
-            name = impl if plan == (0, 0) else f"ours[c{plan[0]},wk{plan[1]}]"
-            why = _skip(case, impl, gpu, cuda_built)
+            res["plan"] = cuda_matmul.gemv_plan(case.m, case.n, case.k, case.bits, False,
+                                                wide=wides[0])
+            for w in wides[1:]:
+                if case.bits != 16:
+                    res["plan_wide" if w else "plan_narrow"] = cuda_matmul.gemv_plan(
+                        case.m, case.n, case.k, case.bits, False, wide=w)
+        runs = ([(impl, (0, 0), wides[0]) for impl in args.impls]
+                + [("ours", p, wides[0]) for p in plans] + [("ours", (0, 0), w) for w in wides[1:]])
+        for impl, plan, wide in runs:
+            name = (impl if plan == (0, 0) and wide == wides[0] else f"ours[c{plan[0]},wk{plan[1]}]"
+                    if plan != (0, 0) else f"ours[{'wide' if wide else 'narrow'}]")
+            why = _skip(case, impl, gpu, cuda_built, wide)
+            if why is None and wide != wides[0] and case.bits == 16:
+                why = "dense: one format"
             if why is None and plan != (0, 0):
                 from jax_onnx_attn.ops import cuda_matmul
-                why = cuda_matmul.unsupported(case.m, case.n, case.k, case.bits, False, False, BLOCK, *plan)
+                why = cuda_matmul.unsupported(case.m, case.n, case.k, case.bits, False, False, BLOCK,
+                                              *plan, wide=wide)
             if why:
                 res["impls"][name] = {"skip": why}
                 continue
             try:
                 sec = (bench_torch(case, args.target_ms / 1e3, args.reps) if impl == "torch"
-                       else bench_jax(case, impl, args.target_ms / 1e3, args.reps, plan))
+                       else bench_jax(case, impl, args.target_ms / 1e3, args.reps, plan, wide))
                 res["impls"][name] = {"us": sec * 1e6, "gbs": case.bytes / sec / 1e9}
             except Exception as e:  # a peer that cannot run a shape is a result, not a crash
                 res["impls"][name] = {"skip": f"error: {type(e).__name__}: {str(e).splitlines()[0][:200]}"}
@@ -271,7 +293,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:
             _write(args.out, env, results, args, suite="linear")
     print()
-    print(format_table(results, list(args.impls)))
+    names = dict.fromkeys(name for res in results for name in res["impls"])
+    extra = [name for name in names if name.startswith("ours[")]
+    print(format_table(results, list(args.impls) + extra))
     print("\nus: per call; GB/s: (weight + scales + x + y bytes) / time; %peak of 4800 GB/s; "
           "xPEER: peer time / our time")
     if args.out:

@@ -10,6 +10,7 @@ re-derived here. Every handler is command-buffer compatible.
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +21,26 @@ from jax_onnx_attn.ops import partitioning
 
 #: Bits per weight element of the dense format in the plan (the n-bit formats are 4 and 8).
 DENSE_BITS = 16
+#: The environment variable that selects the wide (two-piece) n-bit format by default.
+NBITS_WIDE_ENV = "JOA_GEMV_NBITS_WIDE"
+
+
+def nbits_wide() -> bool:
+    """Whether n-bit weights run in the wide format by default: each lane copies two 16-byte pieces
+    of a row per chunk (2 KB a chunk, like the dense format) instead of one (ffi/kernels/gemv/plan.h's
+    FormatInfo). Set with JOA_GEMV_NBITS_WIDE=1 (read at trace time, here only); off by default
+    until the GPU has measured it. `matmul_nbits(..., wide=)` overrides it per call."""
+    value = os.environ.get(NBITS_WIDE_ENV, "0")
+    if value not in ("0", "1"):
+        raise ValueError(f"{NBITS_WIDE_ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
+def _wide(bits: int, wide: bool | None) -> bool:
+    """The format a call runs in: dense weights have one; n-bit ones follow `wide`, else the env."""
+    if bits == DENSE_BITS:
+        return False
+    return nbits_wide() if wide is None else bool(wide)
 
 
 @functools.cache
@@ -39,33 +60,41 @@ def sm90() -> bool:
         return True
 
 
-@functools.cache
 def gemv_plan(rows: int, n_rows: int, k: int, bits: int, gated: bool, norm: bool = False,
-              cluster: int = 0, warps_k: int = 0) -> dict:
+              cluster: int = 0, warps_k: int = 0, wide: bool | None = None) -> dict:
     """The engine's launch plan for x [rows, k] against a weight of n_rows rows of `bits`-bit
     elements (16: dense; 8, 4: MatMulNBits), with the RMS-norm prologue or not, as a dict (ffi/kernels/gemv/plan.h: grid, warp
     layout, cluster, ring stages, shared memory, the model's estimate in µs). 'error' is None when
     the engine takes the shape, else why not. cluster / warps_k > 0 force that choice (sweeps).
+    wide: n-bit weights in the two-piece format; None: `nbits_wide()`.
     Raises RuntimeError without the compiled extension."""
+    return _plan(int(rows), int(n_rows), int(k), int(bits), bool(gated), bool(norm), int(cluster),
+                 int(warps_k), _wide(bits, wide))
+
+
+@functools.cache
+def _plan(rows, n_rows, k, bits, gated, norm, cluster, warps_k, wide) -> dict:
     if _ffi is None or not hasattr(_ffi, "gemv_plan"):
         raise RuntimeError("the compiled extension jax_onnx_attn._ffi (with gemv_plan) is missing")
-    return dict(_ffi.gemv_plan(int(rows), int(n_rows), int(k), int(bits), bool(gated), bool(norm),
-                               sm90(), int(cluster), int(warps_k)))
+    return dict(_ffi.gemv_plan(rows, n_rows, k, bits, gated, norm, sm90(), cluster, warps_k, wide))
 
 
 def unsupported(rows: int, n_rows: int, k: int, bits: int, gated: bool, norm: bool = False,
-                block_size: int = 0, cluster: int = 0, warps_k: int = 0) -> str | None:
+                block_size: int = 0, cluster: int = 0, warps_k: int = 0,
+                wide: bool | None = None) -> str | None:
     """Why the engine does not take this call (None when it does): the plan's reason, or for
-    n-bit weights a block_size that is not a power of two >= the K one lane covers."""
+    n-bit weights a block_size that is not a power of two >= the K of one 16-byte piece of a lane
+    (lane_stride: 32 for 4 bits, 16 for 8, in either format)."""
     try:
-        plan = gemv_plan(rows, n_rows, k, bits, gated, norm, cluster, warps_k)
+        plan = gemv_plan(rows, n_rows, k, bits, gated, norm, cluster, warps_k, wide)
     except RuntimeError as e:
         return str(e)
     if plan["error"]:
         return plan["error"]
-    if bits != DENSE_BITS and (block_size < plan["lane_k"] or block_size & (block_size - 1)):
+    piece_k = plan["lane_stride"]
+    if bits != DENSE_BITS and (block_size < piece_k or block_size & (block_size - 1)):
         return (f"block_size {block_size} with {bits}-bit weights: the kernels take powers of two "
-                f">= {plan['lane_k']}")
+                f">= {piece_k}")
     return None
 
 
@@ -76,10 +105,11 @@ def _per_example_plan(bits: int):
     def pin(static, axis_size, x, w, *rest):
         rows, n_rows, k = x.shape[0], w.shape[0], x.shape[1]
         norm = rest[-1] is not None
+        wide = static.get("wide")
         plan = gemv_plan(rows, n_rows, k, bits, static["gated"], norm, static["cluster"],
-                         static["warps_k"])
+                         static["warps_k"], wide)
         folded = gemv_plan(axis_size * rows, n_rows, k, bits, static["gated"], norm,
-                           plan["cluster"], plan["warps_k"])
+                           plan["cluster"], plan["warps_k"], wide)
         if plan["error"] or folded["error"]:
             return None
         return dict(cluster=plan["cluster"], warps_k=plan["warps_k"])
@@ -118,12 +148,14 @@ def _linear(x, w, bias, residual, norm_weight, *, eps, gated, pdl, cluster, warp
 
 def matmul_nbits(x, b_quant, scales, zero_points=None, bias=None, residual=None, norm_weight=None,
                  *, bits: int, block_size: int, eps: float = 1e-6, gated: bool = False,
-                 pdl: bool = False, cluster: int = 0, warps_k: int = 0):
+                 pdl: bool = False, cluster: int = 0, warps_k: int = 0, wide: bool | None = None):
     """x [M, K] f16/bf16, b_quant uint8 [N, K / block_size, block_size * bits / 8], scales
     [ceil(N / 16), k_blocks, 16] of x's dtype and zero_points uint8 of that shape or None, tiled by
     `jax_onnx_attn.ops.linear.tile_nbits_meta` -> [M, N_out].
 
     Semantics of `jax_onnx_attn.ops.reference.linear.matmul_nbits`; other arguments as `linear`.
+    wide: the two-piece n-bit format (same results; a speed choice); None: `nbits_wide()`, decided
+    here at trace time.
     """
     tile = _ffi.limits()["gemv"]["meta_tile_rows"]
     want = (-(-b_quant.shape[0] // tile), b_quant.shape[1], tile)
@@ -132,14 +164,14 @@ def matmul_nbits(x, b_quant, scales, zero_points=None, bias=None, residual=None,
             raise ValueError(f"matmul_nbits: {name} must be tiled {list(want)} "
                              f"(ops.tile_nbits_meta), got {list(meta.shape)}")
     static = dict(bits=bits, block_size=block_size, eps=eps, gated=gated, pdl=pdl,
-                  cluster=cluster, warps_k=warps_k)
+                  cluster=cluster, warps_k=warps_k, wide=_wide(bits, wide))
     return partitioning.MATMUL_NBITS.apply(
         _matmul_nbits, (x, b_quant, scales, zero_points, bias, residual, norm_weight), static,
         pin=_per_example_plan(bits))
 
 
 def _matmul_nbits(x, b_quant, scales, zero_points, bias, residual, norm_weight, *, bits, block_size,
-                  eps, gated, pdl, cluster, warps_k):
+                  eps, gated, pdl, cluster, warps_k, wide):
     m, n = x.shape[0], b_quant.shape[0]
     n_out = n // 2 if gated else n
     call = jax.ffi.ffi_call(target("matmul_nbits"), jax.ShapeDtypeStruct((m, n_out), x.dtype))
@@ -151,4 +183,4 @@ def _matmul_nbits(x, b_quant, scales, zero_points, bias, residual, norm_weight, 
                 has_zero_points=zero_points is not None, has_bias=bias is not None,
                 has_residual=residual is not None, has_norm=norm_weight is not None,
                 gated=bool(gated), eps=np.float32(eps), cluster=int(cluster),
-                warps_k=int(warps_k), pdl=bool(pdl))
+                warps_k=int(warps_k), wide=bool(wide), pdl=bool(pdl))

@@ -254,7 +254,8 @@ def kernel_formats() -> str:
     return value
 
 
-def _kernel_unsupported(x, n_rows, bits, gated, norm, block_size=0, backend="auto") -> str | None:
+def _kernel_unsupported(x, n_rows, bits, gated, norm, block_size=0, backend="auto",
+                        wide=None) -> str | None:
     if jnp.dtype(x.dtype) not in HALF_DTYPES:
         return f"x is {x.dtype}: the kernels take float16 and bfloat16"
     formats = kernel_formats()
@@ -263,7 +264,7 @@ def _kernel_unsupported(x, n_rows, bits, gated, norm, block_size=0, backend="aut
                               or (formats == "nbits" and bits == cuda_matmul.DENSE_BITS)):
         return f"JOA_LINEAR_KERNELS={formats}: XLA's GEMM runs these weights"
     return cuda_matmul.unsupported(math.prod(x.shape[:-1]), n_rows, x.shape[-1], bits, gated,
-                                   norm, block_size)
+                                   norm, block_size, wide=wide)
 
 
 def linear(x, w, bias=None, *, residual=None, norm_weight=None, norm_epsilon: float = 1e-6,
@@ -316,7 +317,8 @@ def linear(x, w, bias=None, *, residual=None, norm_weight=None, norm_epsilon: fl
 
 def matmul_nbits(x, b_quant, scales, zero_points=None, bias=None, *, k: int, n: int, bits: int,
                  block_size: int, residual=None, norm_weight=None, norm_epsilon: float = 1e-6,
-                 gated: bool = False, backend: str = "auto", pdl: bool = False):
+                 gated: bool = False, backend: str = "auto", pdl: bool = False,
+                 wide: bool | None = None):
     """onnxruntime's MatMulNBits, y = x dequant(B)^T (+ bias), with `linear`'s fusions.
 
     Args:
@@ -331,8 +333,11 @@ def matmul_nbits(x, b_quant, scales, zero_points=None, bias=None, *, k: int, n: 
       k, n, bits, block_size: the node's attributes (bits 4 or 8; block_size a power of two >= 16
         dividing K).
       residual, norm_weight, norm_epsilon, gated, backend, pdl: as `linear`. The kernels also need
-        block_size >= the K one lane covers (32 for 4 bits, 16 for 8); "auto" sends the rest to
-        the reference.
+        block_size >= the K of a lane's 16-byte piece (32 for 4 bits, 16 for 8); "auto" sends the
+        rest to the reference.
+      wide: the kernels' n-bit format (`cuda_matmul.nbits_wide`): each lane streams two 16-byte
+        pieces of a row per chunk instead of one; the same results. None: the environment variable
+        JOA_GEMV_NBITS_WIDE (default off). The reference ignores it.
 
     Returns:
       [..., N_out] of x's dtype (N_out = N, or N / 2 when gated).
@@ -378,7 +383,8 @@ def matmul_nbits(x, b_quant, scales, zero_points=None, bias=None, *, k: int, n: 
         return reference.matmul_nbits(x2, b_quant, scales, zero_points, bias, r2, norm_weight, eps,
                                       gated, bits=bits, block_size=block_size)
 
-    why = _kernel_unsupported(x, n, bits, gated, norm_weight is not None, block_size, backend=backend)
+    why = _kernel_unsupported(x, n, bits, gated, norm_weight is not None, block_size, backend=backend,
+                              wide=wide)
     cuda_fn = None
     if why is None:
         def cuda_fn(x2, b_quant, scales, zero_points, bias, norm_weight, r2):
@@ -387,6 +393,6 @@ def matmul_nbits(x, b_quant, scales, zero_points=None, bias=None, *, k: int, n: 
                 zero_points = None if zero_points is None else tile_nbits_meta(zero_points)
             return cuda_matmul.matmul_nbits(x2, b_quant, scales, zero_points, bias, r2, norm_weight,
                                             bits=bits, block_size=block_size, eps=eps, gated=gated,
-                                            pdl=pdl)
+                                            pdl=pdl, wide=wide)
     return _run(op, backend, ref_fn, cuda_fn, why, x, (b_quant, scales, zero_points, bias, norm_weight),
                 residual, n_out)

@@ -1,6 +1,7 @@
 """The GEMV kernels (linear, matmul_nbits targets) on a GPU against the reference backend.
 
-Dense and n-bit weights over f16 / bf16 x M in {1, 2, 3, 8, 16, 32} x the 1B / 8B Llama projection
+Dense and n-bit weights (n-bit in both formats: one or two 16-byte pieces a lane per chunk, `wide`)
+over f16 / bf16 x M in {1, 2, 3, 8, 16, 32} x the 1B / 8B Llama projection
 shapes, every fusion, forced plans (K split over warps and clusters of 1-16 CTAs), ragged shapes
 (N not a multiple of 16, K ending inside a chunk), bitwise repeatability, every output element
 written (the output buffer poisoned with NaN), PDL on / off, and a decode-like loop captured in a
@@ -44,6 +45,10 @@ def _name(d):
 # wider grids to a few rows; `pytest -m "gpu and slow"` (conftest: a markexpr naming slow) runs all.
 FULL = pytest.mark.parametrize("full", [False, pytest.param(True, marks=pytest.mark.slow)],
                                ids=["", "full"])
+
+
+# The n-bit format: one 16-byte piece a lane per chunk (the default) or two (JOA_GEMV_NBITS_WIDE=1).
+WIDE = pytest.mark.parametrize("wide", [False, True], ids=["narrow", "wide"])
 
 
 def _rows(full, dtype, rows=MS):
@@ -127,39 +132,45 @@ def test_dense_matches_reference(shape, dtype, full):
 
 
 @FULL
+@WIDE
 @pytest.mark.parametrize("dtype", DTYPES, ids=_name)
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"K{s[0]}_N{s[1]}")
-def test_nbits_matches_reference(shape, bits, dtype, full):
+def test_nbits_matches_reference(shape, bits, dtype, wide, full):
     k, n = shape
     i = SHAPES.index(shape)
-    if not full and (i + bits // 4) % 2 != (jnp.dtype(dtype) == jnp.dtype(jnp.float16)):
-        pytest.skip("the default run takes one dtype per (shape, bits); -m slow both")
+    if not full and (i + bits // 4 + wide) % 2 != (jnp.dtype(dtype) == jnp.dtype(jnp.float16)):
+        pytest.skip("the default run takes one dtype per (shape, bits, format); -m slow both")
     block, zp = (32, 128)[i % 2], i % 3 != 0  # every (block, zero points) pair over the shapes
     x, bq, s, z = _nbits(k, n, bits, block, zp, dtype)
     kw = dict(k=k, n=n, bits=bits, block_size=block)
     ref = _nbits_fn("reference", **kw)(x, bq, s, z)
     for m in (1, 3, 8, 32) if full else (1, 8, 32):
-        got = _nbits_fn("cuda", **kw)(x[:m], bq, s, z)
-        _check(got, ref[:m], dtype, f"K={k} N={n} M={m} bits={bits} block={block} zp={zp}")
+        got = _nbits_fn("cuda", wide=wide, **kw)(x[:m], bq, s, z)
+        _check(got, ref[:m], dtype, f"K={k} N={n} M={m} bits={bits} block={block} zp={zp} wide={wide}")
 
 
 @FULL
+@WIDE
 @pytest.mark.parametrize("dtype", DTYPES, ids=_name)
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("block", [16, 32, 64, 128, 256])
 @pytest.mark.parametrize("zp", [False, True], ids=["sym", "zp"])
-def test_nbits_blocks_and_zero_points(bits, block, zp, dtype, full):
+def test_nbits_blocks_and_zero_points(bits, block, zp, dtype, wide, full):
     if bits == 4 and block == 16:
         pytest.skip("the kernels take 4-bit blocks >= 32 (routed to the reference)")
-    if not full and (block.bit_length() + zp) % 2 != (jnp.dtype(dtype) == jnp.dtype(jnp.float16)):
-        pytest.skip("the default run takes one dtype per (block, zero points); -m slow both")
-    k, n = 1024, 512
+    if not full and (block.bit_length() + zp + wide) % 2 != (jnp.dtype(dtype) == jnp.dtype(jnp.float16)):
+        pytest.skip("the default run takes one dtype per (block, zero points, format); -m slow both")
+    # K = 1024 + a block (>= 32): the last chunk is ragged in both formats but for wide int4 with
+    # block 256 (block 32: the last wide int4 chunk has one piece of 8 in K).
+    k, n = 1024 + max(block, 32), 512
     x, bq, s, z = _nbits(k, n, bits, block, zp, dtype, seed=1)
     kw = dict(k=k, n=n, bits=bits, block_size=block)
     ref = _nbits_fn("reference", **kw)(x, bq, s, z)
+    assert cuda_matmul.unsupported(32, n, k, bits, False, False, block, wide=wide) is None
     for m in (1, 5, 32) if full else (5, 32):
-        _check(_nbits_fn("cuda", **kw)(x[:m], bq, s, z), ref[:m], dtype, f"M={m}")
+        got = _nbits_fn("cuda", wide=wide, **kw)(x[:m], bq, s, z)
+        _check(got, ref[:m], dtype, f"M={m} wide={wide}")
 
 
 FUSIONS = ["bias", "residual", "norm", "gated", "gated_bias", "all"]
@@ -202,18 +213,22 @@ def test_dense_fusions(shape, fusion, dtype, full):
 
 
 @FULL
+@WIDE
 @pytest.mark.parametrize("dtype", DTYPES, ids=_name)
 @pytest.mark.parametrize("fusion", FUSIONS)
 @pytest.mark.parametrize("bits", [4, 8])
-def test_nbits_fusions(bits, fusion, dtype, full):
+def test_nbits_fusions(bits, fusion, dtype, wide, full):
+    f16 = jnp.dtype(dtype) == jnp.dtype(jnp.float16)
+    if wide and not full and (FUSIONS.index(fusion) + bits // 4) % 2 != f16:
+        pytest.skip("the default run takes one dtype per (fusion, bits) in the wide format; -m slow both")
     k, n, block = 4096, 6144, 32
     x, bq, s, z = _nbits(k, n, bits, block, True, dtype, seed=2)
     for m in _rows(full, dtype, (1, 8, 32)):
         arrays, static = _split(_fusion_operands(fusion, k, n, m, dtype, seed=m))
         kw = dict(k=k, n=n, bits=bits, block_size=block, **static)
         ref = _nbits_fn("reference", **kw)(x[:m], bq, s, z, **arrays)
-        got = _nbits_fn("cuda", **kw)(x[:m], bq, s, z, **arrays)
-        _check(got, ref, dtype, f"{fusion} M={m}")
+        got = _nbits_fn("cuda", wide=wide, **kw)(x[:m], bq, s, z, **arrays)
+        _check(got, ref, dtype, f"{fusion} M={m} wide={wide}")
 
 
 # (cluster, warps_k) forced through the plan's overrides: every reduction path.
@@ -242,16 +257,18 @@ def test_forced_plans(plan, gated, full):
         ref = _linear_fn("reference", gated=gated)(x[:m], w, norm_weight=gamma)
         got = _forced("dense", *plan, gated=gated)(x[:m], w, norm_weight=gamma)
         _check(got, ref, dtype, f"dense plan={plan} M={m}")
-        # A forced plan may not fit (more K parts than int4's 16 chunks at M = 32): it must say so.
-        why = cuda_matmul.unsupported(m, n, k, 4, gated, False, 128, *plan)
-        if why is not None:
-            assert "shared memory" in why, why
-            with pytest.raises(Exception, match="shared memory"):
-                _forced("nbits", *plan, bits=4, block_size=128, gated=gated)(x[:m], bq, s, z).block_until_ready()
-            continue
         ref = _nbits_fn("reference", k=k, n=n, bits=4, block_size=128, gated=gated)(x[:m], bq, s, z)
-        got = _forced("nbits", *plan, bits=4, block_size=128, gated=gated)(x[:m], bq, s, z)
-        _check(got, ref, dtype, f"int4 plan={plan} M={m}")
+        for wide in (False, True):
+            # A forced plan may not fit (more K parts than int4's 16 chunks, 8 wide, at M = 32): it
+            # must say so.
+            fn = _forced("nbits", *plan, bits=4, block_size=128, gated=gated, wide=wide)
+            why = cuda_matmul.unsupported(m, n, k, 4, gated, False, 128, *plan, wide=wide)
+            if why is not None:
+                assert "shared memory" in why, why
+                with pytest.raises(Exception, match="shared memory"):
+                    fn(x[:m], bq, s, z).block_until_ready()
+                continue
+            _check(fn(x[:m], bq, s, z), ref, dtype, f"int4 plan={plan} M={m} wide={wide}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=_name)
@@ -277,12 +294,13 @@ def test_bitwise_repeatable_and_pdl_invariant():
         pdl = _linear_fn("cuda", norm_epsilon=1e-6, pdl=True)(x[:m], w, norm_weight=gamma)
         np.testing.assert_array_equal(np.asarray(pdl), first)
         _, bq, s, z = _nbits(k, n, 4, 32, True, jnp.float16, seed=5)
-        g = _nbits_fn("cuda", k=k, n=n, bits=4, block_size=32)
-        first = np.asarray(g(x[:m], bq, s, z))
-        np.testing.assert_array_equal(np.asarray(g(x[:m], bq, s, z)), first)
-        # Row-major scales / zero points (tiled on the call) give the same bits.
-        rows = [ops.untile_nbits_meta(a, n) for a in (s, z)]
-        np.testing.assert_array_equal(np.asarray(g(x[:m], bq, *rows)), first)
+        for wide in (False, True):
+            g = _nbits_fn("cuda", k=k, n=n, bits=4, block_size=32, wide=wide)
+            first = np.asarray(g(x[:m], bq, s, z))
+            np.testing.assert_array_equal(np.asarray(g(x[:m], bq, s, z)), first)
+            # Row-major scales / zero points (tiled on the call) give the same bits.
+            rows = [ops.untile_nbits_meta(a, n) for a in (s, z)]
+            np.testing.assert_array_equal(np.asarray(g(x[:m], bq, *rows)), first)
 
 
 def _poisoned_call(name, m, n_out, dtype, args, **attrs):
@@ -314,11 +332,12 @@ def test_every_output_element_is_written(gated):
         _check(got, _linear_fn("reference", gated=gated)(x[:m], w), dtype, f"K={k} N={n} M={m}")
         _, bq, s, z = _nbits(k - k % 32, n, 4, 32, True, dtype, seed=6)
         xk = x[:m, :k - k % 32]
-        got = jax.jit(lambda x: _poisoned_call(
-            "matmul_nbits", m, n_out, dtype, (x, bq, s, z, ph, None, ph), bits=4, block_size=32,
-            has_zero_points=True, has_bias=False, cluster=cluster, **common))(xk)
         ref = _nbits_fn("reference", k=k - k % 32, n=n, bits=4, block_size=32, gated=gated)(xk, bq, s, z)
-        _check(got, ref, dtype, f"int4 K={k} N={n} M={m}")
+        for wide in (False, True):
+            got = jax.jit(lambda x: _poisoned_call(
+                "matmul_nbits", m, n_out, dtype, (x, bq, s, z, ph, None, ph), bits=4, block_size=32,
+                has_zero_points=True, has_bias=False, cluster=cluster, wide=wide, **common))(xk)
+            _check(got, ref, dtype, f"int4 K={k} N={n} M={m} wide={wide}")
 
 
 def test_auto_backend_picks_the_kernel(monkeypatch):

@@ -16,19 +16,24 @@ struct Fusion {
   bool norm;   // RmsNormInput prologue, else PlainInput
 };
 
-// Launches the engine for T (__half / __nv_bfloat16) and kBits (16 dense, 8, 4) with `plan`
-// (copied into p's plan fields here). pdl: launch as a programmatic dependent of the previous kernel.
-template <typename T, int kBits>
+// Launches the engine for T (__half / __nv_bfloat16), kBits (16 dense, 8, 4) and kWide (n-bit
+// weights in the two-piece format: plan.h's FormatInfo; must equal plan.wide) with `plan` (copied
+// into p's plan fields here). pdl: launch as a programmatic dependent of the previous kernel.
+template <typename T, int kBits, bool kWide>
 cudaError_t LaunchFormat(GemvParams p, const Plan& plan, Fusion fusion, bool pdl, cudaStream_t stream);
 
-#define JOA_GEMV_DECLARE(T, B) \
-  extern template cudaError_t LaunchFormat<T, B>(GemvParams, const Plan&, Fusion, bool, cudaStream_t);
-JOA_GEMV_DECLARE(__half, 16)
-JOA_GEMV_DECLARE(__half, 8)
-JOA_GEMV_DECLARE(__half, 4)
-JOA_GEMV_DECLARE(__nv_bfloat16, 16)
-JOA_GEMV_DECLARE(__nv_bfloat16, 8)
-JOA_GEMV_DECLARE(__nv_bfloat16, 4)
+#define JOA_GEMV_DECLARE(T, B, W) \
+  extern template cudaError_t LaunchFormat<T, B, W>(GemvParams, const Plan&, Fusion, bool, cudaStream_t);
+JOA_GEMV_DECLARE(__half, 16, false)
+JOA_GEMV_DECLARE(__half, 8, false)
+JOA_GEMV_DECLARE(__half, 8, true)
+JOA_GEMV_DECLARE(__half, 4, false)
+JOA_GEMV_DECLARE(__half, 4, true)
+JOA_GEMV_DECLARE(__nv_bfloat16, 16, false)
+JOA_GEMV_DECLARE(__nv_bfloat16, 8, false)
+JOA_GEMV_DECLARE(__nv_bfloat16, 8, true)
+JOA_GEMV_DECLARE(__nv_bfloat16, 4, false)
+JOA_GEMV_DECLARE(__nv_bfloat16, 4, true)
 #undef JOA_GEMV_DECLARE
 
 }  // namespace joa::gemv

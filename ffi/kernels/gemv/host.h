@@ -20,25 +20,32 @@ inline bool Sm90() {
   return major >= 9;
 }
 
-// Plans y = x W^T for p's shape (p.m, p.n_rows, p.n_out, p.k set) and launches it.
+// The launch of one dtype: the instantiation for (bits, plan.wide).
+template <typename T>
+cudaError_t LaunchDtype(const GemvParams& p, const Plan& plan, int bits, Fusion fusion, bool pdl,
+                        cudaStream_t stream) {
+  if (bits == 16) return LaunchFormat<T, 16, false>(p, plan, fusion, pdl, stream);
+  if (bits == 8) {
+    return plan.wide ? LaunchFormat<T, 8, true>(p, plan, fusion, pdl, stream)
+                     : LaunchFormat<T, 8, false>(p, plan, fusion, pdl, stream);
+  }
+  return plan.wide ? LaunchFormat<T, 4, true>(p, plan, fusion, pdl, stream)
+                   : LaunchFormat<T, 4, false>(p, plan, fusion, pdl, stream);
+}
+
+// Plans y = x W^T for p's shape (p.m, p.n_rows, p.n_out, p.k set) and launches it. wide: n-bit
+// weights in the two-piece format (plan.h's FormatInfo; ignored for dense weights).
 inline ffi::Error PlanAndLaunch(GemvParams& p, ffi::DataType dtype, int bits, Fusion fusion,
-                                int64_t cluster, int64_t warps_k, bool pdl, cudaStream_t stream,
-                                const char* op) {
-  const Plan plan = MakePlan(p.m, p.n_rows, p.k, bits, fusion.gated, fusion.norm, Sm90(), cluster, warps_k);
+                                int64_t cluster, int64_t warps_k, bool wide, bool pdl,
+                                cudaStream_t stream, const char* op) {
+  const Plan plan =
+      MakePlan(p.m, p.n_rows, p.k, bits, fusion.gated, fusion.norm, Sm90(), cluster, warps_k, wide);
   if (!plan.error.empty()) return InvalidArgument(std::string(op) + ": " + plan.error);
   if (plan.n_out != p.n_out) return InvalidArgument(std::string(op) + ": output width mismatch");
   cudaError_t err;
   switch (dtype) {
-    case ffi::DataType::F16:
-      err = bits == 16 ? LaunchFormat<__half, 16>(p, plan, fusion, pdl, stream)
-          : bits == 8  ? LaunchFormat<__half, 8>(p, plan, fusion, pdl, stream)
-                       : LaunchFormat<__half, 4>(p, plan, fusion, pdl, stream);
-      break;
-    case ffi::DataType::BF16:
-      err = bits == 16 ? LaunchFormat<__nv_bfloat16, 16>(p, plan, fusion, pdl, stream)
-          : bits == 8  ? LaunchFormat<__nv_bfloat16, 8>(p, plan, fusion, pdl, stream)
-                       : LaunchFormat<__nv_bfloat16, 4>(p, plan, fusion, pdl, stream);
-      break;
+    case ffi::DataType::F16: err = LaunchDtype<__half>(p, plan, bits, fusion, pdl, stream); break;
+    case ffi::DataType::BF16: err = LaunchDtype<__nv_bfloat16>(p, plan, bits, fusion, pdl, stream); break;
     default:
       return InvalidArgument(std::string(op) + ": the GEMV kernels take f16 and bf16 only");
   }

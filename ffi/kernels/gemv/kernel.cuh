@@ -58,6 +58,7 @@ __global__ void __launch_bounds__(kThreads, 2) GemvKernel(const __grid_constant_
   const int my_blocks = (p.blocks - group + p.groups - 1) / p.groups;  // >= 1: groups <= blocks
   const int steps = my_blocks * p.cpp;  // the same for every warp of the cluster
   unsigned char* ring = smem + p.ring_offset + warp * p.stages * kStageBytes;
+  const typename Weights::Lane wl = Weights::MakeLane(p, lane);  // the lane's chunk-invariant offsets
 
   // The next kernel (if launched as a programmatic dependent) may start its own weight stream.
   ptx::LaunchDependents();
@@ -70,7 +71,7 @@ __global__ void __launch_bounds__(kThreads, 2) GemvKernel(const __grid_constant_
     const int c = c_begin + iss_j;
     if (iss_step < steps && c < c_end) {
       const int row = (group + iss_it * p.groups) * p.rows_block + wn * 16 + g;
-      Weights::Issue(ring + iss_slot * kStageBytes, p, row, c, t, lane);
+      Weights::Issue(ring + iss_slot * kStageBytes, p, wl, row, c);
     }
     CpAsyncCommit();
     ++iss_step;
@@ -87,10 +88,13 @@ __global__ void __launch_bounds__(kThreads, 2) GemvKernel(const __grid_constant_
   __syncthreads();
 
   // The x row each lane's B fragment of n8 tile j reads (rows past M repeat row M - 1: their
-  // products land in accumulator columns that are never stored).
+  // products land in accumulator columns that are never stored). Tiles j < kNT / 2 are whole (M >
+  // 8 (kNT / 2)): their offsets are the first's plus a constant, one register fewer each.
   int x_row_off[kNT];
 #pragma unroll
-  for (int j = 0; j < kNT; ++j) x_row_off[j] = min(8 * j + g, p.m - 1) * 64 + 16 * t;
+  for (int j = 0; j < kNT; ++j) {
+    x_row_off[j] = (j < kNT / 2 ? 8 * j + g : min(8 * j + g, p.m - 1)) * 64 + 16 * t;
+  }
 
   float acc[kNT][4];
   int it = 0, j = 0, slot = 0;  // row block iteration, chunk of the part, ring slot of step i
@@ -105,18 +109,23 @@ __global__ void __launch_bounds__(kThreads, 2) GemvKernel(const __grid_constant_
     const int c = c_begin + j;
     const int block = group + it * p.groups;
     if (c < c_end) {
-      const int row = block * p.rows_block + wn * 16 + g;
-      const Chunk ch = Weights::Read(ring + slot * kStageBytes, p, row, c, t, lane);
       const unsigned char* xs = s_x + (c - slice0) * kF.quads * p.m * 64;
+      // The chunk in kReads parts (pieces of a wide n-bit lane), each feeding kReadQuads quads.
+      constexpr int kReadQuads = kF.quads / Weights::kReads;
 #pragma unroll
-      for (int q = 0; q < kF.quads; ++q) {
-        uint32_t a[2][4];
-        Weights::Fragments(ch, q, a);
+      for (int r = 0; r < Weights::kReads; ++r) {
+        const Chunk ch = Weights::Read(ring + slot * kStageBytes, p, wl, r);
 #pragma unroll
-        for (int n = 0; n < kNT; ++n) {
-          const uint4 xv = *reinterpret_cast<const uint4*>(xs + q * p.m * 64 + x_row_off[n]);
-          ptx::Mma16816<T>(acc[n], a[0], xv.x, xv.y);
-          ptx::Mma16816<T>(acc[n], a[1], xv.z, xv.w);
+        for (int qi = 0; qi < kReadQuads; ++qi) {
+          const int q = r * kReadQuads + qi;
+          uint32_t a[2][4];
+          Weights::Fragments(ch, qi, a);
+#pragma unroll
+          for (int n = 0; n < kNT; ++n) {
+            const uint4 xv = *reinterpret_cast<const uint4*>(xs + q * p.m * 64 + x_row_off[n]);
+            ptx::Mma16816<T>(acc[n], a[0], xv.x, xv.y);
+            ptx::Mma16816<T>(acc[n], a[1], xv.z, xv.w);
+          }
         }
       }
     }

@@ -70,9 +70,12 @@ cudaError_t LaunchEpilogue(const GemvParams& p, const Plan& plan, bool gated, bo
                : LaunchTiles<T, Weights, Prologue, StoreEpilogue>(p, plan, pdl, stream);
 }
 
-template <typename T, int kBits>
+template <typename T, int kBits, bool kWide>
 cudaError_t LaunchFormat(GemvParams p, const Plan& plan, Fusion fusion, bool pdl, cudaStream_t stream) {
-  using Weights = std::conditional_t<kBits == 16, DenseWeights<T>, NbitsWeights<T, kBits == 16 ? 8 : kBits>>;
+  static_assert(kBits != 16 || !kWide, "dense weights have one format");
+  using Weights =
+      std::conditional_t<kBits == 16, DenseWeights<T>, NbitsWeights<T, kBits == 16 ? 8 : kBits, kWide>>;
+  if (plan.wide != kWide) return cudaErrorInvalidValue;  // host.h picks the instantiation by plan.wide
   p.kc = plan.kc;
   p.cpp = plan.cpp;
   p.stages = plan.stages;
@@ -96,6 +99,6 @@ cudaError_t LaunchFormat(GemvParams p, const Plan& plan, Fusion fusion, bool pdl
 
 // Explicit instantiations live in one translation unit per (dtype, format) (inst/*.cu), so the
 // build compiles them in parallel; handlers include gemv.h only.
-#define JOA_GEMV_INSTANTIATE(T, B)                                                            \
-  template cudaError_t joa::gemv::LaunchFormat<T, B>(joa::gemv::GemvParams, const joa::gemv::Plan&, \
-                                                     joa::gemv::Fusion, bool, cudaStream_t);
+#define JOA_GEMV_INSTANTIATE(T, B, W)                                                            \
+  template cudaError_t joa::gemv::LaunchFormat<T, B, W>(joa::gemv::GemvParams, const joa::gemv::Plan&, \
+                                                        joa::gemv::Fusion, bool, cudaStream_t);

@@ -4,9 +4,8 @@
 //
 // The engine computes y[M, N] = x[M, K] W[N, K]^T for M <= 32 with the weight as the MMA A
 // operand: a warp owns a 16-row tile of W and a contiguous range of K "chunks" (4 lanes x 32 bytes
-// of each of its 16 rows dense, 4 x 16 n-bit: 2 or 1 KB of W a chunk). It streams its chunks
-// through its own cp.async ring of
-// `stages` slots in shared memory. A CTA of kWarps warps is warps_n row tiles x warps_k K parts; the
+// of each of its 16 rows dense and n-bit wide, 4 x 16 n-bit: 2 or 1 KB of W a chunk). It streams
+// its chunks through its own cp.async ring of `stages` slots in shared memory. A CTA of kWarps warps is warps_n row tiles x warps_k K parts; the
 // CTAs of a thread-block cluster (sm_90) split K once more. x's share of K is staged once per CTA
 // in shared memory, in the order the MMA fragments read it (with the RMS-norm prologue, its slice of
 // gamma too). CTAs loop over row blocks
@@ -40,26 +39,39 @@ inline constexpr int64_t kSmemOnePerSm80 = 166912;
 // RMS norm: per x row, this CTA's f32 sum of squares and the inverse RMS.
 inline constexpr int64_t kNormBytes = 2 * 4 * kMaxM;
 
-// Weight formats by bits per element: 16 (dense f16 / bf16), 8 or 4 (MatMulNBits). A chunk is 64
-// bytes of each of a warp's 16 W rows for n-bit weights (a lane's 16 bytes: 16 or 32 elements) and
-// 128 bytes dense (a lane's two 16-byte pieces, 8 elements each): 2, 2 or 4 "quads" of 8 x values a
-// lane, each quad feeding two k16 MMA steps. Dense quad q of lane t holds elements
-// 32 q + 8 t .. + 7 of the chunk, so that each copy instruction of a warp reads whole 64-byte runs
-// of 8 rows (lane-contiguous pieces would split every 32-byte sector between two instructions);
-// n-bit lane t holds elements lane_k t .. lane_k (t + 1) - 1 (its 16 packed bytes), quad q the 8
-// from lane_k t + 8 q. Two dense quads a chunk halve the loop's instructions per byte.
+// Weight formats by bits per element: 16 (dense f16 / bf16), 8 or 4 (MatMulNBits). A lane copies
+// `pieces` 16-byte pieces of each of its two rows per chunk (piece_k = 128 / bits elements each):
+// piece p of lane t holds elements piece_stride p + lane_stride t .. + piece_k - 1 of the chunk
+// (piece_stride = 4 piece_k = 64 bytes), so that each copy instruction of a warp reads whole 64-byte
+// runs of 8 rows (lane-contiguous pieces would split every 32-byte sector between two
+// instructions). Quad q (8 x values, feeding two k16 MMA steps) of a lane is the 8 elements from
+// QuadK(q) = piece_stride (q / piece quads) + quad_stride (q % piece quads) past its first.
+//   dense:        two pieces (elements 8 t and 32 + 8 t), 2 quads: 128 bytes a row per chunk;
+//   n-bit:        one piece (its 16 packed bytes: 32 int4 / 16 int8 elements), 4 / 2 quads: 64 bytes;
+//   n-bit wide:   two pieces (elements lane_stride t and 4 lane_stride + lane_stride t), 8 / 4
+//                 quads: 128 bytes a row per chunk, as dense. Twice the bytes per chunk halve the
+//                 per-chunk overhead (copy issue, ring wait, address math, loop control) per byte.
 struct FormatInfo {
-  int quads;        // 16-byte x quads per lane per chunk
-  int lane_k;       // K elements one lane covers per chunk (8 * quads)
-  int chunk_k;      // K elements per chunk (4 lanes)
-  int lane_stride;  // K offset of lane t's first element in a chunk: lane_stride * t
-  int quad_stride;  // K offset of quad q from the lane's first element
+  int quads;         // 16-byte x quads per lane per chunk
+  int lane_k;        // K elements one lane covers per chunk (8 * quads)
+  int chunk_k;       // K elements per chunk (4 lanes)
+  int lane_stride;   // K offset of lane t's first element in a chunk: lane_stride * t (= piece_k)
+  int quad_stride;   // K offset of quad q from the start of its piece: quad_stride * (q % piece quads)
+  int pieces;        // 16-byte pieces of W a lane copies per row per chunk
+  int piece_stride;  // K offset of piece p from the lane's first element: piece_stride * p
 };
 
-inline constexpr FormatInfo Format(int bits) {
-  const int quads = bits == 4 ? 4 : 2;
-  return bits == 16 ? FormatInfo{quads, 8 * quads, 32 * quads, 8, 32}
-                    : FormatInfo{quads, 8 * quads, 32 * quads, 8 * quads, 8};
+inline constexpr FormatInfo Format(int bits, bool wide = false) {
+  const int pieces = bits == 16 || wide ? 2 : 1;
+  const int piece_k = 128 / bits;
+  const int lane_k = pieces * piece_k;
+  return FormatInfo{lane_k / 8, lane_k, 4 * lane_k, piece_k, 8, pieces, 4 * piece_k};
+}
+
+// K offset of quad q of a lane from the lane's first element (see FormatInfo).
+inline constexpr int QuadK(FormatInfo f, int q) {
+  const int per_piece = f.quads / f.pieces;
+  return f.piece_stride * (q / per_piece) + f.quad_stride * (q % per_piece);
 }
 
 // n8 MMA tiles over x's rows: 1, 2 or 4 (M <= 8, 16, 32).
@@ -68,11 +80,19 @@ inline constexpr int TilesM(int64_t m) { return m <= 8 ? 1 : m <= 16 ? 2 : 4; }
 // The warp layouts a CTA may take: (row tiles, K parts), warps_n * warps_k = kWarps.
 inline constexpr int kLayouts[4][2] = {{8, 1}, {4, 2}, {2, 4}, {1, 8}};
 
-// Bytes of one ring slot of a warp: a chunk of W (2 rows x 32 lanes x 32 bytes dense, x 16 bytes
-// n-bit), and for n-bit weights each lane's scale and zero-point words (weights.cuh).
-inline constexpr int StageBytes(int bits) { return bits == 16 ? 2048 : 1536; }
-// W bytes of one chunk (what the HBM stream carries, scales aside).
-inline constexpr int ChunkWeightBytes(int bits) { return bits == 16 ? 2048 : 1024; }
+// W bytes of one chunk (what the HBM stream carries, scales aside): 16 rows x 4 lanes x pieces x 16.
+inline constexpr int ChunkWeightBytes(int bits, bool wide = false) {
+  return 1024 * Format(bits, wide).pieces;
+}
+// Quantisation blocks one n-bit chunk spans at most: blocks are at least a piece long (the handler
+// checks block_size >= piece_k), so 4 (one piece a lane) or 8 (two).
+inline constexpr int MaxChunkBlocks(int bits, bool wide) { return 4 * Format(bits, wide).pieces; }
+// Bytes of one ring slot of a warp: a chunk of W, and for n-bit weights the tile's scales (32 bytes
+// a block) and zero points (16) of the chunk's blocks, one 16-byte copy per lane (weights.cuh):
+// 512 bytes reserved in the one-piece format (a slot per lane), 8 x 48 in the wide one.
+inline constexpr int StageBytes(int bits, bool wide = false) {
+  return ChunkWeightBytes(bits, wide) + (bits == 16 ? 0 : wide ? 48 * MaxChunkBlocks(bits, wide) : 512);
+}
 
 // Cost model constants behind the choice among plans (to be tuned on the GPU with
 // `python -m jax_onnx_attn.bench linear --sweep`). Achievable HBM GB/s; the latency a chunk waits
@@ -88,7 +108,8 @@ inline constexpr double kModelClusterUs = 0.35;
 struct Plan {
   std::string error;  // empty when the engine takes this shape
   int m = 0, n_rows = 0, n_out = 0, k = 0, bits = 16, nt = 1;
-  int quads = 2, lane_k = 16, chunk_k = 64, lane_stride = 8, quad_stride = 32;
+  bool wide = false;     // n-bit weights in the two-piece format (FormatInfo)
+  int quads = 2, lane_k = 16, chunk_k = 64, lane_stride = 8, quad_stride = 8, pieces = 2, piece_stride = 32;
   int kc = 0;            // K chunks
   int cluster = 1;       // CTAs of a cluster, splitting K
   int warps_n = 1, warps_k = 8;
@@ -127,7 +148,7 @@ inline bool Layout(Plan& p, int cluster, int warps_n, int warps_k, int ctas_per_
   p.red_bytes = Align16(int64_t(2) * warps_k * p.m * p.red_stride * 4);
   p.gamma_offset = p.x_bytes + p.red_bytes + kNormBytes;
   p.ring_offset = p.gamma_offset + (p.norm ? Align16(int64_t(p.slice_chunks) * p.chunk_k * 2) : 0);
-  p.stage_bytes = StageBytes(p.bits);
+  p.stage_bytes = StageBytes(p.bits, p.wide);
   const int64_t budget = ctas_per_sm == 2 ? (sm90 ? kSmemTwoPerSm : kSmemTwoPerSm80)
                                           : (sm90 ? kSmemOnePerSm : kSmemOnePerSm80);
   const int64_t stages = (budget - p.ring_offset) / (int64_t(kWarps) * p.stage_bytes);
@@ -147,7 +168,7 @@ inline bool Layout(Plan& p, int cluster, int warps_n, int warps_k, int ctas_per_
   // streams at most kModelSmInflight bytes per latency. The busiest SM sets the time: with 224 CTAs
   // on 132 SMs, 92 hold two and 40 one (ncu: a 235 MB weight at 0.72 of HBM, 1.7 CTAs an SM), so
   // the plan counts the CTAs of the busiest SM, not the average.
-  const double chunk_bytes = ChunkWeightBytes(p.bits);
+  const double chunk_bytes = ChunkWeightBytes(p.bits, p.wide);
   const double warp_bytes = double(p.waves) * p.cpp * chunk_bytes;
   const double cta_bytes = warp_bytes * kWarps;
   const int busiest = int(CeilDiv(p.grid, kPlanSms));  // CTAs on the busiest SM
@@ -165,8 +186,9 @@ inline bool Layout(Plan& p, int cluster, int warps_n, int warps_k, int ctas_per_
 // `bits` per weight element; norm: the RMS-norm prologue. sm90: the device is sm_90+ (thread-block clusters, 227 KB of shared
 // memory a CTA); else the plan keeps to sm_80's limits and no clusters.
 // force_cluster / force_warps_k > 0 restrict the choice (for sweeps); 0 lets the model choose.
+// wide: n-bit weights in the two-piece format (ignored for dense weights, which always have two).
 inline Plan MakePlan(int64_t m, int64_t n_rows, int64_t k, int bits, bool gated, bool norm, bool sm90,
-                     int64_t force_cluster = 0, int64_t force_warps_k = 0) {
+                     int64_t force_cluster = 0, int64_t force_warps_k = 0, bool wide = false) {
   Plan best;
   auto fail = [&](const std::string& why) {
     best.error = why;
@@ -194,12 +216,15 @@ inline Plan MakePlan(int64_t m, int64_t n_rows, int64_t k, int bits, bool gated,
   base.bits = bits;
   base.norm = norm;
   base.nt = TilesM(m);
-  const FormatInfo f = Format(bits);
+  base.wide = wide && bits != 16;
+  const FormatInfo f = Format(bits, base.wide);
   base.quads = f.quads;
   base.lane_k = f.lane_k;
   base.chunk_k = f.chunk_k;
   base.lane_stride = f.lane_stride;
   base.quad_stride = f.quad_stride;
+  base.pieces = f.pieces;
+  base.piece_stride = f.piece_stride;
   base.kc = int(CeilDiv(k, f.chunk_k));
   bool found = false;
   for (int cluster = 1; cluster <= (sm90 ? kMaxCluster : 1); cluster *= 2) {

@@ -13,13 +13,15 @@ inline void BindPlan(nanobind::module_& m) {
   namespace nb = nanobind;
   m.def("gemv_plan",
         [](int64_t rows, int64_t n_rows, int64_t k, int bits, bool gated, bool norm, bool sm90,
-           int64_t cluster, int64_t warps_k) {
-          const Plan p = MakePlan(rows, n_rows, k, bits, gated, norm, sm90, cluster, warps_k);
+           int64_t cluster, int64_t warps_k, bool wide) {
+          const Plan p = MakePlan(rows, n_rows, k, bits, gated, norm, sm90, cluster, warps_k, wide);
           nb::dict d;
           d["error"] = p.error.empty() ? nb::object(nb::none()) : nb::object(nb::str(p.error.c_str()));
           d["m"] = p.m; d["n_rows"] = p.n_rows; d["n_out"] = p.n_out; d["k"] = p.k; d["bits"] = p.bits;
           d["nt"] = p.nt; d["quads"] = p.quads; d["lane_k"] = p.lane_k; d["chunk_k"] = p.chunk_k;
           d["lane_stride"] = p.lane_stride; d["quad_stride"] = p.quad_stride;
+          d["pieces"] = p.pieces; d["piece_stride"] = p.piece_stride; d["wide"] = p.wide;
+          d["stage_bytes"] = p.stage_bytes;
           d["kc"] = p.kc; d["cluster"] = p.cluster; d["warps_n"] = p.warps_n; d["warps_k"] = p.warps_k;
           d["cpp"] = p.cpp; d["stages"] = p.stages; d["slice_chunks"] = p.slice_chunks;
           d["rows_block"] = p.rows_block; d["blocks"] = p.blocks; d["groups"] = p.groups;
@@ -29,9 +31,10 @@ inline void BindPlan(nanobind::module_& m) {
           return d;
         },
         nb::arg("rows"), nb::arg("n_rows"), nb::arg("k"), nb::arg("bits"), nb::arg("gated"), nb::arg("norm"),
-        nb::arg("sm90"), nb::arg("cluster") = 0, nb::arg("warps_k") = 0,
+        nb::arg("sm90"), nb::arg("cluster") = 0, nb::arg("warps_k") = 0, nb::arg("wide") = false,
         "The GEMV engine's launch plan for x [rows, k] and a weight of n_rows rows of `bits`-bit "
-        "elements (16 dense, 8, 4), with the RMS-norm prologue or not, on an sm_90+ GPU (sm90) or an older one: a dict of its fields, "
+        "elements (16 dense, 8, 4), with the RMS-norm prologue or not, on an sm_90+ GPU (sm90) or an older one, "
+        "n-bit weights in the two-piece format (wide) or not: a dict of its fields, "
         "'error' None when the engine takes it.");
 }
 

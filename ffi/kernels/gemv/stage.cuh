@@ -2,7 +2,7 @@
 // policies (plain, or RMS-normalised on the way in).
 //
 // Layout: 16-byte units u = ((cl * quads + q) * M + m) * 4 + t hold x[m][k .. k + 7] with
-// k = (slice0 + cl) * chunk_k + lane_stride * t + quad_stride * q (plan.h's FormatInfo): lane (g, t) of n8 tile j reads unit
+// k = (slice0 + cl) * chunk_k + lane_stride * t + QuadK(q) (plan.h's FormatInfo): lane (g, t) of n8 tile j reads unit
 // (cl, q, m = 8 j + g, t) for the B fragment of quad q of its chunk. Eight lanes of a 128-bit
 // shared load read 128 contiguous bytes: no bank conflicts. 4-bit weights stage each unit permuted
 // to (x0, x4, x1, x5, x2, x6, x3, x7), the pair order their dequantisation produces (weights.cuh).
@@ -91,7 +91,7 @@ __device__ __forceinline__ void StageX(const GemvParams& p, unsigned char* smem,
     int rest = u >> 2;
     m = rest % p.m;
     rest /= p.m;
-    return (slice0 + rest / kF.quads) * kF.chunk_k + kF.lane_stride * (u & 3) + kF.quad_stride * (rest % kF.quads);
+    return (slice0 + rest / kF.quads) * kF.chunk_k + kF.lane_stride * (u & 3) + QuadK(kF, rest % kF.quads);
   };
   for (int u = tid; u < units; u += kThreads) {
     int m;

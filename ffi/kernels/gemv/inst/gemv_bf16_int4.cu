@@ -1,4 +1,4 @@
 // One (dtype, weight format) of the GEMV engine per translation unit: parallel builds.
 #include "kernels/gemv/launch.cuh"
 
-JOA_GEMV_INSTANTIATE(__nv_bfloat16, 4)
+JOA_GEMV_INSTANTIATE(__nv_bfloat16, 4, false)

@@ -1,4 +1,4 @@
 // One (dtype, weight format) of the GEMV engine per translation unit: parallel builds.
 #include "kernels/gemv/launch.cuh"
 
-JOA_GEMV_INSTANTIATE(__half, 4)
+JOA_GEMV_INSTANTIATE(__half, 4, false)

@@ -1,0 +1,5 @@
+// One (dtype, weight format) of the GEMV engine per translation unit: parallel builds. The wide
+// (two-piece) n-bit format: plan.h's FormatInfo.
+#include "kernels/gemv/launch.cuh"
+
+JOA_GEMV_INSTANTIATE(__half, 4, true)
