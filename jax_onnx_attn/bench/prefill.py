@@ -20,7 +20,8 @@ import dataclasses
 import math
 import sys
 
-from jax_onnx_attn.bench.decode import _jax_dtype, _time_loop, _warm_up, _write, environment
+from jax_onnx_attn.bench.decode import (_jax_dtype, _time_loop, _warm_up, add_timing_args, environment,
+                                        run_cases, runnable_impls)
 
 IMPLS = ("ours", "jax-cudnn", "jax-xla")
 MAX_LOGIT_BYTES = 8 << 30  # the xla implementation materialises [B, Hq, S, T] f32 logits
@@ -112,6 +113,13 @@ def bench_case(case: Case, impl: str, calls: int, target_s: float, reps: int) ->
         del k, v, state
 
 
+def _row(case: Case) -> dict:
+    """A result's fields (the schema `plots` reads: a prompt attends to itself, ctx = q_len = S)."""
+    return {"batch": case.batch, "ctx": case.seq, "q_len": case.seq, "q_heads": case.q_heads,
+            "kv_heads": case.kv_heads, "head_dim": case.head_dim, "dtype": case.dtype,
+            "causal": case.causal, "label": case.label(), "flops": case.flops}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the prefill suite (see --help); print a table, optionally write JSON. Returns 0."""
     ap = argparse.ArgumentParser(prog="python -m jax_onnx_attn.bench prefill", description=__doc__,
@@ -124,49 +132,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--causal", nargs="+", default=["causal", "noncausal"],
                     choices=["causal", "noncausal"])
     ap.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
-    ap.add_argument("--calls", type=int, default=4, help="dependent calls per jitted function")
-    ap.add_argument("--target-ms", type=float, default=100.0, help="wall time per timing sample")
-    ap.add_argument("--reps", type=int, default=5, help="timing samples (median reported)")
-    ap.add_argument("--out", help="write the JSON results here")
+    add_timing_args(ap, calls=4, target_ms=100.0)
     args = ap.parse_args(argv)
 
-    import jax
-
     env = environment()
-    gpu = any(dev.platform == "gpu" for dev in jax.devices())
-    if "ours" in args.impls and not (env["build"]["cuda"] and gpu):
-        why = env["build"]["reason"] if not env["build"]["cuda"] else "no GPU visible to jax"
-        print(f"ours skipped ({why})", file=sys.stderr)
-        args.impls = [i for i in args.impls if i != "ours"]
+    args.impls, gpu = runnable_impls(args.impls, "ours", env)
     if gpu:
         _warm_up(0.5)
-    results = []
-    for case in default_cases(args):
-        res = {"batch": case.batch, "ctx": case.seq, "q_len": case.seq, "q_heads": case.q_heads,
-               "kv_heads": case.kv_heads, "head_dim": case.head_dim, "dtype": case.dtype,
-               "causal": case.causal, "label": case.label(), "flops": case.flops,
-               "calls_per_graph": args.calls, "impls": {}}
-        for impl in args.impls:
-            why = _impl_skip(case, impl)
-            if why:
-                res["impls"][impl] = {"skip": why}
-                continue
-            try:
-                sec = bench_case(case, impl, args.calls, args.target_ms / 1e3, args.reps)
-                res["impls"][impl] = {"us": sec * 1e6, "tflops": case.flops / sec / 1e12}
-            except Exception as e:  # a backend that cannot run a case is a result
-                res["impls"][impl] = {"skip": f"error: {type(e).__name__}: "
-                                              f"{str(e).splitlines()[0][:200]}"}
-        results.append(res)
-        t = res["impls"]
-        print(f"{case.label():44s} " + "  ".join(
-            f"{i}={t[i]['us']:.0f}us/{t[i]['tflops']:.0f}TF" if "us" in t[i]
-            else f"{i}={t[i]['skip'][:50]}" for i in args.impls), flush=True)
-        if args.out:
-            _write(args.out, env, results, args, suite="prefill")
-    if args.out:
-        _write(args.out, env, results, args, suite="prefill")
-        print(f"wrote {args.out}")
+    run_cases(default_cases(args), args, env, "prefill", _row,
+              lambda case, impl: bench_case(case, impl, args.calls, args.target_ms / 1e3, args.reps),
+              lambda case, sec: {"tflops": case.flops / sec / 1e12},
+              lambda m: f"{m['us']:.0f}us/{m['tflops']:.0f}TF", _impl_skip)
     return 0
 
 
