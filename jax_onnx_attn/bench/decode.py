@@ -152,15 +152,16 @@ def add_timing_args(ap, calls: int, target_ms: float) -> None:
 
 
 def runnable_impls(impls: list[str], ours: str, env: dict) -> tuple[list[str], bool]:
-    """(impls less `ours` where this build has no CUDA kernels or jax sees no GPU, said on stderr;
-    whether jax sees a GPU)."""
+    """(impls less `ours` and its forms "ours-...", where this build has no CUDA kernels or jax
+    sees no GPU, said on stderr; whether jax sees a GPU)."""
     import jax
 
     gpu = any(dev.platform == "gpu" for dev in jax.devices())
-    if ours in impls and not (env["build"]["cuda"] and gpu):
+    mine = [i for i in impls if i == ours or i.startswith(ours + "-")]
+    if mine and not (env["build"]["cuda"] and gpu):
         why = env["build"]["reason"] if not env["build"]["cuda"] else "no GPU visible to jax"
-        print(f"{ours} skipped ({why})", file=sys.stderr)
-        impls = [i for i in impls if i != ours]
+        print(f"{' '.join(mine)} skipped ({why})", file=sys.stderr)
+        impls = [i for i in impls if i not in mine]
     return list(impls), gpu
 
 

@@ -23,7 +23,8 @@ import sys
 from jax_onnx_attn.bench.decode import (_jax_dtype, _time_loop, _warm_up, add_timing_args, environment,
                                         run_cases, runnable_impls)
 
-IMPLS = ("ours", "jax-cudnn", "jax-xla")
+#: "ours": the engine's serial consumer schedule; "ours-overlap": its overlapped one.
+IMPLS = ("ours", "ours-overlap", "jax-cudnn", "jax-xla")
 MAX_LOGIT_BYTES = 8 << 30  # the xla implementation materialises [B, Hq, S, T] f32 logits
 
 
@@ -79,12 +80,13 @@ def bench_case(case: Case, impl: str, calls: int, target_s: float, reps: int) ->
     dt = _jax_dtype(case.dtype)
     scale = 1.0 / math.sqrt(d)
     keys = jax.random.split(jax.random.PRNGKey(s + b), 3)
-    if impl == "ours":  # BHSD
+    if impl.startswith("ours"):  # BHSD
         q_shape, kv_shape = (b, hq, s, d), (b, hkv, s, d)
         lens = jnp.full((b,), s, jnp.int32)
 
         def attn(q, k, v):
-            return cuda.prefill_attention(q, k, v, lens, lens, scale=scale, causal=case.causal)
+            return cuda.prefill_attention(q, k, v, lens, lens, scale=scale, causal=case.causal,
+                                          overlap=impl == "ours-overlap")
     else:  # BTNH
         q_shape, kv_shape = (b, s, hq, d), (b, s, hkv, d)
         which = impl.split("-")[1]

@@ -270,7 +270,7 @@ def _general_attention(q, k, v, kv_len, bias, *, scale, softcap, causal, left, r
 # Not routed from any op yet: the engine has not been verified on a GPU (docs/kernels.md).
 
 
-def prefill_attention(q, k, v, q_len, kv_len, *, scale: float, causal: bool):
+def prefill_attention(q, k, v, q_len, kv_len, *, scale: float, causal: bool, overlap: bool = False):
     """q [B, Hq, S, D], k / v [B, Hkv, T, D] (float16 or bfloat16, one dtype; D in
     PREFILL_HEAD_DIMS; Hq a multiple of Hkv), q_len / kv_len integer [B] -> [B, Hq, S, D].
 
@@ -278,11 +278,14 @@ def prefill_attention(q, k, v, q_len, kv_len, *, scale: float, causal: bool):
     `jax_onnx_attn.ops.reference.prefill.prefill_attention`: query row i < q_len[b] sits at
     position kv_len[b] - q_len[b] + i (bottom-right aligned) and sees keys j < kv_len[b] (and,
     causal, j <= its position); rows past q_len[b] and rows that see no key are 0. Lengths are read
-    on the device and clamped to [0, S] / [0, T]. Raises TypeError / ValueError
-    "prefill_attention: <input>: <rule>" at trace time.
+    on the device and clamped to [0, S] / [0, T]. overlap: the engine's consumers keep Q K^T of the
+    next key tile and P V of this one in flight during the softmax (FA3's intra-warpgroup
+    pipelining) instead of running them one after another; both schedules add in the same order, so
+    they give the same bits. Raises TypeError / ValueError "prefill_attention: <input>: <rule>" at
+    trace time.
     """
     _check_prefill(q, k, v, q_len, kv_len)
-    static = dict(scale=float(scale), causal=bool(causal))
+    static = dict(scale=float(scale), causal=bool(causal), overlap=bool(overlap))
     return partitioning.PREFILL_ATTENTION.apply(
         _prefill_attention, (q, k, v, jnp.asarray(q_len).astype(jnp.int32),
                              jnp.asarray(kv_len).astype(jnp.int32)), static)
@@ -317,6 +320,7 @@ def _check_prefill(q, k, v, q_len, kv_len) -> None:
                  f"must be an integer [B={b}] array, got {jnp.result_type(x)} {jnp.shape(x)}")
 
 
-def _prefill_attention(q, k, v, q_len, kv_len, *, scale, causal):
+def _prefill_attention(q, k, v, q_len, kv_len, *, scale, causal, overlap):
     call = jax.ffi.ffi_call(target("prefill_attention"), jax.ShapeDtypeStruct(q.shape, q.dtype))
-    return call(q, k, v, q_len, kv_len, scale=np.float32(scale), causal=bool(causal))
+    return call(q, k, v, q_len, kv_len, scale=np.float32(scale), causal=bool(causal),
+                overlap=bool(overlap))

@@ -122,16 +122,121 @@ __device__ __forceinline__ void Produce(const CUtensorMap& q_map, const CUtensor
   }
 }
 
-// One consumer warpgroup (wg 0 / 1): rows [64 * wg, 64 * wg + 64) of the CTA tile.
+// The steps of one consumer warpgroup on one key tile. Accumulator layout (wgmma m64nN, f32): this
+// thread holds rows lane / 4 (+ 8) of its warp's 16 and, per 8 columns c8, columns
+// 8 * c8 + 2 * (lane % 4) + {0, 1}: element e is row half (e / 2) % 2, column (e / 4) * 8 + ...
 template <typename T, int kD, class Variant>
+struct ConsumerSteps {
+  using L = Smem<kD>;
+  static constexpr int kChunks = L::kChunks;
+  static constexpr int kKSteps = kBlockN / 16;  // P V k-steps
+
+  // S = Q K^T: kD / 16 steps of m64n128k16, 32 bytes along the swizzled row per step. Issued, not
+  // waited for.
+  static __device__ __forceinline__ void IssueQK(float (&sc)[64], uint32_t q_base, uint32_t k_base) {
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint32_t off = (kk / 4) * L::kChunkBytes + (kk % 4) * 32;
+      sm90::WgmmaSS<T, 128>(sc, sm90::SmemDesc(q_base + off, 16, 1024), sm90::SmemDesc(k_base + off, 16, 1024),
+                            kk > 0);
+    }
+    sm90::WgmmaCommit();
+  }
+
+  // O += P V: kBlockN / 16 steps of m64n64k16 per 64 columns of V (MN-major; a step is 16 rows of
+  // 128 bytes). Issued, not waited for.
+  static __device__ __forceinline__ void IssuePV(float (&o)[kChunks][32], const uint32_t (&pa)[kKSteps][4],
+                                                 uint32_t v_base) {
+#pragma unroll
+    for (int t = 0; t < kKSteps; ++t) {
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        sm90::WgmmaRS<T, 64>(o[c], pa[t], sm90::SmemDesc(v_base + c * L::kChunkBytes + t * 16 * 128, L::kChunkBytes, 1024),
+                             1);
+      }
+    }
+    sm90::WgmmaCommit();
+  }
+
+  // The tile's logits in the log2 domain (hidden keys -inf by a select: a NaN logit of a hidden key
+  // drops), the running max m, the running partial sums l, and P = exp2(x - max) in place in sc.
+  // Returns the factors alpha[2] that rescale O from the old max to the new one.
+  static __device__ __forceinline__ void Softmax(float (&sc)[64], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                                 const Variant& var, const QueryRow<int> (&row)[2], int j0,
+                                                 bool masked, int quad) {
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int e = 0; e < 64; ++e) {
+      const int h = (e / 2) % 2;
+      const int j = j0 + (e / 4) * 8 + quad * 2 + e % 2;
+      float x = var.Score(sc[e], row[h], j);
+      if (masked && !var.Visible(row[h], j)) x = -INFINITY;
+      sc[e] = x;
+      mx[h] = ptx::MaxNan(mx[h], x);
+    }
+    float shift[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = ptx::MaxNan(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+      mx[h] = ptx::MaxNan(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+      // A row with no visible key yet is shifted by 0: exp2(-inf) = 0, never NaN.
+      shift[h] = mx[h] == -INFINITY ? 0.f : mx[h];
+      alpha[h] = ptx::Exp2(m[h] - shift[h]);
+      m[h] = mx[h];
+      l[h] *= alpha[h];
+    }
+#pragma unroll
+    for (int e = 0; e < 64; ++e) {
+      const int h = (e / 2) % 2;
+      sc[e] = ptx::Exp2(sc[e] - shift[h]);
+      l[h] += sc[e];
+    }
+  }
+
+  // P as the A operand of P V (the mma.sync A layout per k-step of 16 keys), and O rescaled.
+  static __device__ __forceinline__ void PackAndRescale(const float (&sc)[64], uint32_t (&pa)[kKSteps][4],
+                                                        float (&o)[kChunks][32], const float (&alpha)[2]) {
+#pragma unroll
+    for (int t = 0; t < kKSteps; ++t) {
+#pragma unroll
+      for (int a = 0; a < 4; ++a) pa[t][a] = ptx::Pack2<T>(sc[8 * t + 2 * a], sc[8 * t + 2 * a + 1]);
+    }
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+#pragma unroll
+      for (int e = 0; e < 32; ++e) o[c][e] *= alpha[(e / 2) % 2];
+    }
+  }
+
+  // Before P V of a tile that crosses kv_len: zero its V rows at or past kv_len (both warpgroups
+  // write the same zeros) and order the writes before the tensor cores read them.
+  static __device__ __forceinline__ void ZeroTail(uint8_t* v_ptr, int j0, int kv_len, int tid, int wg) {
+    if (j0 + kBlockN <= kv_len) return;
+    const int first = max(kv_len - j0, 0);
+    const int pieces = (kBlockN - first) * 8;  // 16-byte pieces per column block
+    for (int idx = tid; idx < kChunks * pieces; idx += 128) {
+      const int c = idx / pieces, rem = idx % pieces;
+      *reinterpret_cast<uint4*>(v_ptr + c * L::kChunkBytes + (first + rem / 8) * 128 + (rem % 8) * 16) =
+          make_uint4(0, 0, 0, 0);
+    }
+    sm90::FenceProxyAsync();
+    sm90::NamedBarrierSync(1 + wg, 128);
+  }
+};
+
+// One consumer warpgroup (wg 0 / 1): rows [64 * wg, 64 * wg + 64) of the CTA tile. kOverlap false:
+// each tile runs Q K^T, softmax, P V in turn. kOverlap true (FA3's intra-warpgroup pipelining):
+// Q K^T of tile n + 1 and P V of tile n are in flight while the softmax of tile n + 1 runs.
+template <typename T, int kD, class Variant, bool kOverlap>
 __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const CtaWork& w, const Variant& var,
                                         int wg, int bh, const PrefillParams& p) {
   using L = Smem<kD>;
+  using Step = ConsumerSteps<T, kD, Variant>;
   constexpr int kChunks = L::kChunks;
   const int tid = threadIdx.x % 128;
   const int warp = tid / 32, lane = tid % 32;
   const int quad = lane % 4;
-  // The two packed rows this thread holds (accumulator rows lane / 4 and lane / 4 + 8 of its warp).
+  // The two packed rows this thread holds.
   int r[2];
   QueryRow<int> row[2];
 #pragma unroll
@@ -149,103 +254,78 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
   float m[2] = {-INFINITY, -INFINITY};
   float l[2] = {0.f, 0.f};  // this thread's part of the row sums (the quad's sum at the end)
 
-  if (w.n_end > w.n_begin) {
+  const int n_tiles = w.n_end - w.n_begin;
+  if (n_tiles > 0) {
     sm90::MbarWait(base + L::QFull(), 0);
     const uint32_t q_base = base + L::kQ + wg * 64 * 128;  // this warpgroup's 64 rows
-    for (int n = w.n_begin, it = 0; n < w.n_end; ++n, ++it) {
-      const int s = it % kStages;
-      const uint32_t phase = (it / kStages) & 1;
-      const uint32_t k_base = base + L::kK + s * L::kTileBytes;
-      const uint32_t v_base = base + L::kV + s * L::kTileBytes;
-
-      // S = Q K^T: kD / 16 steps of m64n128k16, 32 bytes along the swizzled row per step.
-      float sc[64];
-      sm90::MbarWait(base + L::KFull(s), phase);
-      sm90::WgmmaFence();
+    auto stage = [](int it) { return it % kStages; };
+    auto phase = [](int it) { return uint32_t(it / kStages) & 1; };
+    auto masked = [&](int j0) { return !(j0 >= w.full_lo && j0 + kBlockN <= w.full_hi); };
+    float sc[64], alpha[2];
+    uint32_t pa[Step::kKSteps][4];
+    if constexpr (!kOverlap) {
+      for (int it = 0; it < n_tiles; ++it) {
+        const int s = stage(it), j0 = (w.n_begin + it) * kBlockN;
+        sm90::MbarWait(base + L::KFull(s), phase(it));
+        sm90::WgmmaFence();
+        Step::IssueQK(sc, q_base, base + L::kK + s * L::kTileBytes);
+        sm90::WgmmaWait<0>();
+        sm90::FenceOperands(sc);
+        Step::Softmax(sc, m, l, alpha, var, row, j0, masked(j0), quad);
+        Step::PackAndRescale(sc, pa, o, alpha);
+        sm90::MbarWait(base + L::VFull(s), phase(it));
+        Step::ZeroTail(base_ptr + L::kV + s * L::kTileBytes, j0, w.kv_len, tid, wg);
 #pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        const uint32_t off = (kk / 4) * L::kChunkBytes + (kk % 4) * 32;
-        sm90::WgmmaSS<T, 128>(sc, sm90::SmemDesc(q_base + off, 16, 1024),
-                              sm90::SmemDesc(k_base + off, 16, 1024), kk > 0);
+        for (int c = 0; c < kChunks; ++c) sm90::FenceOperands(o[c]);
+        sm90::WgmmaFence();
+        Step::IssuePV(o, pa, base + L::kV + s * L::kTileBytes);
+        sm90::WgmmaWait<0>();
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) sm90::FenceOperands(o[c]);
+        if (tid == 0) sm90::MbarArrive(base + L::Empty(s));  // this warpgroup is done with stage s
       }
-      sm90::WgmmaCommit();
-      sm90::WgmmaWait<0>();
-      sm90::FenceOperands(sc);
-
-      // Scores in the log2 domain; hidden keys -inf (a select: a NaN logit of a hidden key drops).
-      const int j0 = n * kBlockN;
-      const bool masked = !(j0 >= w.full_lo && j0 + kBlockN <= w.full_hi);
-      float mx[2] = {m[0], m[1]};
-#pragma unroll
-      for (int e = 0; e < 64; ++e) {
-        const int h = (e / 2) % 2;
-        const int j = j0 + (e / 4) * 8 + quad * 2 + e % 2;
-        float x = var.Score(sc[e], row[h], j);
-        if (masked && !var.Visible(row[h], j)) x = -INFINITY;
-        sc[e] = x;
-        mx[h] = ptx::MaxNan(mx[h], x);
+    } else {
+      // Prologue: S and P of the first tile.
+      {
+        const int j0 = w.n_begin * kBlockN;
+        sm90::MbarWait(base + L::KFull(0), 0);
+        sm90::WgmmaFence();
+        Step::IssueQK(sc, q_base, base + L::kK);
+        sm90::WgmmaWait<0>();
+        sm90::FenceOperands(sc);
+        Step::Softmax(sc, m, l, alpha, var, row, j0, masked(j0), quad);
+        Step::PackAndRescale(sc, pa, o, alpha);
       }
-      float alpha[2], shift[2];
+      for (int it = 1; it < n_tiles; ++it) {
+        const int s = stage(it), prev = stage(it - 1), j0 = (w.n_begin + it) * kBlockN;
+        sm90::MbarWait(base + L::KFull(s), phase(it));
+        sm90::MbarWait(base + L::VFull(prev), phase(it - 1));  // only the last tile crosses kv_len
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        mx[h] = ptx::MaxNan(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-        mx[h] = ptx::MaxNan(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-        // A row with no visible key yet is shifted by 0: exp2(-inf) = 0, never NaN.
-        shift[h] = mx[h] == -INFINITY ? 0.f : mx[h];
-        alpha[h] = ptx::Exp2(m[h] - shift[h]);
-        m[h] = mx[h];
-        l[h] *= alpha[h];
+        for (int c = 0; c < kChunks; ++c) sm90::FenceOperands(o[c]);
+        sm90::WgmmaFence();
+        Step::IssueQK(sc, q_base, base + L::kK + s * L::kTileBytes);
+        Step::IssuePV(o, pa, base + L::kV + prev * L::kTileBytes);
+        sm90::WgmmaWait<1>();  // Q K^T done (groups complete in order); P V may still run
+        sm90::FenceOperands(sc);
+        Step::Softmax(sc, m, l, alpha, var, row, j0, masked(j0), quad);
+        sm90::WgmmaWait<0>();  // P V done: pa and stage prev are free
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) sm90::FenceOperands(o[c]);
+        if (tid == 0) sm90::MbarArrive(base + L::Empty(prev));
+        Step::PackAndRescale(sc, pa, o, alpha);
       }
-      uint32_t pa[kBlockN / 16][4];
-#pragma unroll
-      for (int e = 0; e < 64; ++e) {
-        const int h = (e / 2) % 2;
-        sc[e] = ptx::Exp2(sc[e] - shift[h]);
-        l[h] += sc[e];
-      }
-#pragma unroll
-      for (int t = 0; t < kBlockN / 16; ++t) {
-#pragma unroll
-        for (int a = 0; a < 4; ++a) pa[t][a] = ptx::Pack2<T>(sc[8 * t + 2 * a], sc[8 * t + 2 * a + 1]);
-      }
-#pragma unroll
-      for (int c = 0; c < kChunks; ++c) {
-#pragma unroll
-        for (int e = 0; e < 32; ++e) o[c][e] *= alpha[(e / 2) % 2];
-      }
-
-      // O += P V: kBlockN / 16 steps of m64n64k16 per 64 columns; V rows step 16 x 128 bytes.
-      sm90::MbarWait(base + L::VFull(s), phase);
-      if (j0 + kBlockN > w.kv_len) {
-        // Zero the V rows at or past kv_len (both warpgroups write the same zeros) and order the
-        // writes before the tensor cores read them.
-        const int first = max(w.kv_len - j0, 0);
-        const int chunks16 = (kBlockN - first) * 8;  // 16-byte pieces per column block
-        uint8_t* v_ptr = base_ptr + L::kV + s * L::kTileBytes;
-        for (int idx = tid; idx < kChunks * chunks16; idx += 128) {
-          const int c = idx / chunks16, rem = idx % chunks16;
-          *reinterpret_cast<uint4*>(v_ptr + c * L::kChunkBytes + (first + rem / 8) * 128 + (rem % 8) * 16) =
-              make_uint4(0, 0, 0, 0);
-        }
-        sm90::FenceProxyAsync();
-        sm90::NamedBarrierSync(1 + wg, 128);
-      }
+      // Epilogue: P V of the last tile.
+      const int last = n_tiles - 1, s = stage(last), j0 = (w.n_begin + last) * kBlockN;
+      sm90::MbarWait(base + L::VFull(s), phase(last));
+      Step::ZeroTail(base_ptr + L::kV + s * L::kTileBytes, j0, w.kv_len, tid, wg);
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) sm90::FenceOperands(o[c]);
       sm90::WgmmaFence();
-#pragma unroll
-      for (int t = 0; t < kBlockN / 16; ++t) {
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c) {
-          sm90::WgmmaRS<T, 64>(o[c], pa[t],
-                               sm90::SmemDesc(v_base + c * L::kChunkBytes + t * 16 * 128, L::kChunkBytes, 1024), 1);
-        }
-      }
-      sm90::WgmmaCommit();
+      Step::IssuePV(o, pa, base + L::kV + s * L::kTileBytes);
       sm90::WgmmaWait<0>();
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) sm90::FenceOperands(o[c]);
-      if (tid == 0) sm90::MbarArrive(base + L::Empty(s));  // this warpgroup is done with stage s
+      if (tid == 0) sm90::MbarArrive(base + L::Empty(s));
     }
   }
 
@@ -272,7 +352,7 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
   }
 }
 
-template <typename T, int kD, class Variant>
+template <typename T, int kD, class Variant, bool kOverlap>
 __global__ void __launch_bounds__(kThreads, 1)
     PrefillKernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                   const __grid_constant__ CUtensorMap v_map, const PrefillParams p) {
@@ -309,7 +389,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0 && w.n_end > w.n_begin) Produce<T, kD, Variant>(q_map, k_map, v_map, base, w, bh, p);
   } else {
     sm90::RegAlloc<240>();
-    Consume<T, kD, Variant>(base, base_ptr, w, var, wg - 1, bh, p);
+    Consume<T, kD, Variant, kOverlap>(base, base_ptr, w, var, wg - 1, bh, p);
   }
 #else
   // Built for a GPU without wgmma / TMA: the handler refuses to launch there.
