@@ -183,13 +183,15 @@ struct ConsumerSteps {
       shift[h] = mx[h] == -INFINITY ? 0.f : mx[h];
       alpha[h] = ptx::Exp2(m[h] - shift[h]);
       m[h] = mx[h];
-      l[h] *= alpha[h];
+      l[h] = __fmul_rn(l[h], alpha[h]);
     }
+    // Explicitly rounded adds (never contracted into an FMA): both consumer schedules inline this
+    // step in other code, and their bits must agree.
 #pragma unroll
     for (int e = 0; e < 64; ++e) {
       const int h = (e / 2) % 2;
-      sc[e] = ptx::Exp2(sc[e] - shift[h]);
-      l[h] += sc[e];
+      sc[e] = ptx::Exp2(__fsub_rn(sc[e], shift[h]));
+      l[h] = __fadd_rn(l[h], sc[e]);
     }
   }
 
@@ -204,7 +206,7 @@ struct ConsumerSteps {
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
 #pragma unroll
-      for (int e = 0; e < 32; ++e) o[c][e] *= alpha[(e / 2) % 2];
+      for (int e = 0; e < 32; ++e) o[c][e] = __fmul_rn(o[c][e], alpha[(e / 2) % 2]);
     }
   }
 
@@ -309,6 +311,7 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
         sm90::FenceOperands(sc);
         Step::Softmax(sc, m, l, alpha, var, row, j0, masked(j0), quad);
         sm90::WgmmaWait<0>();  // P V done: pa and stage prev are free
+        sm90::FenceOperands(pa);
 #pragma unroll
         for (int c = 0; c < kChunks; ++c) sm90::FenceOperands(o[c]);
         if (tid == 0) sm90::MbarArrive(base + L::Empty(prev));

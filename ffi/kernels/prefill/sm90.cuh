@@ -110,11 +110,21 @@ __device__ __forceinline__ void WgmmaWait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
 
-// Keeps the compiler from moving accesses of an accumulator register across a wgmma boundary.
+// Keeps the compiler from moving accesses of a wgmma operand register (accumulators, or an A
+// fragment read asynchronously) across a wgmma boundary, and keeps it live up to this point.
 template <int N>
 __device__ __forceinline__ void FenceOperands(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+template <int N, int M>
+__device__ __forceinline__ void FenceOperands(uint32_t (&a)[N][M]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+#pragma unroll
+    for (int j = 0; j < M; ++j) asm volatile("" : "+r"(a[i][j])::"memory");
+  }
 }
 
 // d[64 x N] (+)= A[64 x 16] * B[16 x N], A and B K-major in shared memory (descriptors), f32
