@@ -79,6 +79,9 @@ NB_MODULE(_ffi, m) {
     prefill["head_dims"] = prefill_dims;
     prefill["block_m"] = joa::prefill::kBlockM;
     prefill["block_n"] = joa::prefill::kBlockN;
+    nb::list schedules;
+    for (const char* name : joa::prefill::kScheduleNames) schedules.append(name);
+    prefill["schedules"] = schedules;
     nb::dict out;
     out["decode"] = decode;
     out["general"] = general;

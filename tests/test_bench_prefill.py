@@ -11,7 +11,7 @@ def test_prefill_suite_times_the_xla_peer_and_writes_json(tmp_path, capsys):
     out = tmp_path / "prefill.json"
     rc = bench_main.main(["prefill", "--seqlens", "32", "64", "--tokens", "64", "--heads", "4/2",
                           "--dims", "64", "--causal", "causal", "noncausal", "--impls", "ours",
-                          "ours-overlap", "jax-xla", "--calls", "2", "--target-ms", "2", "--reps", "2",
+                          "ours-pingpong", "jax-xla", "--calls", "2", "--target-ms", "2", "--reps", "2",
                           "--out", str(out)])
     assert rc == 0
     doc = json.loads(out.read_text())
@@ -21,6 +21,6 @@ def test_prefill_suite_times_the_xla_peer_and_writes_json(tmp_path, capsys):
         xla = res["impls"]["jax-xla"]
         assert xla["us"] > 0 and xla["tflops"] > 0, res
         assert set(res["impls"]) == {"jax-xla"}
-    assert "ours ours-overlap skipped" in capsys.readouterr().err
+    assert "ours ours-pingpong skipped" in capsys.readouterr().err
     recs = plots.load_results(tmp_path)
     assert {r["phase"] for r in recs} == {"prefill"} and {r["causal"] for r in recs} == {True, False}

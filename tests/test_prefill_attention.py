@@ -74,8 +74,10 @@ needs_limits = pytest.mark.skipif(_extension._ffi is None, reason="extension not
 
 
 @needs_limits
-def test_head_dims_come_from_the_extension():
-    assert cuda.PREFILL_HEAD_DIMS == tuple(_extension.limits()["prefill"]["head_dims"]) == (64, 128)
+def test_head_dims_and_schedules_come_from_the_extension():
+    limits = _extension.limits()["prefill"]
+    assert cuda.PREFILL_HEAD_DIMS == tuple(limits["head_dims"]) == (64, 128)
+    assert cuda.PREFILL_SCHEDULES == tuple(limits["schedules"]) == ("serial", "overlap", "pingpong")
 
 
 @needs_limits
@@ -92,6 +94,7 @@ def test_head_dims_come_from_the_extension():
     (dict(kv_len=np.zeros((2,), np.float32)), TypeError, "kv_len: must be an integer"),
 ])
 def test_wrapper_names_the_bad_input(change, exc, match):
+    """Each rule of the engine's inputs, broken once, names the input."""
     args = dict(q=np.zeros((2, 4, 8, 128), np.float16), k=np.zeros((2, 2, 16, 128), np.float16),
                 v=np.zeros((2, 2, 16, 128), np.float16), q_len=np.full((2,), 8, np.int32),
                 kv_len=np.full((2,), 16, np.int32))
@@ -108,7 +111,8 @@ def test_wrapper_under_jit_and_vmap_folds_into_one_call(monkeypatch):
     q, k, v = (x.reshape(2, 3, *x.shape[1:]) for x in (q, k, v))
     q_len = np.array([[8, 5, 1], [8, 8, 0]], np.int32)
     kv_len = np.array([[12, 9, 3], [10, 12, 12]], np.int32)
-    f = jax.jit(jax.vmap(lambda *a: cuda.prefill_attention(*a, scale=0.125, causal=True)))
+    f = jax.jit(jax.vmap(lambda *a: cuda.prefill_attention(*a, scale=0.125, causal=True,
+                                                           schedule="pingpong")))
     got = f(q, k, v, q_len, kv_len)
     assert calls[-1][:2] == ("prefill", (6, 4, 8, 64))  # the lowered call: the mapped axis folded into B
     for n in range(2):
@@ -116,3 +120,12 @@ def test_wrapper_under_jit_and_vmap_folds_into_one_call(monkeypatch):
                                                    causal=True)
         assert_close(got[n], want)
     assert jnp.asarray(got).dtype == jnp.float16
+
+
+@needs_limits
+def test_unknown_schedule_is_refused():
+    q = np.zeros((1, 2, 4, 64), np.float16)
+    k = np.zeros((1, 1, 4, 64), np.float16)
+    lens = np.full((1,), 4, np.int32)
+    with pytest.raises(ValueError, match="prefill_attention: schedule: must be one of"):
+        cuda.prefill_attention(q, k, k, lens, lens, scale=0.1, causal=True, schedule="fast")

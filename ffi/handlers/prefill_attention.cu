@@ -5,8 +5,8 @@
 // q_len / kv_len int32 [B] (valid query rows / keys per batch row, read on the device, clamped to
 // [0, S] / [0, T]) -> y [B, Hq, S, D]. Query row i < q_len[b] sits at position
 // kv_len[b] - q_len[b] + i (bottom-right aligned); rows past q_len[b] and rows that see no key
-// are 0. overlap selects the consumers' schedule (the same results up to rounding: see
-// kernels/prefill/engine.cuh). Read-only on q, k, v; no workspace.
+// are 0. schedule: the consumers' order of work, prefill::Schedule (all give the same bits).
+// Read-only on q, k, v; no workspace.
 #include <cstdint>
 #include <string>
 
@@ -46,7 +46,7 @@ inline std::string Configure(PrefillParams& p, int64_t batch, int64_t q_heads, i
 }
 
 inline ffi::Error LaunchPrefill(const PrefillParams& p, ffi::DataType dtype, const void* q, const void* k,
-                                const void* v, bool overlap, cudaStream_t stream, const char* op) {
+                                const void* v, Schedule schedule, cudaStream_t stream, const char* op) {
   if (p.batch == 0 || p.rows == 0) return ffi::Error::Success();
   int dev = 0, major = 0, minor = 0;
   cudaGetDevice(&dev);
@@ -59,11 +59,11 @@ inline ffi::Error LaunchPrefill(const PrefillParams& p, ffi::DataType dtype, con
   const bool d64 = p.head_dim == 64;
   switch (dtype) {
     case ffi::DataType::F16:
-      err = d64 ? Launch<__half, 64>(p, q, k, v, overlap, stream) : Launch<__half, 128>(p, q, k, v, overlap, stream);
+      err = d64 ? Launch<__half, 64>(p, q, k, v, schedule, stream) : Launch<__half, 128>(p, q, k, v, schedule, stream);
       break;
     case ffi::DataType::BF16:
-      err = d64 ? Launch<__nv_bfloat16, 64>(p, q, k, v, overlap, stream)
-                : Launch<__nv_bfloat16, 128>(p, q, k, v, overlap, stream);
+      err = d64 ? Launch<__nv_bfloat16, 64>(p, q, k, v, schedule, stream)
+                : Launch<__nv_bfloat16, 128>(p, q, k, v, schedule, stream);
       break;
     default: return InvalidArgument(std::string(op) + ": the prefill engine takes f16 and bf16 only");
   }
@@ -77,7 +77,7 @@ namespace joa {
 namespace {
 
 ffi::Error PrefillAttentionImpl(cudaStream_t stream, AnyBuffer q, AnyBuffer k, AnyBuffer v, Int32Buffer q_len,
-                                Int32Buffer kv_len, AnyResult y, float scale, bool causal, bool overlap) {
+                                Int32Buffer kv_len, AnyResult y, float scale, bool causal, int64_t schedule) {
   constexpr const char* kOp = "prefill_attention";
   auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
   if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4) {
@@ -102,6 +102,9 @@ ffi::Error PrefillAttentionImpl(cudaStream_t stream, AnyBuffer q, AnyBuffer k, A
   if (yd.size() != 4 || yd[0] != qd[0] || yd[1] != qd[1] || yd[2] != qd[2] || yd[3] != qd[3]) {
     return InvalidArgument("prefill_attention: y must be [B, Hq, S, D]");
   }
+  if (schedule < 0 || schedule > int64_t(prefill::Schedule::kPingPong)) {
+    return InvalidArgument("prefill_attention: schedule must be 0 (serial), 1 (overlap) or 2 (pingpong)");
+  }
   prefill::PrefillParams p{};
   const std::string err = prefill::Configure(p, qd[0], qd[1], qd[2], qd[3], kd[1], kd[2], scale, causal);
   if (!err.empty()) return InvalidArgument(std::string(kOp) + ": " + err);
@@ -109,7 +112,7 @@ ffi::Error PrefillAttentionImpl(cudaStream_t stream, AnyBuffer q, AnyBuffer k, A
   p.q_len = q_len.typed_data();
   p.kv_len = kv_len.typed_data();
   return prefill::LaunchPrefill(p, q.element_type(), q.untyped_data(), k.untyped_data(), v.untyped_data(),
-                                overlap, stream, kOp);
+                                prefill::Schedule(schedule), stream, kOp);
 }
 
 }  // namespace
@@ -126,5 +129,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JoaPrefillAttention, joa::PrefillAttentionImpl,
                                   .Ret<joa::AnyBuffer>()    // y
                                   .Attr<float>("scale")
                                   .Attr<bool>("causal")
-                                  .Attr<bool>("overlap"),
+                                  .Attr<int64_t>("schedule"),
                               JOA_COMMAND_BUFFER_SAFE);

@@ -23,8 +23,8 @@ import sys
 from jax_onnx_attn.bench.decode import (_jax_dtype, _time_loop, _warm_up, add_timing_args, environment,
                                         run_cases, runnable_impls)
 
-#: "ours": the engine's serial consumer schedule; "ours-overlap": its overlapped one.
-IMPLS = ("ours", "ours-overlap", "jax-cudnn", "jax-xla")
+#: "ours": the engine's serial consumer schedule; "ours-<schedule>": its others (cuda.prefill_attention).
+IMPLS = ("ours", "ours-overlap", "ours-pingpong", "jax-cudnn", "jax-xla")
 MAX_LOGIT_BYTES = 8 << 30  # the xla implementation materialises [B, Hq, S, T] f32 logits
 
 
@@ -86,7 +86,7 @@ def bench_case(case: Case, impl: str, calls: int, target_s: float, reps: int) ->
 
         def attn(q, k, v):
             return cuda.prefill_attention(q, k, v, lens, lens, scale=scale, causal=case.causal,
-                                          overlap=impl == "ours-overlap")
+                                          schedule=impl.partition("-")[2] or "serial")
     else:  # BTNH
         q_shape, kv_shape = (b, s, hq, d), (b, s, hkv, d)
         which = impl.split("-")[1]

@@ -60,6 +60,8 @@ _LIMITS = {
     "GENERAL_SOFTMAX_DTYPES": lambda lim: tuple(jnp.dtype(t) for t in lim["general"]["softmax_types"]),
     "GENERAL_MAX_KEYS": lambda lim: lim["general"]["max_keys"],
     "PREFILL_HEAD_DIMS": lambda lim: tuple(lim["prefill"]["head_dims"]),
+    # The prefill engine's consumer schedules, indexed by its Schedule value.
+    "PREFILL_SCHEDULES": lambda lim: tuple(lim["prefill"]["schedules"]),
 }
 
 
@@ -270,7 +272,8 @@ def _general_attention(q, k, v, kv_len, bias, *, scale, softcap, causal, left, r
 # Not routed from any op yet: the engine has not been verified on a GPU (docs/kernels.md).
 
 
-def prefill_attention(q, k, v, q_len, kv_len, *, scale: float, causal: bool, overlap: bool = False):
+def prefill_attention(q, k, v, q_len, kv_len, *, scale: float, causal: bool,
+                      schedule: str = "serial"):
     """q [B, Hq, S, D], k / v [B, Hkv, T, D] (float16 or bfloat16, one dtype; D in
     PREFILL_HEAD_DIMS; Hq a multiple of Hkv), q_len / kv_len integer [B] -> [B, Hq, S, D].
 
@@ -278,14 +281,18 @@ def prefill_attention(q, k, v, q_len, kv_len, *, scale: float, causal: bool, ove
     `jax_onnx_attn.ops.reference.prefill.prefill_attention`: query row i < q_len[b] sits at
     position kv_len[b] - q_len[b] + i (bottom-right aligned) and sees keys j < kv_len[b] (and,
     causal, j <= its position); rows past q_len[b] and rows that see no key are 0. Lengths are read
-    on the device and clamped to [0, S] / [0, T]. overlap: the engine's consumers keep Q K^T of the
-    next key tile and P V of this one in flight during the softmax (FA3's intra-warpgroup
-    pipelining) instead of running them one after another; both schedules add in the same order, so
-    they give the same bits. Raises TypeError / ValueError "prefill_attention: <input>: <rule>" at
-    trace time.
+    on the device and clamped to [0, S] / [0, T]. schedule (one of PREFILL_SCHEDULES): how the
+    engine's two consumer warpgroups order their work on a key tile: "serial" (Q K^T, softmax, P V
+    one after another), "overlap" (Q K^T of the next tile and P V of this one in flight during the
+    softmax: FA3's intra-warpgroup pipelining), "pingpong" ("overlap", the two warpgroups taking
+    turns at the tensor cores); all add in the same order, so they give the same bits. Raises
+    TypeError / ValueError "prefill_attention: <input>: <rule>" at trace time.
     """
     _check_prefill(q, k, v, q_len, kv_len)
-    static = dict(scale=float(scale), causal=bool(causal), overlap=bool(overlap))
+    schedules = __getattr__("PREFILL_SCHEDULES")
+    if schedule not in schedules:
+        raise ValueError(f"prefill_attention: schedule: must be one of {schedules}, got {schedule!r}")
+    static = dict(scale=float(scale), causal=bool(causal), schedule=schedule)
     return partitioning.PREFILL_ATTENTION.apply(
         _prefill_attention, (q, k, v, jnp.asarray(q_len).astype(jnp.int32),
                              jnp.asarray(kv_len).astype(jnp.int32)), static)
@@ -320,7 +327,7 @@ def _check_prefill(q, k, v, q_len, kv_len) -> None:
                  f"must be an integer [B={b}] array, got {jnp.result_type(x)} {jnp.shape(x)}")
 
 
-def _prefill_attention(q, k, v, q_len, kv_len, *, scale, causal, overlap):
+def _prefill_attention(q, k, v, q_len, kv_len, *, scale, causal, schedule):
     call = jax.ffi.ffi_call(target("prefill_attention"), jax.ShapeDtypeStruct(q.shape, q.dtype))
     return call(q, k, v, q_len, kv_len, scale=np.float32(scale), causal=bool(causal),
-                overlap=bool(overlap))
+                schedule=__getattr__("PREFILL_SCHEDULES").index(schedule))

@@ -5,8 +5,8 @@ Sweeps causal / non-causal x GQA groups 1 / 4 / 8 x S in {1, 63, 128, 1000, 2048
 float16 / bfloat16 at head size 128, with ragged q and kv lengths per batch row and K / V rows past
 kv_len poisoned with NaN (they must never reach the output); head size 64; the length edge cases
 (0, q_len > kv_len, beyond the buffers, negative); bitwise repeatability run to run and batch
-invariance; a loop of calls inside an XLA command buffer. Every value check runs both schedules of
-the consumers (serial and overlapped) and holds them to the same bits. Tolerances:
+invariance; a loop of calls inside an XLA command buffer. Every value check runs the three
+consumer schedules (serial, overlap, pingpong) and holds them to the same bits. Tolerances:
 jax_onnx_attn.testing.
 
 Needs an sm_90 GPU (H100 / H200): elsewhere the engine refuses to launch and these tests skip.
@@ -43,7 +43,8 @@ def _sm90() -> bool:
 needs_sm90 = pytest.mark.skipif(not _sm90(), reason="the prefill engine runs on sm_90 (H100 / H200) only")
 
 _reference = jax.jit(prefill_reference.prefill_attention, static_argnames=("scale", "causal"))
-_engine = jax.jit(cuda.prefill_attention, static_argnames=("scale", "causal", "overlap"))
+_engine = jax.jit(cuda.prefill_attention, static_argnames=("scale", "causal", "schedule"))
+SCHEDULES = ("serial", "overlap", "pingpong")
 
 
 def _inputs(seed, b, hq, hkv, s, t, d, dtype, q_len, kv_len):
@@ -59,17 +60,18 @@ def _inputs(seed, b, hq, hkv, s, t, d, dtype, q_len, kv_len):
 
 
 def _check(q, k, v, q_len, kv_len, *, causal, scale=None):
-    """Both schedules of the engine against the spec, and against each other: they add in the same
+    """Every schedule of the engine against the spec, and against each other: they add in the same
     order, so their bits agree."""
     scale = float(scale if scale is not None else q.shape[-1] ** -0.5)
     want = _reference(q, k, v, q_len, kv_len, scale=scale, causal=causal)
-    serial = _engine(q, k, v, q_len, kv_len, scale=scale, causal=causal, overlap=False)
-    overlap = _engine(q, k, v, q_len, kv_len, scale=scale, causal=causal, overlap=True)
-    for got, name in ((serial, "serial"), (overlap, "overlap")):
-        assert got.shape == q.shape and got.dtype == q.dtype
-        assert_close(got, want, q.dtype, err_msg=name)
-    assert np.array_equal(np.asarray(serial), np.asarray(overlap), equal_nan=True)
-    return serial
+    got = {name: _engine(q, k, v, q_len, kv_len, scale=scale, causal=causal, schedule=name)
+           for name in SCHEDULES}
+    for name, y in got.items():
+        assert y.shape == q.shape and y.dtype == q.dtype
+        assert_close(y, want, q.dtype, err_msg=name)
+    for name in SCHEDULES[1:]:
+        assert np.array_equal(np.asarray(got["serial"]), np.asarray(got[name]), equal_nan=True), name
+    return got["serial"]
 
 
 def _ragged(s, t, b=3):
@@ -127,12 +129,12 @@ def test_tiles_crossing_heads():
 
 @needs_sm90
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
-@pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlap"])
-def test_bitwise_repeatable_and_batch_invariant(causal, overlap):
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_bitwise_repeatable_and_batch_invariant(causal, schedule):
     s, t = 1000, 1200
     q, k, v, q_len, kv_len = _inputs(3, 3, 16, 2, s, t, 128, ml_dtypes.bfloat16, [1000, 700, 999],
                                      [1200, 800, 1000])
-    f = functools.partial(_engine, scale=0.1, causal=causal, overlap=overlap)
+    f = functools.partial(_engine, scale=0.1, causal=causal, schedule=schedule)
     first = np.asarray(f(q, k, v, q_len, kv_len))
     for _ in range(3):
         assert np.array_equal(first, np.asarray(f(q, k, v, q_len, kv_len)), equal_nan=True)
@@ -147,7 +149,7 @@ _LOOP = textwrap.dedent("""
     import functools, jax, jax.numpy as jnp, numpy as np
     from jax_onnx_attn.ops import cuda
 
-    attn = functools.partial(cuda.prefill_attention, scale=0.1, causal=True, overlap=True)
+    attn = functools.partial(cuda.prefill_attention, scale=0.1, causal=True, schedule="pingpong")
     def steps(q, k, v, q_len, kv_len):
         return jax.lax.fori_loop(0, 8, lambda i, q: attn(q, k, v, q_len, kv_len), q)
 

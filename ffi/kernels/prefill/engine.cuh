@@ -226,10 +226,26 @@ struct ConsumerSteps {
   }
 };
 
-// One consumer warpgroup (wg 0 / 1): rows [64 * wg, 64 * wg + 64) of the CTA tile. kOverlap false:
-// each tile runs Q K^T, softmax, P V in turn. kOverlap true (FA3's intra-warpgroup pipelining):
-// Q K^T of tile n + 1 and P V of tile n are in flight while the softmax of tile n + 1 runs.
-template <typename T, int kD, class Variant, bool kOverlap>
+// Ping-pong turns: consumer wg issues its tensor-core work between TakeTurn and PassTurn; barrier
+// kTurnBarrier + wg completes when wg syncs on it (128 threads) and the other arrives (128).
+inline constexpr int kTurnBarrier = 3;  // 1 and 2: ZeroTail's per-warpgroup barriers
+
+template <Schedule kSchedule>
+__device__ __forceinline__ void TakeTurn(int wg) {
+  if constexpr (kSchedule == Schedule::kPingPong) sm90::NamedBarrierSync(kTurnBarrier + wg, 256);
+}
+
+template <Schedule kSchedule>
+__device__ __forceinline__ void PassTurn(int wg) {
+  if constexpr (kSchedule == Schedule::kPingPong) sm90::NamedBarrierArrive(kTurnBarrier + 1 - wg, 256);
+}
+
+// One consumer warpgroup (wg 0 / 1): rows [64 * wg, 64 * wg + 64) of the CTA tile, in the order of
+// kSchedule (params.h). Both warpgroups visit the same n_tiles key tiles. Ping-pong: each issues
+// n_tiles + 1 times (prologue, n_tiles - 1 loop steps, epilogue), warpgroup 0 first; warpgroup 1
+// passes the first turn at the start and no turn after its last issue, so every barrier phase
+// sees 128 syncs and 128 arrivals.
+template <typename T, int kD, class Variant, Schedule kSchedule>
 __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const CtaWork& w, const Variant& var,
                                         int wg, int bh, const PrefillParams& p) {
   using L = Smem<kD>;
@@ -265,7 +281,7 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
     auto masked = [&](int j0) { return !(j0 >= w.full_lo && j0 + kBlockN <= w.full_hi); };
     float sc[64], alpha[2];
     uint32_t pa[Step::kKSteps][4];
-    if constexpr (!kOverlap) {
+    if constexpr (kSchedule == Schedule::kSerial) {
       for (int it = 0; it < n_tiles; ++it) {
         const int s = stage(it), j0 = (w.n_begin + it) * kBlockN;
         sm90::MbarWait(base + L::KFull(s), phase(it));
@@ -287,12 +303,15 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
         if (tid == 0) sm90::MbarArrive(base + L::Empty(s));  // this warpgroup is done with stage s
       }
     } else {
+      if (wg == 1) PassTurn<kSchedule>(wg);  // warpgroup 0 issues first
       // Prologue: S and P of the first tile.
       {
         const int j0 = w.n_begin * kBlockN;
         sm90::MbarWait(base + L::KFull(0), 0);
+        TakeTurn<kSchedule>(wg);
         sm90::WgmmaFence();
         Step::IssueQK(sc, q_base, base + L::kK);
+        PassTurn<kSchedule>(wg);
         sm90::WgmmaWait<0>();
         sm90::FenceOperands(sc);
         Step::Softmax(sc, m, l, alpha, var, row, j0, masked(j0), quad);
@@ -304,9 +323,11 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
         sm90::MbarWait(base + L::VFull(prev), phase(it - 1));  // only the last tile crosses kv_len
 #pragma unroll
         for (int c = 0; c < kChunks; ++c) sm90::FenceOperands(o[c]);
+        TakeTurn<kSchedule>(wg);
         sm90::WgmmaFence();
         Step::IssueQK(sc, q_base, base + L::kK + s * L::kTileBytes);
         Step::IssuePV(o, pa, base + L::kV + prev * L::kTileBytes);
+        PassTurn<kSchedule>(wg);
         sm90::WgmmaWait<1>();  // Q K^T done (groups complete in order); P V may still run
         sm90::FenceOperands(sc);
         Step::Softmax(sc, m, l, alpha, var, row, j0, masked(j0), quad);
@@ -323,9 +344,12 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
       Step::ZeroTail(base_ptr + L::kV + s * L::kTileBytes, j0, w.kv_len, tid, wg);
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) sm90::FenceOperands(o[c]);
+      TakeTurn<kSchedule>(wg);
       sm90::WgmmaFence();
       Step::IssuePV(o, pa, base + L::kV + s * L::kTileBytes);
+      if (wg == 0) PassTurn<kSchedule>(wg);  // warpgroup 1's last issue passes no turn
       sm90::WgmmaWait<0>();
+      sm90::FenceOperands(pa);
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) sm90::FenceOperands(o[c]);
       if (tid == 0) sm90::MbarArrive(base + L::Empty(s));
@@ -355,7 +379,7 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
   }
 }
 
-template <typename T, int kD, class Variant, bool kOverlap>
+template <typename T, int kD, class Variant, Schedule kSchedule>
 __global__ void __launch_bounds__(kThreads, 1)
     PrefillKernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                   const __grid_constant__ CUtensorMap v_map, const PrefillParams p) {
@@ -392,7 +416,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0 && w.n_end > w.n_begin) Produce<T, kD, Variant>(q_map, k_map, v_map, base, w, bh, p);
   } else {
     sm90::RegAlloc<240>();
-    Consume<T, kD, Variant, kOverlap>(base, base_ptr, w, var, wg - 1, bh, p);
+    Consume<T, kD, Variant, kSchedule>(base, base_ptr, w, var, wg - 1, bh, p);
   }
 #else
   // Built for a GPU without wgmma / TMA: the handler refuses to launch there.

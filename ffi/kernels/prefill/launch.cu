@@ -1,6 +1,6 @@
 // Launch of the prefill engine: the TMA tensor maps (encoded on the host through the driver entry
 // point, no libcuda link), the shared-memory limit, the grid; instantiated for f16 / bf16 x head
-// size 64 / 128 x schedule (serial / overlapped) with the mask variant (causal or not, scale).
+// size 64 / 128 x the three consumer schedules with the mask variant (causal or not, scale).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -48,7 +48,8 @@ cudaError_t MakeMap(CUtensorMap* map, const void* ptr, uint64_t rows, int d, int
 }  // namespace
 
 template <typename T, int kD>
-cudaError_t Launch(PrefillParams p, const void* q, const void* k, const void* v, bool overlap, cudaStream_t stream) {
+cudaError_t Launch(PrefillParams p, const void* q, const void* k, const void* v, Schedule schedule,
+                   cudaStream_t stream) {
   if (p.batch == 0 || p.kv_heads == 0 || p.rows == 0) return cudaSuccess;
   p.m_blocks = (p.rows + kBlockM - 1) / kBlockM;
   CUtensorMap q_map, k_map, v_map;
@@ -61,7 +62,9 @@ cudaError_t Launch(PrefillParams p, const void* q, const void* k, const void* v,
     k_map = v_map = q_map;  // no keys: never read
   }
   if (err != cudaSuccess) return err;
-  auto* kernel = overlap ? PrefillKernel<T, kD, MaskVariant, true> : PrefillKernel<T, kD, MaskVariant, false>;
+  auto* kernel = schedule == Schedule::kPingPong ? PrefillKernel<T, kD, MaskVariant, Schedule::kPingPong>
+                 : schedule == Schedule::kOverlap ? PrefillKernel<T, kD, MaskVariant, Schedule::kOverlap>
+                                                  : PrefillKernel<T, kD, MaskVariant, Schedule::kSerial>;
   // A function attribute, not stream work: allowed while XLA captures the stream.
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(SmemBytes(kD)));
   if (err != cudaSuccess) return err;
@@ -71,7 +74,7 @@ cudaError_t Launch(PrefillParams p, const void* q, const void* k, const void* v,
 }
 
 #define JOA_PREFILL_INSTANTIATE(T, D) \
-  template cudaError_t Launch<T, D>(PrefillParams, const void*, const void*, const void*, bool, cudaStream_t);
+  template cudaError_t Launch<T, D>(PrefillParams, const void*, const void*, const void*, Schedule, cudaStream_t);
 JOA_PREFILL_INSTANCES(JOA_PREFILL_INSTANTIATE)
 #undef JOA_PREFILL_INSTANTIATE
 

@@ -38,6 +38,16 @@ inline constexpr int kThreads = 128 * (1 + kConsumers);  // + one producer warpg
 inline constexpr int kStages = 2;                // K / V shared-memory stages
 inline constexpr int kHeadDims[] = {64, 128};
 
+// How the two consumer warpgroups order their work on a key tile (engine.cuh, Consume). All three
+// add in the same order: the same bits. Names for Python (_ffi.limits(), indexed by the value).
+//   kSerial:   Q K^T, softmax, P V one after another.
+//   kOverlap:  Q K^T of tile n + 1 and P V of tile n in flight during the softmax of tile n + 1
+//              (FA3's intra-warpgroup pipelining).
+//   kPingPong: kOverlap, and the two warpgroups take turns to issue their tensor-core work, so one
+//              runs its softmax while the other's MMAs run (FA3's ping-pong, named barriers).
+enum class Schedule : int { kSerial = 0, kOverlap = 1, kPingPong = 2 };
+inline constexpr const char* kScheduleNames[] = {"serial", "overlap", "pingpong"};
+
 // Shared memory of one CTA for head size d: Q, kStages x (K, V), 1 KB of alignment slack and the
 // barriers (all tiles are 128-byte-swizzled [rows][64] column blocks).
 constexpr int64_t SmemBytes(int d) {

@@ -11,15 +11,16 @@ namespace joa::prefill {
 
 // Builds the tensor maps of q [B * Hq * S, D] and k / v [B * Hkv * T, D] (p's shapes) and launches
 // the engine on `stream` (nothing when there are no query rows). T: __half or __nv_bfloat16; kD:
-// one of kHeadDims. overlap: the consumers' schedule (engine.cuh, Consume): Q K^T of the next tile
-// and P V of this one in flight during the softmax, or one step after another. Geometry from p's
-// static shapes only. p.m_blocks is filled here.
+// one of kHeadDims; schedule: the consumers' order of work (params.h). Geometry from p's static
+// shapes only. p.m_blocks is filled here.
 template <typename T, int kD>
-cudaError_t Launch(PrefillParams p, const void* q, const void* k, const void* v, bool overlap, cudaStream_t stream);
+cudaError_t Launch(PrefillParams p, const void* q, const void* k, const void* v, Schedule schedule,
+                   cudaStream_t stream);
 
 #define JOA_PREFILL_INSTANCES(X) X(__half, 64) X(__half, 128) X(__nv_bfloat16, 64) X(__nv_bfloat16, 128)
 #define JOA_PREFILL_DECLARE(T, D) \
-  extern template cudaError_t Launch<T, D>(PrefillParams, const void*, const void*, const void*, bool, cudaStream_t);
+  extern template cudaError_t Launch<T, D>(PrefillParams, const void*, const void*, const void*, Schedule, \
+                                          cudaStream_t);
 JOA_PREFILL_INSTANCES(JOA_PREFILL_DECLARE)
 #undef JOA_PREFILL_DECLARE
 
