@@ -3,9 +3,9 @@
 // One CTA computes kBlockM = 128 packed query rows of one (batch row, KV head) against the key
 // tiles its rows can see (the variant's Bounds), kBlockN = 128 keys per step:
 //   - warpgroup 0, the producer (setmaxnreg down to 24 registers): one thread issues the bulk
-//     tensor copies (TMA) of the Q tile once and of K / V tiles into a kStages-deep ring of
-//     128-byte-swizzled shared memory, each completing on its mbarrier ("full"); it reuses a stage
-//     once both consumers have released it ("empty").
+//     tensor copies (TMA) of the Q tile once and of K / V tiles into kStages-deep rings of
+//     128-byte-swizzled shared memory, each completing on its mbarrier ("full"); it reuses a K or
+//     V slot once both consumers have released it ("empty", K and V apart).
 //   - warpgroups 1 and 2, the consumers (240 registers), 64 query rows each: S = Q K^T with
 //     wgmma (both operands in shared memory, K-major), the variant's mask and scale, online softmax
 //     in registers in the log2 domain (f32 row max / sum, exp2), P converted to f16 / bf16 in
@@ -79,12 +79,15 @@ struct Smem {
   static constexpr int kK = kQ + kTileBytes;
   static constexpr int kV = kK + kStages * kTileBytes;
   static constexpr int kBars = kV + kStages * kTileBytes;
-  // Barriers (8 bytes each): q_full, k_full[kStages], v_full[kStages], empty[kStages].
+  // Barriers (8 bytes each): q_full, k_full[kStages], v_full[kStages], k_empty[kStages],
+  // v_empty[kStages]. K and V slots are released apart: a K slot as soon as Q K^T has read it (the
+  // overlapped schedules read V of a tile one step later).
   static constexpr int QFull() { return kBars; }
   static constexpr int KFull(int s) { return kBars + 8 * (1 + s); }
   static constexpr int VFull(int s) { return kBars + 8 * (1 + kStages + s); }
-  static constexpr int Empty(int s) { return kBars + 8 * (1 + 2 * kStages + s); }
-  static constexpr int kEnd = kBars + 8 * (1 + 3 * kStages);
+  static constexpr int KEmpty(int s) { return kBars + 8 * (1 + 2 * kStages + s); }
+  static constexpr int VEmpty(int s) { return kBars + 8 * (1 + 3 * kStages + s); }
+  static constexpr int kEnd = kBars + 8 * (1 + 4 * kStages);
   static_assert(kEnd + 1024 <= SmemBytes(kD), "SmemBytes(d) must cover the plan");
 };
 
@@ -105,14 +108,15 @@ __device__ __forceinline__ void Produce(const CUtensorMap& q_map, const CUtensor
   for (int n = w.n_begin, it = 0; n < w.n_end; ++n, ++it) {
     const int s = it % kStages;
     const uint32_t phase = (it / kStages) & 1;
-    sm90::MbarWait(base + L::Empty(s), phase ^ 1);
     const int kv_row = bh * p.kv_rows + n * kBlockN;
+    sm90::MbarWait(base + L::KEmpty(s), phase ^ 1);
     sm90::MbarArriveExpectTx(base + L::KFull(s), L::kTileBytes);
 #pragma unroll
     for (int c = 0; c < L::kChunks; ++c) {
       sm90::TmaLoad2D(base + L::kK + s * L::kTileBytes + c * L::kChunkBytes, &k_map, c * 64, kv_row,
                       base + L::KFull(s));
     }
+    sm90::MbarWait(base + L::VEmpty(s), phase ^ 1);
     sm90::MbarArriveExpectTx(base + L::VFull(s), L::kTileBytes);
 #pragma unroll
     for (int c = 0; c < L::kChunks; ++c) {
@@ -289,6 +293,7 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
         Step::IssueQK(sc, q_base, base + L::kK + s * L::kTileBytes);
         sm90::WgmmaWait<0>();
         sm90::FenceOperands(sc);
+        if (tid == 0) sm90::MbarArrive(base + L::KEmpty(s));  // this warpgroup is done with K slot s
         Step::Softmax(sc, m, l, alpha, var, row, j0, masked(j0), quad);
         Step::PackAndRescale(sc, pa, o, alpha);
         sm90::MbarWait(base + L::VFull(s), phase(it));
@@ -300,7 +305,7 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
         sm90::WgmmaWait<0>();
 #pragma unroll
         for (int c = 0; c < kChunks; ++c) sm90::FenceOperands(o[c]);
-        if (tid == 0) sm90::MbarArrive(base + L::Empty(s));  // this warpgroup is done with stage s
+        if (tid == 0) sm90::MbarArrive(base + L::VEmpty(s));  // ... and with V slot s
       }
     } else {
       if (wg == 1) PassTurn<kSchedule>(wg);  // warpgroup 0 issues first
@@ -314,6 +319,7 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
         PassTurn<kSchedule>(wg);
         sm90::WgmmaWait<0>();
         sm90::FenceOperands(sc);
+        if (tid == 0) sm90::MbarArrive(base + L::KEmpty(0));
         Step::Softmax(sc, m, l, alpha, var, row, j0, masked(j0), quad);
         Step::PackAndRescale(sc, pa, o, alpha);
       }
@@ -330,12 +336,13 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
         PassTurn<kSchedule>(wg);
         sm90::WgmmaWait<1>();  // Q K^T done (groups complete in order); P V may still run
         sm90::FenceOperands(sc);
+        if (tid == 0) sm90::MbarArrive(base + L::KEmpty(s));
         Step::Softmax(sc, m, l, alpha, var, row, j0, masked(j0), quad);
-        sm90::WgmmaWait<0>();  // P V done: pa and stage prev are free
+        sm90::WgmmaWait<0>();  // P V done: pa and V slot prev are free
         sm90::FenceOperands(pa);
 #pragma unroll
         for (int c = 0; c < kChunks; ++c) sm90::FenceOperands(o[c]);
-        if (tid == 0) sm90::MbarArrive(base + L::Empty(prev));
+        if (tid == 0) sm90::MbarArrive(base + L::VEmpty(prev));
         Step::PackAndRescale(sc, pa, o, alpha);
       }
       // Epilogue: P V of the last tile.
@@ -352,7 +359,7 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
       sm90::FenceOperands(pa);
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) sm90::FenceOperands(o[c]);
-      if (tid == 0) sm90::MbarArrive(base + L::Empty(s));
+      if (tid == 0) sm90::MbarArrive(base + L::VEmpty(s));
     }
   }
 
@@ -404,7 +411,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int s = 0; s < kStages; ++s) {
       sm90::MbarInit(base + L::KFull(s), 1);
       sm90::MbarInit(base + L::VFull(s), 1);
-      sm90::MbarInit(base + L::Empty(s), kConsumers);
+      sm90::MbarInit(base + L::KEmpty(s), kConsumers);
+      sm90::MbarInit(base + L::VEmpty(s), kConsumers);
     }
     sm90::FenceBarrierInit();
   }
