@@ -30,6 +30,8 @@ MAX_LOGIT_BYTES = 8 << 30  # the xla implementation materialises [B, Hq, S, T] f
 
 @dataclasses.dataclass(frozen=True)
 class Case:
+    """One prompt shape: B prompts of S tokens attending to themselves (T = S)."""
+
     batch: int
     seq: int
     q_heads: int
@@ -39,17 +41,20 @@ class Case:
     causal: bool
 
     def label(self) -> str:
+        """A short name for tables: batch, length, heads, head size, dtype, mask."""
         mask = "causal" if self.causal else "noncausal"
         return (f"B{self.batch} S{self.seq} {self.q_heads}/{self.kv_heads} d{self.head_dim} "
                 f"{self.dtype} {mask}")
 
     @property
     def flops(self) -> float:
+        """4·B·Hq·S·T·D (QKᵀ and PV), halved for causal."""
         f = 4.0 * self.batch * self.q_heads * self.seq * self.seq * self.head_dim
         return f / 2 if self.causal else f
 
 
 def default_cases(args) -> list[Case]:
+    """The cases of the command line: causal x heads x head size x dtype x S, B = tokens // S."""
     cases = []
     for causal in args.causal:
         for heads in args.heads:
