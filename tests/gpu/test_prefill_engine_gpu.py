@@ -104,6 +104,54 @@ def test_head_dim_64(causal, s, t, group, dtype):
     _check(*args, causal=causal)
 
 
+# --- diagnostics: each isolates one half of the engine, so a failure says where to look ------------
+
+@needs_sm90
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_zero_queries_average_the_visible_values(schedule):
+    """q = 0: every visible key scores the same, so y is the mean of the visible V rows. Exercises
+    P V (the MN-major V descriptor, the V ring, the tail zeroing), the mask and the row sums without
+    depending on Q K^T."""
+    b, hq, hkv, s, t, d = 2, 8, 2, 200, 300, 128
+    rng = np.random.default_rng(5)
+    q = np.zeros((b, hq, s, d), np.float16)
+    k = rng.standard_normal((b, hkv, t, d)).astype(np.float16)
+    v = rng.standard_normal((b, hkv, t, d)).astype(np.float16)
+    kv_len = np.array([300, 250], np.int32)
+    v[1, :, 250:] = np.nan
+    got = np.asarray(_engine(q, k, v, np.full((b,), s, np.int32), kv_len, scale=0.1, causal=True,
+                             schedule=schedule), np.float64)
+    v64 = v.astype(np.float64)
+    for bi in range(b):
+        for i in (0, 1, 99, 199):
+            keys = kv_len[bi] - s + i + 1  # causal: keys 0 .. pos
+            want = v64[bi, :, :keys].mean(axis=1)  # [Hkv, D]
+            want = np.broadcast_to(want[:, None, :], (hkv, hq // hkv, d))
+            assert_close(got[bi, :, i].reshape(hkv, hq // hkv, d), want, np.float16,
+                         err_msg=f"batch row {bi}, query row {i}")
+
+
+@needs_sm90
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_one_hot_keys_pick_one_value_row(schedule):
+    """Key j = 30·e_(j mod D) and query i = e_(i mod D) (no causal mask): query i's softmax is all
+    on the keys with j = i mod D, so y is the mean of those V rows. Exercises Q K^T (the K-major
+    descriptors, the swizzle, the 32-byte k-steps across both 64-column blocks of D)."""
+    b, h, s, t, d = 1, 1, 128, 256, 128
+    q = np.zeros((b, h, s, d), np.float32)
+    k = np.zeros((b, h, t, d), np.float32)
+    q[0, 0, np.arange(s), np.arange(s) % d] = 1.0
+    k[0, 0, np.arange(t), np.arange(t) % d] = 30.0
+    rng = np.random.default_rng(6)
+    v = rng.standard_normal((b, h, t, d)).astype(np.float16)
+    lens = np.array([s], np.int32), np.array([t], np.int32)
+    got = np.asarray(_engine(q.astype(np.float16), k.astype(np.float16), v, *lens, scale=1.0,
+                             causal=False, schedule=schedule), np.float64)
+    v64 = v.astype(np.float64)
+    want = np.stack([v64[0, 0, [j for j in range(t) if j % d == i % d]].mean(axis=0) for i in range(s)])
+    assert_close(got[0, 0], want, np.float16)
+
+
 @needs_sm90
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
 def test_length_edge_cases(causal):
