@@ -55,18 +55,16 @@ inline ffi::Error LaunchPrefill(const PrefillParams& p, ffi::DataType dtype, con
   if (major != 9 || minor != 0) {
     return InvalidArgument(std::string(op) + ": the prefill engine runs on sm_90 (H100 / H200) only");
   }
-  cudaError_t err;
-  const bool d64 = p.head_dim == 64;
-  switch (dtype) {
-    case ffi::DataType::F16:
-      err = d64 ? Launch<__half, 64>(p, q, k, v, schedule, stream) : Launch<__half, 128>(p, q, k, v, schedule, stream);
-      break;
-    case ffi::DataType::BF16:
-      err = d64 ? Launch<__nv_bfloat16, 64>(p, q, k, v, schedule, stream)
-                : Launch<__nv_bfloat16, 128>(p, q, k, v, schedule, stream);
-      break;
-    default: return InvalidArgument(std::string(op) + ": the prefill engine takes f16 and bf16 only");
+  // The instance for the element type `t` stands for and the head size (kHeadDims: 64 or 128).
+  auto launch = [&](auto t) {
+    using T = decltype(t);
+    return p.head_dim == 64 ? Launch<T, 64>(p, q, k, v, schedule, stream) : Launch<T, 128>(p, q, k, v, schedule, stream);
+  };
+  const bool half = dtype == ffi::DataType::F16;
+  if (!half && dtype != ffi::DataType::BF16) {
+    return InvalidArgument(std::string(op) + ": the prefill engine takes f16 and bf16 only");
   }
+  const cudaError_t err = half ? launch(__half{}) : launch(__nv_bfloat16{});
   if (err != cudaSuccess) return ffi::Error::Internal(std::string(op) + ": " + cudaGetErrorString(err));
   return ffi::Error::Success();
 }
