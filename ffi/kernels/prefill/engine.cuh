@@ -10,7 +10,8 @@
 //     wgmma (both operands in shared memory, K-major), the variant's mask and scale, online softmax
 //     in registers in the log2 domain (f32 row max / sum, exp2), P converted to f16 / bf16 in
 //     registers, O += P V with wgmma (P from registers, V MN-major in shared memory), f32 O.
-//   - the epilogue divides by the row sum and writes the valid rows straight from registers.
+//   - the epilogue divides by the row sum, stages O in shared memory (the warpgroup's Q rows)
+//     and writes the valid rows with 16-byte stores.
 // No float atomics and no cross-CTA reduction: the bits depend on the static shapes only.
 //
 // Keys at or past kv_len may hold anything (NaN included): their logits are masked to -inf by a
@@ -363,26 +364,40 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
     }
   }
 
-  // Epilogue: O / rowsum, zeros for rows past q_len (and rows that saw no key: l = 0, O = 0);
-  // rows past this KV head's M rows belong to another CTA and are left alone.
-  T* y = static_cast<T*>(p.y);
+  // Epilogue: O / rowsum, zeros for rows past q_len (and rows that saw no key: l = 0, O = 0),
+  // staged through this warpgroup's Q rows (free: all its wgmma groups are waited for) in the
+  // 128-byte-swizzled [rows][64] layout, so that a warp's 16-byte global stores cover whole rows.
+  // Rows past this KV head's M rows belong to another CTA and are left alone.
+  uint8_t* staged = base_ptr + L::kQ + wg * 64 * 128;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
     const float inv = l[h] == 0.f ? 0.f : 1.f / l[h];  // NaN stays NaN
-    if (r[h] >= p.rows) continue;
     const bool live = r[h] % p.q_rows < w.q_len;
-    T* out = y + (int64_t(bh) * p.rows + r[h]) * kD;
+    const int rr = 16 * warp + lane / 4 + 8 * h;  // row within the warpgroup's 64
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
 #pragma unroll
-      for (int n8 = 0; n8 < 8; ++n8) {
+      for (int n8 = 0; n8 < 8; ++n8) {  // 8 columns = one 16-byte piece, swizzled by row % 8
         const int e = n8 * 4 + 2 * h;
         const float v0 = live ? o[c][e] * inv : 0.f, v1 = live ? o[c][e + 1] * inv : 0.f;
-        *reinterpret_cast<uint32_t*>(out + c * 64 + n8 * 8 + quad * 2) = ptx::Pack2<T>(v0, v1);
+        *reinterpret_cast<uint32_t*>(staged + c * L::kChunkBytes + rr * 128 + ((n8 ^ (rr % 8)) * 16) + quad * 4) =
+            ptx::Pack2<T>(v0, v1);
       }
     }
+  }
+  sm90::NamedBarrierSync(1 + wg, 128);
+  T* y = static_cast<T*>(p.y);
+  constexpr int kPieces = kChunks * 8;  // 16-byte pieces of a row
+#pragma unroll
+  for (int idx = tid; idx < 64 * kPieces; idx += 128) {
+    const int rr = idx / kPieces, c = (idx % kPieces) / 8, n8 = idx % 8;
+    const int row_m = w.r0 + 64 * wg + rr;
+    if (row_m >= p.rows) continue;
+    const uint4 piece =
+        *reinterpret_cast<const uint4*>(staged + c * L::kChunkBytes + rr * 128 + ((n8 ^ (rr % 8)) * 16));
+    *reinterpret_cast<uint4*>(y + (int64_t(bh) * p.rows + row_m) * kD + c * 64 + n8 * 8) = piece;
   }
 }
 
