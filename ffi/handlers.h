@@ -9,6 +9,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaKvAppend);  // ffi/handlers/kv_append.cu
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaDecodeAttention);  // ffi/handlers/decode_attention.cu
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaGqaPrepare);  // ffi/handlers/gqa_prepare.cu
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaGeneralAttention);  // ffi/handlers/general_attention.cu
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaPrefillAttention);  // ffi/handlers/prefill_attention.cu
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaLinear);  // ffi/handlers/linear.cu
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaMatMulNBits);  // ffi/handlers/matmul_nbits.cu
 #endif
@@ -26,6 +27,7 @@ inline constexpr Target kTargets[] = {
     {"decode_attention", JoaDecodeAttention},
     {"gqa_prepare", JoaGqaPrepare},
     {"general_attention", JoaGeneralAttention},
+    {"prefill_attention", JoaPrefillAttention},
     {"linear", JoaLinear},
     {"matmul_nbits", JoaMatMulNBits},
 };

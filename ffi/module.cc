@@ -10,6 +10,7 @@
 #include "kernels/gemv/plan_binding.h"
 #include "kernels/decode/plan.h"
 #include "kernels/general/params.h"
+#include "kernels/prefill/params.h"
 
 namespace nb = nanobind;
 
@@ -74,12 +75,22 @@ NB_MODULE(_ffi, m) {
     general["softmax_types"] = softmax;
     nb::dict gemv;
     gemv["meta_tile_rows"] = joa::gemv::kMetaTileRows;
+    nb::dict prefill;
+    nb::list prefill_dims;
+    for (int d : joa::prefill::kHeadDims) prefill_dims.append(d);
+    prefill["head_dims"] = prefill_dims;
+    prefill["block_m"] = joa::prefill::kBlockM;
+    prefill["block_n"] = joa::prefill::kBlockN;
+    nb::list schedules;
+    for (const char* name : joa::prefill::kScheduleNames) schedules.append(name);
+    prefill["schedules"] = schedules;
     nb::dict out;
     out["decode"] = decode;
     out["general"] = general;
     out["gemv"] = gemv;
+    out["prefill"] = prefill;
     return out;
-  }, "The kernels' limits: {'decode': {...}, 'general': {...}, 'gemv': {...}}.");
+  }, "The kernels' limits: {'decode': {...}, 'general': {...}, 'gemv': {...}, 'prefill': {...}}.");
 
   m.def("decode_plan", [](int64_t batch, int64_t q_heads, int64_t kv_heads, int64_t q_len,
                           int64_t capacity, int head_dim, int kv_bits, bool cluster_capable,

@@ -10,6 +10,7 @@ from jax_onnx_attn.ops.reference import general as general_reference
 from jax_onnx_attn.ops.reference import gqa as gqa_reference
 from jax_onnx_attn.ops.reference import kv_cache as kv_reference
 from jax_onnx_attn.ops.reference import linear as linear_reference
+from jax_onnx_attn.ops.reference import prefill as prefill_reference
 
 
 def _linear(x, w, bias, residual, norm_weight, *, eps, gated):
@@ -46,6 +47,8 @@ def use_specs(monkeypatch) -> list:
     monkeypatch.setattr(cuda, "_general_attention",
                         spec("general", general_reference.general_attention))
     monkeypatch.setattr(cuda, "_gqa_prepare", spec("gqa_prepare", gqa_reference.prepare_step))
+    monkeypatch.setattr(cuda, "_prefill_attention",
+                        spec("prefill", prefill_reference.prefill_attention, drop=("schedule",)))
     monkeypatch.setattr(cuda_matmul, "_linear",
                         spec("linear", _linear, drop=("pdl", "cluster", "warps_k")))
     monkeypatch.setattr(cuda_matmul, "_matmul_nbits",

@@ -1,11 +1,11 @@
-"""`python -m jax_onnx_attn.bench <suite> [options]`: benchmark suites (decode, gqa, linear, e2e)."""
+"""`python -m jax_onnx_attn.bench <suite> [options]`: benchmark suites (decode, prefill, gqa, linear, e2e)."""
 
 from __future__ import annotations
 
 import importlib
 import sys
 
-SUITES = ("decode", "gqa", "linear", "e2e")
+SUITES = ("decode", "prefill", "gqa", "linear", "e2e")
 
 
 def main(argv: list[str] | None = None) -> int:

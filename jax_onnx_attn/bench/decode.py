@@ -100,6 +100,71 @@ def _time_loop(run: Callable[[], None], sync: Callable[[], None], calls: int, ta
     return statistics.median(samples)
 
 
+def measure_impls(impls, seconds_of: Callable[[str], float], metrics_of: Callable[[float], dict],
+                  skip_of: Callable[[str], str | None] = lambda impl: None) -> dict:
+    """{impl: {"us": ..., **metrics_of(seconds)} or {"skip": why}} for each impl of one case:
+    seconds_of(impl) times it, skip_of(impl) names a reason not to; an impl that raises is recorded
+    as a skip (a peer that cannot run a shape is a result, not a crash)."""
+    out = {}
+    for impl in impls:
+        why = skip_of(impl)
+        if why:
+            out[impl] = {"skip": why}
+            continue
+        try:
+            sec = seconds_of(impl)
+            out[impl] = {"us": sec * 1e6, **metrics_of(sec)}
+        except Exception as e:
+            first = (str(e).splitlines() or [""])[0]
+            out[impl] = {"skip": f"error: {type(e).__name__}: {first[:200]}"}
+    return out
+
+
+def run_cases(cases, args, env: dict, suite: str, row_of: Callable, seconds_of: Callable,
+              metrics_of: Callable, fmt: Callable[[dict], str], skip_of: Callable | None = None) -> list:
+    """Time args.impls on each case in turn: row_of(case) -> the result's fields, seconds_of(case,
+    impl) -> seconds per call, metrics_of(case, seconds) -> its figures, skip_of(case, impl) -> a
+    reason not to run. Prints one line a case (fmt(measurement) per impl) and rewrites args.out
+    after each case. Returns the results."""
+    results = []
+    for case in cases:
+        res = row_of(case)
+        res["impls"] = measure_impls(args.impls, lambda impl: seconds_of(case, impl),
+                                     lambda sec: metrics_of(case, sec),
+                                     (lambda impl: skip_of(case, impl)) if skip_of else (lambda impl: None))
+        results.append(res)
+        print(f"{res['label']:44s} " + "  ".join(
+            f"{impl}={fmt(m)}" if "us" in m else f"{impl}={m['skip'][:60]}"
+            for impl, m in res["impls"].items()), flush=True)
+        if args.out:
+            _write(args.out, env, results, args, suite=suite)
+    if args.out:
+        print(f"wrote {args.out}")
+    return results
+
+
+def add_timing_args(ap, calls: int, target_ms: float) -> None:
+    """The options every jitted-chain suite shares: calls per chain, sample time, samples, --out."""
+    ap.add_argument("--calls", type=int, default=calls, help="dependent calls per jitted function")
+    ap.add_argument("--target-ms", type=float, default=target_ms, help="wall time per timing sample")
+    ap.add_argument("--reps", type=int, default=5, help="timing samples (median reported)")
+    ap.add_argument("--out", help="write the JSON results here")
+
+
+def runnable_impls(impls: list[str], ours: str, env: dict) -> tuple[list[str], bool]:
+    """(impls less `ours` and its forms "ours-...", where this build has no CUDA kernels or jax
+    sees no GPU, said on stderr; whether jax sees a GPU)."""
+    import jax
+
+    gpu = any(dev.platform == "gpu" for dev in jax.devices())
+    mine = [i for i in impls if i == ours or i.startswith(ours + "-")]
+    if mine and not (env["build"]["cuda"] and gpu):
+        why = env["build"]["reason"] if not env["build"]["cuda"] else "no GPU visible to jax"
+        print(f"{' '.join(mine)} skipped ({why})", file=sys.stderr)
+        impls = [i for i in impls if i not in mine]
+    return list(impls), gpu
+
+
 def bench_jax(case: Case, impl: str, target_s: float, reps: int) -> float:
     """Median seconds per call of "ours" (cuda.decode_attention, BHSD) or "jax-xla" / "jax-cudnn"
     (jax.nn.dot_product_attention, BTNH) on random inputs of `case`'s shapes and dtype.

@@ -17,7 +17,8 @@ import math
 import sys
 
 # A step's shape is a decode Case (the cache [B, Hkv, ctx, D] is full after the step's S rows).
-from jax_onnx_attn.bench.decode import Case, _time_loop, _warm_up, _write, default_cases, environment
+from jax_onnx_attn.bench.decode import (Case, _time_loop, _warm_up, add_timing_args, default_cases,
+                                        environment, run_cases, runnable_impls)
 
 IMPLS = ("cuda", "reference")
 
@@ -81,44 +82,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtypes", nargs="+", default=["bf16"], choices=["bf16", "fp16"])
     ap.add_argument("--kv-bits", type=int, nargs="+", default=[0], choices=[0, 8, 4])
     ap.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
-    ap.add_argument("--calls", type=int, default=16, help="dependent steps per jitted function")
-    ap.add_argument("--target-ms", type=float, default=40.0, help="wall time per timing sample")
-    ap.add_argument("--reps", type=int, default=5, help="timing samples (median reported)")
-    ap.add_argument("--out", help="write the JSON results here")
+    add_timing_args(ap, calls=16, target_ms=40.0)
     args = ap.parse_args(argv)
 
-    import jax
-
     env = environment()
-    gpu = any(dev.platform == "gpu" for dev in jax.devices())
-    if "cuda" in args.impls and not (env["build"]["cuda"] and gpu):
-        why = env["build"]["reason"] if not env["build"]["cuda"] else "no GPU visible to jax"
-        print(f"backend cuda skipped ({why}): timing the reference only", file=sys.stderr)
-        args.impls = [i for i in args.impls if i != "cuda"]
+    args.impls, _ = runnable_impls(args.impls, "cuda", env)
     _warm_up(0.5)
-    results = []
-    for case in default_cases(args):
-        res = {**dataclasses.asdict(case), "label": case.label(),
-               "kv_bytes": case.kv_bytes, "calls_per_graph": args.calls,
-               "impls": {}}
-        for impl in args.impls:
-            try:
-                sec = bench_step(case, impl, args.calls, args.target_ms / 1e3, args.reps)
-                res["impls"][impl] = {"us": sec * 1e6,
-                                      "gbs": case.kv_bytes / sec / 1e9}
-            except Exception as e:  # a backend that cannot run a case is a result
-                res["impls"][impl] = {"skip": f"error: {type(e).__name__}: "
-                                              f"{str(e).splitlines()[0][:200]}"}
-        results.append(res)
-        t = res["impls"]
-        print(f"{case.label():44s} " + "  ".join(
-            f"{i}={t[i]['us']:.1f}us/{t[i]['gbs']:.0f}GB/s" if "us" in t[i]
-            else f"{i}={t[i]['skip'][:60]}" for i in args.impls), flush=True)
-        if args.out:
-            _write(args.out, env, results, args, suite="gqa")
-    if args.out:
-        _write(args.out, env, results, args, suite="gqa")
-        print(f"wrote {args.out}")
+    run_cases(default_cases(args), args, env, "gqa",
+              lambda case: {**dataclasses.asdict(case), "label": case.label(), "kv_bytes": case.kv_bytes,
+                            "calls_per_graph": args.calls},
+              lambda case, impl: bench_step(case, impl, args.calls, args.target_ms / 1e3, args.reps),
+              lambda case, sec: {"gbs": case.kv_bytes / sec / 1e9},
+              lambda m: f"{m['us']:.1f}us/{m['gbs']:.0f}GB/s")
     return 0
 
 

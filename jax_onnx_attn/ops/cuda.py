@@ -59,6 +59,9 @@ _LIMITS = {
     # Softmax dtypes of the general kernel, indexed by its SoftmaxType.
     "GENERAL_SOFTMAX_DTYPES": lambda lim: tuple(jnp.dtype(t) for t in lim["general"]["softmax_types"]),
     "GENERAL_MAX_KEYS": lambda lim: lim["general"]["max_keys"],
+    "PREFILL_HEAD_DIMS": lambda lim: tuple(lim["prefill"]["head_dims"]),
+    # The prefill engine's consumer schedules, indexed by its Schedule value.
+    "PREFILL_SCHEDULES": lambda lim: tuple(lim["prefill"]["schedules"]),
 }
 
 
@@ -263,3 +266,68 @@ def _general_attention(q, k, v, kv_len, bias, *, scale, softcap, causal, left, r
                     has_bias=bias is not None, qk_mode=-1 if qk_mode is None else int(qk_mode),
                     softmax_type=__getattr__("GENERAL_SOFTMAX_DTYPES").index(softmax_dtype))
     return y, (qk if qk_mode is not None else None)
+
+
+# --- prefill attention (ffi/handlers/prefill_attention.cu, engine in ffi/kernels/prefill/) ---------
+# Not routed from any op yet: the engine has not been verified on a GPU (docs/kernels.md).
+
+
+def prefill_attention(q, k, v, q_len, kv_len, *, scale: float, causal: bool,
+                      schedule: str = "serial"):
+    """q [B, Hq, S, D], k / v [B, Hkv, T, D] (float16 or bfloat16, one dtype; D in
+    PREFILL_HEAD_DIMS; Hq a multiple of Hkv), q_len / kv_len integer [B] -> [B, Hq, S, D].
+
+    The Hopper prefill engine (sm_90 only). Semantics of
+    `jax_onnx_attn.ops.reference.prefill.prefill_attention`: query row i < q_len[b] sits at
+    position kv_len[b] - q_len[b] + i (bottom-right aligned) and sees keys j < kv_len[b] (and,
+    causal, j <= its position); rows past q_len[b] and rows that see no key are 0. Lengths are read
+    on the device and clamped to [0, S] / [0, T]. schedule (one of PREFILL_SCHEDULES): how the
+    engine's two consumer warpgroups order their work on a key tile: "serial" (Q K^T, softmax, P V
+    one after another), "overlap" (Q K^T of the next tile and P V of this one in flight during the
+    softmax: FA3's intra-warpgroup pipelining), "pingpong" ("overlap", the two warpgroups taking
+    turns at the tensor cores); all add in the same order, so they give the same bits. Raises
+    TypeError / ValueError "prefill_attention: <input>: <rule>" at trace time.
+    """
+    _check_prefill(q, k, v, q_len, kv_len)
+    schedules = __getattr__("PREFILL_SCHEDULES")
+    if schedule not in schedules:
+        raise ValueError(f"prefill_attention: schedule: must be one of {schedules}, got {schedule!r}")
+    static = dict(scale=float(scale), causal=bool(causal), schedule=schedule)
+    return partitioning.PREFILL_ATTENTION.apply(
+        _prefill_attention, (q, k, v, jnp.asarray(q_len).astype(jnp.int32),
+                             jnp.asarray(kv_len).astype(jnp.int32)), static)
+
+
+def _check_prefill(q, k, v, q_len, kv_len) -> None:
+    """The engine's rules on shapes and dtypes, naming the input that breaks one."""
+    def fail(exc, what, rule):
+        raise exc(f"prefill_attention: {what}: {rule}")
+
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if jnp.ndim(x) != 4:
+            fail(ValueError, name, f"must be rank 4, got shape {jnp.shape(x)}")
+    if jnp.dtype(q.dtype) not in (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)):
+        fail(TypeError, "q", f"must be float16 or bfloat16, got {jnp.dtype(q.dtype)}")
+    for name, x in (("k", k), ("v", v)):
+        if jnp.dtype(x.dtype) != jnp.dtype(q.dtype):
+            fail(TypeError, name, f"must have q's dtype {jnp.dtype(q.dtype)}, got {jnp.dtype(x.dtype)}")
+    b, hq, _, d = q.shape
+    head_dims = __getattr__("PREFILL_HEAD_DIMS")
+    if d not in head_dims:
+        fail(ValueError, "q", f"head size {d} is not one the engine is compiled for {head_dims}")
+    if k.shape[0] != b or k.shape[3] != d:
+        fail(ValueError, "k", f"must be [B={b}, Hkv, T, D={d}], got {k.shape}")
+    if k.shape[1] == 0 or hq % k.shape[1]:
+        fail(ValueError, "k", f"KV heads {k.shape[1]} must divide the query heads {hq}")
+    if tuple(v.shape) != tuple(k.shape):
+        fail(ValueError, "v", f"must have k's shape {k.shape}, got {v.shape}")
+    for name, x in (("q_len", q_len), ("kv_len", kv_len)):
+        if tuple(jnp.shape(x)) != (b,) or not jnp.issubdtype(jnp.result_type(x), jnp.integer):
+            fail(TypeError if jnp.shape(x) == (b,) else ValueError, name,
+                 f"must be an integer [B={b}] array, got {jnp.result_type(x)} {jnp.shape(x)}")
+
+
+def _prefill_attention(q, k, v, q_len, kv_len, *, scale, causal, schedule):
+    call = jax.ffi.ffi_call(target("prefill_attention"), jax.ShapeDtypeStruct(q.shape, q.dtype))
+    return call(q, k, v, q_len, kv_len, scale=np.float32(scale), causal=bool(causal),
+                schedule=__getattr__("PREFILL_SCHEDULES").index(schedule))

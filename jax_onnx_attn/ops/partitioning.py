@@ -539,6 +539,16 @@ def _general_layout(q, k, v, kv_len, bias=None, *, qk_mode=None, **static):
 GENERAL_ATTENTION = Rule("general_attention", _general_layout)
 
 
+def _prefill_layout(q, k, v, q_len, kv_len, **static):
+    return Layout(("b (h g) s d", "b h t d", "b h t d", "b", "b"), ("b (h g) s d",),
+                  sizes={HEADS: k.shape[1]})
+
+
+#: The prefill_attention target: q [B, Hq, S, D], k / v [B, Hkv, T, D], q_len / kv_len [B]
+#: -> [B, Hq, S, D].
+PREFILL_ATTENTION = Rule("prefill_attention", _prefill_layout)
+
+
 def _local_heads(static: dict, shards: Shards) -> dict:
     """num_heads / kv_num_heads of one shard."""
     t = shards.head_pieces

@@ -1,0 +1,131 @@
+// prefill_attention: attention of long prompts on the Hopper prefill engine (ffi/kernels/prefill/:
+// TMA + wgmma + warp specialisation), sm_90 only.
+//
+// q [B, Hq, S, D], k / v [B, Hkv, T, D] of q's dtype (f16 / bf16; D in prefill::kHeadDims),
+// q_len / kv_len int32 [B] (valid query rows / keys per batch row, read on the device, clamped to
+// [0, S] / [0, T]) -> y [B, Hq, S, D]. Query row i < q_len[b] sits at position
+// kv_len[b] - q_len[b] + i (bottom-right aligned); rows past q_len[b] and rows that see no key
+// are 0. schedule: the consumers' order of work, prefill::Schedule (all give the same bits).
+// Read-only on q, k, v; no workspace.
+#include <cstdint>
+#include <string>
+
+#include "common/ffi.h"
+#include "common/variant.h"
+#include "kernels/prefill/params.h"
+#include "kernels/prefill/prefill.h"
+
+// Host side: shapes and the variant into PrefillParams; the launch for the dtype and head size.
+namespace joa::prefill {
+
+// Fills shapes and the variant of `p` for q [B, Hq, S, D], k / v [B, Hkv, T, D] (pointers and
+// lengths are the caller's). Returns an error message or "".
+inline std::string Configure(PrefillParams& p, int64_t batch, int64_t q_heads, int64_t q_rows, int64_t head_dim,
+                             int64_t kv_heads, int64_t kv_rows, float scale, bool causal) {
+  bool supported = false;
+  for (int d : kHeadDims) supported = supported || d == head_dim;
+  if (!supported) return "head dim " + std::to_string(head_dim) + " is not one the engine is compiled for (64, 128)";
+  if (kv_heads <= 0 || q_heads % kv_heads != 0) return "query heads must be a multiple of KV heads";
+  constexpr int64_t kMaxRows = int64_t(1) << 31;
+  // TMA row coordinates and the engine's row arithmetic are 32-bit.
+  if (batch * q_heads * q_rows >= kMaxRows || batch * kv_heads * kv_rows + kBlockN >= kMaxRows) {
+    return "more than 2^31 query or key rows";
+  }
+  const int64_t rows = (q_heads / kv_heads) * q_rows;
+  if ((rows + kBlockM - 1) / kBlockM > 65535) return "too many packed query rows per KV head for the grid";
+  p.batch = int(batch);
+  p.q_heads = int(q_heads);
+  p.kv_heads = int(kv_heads);
+  p.q_rows = int(q_rows);
+  p.kv_rows = int(kv_rows);
+  p.head_dim = int(head_dim);
+  p.group = int(q_heads / kv_heads);
+  p.rows = int(rows);
+  p.variant = MakeVariant(VariantAttrs{scale, 0.f, causal, -1, -1, 0});
+  return "";
+}
+
+inline ffi::Error LaunchPrefill(const PrefillParams& p, ffi::DataType dtype, const void* q, const void* k,
+                                const void* v, Schedule schedule, cudaStream_t stream, const char* op) {
+  if (p.batch == 0 || p.rows == 0) return ffi::Error::Success();
+  int dev = 0, major = 0, minor = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  if (major != 9 || minor != 0) {
+    return InvalidArgument(std::string(op) + ": the prefill engine runs on sm_90 (H100 / H200) only");
+  }
+  // The instance for the element type `t` stands for and the head size (kHeadDims: 64 or 128).
+  auto launch = [&](auto t) {
+    using T = decltype(t);
+    return p.head_dim == 64 ? Launch<T, 64>(p, q, k, v, schedule, stream) : Launch<T, 128>(p, q, k, v, schedule, stream);
+  };
+  const bool half = dtype == ffi::DataType::F16;
+  if (!half && dtype != ffi::DataType::BF16) {
+    return InvalidArgument(std::string(op) + ": the prefill engine takes f16 and bf16 only");
+  }
+  const cudaError_t err = half ? launch(__half{}) : launch(__nv_bfloat16{});
+  if (err != cudaSuccess) return ffi::Error::Internal(std::string(op) + ": " + cudaGetErrorString(err));
+  return ffi::Error::Success();
+}
+
+}  // namespace joa::prefill
+
+namespace joa {
+namespace {
+
+ffi::Error PrefillAttentionImpl(cudaStream_t stream, AnyBuffer q, AnyBuffer k, AnyBuffer v, Int32Buffer q_len,
+                                Int32Buffer kv_len, AnyResult y, float scale, bool causal, int64_t schedule) {
+  constexpr const char* kOp = "prefill_attention";
+  auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
+  if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4) {
+    return InvalidArgument("prefill_attention: q, k and v must be rank 4");
+  }
+  if (k.element_type() != q.element_type() || v.element_type() != q.element_type() ||
+      y->element_type() != q.element_type()) {
+    return InvalidArgument("prefill_attention: k, v and y must have q's dtype");
+  }
+  for (int i = 0; i < 4; ++i) {
+    if (kd[i] != vd[i]) return InvalidArgument("prefill_attention: k and v shapes differ");
+  }
+  if (kd[0] != qd[0] || kd[3] != qd[3]) {
+    return InvalidArgument("prefill_attention: k / v must be [B, Hkv, T, D] with q's B and D");
+  }
+  for (const Int32Buffer* len : {&q_len, &kv_len}) {
+    if (len->dimensions().size() != 1 || len->dimensions()[0] != qd[0]) {
+      return InvalidArgument("prefill_attention: q_len and kv_len must be int32 [B]");
+    }
+  }
+  auto yd = y->dimensions();
+  if (yd.size() != 4 || yd[0] != qd[0] || yd[1] != qd[1] || yd[2] != qd[2] || yd[3] != qd[3]) {
+    return InvalidArgument("prefill_attention: y must be [B, Hq, S, D]");
+  }
+  if (schedule < 0 || schedule > int64_t(prefill::Schedule::kPingPong)) {
+    return InvalidArgument("prefill_attention: schedule must be 0 (serial), 1 (overlap) or 2 (pingpong)");
+  }
+  prefill::PrefillParams p{};
+  const std::string err = prefill::Configure(p, qd[0], qd[1], qd[2], qd[3], kd[1], kd[2], scale, causal);
+  if (!err.empty()) return InvalidArgument(std::string(kOp) + ": " + err);
+  p.y = y->untyped_data();
+  p.q_len = q_len.typed_data();
+  p.kv_len = kv_len.typed_data();
+  return prefill::LaunchPrefill(p, q.element_type(), q.untyped_data(), k.untyped_data(), v.untyped_data(),
+                                prefill::Schedule(schedule), stream, kOp);
+}
+
+}  // namespace
+}  // namespace joa
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JoaPrefillAttention, joa::PrefillAttentionImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<joa::Stream>()
+                                  .Arg<joa::AnyBuffer>()    // q
+                                  .Arg<joa::AnyBuffer>()    // k
+                                  .Arg<joa::AnyBuffer>()    // v
+                                  .Arg<joa::Int32Buffer>()  // q_len
+                                  .Arg<joa::Int32Buffer>()  // kv_len
+                                  .Ret<joa::AnyBuffer>()    // y
+                                  .Attr<float>("scale")
+                                  .Attr<bool>("causal")
+                                  .Attr<int64_t>("schedule"),
+                              JOA_COMMAND_BUFFER_SAFE);

@@ -1,0 +1,450 @@
+// The prefill engine: forward flash attention for sm_90a (H100 / H200).
+//
+// One CTA computes kBlockM = 128 packed query rows of one (batch row, KV head) against the key
+// tiles its rows can see (the variant's Bounds), kBlockN = 128 keys per step:
+//   - warpgroup 0, the producer (setmaxnreg down to 24 registers): one thread issues the bulk
+//     tensor copies (TMA) of the Q tile once and of K / V tiles into kStages-deep rings of
+//     128-byte-swizzled shared memory, each completing on its mbarrier ("full"); it reuses a K or
+//     V slot once both consumers have released it ("empty", K and V apart).
+//   - warpgroups 1 and 2, the consumers (240 registers), 64 query rows each: S = Q K^T with
+//     wgmma (both operands in shared memory, K-major), the variant's mask and scale, online softmax
+//     in registers in the log2 domain (f32 row max / sum, exp2), P converted to f16 / bf16 in
+//     registers, O += P V with wgmma (P from registers, V MN-major in shared memory), f32 O.
+//   - the epilogue divides by the row sum, stages O in shared memory (the warpgroup's Q rows)
+//     and writes the valid rows with 16-byte stores.
+// No float atomics and no cross-CTA reduction: the bits depend on the static shapes only.
+//
+// Keys at or past kv_len may hold anything (NaN included): their logits are masked to -inf by a
+// select, and the V rows of a tile that crosses kv_len are zeroed in shared memory before P V (so
+// 0 * NaN never reaches O), as the reference zeroes them.
+#pragma once
+
+#include <cuda.h>  // CUtensorMap
+
+#include <cstdint>
+
+#include "kernels/common/variant.cuh"
+#include "kernels/prefill/params.h"
+#include "kernels/prefill/sm90.cuh"
+#include "kernels/ptx.cuh"
+
+namespace joa::prefill {
+
+// What one CTA does: its packed rows [r0, r0 + kBlockM) of the M rows of its (b, kvh), the valid
+// lengths of its batch row, and the key tiles [n_begin, n_end) it visits; tiles inside
+// [full_lo, full_hi) need no per-element mask.
+struct CtaWork {
+  int r0, q_len, kv_len, shift;  // shift: position of query row i is shift + i
+  int n_begin, n_end, full_lo, full_hi;
+};
+
+template <class Variant>
+__device__ __forceinline__ CtaWork PlanCta(const PrefillParams& p, const Variant& var, int m_block, int q_len,
+                                           int kv_len) {
+  CtaWork w;
+  const int s = p.q_rows;
+  w.r0 = m_block * kBlockM;
+  w.q_len = q_len;
+  w.kv_len = kv_len;
+  w.shift = kv_len - q_len;
+  const int r_last = min(w.r0 + kBlockM, p.rows) - 1;
+  // The query rows i this tile holds: a run inside one head, or (crossing a head) all of them.
+  int i_min = 0, i_max = s - 1;
+  if (w.r0 / s == r_last / s) {
+    i_min = w.r0 % s;
+    i_max = r_last % s;
+  }
+  i_max = min(i_max, q_len - 1);
+  w.n_begin = w.n_end = 0;
+  w.full_lo = w.full_hi = 0;
+  if (i_min <= i_max) {
+    const KeyBounds k = var.Bounds(w.shift + i_min, w.shift + i_max);
+    if (k.hi > k.lo) {
+      w.n_begin = k.lo / kBlockN;
+      w.n_end = (k.hi + kBlockN - 1) / kBlockN;
+      w.full_lo = k.full_lo;
+      w.full_hi = k.full_hi;
+    }
+  }
+  return w;
+}
+
+// The shared-memory plan of one CTA (byte offsets from the 1024-aligned base).
+template <int kD>
+struct Smem {
+  static constexpr int kChunks = kD / 64;                  // 64-column (128-byte) blocks of a row
+  static constexpr int kChunkBytes = kBlockN * 128;        // one column block of a 128-row tile
+  static_assert(kBlockM == kBlockN, "Q and K / V column blocks share one size");
+  static constexpr int kTileBytes = kChunks * kChunkBytes;  // a Q, K or V tile
+  static constexpr int kQ = 0;
+  static constexpr int kK = kQ + kTileBytes;
+  static constexpr int kV = kK + kStages * kTileBytes;
+  static constexpr int kBars = kV + kStages * kTileBytes;
+  // Barriers (8 bytes each): q_full, k_full[kStages], v_full[kStages], k_empty[kStages],
+  // v_empty[kStages]. K and V slots are released apart: a K slot as soon as Q K^T has read it (the
+  // overlapped schedules read V of a tile one step later).
+  static constexpr int QFull() { return kBars; }
+  static constexpr int KFull(int s) { return kBars + 8 * (1 + s); }
+  static constexpr int VFull(int s) { return kBars + 8 * (1 + kStages + s); }
+  static constexpr int KEmpty(int s) { return kBars + 8 * (1 + 2 * kStages + s); }
+  static constexpr int VEmpty(int s) { return kBars + 8 * (1 + 3 * kStages + s); }
+  static constexpr int kEnd = kBars + 8 * (1 + 4 * kStages);
+  static_assert(kEnd + 1024 <= SmemBytes(kD), "SmemBytes(d) must cover the plan");
+};
+
+template <typename T, int kD, class Variant>
+__device__ __forceinline__ void Produce(const CUtensorMap& q_map, const CUtensorMap& k_map,
+                                        const CUtensorMap& v_map, uint32_t base, const CtaWork& w,
+                                        int bh, const PrefillParams& p) {
+  using L = Smem<kD>;
+  sm90::PrefetchTensorMap(&q_map);
+  sm90::PrefetchTensorMap(&k_map);
+  sm90::PrefetchTensorMap(&v_map);
+  const int q_row = bh * p.rows + w.r0;  // < 2^31: checked by the handler
+  sm90::MbarArriveExpectTx(base + L::QFull(), L::kTileBytes);
+#pragma unroll
+  for (int c = 0; c < L::kChunks; ++c) {
+    sm90::TmaLoad2D(base + L::kQ + c * L::kChunkBytes, &q_map, c * 64, q_row, base + L::QFull());
+  }
+  for (int n = w.n_begin, it = 0; n < w.n_end; ++n, ++it) {
+    const int s = it % kStages;
+    const uint32_t phase = (it / kStages) & 1;
+    const int kv_row = bh * p.kv_rows + n * kBlockN;
+    sm90::MbarWait(base + L::KEmpty(s), phase ^ 1);
+    sm90::MbarArriveExpectTx(base + L::KFull(s), L::kTileBytes);
+#pragma unroll
+    for (int c = 0; c < L::kChunks; ++c) {
+      sm90::TmaLoad2D(base + L::kK + s * L::kTileBytes + c * L::kChunkBytes, &k_map, c * 64, kv_row,
+                      base + L::KFull(s));
+    }
+    sm90::MbarWait(base + L::VEmpty(s), phase ^ 1);
+    sm90::MbarArriveExpectTx(base + L::VFull(s), L::kTileBytes);
+#pragma unroll
+    for (int c = 0; c < L::kChunks; ++c) {
+      sm90::TmaLoad2D(base + L::kV + s * L::kTileBytes + c * L::kChunkBytes, &v_map, c * 64, kv_row,
+                      base + L::VFull(s));
+    }
+  }
+}
+
+// The steps of one consumer warpgroup on one key tile. Accumulator layout (wgmma m64nN, f32): this
+// thread holds rows lane / 4 (+ 8) of its warp's 16 and, per 8 columns c8, columns
+// 8 * c8 + 2 * (lane % 4) + {0, 1}: element e is row half (e / 2) % 2, column (e / 4) * 8 + ...
+template <typename T, int kD, class Variant>
+struct ConsumerSteps {
+  using L = Smem<kD>;
+  static constexpr int kChunks = L::kChunks;
+  static constexpr int kKSteps = kBlockN / 16;  // P V k-steps
+
+  // S = Q K^T: kD / 16 steps of m64n128k16, 32 bytes along the swizzled row per step. Issued, not
+  // waited for.
+  static __device__ __forceinline__ void IssueQK(float (&sc)[64], uint32_t q_base, uint32_t k_base) {
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint32_t off = (kk / 4) * L::kChunkBytes + (kk % 4) * 32;
+      sm90::WgmmaSS<T, 128>(sc, sm90::SmemDesc(q_base + off, 16, 1024), sm90::SmemDesc(k_base + off, 16, 1024),
+                            kk > 0);
+    }
+    sm90::WgmmaCommit();
+  }
+
+  // O += P V: kBlockN / 16 steps of m64n64k16 per 64 columns of V (MN-major; a step is 16 rows of
+  // 128 bytes). Issued, not waited for.
+  static __device__ __forceinline__ void IssuePV(float (&o)[kChunks][32], const uint32_t (&pa)[kKSteps][4],
+                                                 uint32_t v_base) {
+#pragma unroll
+    for (int t = 0; t < kKSteps; ++t) {
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        sm90::WgmmaRS<T, 64>(o[c], pa[t], sm90::SmemDesc(v_base + c * L::kChunkBytes + t * 16 * 128, L::kChunkBytes, 1024),
+                             1);
+      }
+    }
+    sm90::WgmmaCommit();
+  }
+
+  // The tile's logits in the log2 domain (hidden keys -inf by a select: a NaN logit of a hidden key
+  // drops), the running max m, the running partial sums l, and P = exp2(x - max) in place in sc.
+  // Returns the factors alpha[2] that rescale O from the old max to the new one.
+  static __device__ __forceinline__ void Softmax(float (&sc)[64], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                                 const Variant& var, const QueryRow<int> (&row)[2], int j0,
+                                                 bool masked, int quad) {
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int e = 0; e < 64; ++e) {
+      const int h = (e / 2) % 2;
+      const int j = j0 + (e / 4) * 8 + quad * 2 + e % 2;
+      float x = var.Score(sc[e], row[h], j);
+      if (masked && !var.Visible(row[h], j)) x = -INFINITY;
+      sc[e] = x;
+      mx[h] = ptx::MaxNan(mx[h], x);
+    }
+    float shift[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = ptx::MaxNan(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+      mx[h] = ptx::MaxNan(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+      // A row with no visible key yet is shifted by 0: exp2(-inf) = 0, never NaN.
+      shift[h] = mx[h] == -INFINITY ? 0.f : mx[h];
+      alpha[h] = ptx::Exp2(m[h] - shift[h]);
+      m[h] = mx[h];
+      l[h] = __fmul_rn(l[h], alpha[h]);
+    }
+    // Explicitly rounded adds (never contracted into an FMA): both consumer schedules inline this
+    // step in other code, and their bits must agree.
+#pragma unroll
+    for (int e = 0; e < 64; ++e) {
+      const int h = (e / 2) % 2;
+      sc[e] = ptx::Exp2(__fsub_rn(sc[e], shift[h]));
+      l[h] = __fadd_rn(l[h], sc[e]);
+    }
+  }
+
+  // P as the A operand of P V (the mma.sync A layout per k-step of 16 keys), and O rescaled.
+  static __device__ __forceinline__ void PackAndRescale(const float (&sc)[64], uint32_t (&pa)[kKSteps][4],
+                                                        float (&o)[kChunks][32], const float (&alpha)[2]) {
+#pragma unroll
+    for (int t = 0; t < kKSteps; ++t) {
+#pragma unroll
+      for (int a = 0; a < 4; ++a) pa[t][a] = ptx::Pack2<T>(sc[8 * t + 2 * a], sc[8 * t + 2 * a + 1]);
+    }
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+#pragma unroll
+      for (int e = 0; e < 32; ++e) o[c][e] = __fmul_rn(o[c][e], alpha[(e / 2) % 2]);
+    }
+  }
+
+  // Before P V of a tile that crosses kv_len: zero its V rows at or past kv_len (both warpgroups
+  // write the same zeros) and order the writes before the tensor cores read them.
+  static __device__ __forceinline__ void ZeroTail(uint8_t* v_ptr, int j0, int kv_len, int tid, int wg) {
+    if (j0 + kBlockN <= kv_len) return;
+    const int first = max(kv_len - j0, 0);
+    const int pieces = (kBlockN - first) * 8;  // 16-byte pieces per column block
+    for (int idx = tid; idx < kChunks * pieces; idx += 128) {
+      const int c = idx / pieces, rem = idx % pieces;
+      *reinterpret_cast<uint4*>(v_ptr + c * L::kChunkBytes + (first + rem / 8) * 128 + (rem % 8) * 16) =
+          make_uint4(0, 0, 0, 0);
+    }
+    sm90::FenceProxyAsync();
+    sm90::NamedBarrierSync(1 + wg, 128);
+  }
+};
+
+// Ping-pong turns: consumer wg issues its tensor-core work between TakeTurn and PassTurn; barrier
+// kTurnBarrier + wg completes when wg syncs on it (128 threads) and the other arrives (128).
+inline constexpr int kTurnBarrier = 3;  // 1 and 2: ZeroTail's per-warpgroup barriers
+
+template <Schedule kSchedule>
+__device__ __forceinline__ void TakeTurn(int wg) {
+  if constexpr (kSchedule == Schedule::kPingPong) sm90::NamedBarrierSync(kTurnBarrier + wg, 256);
+}
+
+template <Schedule kSchedule>
+__device__ __forceinline__ void PassTurn(int wg) {
+  if constexpr (kSchedule == Schedule::kPingPong) sm90::NamedBarrierArrive(kTurnBarrier + 1 - wg, 256);
+}
+
+// One consumer warpgroup (wg 0 / 1): rows [64 * wg, 64 * wg + 64) of the CTA tile, in the order of
+// kSchedule (params.h). Both warpgroups visit the same n_tiles key tiles. Ping-pong: each issues
+// n_tiles + 1 times (prologue, n_tiles - 1 loop steps, epilogue), warpgroup 0 first; warpgroup 1
+// passes the first turn at the start and no turn after its last issue, so every barrier phase
+// sees 128 syncs and 128 arrivals.
+template <typename T, int kD, class Variant, Schedule kSchedule>
+__device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const CtaWork& w, const Variant& var,
+                                        int wg, int bh, const PrefillParams& p) {
+  using L = Smem<kD>;
+  using Step = ConsumerSteps<T, kD, Variant>;
+  constexpr int kChunks = L::kChunks;
+  const int tid = threadIdx.x % 128;
+  const int warp = tid / 32, lane = tid % 32;
+  const int quad = lane % 4;
+  // The two packed rows this thread holds.
+  int r[2];
+  QueryRow<int> row[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    r[h] = w.r0 + 64 * wg + 16 * warp + lane / 4 + 8 * h;
+    row[h] = QueryRow<int>{w.shift + r[h] % p.q_rows, 0};
+  }
+
+  float o[kChunks][32];
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+#pragma unroll
+    for (int e = 0; e < 32; ++e) o[c][e] = 0.f;
+  }
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.f, 0.f};  // this thread's part of the row sums (the quad's sum at the end)
+
+  const int n_tiles = w.n_end - w.n_begin;
+  if (n_tiles > 0) {
+    sm90::MbarWait(base + L::QFull(), 0);
+    const uint32_t q_base = base + L::kQ + wg * 64 * 128;  // this warpgroup's 64 rows
+    auto stage = [](int it) { return it % kStages; };
+    auto phase = [](int it) { return uint32_t(it / kStages) & 1; };
+    auto masked = [&](int j0) { return !(j0 >= w.full_lo && j0 + kBlockN <= w.full_hi); };
+    float sc[64], alpha[2];
+    uint32_t pa[Step::kKSteps][4];
+    if constexpr (kSchedule == Schedule::kSerial) {
+      for (int it = 0; it < n_tiles; ++it) {
+        const int s = stage(it), j0 = (w.n_begin + it) * kBlockN;
+        sm90::MbarWait(base + L::KFull(s), phase(it));
+        sm90::WgmmaFence();
+        Step::IssueQK(sc, q_base, base + L::kK + s * L::kTileBytes);
+        sm90::WgmmaWait<0>();
+        sm90::FenceOperands(sc);
+        if (tid == 0) sm90::MbarArrive(base + L::KEmpty(s));  // this warpgroup is done with K slot s
+        Step::Softmax(sc, m, l, alpha, var, row, j0, masked(j0), quad);
+        Step::PackAndRescale(sc, pa, o, alpha);
+        sm90::MbarWait(base + L::VFull(s), phase(it));
+        Step::ZeroTail(base_ptr + L::kV + s * L::kTileBytes, j0, w.kv_len, tid, wg);
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) sm90::FenceOperands(o[c]);
+        sm90::WgmmaFence();
+        Step::IssuePV(o, pa, base + L::kV + s * L::kTileBytes);
+        sm90::WgmmaWait<0>();
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) sm90::FenceOperands(o[c]);
+        if (tid == 0) sm90::MbarArrive(base + L::VEmpty(s));  // ... and with V slot s
+      }
+    } else {
+      if (wg == 1) PassTurn<kSchedule>(wg);  // warpgroup 0 issues first
+      // Prologue: S and P of the first tile.
+      {
+        const int j0 = w.n_begin * kBlockN;
+        sm90::MbarWait(base + L::KFull(0), 0);
+        TakeTurn<kSchedule>(wg);
+        sm90::WgmmaFence();
+        Step::IssueQK(sc, q_base, base + L::kK);
+        PassTurn<kSchedule>(wg);
+        sm90::WgmmaWait<0>();
+        sm90::FenceOperands(sc);
+        if (tid == 0) sm90::MbarArrive(base + L::KEmpty(0));
+        Step::Softmax(sc, m, l, alpha, var, row, j0, masked(j0), quad);
+        Step::PackAndRescale(sc, pa, o, alpha);
+      }
+      for (int it = 1; it < n_tiles; ++it) {
+        const int s = stage(it), prev = stage(it - 1), j0 = (w.n_begin + it) * kBlockN;
+        sm90::MbarWait(base + L::KFull(s), phase(it));
+        sm90::MbarWait(base + L::VFull(prev), phase(it - 1));  // only the last tile crosses kv_len
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) sm90::FenceOperands(o[c]);
+        TakeTurn<kSchedule>(wg);
+        sm90::WgmmaFence();
+        Step::IssueQK(sc, q_base, base + L::kK + s * L::kTileBytes);
+        Step::IssuePV(o, pa, base + L::kV + prev * L::kTileBytes);
+        PassTurn<kSchedule>(wg);
+        sm90::WgmmaWait<1>();  // Q K^T done (groups complete in order); P V may still run
+        sm90::FenceOperands(sc);
+        if (tid == 0) sm90::MbarArrive(base + L::KEmpty(s));
+        Step::Softmax(sc, m, l, alpha, var, row, j0, masked(j0), quad);
+        sm90::WgmmaWait<0>();  // P V done: pa and V slot prev are free
+        sm90::FenceOperands(pa);
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) sm90::FenceOperands(o[c]);
+        if (tid == 0) sm90::MbarArrive(base + L::VEmpty(prev));
+        Step::PackAndRescale(sc, pa, o, alpha);
+      }
+      // Epilogue: P V of the last tile.
+      const int last = n_tiles - 1, s = stage(last), j0 = (w.n_begin + last) * kBlockN;
+      sm90::MbarWait(base + L::VFull(s), phase(last));
+      Step::ZeroTail(base_ptr + L::kV + s * L::kTileBytes, j0, w.kv_len, tid, wg);
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) sm90::FenceOperands(o[c]);
+      TakeTurn<kSchedule>(wg);
+      sm90::WgmmaFence();
+      Step::IssuePV(o, pa, base + L::kV + s * L::kTileBytes);
+      if (wg == 0) PassTurn<kSchedule>(wg);  // warpgroup 1's last issue passes no turn
+      sm90::WgmmaWait<0>();
+      sm90::FenceOperands(pa);
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) sm90::FenceOperands(o[c]);
+      if (tid == 0) sm90::MbarArrive(base + L::VEmpty(s));
+    }
+  }
+
+  // Epilogue: O / rowsum, zeros for rows past q_len (and rows that saw no key: l = 0, O = 0),
+  // staged through this warpgroup's Q rows (free: all its wgmma groups are waited for) in the
+  // 128-byte-swizzled [rows][64] layout, so that a warp's 16-byte global stores cover whole rows.
+  // Rows past this KV head's M rows belong to another CTA and are left alone.
+  uint8_t* staged = base_ptr + L::kQ + wg * 64 * 128;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    const float inv = l[h] == 0.f ? 0.f : 1.f / l[h];  // NaN stays NaN
+    const bool live = r[h] % p.q_rows < w.q_len;
+    const int rr = 16 * warp + lane / 4 + 8 * h;  // row within the warpgroup's 64
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+#pragma unroll
+      for (int n8 = 0; n8 < 8; ++n8) {  // 8 columns = one 16-byte piece, swizzled by row % 8
+        const int e = n8 * 4 + 2 * h;
+        const float v0 = live ? o[c][e] * inv : 0.f, v1 = live ? o[c][e + 1] * inv : 0.f;
+        *reinterpret_cast<uint32_t*>(staged + c * L::kChunkBytes + rr * 128 + ((n8 ^ (rr % 8)) * 16) + quad * 4) =
+            ptx::Pack2<T>(v0, v1);
+      }
+    }
+  }
+  sm90::NamedBarrierSync(1 + wg, 128);
+  T* y = static_cast<T*>(p.y);
+  constexpr int kPieces = kChunks * 8;  // 16-byte pieces of a row
+#pragma unroll
+  for (int idx = tid; idx < 64 * kPieces; idx += 128) {
+    const int rr = idx / kPieces, c = (idx % kPieces) / 8, n8 = idx % 8;
+    const int row_m = w.r0 + 64 * wg + rr;
+    if (row_m >= p.rows) continue;
+    const uint4 piece =
+        *reinterpret_cast<const uint4*>(staged + c * L::kChunkBytes + rr * 128 + ((n8 ^ (rr % 8)) * 16));
+    *reinterpret_cast<uint4*>(y + (int64_t(bh) * p.rows + row_m) * kD + c * 64 + n8 * 8) = piece;
+  }
+}
+
+template <typename T, int kD, class Variant, Schedule kSchedule>
+__global__ void __launch_bounds__(kThreads, 1)
+    PrefillKernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
+                  const __grid_constant__ CUtensorMap v_map, const PrefillParams p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using L = Smem<kD>;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = ptx::SmemAddr(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;  // the 128-byte swizzle repeats every 1024 bytes
+  uint8_t* base_ptr = smem_raw + (base - raw);
+
+  const int bh = blockIdx.x;                          // b * Hkv + kvh
+  const int m_block = p.m_blocks - 1 - blockIdx.y;    // the longest causal rows first
+  const int b = bh / p.kv_heads;
+  const int q_len = min(max(p.q_len[b], 0), p.q_rows);
+  const int kv_len = min(max(p.kv_len[b], 0), p.kv_rows);
+  const Variant var(p.variant, kv_len);
+  const CtaWork w = PlanCta(p, var, m_block, q_len, kv_len);
+
+  if (threadIdx.x == 0) {
+    sm90::MbarInit(base + L::QFull(), 1);
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      sm90::MbarInit(base + L::KFull(s), 1);
+      sm90::MbarInit(base + L::VFull(s), 1);
+      sm90::MbarInit(base + L::KEmpty(s), kConsumers);
+      sm90::MbarInit(base + L::VEmpty(s), kConsumers);
+    }
+    sm90::FenceBarrierInit();
+  }
+  __syncthreads();
+
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    sm90::RegDealloc<24>();
+    if (threadIdx.x == 0 && w.n_end > w.n_begin) Produce<T, kD, Variant>(q_map, k_map, v_map, base, w, bh, p);
+  } else {
+    sm90::RegAlloc<240>();
+    Consume<T, kD, Variant, kSchedule>(base, base_ptr, w, var, wg - 1, bh, p);
+  }
+#else
+  // Built for a GPU without wgmma / TMA: the handler refuses to launch there.
+  __trap();
+#endif
+}
+
+}  // namespace joa::prefill

@@ -1,0 +1,81 @@
+// Launch of the prefill engine: the TMA tensor maps (encoded on the host through the driver entry
+// point, no libcuda link), the shared-memory limit, the grid; instantiated for f16 / bf16 x head
+// size 64 / 128 x the three consumer schedules with the mask variant (causal or not, scale).
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <type_traits>
+
+#include "kernels/prefill/engine.cuh"
+#include "kernels/prefill/prefill.h"
+
+namespace joa::prefill {
+namespace {
+
+// cuTensorMapEncodeTiled from the driver, looked up once (a host function pointer, no device state).
+PFN_cuTensorMapEncodeTiled_v12000 EncodeTiled() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      ptr = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
+  }();
+  return fn;
+}
+
+// A map over `rows` rows of d 16-bit elements, boxes of [box_rows][64] (128 bytes: one swizzle
+// span), 128-byte swizzle, zeros out of bounds.
+template <typename T>
+cudaError_t MakeMap(CUtensorMap* map, const void* ptr, uint64_t rows, int d, int box_rows) {
+  const auto encode = EncodeTiled();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  const CUtensorMapDataType type =
+      std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const cuuint64_t dims[2] = {cuuint64_t(d), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(d) * sizeof(T)};
+  const cuuint32_t box[2] = {64, cuuint32_t(box_rows)};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r = encode(map, type, 2, const_cast<void*>(ptr), dims, strides, box, elem_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+template <typename T, int kD>
+cudaError_t Launch(PrefillParams p, const void* q, const void* k, const void* v, Schedule schedule,
+                   cudaStream_t stream) {
+  if (p.batch == 0 || p.kv_heads == 0 || p.rows == 0) return cudaSuccess;
+  p.m_blocks = (p.rows + kBlockM - 1) / kBlockM;
+  CUtensorMap q_map, k_map, v_map;
+  cudaError_t err = MakeMap<T>(&q_map, q, uint64_t(p.batch) * p.q_heads * p.q_rows, kD, kBlockM);
+  if (err == cudaSuccess && p.kv_rows > 0) {
+    const uint64_t kv_rows = uint64_t(p.batch) * p.kv_heads * p.kv_rows;
+    err = MakeMap<T>(&k_map, k, kv_rows, kD, kBlockN);
+    if (err == cudaSuccess) err = MakeMap<T>(&v_map, v, kv_rows, kD, kBlockN);
+  } else {
+    k_map = v_map = q_map;  // no keys: never read
+  }
+  if (err != cudaSuccess) return err;
+  auto* kernel = schedule == Schedule::kPingPong ? PrefillKernel<T, kD, MaskVariant, Schedule::kPingPong>
+                 : schedule == Schedule::kOverlap ? PrefillKernel<T, kD, MaskVariant, Schedule::kOverlap>
+                                                  : PrefillKernel<T, kD, MaskVariant, Schedule::kSerial>;
+  // A function attribute, not stream work: allowed while XLA captures the stream.
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(SmemBytes(kD)));
+  if (err != cudaSuccess) return err;
+  const dim3 grid(unsigned(p.batch * p.kv_heads), unsigned(p.m_blocks));
+  kernel<<<grid, kThreads, SmemBytes(kD), stream>>>(q_map, k_map, v_map, p);
+  return cudaGetLastError();
+}
+
+#define JOA_PREFILL_INSTANTIATE(T, D) \
+  template cudaError_t Launch<T, D>(PrefillParams, const void*, const void*, const void*, Schedule, cudaStream_t);
+JOA_PREFILL_INSTANCES(JOA_PREFILL_INSTANTIATE)
+#undef JOA_PREFILL_INSTANTIATE
+
+}  // namespace joa::prefill

@@ -1,0 +1,57 @@
+// The prefill engine (Hopper flash attention): its parameters and static tiling. Host-only C++.
+//
+// Layout (the decode engine's): q [B, Hq, S, D], k / v [B, Hkv, T, D], y [B, Hq, S, D], all dense,
+// f16 or bf16. GQA packing: the G = Hq / Hkv query heads of KV head kvh are packed as rows
+// r = g * S + i of one [G * S, D] block (rows bh * G * S + r of q viewed as [B * Hq * S, D],
+// bh = b * Hkv + kvh), so one CTA's query rows share every K / V tile it loads.
+//
+// Batch row b has q_len[b] valid query rows and kv_len[b] valid keys (int32 [B], read on the
+// device, clamped to [0, S] and [0, T]); query row i < q_len[b] sits at position
+// kv_len[b] - q_len[b] + i (bottom-right aligned) and, causal, sees keys j <= its position. Rows
+// i >= q_len[b] and rows that see no key are written as zeros.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/common/params.h"
+
+namespace joa::prefill {
+
+struct PrefillParams {
+  void* y;
+  const int32_t* q_len;   // [B]
+  const int32_t* kv_len;  // [B]
+  int batch, q_heads, kv_heads, q_rows, kv_rows, head_dim;  // B, Hq, Hkv, S, T, D
+  int group;  // G = Hq / Hkv
+  int rows;   // M = G * S packed rows per KV head
+  int m_blocks;  // ceil(M / kBlockM)
+  // The variant: scale and causal now (kernels/common/variant.cuh's MaskVariant reads it; windows,
+  // softcap, sinks later). pos_shift, bias and sink are unused here.
+  VariantParams variant;
+};
+
+// CTA tile: kBlockM packed query rows (two consumer warpgroups of 64) x kBlockN keys per step.
+inline constexpr int kBlockM = 128;
+inline constexpr int kBlockN = 128;
+inline constexpr int kConsumers = 2;             // consumer warpgroups
+inline constexpr int kThreads = 128 * (1 + kConsumers);  // + one producer warpgroup
+inline constexpr int kStages = 2;                // K / V shared-memory stages
+inline constexpr int kHeadDims[] = {64, 128};
+
+// How the two consumer warpgroups order their work on a key tile (engine.cuh, Consume). All three
+// add in the same order: the same bits. Names for Python (_ffi.limits(), indexed by the value).
+//   kSerial:   Q K^T, softmax, P V one after another.
+//   kOverlap:  Q K^T of tile n + 1 and P V of tile n in flight during the softmax of tile n + 1
+//              (FA3's intra-warpgroup pipelining).
+//   kPingPong: kOverlap, and the two warpgroups take turns to issue their tensor-core work, so one
+//              runs its softmax while the other's MMAs run (FA3's ping-pong, named barriers).
+enum class Schedule : int { kSerial = 0, kOverlap = 1, kPingPong = 2 };
+inline constexpr const char* kScheduleNames[] = {"serial", "overlap", "pingpong"};
+
+// Shared memory of one CTA for head size d: Q, kStages x (K, V), 1 KB of alignment slack and the
+// barriers (all tiles are 128-byte-swizzled [rows][64] column blocks).
+constexpr int64_t SmemBytes(int d) {
+  return int64_t(2) * d * (kBlockM + 2 * kStages * kBlockN) + 1024 + 256;
+}
+
+}  // namespace joa::prefill

@@ -1,0 +1,27 @@
+// The prefill engine as handlers see it: one launch per (dtype, head size).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/prefill/params.h"
+
+namespace joa::prefill {
+
+// Builds the tensor maps of q [B * Hq * S, D] and k / v [B * Hkv * T, D] (p's shapes) and launches
+// the engine on `stream` (nothing when there are no query rows). T: __half or __nv_bfloat16; kD:
+// one of kHeadDims; schedule: the consumers' order of work (params.h). Geometry from p's static
+// shapes only. p.m_blocks is filled here.
+template <typename T, int kD>
+cudaError_t Launch(PrefillParams p, const void* q, const void* k, const void* v, Schedule schedule,
+                   cudaStream_t stream);
+
+#define JOA_PREFILL_INSTANCES(X) X(__half, 64) X(__half, 128) X(__nv_bfloat16, 64) X(__nv_bfloat16, 128)
+#define JOA_PREFILL_DECLARE(T, D) \
+  extern template cudaError_t Launch<T, D>(PrefillParams, const void*, const void*, const void*, Schedule, \
+                                          cudaStream_t);
+JOA_PREFILL_INSTANCES(JOA_PREFILL_DECLARE)
+#undef JOA_PREFILL_DECLARE
+
+}  // namespace joa::prefill

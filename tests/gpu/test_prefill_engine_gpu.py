@@ -1,0 +1,229 @@
+"""The Hopper prefill engine (prefill_attention target, ffi/kernels/prefill/) against its spec,
+`jax_onnx_attn.ops.reference.prefill.prefill_attention`.
+
+Sweeps causal / non-causal x GQA groups 1 / 4 / 8 x S in {1, 63, 128, 1000, 2048} (T >= S) x
+float16 / bfloat16 at head size 128, with ragged q and kv lengths per batch row and K / V rows past
+kv_len poisoned with NaN (they must never reach the output); head size 64; the length edge cases
+(0, q_len > kv_len, beyond the buffers, negative); bitwise repeatability run to run and batch
+invariance; a loop of calls inside an XLA command buffer. Every value check runs the three
+consumer schedules (serial, overlap, pingpong) and holds them to the same bits. Tolerances:
+jax_onnx_attn.testing.
+
+Needs an sm_90 GPU (H100 / H200): elsewhere the engine refuses to launch and these tests skip.
+"""
+
+import functools
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+from jax_onnx_attn.ops import cuda
+from jax_onnx_attn.ops.reference import prefill as prefill_reference
+from jax_onnx_attn.testing import assert_close
+
+import command_buffer
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = [np.float16, ml_dtypes.bfloat16]
+
+
+def _other_gpu() -> bool:
+    """A GPU that is not sm_90 (without any GPU the gpu marker skips these tests, tests/conftest.py)."""
+    try:
+        dev = jax.devices("gpu")[0]
+    except RuntimeError:
+        return False
+    return str(getattr(dev, "compute_capability", "")) != "9.0"
+
+
+needs_sm90 = pytest.mark.skipif(_other_gpu(), reason="the prefill engine runs on sm_90 (H100 / H200) only")
+
+_reference = jax.jit(prefill_reference.prefill_attention, static_argnames=("scale", "causal"))
+_engine = jax.jit(cuda.prefill_attention, static_argnames=("scale", "causal", "schedule"))
+SCHEDULES = ("serial", "overlap", "pingpong")
+
+
+def _inputs(seed, b, hq, hkv, s, t, d, dtype, q_len, kv_len):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((b, hq, s, d)).astype(dtype)
+    k = rng.standard_normal((b, hkv, t, d)).astype(dtype)
+    v = rng.standard_normal((b, hkv, t, d)).astype(dtype)
+    q_len, kv_len = np.asarray(q_len, np.int32), np.asarray(kv_len, np.int32)
+    for bi, n in enumerate(kv_len):  # keys past the valid length hold garbage the engine must skip
+        k[bi, :, max(int(n), 0):] = np.nan
+        v[bi, :, max(int(n), 0):] = np.nan
+    return q, k, v, q_len, kv_len
+
+
+def _check(q, k, v, q_len, kv_len, *, causal, scale=None):
+    """Every schedule of the engine against the spec, and against each other: they add in the same
+    order, so their bits agree."""
+    scale = float(scale if scale is not None else q.shape[-1] ** -0.5)
+    want = _reference(q, k, v, q_len, kv_len, scale=scale, causal=causal)
+    got = {name: _engine(q, k, v, q_len, kv_len, scale=scale, causal=causal, schedule=name)
+           for name in SCHEDULES}
+    for name, y in got.items():
+        assert y.shape == q.shape and y.dtype == q.dtype
+        assert_close(y, want, q.dtype, err_msg=name)
+    for name in SCHEDULES[1:]:
+        assert np.array_equal(np.asarray(got["serial"]), np.asarray(got[name]), equal_nan=True), name
+    return got["serial"]
+
+
+def _ragged(s, t, b=3):
+    """Lengths of b batch rows: full, then shorter q and kv (T >= S on every row)."""
+    q_len = [s, max(s - 17, 1), max(s // 2, 1)][:b]
+    kv_len = [t, t - 5 if t - 5 >= q_len[1] else t, max(q_len[2] + 3, min(t, q_len[2] + 100))][:b]
+    return q_len, kv_len
+
+
+@needs_sm90
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f16", "bf16"])
+@pytest.mark.parametrize("s", [1, 63, 128, 1000, 2048])
+@pytest.mark.parametrize("group", [1, 4, 8])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
+def test_values(causal, group, s, dtype):
+    hkv, t = 2, s + 37
+    q_len, kv_len = _ragged(s, t)
+    args = _inputs(s * 31 + group, 3, hkv * group, hkv, s, t, 128, dtype, q_len, kv_len)
+    _check(*args, causal=causal)
+
+
+@needs_sm90
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f16", "bf16"])
+@pytest.mark.parametrize("s,t,group", [(1, 1, 8), (100, 300, 4), (257, 257, 1), (512, 1500, 8)])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
+def test_head_dim_64(causal, s, t, group, dtype):
+    q_len, kv_len = _ragged(s, t)
+    args = _inputs(s + t + group, 3, 2 * group, 2, s, t, 64, dtype, q_len, kv_len)
+    _check(*args, causal=causal)
+
+
+# --- diagnostics: each isolates one half of the engine, so a failure says where to look ------------
+
+@needs_sm90
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_zero_queries_average_the_visible_values(schedule):
+    """q = 0: every visible key scores the same, so y is the mean of the visible V rows. Exercises
+    P V (the MN-major V descriptor, the V ring, the tail zeroing), the mask and the row sums without
+    depending on Q K^T."""
+    b, hq, hkv, s, t, d = 2, 8, 2, 200, 300, 128
+    rng = np.random.default_rng(5)
+    q = np.zeros((b, hq, s, d), np.float16)
+    k = rng.standard_normal((b, hkv, t, d)).astype(np.float16)
+    v = rng.standard_normal((b, hkv, t, d)).astype(np.float16)
+    kv_len = np.array([300, 250], np.int32)
+    v[1, :, 250:] = np.nan
+    got = np.asarray(_engine(q, k, v, np.full((b,), s, np.int32), kv_len, scale=0.1, causal=True,
+                             schedule=schedule), np.float64)
+    v64 = v.astype(np.float64)
+    for bi in range(b):
+        for i in (0, 1, 99, 199):
+            keys = kv_len[bi] - s + i + 1  # causal: keys 0 .. pos
+            want = v64[bi, :, :keys].mean(axis=1)  # [Hkv, D]
+            want = np.broadcast_to(want[:, None, :], (hkv, hq // hkv, d))
+            assert_close(got[bi, :, i].reshape(hkv, hq // hkv, d), want, np.float16,
+                         err_msg=f"batch row {bi}, query row {i}")
+
+
+@needs_sm90
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_one_hot_keys_pick_one_value_row(schedule):
+    """Key j = 30·e_(j mod D) and query i = e_(i mod D) (no causal mask): query i's softmax is all
+    on the keys with j = i mod D, so y is the mean of those V rows. Exercises Q K^T (the K-major
+    descriptors, the swizzle, the 32-byte k-steps across both 64-column blocks of D)."""
+    b, h, s, t, d = 1, 1, 128, 256, 128
+    q = np.zeros((b, h, s, d), np.float32)
+    k = np.zeros((b, h, t, d), np.float32)
+    q[0, 0, np.arange(s), np.arange(s) % d] = 1.0
+    k[0, 0, np.arange(t), np.arange(t) % d] = 30.0
+    rng = np.random.default_rng(6)
+    v = rng.standard_normal((b, h, t, d)).astype(np.float16)
+    lens = np.array([s], np.int32), np.array([t], np.int32)
+    got = np.asarray(_engine(q.astype(np.float16), k.astype(np.float16), v, *lens, scale=1.0,
+                             causal=False, schedule=schedule), np.float64)
+    v64 = v.astype(np.float64)
+    want = np.stack([v64[0, 0, [j for j in range(t) if j % d == i % d]].mean(axis=0) for i in range(s)])
+    assert_close(got[0, 0], want, np.float16)
+
+
+@needs_sm90
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
+def test_length_edge_cases(causal):
+    """q_len 0 (all rows 0), kv_len 0 (no keys: 0), q_len > kv_len (early rows see nothing when
+    causal), lengths beyond the buffers (clamped) and negative (0)."""
+    s, t = 200, 300
+    q_len = [0, 150, 200, 999, -4, 200]
+    kv_len = [300, 0, 90, 5000, 300, -1]
+    args = _inputs(7, 6, 8, 2, s, t, 128, ml_dtypes.bfloat16, q_len, kv_len)
+    got = np.asarray(_check(*args, causal=causal)).astype(np.float32)
+    assert not got[0].any() and not got[1].any() and not got[4].any() and not got[5].any()
+    if causal:  # row 2: query i sits at 90 - 200 + i, so rows i < 110 see no key
+        assert not got[2, :, :110].any() and got[2, :, 110:].any()
+
+
+@needs_sm90
+def test_tiles_crossing_heads():
+    """Packed rows of one CTA span two query heads (S not a multiple of the 128-row tile) and the
+    last key tile reads past T into the next KV head's rows (masked, V zeroed)."""
+    args = _inputs(11, 2, 16, 2, 45, 45, 128, np.float16, [45, 30], [45, 40])
+    _check(*args, causal=True)
+    _check(*args, causal=False)
+
+
+@needs_sm90
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_bitwise_repeatable_and_batch_invariant(causal, schedule):
+    s, t = 1000, 1200
+    q, k, v, q_len, kv_len = _inputs(3, 3, 16, 2, s, t, 128, ml_dtypes.bfloat16, [1000, 700, 999],
+                                     [1200, 800, 1000])
+    f = functools.partial(_engine, scale=0.1, causal=causal, schedule=schedule)
+    first = np.asarray(f(q, k, v, q_len, kv_len))
+    for _ in range(3):
+        assert np.array_equal(first, np.asarray(f(q, k, v, q_len, kv_len)), equal_nan=True)
+    # One batch row alone gives the same bits as inside the batch (same tiles, same order).
+    alone = np.asarray(f(q[1:2], k[1:2], v[1:2], q_len[1:2], kv_len[1:2]))
+    assert np.array_equal(first[1:2], alone, equal_nan=True)
+
+
+# A loop of prefill calls (each query the previous output) under jit: XLA captures the custom call
+# into a command buffer and replays it. Runs in a fresh process so XLA_FLAGS apply.
+_LOOP = textwrap.dedent("""
+    import functools, jax, jax.numpy as jnp, numpy as np
+    from jax_onnx_attn.ops import cuda
+
+    attn = functools.partial(cuda.prefill_attention, scale=0.1, causal=True, schedule="pingpong")
+    def steps(q, k, v, q_len, kv_len):
+        return jax.lax.fori_loop(0, 8, lambda i, q: attn(q, k, v, q_len, kv_len), q)
+
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.standard_normal((2, 16, 512, 128)), jnp.bfloat16)
+    k = jnp.asarray(rng.standard_normal((2, 4, 640, 128)), jnp.bfloat16)
+    v = jnp.asarray(rng.standard_normal((2, 4, 640, 128)), jnp.bfloat16)
+    q_len = jnp.array([512, 300], jnp.int32)
+    kv_len = jnp.array([640, 500], jnp.int32)
+    f = jax.jit(steps)
+    hlo = f.lower(q, k, v, q_len, kv_len).compile().as_text()
+    names = [l.split("=")[0].strip().lstrip("%") for l in hlo.splitlines()
+             if 'custom_call_target="jax_onnx_attn_prefill_attention"' in l]
+    print("CUSTOM_CALL_NAMES", *names)
+    got = f(q, k, v, q_len, kv_len)
+    got2 = f(q, k, v, q_len, kv_len)  # replay
+    want = q
+    for i in range(8):
+        want = attn(want, k, v, q_len, kv_len)
+    assert np.array_equal(np.asarray(got), np.asarray(got2))
+    assert np.array_equal(np.asarray(got), np.asarray(want)), float(jnp.abs(got - want).max())
+    print("LOOP_OK")
+""")
+
+
+@needs_sm90
+def test_prefill_loop_in_a_command_buffer(tmp_path):
+    command_buffer.assert_captured(_LOOP, "prefill_attention", tmp_path)

@@ -1,0 +1,131 @@
+"""The prefill engine's spec and wrapper on the CPU: `reference.prefill.prefill_attention` against
+a plain NumPy loop and against the decode spec (uniform lengths), and `cuda.prefill_attention`'s
+trace-time checks and batching with the kernel swapped for its spec (tests/kernel_specs.py). The
+kernel itself: tests/gpu/test_prefill_engine_gpu.py."""
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+from jax_onnx_attn import _extension
+from jax_onnx_attn.ops import cuda
+from jax_onnx_attn.ops.reference import decode as decode_reference
+from jax_onnx_attn.ops.reference import prefill as prefill_reference
+from jax_onnx_attn.testing import assert_close
+
+from kernel_specs import use_specs
+
+
+def _numpy_prefill(q, k, v, q_len, kv_len, scale, causal):
+    b, hq, s, d = q.shape
+    hkv, t = k.shape[1], k.shape[2]
+    g = hq // hkv
+    y = np.zeros((b, hq, s, d), np.float64)
+    for bi in range(b):
+        ql, kl = int(np.clip(q_len[bi], 0, s)), int(np.clip(kv_len[bi], 0, t))
+        for h in range(hq):
+            for i in range(ql):
+                pos = kl - ql + i
+                keys = [j for j in range(kl) if not causal or j <= pos]
+                if not keys:
+                    continue
+                x = np.array([scale * q[bi, h, i].astype(np.float64) @ k[bi, h // g, j].astype(np.float64)
+                              for j in keys])
+                p = np.exp(x - x.max())
+                y[bi, h, i] = (p / p.sum()) @ v[bi, h // g, keys].astype(np.float64)
+    return y
+
+
+def _inputs(rng, b, hq, hkv, s, t, d, dtype=np.float32):
+    q = rng.standard_normal((b, hq, s, d)).astype(dtype)
+    k = rng.standard_normal((b, hkv, t, d)).astype(dtype)
+    v = rng.standard_normal((b, hkv, t, d)).astype(dtype)
+    return q, k, v
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_spec_matches_a_numpy_loop_with_ragged_lengths(causal):
+    rng = np.random.default_rng(0)
+    q, k, v = _inputs(rng, 5, 4, 2, 6, 9, 8)
+    q_len = np.array([6, 3, 0, 6, 9], np.int32)   # full, short, none, more than kv, beyond S
+    kv_len = np.array([9, 5, 9, 2, -1], np.int32)
+    for bi, n in enumerate(kv_len):  # keys past kv_len are never read
+        k[bi, :, max(n, 0):] = np.nan
+        v[bi, :, max(n, 0):] = np.nan
+    got = prefill_reference.prefill_attention(q, k, v, q_len, kv_len, scale=0.4, causal=causal)
+    want = _numpy_prefill(q, k, v, q_len, kv_len, 0.4, causal)
+    assert_close(got, want, np.float32)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_spec_with_full_query_rows_is_the_decode_spec(causal):
+    rng = np.random.default_rng(1)
+    q, k, v = _inputs(rng, 3, 8, 2, 5, 11, 16, ml_dtypes.bfloat16)
+    kv_len = np.array([11, 7, 5], np.int32)
+    got = prefill_reference.prefill_attention(q, k, v, np.full((3,), 5, np.int32), kv_len, scale=0.25,
+                                              causal=causal)
+    want = decode_reference.decode_attention(q, k, v, kv_len, scale=0.25, causal=causal)
+    assert_close(got, want)
+
+
+needs_limits = pytest.mark.skipif(_extension._ffi is None, reason="extension not built")
+
+
+@needs_limits
+def test_head_dims_and_schedules_come_from_the_extension():
+    limits = _extension.limits()["prefill"]
+    assert cuda.PREFILL_HEAD_DIMS == tuple(limits["head_dims"]) == (64, 128)
+    assert cuda.PREFILL_SCHEDULES == tuple(limits["schedules"]) == ("serial", "overlap", "pingpong")
+
+
+@needs_limits
+@pytest.mark.parametrize("change,exc,match", [
+    (dict(q=np.zeros((2, 4, 8), np.float16)), ValueError, "q: must be rank 4"),
+    (dict(q=np.zeros((2, 4, 8, 128), np.float32)), TypeError, "q: must be float16 or bfloat16"),
+    (dict(k=np.zeros((2, 2, 16, 128), ml_dtypes.bfloat16)), TypeError, "k: must have q's dtype"),
+    (dict(q=np.zeros((2, 4, 8, 96), np.float16)), ValueError, "q: head size 96"),
+    (dict(k=np.zeros((3, 2, 16, 128), np.float16)), ValueError, r"k: must be \[B=2"),
+    (dict(k=np.zeros((2, 3, 16, 128), np.float16), v=np.zeros((2, 3, 16, 128), np.float16)),
+     ValueError, "k: KV heads 3"),
+    (dict(v=np.zeros((2, 2, 17, 128), np.float16)), ValueError, "v: must have k's shape"),
+    (dict(q_len=np.zeros((3,), np.int32)), ValueError, r"q_len: must be an integer \[B=2\]"),
+    (dict(kv_len=np.zeros((2,), np.float32)), TypeError, "kv_len: must be an integer"),
+])
+def test_wrapper_names_the_bad_input(change, exc, match):
+    """Each rule of the engine's inputs, broken once, names the input."""
+    args = dict(q=np.zeros((2, 4, 8, 128), np.float16), k=np.zeros((2, 2, 16, 128), np.float16),
+                v=np.zeros((2, 2, 16, 128), np.float16), q_len=np.full((2,), 8, np.int32),
+                kv_len=np.full((2,), 16, np.int32))
+    args.update(change)
+    with pytest.raises(exc, match=f"prefill_attention: {match}"):
+        jax.eval_shape(lambda **a: cuda.prefill_attention(**a, scale=0.1, causal=True), **args)
+
+
+@needs_limits
+def test_wrapper_under_jit_and_vmap_folds_into_one_call(monkeypatch):
+    calls = use_specs(monkeypatch)
+    rng = np.random.default_rng(2)
+    q, k, v = _inputs(rng, 2 * 3, 4, 2, 8, 12, 64, np.float16)
+    q, k, v = (x.reshape(2, 3, *x.shape[1:]) for x in (q, k, v))
+    q_len = np.array([[8, 5, 1], [8, 8, 0]], np.int32)
+    kv_len = np.array([[12, 9, 3], [10, 12, 12]], np.int32)
+    f = jax.jit(jax.vmap(lambda *a: cuda.prefill_attention(*a, scale=0.125, causal=True,
+                                                           schedule="pingpong")))
+    got = f(q, k, v, q_len, kv_len)
+    assert calls[-1][:2] == ("prefill", (6, 4, 8, 64))  # the lowered call: the mapped axis folded into B
+    for n in range(2):
+        want = prefill_reference.prefill_attention(q[n], k[n], v[n], q_len[n], kv_len[n], scale=0.125,
+                                                   causal=True)
+        assert_close(got[n], want)
+    assert jnp.asarray(got).dtype == jnp.float16
+
+
+@needs_limits
+def test_unknown_schedule_is_refused():
+    q = np.zeros((1, 2, 4, 64), np.float16)
+    k = np.zeros((1, 1, 4, 64), np.float16)
+    lens = np.full((1,), 4, np.int32)
+    with pytest.raises(ValueError, match="prefill_attention: schedule: must be one of"):
+        cuda.prefill_attention(q, k, k, lens, lens, scale=0.1, causal=True, schedule="fast")
