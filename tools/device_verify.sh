@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Run on the GPU machine: the GPU tests of what has landed without a GPU run, most important first,
+# each file group under its own time limit so one slow or hanging group cannot take the others'
+# time (one device call; about 9 minutes at most). Carry .snap (tools/snapshot.sh --so ...).
+#   bash tools/device_verify.sh                 # all groups
+#   JOA_VERIFY="gemv nan" bash tools/device_verify.sh
+# Logs: $OUT/verify_<group>.log and a one-line-per-group summary in $OUT/verify.txt.
+set -uo pipefail
+source "$(dirname "$0")/device_prepare.sh"
+declare -A files=(
+  [gemv]="tests/gpu/test_linear_gpu.py"
+  [nan]="tests/gpu/test_nan_inf_gpu.py tests/gpu/test_properties_gpu.py"
+  [attention]="tests/gpu/test_decode_attention_gpu.py tests/gpu/test_decode_paths_gpu.py tests/gpu/test_attention_cuda_gpu.py"
+  [spmd]="tests/gpu/test_spmd_gpu.py"
+  [prefill]="tests/gpu/test_prefill_engine_gpu.py"
+)
+declare -A limit=([gemv]=210 [nan]=120 [attention]=110 [spmd]=40 [prefill]=80)  # 560 s: one call
+for group in ${JOA_VERIFY:-gemv nan attention spmd prefill}; do
+  start=$(date +%s)
+  timeout "${limit[$group]}" python3 -m pytest -m gpu -q -ra -p no:cacheprovider ${files[$group]} \
+    > "$out/verify_$group.log" 2>&1
+  rc=$?
+  summary=$(grep -E " in [0-9.]+s" "$out/verify_$group.log" | tail -1)
+  [ $rc -eq 124 ] && summary="timed out after ${limit[$group]} s: $(tail -c 300 "$out/verify_$group.log" | tr '\n' ' ')"
+  echo "$group rc=$rc $(( $(date +%s) - start )) s: $summary" | tee -a "$out/verify.txt"
+  grep -E "^(FAILED|ERROR)" "$out/verify_$group.log" | head -10
+done
