@@ -722,6 +722,32 @@ def test_ring_slot_scales_and_zero_points(bits, wide, block, zp):
                             assert got_s == 0
 
 
+def test_weight_policies_run_on_the_host(tmp_path):
+    # The emulations above model weights.cuh; this runs its own source. MakeLane / Issue / Read of
+    # DenseWeights and NbitsWeights (4 / 8 bits, one or two pieces, blocks 16 .. 512, with and
+    # without zero points, ragged K and N) compiled for the host with cp.async as a copy
+    # (tests/host/gemv_weights_host.cpp): every lane's bytes, scales and zero points of every chunk
+    # and row tile, no write past the slot, every copy source an aligned address in its buffer.
+    import pathlib
+    import shutil
+    import subprocess
+
+    cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    root = pathlib.Path(__file__).resolve().parents[1]
+    src = (root / "ffi/kernels/gemv/weights.cuh").read_text()
+    start = src.find("// Dense T weights")
+    assert start > 0, "weights.cuh: the policies' opening comment moved (see gemv_weights_host.cpp)"
+    (tmp_path / "weights_policies.h").write_text("namespace joa::gemv {\n" + src[start:])
+    exe = tmp_path / "gemv_weights_host"
+    subprocess.run([cxx, "-std=c++17", "-O1", "-w", "-I", str(tmp_path), "-I", str(root / "ffi"),
+                    str(root / "tests/host/gemv_weights_host.cpp"), "-o", str(exe)], check=True)
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "failures 0, bad copy sources 0" in run.stdout
+
+
 @pytest.mark.parametrize("bits, dtype, wide",
                          [(16, np.float16, 0), (16, BF16, 0), (8, np.float16, 0), (8, BF16, 0),
                           (4, np.float16, 0), (4, BF16, 0), (8, np.float16, 1), (8, BF16, 1),
