@@ -5,7 +5,8 @@
 // and the K chunks [c_begin, c_end) of its part (rank * warps_k + wk); the CTA loops over row blocks
 // group, group + groups, ... A warp's work is a flat sequence of (row block, chunk) steps that it
 // streams through its own cp.async ring of `stages` slots, across row-block boundaries too; each
-// lane reads back only the bytes it copied itself, so the ring needs no barrier. x (this CTA's K
+// lane reads back only the W bytes it copied itself (n-bit scales / zero points are shared within
+// the warp: a __syncwarp on each side of the read), so the ring needs no CTA barrier. x (this CTA's K
 // slice) is staged once in shared memory in fragment order (stage.cuh). At the end of a row block
 // each warp leaves its partial sums in shared memory; they are summed over warps_k, then
 // (cluster > 1) across the cluster through distributed shared memory, in a fixed order (same
@@ -106,6 +107,9 @@ __global__ void __launch_bounds__(kThreads, 2) GemvKernel(const __grid_constant_
     // Step i's group has landed: groups so far are the ring's first `stages`, x's (all complete),
     // then one per step; step i >= stages was the (i + 2)-th.
     CpAsyncWaitPending(p.stages - 1);
+    // n-bit: a lane reads scales / zero points that lanes 0 .. 3 nb - 1 copied, so their copies
+    // must be visible to the whole warp (and, below, every lane done reading before they refill).
+    if constexpr (Weights::kBits != 16) __syncwarp();
     const int c = c_begin + j;
     const int block = group + it * p.groups;
     if (c < c_end) {
@@ -129,6 +133,7 @@ __global__ void __launch_bounds__(kThreads, 2) GemvKernel(const __grid_constant_
         }
       }
     }
+    if constexpr (Weights::kBits != 16) __syncwarp();
     issue_next();  // step i + stages: refills the slot just read (its values are in registers)
     slot = slot + 1 == p.stages ? 0 : slot + 1;
     if (++j < p.cpp) continue;
