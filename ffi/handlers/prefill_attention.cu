@@ -24,7 +24,11 @@ inline std::string Configure(PrefillParams& p, int64_t batch, int64_t q_heads, i
                              int64_t kv_heads, int64_t kv_rows, float scale, bool causal) {
   bool supported = false;
   for (int d : kHeadDims) supported = supported || d == head_dim;
-  if (!supported) return "head dim " + std::to_string(head_dim) + " is not one the engine is compiled for (64, 128)";
+  if (!supported) {
+    std::string dims;
+    for (int d : kHeadDims) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
+    return "head dim " + std::to_string(head_dim) + " is not one the engine is compiled for (" + dims + ")";
+  }
   if (kv_heads <= 0 || q_heads % kv_heads != 0) return "query heads must be a multiple of KV heads";
   constexpr int64_t kMaxRows = int64_t(1) << 31;
   // TMA row coordinates and the engine's row arithmetic are 32-bit.

@@ -32,7 +32,8 @@ import onnx
 
 from jax_onnx_attn.onnx import registry
 from jax_onnx_attn.onnx.fusion import JOA_DOMAIN, LINEAR_INPUTS
-from jax_onnx_attn.ops.linear import meta_tile_rows, tile_nbits_meta, untile_nbits_meta
+from jax_onnx_attn.ops.cuda_matmul import meta_tile_rows
+from jax_onnx_attn.ops.linear import tile_nbits_meta, untile_nbits_meta
 
 COLUMN, ROW, VOCAB = "column", "row", "vocab"
 #: Normalisations: the walks from an attention stop there (the residual stream is beyond), except

@@ -20,6 +20,7 @@ import numpy as np
 from jax_onnx_attn import _extension
 from jax_onnx_attn._extension import target
 from jax_onnx_attn.ops import partitioning
+from jax_onnx_attn.ops.dtypes import HALF_DTYPES
 
 
 def kv_append(cache, new, start):
@@ -306,7 +307,7 @@ def _check_prefill(q, k, v, q_len, kv_len) -> None:
     for name, x in (("q", q), ("k", k), ("v", v)):
         if jnp.ndim(x) != 4:
             fail(ValueError, name, f"must be rank 4, got shape {jnp.shape(x)}")
-    if jnp.dtype(q.dtype) not in (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)):
+    if jnp.dtype(q.dtype) not in HALF_DTYPES:
         fail(TypeError, "q", f"must be float16 or bfloat16, got {jnp.dtype(q.dtype)}")
     for name, x in (("k", k), ("v", v)):
         if jnp.dtype(x.dtype) != jnp.dtype(q.dtype):

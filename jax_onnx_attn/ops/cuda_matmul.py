@@ -146,6 +146,21 @@ def _linear(x, w, bias, residual, norm_weight, *, eps, gated, pdl, cluster, warp
                 cluster=int(cluster), warps_k=int(warps_k), pdl=bool(pdl))
 
 
+@functools.cache
+def meta_tile_rows() -> int:
+    """W rows per tile of the kernels' scale / zero-point layout (`ops.tile_nbits_meta`): the GEMV
+    engine's kMetaTileRows (ffi/kernels/gemv/plan.h), asked from the extension."""
+    if _ffi is None:
+        raise RuntimeError("the compiled extension jax_onnx_attn._ffi (with limits) is missing")
+    return int(_ffi.limits()["gemv"]["meta_tile_rows"])
+
+
+def tiled_meta_shape(n_rows: int, k_blocks: int) -> tuple[int, int, int]:
+    """The shape of tiled scales / zero points of an [n_rows, k_blocks] MatMulNBits weight."""
+    rows = meta_tile_rows()
+    return (-(-n_rows // rows), k_blocks, rows)
+
+
 def matmul_nbits(x, b_quant, scales, zero_points=None, bias=None, residual=None, norm_weight=None,
                  *, bits: int, block_size: int, eps: float = 1e-6, gated: bool = False,
                  pdl: bool = False, cluster: int = 0, warps_k: int = 0, wide: bool | None = None):
@@ -157,8 +172,7 @@ def matmul_nbits(x, b_quant, scales, zero_points=None, bias=None, residual=None,
     wide: the two-piece n-bit format (same results; a speed choice); None: `nbits_wide()`, decided
     here at trace time.
     """
-    tile = _ffi.limits()["gemv"]["meta_tile_rows"]
-    want = (-(-b_quant.shape[0] // tile), b_quant.shape[1], tile)
+    want = tiled_meta_shape(b_quant.shape[0], b_quant.shape[1])
     for name, meta in (("scales", scales), ("zero_points", zero_points)):
         if meta is not None and tuple(meta.shape) != want:
             raise ValueError(f"matmul_nbits: {name} must be tiled {list(want)} "

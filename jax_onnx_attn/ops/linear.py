@@ -11,7 +11,6 @@ onnxruntime's MatMulNBits initialisers into the kernels' form, once, at load.
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 
@@ -19,7 +18,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_onnx_attn import _extension
 from jax_onnx_attn.ops import cuda_matmul
 from jax_onnx_attn.ops.backend import dispatch
 from jax_onnx_attn.ops.dtypes import HALF_DTYPES, check_float_dtype
@@ -31,16 +29,6 @@ from jax_onnx_attn.ops.reference import linear as reference
 GATE_UP_BLOCK = 8
 #: Bits per element the MatMulNBits kernels take.
 NBITS = (4, 8)
-
-
-@functools.cache
-def meta_tile_rows() -> int:
-    """W rows per tile of the kernels' scale / zero-point layout (`tile_nbits_meta`): the GEMV
-    engine's kMetaTileRows (ffi/kernels/gemv/plan.h), asked from the extension."""
-    found = _extension.limits()
-    if found is None:
-        raise RuntimeError(f"the kernels' limits are unknown: {_extension.build_info()['reason']}")
-    return int(found["gemv"]["meta_tile_rows"])
 
 
 def _xp(a):
@@ -118,7 +106,7 @@ def tile_nbits_meta(meta):
     if meta.ndim != 2:
         raise ValueError(f"tile_nbits_meta: expected [N, k_blocks], got shape {tuple(meta.shape)}")
     n, kb = meta.shape
-    rows = meta_tile_rows()
+    rows = cuda_matmul.meta_tile_rows()
     tiles = -(-n // rows)
     if tiles * rows != n:
         meta = xp.concatenate([meta, xp.zeros((tiles * rows - n, kb), meta.dtype)])
@@ -361,7 +349,7 @@ def matmul_nbits(x, b_quant, scales, zero_points=None, bias=None, *, k: int, n: 
     if b_quant.dtype != jnp.uint8 or tuple(b_quant.shape) != want:
         raise ValueError(f"{op}: b_quant must be uint8 {list(want)} (see prepare_nbits), got "
                          f"{b_quant.dtype}{list(b_quant.shape)}")
-    tiled_shape = (-(-n // meta_tile_rows()), kb, meta_tile_rows())
+    tiled_shape = cuda_matmul.tiled_meta_shape(n, kb)
     if tuple(scales.shape) not in ((n, kb), tiled_shape):
         raise ValueError(f"{op}: scales must be [{n}, {kb}] (see prepare_nbits) or tiled "
                          f"{list(tiled_shape)} (tile_nbits_meta), got {list(scales.shape)}")
