@@ -226,13 +226,16 @@ inline Plan MakePlan(int64_t m, int64_t n_rows, int64_t k, int bits, bool gated,
   base.pieces = f.pieces;
   base.piece_stride = f.piece_stride;
   base.kc = int(CeilDiv(k, f.chunk_k));
-  bool found = false;
+  bool found = false, too_few_chunks = false;
   for (int cluster = 1; cluster <= (sm90 ? kMaxCluster : 1); cluster *= 2) {
     if (force_cluster > 0 && cluster != force_cluster) continue;
     for (const auto& layout : kLayouts) {
       if (force_warps_k > 0 && layout[1] != force_warps_k) continue;
       // Every K part gets a chunk, unless a sweep forces the layout.
-      if (int64_t(cluster) * layout[1] > base.kc && (force_cluster == 0 || force_warps_k == 0)) continue;
+      if (int64_t(cluster) * layout[1] > base.kc && (force_cluster == 0 || force_warps_k == 0)) {
+        too_few_chunks = true;
+        continue;
+      }
       for (int ctas_per_sm = 2; ctas_per_sm >= 1; --ctas_per_sm) {
         Plan p = base;
         if (!Layout(p, cluster, layout[0], layout[1], ctas_per_sm, sm90)) continue;
@@ -243,6 +246,11 @@ inline Plan MakePlan(int64_t m, int64_t n_rows, int64_t k, int bits, bool gated,
         }
       }
     }
+  }
+  if (!found && too_few_chunks && force_cluster > 0) {
+    return fail("cluster " + std::to_string(force_cluster) + " splits K into more parts than its " +
+                std::to_string(base.kc) + " chunks of " + std::to_string(f.chunk_k) +
+                " elements (use a smaller cluster, or 0 to let the plan choose)");
   }
   if (!found) {
     return fail("x's share of K does not fit in shared memory (M * K too large" +
