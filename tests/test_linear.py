@@ -394,14 +394,16 @@ def test_plan_overrides_and_refusals():
     assert "bits" in _plan(1, 64, 64, 2, False)["error"]
 
 
-def test_nbits_wide_is_chosen_by_the_environment_default_off(monkeypatch):
+def test_nbits_wide_is_chosen_by_the_environment_default_on(monkeypatch):
     monkeypatch.delenv(cuda_matmul.NBITS_WIDE_ENV, raising=False)
+    assert cuda_matmul.nbits_wide()
+    p = _plan(1, 2048, 2048, 4, False)
+    assert p["wide"] and p["chunk_k"] == 256 and p["pieces"] == 2
+    monkeypatch.setenv(cuda_matmul.NBITS_WIDE_ENV, "0")
     assert not cuda_matmul.nbits_wide()
     assert not _plan(1, 2048, 2048, 4, False)["wide"]
     monkeypatch.setenv(cuda_matmul.NBITS_WIDE_ENV, "1")
     assert cuda_matmul.nbits_wide()
-    p = _plan(1, 2048, 2048, 4, False)
-    assert p["wide"] and p["chunk_k"] == 256 and p["pieces"] == 2
     assert not _plan(1, 2048, 2048, 4, False, wide=False)["wide"]  # an explicit choice wins
     assert not _plan(1, 2048, 2048, 16, False)["wide"]  # dense weights have one format
     # Blocks must hold a 16-byte piece in either format (32 int4 / 16 int8 elements).

@@ -5,6 +5,7 @@
 #   bash tools/device_verify.sh                 # all groups
 #   JOA_VERIFY="gemv nan" bash tools/device_verify.sh
 #   JOA_VERIFY=gemv JOA_VERIFY_ARGS="-k written" bash tools/device_verify.sh   # some tests of a group
+#   JOA_VERIFY=attention JOA_VERIFY_LIMIT=240 JOA_VERIFY_WORKERS=6 bash tools/device_verify.sh
 # Logs: $OUT/verify_<group>.log and a one-line-per-group summary in $OUT/verify.txt.
 set -uo pipefail
 source "$(dirname "$0")/device_prepare.sh"
@@ -22,6 +23,7 @@ workers=${JOA_VERIFY_WORKERS:-8}
 xdist=(); [ "$workers" -gt 0 ] && xdist=(-n "$workers")
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 for group in ${JOA_VERIFY:-gemv nan attention spmd prefill}; do
+  [ -n "${JOA_VERIFY_LIMIT:-}" ] && limit[$group]=$JOA_VERIFY_LIMIT  # seconds, for every group asked
   start=$(date +%s)
   timeout "${limit[$group]}" python3 -m pytest -m gpu -q -ra -p no:cacheprovider "${xdist[@]}" \
     ${files[$group]} ${JOA_VERIFY_ARGS:-} > "$out/verify_$group.log" 2>&1

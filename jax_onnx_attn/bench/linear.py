@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nbits-wide", type=int, nargs="+", choices=(0, 1), default=None,
                     help="n-bit format(s) of ours: 0 one 16-byte piece a lane per chunk, 1 two "
                          "(wide); the first is 'ours' (and the --plans'), the others peers "
-                         "'ours[wide]' / 'ours[narrow]' (default: JOA_GEMV_NBITS_WIDE, off)")
+                         "'ours[wide]' / 'ours[narrow]' (default: JOA_GEMV_NBITS_WIDE, on)")
     ap.add_argument("--target-ms", type=float, default=10.0, help="wall time per timing sample")
     ap.add_argument("--reps", type=int, default=3, help="timing samples (median reported)")
     ap.add_argument("--max-seconds", type=float, default=55.0,

@@ -28,9 +28,11 @@ NBITS_WIDE_ENV = "JOA_GEMV_NBITS_WIDE"
 def nbits_wide() -> bool:
     """Whether n-bit weights run in the wide format by default: each lane copies two 16-byte pieces
     of a row per chunk (2 KB a chunk, like the dense format) instead of one (ffi/kernels/gemv/plan.h's
-    FormatInfo). Set with JOA_GEMV_NBITS_WIDE=1 (read at trace time, here only); off by default
-    until the GPU has measured it. `matmul_nbits(..., wide=)` overrides it per call."""
-    value = os.environ.get(NBITS_WIDE_ENV, "0")
+    FormatInfo). On by default (H200, bench/results/2026-12-01-e2e-notes.md: 1.2-1.35x the one-piece
+    format's GB/s on the 8B and LM-head shapes, the 1B int4 step 0.995 -> 0.943 ms);
+    JOA_GEMV_NBITS_WIDE=0 selects the one-piece format (read at trace time, here only).
+    `matmul_nbits(..., wide=)` overrides it per call."""
+    value = os.environ.get(NBITS_WIDE_ENV, "1")
     if value not in ("0", "1"):
         raise ValueError(f"{NBITS_WIDE_ENV} must be 0 or 1, got {value!r}")
     return value == "1"
