@@ -204,6 +204,15 @@ def device_kernel_events(events: list[dict]) -> tuple[list[dict] | None, dict]:
                      "all_lines": sorted(set(lines.values()))}
 
 
+def _kernel_key(event: dict) -> str:
+    """A kernel event's name (240 characters at most) and, when its args carry them, its grid and
+    block ("name [grid 128,1,1 block 256,1,1]")."""
+    name = str(event.get("name", ""))[:240]
+    args = event.get("args", {}) or {}
+    dims = [f"{k} {args[k]}" for k in sorted(args) if any(w in k.lower() for w in ("grid", "block"))]
+    return f"{name} [{' '.join(str(d) for d in dims)[:60]}]" if dims else name
+
+
 def count_device_kernels(events: list[dict]) -> tuple[int | None, dict]:
     """Kernels in a Chrome-trace event list (see `device_kernel_events`). Returns (count, info: the
     kernel names by count, the lines read); count None with info["note"] when the trace has no
@@ -214,12 +223,14 @@ def count_device_kernels(events: list[dict]) -> tuple[int | None, dict]:
     lines = info.pop("all_lines")
     names = Counter(str(e.get("name", "")) for e in kernels)
     info["top"] = names.most_common(8)
-    # Where the time goes: kernels by total device µs in the trace (name[:80], count, µs).
+    # Where the time goes: kernels by total device µs in the trace (name, grid when the trace gives
+    # it, count, µs). The whole name: the GEMV's template arguments tell its fusion apart.
     us, count = Counter(), Counter()
     for e in kernels:
-        us[str(e.get("name", ""))[:80]] += float(e.get("dur", 0))
-        count[str(e.get("name", ""))[:80]] += 1
-    info["top_time"] = [(n, count[n], round(t, 1)) for n, t in us.most_common(16)]
+        key = _kernel_key(e)
+        us[key] += float(e.get("dur", 0))
+        count[key] += 1
+    info["top_time"] = [(n, count[n], round(t, 1)) for n, t in us.most_common(24)]
     info["total_us"] = round(sum(us.values()), 1)
     if not names:
         info["note"] = f"no kernels on the device lines {lines[:8]}"

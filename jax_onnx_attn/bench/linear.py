@@ -8,10 +8,13 @@ path); torch `F.linear` in a CUDA graph (dense only). `--nbits-wide 0 1` times o
 both formats (one or two 16-byte pieces a lane per chunk): the first is "ours", the other a peer
 ("ours[wide]" / "ours[narrow]").
 
-Timing: R calls on R different copies of the weight (R = enough copies that they do not fit the
-50 MB L2, at most 16) in one jitted function / one CUDA graph, its output buffers donated back so
-XLA replays its command buffer; dispatched M times back to back; per-call time = wall / (M * R),
-the median of several samples after a warm-up (the conventions of `bench.decode`).
+Timing: C calls over R different copies of the weight (R = enough copies that together they are
+5x the 50 MB L2, at most 64; C = at least 32 calls, each with its own x so no two calls are the
+same) in one jitted function / one CUDA graph, its output buffers donated back so XLA replays its
+command buffer; dispatched M times back to back; per-call time = wall / (M * C), the median of
+several samples after a warm-up (the conventions of `bench.decode`). Fewer calls per dispatch
+left the small (1B) shapes host-bound: with 16 calls a 2 MB weight measured ~11-13 µs a call,
+the jit dispatch, not the kernel (session 6).
 Effective GB/s = (weight bytes + scales + zero points + x + y) / time; HBM peak 4800 GB/s.
 """
 
@@ -36,6 +39,8 @@ SHAPES = ((2048, 3072), (2048, 2048), (2048, 16384), (8192, 2048), (4096, 6144),
 FORMATS = ("fp16", "bf16", "int4", "int8")
 IMPLS = ("ours", "xla-kn", "xla-nk", "torch")
 ROTATE_BYTES = 256 << 20  # weight copies read in turn: together well past the 50 MB L2
+MAX_ROTATIONS = 64        # weight copies at most
+MIN_CALLS = 32            # calls per dispatch at least: the jit's host cost is spread over them
 BLOCK = 32                # MatMulNBits block size (onnxruntime-genai's default)
 
 
@@ -66,8 +71,14 @@ class Case:
 
     @property
     def rotations(self) -> int:
-        """Weight copies (= calls per jitted function / graph)."""
-        return max(1, min(16, math.ceil(ROTATE_BYTES / self.weight_bytes)))
+        """Weight copies, read in turn."""
+        return max(1, min(MAX_ROTATIONS, math.ceil(ROTATE_BYTES / self.weight_bytes)))
+
+    @property
+    def calls(self) -> int:
+        """Calls per jitted function: whole rounds over the weight copies, at least MIN_CALLS."""
+        r = self.rotations
+        return r * math.ceil(MIN_CALLS / r)
 
     def label(self) -> str:
         """A one-line description of the case."""
@@ -112,9 +123,10 @@ def bench_jax(case: Case, impl: str, target_s: float, reps: int, plan: tuple[int
     from jax_onnx_attn.ops.reference import linear as reference
 
     dt = jnp.bfloat16 if case.fmt == "bf16" else jnp.float16
-    x = jax.random.normal(jax.random.PRNGKey(1), (case.m, case.k), dt)
+    r, c = case.rotations, case.calls
+    # One x per call: a weight read twice in a dispatch must not make two equal calls (CSE).
+    xs = jax.random.normal(jax.random.PRNGKey(1), (c, case.m, case.k), dt)
     ws = _weights(case, impl)
-    r = case.rotations
     if case.bits == 16:
         if impl == "ours":
             def call(x, w):
@@ -137,18 +149,18 @@ def bench_jax(case: Case, impl: str, target_s: float, reps: int, plan: tuple[int
     # Independent calls on distinct weights (no CSE, no extra kernels between them); the previous
     # outputs are donated so that every execution writes the same buffers and XLA replays its
     # recorded command buffer instead of re-recording it.
-    def chain(outs, x, ws):
+    def chain(outs, xs, ws):
         del outs
-        return tuple(call(x, ws[i]) for i in range(r))
+        return tuple(call(xs[i], ws[i % r]) for i in range(c))
 
     run = jax.jit(chain, donate_argnums=(0,))
-    state = {"outs": tuple(jnp.zeros((case.m, case.n), dt) for _ in range(r))}
+    state = {"outs": tuple(jnp.zeros((case.m, case.n), dt) for _ in range(c))}
 
     def go():
-        state["outs"] = run(state["outs"], x, ws)
+        state["outs"] = run(state["outs"], xs, ws)
 
     try:
-        return _time_loop(go, lambda: jax.block_until_ready(state["outs"]), r, target_s, reps)
+        return _time_loop(go, lambda: jax.block_until_ready(state["outs"]), c, target_s, reps)
     finally:
         del ws, state
 
@@ -254,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"time budget reached: stopping before {case.label()}")
             break
         res = {**dataclasses.asdict(case), "label": case.label(), "bytes": case.bytes,
-               "weight_bytes": case.weight_bytes, "rotations": case.rotations, "impls": {}}
+               "weight_bytes": case.weight_bytes, "rotations": case.rotations, "calls": case.calls,
+               "impls": {}}
         res["wide"] = wides[0] and case.bits != 16
         if cuda_built:
             from jax_onnx_attn.ops import cuda_matmul
