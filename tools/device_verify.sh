@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Run on the GPU machine: the GPU tests of what has landed without a GPU run, most important first,
+# Run on the GPU machine: the GPU suite in file groups, what landed without a GPU run first,
 # each file group under its own time limit so one slow or hanging group cannot take the others'
-# time (one device call; about 9 minutes at most). Carry .snap (tools/snapshot.sh --so ...).
+# time; pytest-xdist workers share the GPU. All groups: ~10 min; pick with JOA_VERIFY. Carry .snap.
 #   bash tools/device_verify.sh                 # all groups
 #   JOA_VERIFY="gemv nan" bash tools/device_verify.sh
 #   JOA_VERIFY=gemv JOA_VERIFY_ARGS="-k written" bash tools/device_verify.sh   # some tests of a group
@@ -15,14 +15,15 @@ declare -A files=(
   [attention]="tests/gpu/test_decode_attention_gpu.py tests/gpu/test_decode_paths_gpu.py tests/gpu/test_attention_cuda_gpu.py"
   [spmd]="tests/gpu/test_spmd_gpu.py"
   [prefill]="tests/gpu/test_prefill_engine_gpu.py"
+  [rest]="tests/gpu/test_decode_quant_gpu.py tests/gpu/test_gqa_prepare_gpu.py tests/gpu/test_kv_append_gpu.py tests/gpu/test_prefill_gpu.py tests/gpu/test_session_gpu.py tests/gpu/test_long_run_gpu.py"
 )
-declare -A limit=([gemv]=150 [nan]=80 [attention]=150 [spmd]=40 [prefill]=120)  # 540 s: one call
+declare -A limit=([gemv]=150 [nan]=80 [attention]=200 [spmd]=40 [prefill]=60 [rest]=120)
 # The GPU tests are mostly compile time (host CPU): pytest-xdist workers share the one GPU, each
 # growing its own memory (no 75% preallocation). JOA_VERIFY_WORKERS=0 runs them in one process.
 workers=${JOA_VERIFY_WORKERS:-8}
 xdist=(); [ "$workers" -gt 0 ] && xdist=(-n "$workers")
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
-for group in ${JOA_VERIFY:-gemv nan attention spmd prefill}; do
+for group in ${JOA_VERIFY:-gemv nan attention spmd prefill rest}; do
   [ -n "${JOA_VERIFY_LIMIT:-}" ] && limit[$group]=$JOA_VERIFY_LIMIT  # seconds, for every group asked
   start=$(date +%s)
   timeout "${limit[$group]}" python3 -m pytest -m gpu -q -ra -p no:cacheprovider "${xdist[@]}" \
