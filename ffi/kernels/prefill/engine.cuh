@@ -106,24 +106,35 @@ __device__ __forceinline__ void Produce(const CUtensorMap& q_map, const CUtensor
   for (int c = 0; c < L::kChunks; ++c) {
     sm90::TmaLoad2D(base + L::kQ + c * L::kChunkBytes, &q_map, c * 64, q_row, base + L::QFull());
   }
-  for (int n = w.n_begin, it = 0; n < w.n_end; ++n, ++it) {
+  // K runs one tile ahead of V (FA3's order): the overlapped schedules need K of tile n + 1 and V of
+  // tile n together, and a K slot frees early (after Q K^T) while a V slot frees only after P V, so
+  // K n + 1 is not queued behind the wait for V n's slot. The serial schedule needs K n, then V n:
+  // K n + 1 waits for K n - 1's slot, released before V n - 1 is ever waited for, so no cycle.
+  auto load_k = [&](int it) {
     const int s = it % kStages;
-    const uint32_t phase = (it / kStages) & 1;
-    const int kv_row = bh * p.kv_rows + n * kBlockN;
-    sm90::MbarWait(base + L::KEmpty(s), phase ^ 1);
+    sm90::MbarWait(base + L::KEmpty(s), ((it / kStages) & 1) ^ 1);
     sm90::MbarArriveExpectTx(base + L::KFull(s), L::kTileBytes);
 #pragma unroll
     for (int c = 0; c < L::kChunks; ++c) {
-      sm90::TmaLoad2D(base + L::kK + s * L::kTileBytes + c * L::kChunkBytes, &k_map, c * 64, kv_row,
-                      base + L::KFull(s));
+      sm90::TmaLoad2D(base + L::kK + s * L::kTileBytes + c * L::kChunkBytes, &k_map, c * 64,
+                      bh * p.kv_rows + (w.n_begin + it) * kBlockN, base + L::KFull(s));
     }
-    sm90::MbarWait(base + L::VEmpty(s), phase ^ 1);
+  };
+  auto load_v = [&](int it) {
+    const int s = it % kStages;
+    sm90::MbarWait(base + L::VEmpty(s), ((it / kStages) & 1) ^ 1);
     sm90::MbarArriveExpectTx(base + L::VFull(s), L::kTileBytes);
 #pragma unroll
     for (int c = 0; c < L::kChunks; ++c) {
-      sm90::TmaLoad2D(base + L::kV + s * L::kTileBytes + c * L::kChunkBytes, &v_map, c * 64, kv_row,
-                      base + L::VFull(s));
+      sm90::TmaLoad2D(base + L::kV + s * L::kTileBytes + c * L::kChunkBytes, &v_map, c * 64,
+                      bh * p.kv_rows + (w.n_begin + it) * kBlockN, base + L::VFull(s));
     }
+  };
+  const int n_tiles = w.n_end - w.n_begin;
+  load_k(0);
+  for (int it = 0; it < n_tiles; ++it) {
+    if (it + 1 < n_tiles) load_k(it + 1);
+    load_v(it);
   }
 }
 
@@ -430,8 +441,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t base = (raw + 1023u) & ~1023u;  // the 128-byte swizzle repeats every 1024 bytes
   uint8_t* base_ptr = smem_raw + (base - raw);
 
-  const int bh = blockIdx.x;                          // b * Hkv + kvh
-  const int m_block = p.m_blocks - 1 - blockIdx.y;    // the longest causal rows first
+  // One linear grid, the M blocks of one (b, kvh) consecutive (FA3's order): the CTAs resident at
+  // once share a few K / V heads, which stay in L2, instead of streaming one head each (B * Hkv
+  // heads at once: 64 MB of K / V per wave at B * S = 16k, more than L2). Within a head the longest
+  // causal rows first.
+  const int bh = blockIdx.x / p.m_blocks;                         // b * Hkv + kvh
+  const int m_block = p.m_blocks - 1 - int(blockIdx.x % p.m_blocks);
   const int b = bh / p.kv_heads;
   const int q_len = min(max(p.q_len[b], 0), p.q_rows);
   const int kv_len = min(max(p.kv_len[b], 0), p.kv_rows);
