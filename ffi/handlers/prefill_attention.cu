@@ -36,7 +36,7 @@ inline std::string Configure(PrefillParams& p, int64_t batch, int64_t q_heads, i
     return "more than 2^31 query or key rows";
   }
   const int64_t rows = (q_heads / kv_heads) * q_rows;
-  if ((rows + kBlockM - 1) / kBlockM > 65535) return "too many packed query rows per KV head for the grid";
+  if (batch * kv_heads * ((rows + kBlockM - 1) / kBlockM) > int64_t(0x7fffffff)) return "too many query rows for the grid";
   p.batch = int(batch);
   p.q_heads = int(q_heads);
   p.kv_heads = int(kv_heads);

@@ -270,11 +270,11 @@ def _general_attention(q, k, v, kv_len, bias, *, scale, softcap, causal, left, r
 
 
 # --- prefill attention (ffi/handlers/prefill_attention.cu, engine in ffi/kernels/prefill/) ---------
-# Not routed from any op yet: the engine has not been verified on a GPU (docs/kernels.md).
+# Not routed from any op yet: correct on an H200, its speed still being worked on (docs/kernels.md).
 
 
 def prefill_attention(q, k, v, q_len, kv_len, *, scale: float, causal: bool,
-                      schedule: str = "serial"):
+                      schedule: str = "pingpong"):
     """q [B, Hq, S, D], k / v [B, Hkv, T, D] (float16 or bfloat16, one dtype; D in
     PREFILL_HEAD_DIMS; Hq a multiple of Hkv), q_len / kv_len integer [B] -> [B, Hq, S, D].
 
@@ -286,7 +286,8 @@ def prefill_attention(q, k, v, q_len, kv_len, *, scale: float, causal: bool,
     engine's two consumer warpgroups order their work on a key tile: "serial" (Q K^T, softmax, P V
     one after another), "overlap" (Q K^T of the next tile and P V of this one in flight during the
     softmax: FA3's intra-warpgroup pipelining), "pingpong" ("overlap", the two warpgroups taking
-    turns at the tensor cores); all add in the same order, so they give the same bits. Raises
+    turns at the tensor cores; the default, the fastest on the H200); all add in the same order,
+    so they give the same bits. Raises
     TypeError / ValueError "prefill_attention: <input>: <rule>" at trace time.
     """
     _check_prefill(q, k, v, q_len, kv_len)

@@ -106,24 +106,35 @@ __device__ __forceinline__ void Produce(const CUtensorMap& q_map, const CUtensor
   for (int c = 0; c < L::kChunks; ++c) {
     sm90::TmaLoad2D(base + L::kQ + c * L::kChunkBytes, &q_map, c * 64, q_row, base + L::QFull());
   }
-  for (int n = w.n_begin, it = 0; n < w.n_end; ++n, ++it) {
+  // K runs one tile ahead of V (FA3's order): the overlapped schedules need K of tile n + 1 and V of
+  // tile n together, and a K slot frees early (after Q K^T) while a V slot frees only after P V, so
+  // K n + 1 is not queued behind the wait for V n's slot. The serial schedule needs K n, then V n:
+  // K n + 1 waits for K n - 1's slot, released before V n - 1 is ever waited for, so no cycle.
+  auto load_k = [&](int it) {
     const int s = it % kStages;
-    const uint32_t phase = (it / kStages) & 1;
-    const int kv_row = bh * p.kv_rows + n * kBlockN;
-    sm90::MbarWait(base + L::KEmpty(s), phase ^ 1);
+    sm90::MbarWait(base + L::KEmpty(s), ((it / kStages) & 1) ^ 1);
     sm90::MbarArriveExpectTx(base + L::KFull(s), L::kTileBytes);
 #pragma unroll
     for (int c = 0; c < L::kChunks; ++c) {
-      sm90::TmaLoad2D(base + L::kK + s * L::kTileBytes + c * L::kChunkBytes, &k_map, c * 64, kv_row,
-                      base + L::KFull(s));
+      sm90::TmaLoad2D(base + L::kK + s * L::kTileBytes + c * L::kChunkBytes, &k_map, c * 64,
+                      bh * p.kv_rows + (w.n_begin + it) * kBlockN, base + L::KFull(s));
     }
-    sm90::MbarWait(base + L::VEmpty(s), phase ^ 1);
+  };
+  auto load_v = [&](int it) {
+    const int s = it % kStages;
+    sm90::MbarWait(base + L::VEmpty(s), ((it / kStages) & 1) ^ 1);
     sm90::MbarArriveExpectTx(base + L::VFull(s), L::kTileBytes);
 #pragma unroll
     for (int c = 0; c < L::kChunks; ++c) {
-      sm90::TmaLoad2D(base + L::kV + s * L::kTileBytes + c * L::kChunkBytes, &v_map, c * 64, kv_row,
-                      base + L::VFull(s));
+      sm90::TmaLoad2D(base + L::kV + s * L::kTileBytes + c * L::kChunkBytes, &v_map, c * 64,
+                      bh * p.kv_rows + (w.n_begin + it) * kBlockN, base + L::VFull(s));
     }
+  };
+  const int n_tiles = w.n_end - w.n_begin;
+  load_k(0);
+  for (int it = 0; it < n_tiles; ++it) {
+    if (it + 1 < n_tiles) load_k(it + 1);
+    load_v(it);
   }
 }
 
@@ -148,17 +159,15 @@ struct ConsumerSteps {
     sm90::WgmmaCommit();
   }
 
-  // O += P V: kBlockN / 16 steps of m64n64k16 per 64 columns of V (MN-major; a step is 16 rows of
-  // 128 bytes). Issued, not waited for.
-  static __device__ __forceinline__ void IssuePV(float (&o)[kChunks][32], const uint32_t (&pa)[kKSteps][4],
+  // O += P V: kBlockN / 16 steps of one m64n(kD)k16 each (P from registers, V MN-major: a step is
+  // 16 rows of 128 bytes; the 64-column blocks of V are L::kChunkBytes apart, the descriptor's
+  // leading byte offset). One instruction per k-step, not one per 64 columns: the A fragment is
+  // read once and the tensor core gets its widest N. Issued, not waited for.
+  static __device__ __forceinline__ void IssuePV(float (&o)[kD / 2], const uint32_t (&pa)[kKSteps][4],
                                                  uint32_t v_base) {
 #pragma unroll
     for (int t = 0; t < kKSteps; ++t) {
-#pragma unroll
-      for (int c = 0; c < kChunks; ++c) {
-        sm90::WgmmaRS<T, 64>(o[c], pa[t], sm90::SmemDesc(v_base + c * L::kChunkBytes + t * 16 * 128, L::kChunkBytes, 1024),
-                             1);
-      }
+      sm90::WgmmaRS<T, kD>(o, pa[t], sm90::SmemDesc(v_base + t * 16 * 128, L::kChunkBytes, 1024), 1);
     }
     sm90::WgmmaCommit();
   }
@@ -166,32 +175,44 @@ struct ConsumerSteps {
   // The tile's logits in the log2 domain (hidden keys -inf by a select: a NaN logit of a hidden key
   // drops), the running max m, the running partial sums l, and P = exp2(x - max) in place in sc.
   // Returns the factors alpha[2] that rescale O from the old max to the new one.
+  //
+  // kMasked: the tile is not inside every row's visible keys, so each element is tested against its
+  // row's visible interval: key j0 + c is visible iff lo[h] <= c < hi[h] (VisibleSpan: the row's
+  // [lo, hi) less j0 and this thread's column 2 * quad), two integer compares against a constant
+  // column c and one select. Unmasked tiles do no per-element integer work at all. The row max runs
+  // as four independent chains per row (max is exact, so the order does not change any bit) instead
+  // of one chain of 32 dependent max.NaN.
+  template <bool kMasked>
   static __device__ __forceinline__ void Softmax(float (&sc)[64], float (&m)[2], float (&l)[2], float (&alpha)[2],
-                                                 const Variant& var, const QueryRow<int> (&row)[2], int j0,
-                                                 bool masked, int quad) {
-    float mx[2] = {m[0], m[1]};
+                                                 const Variant& var, const QueryRow<int> (&row)[2], int jq,
+                                                 const int (&lo)[2], const int (&hi)[2]) {
+    float mx[2][4];
 #pragma unroll
     for (int e = 0; e < 64; ++e) {
       const int h = (e / 2) % 2;
-      const int j = j0 + (e / 4) * 8 + quad * 2 + e % 2;
-      float x = var.Score(sc[e], row[h], j);
-      if (masked && !var.Visible(row[h], j)) x = -INFINITY;
+      const int c = (e / 4) * 8 + e % 2;  // column within the tile, less 2 * quad
+      float x = var.Score(sc[e], row[h], jq + c);
+      if constexpr (kMasked) x = (c >= lo[h] && c < hi[h]) ? x : -INFINITY;
       sc[e] = x;
-      mx[h] = ptx::MaxNan(mx[h], x);
+      // Elements e of row h: e % 4 in {2h, 2h + 1}; chain k takes e / 4 = k (mod 2) and e % 2.
+      const int k = ((e / 4) % 2) * 2 + e % 2;
+      mx[h][k] = e < 8 ? x : ptx::MaxNan(mx[h][k], x);
     }
     float shift[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      mx[h] = ptx::MaxNan(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-      mx[h] = ptx::MaxNan(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+      float mh = ptx::MaxNan(ptx::MaxNan(mx[h][0], mx[h][1]), ptx::MaxNan(mx[h][2], mx[h][3]));
+      mh = ptx::MaxNan(m[h], mh);
+      mh = ptx::MaxNan(mh, __shfl_xor_sync(0xffffffffu, mh, 1));
+      mh = ptx::MaxNan(mh, __shfl_xor_sync(0xffffffffu, mh, 2));
       // A row with no visible key yet is shifted by 0: exp2(-inf) = 0, never NaN.
-      shift[h] = mx[h] == -INFINITY ? 0.f : mx[h];
+      shift[h] = mh == -INFINITY ? 0.f : mh;
       alpha[h] = ptx::Exp2(m[h] - shift[h]);
-      m[h] = mx[h];
+      m[h] = mh;
       l[h] = __fmul_rn(l[h], alpha[h]);
     }
-    // Explicitly rounded adds (never contracted into an FMA): both consumer schedules inline this
-    // step in other code, and their bits must agree.
+    // Explicitly rounded adds (never contracted into an FMA): every schedule inlines this step in
+    // other code, and their bits must agree.
 #pragma unroll
     for (int e = 0; e < 64; ++e) {
       const int h = (e / 2) % 2;
@@ -200,19 +221,31 @@ struct ConsumerSteps {
     }
   }
 
+  // Softmax with the mask decided per tile (a warp-uniform branch, each side straight-line code).
+  // span_lo / span_hi: the rows' visible keys [lo, hi) less 2 * quad (VisibleSpan).
+  static __device__ __forceinline__ void SoftmaxTile(float (&sc)[64], float (&m)[2], float (&l)[2],
+                                                     float (&alpha)[2], const Variant& var,
+                                                     const QueryRow<int> (&row)[2], int j0, bool masked, int quad,
+                                                     const int (&span_lo)[2], const int (&span_hi)[2]) {
+    const int jq = j0 + 2 * quad;  // this thread's first key of the tile
+    if (masked) {
+      const int lo[2] = {span_lo[0] - j0, span_lo[1] - j0}, hi[2] = {span_hi[0] - j0, span_hi[1] - j0};
+      Softmax<true>(sc, m, l, alpha, var, row, jq, lo, hi);
+    } else {
+      Softmax<false>(sc, m, l, alpha, var, row, jq, span_lo, span_hi);
+    }
+  }
+
   // P as the A operand of P V (the mma.sync A layout per k-step of 16 keys), and O rescaled.
   static __device__ __forceinline__ void PackAndRescale(const float (&sc)[64], uint32_t (&pa)[kKSteps][4],
-                                                        float (&o)[kChunks][32], const float (&alpha)[2]) {
+                                                        float (&o)[kD / 2], const float (&alpha)[2]) {
 #pragma unroll
     for (int t = 0; t < kKSteps; ++t) {
 #pragma unroll
       for (int a = 0; a < 4; ++a) pa[t][a] = ptx::Pack2<T>(sc[8 * t + 2 * a], sc[8 * t + 2 * a + 1]);
     }
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-#pragma unroll
-      for (int e = 0; e < 32; ++e) o[c][e] = __fmul_rn(o[c][e], alpha[(e / 2) % 2]);
-    }
+    for (int e = 0; e < kD / 2; ++e) o[e] = __fmul_rn(o[e], alpha[(e / 2) % 2]);
   }
 
   // Before P V of a tile that crosses kv_len: zero its V rows at or past kv_len (both warpgroups
@@ -259,21 +292,23 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
   const int tid = threadIdx.x % 128;
   const int warp = tid / 32, lane = tid % 32;
   const int quad = lane % 4;
-  // The two packed rows this thread holds.
-  int r[2];
+  // The two packed rows this thread holds, and the keys each sees: one interval per row (the
+  // variant's Bounds of a single position: valid length, causal, windows), less 2 * quad so that a
+  // masked tile compares it with compile-time columns.
+  int r[2], span_lo[2], span_hi[2];
   QueryRow<int> row[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     r[h] = w.r0 + 64 * wg + 16 * warp + lane / 4 + 8 * h;
     row[h] = QueryRow<int>{w.shift + r[h] % p.q_rows, 0};
+    const KeyBounds span = var.Bounds(row[h].pos, row[h].pos);
+    span_lo[h] = span.lo - 2 * quad;
+    span_hi[h] = span.hi - 2 * quad;
   }
 
-  float o[kChunks][32];
+  float o[kD / 2];  // this thread's part of the warpgroup's 64 x kD O (the wgmma m64n(kD) layout)
 #pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
-#pragma unroll
-    for (int e = 0; e < 32; ++e) o[c][e] = 0.f;
-  }
+  for (int e = 0; e < kD / 2; ++e) o[e] = 0.f;
   float m[2] = {-INFINITY, -INFINITY};
   float l[2] = {0.f, 0.f};  // this thread's part of the row sums (the quad's sum at the end)
 
@@ -295,17 +330,15 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
         sm90::WgmmaWait<0>();
         sm90::FenceOperands(sc);
         if (tid == 0) sm90::MbarArrive(base + L::KEmpty(s));  // this warpgroup is done with K slot s
-        Step::Softmax(sc, m, l, alpha, var, row, j0, masked(j0), quad);
+        Step::SoftmaxTile(sc, m, l, alpha, var, row, j0, masked(j0), quad, span_lo, span_hi);
         Step::PackAndRescale(sc, pa, o, alpha);
         sm90::MbarWait(base + L::VFull(s), phase(it));
         Step::ZeroTail(base_ptr + L::kV + s * L::kTileBytes, j0, w.kv_len, tid, wg);
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c) sm90::FenceOperands(o[c]);
+        sm90::FenceOperands(o);
         sm90::WgmmaFence();
         Step::IssuePV(o, pa, base + L::kV + s * L::kTileBytes);
         sm90::WgmmaWait<0>();
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c) sm90::FenceOperands(o[c]);
+        sm90::FenceOperands(o);
         if (tid == 0) sm90::MbarArrive(base + L::VEmpty(s));  // ... and with V slot s
       }
     } else {
@@ -321,15 +354,14 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
         sm90::WgmmaWait<0>();
         sm90::FenceOperands(sc);
         if (tid == 0) sm90::MbarArrive(base + L::KEmpty(0));
-        Step::Softmax(sc, m, l, alpha, var, row, j0, masked(j0), quad);
+        Step::SoftmaxTile(sc, m, l, alpha, var, row, j0, masked(j0), quad, span_lo, span_hi);
         Step::PackAndRescale(sc, pa, o, alpha);
       }
       for (int it = 1; it < n_tiles; ++it) {
         const int s = stage(it), prev = stage(it - 1), j0 = (w.n_begin + it) * kBlockN;
         sm90::MbarWait(base + L::KFull(s), phase(it));
         sm90::MbarWait(base + L::VFull(prev), phase(it - 1));  // only the last tile crosses kv_len
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c) sm90::FenceOperands(o[c]);
+        sm90::FenceOperands(o);
         TakeTurn<kSchedule>(wg);
         sm90::WgmmaFence();
         Step::IssueQK(sc, q_base, base + L::kK + s * L::kTileBytes);
@@ -338,11 +370,10 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
         sm90::WgmmaWait<1>();  // Q K^T done (groups complete in order); P V may still run
         sm90::FenceOperands(sc);
         if (tid == 0) sm90::MbarArrive(base + L::KEmpty(s));
-        Step::Softmax(sc, m, l, alpha, var, row, j0, masked(j0), quad);
+        Step::SoftmaxTile(sc, m, l, alpha, var, row, j0, masked(j0), quad, span_lo, span_hi);
         sm90::WgmmaWait<0>();  // P V done: pa and V slot prev are free
         sm90::FenceOperands(pa);
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c) sm90::FenceOperands(o[c]);
+        sm90::FenceOperands(o);
         if (tid == 0) sm90::MbarArrive(base + L::VEmpty(prev));
         Step::PackAndRescale(sc, pa, o, alpha);
       }
@@ -350,16 +381,14 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
       const int last = n_tiles - 1, s = stage(last), j0 = (w.n_begin + last) * kBlockN;
       sm90::MbarWait(base + L::VFull(s), phase(last));
       Step::ZeroTail(base_ptr + L::kV + s * L::kTileBytes, j0, w.kv_len, tid, wg);
-#pragma unroll
-      for (int c = 0; c < kChunks; ++c) sm90::FenceOperands(o[c]);
+      sm90::FenceOperands(o);
       TakeTurn<kSchedule>(wg);
       sm90::WgmmaFence();
       Step::IssuePV(o, pa, base + L::kV + s * L::kTileBytes);
       if (wg == 0) PassTurn<kSchedule>(wg);  // warpgroup 1's last issue passes no turn
       sm90::WgmmaWait<0>();
       sm90::FenceOperands(pa);
-#pragma unroll
-      for (int c = 0; c < kChunks; ++c) sm90::FenceOperands(o[c]);
+      sm90::FenceOperands(o);
       if (tid == 0) sm90::MbarArrive(base + L::VEmpty(s));
     }
   }
@@ -381,7 +410,7 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
 #pragma unroll
       for (int n8 = 0; n8 < 8; ++n8) {  // 8 columns = one 16-byte piece, swizzled by row % 8
         const int e = n8 * 4 + 2 * h;
-        const float v0 = live ? o[c][e] * inv : 0.f, v1 = live ? o[c][e + 1] * inv : 0.f;
+        const float v0 = live ? o[32 * c + e] * inv : 0.f, v1 = live ? o[32 * c + e + 1] * inv : 0.f;
         *reinterpret_cast<uint32_t*>(staged + c * L::kChunkBytes + rr * 128 + ((n8 ^ (rr % 8)) * 16) + quad * 4) =
             ptx::Pack2<T>(v0, v1);
       }
@@ -412,8 +441,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t base = (raw + 1023u) & ~1023u;  // the 128-byte swizzle repeats every 1024 bytes
   uint8_t* base_ptr = smem_raw + (base - raw);
 
-  const int bh = blockIdx.x;                          // b * Hkv + kvh
-  const int m_block = p.m_blocks - 1 - blockIdx.y;    // the longest causal rows first
+  // One linear grid, the M blocks of one (b, kvh) consecutive (FA3's order): the CTAs resident at
+  // once share a few K / V heads, which stay in L2, instead of streaming one head each (B * Hkv
+  // heads at once: 64 MB of K / V per wave at B * S = 16k, more than L2). Within a head the longest
+  // causal rows first.
+  const int bh = blockIdx.x / p.m_blocks;                         // b * Hkv + kvh
+  const int m_block = p.m_blocks - 1 - int(blockIdx.x % p.m_blocks);
   const int b = bh / p.kv_heads;
   const int q_len = min(max(p.q_len[b], 0), p.q_rows);
   const int kv_len = min(max(p.kv_len[b], 0), p.kv_rows);

@@ -68,7 +68,7 @@ cudaError_t Launch(PrefillParams p, const void* q, const void* k, const void* v,
   // A function attribute, not stream work: allowed while XLA captures the stream.
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(SmemBytes(kD)));
   if (err != cudaSuccess) return err;
-  const dim3 grid(unsigned(p.batch * p.kv_heads), unsigned(p.m_blocks));
+  const dim3 grid(unsigned(p.batch * p.kv_heads * p.m_blocks));  // < 2^31: the handler checks
   kernel<<<grid, kThreads, SmemBytes(kD), stream>>>(q_map, k_map, v_map, p);
   return cudaGetLastError();
 }
