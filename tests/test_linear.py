@@ -860,3 +860,23 @@ def test_tiled_scales_and_zero_points(n):
     kw = dict(k=k, n=n, bits=4, block_size=block, backend="reference")
     np.testing.assert_array_equal(np.asarray(ops.matmul_nbits(x, bq, st, zt, **kw)),
                                   np.asarray(ops.matmul_nbits(x, bq, s, z, **kw)))
+
+
+def test_issue_aware_layout_fills_the_sms_and_is_opt_in(monkeypatch):
+    # The 1B gate-up projection: the stream model's plan runs one CTA of 8 warps an SM; counting
+    # the busiest SM's instruction issue picks a layout with about two.
+    monkeypatch.delenv(cuda_matmul.PLAN_MODEL_ENV, raising=False)
+    assert cuda_matmul.plan_model() == "stream"
+    stream = _plan(1, 16384, 2048, 4, True, norm=True, wide=True)
+    cluster, warps_k = cuda_matmul.issue_aware_layout(1, 16384, 2048, 4, True, True, True)
+    issue = _plan(1, 16384, 2048, 4, True, norm=True, cluster=cluster, warps_k=warps_k, wide=True)
+    assert issue["error"] is None and issue["grid"] > stream["grid"] >= 128
+    assert cuda_matmul.issue_estimate_us(issue) < cuda_matmul.issue_estimate_us(stream)
+    # Every choice is a plan the engine takes, K split no finer than its chunks.
+    for k, n in ((2048, 3072), (2048, 2048), (8192, 2048), (4096, 28672), (256, 64)):
+        c, wk = cuda_matmul.issue_aware_layout(1, n, k, 4, False, False, True)
+        p = _plan(1, n, k, 4, False, cluster=c, warps_k=wk, wide=True)
+        assert p["error"] is None and c * wk <= p["kc"], (k, n, c, wk)
+    monkeypatch.setenv(cuda_matmul.PLAN_MODEL_ENV, "fastest")
+    with pytest.raises(ValueError, match="JOA_GEMV_PLAN_MODEL"):
+        cuda_matmul.plan_model()

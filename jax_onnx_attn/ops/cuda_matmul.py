@@ -118,6 +118,59 @@ def _per_example_plan(bits: int):
     return pin
 
 
+#: The environment variable that picks how the n-bit kernels' layout is chosen: "stream" (default:
+#: plan.h's model of the weight stream alone) or "issue" (an experiment: also the instruction
+#: issue of the busiest SM, see `issue_aware_layout`).
+PLAN_MODEL_ENV = "JOA_GEMV_PLAN_MODEL"
+# Static SASS instructions a warp issues per KB of W in the chunk loop (docs/kernels.md, M = 1,
+# f16): (bits, wide) -> count. Dense is ~70.
+_INSTR_PER_KB = {(16, False): 70.0, (8, False): 266.0, (8, True): 177.0, (4, False): 336.0,
+                 (4, True): 250.0}
+_ISSUE_PER_WARP = 0.25   # instructions a cycle one warp of the dependent dequantise + MMA chain issues
+_ISSUE_PER_SM = 2.8      # instructions a cycle an SM sustains (4 schedulers, ~0.7 each)
+_CLOCK_MHZ = 1980.0      # the H200's SM clock under load
+
+
+def plan_model() -> str:
+    """How the n-bit kernels' warp layout is chosen (JOA_GEMV_PLAN_MODEL, read at trace time)."""
+    value = os.environ.get(PLAN_MODEL_ENV, "stream")
+    if value not in ("stream", "issue"):
+        raise ValueError(f"{PLAN_MODEL_ENV} must be 'stream' or 'issue', got {value!r}")
+    return value
+
+
+def issue_estimate_us(plan: dict) -> float:
+    """The plan's time with the busiest SM's instruction issue counted: its warps' chunk loops
+    (instructions per KB x KB a warp streams) at the issue rate its warps can sustain, against
+    plan.h's weight-stream estimate; the larger. Why: the 1B int4 gate-up projection (2048 x 16384)
+    ran 15 µs (1.1 TB/s) on one CTA of 8 warps an SM, where the stream model saw no cost in
+    leaving half the SM's warp slots empty (in-graph profile, session 6)."""
+    kb = (2.0 if plan["pieces"] == 2 or plan["bits"] == DENSE_BITS else 1.0)
+    per_warp = plan["waves"] * plan["cpp"] * kb * _INSTR_PER_KB[(plan["bits"], bool(plan["wide"]))]
+    busiest = -(-plan["grid"] // 132)
+    warps = busiest * 8
+    issue = min(_ISSUE_PER_SM, warps * _ISSUE_PER_WARP)
+    compute_us = warps * per_warp / (issue * _CLOCK_MHZ)
+    return max(plan["est_us"], compute_us)
+
+
+@functools.cache
+def issue_aware_layout(rows: int, n_rows: int, k: int, bits: int, gated: bool, norm: bool,
+                       wide: bool) -> tuple[int, int]:
+    """(cluster, warps_k) with the least `issue_estimate_us` among the plans the engine takes
+    (ties within 1%: fewer K parts); (0, 0) when none does (the handler then reports why)."""
+    best, best_us = (0, 0), None
+    for cluster in (1, 2, 4, 8, 16):
+        for warps_k in (1, 2, 4, 8):
+            plan = gemv_plan(rows, n_rows, k, bits, gated, norm, cluster, warps_k, wide)
+            if plan["error"] or cluster * warps_k > plan["kc"]:
+                continue
+            us = issue_estimate_us(plan)
+            if best_us is None or us < 0.99 * best_us:
+                best, best_us = (cluster, warps_k), us
+    return best
+
+
 def _placeholder(dtype):
     return jnp.zeros((1,), dtype)
 
@@ -190,6 +243,9 @@ def _matmul_nbits(x, b_quant, scales, zero_points, bias, residual, norm_weight, 
                   eps, gated, pdl, cluster, warps_k, wide):
     m, n = x.shape[0], b_quant.shape[0]
     n_out = n // 2 if gated else n
+    if cluster == 0 and warps_k == 0 and plan_model() == "issue":
+        cluster, warps_k = issue_aware_layout(m, n, x.shape[1], bits, gated, norm_weight is not None,
+                                              bool(wide))
     call = jax.ffi.ffi_call(target("matmul_nbits"), jax.ShapeDtypeStruct((m, n_out), x.dtype))
     ph = _placeholder(x.dtype)
     return call(x, b_quant, scales, jnp.zeros((1,), jnp.uint8) if zero_points is None else zero_points,
