@@ -8,13 +8,14 @@ path); torch `F.linear` in a CUDA graph (dense only). `--nbits-wide 0 1` times o
 both formats (one or two 16-byte pieces a lane per chunk): the first is "ours", the other a peer
 ("ours[wide]" / "ours[narrow]").
 
-Timing: C calls over R different copies of the weight (R = enough copies that together they are
-5x the 50 MB L2, at most 64; C = at least 32 calls, each with its own x so no two calls are the
-same) in one jitted function / one CUDA graph, its output buffers donated back so XLA replays its
-command buffer; dispatched M times back to back; per-call time = wall / (M * C), the median of
-several samples after a warm-up (the conventions of `bench.decode`). Fewer calls per dispatch
-left the small (1B) shapes host-bound: with 16 calls a 2 MB weight measured ~11-13 µs a call,
-the jit dispatch, not the kernel (session 6).
+Timing: R calls, each on its own copy of the weight and its own x (R = at least 32, and enough
+copies that together they are 5x the 50 MB L2; at most 64 and 24 GiB) in one jitted function /
+one CUDA graph, its output buffers donated back so XLA replays its command buffer; dispatched M
+times back to back; per-call time = wall / (M * R), the median of several samples after a
+warm-up (the conventions of `bench.decode`). Two calls on one weight would be merged by XLA into
+one GEMM (its dot merger), and fewer calls a dispatch left the small (1B) shapes host-bound (16
+calls: a 2 MB weight measured ~11-13 µs a call, the jit dispatch). Independent calls may still
+overlap on the GPU: the e2e profile (`bench e2e`) is the judge of a kernel inside a step.
 Effective GB/s = (weight bytes + scales + zero points + x + y) / time; HBM peak 4800 GB/s.
 """
 
@@ -39,8 +40,9 @@ SHAPES = ((2048, 3072), (2048, 2048), (2048, 16384), (8192, 2048), (4096, 6144),
 FORMATS = ("fp16", "bf16", "int4", "int8")
 IMPLS = ("ours", "xla-kn", "xla-nk", "torch")
 ROTATE_BYTES = 256 << 20  # weight copies read in turn: together well past the 50 MB L2
-MAX_ROTATIONS = 64        # weight copies at most
+MAX_ROTATIONS = 64        # weight copies (= calls per dispatch) at most
 MIN_CALLS = 32            # calls per dispatch at least: the jit's host cost is spread over them
+MAX_COPY_BYTES = 24 << 30  # the copies together at most
 BLOCK = 32                # MatMulNBits block size (onnxruntime-genai's default)
 
 
@@ -71,14 +73,14 @@ class Case:
 
     @property
     def rotations(self) -> int:
-        """Weight copies, read in turn."""
-        return max(1, min(MAX_ROTATIONS, math.ceil(ROTATE_BYTES / self.weight_bytes)))
+        """Weight copies, one per call."""
+        want = max(MIN_CALLS, math.ceil(ROTATE_BYTES / self.weight_bytes))
+        return max(1, min(MAX_ROTATIONS, want, MAX_COPY_BYTES // self.weight_bytes))
 
     @property
     def calls(self) -> int:
-        """Calls per jitted function: whole rounds over the weight copies, at least MIN_CALLS."""
-        r = self.rotations
-        return r * math.ceil(MIN_CALLS / r)
+        """Calls per jitted function (one per weight copy)."""
+        return self.rotations
 
     def label(self) -> str:
         """A one-line description of the case."""
@@ -123,8 +125,8 @@ def bench_jax(case: Case, impl: str, target_s: float, reps: int, plan: tuple[int
     from jax_onnx_attn.ops.reference import linear as reference
 
     dt = jnp.bfloat16 if case.fmt == "bf16" else jnp.float16
-    r, c = case.rotations, case.calls
-    # One x per call: a weight read twice in a dispatch must not make two equal calls (CSE).
+    c = case.calls
+    # One x per call too (the peers must not see equal calls).
     xs = jax.random.normal(jax.random.PRNGKey(1), (c, case.m, case.k), dt)
     ws = _weights(case, impl)
     if case.bits == 16:
@@ -151,7 +153,7 @@ def bench_jax(case: Case, impl: str, target_s: float, reps: int, plan: tuple[int
     # recorded command buffer instead of re-recording it.
     def chain(outs, xs, ws):
         del outs
-        return tuple(call(xs[i], ws[i % r]) for i in range(c))
+        return tuple(call(xs[i], ws[i]) for i in range(c))
 
     run = jax.jit(chain, donate_argnums=(0,))
     state = {"outs": tuple(jnp.zeros((case.m, case.n), dt) for _ in range(c))}
