@@ -15,8 +15,9 @@ declare -A files=(
   [attention]="tests/gpu/test_decode_attention_gpu.py tests/gpu/test_decode_paths_gpu.py tests/gpu/test_attention_cuda_gpu.py"
   [spmd]="tests/gpu/test_spmd_gpu.py"
   [prefill]="tests/gpu/test_prefill_engine_gpu.py"
-  [rest]="tests/gpu/test_decode_quant_gpu.py tests/gpu/test_gqa_prepare_gpu.py tests/gpu/test_kv_append_gpu.py tests/gpu/test_prefill_gpu.py tests/gpu/test_session_gpu.py tests/gpu/test_long_run_gpu.py"
 )
+# rest: every other GPU test file (quantised decode, gqa_prepare, kv_append, routes, session, long run).
+files[rest]=$(ls tests/gpu/test_*.py | grep -v -x -F -f <(printf '%s\n' ${files[@]}) | tr '\n' ' ')
 declare -A limit=([gemv]=150 [nan]=80 [attention]=200 [spmd]=40 [prefill]=60 [rest]=120)
 # The GPU tests are mostly compile time (host CPU): pytest-xdist workers share the one GPU, each
 # growing its own memory (no 75% preallocation). JOA_VERIFY_WORKERS=0 runs them in one process.
