@@ -177,3 +177,16 @@ def test_engine_route_matches_the_reference_on_ragged_prompts(engine_as_spec, fi
     out = np.asarray(got.output).astype(np.float32)
     assert not out[-1].any() and np.isfinite(out).all()
     assert out[1, 41:].any() == first  # the padded rows see the T_b keys (refused: 0)
+
+
+def test_bench_environment_records_the_switch(monkeypatch):
+    from jax_onnx_attn.bench.decode import environment
+    monkeypatch.setenv(ENV, "1")
+    env = environment()
+    assert env["prefill_engine"] is True and env["joa_env"][ENV] == "1"
+    monkeypatch.delenv(ENV)
+    env = environment()
+    assert env["prefill_engine"] is False and ENV not in env["joa_env"]
+    monkeypatch.setenv(ENV, "yes")
+    with pytest.raises(ValueError, match=ENV):
+        environment()
