@@ -190,3 +190,23 @@ def test_bench_environment_records_the_switch(monkeypatch):
     monkeypatch.setenv(ENV, "yes")
     with pytest.raises(ValueError, match=ENV):
         environment()
+
+
+@pytest.mark.parametrize("first,causal,calls", [(True, 1, 2), (False, 1, 1), (True, 0, 1),
+                                                (False, 0, 1)])
+def test_padded_rows_cost_a_second_call_on_first_prompts_only(engine_as_spec, monkeypatch, first,
+                                                              causal, calls):
+    seen = []
+
+    def counting(*args, **kw):
+        seen.append(kw["causal"])
+        return prefill_reference.prefill_attention(*args, **kw)
+
+    monkeypatch.setattr(cuda, "prefill_attention", counting)
+    s, cap = 72, 96
+    inp = _prompt(0, np.float16, b=2, s=s, n=4, hkv=2, d=64, cap=cap, seqlens=[s - 1, 30],
+                  packed=True)
+    attrs = dict(num_heads=4, kv_num_heads=2, causal=causal, total_sequence_length=s if first else cap,
+                 shared_buffer=True, past_empty=True)
+    jax.make_jaxpr(lambda a: ops.group_query_attention(**a, **attrs, backend="cuda"))(inp)
+    assert len(seen) == calls and seen[0] == bool(causal)

@@ -396,6 +396,7 @@ def _gqa_prefill_engine(query, key, value, past_key, past_value, seqlens_k, cos_
       - q_len = kv_len = T_b, causal: row i < T_b at position i, keys j <= i (rows >= T_b are 0);
       - the padded rows, non-causal (row order is then free): q flipped along S puts rows
         S-1 .. T_b first, q_len = S - T_b, kv_len = T_b; flipped back, they fill rows >= T_b.
+        A first prompt (S == total) only: otherwise such a row is refused (one call, no flip).
     Non-causal GQA: every row sees the T_b keys, q_len = S, kv_len = T_b, one call. A refused row
     (status not OK) gives 0, as on the cuDNN route."""
     del query_seqlens, k_scale, v_scale  # not covered (the route says so)
@@ -425,10 +426,13 @@ def _gqa_prefill_engine(query, key, value, past_key, past_value, seqlens_k, cos_
     t = jnp.where(ok, jnp.clip(seqlens_k.astype(jnp.int32) + 1, 0, s), 0).astype(jnp.int32)
     if c.causal:
         y = cuda.prefill_attention(q, present_k, present_v, t, t, scale=c.scale, causal=True)
-        padded = cuda.prefill_attention(jnp.flip(q, axis=2), present_k, present_v, s - t, t,
-                                        scale=c.scale, causal=False)
-        rows = jnp.arange(s, dtype=jnp.int32)[None, None, :, None]
-        y = jnp.where(rows < t[:, None, None, None], y, jnp.flip(padded, axis=2))
+        if c.first_prompt:
+            # Only a first prompt has right-padded rows: in the later-step form (total = C, the
+            # runtime's) a row with T_b < S starts before position 0, gqa_prepare refuses it, t = 0.
+            padded = cuda.prefill_attention(jnp.flip(q, axis=2), present_k, present_v, s - t, t,
+                                            scale=c.scale, causal=False)
+            rows = jnp.arange(s, dtype=jnp.int32)[None, None, :, None]
+            y = jnp.where(rows < t[:, None, None, None], y, jnp.flip(padded, axis=2))
     else:
         y = cuda.prefill_attention(q, present_k, present_v, jnp.full((b,), s, jnp.int32), t,
                                    scale=c.scale, causal=False)
