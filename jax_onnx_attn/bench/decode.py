@@ -287,11 +287,14 @@ def _snapshot_commit() -> str:
 
 
 def environment() -> dict:
-    """GPU (nvidia-smi name, clocks, power), jax / jaxlib / torch versions, build info, git commit."""
+    """GPU (nvidia-smi name, clocks, power), jax / jaxlib / torch versions, build info, git commit,
+    the JOA_* environment variables set (routing switches such as JOA_PREFILL_ENGINE, so A/B runs
+    describe themselves) and whether GQA prompts route to our prefill engine."""
     import jax
     import jaxlib
 
     from jax_onnx_attn import build_info
+    from jax_onnx_attn.ops.decode_paths import prefill_engine_enabled
     info = {
         "gpu": _run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.max.sm,"
                      "clocks.mem,clocks.max.mem,temperature.gpu,power.draw", "--format=csv"]),
@@ -301,6 +304,8 @@ def environment() -> dict:
         "commit": os.environ.get("JOA_GIT_COMMIT") or _snapshot_commit()
         or _run(["git", "describe", "--always", "--dirty"]),
         "hbm_peak_gbs": HBM_PEAK_GBS,
+        "joa_env": {k: os.environ[k] for k in sorted(os.environ) if k.startswith("JOA_")},
+        "prefill_engine": prefill_engine_enabled(),  # validates JOA_PREFILL_ENGINE up front
     }
     try:
         import torch

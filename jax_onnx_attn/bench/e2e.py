@@ -822,7 +822,8 @@ def main(argv: list[str] | None = None) -> int:
         jax.config.update("jax_compilation_cache_dir", args.compile_cache)
     env = environment()
     env["suite"] = "e2e"
-    print(json.dumps({k: env.get(k) for k in ("gpu", "jax", "jaxlib", "torch", "commit")}, indent=1))
+    print(json.dumps({k: env.get(k) for k in ("gpu", "jax", "jaxlib", "torch", "commit",
+                                                 "prefill_engine", "joa_env")}, indent=1))
     from jax_onnx_attn.bench.e2e_peers import torch_status
     impls = list(args.impls)
     if on_gpu:

@@ -15,6 +15,7 @@ qk_matmul_output, a half softmax) take the general kernel.
 from __future__ import annotations
 
 import functools
+import os
 
 import jax.numpy as jnp
 
@@ -255,7 +256,25 @@ def _gqa_prefill_route(config, *, query, key, past_key):
     """(cuda_fn, reason) for a first prompt on a fixed-capacity cache (config.past_empty): the
     gqa_prepare kernel, then cuDNN's flash attention over the S new rows (causal from position 0,
     exactly GQA's rule when no row has a past). What cuDNN does not compute exactly stays on the
-    reference: softcap, attention_bias, sinks, quantised caches, qk outputs."""
+    reference: softcap, attention_bias, sinks, quantised caches, qk outputs.
+
+    With JOA_PREFILL_ENGINE=1 (`prefill_engine_enabled`) a prompt our prefill engine covers
+    (`gqa_prefill_engine_route`) runs on it instead; one it does not cover takes this route as before,
+    and when that falls back to the reference too the reason names both."""
+    engine_why = None
+    if prefill_engine_enabled():
+        engine_fn, engine_why = gqa_prefill_engine_route(config, query=query, key=key,
+                                                         past_key=past_key)
+        if engine_fn is not None:
+            return engine_fn, None
+    fn, why = _gqa_cudnn_prefill_route(config, query=query, key=key, past_key=past_key)
+    if fn is None and engine_why is not None:
+        why = f"{why} (and the prefill engine: {engine_why})"
+    return fn, why
+
+
+def _gqa_cudnn_prefill_route(config, *, query, key, past_key):
+    """(cuda_fn, reason) of the cuDNN prefill route (`_gqa_prefill`)."""
     c = config
     checks = (
         (query.dtype not in HALF_DTYPES,
@@ -309,3 +328,114 @@ def _gqa_prefill(query, key, value, past_key, past_value, seqlens_k, cos_cache, 
     # A refused row (its write would leave the cache) gives 0, as on the decode path.
     y = jnp.where(ok[:, None, None, None], y, jnp.zeros_like(y))
     return y.reshape(b, s, n * d), present_k, present_v, None, status
+
+
+# --- prompts (prefill) on our Hopper prefill engine: opt-in, JOA_PREFILL_ENGINE=1 ---------------
+
+#: The environment variable that routes covered GQA first prompts to `cuda.prefill_attention`.
+PREFILL_ENGINE_ENV = "JOA_PREFILL_ENGINE"
+
+
+def prefill_engine_enabled() -> bool:
+    """Whether GQA first prompts go to our prefill engine (JOA_PREFILL_ENGINE, "0" or "1", default
+    "0": cuDNN's route). Read at trace time, here only: a jit traced before a change keeps its route.
+    The default becomes "1" once the e2e prefill on the H200 shows the engine faster."""
+    value = os.environ.get(PREFILL_ENGINE_ENV, "0")
+    if value not in ("0", "1"):
+        raise ValueError(f"{PREFILL_ENGINE_ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
+@functools.cache
+def prefill_engine_available() -> bool:
+    """Whether the local GPU is sm_90 (H100 / H200), the one the prefill engine launches on; False
+    without a GPU."""
+    import jax
+    try:
+        dev = jax.devices("gpu")[0]
+        return str(getattr(dev, "compute_capability", "")) == "9.0"
+    except (RuntimeError, ValueError, IndexError):
+        return False
+
+
+def gqa_prefill_engine_route(config, *, query, key, past_key):
+    """(cuda_fn, reason) for a first prompt on a fixed-capacity cache on our prefill engine
+    (`_gqa_prefill_engine`): float16 / bfloat16, a head size of cuda.PREFILL_HEAD_DIMS, sm_90,
+    causal or not; no local window, softcap, sinks, quantised cache or qk output (the engine has
+    none of them)."""
+    c = config
+    if not prefill_engine_available():
+        return None, "the prefill engine runs on sm_90 (H100 / H200) only"
+    checks = (
+        (query.dtype not in HALF_DTYPES,
+         f"a prompt in {query.dtype}: the prefill engine takes float16 and bfloat16"),
+        (c.head_size not in cuda.PREFILL_HEAD_DIMS,
+         f"head size {c.head_size}: the prefill engine is compiled for {cuda.PREFILL_HEAD_DIMS}"),
+        (c.local_window_size >= 0, "a local window: the prefill engine has none"),
+        (c.softcap > 0, "softcap: the prefill engine has none"),
+        (c.smooth_softmax, "smooth softmax / head_sink: the prefill engine has no sink"),
+        (c.kv_bits, "a quantised cache: the prefill engine reads float caches"),
+        (c.qk_output != 0, "output_qk comes from the reference only"),
+        (key is not None and key.shape[1] != query.shape[1],
+         "a KV-shared layer (no new K/V rows) runs on the reference"),
+        (query.shape[1] > past_key.shape[2], "more query rows than the cache holds"),
+    )
+    return _route(checks, functools.partial(_gqa_prefill_engine, config=c))
+
+
+def _gqa_prefill_engine(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache,
+                        position_ids, attention_bias, head_sink, k_scale, v_scale, q_norm_weight,
+                        k_norm_weight, query_seqlens, *, config):
+    """A first prompt on a shared cache: gqa_prepare (the S new rows written in place at row 0; q
+    comes back [B, N, S, D], the engine's layout) then the prefill engine over the whole cache
+    [B, Hkv, C, D], kv_len limiting the keys (no copies of q, K or V).
+
+    Row b has T_b = seqlens_k[b] + 1 valid keys (clipped to [0, S]: past_empty promises T_b <= S)
+    and its prompt rows sit at positions 0..S-1. GQA (causal): row i < T_b sees keys j <= i; a padded
+    row i >= T_b sees all T_b keys. The engine places row i < q_len at kv_len - q_len + i, so
+      - q_len = kv_len = T_b, causal: row i < T_b at position i, keys j <= i (rows >= T_b are 0);
+      - the padded rows, non-causal (row order is then free): q flipped along S puts rows
+        S-1 .. T_b first, q_len = S - T_b, kv_len = T_b; flipped back, they fill rows >= T_b.
+        A first prompt (S == total) only: otherwise such a row is refused (one call, no flip).
+    Non-causal GQA: every row sees the T_b keys, q_len = S, kv_len = T_b, one call. A refused row
+    (status not OK) gives 0, as on the cuDNN route."""
+    del query_seqlens, k_scale, v_scale  # not covered (the route says so)
+    if attention_bias is not None or head_sink is not None:
+        raise AssertionError("the prefill route excludes attention_bias and head_sink")
+    c = config
+    n, d = c.num_heads, c.head_size
+    b, s = query.shape[:2]
+    prepare_seqlens = seqlens_k
+    if c.first_prompt:
+        # GQA's first prompt (S == total) writes all S rows at row 0 (past_b = 0) whatever T_b and
+        # refuses a row only when T_b > C; gqa_prepare writes at T_b - S (a decode step's rule), so
+        # it gets S - 1 for a row that fits and seqlens_k (which it refuses) for one that does not.
+        # Rotary on a first prompt reads position_ids[0, 0] + s only (onnxruntime's quirk).
+        fits = seqlens_k.astype(jnp.int32) + 1 <= past_key.shape[2]
+        prepare_seqlens = jnp.where(fits, s - 1, seqlens_k).astype(seqlens_k.dtype)
+        if position_ids is not None:
+            steps = jnp.arange(s, dtype=position_ids.dtype)
+            position_ids = jnp.broadcast_to(position_ids[0, 0] + steps, (b, s))
+    q, present_k, present_v, status = cuda.gqa_prepare(
+        query, key, value, past_key, past_value, prepare_seqlens, cos_cache, sin_cache,
+        position_ids, q_norm_weight, k_norm_weight, num_heads=n, kv_num_heads=c.kv_num_heads,
+        rotary_interleaved=c.rotary_interleaved, q_norm_epsilon=c.q_norm_epsilon,
+        k_norm_epsilon=c.k_norm_epsilon)
+    ok = status == st.OK
+    # T_b keys (0 for a refused row: no query row, no key); the prompt's keys are rows [0, S).
+    t = jnp.where(ok, jnp.clip(seqlens_k.astype(jnp.int32) + 1, 0, s), 0).astype(jnp.int32)
+    if c.causal:
+        y = cuda.prefill_attention(q, present_k, present_v, t, t, scale=c.scale, causal=True)
+        if c.first_prompt:
+            # Only a first prompt has right-padded rows: in the later-step form (total = C, the
+            # runtime's) a row with T_b < S starts before position 0, gqa_prepare refuses it, t = 0.
+            padded = cuda.prefill_attention(jnp.flip(q, axis=2), present_k, present_v, s - t, t,
+                                            scale=c.scale, causal=False)
+            rows = jnp.arange(s, dtype=jnp.int32)[None, None, :, None]
+            y = jnp.where(rows < t[:, None, None, None], y, jnp.flip(padded, axis=2))
+    else:
+        y = cuda.prefill_attention(q, present_k, present_v, jnp.full((b,), s, jnp.int32), t,
+                                   scale=c.scale, causal=False)
+    y = jnp.where(ok[:, None, None, None], y, jnp.zeros_like(y))
+    output = y.transpose(0, 2, 1, 3).reshape(b, s, n * d)
+    return output, present_k, present_v, None, status

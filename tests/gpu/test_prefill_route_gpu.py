@@ -1,0 +1,119 @@
+"""GroupQueryAttention's first prompt on our prefill engine (JOA_PREFILL_ENGINE=1,
+ops/decode_paths.py `_gqa_prefill_engine`) against the reference backend: ragged seqlens_k
+(right-padded rows, a one-key row, a refused row), B > 1, GQA groups 1 / 4 / 8, head dims 64 / 128,
+float16 / bfloat16, causal or not; with the switch off the prompt stays on cuDNN; a lowered decoder's
+long prompt takes the engine inside DecoderSession. Needs an sm_90 GPU (H100 / H200).
+
+    pytest -q tests/gpu/test_prefill_route_gpu.py
+"""
+
+import jax
+import ml_dtypes
+import numpy as np
+import pytest
+
+from jax_onnx_attn import ops
+from jax_onnx_attn.models import build_tiny_decoder, encode
+from jax_onnx_attn.runtime import DecoderSession
+from jax_onnx_attn.testing import assert_close, tolerance
+
+pytestmark = pytest.mark.gpu
+
+BF16, F16 = ml_dtypes.bfloat16, np.float16
+ENV = "JOA_PREFILL_ENGINE"
+ENGINE = "jax_onnx_attn_prefill_attention"
+
+
+def _other_gpu() -> bool:
+    """A GPU that is not sm_90 (without any GPU the gpu marker skips these tests, tests/conftest.py)."""
+    try:
+        dev = jax.devices("gpu")[0]
+    except RuntimeError:
+        return False
+    return str(getattr(dev, "compute_capability", "")) != "9.0"
+
+
+needs_sm90 = pytest.mark.skipif(_other_gpu(), reason="the prefill engine runs on sm_90 (H100 / H200) only")
+
+
+def _prompt(seed, dtype, *, b, s, n, hkv, d, cap, seqlens, packed):
+    rng = np.random.default_rng(seed)
+    x = lambda *shape: rng.standard_normal(shape).astype(dtype)  # noqa: E731
+    inp = dict(past_key=x(b, hkv, cap, d), past_value=x(b, hkv, cap, d),
+               seqlens_k=np.asarray(seqlens, np.int32))
+    if packed:
+        inp["query"] = x(b, s, (n + 2 * hkv) * d)
+    else:
+        inp.update(query=x(b, s, n * d), key=x(b, s, hkv * d), value=x(b, s, hkv * d))
+    ang = rng.uniform(0, 2 * np.pi, (cap, d // 2))
+    inp.update(cos_cache=np.cos(ang).astype(dtype), sin_cache=np.sin(ang).astype(dtype))
+    return inp
+
+
+def _run(inp, backend, total, **attrs):
+    fn = jax.jit(lambda a: ops.group_query_attention(
+        **a, total_sequence_length=total, **attrs, shared_buffer=True, past_empty=True,
+        backend=backend))
+    return fn, fn(inp)
+
+
+@needs_sm90
+@pytest.mark.parametrize("dtype,n,hkv,d,causal", [
+    (F16, 8, 8, 64, 1), (BF16, 8, 8, 128, 1), (F16, 16, 4, 128, 1), (BF16, 16, 4, 64, 1),
+    (BF16, 32, 4, 128, 1), (F16, 32, 4, 64, 1), (F16, 16, 4, 128, 0), (BF16, 32, 4, 64, 0)])
+def test_gqa_prompt_on_the_engine_equals_the_reference(monkeypatch, dtype, n, hkv, d, causal):
+    monkeypatch.setenv(ENV, "1")
+    b, s, cap = 4, 320, 384
+    # full, right-padded (T_b = 131: not a tile multiple), one key, refused (beyond the cache)
+    seqlens = [s - 1, 130, 0, cap + 5]
+    inp = _prompt(n * d + causal, dtype, b=b, s=s, n=n, hkv=hkv, d=d, cap=cap, seqlens=seqlens,
+                  packed=(n // hkv) % 2 == 0)
+    attrs = dict(num_heads=n, kv_num_heads=hkv, do_rotary=1, causal=causal)
+    fn, got = _run(inp, "cuda", s, **attrs)  # total == S: GQA's first prompt
+    hlo = fn.lower(inp).compile().as_text()
+    assert ENGINE in hlo and "jax_onnx_attn_gqa_prepare" in hlo and "cudnn" not in hlo.lower()
+    _, want = _run(inp, "reference", s, **attrs)
+    for name in ("output", "present_key", "present_value"):
+        assert_close(np.asarray(getattr(got, name)), np.asarray(getattr(want, name)), dtype,
+                     err_msg=name)
+    np.testing.assert_array_equal(np.asarray(got.status), np.asarray(want.status))
+    out = np.asarray(got.output).astype(np.float32)
+    assert np.isfinite(out).all() and not out[-1].any()
+    assert out[1, 131:].any()  # padded rows see the T_b keys
+
+
+@needs_sm90
+def test_switch_off_keeps_cudnn(monkeypatch):
+    monkeypatch.setenv(ENV, "0")
+    b, s, cap, n, hkv, d = 2, 256, 320, 16, 4, 128
+    inp = _prompt(3, BF16, b=b, s=s, n=n, hkv=hkv, d=d, cap=cap, seqlens=[s - 1] * b, packed=True)
+    attrs = dict(num_heads=n, kv_num_heads=hkv, do_rotary=1)
+    fn, got = _run(inp, "cuda", cap, **attrs)
+    hlo = fn.lower(inp).compile().as_text()
+    assert "cudnn" in hlo.lower() and ENGINE not in hlo
+    monkeypatch.setenv(ENV, "1")
+    fn_on, got_on = _run(inp, "cuda", cap, **attrs)
+    assert ENGINE in fn_on.lower(inp).compile().as_text()
+    _, want = _run(inp, "reference", cap, **attrs)
+    for y in (got, got_on):
+        assert_close(np.asarray(y.output), np.asarray(want.output), BF16)
+
+
+@needs_sm90
+def test_session_long_prompt_runs_the_engine_and_matches_the_reference(monkeypatch):
+    monkeypatch.setenv(ENV, "1")
+    model = build_tiny_decoder(hidden=256, heads=4, kv_heads=2, intermediate=256, layers=2,
+                               dtype="f16")
+    prompt = encode("A prompt long enough to be prefill rather than a decode step. " * 2)
+    assert len(prompt) > 64
+    gpu = DecoderSession(model, max_length=256)
+    result = gpu.generate([prompt], max_new_tokens=8)
+    hlo = "\n".join(gpu.compiled_text("prefill"))
+    assert ENGINE in hlo and "cudnn" not in hlo.lower()
+    sequence = result.sequences[0]
+    with jax.default_device(jax.devices("cpu")[0]):
+        reference = DecoderSession(model, max_length=256).logits(sequence, len(prompt))
+    ours = gpu.logits(sequence, len(prompt))
+    rtol, atol = tolerance(np.float16)
+    scale = float(np.abs(reference).max())
+    assert float(np.abs(ours - reference).max()) <= atol + rtol * scale

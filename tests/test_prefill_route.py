@@ -1,0 +1,212 @@
+"""The opt-in route of GQA first prompts to our prefill engine (JOA_PREFILL_ENGINE=1,
+ops/decode_paths.py), on the CPU: the switch's parsing, which route a prompt takes and why, and
+the q_len / kv_len mapping with the kernels swapped for their specs (reference gqa_prepare and
+prefill_attention) against GQA's reference backend. The engine itself is checked on a GPU
+(tests/gpu/test_prefill_route_gpu.py)."""
+
+import jax
+import ml_dtypes
+import numpy as np
+import pytest
+
+from jax_onnx_attn import ops
+from jax_onnx_attn.ops import backend, cuda, decode_paths
+from jax_onnx_attn.ops.reference import gqa as gqa_reference
+from jax_onnx_attn.ops.reference import prefill as prefill_reference
+from jax_onnx_attn.testing import assert_close
+
+ENV = "JOA_PREFILL_ENGINE"
+
+
+@pytest.mark.parametrize("value,want", [(None, False), ("0", False), ("1", True)])
+def test_switch_parses_0_and_1_default_off(monkeypatch, value, want):
+    if value is None:
+        monkeypatch.delenv(ENV, raising=False)
+    else:
+        monkeypatch.setenv(ENV, value)
+    assert decode_paths.prefill_engine_enabled() is want
+
+
+@pytest.mark.parametrize("value", ["", "2", "true", "on", " 1"])
+def test_switch_rejects_other_values_naming_the_variable(monkeypatch, value):
+    monkeypatch.setenv(ENV, value)
+    with pytest.raises(ValueError, match=ENV):
+        decode_paths.prefill_engine_enabled()
+
+
+def _config(**kw):
+    base = dict(num_heads=8, kv_num_heads=2, head_size=64, total_sequence_length=160,
+                present_length=160, scale=0.125, causal=True, shared_buffer=True,
+                first_prompt=False, past_empty=True)
+    base.update(kw)
+    return gqa_reference.GQAConfig(**base)
+
+
+def _route(config, dtype=np.float16, s=128, b=2):
+    c = config
+    query = jax.ShapeDtypeStruct((b, s, (c.num_heads + 2 * c.kv_num_heads) * c.head_size), dtype)
+    past = jax.ShapeDtypeStruct((b, c.kv_num_heads, c.present_length, c.head_size), dtype)
+    return decode_paths.gqa_cuda(c, query=query, key=None, past_key=past, query_seqlens=None)
+
+
+@pytest.fixture
+def gpu_like(monkeypatch):
+    """cuDNN and an sm_90 GPU as far as the routes can tell."""
+    monkeypatch.setattr(decode_paths, "cudnn_attention_available", lambda: True)
+    monkeypatch.setattr(decode_paths, "prefill_engine_available", lambda: True)
+
+
+@pytest.mark.parametrize("value", [None, "0"])
+def test_switch_off_keeps_the_cudnn_route(gpu_like, monkeypatch, value):
+    if value is None:
+        monkeypatch.delenv(ENV, raising=False)
+    else:
+        monkeypatch.setenv(ENV, value)
+    fn, why = _route(_config())
+    assert why is None and fn.func is decode_paths._gqa_prefill
+    # and an uncovered prompt's reason is the cuDNN route's, word for word
+    _, why = _route(_config(softcap=30.0))
+    assert why == "softcap on a prompt runs on the reference (cuDNN has no softcap)"
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("dtype,d", [(np.float16, 64), (ml_dtypes.bfloat16, 128)])
+def test_switch_on_routes_covered_prompts_to_the_engine(gpu_like, monkeypatch, causal, dtype, d):
+    monkeypatch.setenv(ENV, "1")
+    fn, why = _route(_config(causal=causal, head_size=d), dtype)
+    assert why is None and fn.func is decode_paths._gqa_prefill_engine
+
+
+@pytest.mark.parametrize("kw,dtype,match", [
+    (dict(local_window_size=100), np.float16, "local window"),
+    (dict(softcap=30.0), np.float16, "softcap"),
+    (dict(smooth_softmax=True), np.float16, "sink"),
+    (dict(kv_bits=8), np.float16, "quantised"),
+    (dict(qk_output=1), np.float16, "output_qk"),
+    (dict(head_size=80), np.float16, "head size 80"),
+    (dict(), np.float32, "float32"),
+])
+def test_engine_route_reasons(gpu_like, kw, dtype, match):
+    c = _config(**kw)
+    query = jax.ShapeDtypeStruct((2, 128, (8 + 4) * c.head_size), dtype)
+    past = jax.ShapeDtypeStruct((2, 2, 160, c.head_size), dtype)
+    fn, why = decode_paths.gqa_prefill_engine_route(c, query=query, key=None, past_key=past)
+    assert fn is None and match in why
+
+
+def test_engine_route_needs_sm90(monkeypatch):
+    monkeypatch.setattr(decode_paths, "prefill_engine_available", lambda: False)
+    c = _config()
+    query = jax.ShapeDtypeStruct((2, 128, 12 * 64), np.float16)
+    past = jax.ShapeDtypeStruct((2, 2, 160, 64), np.float16)
+    fn, why = decode_paths.gqa_prefill_engine_route(c, query=query, key=None, past_key=past)
+    assert fn is None and "sm_90" in why
+
+
+def test_switch_on_falls_back_to_cudnn_then_the_reference_with_both_reasons(gpu_like, monkeypatch):
+    monkeypatch.setenv(ENV, "1")
+    # a window: the engine has none, cuDNN has
+    fn, why = _route(_config(local_window_size=100))
+    assert why is None and fn.func is decode_paths._gqa_prefill
+    # not sm_90: cuDNN
+    monkeypatch.setattr(decode_paths, "prefill_engine_available", lambda: False)
+    fn, why = _route(_config())
+    assert why is None and fn.func is decode_paths._gqa_prefill
+    # softcap: neither; the reason names both
+    fn, why = _route(_config(softcap=30.0))
+    assert fn is None
+    assert why.startswith("softcap on a prompt runs on the reference") and "prefill engine" in why
+
+
+def test_switch_is_read_at_trace_time_and_validated(gpu_like, monkeypatch):
+    monkeypatch.setenv(ENV, "maybe")
+    with pytest.raises(ValueError, match=ENV):
+        _route(_config())
+
+
+# --- the q_len / kv_len mapping, with the kernels swapped for their specs ----------------------
+
+@pytest.fixture
+def engine_as_spec(monkeypatch, gpu_like):
+    monkeypatch.setenv(ENV, "1")
+    monkeypatch.setattr(backend, "has_cuda", lambda: True)
+    monkeypatch.setattr(backend, "no_cuda_device", lambda: None)  # the specs run on the CPU
+    monkeypatch.setattr(cuda, "gqa_prepare", gqa_reference.prepare_step)
+    monkeypatch.setattr(cuda, "prefill_attention", prefill_reference.prefill_attention)
+
+
+def _prompt(seed, dtype, *, b, s, n, hkv, d, cap, seqlens, packed):
+    rng = np.random.default_rng(seed)
+    x = lambda *shape: rng.standard_normal(shape).astype(dtype)  # noqa: E731
+    inp = dict(past_key=x(b, hkv, cap, d), past_value=x(b, hkv, cap, d),
+               seqlens_k=np.asarray(seqlens, np.int32))
+    if packed:
+        inp["query"] = x(b, s, (n + 2 * hkv) * d)
+    else:
+        inp.update(query=x(b, s, n * d), key=x(b, s, hkv * d), value=x(b, s, hkv * d))
+    ang = rng.uniform(0, 2 * np.pi, (cap, d // 2))
+    inp.update(cos_cache=np.cos(ang).astype(dtype), sin_cache=np.sin(ang).astype(dtype))
+    return inp
+
+
+@pytest.mark.parametrize("first", [True, False])
+@pytest.mark.parametrize("causal", [1, 0])
+@pytest.mark.parametrize("dtype,n,hkv,d,packed,pos_ids", [
+    (np.float16, 4, 4, 64, True, False), (ml_dtypes.bfloat16, 8, 2, 64, False, True),
+    (np.float16, 8, 1, 128, True, False)])
+def test_engine_route_matches_the_reference_on_ragged_prompts(engine_as_spec, first, causal, dtype,
+                                                             n, hkv, d, packed, pos_ids):
+    """first: total_sequence_length == S (GQA's first prompt: a row with T_b < S is right-padded,
+    its padded query rows see the T_b keys); else total = C (past_empty alone: T_b < S would start
+    before position 0, so such a row is refused, as on a decode step)."""
+    b, s, cap = 4, 72, 96
+    # full, padded, one key, refused (beyond the cache: status set, output 0)
+    seqlens = [s - 1, 40, 0, cap + 5]
+    inp = _prompt(n * d + causal, dtype, b=b, s=s, n=n, hkv=hkv, d=d, cap=cap, seqlens=seqlens,
+                  packed=packed)
+    if pos_ids:
+        inp["position_ids"] = (np.arange(s, dtype=np.int64)[None] + np.arange(b)[:, None] * 3)
+    attrs = dict(num_heads=n, kv_num_heads=hkv, do_rotary=1, causal=causal,
+                 total_sequence_length=s if first else cap, shared_buffer=True, past_empty=True)
+    run = lambda bk: jax.jit(lambda a: ops.group_query_attention(**a, **attrs, backend=bk))(inp)  # noqa: E731
+    got, want = run("cuda"), run("reference")
+    for name in ("output", "present_key", "present_value"):
+        assert_close(np.asarray(getattr(got, name)), np.asarray(getattr(want, name)), dtype,
+                     err_msg=name)
+    np.testing.assert_array_equal(np.asarray(got.status), np.asarray(want.status))
+    out = np.asarray(got.output).astype(np.float32)
+    assert not out[-1].any() and np.isfinite(out).all()
+    assert out[1, 41:].any() == first  # the padded rows see the T_b keys (refused: 0)
+
+
+def test_bench_environment_records_the_switch(monkeypatch):
+    from jax_onnx_attn.bench.decode import environment
+    monkeypatch.setenv(ENV, "1")
+    env = environment()
+    assert env["prefill_engine"] is True and env["joa_env"][ENV] == "1"
+    monkeypatch.delenv(ENV)
+    env = environment()
+    assert env["prefill_engine"] is False and ENV not in env["joa_env"]
+    monkeypatch.setenv(ENV, "yes")
+    with pytest.raises(ValueError, match=ENV):
+        environment()
+
+
+@pytest.mark.parametrize("first,causal,calls", [(True, 1, 2), (False, 1, 1), (True, 0, 1),
+                                                (False, 0, 1)])
+def test_padded_rows_cost_a_second_call_on_first_prompts_only(engine_as_spec, monkeypatch, first,
+                                                              causal, calls):
+    seen = []
+
+    def counting(*args, **kw):
+        seen.append(kw["causal"])
+        return prefill_reference.prefill_attention(*args, **kw)
+
+    monkeypatch.setattr(cuda, "prefill_attention", counting)
+    s, cap = 72, 96
+    inp = _prompt(0, np.float16, b=2, s=s, n=4, hkv=2, d=64, cap=cap, seqlens=[s - 1, 30],
+                  packed=True)
+    attrs = dict(num_heads=4, kv_num_heads=2, causal=causal, total_sequence_length=s if first else cap,
+                 shared_buffer=True, past_empty=True)
+    jax.make_jaxpr(lambda a: ops.group_query_attention(**a, **attrs, backend="cuda"))(inp)
+    assert len(seen) == calls and seen[0] == bool(causal)
