@@ -42,7 +42,7 @@ template <typename T, int kD, int kWarpsM, int kWarpsN, class Kv = DenseKv<T>>
 struct EngineConfig {
   static_assert(kD % 16 == 0, "head dim must be a multiple of 16");
   static constexpr Layout kLayout =
-      MakeLayout(kD, kWarpsM, kWarpsN, int(sizeof(T)), Kv::kQuantized ? Kv::kBits : 0);
+      MakeLayout(kD, kWarpsM, kWarpsN, int(sizeof(T)), Kv::kQuantized ? Kv::kBits : 0, Kv::kInRegs);
   static constexpr int kWarps = kLayout.warps;
   static constexpr int kThreads = kLayout.threads;
   static constexpr int kBlockM = kLayout.block_m;
@@ -59,6 +59,7 @@ struct EngineConfig {
   static constexpr int kTileElems = kLayout.tile_elems;
   static constexpr int kStageBytes = kLayout.stage_bytes;
   static constexpr int kConvBytes = kLayout.conv_bytes;
+  static constexpr int kKPitch = kLayout.k_pitch, kVPitch = kLayout.v_pitch;  // in registers only
   static constexpr int kRingOffset = kLayout.ring_offset;
   static constexpr int kMergeBytes = kLayout.merge_bytes;
   static constexpr int kCtasPerSm = kLayout.ctas_per_sm;
