@@ -47,10 +47,10 @@ struct QRegStages {
 
   template <int kW>
   static __device__ __forceinline__ void PermuteGroup(T* row, const float* ks, bool per_channel) {
-    T x[kW];
+    alignas(16) T x[kW];
 #pragma unroll
     for (int i = 0; i < kW / 8; ++i) *reinterpret_cast<uint4*>(x + 8 * i) = reinterpret_cast<const uint4*>(row)[i];
-    T y[kW];
+    alignas(16) T y[kW];
 #pragma unroll
     for (int j = 0; j < kW; ++j) {
       const int kk_local = j / 16, k = j % 16;
@@ -134,10 +134,13 @@ struct QRegStages {
   }
 
   // StageWarp of engine.cuh, with O's columns scaled by the V scales and un-permuted (VChan). The
-  // scales are read before the barrier: the merge area overlaps them.
+  // scales are read between two barriers: the first makes them visible where the loop ran no tile
+  // (an empty split: O is 0, and 0 times an unwritten NaN would poison the row), the second keeps
+  // them from being overwritten by the merge area, which overlaps them.
   static __device__ __forceinline__ void StageWarp(Out& o, const float (&m)[2], float (&l)[2],
                                                    const float* s_vscale, float* s_o, float* s_m,
                                                    float* s_l, int warp, int lane) {
+    __syncthreads();
 #pragma unroll
     for (int r2 = 0; r2 < 2; ++r2) {
       l[r2] += __shfl_xor_sync(0xffffffffu, l[r2], 1);
