@@ -236,3 +236,27 @@ def test_dense_cache_ignores_the_switch():
     off = jax.jit(functools.partial(cuda.decode_attention, scale=0.09, quant_regs=False))(q, k, v, lens)
     on = jax.jit(functools.partial(cuda.decode_attention, scale=0.09, quant_regs=True))(q, k, v, lens)
     np.testing.assert_array_equal(np.asarray(on), np.asarray(off))
+
+
+@pytest.mark.parametrize("bits,quant_type", [(8, "PER_CHANNEL"), (4, "PER_TENSOR")])
+def test_gqa_decode_quantised_cache_with_the_switch_on(bits, quant_type, monkeypatch):
+    """GroupQueryAttention end to end (gqa_prepare quantises the new rows, unchanged; the engine
+    dequantises in registers: JOA_DECODE_QUANT_REGS=1 at trace time) against the reference."""
+    from gqa_decode_cases import gqa_inputs, quant_attrs
+
+    from jax_onnx_attn import ops
+
+    monkeypatch.setenv(cuda.QUANT_REGS_ENV, "1")
+    inp = gqa_inputs(bits * 5, BF16, s=1, n=32, hkv=8, d=128, rotary=1, kv_bits=bits,
+                     quant_type=quant_type)
+    arrays = {k: v for k, v in inp.items() if k != "total_sequence_length"}
+    attrs = dict(num_heads=32, kv_num_heads=8, do_rotary=1,
+                 total_sequence_length=inp["total_sequence_length"], **quant_attrs(bits, quant_type))
+
+    def step(backend):
+        return jax.jit(lambda a: ops.group_query_attention(**a, **attrs, shared_buffer=True,
+                                                           backend=backend))
+
+    got, want = step("cuda")(arrays), step("reference")(arrays)
+    assert_close(np.asarray(got.output), np.asarray(want.output), BF16)
+    np.testing.assert_array_equal(np.asarray(got.status), np.asarray(want.status))
