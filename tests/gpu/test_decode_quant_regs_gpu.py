@@ -260,3 +260,17 @@ def test_gqa_decode_quantised_cache_with_the_switch_on(bits, quant_type, monkeyp
     got, want = step("cuda")(arrays), step("reference")(arrays)
     assert_close(np.asarray(got.output), np.asarray(want.output), BF16)
     np.testing.assert_array_equal(np.asarray(got.status), np.asarray(want.status))
+
+
+@pytest.mark.parametrize("bits", BITS, ids=lambda x: f"int{x}")
+def test_cluster_combine(bits):
+    """The splits of a 16-row block combined inside a thread-block cluster (sm_90), forced."""
+    _, q, k, v, ks, vs, lens = _inputs(13, bits, "channel", 2, 32, 8, 1, 128, 1024, BF16,
+                                       lens=[1024, 517])
+    got = _run_regs(q, k, v, lens, None, None, ks, vs, kv_bits=bits, split_rows=128, scale=0.09,
+                    cluster=True)
+    want = np.asarray(_reference(kv_bits=bits, scale=0.09)(q, k, v, lens, None, None, ks, vs))
+    assert_close(got, want, BF16)
+    plain = _run_regs(q, k, v, lens, None, None, ks, vs, kv_bits=bits, split_rows=128, scale=0.09,
+                      cluster=False)
+    assert_close(got, plain.astype(np.float32), BF16)
