@@ -9,6 +9,8 @@
 //   unchanged MMA code reads. A value is T(float(q) * scale), the f32 product rounded once to T, with
 //   a scale of 0 read as 1: jax_onnx_attn/ops/reference/quant.dequantize. Scales are f32, one per
 //   tensor or one per (KV head, channel).
+// QuantRegKv<T, 8 | 4>: the same caches dequantised in registers from the raw ring rows, no T tile
+//   (the decode engine's DecodeSplitKernelQRegs, switched on by LaunchOptions::quant_regs).
 #pragma once
 
 #include <cuda_bf16.h>

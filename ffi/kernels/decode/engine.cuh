@@ -13,7 +13,9 @@
 // the KV tiles of its split through a cp.async ring of kStages stages (16-byte copies, zero fill
 // past the valid rows, so unwritten cache rows are never read); an int8 / int4 cache (the Kv policy,
 // kv_format.cuh) streams its packed bytes and converts each landed tile into one T tile pair that
-// the same MMA code reads. Warps are laid out kWarpsM x kWarpsN:
+// the same MMA code reads (or, with LaunchOptions::quant_regs, DecodeSplitKernelQRegs of
+// engine_qregs.cuh builds the MMA fragments from the raw bytes in registers). Warps are laid out
+// kWarpsM x kWarpsN:
 // each owns 16 query rows and a 1 / kWarpsN slice of every KV tile, runs S = Q K^T and O += P V on
 // mma.sync m16n8k16 (f32 accumulation) with an online softmax, and the warps that share rows merge
 // their (max, sum, O) through shared memory at the end in a fixed order. With one split the CTA
