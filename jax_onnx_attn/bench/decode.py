@@ -36,7 +36,11 @@ MAX_KV_BYTES = 36 << 30   # skip cases whose K+V exceed this (peers need room to
 MAX_LOGIT_BYTES = 8 << 30  # the xla implementation materialises [B, Hq, S, C] f32 logits
 #: Donate q to the timed jit (see bench_jax); switched off only to measure what re-recording costs.
 DONATE = os.environ.get("JOA_BENCH_DONATE", "1") != "0"
-IMPLS = ("ours", "jax-xla", "jax-cudnn", "torch-flash", "torch-cudnn")
+IMPLS = ("ours", "jax-xla", "jax-cudnn", "torch-flash", "torch-cudnn", "ours[qregs]")
+#: "ours[qregs]": ours with an int8 / int4 cache dequantised in registers (cuda.decode_attention's
+#: quant_regs, the JOA_DECODE_QUANT_REGS path; "ours" follows that switch, off by default): time
+#: both side by side with --kv-bits 8 4 --impls ours ours[qregs]. Not in the default set.
+DEFAULT_IMPLS = tuple(i for i in IMPLS if i != "ours[qregs]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,11 +56,24 @@ class Case:
     head_dim: int
     dtype: str  # "bf16" | "fp16"
     kv_bits: int = 0
+    scales: str = "tensor"  # quantised caches: "tensor" or "channel" f32 K / V scales
 
     @property
     def kv_bytes(self) -> int:
         """Bytes of K plus V read per call (2-byte elements, or kv_bits bits)."""
         return 2 * self.batch * self.kv_heads * self.ctx * self.head_dim * (self.kv_bits or 16) // 8
+
+    @property
+    def scale_bytes(self) -> int:
+        """Bytes of the f32 K and V scales of a quantised cache (0 for a float cache)."""
+        if not self.kv_bits:
+            return 0
+        return 2 * 4 * (self.kv_heads * self.head_dim if self.scales == "channel" else 1)
+
+    @property
+    def bytes_read(self) -> int:
+        """The bytes a call reads from the cache: K + V, plus the scales of a quantised one."""
+        return self.kv_bytes + self.scale_bytes
 
     @property
     def rotations(self) -> int:
@@ -72,7 +89,8 @@ class Case:
     def label(self) -> str:
         """A one-line description of the case for tables and logs."""
         return (f"B={self.batch} ctx={self.ctx} S={self.q_len} {self.q_heads}/{self.kv_heads} "
-                f"d{self.head_dim} {self.dtype}" + (f" int{self.kv_bits}" if self.kv_bits else ""))
+                f"d{self.head_dim} {self.dtype}" + (f" int{self.kv_bits}" if self.kv_bits else "")
+                + (" per-channel" if self.kv_bits and self.scales == "channel" else ""))
 
 
 def _jax_dtype(name):
@@ -182,13 +200,15 @@ def bench_jax(case: Case, impl: str, target_s: float, reps: int) -> float:
     r, k_calls = case.rotations, case.calls
     keys = jax.random.split(jax.random.PRNGKey(case.batch * 7 + c), 2 * r + 1)
     bits = case.kv_bits
-    if impl == "ours":
+    if impl.startswith("ours"):
         q_shape, kv_shape = (b, hq, s, d), (b, hkv, c, d // 2 if bits == 4 else d)
-        kv_scale = jnp.full((1,), 0.02, jnp.float32)
+        kv_scale = jnp.full((1, hkv, 1, d) if case.scales == "channel" else (1,), 0.02, jnp.float32)
+        # "ours" follows the JOA_DECODE_QUANT_REGS switch; "ours[qregs]" forces the register path.
+        quant_regs = True if impl == "ours[qregs]" else None
 
         def attn(q, k, v, lens):
             return cuda.decode_attention(q, k, v, lens, None, None, kv_scale, kv_scale, scale=scale,
-                                         causal=True, kv_bits=bits)
+                                         causal=True, kv_bits=bits, quant_regs=quant_regs)
     else:
         q_shape, kv_shape = (b, s, hq, d), (b, c, hkv, d)
         which = impl.split("-")[1]
@@ -329,15 +349,18 @@ def default_cases(args) -> list[Case]:
                     for c in args.ctx:
                         for s in args.qlen:
                             for bits in args.kv_bits:
-                                cases.append(Case(b, c, s, hq, hkv, d, dtype, bits))
+                                for sc in (getattr(args, "scales", None) or ["tensor"]) if bits else ["tensor"]:
+                                    cases.append(Case(b, c, s, hq, hkv, d, dtype, bits, sc))
     # The headline configuration first (bf16, 32/8, d128), so a time budget keeps it.
     cases.sort(key=lambda x: (x.dtype != "bf16", (x.q_heads, x.kv_heads) != (32, 8), x.head_dim != 128))
     return cases
 
 
 def _impl_skip(case: Case, impl: str) -> str | None:
-    if case.kv_bits and impl != "ours":
+    if case.kv_bits and not impl.startswith("ours"):
         return "no int cache"
+    if not case.kv_bits and impl == "ours[qregs]":
+        return "float cache"
     if case.kv_bytes > MAX_KV_BYTES:
         return "beyond memory"
     if impl == "jax-xla" and case.batch * case.q_heads * case.q_len * case.ctx * 4 > MAX_LOGIT_BYTES:
@@ -348,7 +371,9 @@ def _impl_skip(case: Case, impl: str) -> str | None:
 def format_table(results: list[dict], impls: list[str]) -> str:
     """The results as an aligned text table: our time, GB/s, % of peak, peers' times and ratios."""
     peers = [i for i in impls if i != "ours"]
-    head = ["case", "ours us", "GB/s", "%peak"] + [f"{p} us" for p in peers] + [f"x{p}" for p in peers]
+    qregs = "ours[qregs]" in impls  # its GB/s and % of peak too (the bytes it reads are ours')
+    head = (["case", "ours us", "GB/s", "%peak"] + (["qregs GB/s", "qregs %peak"] if qregs else [])
+            + [f"{p} us" for p in peers] + [f"x{p}" for p in peers])
     rows = [head]
     for res in results:
         t = res["impls"]
@@ -356,6 +381,9 @@ def format_table(results: list[dict], impls: list[str]) -> str:
         row = [res["label"], f"{ours:.1f}" if ours else "-",
                f"{t['ours']['gbs']:.0f}" if ours else "-",
                f"{100 * t['ours']['gbs'] / HBM_PEAK_GBS:.0f}" if ours else "-"]
+        if qregs:
+            gbs = t.get("ours[qregs]", {}).get("gbs")
+            row += [f"{gbs:.0f}" if gbs else "-", f"{100 * gbs / HBM_PEAK_GBS:.0f}" if gbs else "-"]
         for p in peers:
             us = t.get(p, {}).get("us")
             row.append(f"{us:.1f}" if us else t.get(p, {}).get("skip", "-")[:12])
@@ -381,7 +409,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp16"], choices=["bf16", "fp16"])
     ap.add_argument("--kv-bits", type=int, nargs="+", default=[0], choices=[0, 8, 4],
                     help="cache formats: 0 (q's dtype), 8 / 4 (int8 / int4, ours only)")
-    ap.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
+    ap.add_argument("--scales", nargs="+", default=["tensor"], choices=["tensor", "channel"],
+                    help="quantised caches: per-tensor and / or per-channel K / V scales")
+    ap.add_argument("--impls", nargs="+", default=list(DEFAULT_IMPLS), choices=IMPLS)
     ap.add_argument("--target-ms", type=float, default=40.0, help="wall time per timing sample")
     ap.add_argument("--reps", type=int, default=5, help="timing samples (median reported)")
     ap.add_argument("--max-seconds", type=float, default=float("inf"),
@@ -402,6 +432,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"time budget reached: stopping before {case.label()}")
             break
         res = {**dataclasses.asdict(case), "label": case.label(), "kv_bytes": case.kv_bytes,
+               "bytes_read": case.bytes_read,
                "rotations": case.rotations, "calls_per_graph": case.calls, "impls": {}}
         for impl in args.impls:
             why = _impl_skip(case, impl)
@@ -411,7 +442,8 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 fn = bench_jax if impl.startswith(("ours", "jax")) else bench_torch
                 sec = fn(case, impl, args.target_ms / 1e3, args.reps)
-                res["impls"][impl] = {"us": sec * 1e6, "gbs": case.kv_bytes / sec / 1e9}
+                # GB/s on the bytes read: the cache plus, quantised, its scales.
+                res["impls"][impl] = {"us": sec * 1e6, "gbs": case.bytes_read / sec / 1e9}
             except Exception as e:  # a peer that cannot run a shape is a result, not a crash
                 res["impls"][impl] = {"skip": f"error: {type(e).__name__}: {str(e).splitlines()[0][:200]}"}
         results.append(res)
@@ -425,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
                              "--format=csv"])
     print()
     print(format_table(results, args.impls))
-    print("\nus: per call; GB/s: K+V bytes / time; %peak of 4800 GB/s; xPEER: peer time / our time")
+    print("\nus: per call; GB/s: K+V bytes (+ scales) / time; %peak of 4800 GB/s; xPEER: peer time / our time")
     if args.out:
         _write(args.out, env, results, args)
         print(f"wrote {args.out}")

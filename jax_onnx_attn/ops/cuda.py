@@ -12,6 +12,7 @@ and each device launches the kernel on its shard.
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -121,10 +122,22 @@ def decode_cluster_split_rows(batch: int, kv_heads: int, rows: int, capacity: in
 
 # --- decode attention (ffi/handlers/decode_attention.cu, engine in ffi/kernels/decode/) -----------
 
+#: The switch of the register-dequantising path for int8 / int4 caches (engine_qregs.cuh): "1" turns
+#: it on. Off by default until the GPU has verified it (docs/kernels.md, "Quantised caches").
+QUANT_REGS_ENV = "JOA_DECODE_QUANT_REGS"
+
+
+def decode_quant_regs() -> bool:
+    """Whether decode_attention dequantises an int8 / int4 cache in registers (JOA_DECODE_QUANT_REGS=1)
+    rather than tile by tile in shared memory: the one place the switch is read, at trace time."""
+    return os.environ.get(QUANT_REGS_ENV, "0") == "1"
+
+
 def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=None, v_scale=None,
                      *, scale: float, softcap: float = 0.0, causal: bool = True, left: int = -1,
                      right: int = -1, pos_shift: int = 0, kv_bits: int = 0,
-                     split_rows: int | None = None, pdl: bool = True, cluster: bool | None = None):
+                     split_rows: int | None = None, pdl: bool = True, cluster: bool | None = None,
+                     quant_regs: bool | None = None):
     """q [B, Hq, S, D] f16/bf16, k_cache / v_cache [B, Hkv, C, D], kv_len int32 [B] -> [B, Hq, S, D].
 
     Semantics of `jax_onnx_attn.ops.reference.decode.decode_attention`. bias: None or
@@ -133,11 +146,14 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=
     (per tensor) or Hkv·D elements (per channel, e.g. [1, Hkv, 1, D]). split_rows and cluster
     override the plan (`decode_plan`: split_rows a multiple of DECODE_BLOCK_N; cluster combines the
     splits inside a thread-block cluster, sm_90+, <= 16 splits of a 16-row block); pdl launches the
-    combine as a programmatic dependent launch.
+    combine as a programmatic dependent launch. quant_regs: dequantise a quantised cache in
+    registers instead of tile by tile in shared memory (None: `decode_quant_regs()`, the
+    JOA_DECODE_QUANT_REGS switch, off by default); ignored for a float cache.
     """
+    quant_regs = decode_quant_regs() if quant_regs is None else bool(quant_regs)
     static = dict(scale=scale, softcap=softcap, causal=causal, left=left, right=right,
                   pos_shift=pos_shift, kv_bits=kv_bits, split_rows=split_rows, pdl=pdl,
-                  cluster=cluster)
+                  cluster=cluster, quant_regs=bool(quant_regs and kv_bits))
     return partitioning.DECODE_ATTENTION.apply(
         _decode_attention, (q, k_cache, v_cache, kv_len, bias, sink, k_scale, v_scale), static,
         pin=_per_example_plan)
@@ -153,7 +169,8 @@ def _per_example_plan(static, axis_size, q, k_cache, *rest) -> dict:
 
 
 def _decode_attention(q, k_cache, v_cache, kv_len, bias, sink, k_scale, v_scale, *, scale, softcap,
-                      causal, left, right, pos_shift, kv_bits, split_rows, pdl, cluster):
+                      causal, left, right, pos_shift, kv_bits, split_rows, pdl, cluster,
+                      quant_regs=False):
     b, hq, s, d = q.shape
     hkv, c = k_cache.shape[1], k_cache.shape[2]
     plan = decode_plan(b, hq, hkv, s, c, d, kv_bits, split_rows, cluster)
@@ -171,7 +188,8 @@ def _decode_attention(q, k_cache, v_cache, kv_len, bias, sink, k_scale, v_scale,
                   scale=np.float32(scale), softcap=np.float32(softcap if softcap > 0 else 0.0),
                   causal=bool(causal), left=int(left), right=int(right), pos_shift=int(pos_shift),
                   has_bias=bias is not None, has_sink=sink is not None, kv_bits=int(kv_bits),
-                  split_rows=plan["split_rows"], pdl=bool(pdl), cluster=plan["cluster"])
+                  split_rows=plan["split_rows"], pdl=bool(pdl), cluster=plan["cluster"],
+                  quant_regs=bool(quant_regs))
     return out
 
 

@@ -9,12 +9,16 @@
 //   unchanged MMA code reads. A value is T(float(q) * scale), the f32 product rounded once to T, with
 //   a scale of 0 read as 1: jax_onnx_attn/ops/reference/quant.dequantize. Scales are f32, one per
 //   tensor or one per (KV head, channel).
+// QuantRegKv<T, 8 | 4>: the same caches dequantised in registers from the raw ring rows, no T tile
+//   (the decode engine's DecodeSplitKernelQRegs, switched on by LaunchOptions::quant_regs).
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "kernels/common/kv_quant.cuh"
 #include "kernels/common/params.h"
@@ -25,6 +29,7 @@ namespace joa {
 template <typename T>
 struct DenseKv {
   static constexpr bool kQuantized = false;
+  static constexpr bool kInRegs = false;
   static constexpr int kBits = 8 * int(sizeof(T));
 };
 
@@ -32,6 +37,7 @@ template <typename T, int kBits_>
 struct QuantKv {
   using Layout = KvQuantLayout<kBits_ == 8 ? KvFormat::kInt8 : KvFormat::kInt4>;
   static constexpr bool kQuantized = true;
+  static constexpr bool kInRegs = false;
   static constexpr int kBits = kBits_;
 
   // Bytes of one cache row of kD values (rows are contiguous in the ring, unpadded: only the
@@ -140,6 +146,245 @@ struct QuantKv {
     y.z = ptx::Pack2<T>(x[4] * sc[4], x[5] * sc[5]);
     y.w = ptx::Pack2<T>(x[6] * sc[6], x[7] * sc[7]);
     return y;
+  }
+};
+
+// QuantRegKv<T, 8 | 4>: the same caches, dequantised in registers (the decode engine's
+// DecodeSplitKernelQRegs, engine_qregs.cuh). The raw bytes land in the ring with padded row pitches
+// (KPitch / VPitch: the fragment loads below are bank-conflict free) and each warp builds its MMA B
+// fragments from the packed words it reads: no T tile, no second shared-memory pass, no barrier per
+// tile. Exact integers go into the MMAs (every int8 / int4 level is a T); the scales are applied
+// where they factor out (the engine: K per tensor on the logits, K per channel on Q once per CTA,
+// V on the f32 O columns at the end).
+//
+// Fragment maps (m16n8k16, lane = 4 g + t):
+//   Q K^T: the reduction runs over channels, whose order is free as long as Q's A fragment uses the
+//   same one, so the engine permutes Q once per CTA and a lane reads whole words of one K row
+//   (n = g): KChan(kk, t, h, e) is the channel behind k index 2t + e + 8h of k step kk.
+//   P V: the reduction runs over KV rows (identity: P comes from the score accumulators); the output
+//   channel order is free, undone when O is staged for the merge: VChan(dt, col) is the channel of
+//   column col of O n8 tile dt. A lane reads for its column g a word of W / 8 consecutive channels
+//   (W = 32 int8, 64 int4; a narrower tail segment at D 80 / 96) of rows 2t, 2t + 1, 2t + 8, 2t + 9.
+template <typename T, int kBits_>
+struct QuantRegKv {
+  using Layout = KvQuantLayout<kBits_ == 8 ? KvFormat::kInt8 : KvFormat::kInt4>;
+  using Base = QuantKv<T, kBits_>;
+  static constexpr bool kQuantized = true;
+  static constexpr bool kInRegs = true;
+  static constexpr int kBits = kBits_;
+
+  template <int kD>
+  static constexpr int RowBytes() { return Layout::template RowBytes<kD>(); }
+
+  // --- channel maps (host and device: the CPU test emulates them) ---------------------------------
+
+  // Whether k step kk is the 16-channel tail of a head dim that is not whole 32-channel groups.
+  static constexpr bool IsTail(int d, int kk) { return d % 32 != 0 && kk == d / 16 - 1; }
+  // The channel behind k index 2t + e + 8h of k step kk (the K B fragment's and Q's A fragment's).
+  static constexpr int KChan(int d, int kk, int t, int h, int e) {
+    return IsTail(d, kk) ? 16 * kk + 4 * t + h + 2 * e
+           : kBits == 8  ? 32 * (kk / 2) + 8 * t + 4 * (kk & 1) + h + 2 * e
+                         : 32 * (kk / 2) + 8 * t + 2 * (kk & 1) + h + 4 * e;
+  }
+  // V channel segments: widths kVW as long as they fit, then halves (D 80 / 96).
+  static constexpr int kVW = kBits == 8 ? 32 : 64;
+  static constexpr int SegW(int d, int start) {
+    int w = kVW;
+    while (start + w > d) w /= 2;
+    return w;
+  }
+  static constexpr int NumSegs(int d) {
+    int n = 0;
+    for (int s = 0; s < d; s += SegW(d, s)) ++n;
+    return n;
+  }
+  static constexpr int SegStart(int d, int i) {
+    int s = 0;
+    for (int j = 0; j < i; ++j) s += SegW(d, s);
+    return s;
+  }
+  // The channel of column col of O n8 tile dt.
+  static constexpr int VChan(int d, int dt, int col) {
+    int s = 0;
+    while (s + SegW(d, s) <= 8 * dt) s += SegW(d, s);
+    return s + (SegW(d, s) / 8) * col + (dt - s / 8);
+  }
+
+  // --- load ------------------------------------------------------------------------------------
+
+  template <int kD, int kThreads>
+  static __device__ __forceinline__ void LoadScales(float* s_scale, const KvScales& sc, int kvh, int tid) {
+    Base::template LoadScales<kD, kThreads>(s_scale, sc, kvh, tid);
+  }
+
+  // cp.async of rows [0, kRows) of K and V into a ring stage: K rows kKPitch bytes apart, then V
+  // rows kVPitch apart; rows outside [valid_lo, valid_hi) are zero-filled and not read (a zero
+  // int4 byte reads as -8: finite, and such rows are masked, so their P is 0).
+  template <int kD, int kRows, int kThreads, int kKPitch, int kVPitch>
+  static __device__ __forceinline__ void LoadTile(unsigned char* dst, const unsigned char* k_src,
+                                                  const unsigned char* v_src, int64_t k_stride,
+                                                  int64_t v_stride, int valid_lo, int valid_hi, int tid) {
+    LoadRows<RowBytes<kD>(), kKPitch, kRows, kThreads>(dst, k_src, k_stride, valid_lo, valid_hi, tid);
+    LoadRows<RowBytes<kD>(), kVPitch, kRows, kThreads>(dst + kRows * kKPitch, v_src, v_stride,
+                                                       valid_lo, valid_hi, tid);
+  }
+
+  // --- dequantisation in registers -----------------------------------------------------------
+
+  // Two 4-bit levels (stored q + 8) at bits [0, 4) and [16, 20) of x -> a T pair (lo, hi), exact:
+  // the nibble dropped into the mantissa of 1024 (f16) / 128 (bf16), minus 1032 / 136.
+  static __device__ __forceinline__ uint32_t I4Pair(uint32_t x) {
+    if constexpr (std::is_same_v<T, __half>) {
+      const uint32_t y = (x & 0x000F000Fu) | 0x64006400u;
+      const __half2 r = __hsub2(Bits<__half2>(y), Bits<__half2>(0x64086408u));
+      return Bits<uint32_t>(r);
+    } else {
+      const uint32_t y = (x & 0x000F000Fu) | 0x43004300u;
+      const __nv_bfloat162 r = __hsub2(Bits<__nv_bfloat162>(y), Bits<__nv_bfloat162>(0x43084308u));
+      return Bits<uint32_t>(r);
+    }
+  }
+
+  // Two int8 levels, byte ia of a (lo) and byte ib of b (hi) -> a T pair, exact. f16: the biased
+  // byte q + 128 in the mantissa of 1024, minus 1152; bf16 (8 significant bits are too few for
+  // 1024 + 255): through f32 (2^23 + q + 128, minus 2^23 + 128) and one packing convert.
+  template <int ia, int ib>
+  static __device__ __forceinline__ uint32_t I8Pair(uint32_t a, uint32_t b) {
+    if constexpr (std::is_same_v<T, __half>) {
+      // Bytes 0 and 2 of x are the levels; the other two are masked off.
+      const uint32_t x = (ia == 0 && ib == 2) ? a : (ia == 1 && ib == 3) ? (a >> 8)
+                                                  : __byte_perm(a, b, unsigned(ia | ((4 + ib) << 8)));
+      const uint32_t y = (x & 0x00FF00FFu) ^ 0x64806480u;
+      const __half2 r = __hsub2(Bits<__half2>(y), Bits<__half2>(0x64806480u));
+      return Bits<uint32_t>(r);
+    } else {
+      const float lo = __uint_as_float(__byte_perm(a ^ 0x80808080u, 0x4B000000u, 0x7650u | unsigned(ia))) - 8388736.f;
+      const float hi = __uint_as_float(__byte_perm(b ^ 0x80808080u, 0x4B000000u, 0x7650u | unsigned(ib))) - 8388736.f;
+      return ptx::Pack2<T>(lo, hi);
+    }
+  }
+
+  // The K B fragments of one K row for k steps 2 kp and 2 kp + 1 (b[0..1] and b[2..3]), from the
+  // row's bytes at row (a whole 32-channel group per lane quad; KChan's paired maps).
+  template <int kD>
+  static __device__ __forceinline__ void KPair(uint32_t (&b)[4], const unsigned char* row, int kp, int t) {
+    if constexpr (kBits == 8) {
+      const uint2 w = *reinterpret_cast<const uint2*>(row + 32 * kp + 8 * t);
+      b[0] = I8Pair<0, 2>(w.x, w.x);  // channels (0, 2): k 2t, 2t + 1
+      b[1] = I8Pair<1, 3>(w.x, w.x);  // (1, 3): k 2t + 8, 2t + 9
+      b[2] = I8Pair<0, 2>(w.y, w.y);  // (4, 6)
+      b[3] = I8Pair<1, 3>(w.y, w.y);  // (5, 7)
+    } else {
+      const uint32_t w = *reinterpret_cast<const uint32_t*>(row + 16 * kp + 4 * t);
+      b[0] = I4Pair(w);        // nibbles (0, 4)
+      b[1] = I4Pair(w >> 4);   // (1, 5)
+      b[2] = I4Pair(w >> 8);   // (2, 6)
+      b[3] = I4Pair(w >> 12);  // (3, 7)
+    }
+  }
+
+  // The K B fragment of the 16-channel tail step kk (channels 16 kk + 4t + {0, 2} and {1, 3}).
+  static __device__ __forceinline__ void KTail(uint32_t (&b)[2], const unsigned char* row, int kk, int t) {
+    if constexpr (kBits == 8) {
+      const uint32_t w = *reinterpret_cast<const uint32_t*>(row + 16 * kk + 4 * t);
+      b[0] = I8Pair<0, 2>(w, w);
+      b[1] = I8Pair<1, 3>(w, w);
+    } else {
+      const uint32_t h = *reinterpret_cast<const uint16_t*>(row + 8 * kk + 2 * t);
+      const uint32_t x = __byte_perm(h, 0u, 0x4140u);  // byte 1 -> byte 2
+      b[0] = I4Pair(x);
+      b[1] = I4Pair(x >> 4);
+    }
+  }
+
+  // kNb bytes (4, 2 or 1) of a row at p as the low bytes of a word.
+  template <int kNb>
+  static __device__ __forceinline__ uint32_t LoadWord(const unsigned char* p) {
+    if constexpr (kNb == 4) return *reinterpret_cast<const uint32_t*>(p);
+    else if constexpr (kNb == 2) return *reinterpret_cast<const uint16_t*>(p);
+    else return *p;
+  }
+
+  // O += P V over the V segment [kStart, kStart + kW) of one k16 step: rows[0..3] point at KV rows
+  // 2t, 2t + 1, 2t + 8, 2t + 9 of the step (g: the lane's column).
+  template <int kD, int kStart, int kW, int kNt>
+  static __device__ __forceinline__ void PvSegment(float (&o)[kNt][4], const uint32_t (&pa)[4],
+                                                   const unsigned char* const (&rows)[4], int g) {
+    constexpr int kCh = kW / 8;              // channels a lane holds
+    constexpr int kNb = kCh * kBits / 8;     // bytes of them
+    constexpr int kOff = kStart * kBits / 8;
+    uint32_t w[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) w[r] = LoadWord<kNb>(rows[r] + kOff + kNb * g);
+    if constexpr (kBits == 8) {
+#pragma unroll
+      for (int i = 0; i < kCh; ++i) {
+        const uint32_t b0 = I8PairDyn(w[0], w[1], i), b1 = I8PairDyn(w[2], w[3], i);
+        ptx::Mma16816<T>(o[kStart / 8 + i], pa, b0, b1);
+      }
+    } else {
+      const uint32_t lo0 = __byte_perm(w[0], w[1], 0x5410u), lo1 = __byte_perm(w[2], w[3], 0x5410u);
+#pragma unroll
+      for (int i = 0; i < (kCh < 4 ? kCh : 4); ++i) {
+        ptx::Mma16816<T>(o[kStart / 8 + i], pa, I4Pair(lo0 >> (4 * i)), I4Pair(lo1 >> (4 * i)));
+      }
+      if constexpr (kCh == 8) {
+        const uint32_t hi0 = __byte_perm(w[0], w[1], 0x7632u), hi1 = __byte_perm(w[2], w[3], 0x7632u);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          ptx::Mma16816<T>(o[kStart / 8 + 4 + i], pa, I4Pair(hi0 >> (4 * i)), I4Pair(hi1 >> (4 * i)));
+        }
+      }
+    }
+  }
+
+ private:
+  template <typename To, typename From>
+  static __device__ __forceinline__ To Bits(const From& x) {
+    static_assert(sizeof(To) == sizeof(From), "same size");
+    To y;
+    memcpy(&y, &x, sizeof(To));
+    return y;
+  }
+
+  // I8Pair with the byte index a loop variable (unrolled: a constant after unrolling).
+  static __device__ __forceinline__ uint32_t I8PairDyn(uint32_t a, uint32_t b, int i) {
+    if constexpr (std::is_same_v<T, __half>) {
+      const uint32_t x = __byte_perm(a, b, unsigned(i | ((4 + i) << 8)));
+      const uint32_t y = (x & 0x00FF00FFu) ^ 0x64806480u;
+      const __half2 r = __hsub2(Bits<__half2>(y), Bits<__half2>(0x64806480u));
+      return Bits<uint32_t>(r);
+    } else {
+      const float lo = __uint_as_float(__byte_perm(a ^ 0x80808080u, 0x4B000000u, 0x7650u | unsigned(i))) - 8388736.f;
+      const float hi = __uint_as_float(__byte_perm(b ^ 0x80808080u, 0x4B000000u, 0x7650u | unsigned(i))) - 8388736.f;
+      return ptx::Pack2<T>(lo, hi);
+    }
+  }
+
+  template <int kRowBytes, int kPitch, int kRows, int kThreads>
+  static __device__ __forceinline__ void LoadRows(unsigned char* dst, const unsigned char* src,
+                                                  int64_t row_stride, int valid_lo, int valid_hi, int tid) {
+    constexpr int kCopy = kRowBytes % 16 == 0 ? 16 : 8;
+    static_assert(kRowBytes % kCopy == 0 && kPitch % 16 == 0, "rows of whole copies, 16-byte pitch");
+    constexpr int kPerRow = kRowBytes / kCopy;
+    constexpr int kTotal = kRows * kPerRow;
+    constexpr int kIters = (kTotal + kThreads - 1) / kThreads;
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      const int c = tid + it * kThreads;
+      if (kTotal % kThreads == 0 || c < kTotal) {
+        const int r = c / kPerRow;
+        const int col = (c % kPerRow) * kCopy;
+        const bool valid = r >= valid_lo && r < valid_hi;
+        const unsigned char* g = valid ? src + r * row_stride + col : src;
+        const uint32_t s = ptx::SmemAddr(dst + r * kPitch + col);
+        if constexpr (kCopy == 16) {
+          ptx::CpAsync16(s, g, valid);
+        } else {
+          ptx::CpAsync8(s, g, valid);
+        }
+      }
+    }
   }
 };
 

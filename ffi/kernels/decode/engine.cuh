@@ -13,7 +13,9 @@
 // the KV tiles of its split through a cp.async ring of kStages stages (16-byte copies, zero fill
 // past the valid rows, so unwritten cache rows are never read); an int8 / int4 cache (the Kv policy,
 // kv_format.cuh) streams its packed bytes and converts each landed tile into one T tile pair that
-// the same MMA code reads. Warps are laid out kWarpsM x kWarpsN:
+// the same MMA code reads (or, with LaunchOptions::quant_regs, DecodeSplitKernelQRegs of
+// engine_qregs.cuh builds the MMA fragments from the raw bytes in registers). Warps are laid out
+// kWarpsM x kWarpsN:
 // each owns 16 query rows and a 1 / kWarpsN slice of every KV tile, runs S = Q K^T and O += P V on
 // mma.sync m16n8k16 (f32 accumulation) with an online softmax, and the warps that share rows merge
 // their (max, sum, O) through shared memory at the end in a fixed order. With one split the CTA
@@ -42,7 +44,7 @@ template <typename T, int kD, int kWarpsM, int kWarpsN, class Kv = DenseKv<T>>
 struct EngineConfig {
   static_assert(kD % 16 == 0, "head dim must be a multiple of 16");
   static constexpr Layout kLayout =
-      MakeLayout(kD, kWarpsM, kWarpsN, int(sizeof(T)), Kv::kQuantized ? Kv::kBits : 0);
+      MakeLayout(kD, kWarpsM, kWarpsN, int(sizeof(T)), Kv::kQuantized ? Kv::kBits : 0, Kv::kInRegs);
   static constexpr int kWarps = kLayout.warps;
   static constexpr int kThreads = kLayout.threads;
   static constexpr int kBlockM = kLayout.block_m;
@@ -59,6 +61,7 @@ struct EngineConfig {
   static constexpr int kTileElems = kLayout.tile_elems;
   static constexpr int kStageBytes = kLayout.stage_bytes;
   static constexpr int kConvBytes = kLayout.conv_bytes;
+  static constexpr int kKPitch = kLayout.k_pitch, kVPitch = kLayout.v_pitch;  // in registers only
   static constexpr int kRingOffset = kLayout.ring_offset;
   static constexpr int kMergeBytes = kLayout.merge_bytes;
   static constexpr int kCtasPerSm = kLayout.ctas_per_sm;

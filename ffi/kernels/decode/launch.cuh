@@ -7,15 +7,27 @@
 
 #include "kernels/decode/combine.cuh"
 #include "kernels/decode/engine.cuh"
+#include "kernels/decode/engine_qregs.cuh"
 #include "kernels/decode/params.h"
 #include "kernels/decode/plan.h"
 
 namespace joa::decode {
 
+// The split kernel of a KV policy: DecodeSplitKernel, or DecodeSplitKernelQRegs for a cache
+// dequantised in registers.
+template <typename T, int kD, int kWarpsM, int kWarpsN, class Variant, class Kv>
+constexpr auto SplitKernel() {
+  if constexpr (Kv::kInRegs) {
+    return &DecodeSplitKernelQRegs<T, kD, kWarpsM, kWarpsN, Variant, Kv>;
+  } else {
+    return &DecodeSplitKernel<T, kD, kWarpsM, kWarpsN, Variant, Kv>;
+  }
+}
+
 template <typename T, int kD, int kWarpsM, int kWarpsN, class Variant, class Kv>
 cudaError_t LaunchLayout(DecodeParams p, bool pdl, cudaStream_t stream) {
   using Cfg = EngineConfig<T, kD, kWarpsM, kWarpsN, Kv>;
-  auto* split_kernel = DecodeSplitKernel<T, kD, kWarpsM, kWarpsN, Variant, Kv>;
+  auto* split_kernel = SplitKernel<T, kD, kWarpsM, kWarpsN, Variant, Kv>();
   // A function attribute, not stream work: allowed while XLA captures the stream; set on every
   // launch because it is per device.
   cudaError_t err = cudaFuncSetAttribute(split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -79,6 +91,13 @@ cudaError_t LaunchVariant(const DecodeParams& p, bool pdl, cudaStream_t stream) 
 
 template <typename T, int kD, KvFormat kKv>
 cudaError_t Launch(const DecodeParams& p, const LaunchOptions& opt, cudaStream_t stream) {
+  if constexpr (kKv != KvFormat::kDense) {
+    if (opt.quant_regs) {
+      using Kv = QuantRegKv<T, KvBits(kKv)>;
+      return opt.logit_variant ? LaunchVariant<T, kD, LogitVariant, Kv>(p, opt.pdl, stream)
+                               : LaunchVariant<T, kD, MaskVariant, Kv>(p, opt.pdl, stream);
+    }
+  }
   using Kv = KvPolicy<T, kKv>;
   return opt.logit_variant ? LaunchVariant<T, kD, LogitVariant, Kv>(p, opt.pdl, stream)
                            : LaunchVariant<T, kD, MaskVariant, Kv>(p, opt.pdl, stream);

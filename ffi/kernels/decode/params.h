@@ -57,6 +57,9 @@ struct DecodeParams {
 struct LaunchOptions {
   bool logit_variant;  // softcap or bias present: LogitVariant, else MaskVariant
   bool pdl;            // launch the combine as a programmatic dependent of the split kernel
+  // An int8 / int4 cache dequantised in registers (DecodeSplitKernelQRegs, engine_qregs.cuh)
+  // instead of converted tile by tile in shared memory; ignored for a dense cache.
+  bool quant_regs = false;
 };
 
 }  // namespace joa::decode

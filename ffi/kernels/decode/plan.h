@@ -70,16 +70,37 @@ struct Layout {
   int o_stride;     // f32 merge rows, padded likewise
   int q_bytes, tile_elems;
   int stage_bytes;  // a ring stage: a K and a V tile as the cache stores them
-  int conv_bytes;   // quantised: the converted T tile pair and the K / V scales
+  int conv_bytes;   // quantised: the converted T tile pair and the K / V scales (in registers: the
+                    // scales only)
+  int k_pitch, v_pitch;  // quantised in registers: ring row pitches in bytes (0 otherwise)
   int ring_offset, merge_bytes;
   int stages, ctas_per_sm;
   int pipe_bytes, smem_bytes;
   bool cluster_combine;  // the in-cluster combine fits (16-row blocks only)
 };
 
-constexpr Layout MakeLayout(int d, int warps_m, int warps_n, int elem_bytes, int kv_bits) {
+// Ring row pitches of a cache dequantised in registers (QuantRegKv, kv_format.cuh): the smallest
+// that keep its fragment loads free of bank conflicts. K int8: a lane quad reads 32 bytes of a row
+// (8-byte loads, 4 rows a half warp): pitch = 32 mod 64. K int4 (4-byte loads, 8 rows) and V (rows
+// 2t + c of 4 quads, 32 bytes each): pitch = 16 mod 32.
+constexpr int RegKPitch(int row_bytes, int kv_bits) {
+  int p = row_bytes;
+  while (kv_bits == 8 ? p % 64 != 32 : p % 32 != 16) ++p;
+  return p;
+}
+constexpr int RegVPitch(int row_bytes) {
+  int p = row_bytes;
+  while (p % 32 != 16) ++p;
+  return p;
+}
+
+// kv_in_regs: a quantised cache dequantised in registers (DecodeSplitKernelQRegs): padded raw rows
+// in the ring, no converted tile pair.
+constexpr Layout MakeLayout(int d, int warps_m, int warps_n, int elem_bytes, int kv_bits,
+                            bool kv_in_regs = false) {
   Layout l{};
   const bool quantized = kv_bits != 0;
+  const bool in_regs = quantized && kv_in_regs;
   l.warps = warps_m * warps_n;
   l.threads = 32 * l.warps;
   l.block_m = 16 * warps_m;
@@ -95,8 +116,12 @@ constexpr Layout MakeLayout(int d, int warps_m, int warps_n, int elem_bytes, int
   l.o_stride = d + 8;
   l.q_bytes = l.block_m * l.stride * elem_bytes;
   l.tile_elems = l.tile_n * l.stride;
-  l.stage_bytes = quantized ? 2 * l.tile_n * d * kv_bits / 8 : 2 * l.tile_elems * elem_bytes;
-  l.conv_bytes = quantized ? 2 * l.tile_elems * elem_bytes + 2 * d * 4 : 0;
+  l.k_pitch = in_regs ? RegKPitch(d * kv_bits / 8, kv_bits) : 0;
+  l.v_pitch = in_regs ? RegVPitch(d * kv_bits / 8) : 0;
+  l.stage_bytes = in_regs     ? l.tile_n * (l.k_pitch + l.v_pitch)
+                  : quantized ? 2 * l.tile_n * d * kv_bits / 8
+                              : 2 * l.tile_elems * elem_bytes;
+  l.conv_bytes = in_regs ? 2 * d * 4 : quantized ? 2 * l.tile_elems * elem_bytes + 2 * d * 4 : 0;
   l.ring_offset = l.q_bytes + l.conv_bytes;
   l.merge_bytes = l.warps * 16 * (l.o_stride + 2) * 4;
   // Stages from the shared-memory budget: as many as fit two CTAs per SM, or one CTA when that

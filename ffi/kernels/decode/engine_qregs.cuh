@@ -1,0 +1,320 @@
+// The split-KV decode engine on an int8 / int4 cache dequantised in registers (QuantRegKv,
+// kv_format.cuh): DecodeSplitKernel's stages and schedule, except that
+//   load     the ring holds the raw K / V rows (padded pitches, no converted T tile: no second
+//            shared-memory pass and no barrier per tile); Q is permuted into the channel order of the
+//            K fragments (and scaled by a per-channel K scale) once per CTA;
+//   QK       each lane reads whole packed words of its K row and builds the B fragments in
+//            registers (exact integers as T); a per-tensor K scale multiplies the logits;
+//   PV       each lane reads words of V rows 2t, 2t + 1, 2t + 8, 2t + 9 and builds the B fragments
+//            likewise; O's columns come out permuted (QuantRegKv::VChan);
+//   combine  the V scales multiply the f32 O columns and the permutation is undone as each warp
+//            stages its O for the merge; the merge and the writes are DecodeSplitKernel's.
+// Selected by LaunchOptions::quant_regs (the handler's quant_regs attribute; off by default).
+#pragma once
+
+#include "kernels/decode/engine.cuh"
+
+namespace joa::decode {
+
+template <typename T, int kD, int kWarpsM, int kWarpsN, class Kv>
+struct QRegStages {
+  using Cfg = EngineConfig<T, kD, kWarpsM, kWarpsN, Kv>;
+  static_assert(Kv::kInRegs, "a policy that dequantises in registers");
+  static constexpr int kBlockM = Cfg::kBlockM, kStride = Cfg::kStride, kThreads = Cfg::kThreads;
+  static constexpr int kChunk = Cfg::kChunk, kTileN = Cfg::kTileN;
+  static constexpr int kKPitch = Cfg::kKPitch, kVPitch = Cfg::kVPitch;
+  static constexpr int kPairs = kD / 32;         // k-step pairs of whole 32-channel groups
+  static constexpr bool kTail = kD % 32 != 0;    // one more 16-channel k step (D 80)
+  static constexpr int kGroups = kPairs + (kTail ? 1 : 0);
+  using Scores = float[kChunk / 8][4];
+  using Out = float[kD / 8][4];
+
+  // Q rows in shared memory -> Q'[r][16 kk + k] = Q[r][KChan(kk, k)] (times the K scale of that
+  // channel when K is scaled per channel), in place. A thread owns whole 32-channel groups (the map
+  // stays inside one), so no barrier is needed between its reads and writes.
+  static __device__ __forceinline__ void PrepareQ(T* s_q, const float* s_kscale, bool k_per_channel,
+                                                  int tid) {
+    for (int c = tid; c < kBlockM * kGroups; c += kThreads) {
+      const int r = c / kGroups, grp = c % kGroups;
+      T* row = s_q + r * kStride + 32 * grp;
+      if (!kTail || grp < kPairs) {
+        PermuteGroup<32>(row, s_kscale + 32 * grp, k_per_channel);
+      } else {
+        PermuteGroup<16>(row, s_kscale + 32 * grp, k_per_channel);
+      }
+    }
+  }
+
+  template <int kW>
+  static __device__ __forceinline__ void PermuteGroup(T* row, const float* ks, bool per_channel) {
+    alignas(16) T x[kW];
+#pragma unroll
+    for (int i = 0; i < kW / 8; ++i) *reinterpret_cast<uint4*>(x + 8 * i) = reinterpret_cast<const uint4*>(row)[i];
+    alignas(16) T y[kW];
+#pragma unroll
+    for (int j = 0; j < kW; ++j) {
+      const int kk_local = j / 16, k = j % 16;
+      const int t = (k >> 1) & 3, e = k & 1, h = k >> 3;
+      // The channel relative to the group: the tail's map (kW 16) or the paired one (a group's
+      // k steps are 2 grp and 2 grp + 1: KChan of steps 0 / 1 is the offset inside it).
+      const int ch = kW == 16 ? 4 * t + h + 2 * e : Kv::KChan(kD, kk_local, t, h, e);
+      y[j] = x[ch];
+      if (per_channel) y[j] = T(float(x[ch]) * ks[ch]);
+    }
+#pragma unroll
+    for (int i = 0; i < kW / 8; ++i) reinterpret_cast<uint4*>(row)[i] = *reinterpret_cast<const uint4*>(y + 8 * i);
+  }
+
+  // s = Q' K^T for the kChunk tile columns from c0, the K B fragments built from the raw rows.
+  template <int kQRegs>
+  static __device__ __forceinline__ void Qk(Scores& s, const uint32_t (&qa)[kQRegs][4], uint32_t q_addr,
+                                            const unsigned char* s_kr, int c0, int g, int t) {
+#pragma unroll
+    for (int nt = 0; nt < kChunk / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+    constexpr int kUnroll = Cfg::kQInRegs ? (kPairs > 0 ? kPairs : 1) : 2;
+#pragma unroll kUnroll
+    for (int kp = 0; kp < kPairs; ++kp) {
+      uint32_t a0[4], a1[4];
+      LoadA(a0, qa, q_addr, 2 * kp);
+      LoadA(a1, qa, q_addr, 2 * kp + 1);
+#pragma unroll
+      for (int nt = 0; nt < kChunk / 8; ++nt) {
+        uint32_t b[4];
+        Kv::template KPair<kD>(b, s_kr + (c0 + nt * 8 + g) * kKPitch, kp, t);
+        ptx::Mma16816<T>(s[nt], a0, b[0], b[1]);
+        ptx::Mma16816<T>(s[nt], a1, b[2], b[3]);
+      }
+    }
+    if constexpr (kTail) {
+      constexpr int kk = kD / 16 - 1;
+      uint32_t a[4];
+      LoadA(a, qa, q_addr, kk);
+#pragma unroll
+      for (int nt = 0; nt < kChunk / 8; ++nt) {
+        uint32_t b[2];
+        Kv::KTail(b, s_kr + (c0 + nt * 8 + g) * kKPitch, kk, t);
+        ptx::Mma16816<T>(s[nt], a, b[0], b[1]);
+      }
+    }
+  }
+
+  template <int kQRegs>
+  static __device__ __forceinline__ void LoadA(uint32_t (&a)[4], const uint32_t (&qa)[kQRegs][4],
+                                               uint32_t q_addr, int kk) {
+    if constexpr (Cfg::kQInRegs) {
+      a[0] = qa[kk][0]; a[1] = qa[kk][1]; a[2] = qa[kk][2]; a[3] = qa[kk][3];
+    } else {
+      ptx::LdMatrixX4(a, q_addr + kk * 32);
+    }
+  }
+
+  // O += P V over the chunk, the V B fragments built from the raw rows (O columns permuted).
+  static __device__ __forceinline__ void Pv(const Scores& s, Out& o, const unsigned char* s_vr, int c0,
+                                            int g, int t) {
+#pragma unroll
+    for (int kc = 0; kc < kChunk / 16; ++kc) {
+      const uint32_t pa[4] = {ptx::Pack2<T>(s[2 * kc][0], s[2 * kc][1]),
+                              ptx::Pack2<T>(s[2 * kc][2], s[2 * kc][3]),
+                              ptx::Pack2<T>(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                              ptx::Pack2<T>(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+      const unsigned char* r0 = s_vr + (c0 + kc * 16 + 2 * t) * kVPitch;
+      const unsigned char* const rows[4] = {r0, r0 + kVPitch, r0 + 8 * kVPitch, r0 + 9 * kVPitch};
+      PvSegments<0>(o, pa, rows, g);
+    }
+  }
+
+  template <int kSeg>
+  static __device__ __forceinline__ void PvSegments(Out& o, const uint32_t (&pa)[4],
+                                                    const unsigned char* const (&rows)[4], int g) {
+    if constexpr (kSeg < Kv::NumSegs(kD)) {
+      constexpr int kStart = Kv::SegStart(kD, kSeg);
+      Kv::template PvSegment<kD, kStart, Kv::SegW(kD, kStart), kD / 8>(o, pa, rows, g);
+      PvSegments<kSeg + 1>(o, pa, rows, g);
+    }
+  }
+
+  // StageWarp of engine.cuh, with O's columns scaled by the V scales and un-permuted (VChan). The
+  // scales are read between two barriers: the first makes them visible where the loop ran no tile
+  // (an empty split: O is 0, and 0 times an unwritten NaN would poison the row), the second keeps
+  // them from being overwritten by the merge area, which overlaps them.
+  static __device__ __forceinline__ void StageWarp(Out& o, const float (&m)[2], float (&l)[2],
+                                                   const float* s_vscale, float* s_o, float* s_m,
+                                                   float* s_l, int warp, int lane) {
+    __syncthreads();
+#pragma unroll
+    for (int r2 = 0; r2 < 2; ++r2) {
+      l[r2] += __shfl_xor_sync(0xffffffffu, l[r2], 1);
+      l[r2] += __shfl_xor_sync(0xffffffffu, l[r2], 2);
+    }
+    const int t = lane & 3;
+#pragma unroll
+    for (int dt = 0; dt < kD / 8; ++dt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float vs = s_vscale[VChanOf(dt, 2 * t + e)];
+        o[dt][e] *= vs;
+        o[dt][2 + e] *= vs;
+      }
+    }
+    ptx::CpAsyncWait<0>();
+    __syncthreads();
+    float* w_o = s_o + warp * 16 * Cfg::kOStride;
+#pragma unroll
+    for (int dt = 0; dt < kD / 8; ++dt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = VChanOf(dt, 2 * t + e);
+        w_o[(lane >> 2) * Cfg::kOStride + col] = o[dt][e];
+        w_o[((lane >> 2) + 8) * Cfg::kOStride + col] = o[dt][2 + e];
+      }
+    }
+    if ((lane & 3) == 0) {
+      s_m[warp * 16 + (lane >> 2)] = m[0];
+      s_m[warp * 16 + (lane >> 2) + 8] = m[1];
+      s_l[warp * 16 + (lane >> 2)] = l[0];
+      s_l[warp * 16 + (lane >> 2) + 8] = l[1];
+    }
+    __syncthreads();
+  }
+
+  // VChan with a constant n8 tile (unrolled) and the lane's column.
+  static __device__ __forceinline__ int VChanOf(int dt, int col) {
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < Kv::NumSegs(kD); ++i) {
+      const int st = Kv::SegStart(kD, i), w = Kv::SegW(kD, st);
+      if (8 * dt >= st && 8 * dt < st + w) s = st + (w / 8) * col + (dt - st / 8);
+    }
+    return s;
+  }
+};
+
+template <typename T, int kD, int kWarpsM, int kWarpsN, class Variant, class Kv>
+__global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
+                                  (EngineConfig<T, kD, kWarpsM, kWarpsN, Kv>::kCtasPerSm))
+    DecodeSplitKernelQRegs(const __grid_constant__ DecodeParams p) {
+  using Cfg = EngineConfig<T, kD, kWarpsM, kWarpsN, Kv>;
+  using Stages = SplitStages<T, kD, kWarpsM, kWarpsN, Kv>;
+  using QStages = QRegStages<T, kD, kWarpsM, kWarpsN, Kv>;
+  constexpr int kBlockM = Cfg::kBlockM, kStride = Cfg::kStride, kStages = Cfg::kStages;
+  constexpr int kChunk = Cfg::kChunk, kThreads = Cfg::kThreads, kTileN = Cfg::kTileN;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* s_q = reinterpret_cast<T*>(smem);
+  // The K / V scales, then the ring of raw tiles (stage: K rows, then V rows).
+  float* s_scale = reinterpret_cast<float*>(smem + Cfg::kQBytes);
+  unsigned char* s_ring = smem + Cfg::kRingOffset;
+
+  const int split = blockIdx.x;
+  const int kvh = blockIdx.y / p.m_blocks;
+  const int mb = blockIdx.y % p.m_blocks;
+  const int b = blockIdx.z;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp / kWarpsN, wn = warp % kWarpsN;
+  const int row0 = mb * kBlockM;
+  const int g = lane >> 2, t4 = lane & 3;
+
+  ptx::LaunchDependents();
+  Stages::LoadQ(s_q, p, b, kvh, row0, tid);
+
+  const int len = min(max(p.kv_len[b], 0), p.capacity);
+  const Variant var(p.variant, len);
+  const int pos0 = len - p.q_len + p.variant.pos_shift;
+  const KeyBounds kb = var.Bounds(pos0, pos0 + p.q_len - 1);
+  const int n_begin = max(kb.lo, split * p.split_rows);
+  const int n_end = min(kb.hi, min((split + 1) * p.split_rows, p.capacity));
+  const int t_begin = n_begin / kTileN;
+  const int t_end = n_end > n_begin ? (n_end + kTileN - 1) / kTileN : t_begin;
+
+  const unsigned char* k_raw = static_cast<const unsigned char*>(p.k) + b * p.k_stride_b + kvh * p.k_stride_h;
+  const unsigned char* v_raw = static_cast<const unsigned char*>(p.v) + b * p.v_stride_b + kvh * p.v_stride_h;
+  auto load_tile = [&](int t, int st) {
+    const int n0 = t * kTileN;
+    Kv::template LoadTile<kD, kTileN, kThreads, Cfg::kKPitch, Cfg::kVPitch>(
+        s_ring + st * Cfg::kStageBytes, k_raw + n0 * p.k_stride_n, v_raw + n0 * p.v_stride_n,
+        p.k_stride_n, p.v_stride_n, n_begin - n0, n_end - n0, tid);
+  };
+
+  QueryRow<> rows[2];
+#pragma unroll
+  for (int r2 = 0; r2 < 2; ++r2) {
+    const int R = min(row0 + wm * 16 + (lane >> 2) + 8 * r2, p.rows - 1);
+    const int h = kvh * p.group + R / p.q_len, i = R % p.q_len;
+    rows[r2].pos = pos0 + i;
+    rows[r2].bias_off = b * p.variant.bias_stride_b + h * p.variant.bias_stride_h + i * p.variant.bias_stride_s;
+  }
+
+  float o[kD / 8][4];
+#pragma unroll
+  for (int dt = 0; dt < kD / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.f, 0.f};
+  uint32_t qa[Cfg::kQInRegs ? kD / 16 : 1][4];
+  float k_mul = 1.f;  // a per-tensor K scale, on the logits
+
+  Kv::template LoadScales<kD, kThreads>(s_scale, p.kv_scales, kvh, tid);
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (t_begin + s < t_end) load_tile(t_begin + s, s);
+    ptx::CpAsyncCommit();
+  }
+
+  const uint32_t q_addr = ptx::SmemAddr(s_q + (wm * 16 + (lane & 15)) * kStride + (lane >> 4) * 8);
+
+  for (int t = t_begin; t < t_end; ++t) {
+    const int it = t - t_begin;
+    ptx::CpAsyncWait<kStages - 2>();
+    __syncthreads();
+    {
+      const int tn = t + kStages - 1;
+      if (tn < t_end) load_tile(tn, (it + kStages - 1) % kStages);
+      ptx::CpAsyncCommit();
+    }
+    if (it == 0) {
+      // Q (first commit group) and the scales are in: Q into the K fragments' channel order, once.
+      QStages::PrepareQ(s_q, s_scale, p.kv_scales.k_per_channel, tid);
+      k_mul = p.kv_scales.k_per_channel ? 1.f : s_scale[0];
+      __syncthreads();
+      if constexpr (Cfg::kQInRegs) {
+#pragma unroll
+        for (int kk = 0; kk < kD / 16; ++kk) ptx::LdMatrixX4(qa[kk], q_addr + kk * 32);
+      }
+    }
+    const unsigned char* s_kr = s_ring + (it % kStages) * Cfg::kStageBytes;
+    const unsigned char* s_vr = s_kr + kTileN * Cfg::kKPitch;
+    const int n0 = t * kTileN;
+    const bool full = n0 >= kb.full_lo && n0 + kTileN <= kb.full_hi;
+
+#pragma unroll
+    for (int ch = 0; ch < Cfg::kWarpN / kChunk; ++ch) {
+      const int c0 = wn * Cfg::kWarpN + ch * kChunk;
+      float s[kChunk / 8][4];
+      QStages::Qk(s, qa, q_addr, s_kr, c0, g, t4);
+#pragma unroll
+      for (int nt = 0; nt < kChunk / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int j = n0 + c0 + nt * 8 + 2 * t4 + (e & 1);
+          const QueryRow<>& row = rows[e >> 1];
+          s[nt][e] = (full || var.Visible(row, j)) ? var.Score(s[nt][e] * k_mul, row, j) : -INFINITY;
+        }
+      }
+      Stages::SoftmaxUpdate(s, m, l, o);
+      QStages::Pv(s, o, s_vr, c0, g, t4);
+    }
+  }
+
+  float* s_o = reinterpret_cast<float*>(smem + Cfg::kQBytes);
+  float* s_m = s_o + Cfg::kWarps * 16 * Cfg::kOStride;
+  float* s_l = s_m + Cfg::kWarps * 16;
+  QStages::StageWarp(o, m, l, s_scale + kD, s_o, s_m, s_l, warp, lane);
+
+  const bool single = p.splits == 1;
+  const bool in_cluster = Cfg::kClusterCombine && p.cluster > 1;
+  float* s_part = reinterpret_cast<float*>(smem + Cfg::kQBytes + Cfg::kMergeBytes);
+  Stages::WriteSplit(p, s_o, s_m, s_l, s_part, single, in_cluster, b, kvh, split, row0, tid);
+  if constexpr (Cfg::kClusterCombine) {
+    if (in_cluster) ClusterCombine<T, kD, kBlockM, kThreads>(p, s_part, b, kvh, row0, tid);
+  }
+}
+
+}  // namespace joa::decode

@@ -1,0 +1,276 @@
+"""Host emulation of the decode engine's register dequantisation (QuantRegKv, kv_format.cuh, and
+DecodeSplitKernelQRegs, engine_qregs.cuh): the fragment maps, the bit tricks and the ring pitches.
+
+The kernels are not run on the CPU; this mirrors, lane by lane, what they compute: each lane's
+packed-word loads from a ring row laid out as the writer lays out a cache row (kv_quant.cuh), the
+integer -> T pair conversions (f16 / bf16 magic numbers), the m16n8k16 fragment layouts, Q's
+permutation (KChan) and O's (VChan), and checks that Q' K^T and P V come out exactly as Q K^T and
+P V on the dequantised cache. Plus: the ring pitches (plan.h RegKPitch / RegVPitch) leave the
+fragment loads free of bank conflicts.
+"""
+
+import itertools
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+HEAD_DIMS = [64, 80, 96, 128, 256]
+BITS = [8, 4]
+DTYPES = ["f16", "bf16"]
+
+
+# --- the C++ maps, transcribed ----------------------------------------------------------------
+
+def is_tail(d, kk):
+    return d % 32 != 0 and kk == d // 16 - 1
+
+
+def k_chan(bits, d, kk, t, h, e):
+    """QuantRegKv::KChan: the channel behind k index 2t + e + 8h of k step kk."""
+    if is_tail(d, kk):
+        return 16 * kk + 4 * t + h + 2 * e
+    if bits == 8:
+        return 32 * (kk // 2) + 8 * t + 4 * (kk & 1) + h + 2 * e
+    return 32 * (kk // 2) + 8 * t + 2 * (kk & 1) + h + 4 * e
+
+
+def seg_w(bits, d, start):
+    w = 32 if bits == 8 else 64
+    while start + w > d:
+        w //= 2
+    return w
+
+
+def segments(bits, d):
+    out, s = [], 0
+    while s < d:
+        w = seg_w(bits, d, s)
+        out.append((s, w))
+        s += w
+    return out
+
+
+def v_chan(bits, d, dt, col):
+    """QuantRegKv::VChan: the channel of column col of O n8 tile dt."""
+    for s, w in segments(bits, d):
+        if s <= 8 * dt < s + w:
+            return s + (w // 8) * col + (dt - s // 8)
+    raise AssertionError
+
+
+def reg_k_pitch(row_bytes, bits):
+    p = row_bytes
+    while (p % 64 != 32) if bits == 8 else (p % 32 != 16):
+        p += 1
+    return p
+
+
+def reg_v_pitch(row_bytes):
+    p = row_bytes
+    while p % 32 != 16:
+        p += 1
+    return p
+
+
+# --- bit-level helpers ------------------------------------------------------------------------
+
+def byte_perm(a, b, s):
+    src = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)]
+    return sum(src[(s >> (4 * k)) & 7] << (8 * k) for k in range(4))
+
+
+def halves(y, dtype):
+    lo, hi = np.array([y & 0xFFFF, y >> 16], np.uint16).view(
+        np.float16 if dtype == "f16" else ml_dtypes.bfloat16)
+    return float(lo), float(hi)
+
+
+def i4_pair(x, dtype):
+    if dtype == "f16":
+        lo, hi = halves((x & 0x000F000F) | 0x64006400, dtype)
+        return lo - 1032.0, hi - 1032.0
+    lo, hi = halves((x & 0x000F000F) | 0x43004300, dtype)
+    return lo - 136.0, hi - 136.0
+
+
+def i8_pair(a, ia, b, ib, dtype):
+    if dtype == "f16":
+        if a == b and (ia, ib) == (0, 2):
+            x = a
+        elif a == b and (ia, ib) == (1, 3):
+            x = a >> 8
+        else:
+            x = byte_perm(a, b, ia | ((4 + ib) << 8))
+        lo, hi = halves(((x & 0x00FF00FF) ^ 0x64806480) & 0xFFFFFFFF, dtype)
+        return lo - 1152.0, hi - 1152.0
+    def f32(w, i):
+        v = byte_perm(w ^ 0x80808080, 0x4B000000, 0x7650 | i)
+        return float(np.array([v], np.uint32).view(np.float32)[0]) - 8388736.0
+    return f32(a, ia), f32(b, ib)
+
+
+def word(row, off, nb):
+    return int.from_bytes(bytes(row[off:off + nb]), "little")
+
+
+# --- caches as the writer lays them out -------------------------------------------------------
+
+def pack_rows(levels, bits):
+    """levels int [n, d] -> raw bytes [n, d * bits / 8] (kv_quant.cuh: int4 column 2i low nibble,
+    stored q + 8)."""
+    if bits == 8:
+        return levels.astype(np.int8).view(np.uint8)
+    u = (levels + 8).astype(np.uint8)
+    return (u[:, 0::2] | (u[:, 1::2] << 4)).astype(np.uint8)
+
+
+def random_levels(rng, bits, shape):
+    lo, hi = (-128, 128) if bits == 8 else (-8, 8)
+    return rng.integers(lo, hi, size=shape)
+
+
+# --- the lanes ----------------------------------------------------------------------------------
+
+def k_fragments(raw_row, bits, d, kk, t, dtype):
+    """The (b0, b1) pairs lane (g, t) builds for k step kk from its K row (KPair / KTail)."""
+    if is_tail(d, kk):
+        if bits == 8:
+            w = word(raw_row, 16 * kk + 4 * t, 4)
+            return i8_pair(w, 0, w, 2, dtype), i8_pair(w, 1, w, 3, dtype)
+        h = word(raw_row, 8 * kk + 2 * t, 2)
+        x = byte_perm(h, 0, 0x4140)
+        return i4_pair(x, dtype), i4_pair(x >> 4, dtype)
+    kp, odd = kk // 2, kk & 1
+    if bits == 8:
+        w = word(raw_row, 32 * kp + 8 * t + 4 * odd, 4)
+        return i8_pair(w, 0, w, 2, dtype), i8_pair(w, 1, w, 3, dtype)
+    w = word(raw_row, 16 * kp + 4 * t, 4)
+    if not odd:
+        return i4_pair(w, dtype), i4_pair(w >> 4, dtype)
+    return i4_pair(w >> 8, dtype), i4_pair(w >> 12, dtype)
+
+
+def v_fragments(raw_rows, bits, d, g, dtype):
+    """{dt: (b0, b1)} lane (g, t) builds for one k16 step; raw_rows: its 4 rows 2t, 2t + 1, 2t + 8,
+    2t + 9 (PvSegment)."""
+    out = {}
+    for start, w in segments(bits, d):
+        ch = w // 8
+        nb = ch * bits // 8
+        ws = [word(r, start * bits // 8 + nb * g, nb) for r in raw_rows]
+        for i in range(ch):
+            if bits == 8:
+                b0, b1 = i8_pair(ws[0], i, ws[1], i, dtype), i8_pair(ws[2], i, ws[3], i, dtype)
+            else:
+                sel = 0x5410 if i < 4 else 0x7632
+                y0, y1 = byte_perm(ws[0], ws[1], sel), byte_perm(ws[2], ws[3], sel)
+                b0, b1 = i4_pair(y0 >> (4 * (i % 4)), dtype), i4_pair(y1 >> (4 * (i % 4)), dtype)
+            out[start // 8 + i] = (b0, b1)
+    return out
+
+
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("bits", BITS)
+def test_maps_are_permutations(bits, d):
+    # Every k step's 16 channels, over all steps, are the channels once each; a pair's steps
+    # (2 kp, 2 kp + 1) stay inside their 32-channel group (PrepareQ permutes a group in place).
+    allc = [k_chan(bits, d, kk, t, h, e) for kk in range(d // 16) for t in range(4) for h in range(2)
+            for e in range(2)]
+    assert sorted(allc) == list(range(d))
+    for kk in range(d // 16):
+        grp = kk // 2
+        for t, h, e in itertools.product(range(4), range(2), range(2)):
+            assert 32 * grp <= k_chan(bits, d, kk, t, h, e) < 32 * grp + 32
+    assert sorted(v_chan(bits, d, dt, c) for dt in range(d // 8) for c in range(8)) == list(range(d))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("bits", BITS)
+def test_qk_fragments(bits, d, dtype):
+    """S = Q' K^T over the lanes' fragments equals Q K^T on the integer levels, exactly."""
+    rng = np.random.default_rng(bits * 1000 + d)
+    lev = random_levels(rng, bits, (8, d))  # the 8 K rows of one n8 tile
+    raw = pack_rows(lev, bits)
+    q = rng.integers(-50, 50, size=(16, d)).astype(np.float64)  # exact products
+    # PrepareQ: Q'[r][16 kk + k] = Q[r][KChan(kk, k)] (k = 2t + e + 8h).
+    qp = np.zeros_like(q)
+    for kk in range(d // 16):
+        for k in range(16):
+            t, e, h = (k >> 1) & 3, k & 1, k >> 3
+            qp[:, 16 * kk + k] = q[:, k_chan(bits, d, kk, t, h, e)]
+    s = np.zeros((16, 8))
+    for kk in range(d // 16):
+        a = qp[:, 16 * kk:16 * kk + 16]
+        bmat = np.zeros((16, 8))
+        for g in range(8):
+            for t in range(4):
+                (x0, x1), (y0, y1) = k_fragments(raw[g], bits, d, kk, t, dtype)
+                bmat[2 * t, g], bmat[2 * t + 1, g] = x0, x1
+                bmat[2 * t + 8, g], bmat[2 * t + 9, g] = y0, y1
+        s += a @ bmat
+    np.testing.assert_array_equal(s, q @ lev.T.astype(np.float64))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("bits", BITS)
+def test_pv_fragments(bits, d, dtype):
+    """O = P V over the lanes' fragments, columns un-permuted by VChan, equals P V on the levels."""
+    rng = np.random.default_rng(bits * 7 + d)
+    lev = random_levels(rng, bits, (16, d))  # the 16 KV rows of one k16 step
+    raw = pack_rows(lev, bits)
+    p = rng.integers(0, 5, size=(16, 16)).astype(np.float64)
+    o = np.zeros((16, d // 8, 8))  # [row, n8 tile, column]
+    for g in range(8):
+        for t in range(4):
+            rows = [raw[2 * t], raw[2 * t + 1], raw[2 * t + 8], raw[2 * t + 9]]
+            for dt, ((x0, x1), (y0, y1)) in v_fragments(rows, bits, d, g, dtype).items():
+                bcol = np.zeros(16)
+                bcol[2 * t], bcol[2 * t + 1], bcol[2 * t + 8], bcol[2 * t + 9] = x0, x1, y0, y1
+                ks = [2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9]
+                o[:, dt, g] += p[:, ks] @ bcol[ks]
+    got = np.zeros((16, d))
+    for dt in range(d // 8):
+        for col in range(8):
+            got[:, v_chan(bits, d, dt, col)] = o[:, dt, col]
+    np.testing.assert_array_equal(got, p @ lev.astype(np.float64))
+
+
+def _wavefronts(addrs):
+    """Shared-memory wavefronts of one warp-wide load: addrs [lane] -> (start byte, bytes)."""
+    # 8-byte loads are served per half warp; 4-byte and smaller per warp. A wavefront serves each
+    # bank once (distinct 4-byte words in one bank conflict; the same word broadcasts).
+    width = max(n for _, n in addrs)
+    groups = [addrs[:16], addrs[16:]] if width == 8 else [addrs]
+    total = 0
+    for grp in groups:
+        banks = {}
+        for a, n in grp:
+            for wd in range(a // 4, (a + n - 1) // 4 + 1):
+                banks.setdefault(wd % 32, set()).add(wd)
+        total += max(len(v) for v in banks.values())
+    return total
+
+
+@pytest.mark.parametrize("d", [64, 96, 128, 256])
+@pytest.mark.parametrize("bits", BITS)
+def test_pitches_are_conflict_free(bits, d):
+    row = d * bits // 8
+    kp, vp = reg_k_pitch(row, bits), reg_v_pitch(row)
+    assert kp >= row and vp >= row and kp % 16 == 0 and vp % 16 == 0
+    for kk in range(0, d // 16, 2):  # K: lane (g, t) reads its row's word of a k-step pair
+        if bits == 8:
+            addrs = [(g * kp + 32 * (kk // 2) + 8 * t, 8) for g in range(8) for t in range(4)]
+            assert _wavefronts(addrs) == 2
+        else:
+            addrs = [(g * kp + 16 * (kk // 2) + 4 * t, 4) for g in range(8) for t in range(4)]
+            assert _wavefronts(addrs) == 1
+    for start, w in segments(bits, d):  # V: row 2t + c, the column's word
+        nb = (w // 8) * bits // 8
+        if nb < 4:
+            continue
+        for c in (0, 1, 8, 9):
+            addrs = [((2 * t + c) * vp + start * bits // 8 + nb * g, nb) for g in range(8) for t in range(4)]
+            assert _wavefronts(addrs) == 1
