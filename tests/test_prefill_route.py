@@ -210,3 +210,48 @@ def test_padded_rows_cost_a_second_call_on_first_prompts_only(engine_as_spec, mo
                  shared_buffer=True, past_empty=True)
     jax.make_jaxpr(lambda a: ops.group_query_attention(**a, **attrs, backend="cuda"))(inp)
     assert len(seen) == calls and seen[0] == bool(causal)
+
+
+@pytest.fixture
+def cudnn_as_spec(monkeypatch, gpu_like):
+    """The cuDNN route with its kernels swapped for specs: reference gqa_prepare, and jax's own
+    (XLA) dot_product_attention for cuDNN's."""
+    monkeypatch.setenv(ENV, "0")
+    monkeypatch.setattr(backend, "has_cuda", lambda: True)
+    monkeypatch.setattr(backend, "no_cuda_device", lambda: None)
+    monkeypatch.setattr(cuda, "gqa_prepare", gqa_reference.prepare_step)
+    xla_attention = jax.nn.dot_product_attention
+
+    def spec(q, k, v, *a, implementation=None, **kw):
+        assert implementation == "cudnn"
+        f32 = [t.astype(np.float32) for t in (q, k, v)]  # CPU dots take no f16 x f16 -> f32
+        return xla_attention(*f32, *a, implementation="xla", **kw).astype(q.dtype)
+
+    monkeypatch.setattr(jax.nn, "dot_product_attention", spec)
+
+
+@pytest.mark.parametrize("first", [True, False])
+@pytest.mark.parametrize("dtype,n,hkv,d,packed,pos_ids", [
+    (np.float16, 4, 4, 64, True, False), (ml_dtypes.bfloat16, 8, 2, 64, False, True)])
+def test_cudnn_route_matches_the_reference_on_ragged_prompts(cudnn_as_spec, first, dtype, n, hkv, d,
+                                                             packed, pos_ids):
+    """The default route of a prompt (cuDNN) on right-padded first prompts: the padded rows see the
+    T_b keys, as GQA says (it used to hand gqa_prepare seqlens_k, which refused such a row: output
+    0 and KV_WRITE_OUT_OF_RANGE)."""
+    b, s, cap = 4, 72, 96
+    seqlens = [s - 1, 40, 0, cap + 5]
+    inp = _prompt(n * d + 7, dtype, b=b, s=s, n=n, hkv=hkv, d=d, cap=cap, seqlens=seqlens,
+                  packed=packed)
+    if pos_ids:
+        inp["position_ids"] = (np.arange(s, dtype=np.int64)[None] + np.arange(b)[:, None] * 3)
+    attrs = dict(num_heads=n, kv_num_heads=hkv, do_rotary=1, causal=1,
+                 total_sequence_length=s if first else cap, shared_buffer=True, past_empty=True)
+    run = lambda bk: jax.jit(lambda a: ops.group_query_attention(**a, **attrs, backend=bk))(inp)  # noqa: E731
+    got, want = run("cuda"), run("reference")
+    for name in ("output", "present_key", "present_value"):
+        assert_close(np.asarray(getattr(got, name)), np.asarray(getattr(want, name)), dtype,
+                     err_msg=name)
+    np.testing.assert_array_equal(np.asarray(got.status), np.asarray(want.status))
+    out = np.asarray(got.output).astype(np.float32)
+    assert not out[-1].any() and np.isfinite(out).all()
+    assert out[1, 41:].any() == first

@@ -294,6 +294,22 @@ def _gqa_cudnn_prefill_route(config, *, query, key, past_key):
     return _route(checks, functools.partial(_gqa_prefill, config=c))
 
 
+def _prompt_prepare_inputs(config, seqlens_k, position_ids, b: int, s: int, capacity: int):
+    """(seqlens_k, position_ids) for gqa_prepare on a prompt. GQA's first prompt (S == total) writes
+    all S rows at row 0 (past_b = 0) whatever T_b and refuses a row only when T_b > C; gqa_prepare
+    writes at T_b - S (a decode step's rule), so it gets S - 1 for a row that fits and seqlens_k
+    (which it refuses) for one that does not. Rotary on a first prompt reads position_ids[0, 0] + s
+    only (onnxruntime's quirk). Other prompts pass through."""
+    if not config.first_prompt:
+        return seqlens_k, position_ids
+    fits = seqlens_k.astype(jnp.int32) + 1 <= capacity
+    prepare_seqlens = jnp.where(fits, s - 1, seqlens_k).astype(seqlens_k.dtype)
+    if position_ids is not None:
+        steps = jnp.arange(s, dtype=position_ids.dtype)
+        position_ids = jnp.broadcast_to(position_ids[0, 0] + steps, (b, s))
+    return prepare_seqlens, position_ids
+
+
 def _gqa_prefill(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache,
                  position_ids, attention_bias, head_sink, k_scale, v_scale, q_norm_weight,
                  k_norm_weight, query_seqlens, *, config):
@@ -308,8 +324,12 @@ def _gqa_prefill(query, key, value, past_key, past_value, seqlens_k, cos_cache, 
     c = config
     n, d = c.num_heads, c.head_size
     b, s = query.shape[:2]
+    # A right-padded first prompt (S == total, T_b < S) keeps its rows: before, gqa_prepare got
+    # seqlens_k and refused them (output 0, KV_WRITE_OUT_OF_RANGE) where GQA gives the padded rows.
+    prepare_seqlens, position_ids = _prompt_prepare_inputs(c, seqlens_k, position_ids, b, s,
+                                                           past_key.shape[2])
     q, present_k, present_v, status = cuda.gqa_prepare(
-        query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
+        query, key, value, past_key, past_value, prepare_seqlens, cos_cache, sin_cache, position_ids,
         q_norm_weight, k_norm_weight, num_heads=n, kv_num_heads=c.kv_num_heads,
         rotary_interleaved=c.rotary_interleaved, q_norm_epsilon=c.q_norm_epsilon,
         k_norm_epsilon=c.k_norm_epsilon)
@@ -405,17 +425,8 @@ def _gqa_prefill_engine(query, key, value, past_key, past_value, seqlens_k, cos_
     c = config
     n, d = c.num_heads, c.head_size
     b, s = query.shape[:2]
-    prepare_seqlens = seqlens_k
-    if c.first_prompt:
-        # GQA's first prompt (S == total) writes all S rows at row 0 (past_b = 0) whatever T_b and
-        # refuses a row only when T_b > C; gqa_prepare writes at T_b - S (a decode step's rule), so
-        # it gets S - 1 for a row that fits and seqlens_k (which it refuses) for one that does not.
-        # Rotary on a first prompt reads position_ids[0, 0] + s only (onnxruntime's quirk).
-        fits = seqlens_k.astype(jnp.int32) + 1 <= past_key.shape[2]
-        prepare_seqlens = jnp.where(fits, s - 1, seqlens_k).astype(seqlens_k.dtype)
-        if position_ids is not None:
-            steps = jnp.arange(s, dtype=position_ids.dtype)
-            position_ids = jnp.broadcast_to(position_ids[0, 0] + steps, (b, s))
+    prepare_seqlens, position_ids = _prompt_prepare_inputs(c, seqlens_k, position_ids, b, s,
+                                                           past_key.shape[2])
     q, present_k, present_v, status = cuda.gqa_prepare(
         query, key, value, past_key, past_value, prepare_seqlens, cos_cache, sin_cache,
         position_ids, q_norm_weight, k_norm_weight, num_heads=n, kv_num_heads=c.kv_num_heads,
