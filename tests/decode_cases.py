@@ -26,3 +26,39 @@ def bias(kind, rng, b, hq, s, c):
     if kind == "bf16_h1_long":
         return rng.standard_normal((1, hq, s, c + 5)).astype(ml_dtypes.bfloat16)
     raise ValueError(kind)
+
+
+# --- quantised caches (int8 / int4 with f32 scales): the shared inputs of the quantised sweeps ---
+
+#: Scale magnitudes that give cache values of about +-4, like unit-scale data.
+QUANT_SCALE_RANGE = {8: (0.01, 0.03), 4: (0.2, 0.5)}
+
+
+def quant_cache(rng, bits, b, hkv, c, d):
+    """A random int8 [B, Hkv, C, D] or packed int4 uint8 [B, Hkv, C, D / 2] cache (every byte
+    random: rows past kv_len hold garbage)."""
+    if bits == 8:
+        return rng.integers(-128, 128, size=(b, hkv, c, d), dtype=np.int8)
+    return rng.integers(0, 256, size=(b, hkv, c, d // 2), dtype=np.uint8)
+
+
+def quant_scale(rng, bits, mode, hkv, d):
+    """f32 scales per tensor [1] or per (KV head, channel) [1, Hkv, 1, D]."""
+    lo, hi = QUANT_SCALE_RANGE[bits]
+    shape = (1,) if mode == "tensor" else (1, hkv, 1, d)
+    return rng.uniform(lo, hi, size=shape).astype(np.float32)
+
+
+def quant_inputs(seed, bits, mode, b, hq, hkv, s, d, c, dtype, lens=None):
+    """(rng, q, k, v, k_scale, v_scale, lens): q [B, Hq, S, D], quantised caches, scales, and
+    lengths (random; row 0 full, row 1 shorter than S so early query rows see nothing)."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((b, hq, s, d)).astype(dtype)
+    k, v = quant_cache(rng, bits, b, hkv, c, d), quant_cache(rng, bits, b, hkv, c, d)
+    ks, vs = quant_scale(rng, bits, mode, hkv, d), quant_scale(rng, bits, mode, hkv, d)
+    if lens is None:
+        lens = rng.integers(0, c + 1, size=b)
+        lens[0] = c
+        if b > 2:
+            lens[1] = min(s - 1, c)  # fewer keys than queries: early rows see nothing
+    return rng, q, k, v, ks, vs, np.asarray(lens, np.int32)

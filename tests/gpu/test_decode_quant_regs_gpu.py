@@ -24,6 +24,8 @@ from jax_onnx_attn.testing import assert_close
 
 import decode_cases
 from decode_cases import FEATURES
+from decode_cases import quant_cache as _cache
+from decode_cases import quant_inputs as _inputs
 
 pytestmark = pytest.mark.gpu
 
@@ -33,32 +35,6 @@ HEAD_DIMS = [64, 80, 96, 128, 256]
 BITS = [8, 4]
 # (Hq, Hkv, S): packed rows 4 (1x4 warps), 1, 32 (2x2), 64 (4x1), 256 (8x1, two M blocks), 9.
 HEADS = [(32, 8, 1), (8, 8, 1), (32, 8, 8), (16, 2, 8), (16, 1, 16), (6, 2, 3)]
-_SCALE_RANGE = {8: (0.01, 0.03), 4: (0.2, 0.5)}
-
-
-def _cache(rng, bits, b, hkv, c, d):
-    if bits == 8:
-        return rng.integers(-128, 128, size=(b, hkv, c, d), dtype=np.int8)
-    return rng.integers(0, 256, size=(b, hkv, c, d // 2), dtype=np.uint8)
-
-
-def _scale(rng, bits, mode, hkv, d):
-    lo, hi = _SCALE_RANGE[bits]
-    shape = (1,) if mode == "tensor" else (1, hkv, 1, d)
-    return rng.uniform(lo, hi, size=shape).astype(np.float32)
-
-
-def _inputs(seed, bits, mode, b, hq, hkv, s, d, c, dtype, lens=None):
-    rng = np.random.default_rng(seed)
-    q = rng.standard_normal((b, hq, s, d)).astype(dtype)
-    k, v = _cache(rng, bits, b, hkv, c, d), _cache(rng, bits, b, hkv, c, d)
-    ks, vs = _scale(rng, bits, mode, hkv, d), _scale(rng, bits, mode, hkv, d)
-    if lens is None:
-        lens = rng.integers(0, c + 1, size=b)
-        lens[0] = c
-        if b > 2:
-            lens[1] = min(s - 1, c)  # fewer keys than queries: early rows see nothing
-    return rng, q, k, v, ks, vs, np.asarray(lens, np.int32)
 
 
 @functools.cache
