@@ -18,7 +18,7 @@ from jax_onnx_attn.testing import assert_close
 from kernel_specs import use_specs
 
 
-def _numpy_prefill(q, k, v, q_len, kv_len, scale, causal):
+def _numpy_prefill(q, k, v, q_len, kv_len, scale, causal, left=-1, right=-1):
     b, hq, s, d = q.shape
     hkv, t = k.shape[1], k.shape[2]
     g = hq // hkv
@@ -28,7 +28,8 @@ def _numpy_prefill(q, k, v, q_len, kv_len, scale, causal):
         for h in range(hq):
             for i in range(ql):
                 pos = kl - ql + i
-                keys = [j for j in range(kl) if not causal or j <= pos]
+                keys = [j for j in range(kl) if (not causal or j <= pos)
+                        and (left < 0 or pos - j <= left) and (right < 0 or j - pos <= right)]
                 if not keys:
                     continue
                 x = np.array([scale * q[bi, h, i].astype(np.float64) @ k[bi, h // g, j].astype(np.float64)
@@ -67,6 +68,38 @@ def test_spec_with_full_query_rows_is_the_decode_spec(causal):
     got = prefill_reference.prefill_attention(q, k, v, np.full((3,), 5, np.int32), kv_len, scale=0.25,
                                               causal=causal)
     want = decode_reference.decode_attention(q, k, v, kv_len, scale=0.25, causal=causal)
+    assert_close(got, want)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("left,right", [(0, -1), (2, -1), (-1, 0), (-1, 3), (0, 0), (1, 2),
+                                        (20, 20), (-1, -1)])
+def test_spec_windows_match_a_numpy_loop(causal, left, right):
+    """Local windows: key j hidden from the row at position p when p - j > left or j - p > right
+    (0: the row's own position only; > T: no limit)."""
+    rng = np.random.default_rng(3)
+    q, k, v = _inputs(rng, 4, 4, 2, 6, 9, 8)
+    q_len = np.array([6, 3, 6, 0], np.int32)
+    kv_len = np.array([9, 5, 2, 9], np.int32)
+    for bi, n in enumerate(kv_len):
+        k[bi, :, n:] = np.nan
+        v[bi, :, n:] = np.nan
+    got = prefill_reference.prefill_attention(q, k, v, q_len, kv_len, scale=0.4, causal=causal,
+                                              left=left, right=right)
+    want = _numpy_prefill(q, k, v, q_len, kv_len, 0.4, causal, left, right)
+    assert_close(got, want, np.float32)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("left,right", [(3, -1), (-1, 2), (0, 4)])
+def test_spec_windows_with_full_query_rows_are_the_decode_spec(causal, left, right):
+    rng = np.random.default_rng(4)
+    q, k, v = _inputs(rng, 3, 8, 2, 5, 11, 16, ml_dtypes.bfloat16)
+    kv_len = np.array([11, 7, 5], np.int32)
+    got = prefill_reference.prefill_attention(q, k, v, np.full((3,), 5, np.int32), kv_len, scale=0.25,
+                                              causal=causal, left=left, right=right)
+    want = decode_reference.decode_attention(q, k, v, kv_len, scale=0.25, causal=causal, left=left,
+                                             right=right)
     assert_close(got, want)
 
 
@@ -120,6 +153,16 @@ def test_wrapper_under_jit_and_vmap_folds_into_one_call(monkeypatch):
                                                    causal=True)
         assert_close(got[n], want)
     assert jnp.asarray(got).dtype == jnp.float16
+
+
+@needs_limits
+@pytest.mark.parametrize("name", ["left", "right"])
+def test_negative_window_below_minus_one_is_refused(name):
+    q = np.zeros((1, 2, 4, 64), np.float16)
+    k = np.zeros((1, 1, 4, 64), np.float16)
+    lens = np.full((1,), 4, np.int32)
+    with pytest.raises(ValueError, match=f"prefill_attention: {name}: must be -1"):
+        cuda.prefill_attention(q, k, k, lens, lens, scale=0.1, causal=True, **{name: -2})
 
 
 @needs_limits

@@ -78,7 +78,7 @@ def test_switch_on_routes_covered_prompts_to_the_engine(gpu_like, monkeypatch, c
 
 
 @pytest.mark.parametrize("kw,dtype,match", [
-    (dict(local_window_size=100), np.float16, "local window"),
+    (dict(local_window_size=0), np.float16, "local_window_size 0"),
     (dict(softcap=30.0), np.float16, "softcap"),
     (dict(smooth_softmax=True), np.float16, "sink"),
     (dict(kv_bits=8), np.float16, "quantised"),
@@ -105,8 +105,8 @@ def test_engine_route_needs_sm90(monkeypatch):
 
 def test_switch_on_falls_back_to_cudnn_then_the_reference_with_both_reasons(gpu_like, monkeypatch):
     monkeypatch.setenv(ENV, "1")
-    # a window: the engine has none, cuDNN has
-    fn, why = _route(_config(local_window_size=100))
+    # head size 80: the engine is not compiled for it, cuDNN takes it
+    fn, why = _route(_config(head_size=80))
     assert why is None and fn.func is decode_paths._gqa_prefill
     # not sm_90: cuDNN
     monkeypatch.setattr(decode_paths, "prefill_engine_available", lambda: False)
@@ -177,6 +177,30 @@ def test_engine_route_matches_the_reference_on_ragged_prompts(engine_as_spec, fi
     out = np.asarray(got.output).astype(np.float32)
     assert not out[-1].any() and np.isfinite(out).all()
     assert out[1, 41:].any() == first  # the padded rows see the T_b keys (refused: 0)
+
+
+@pytest.mark.parametrize("window", [1, 5, 30, 72, 500])
+@pytest.mark.parametrize("first", [True, False])
+def test_engine_route_local_windows_match_the_reference(engine_as_spec, first, window):
+    """GQA's local_window_size W (causal only): a row sees keys [L - W, L), L = p + 1 (left = W - 1)
+    or T_b (padded rows of a first prompt: the last W keys); W >= S: no limit."""
+    causal = 1
+    b, s, cap, n, hkv, d = 4, 72, 96, 8, 2, 64
+    seqlens = [s - 1, 40, 0, cap + 5]
+    inp = _prompt(window + causal, np.float16, b=b, s=s, n=n, hkv=hkv, d=d, cap=cap,
+                  seqlens=seqlens, packed=True)
+    attrs = dict(num_heads=n, kv_num_heads=hkv, do_rotary=1, causal=causal,
+                 total_sequence_length=s if first else cap, shared_buffer=True, past_empty=True,
+                 local_window_size=window)
+    fn, why = _route(_config(local_window_size=window, causal=bool(causal), first_prompt=first,
+                             total_sequence_length=s if first else cap), s=s)
+    assert why is None and fn.func is decode_paths._gqa_prefill_engine
+    run = lambda bk: jax.jit(lambda a: ops.group_query_attention(**a, **attrs, backend=bk))(inp)  # noqa: E731
+    got, want = run("cuda"), run("reference")
+    for name in ("output", "present_key", "present_value"):
+        assert_close(np.asarray(getattr(got, name)), np.asarray(getattr(want, name)), np.float16,
+                     err_msg=name)
+    np.testing.assert_array_equal(np.asarray(got.status), np.asarray(want.status))
 
 
 def test_bench_environment_records_the_switch(monkeypatch):

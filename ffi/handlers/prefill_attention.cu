@@ -5,7 +5,9 @@
 // q_len / kv_len int32 [B] (valid query rows / keys per batch row, read on the device, clamped to
 // [0, S] / [0, T]) -> y [B, Hq, S, D]. Query row i < q_len[b] sits at position
 // kv_len[b] - q_len[b] + i (bottom-right aligned); rows past q_len[b] and rows that see no key
-// are 0. schedule: the consumers' order of work, prefill::Schedule (all give the same bits).
+// are 0. left / right (>= 0; -1: unbounded): local windows, key j hidden from a row at position p
+// when p - j > left or j - p > right (the decode engine's rule). schedule: the consumers' order of
+// work, prefill::Schedule (all give the same bits).
 // Read-only on q, k, v; no workspace.
 #include <cstdint>
 #include <string>
@@ -21,7 +23,8 @@ namespace joa::prefill {
 // Fills shapes and the variant of `p` for q [B, Hq, S, D], k / v [B, Hkv, T, D] (pointers and
 // lengths are the caller's). Returns an error message or "".
 inline std::string Configure(PrefillParams& p, int64_t batch, int64_t q_heads, int64_t q_rows, int64_t head_dim,
-                             int64_t kv_heads, int64_t kv_rows, float scale, bool causal) {
+                             int64_t kv_heads, int64_t kv_rows, float scale, bool causal, int64_t left,
+                             int64_t right) {
   bool supported = false;
   for (int d : kHeadDims) supported = supported || d == head_dim;
   if (!supported) {
@@ -45,7 +48,7 @@ inline std::string Configure(PrefillParams& p, int64_t batch, int64_t q_heads, i
   p.head_dim = int(head_dim);
   p.group = int(q_heads / kv_heads);
   p.rows = int(rows);
-  p.variant = MakeVariant(VariantAttrs{scale, 0.f, causal, -1, -1, 0});
+  p.variant = MakeVariant(VariantAttrs{scale, 0.f, causal, left, right, 0});
   return "";
 }
 
@@ -79,7 +82,8 @@ namespace joa {
 namespace {
 
 ffi::Error PrefillAttentionImpl(cudaStream_t stream, AnyBuffer q, AnyBuffer k, AnyBuffer v, Int32Buffer q_len,
-                                Int32Buffer kv_len, AnyResult y, float scale, bool causal, int64_t schedule) {
+                                Int32Buffer kv_len, AnyResult y, float scale, bool causal, int64_t left,
+                                int64_t right, int64_t schedule) {
   constexpr const char* kOp = "prefill_attention";
   auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
   if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4) {
@@ -108,7 +112,8 @@ ffi::Error PrefillAttentionImpl(cudaStream_t stream, AnyBuffer q, AnyBuffer k, A
     return InvalidArgument("prefill_attention: schedule must be 0 (serial), 1 (overlap) or 2 (pingpong)");
   }
   prefill::PrefillParams p{};
-  const std::string err = prefill::Configure(p, qd[0], qd[1], qd[2], qd[3], kd[1], kd[2], scale, causal);
+  const std::string err = prefill::Configure(p, qd[0], qd[1], qd[2], qd[3], kd[1], kd[2], scale, causal, left,
+                                                  right);
   if (!err.empty()) return InvalidArgument(std::string(kOp) + ": " + err);
   p.y = y->untyped_data();
   p.q_len = q_len.typed_data();
@@ -131,5 +136,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JoaPrefillAttention, joa::PrefillAttentionImpl,
                                   .Ret<joa::AnyBuffer>()    // y
                                   .Attr<float>("scale")
                                   .Attr<bool>("causal")
+                                  .Attr<int64_t>("left")
+                                  .Attr<int64_t>("right")
                                   .Attr<int64_t>("schedule"),
                               JOA_COMMAND_BUFFER_SAFE);
