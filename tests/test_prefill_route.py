@@ -80,7 +80,6 @@ def test_switch_on_routes_covered_prompts_to_the_engine(gpu_like, monkeypatch, c
 @pytest.mark.parametrize("kw,dtype,match", [
     (dict(local_window_size=0), np.float16, "local_window_size 0"),
     (dict(softcap=30.0), np.float16, "softcap"),
-    (dict(smooth_softmax=True), np.float16, "sink"),
     (dict(kv_bits=8), np.float16, "quantised"),
     (dict(qk_output=1), np.float16, "output_qk"),
     (dict(head_size=80), np.float16, "head size 80"),
@@ -201,6 +200,40 @@ def test_engine_route_local_windows_match_the_reference(engine_as_spec, first, w
         assert_close(np.asarray(getattr(got, name)), np.asarray(getattr(want, name)), np.float16,
                      err_msg=name)
     np.testing.assert_array_equal(np.asarray(got.status), np.asarray(want.status))
+
+
+@pytest.mark.parametrize("sink", ["head_sink", "smooth", "huge", "tiny"])
+@pytest.mark.parametrize("first", [True, False])
+@pytest.mark.parametrize("causal", [1, 0])
+def test_engine_route_sinks_match_the_reference(engine_as_spec, first, causal, sink):
+    """GQA's head_sink [N] (any dtype) or smooth_softmax (a sink of 0): an extra logit per query head
+    in the softmax's max and denominator, no value row; on every call of the route (the padded rows'
+    too). huge / tiny: sinks of +-1e4 (all the weight on the sink: output ~0; none: no change)."""
+    b, s, cap, n, hkv, d = 4, 72, 96, 8, 2, 64
+    seqlens = [s - 1, 40, 0, cap + 5]
+    inp = _prompt(causal + 2 * first, np.float16, b=b, s=s, n=n, hkv=hkv, d=d, cap=cap,
+                  seqlens=seqlens, packed=True)
+    attrs = dict(num_heads=n, kv_num_heads=hkv, do_rotary=1, causal=causal,
+                 total_sequence_length=s if first else cap, shared_buffer=True, past_empty=True)
+    if sink == "smooth":
+        attrs["smooth_softmax"] = 1
+    else:
+        value = {"head_sink": np.linspace(-3, 3, n), "huge": np.full(n, 1e4),
+                 "tiny": np.full(n, -1e4)}[sink]
+        inp["head_sink"] = value.astype(np.float16)  # GQA: the query's dtype
+    fn, why = _route(_config(smooth_softmax=sink == "smooth", causal=bool(causal),
+                             first_prompt=first, total_sequence_length=s if first else cap), s=s)
+    assert why is None and fn.func is decode_paths._gqa_prefill_engine
+    run = lambda bk: jax.jit(lambda a: ops.group_query_attention(**a, **attrs, backend=bk))(inp)  # noqa: E731
+    got, want = run("cuda"), run("reference")
+    for name in ("output", "present_key", "present_value"):
+        assert_close(np.asarray(getattr(got, name)), np.asarray(getattr(want, name)), np.float16,
+                     err_msg=name)
+    np.testing.assert_array_equal(np.asarray(got.status), np.asarray(want.status))
+    out = np.asarray(got.output).astype(np.float32)
+    assert np.isfinite(out).all()
+    if sink == "huge":
+        assert np.abs(out).max() < 1e-3
 
 
 def test_bench_environment_records_the_switch(monkeypatch):

@@ -291,8 +291,8 @@ def _general_attention(q, k, v, kv_len, bias, *, scale, softcap, causal, left, r
 # Not routed from any op yet: correct on an H200, its speed still being worked on (docs/kernels.md).
 
 
-def prefill_attention(q, k, v, q_len, kv_len, *, scale: float, causal: bool, left: int = -1,
-                      right: int = -1, schedule: str = "pingpong"):
+def prefill_attention(q, k, v, q_len, kv_len, sink=None, *, scale: float, causal: bool,
+                      left: int = -1, right: int = -1, schedule: str = "pingpong"):
     """q [B, Hq, S, D], k / v [B, Hkv, T, D] (float16 or bfloat16, one dtype; D in
     PREFILL_HEAD_DIMS; Hq a multiple of Hkv), q_len / kv_len integer [B] -> [B, Hq, S, D].
 
@@ -302,7 +302,9 @@ def prefill_attention(q, k, v, q_len, kv_len, *, scale: float, causal: bool, lef
     causal, j <= its position); rows past q_len[b] and rows that see no key are 0. Lengths are read
     on the device and clamped to [0, S] / [0, T]. left / right (-1: unbounded): local windows, the
     decode engine's: key j is hidden from a row at position p when p - j > left or j - p > right
-    (GroupQueryAttention's local_window_size W, causal: left = W - 1). schedule (one of PREFILL_SCHEDULES): how the
+    (GroupQueryAttention's local_window_size W, causal: left = W - 1). sink: None or [Hq] (taken as
+    float32, decode_attention's input): a per-query-head extra logit in the softmax's max and
+    denominator with no value row (GQA's head_sink; smooth_softmax is a sink of 0). schedule (one of PREFILL_SCHEDULES): how the
     engine's two consumer warpgroups order their work on a key tile: "serial" (Q K^T, softmax, P V
     one after another), "overlap" (Q K^T of the next tile and P V of this one in flight during the
     softmax: FA3's intra-warpgroup pipelining), "pingpong" ("overlap", the two warpgroups taking
@@ -317,11 +319,14 @@ def prefill_attention(q, k, v, q_len, kv_len, *, scale: float, causal: bool, lef
     for name, w in (("left", left), ("right", right)):
         if int(w) < -1:
             raise ValueError(f"prefill_attention: {name}: must be -1 (unbounded) or >= 0, got {w}")
+    if sink is not None and tuple(jnp.shape(sink)) != (q.shape[1],):
+        raise ValueError(f"prefill_attention: sink: must be [Hq={q.shape[1]}], got {jnp.shape(sink)}")
     static = dict(scale=float(scale), causal=bool(causal), left=int(left), right=int(right),
                   schedule=schedule)
     return partitioning.PREFILL_ATTENTION.apply(
         _prefill_attention, (q, k, v, jnp.asarray(q_len).astype(jnp.int32),
-                             jnp.asarray(kv_len).astype(jnp.int32)), static)
+                             jnp.asarray(kv_len).astype(jnp.int32),
+                             None if sink is None else jnp.asarray(sink).astype(jnp.float32)), static)
 
 
 def _check_prefill(q, k, v, q_len, kv_len) -> None:
@@ -353,7 +358,9 @@ def _check_prefill(q, k, v, q_len, kv_len) -> None:
                  f"must be an integer [B={b}] array, got {jnp.result_type(x)} {jnp.shape(x)}")
 
 
-def _prefill_attention(q, k, v, q_len, kv_len, *, scale, causal, left, right, schedule):
+def _prefill_attention(q, k, v, q_len, kv_len, sink=None, *, scale, causal, left, right, schedule):
     call = jax.ffi.ffi_call(target("prefill_attention"), jax.ShapeDtypeStruct(q.shape, q.dtype))
-    return call(q, k, v, q_len, kv_len, scale=np.float32(scale), causal=bool(causal),
-                left=int(left), right=int(right), schedule=__getattr__("PREFILL_SCHEDULES").index(schedule))
+    placeholder = jnp.zeros((1,), jnp.float32)
+    return call(q, k, v, q_len, kv_len, placeholder if sink is None else sink,
+                scale=np.float32(scale), causal=bool(causal), left=int(left), right=int(right),
+                has_sink=sink is not None, schedule=__getattr__("PREFILL_SCHEDULES").index(schedule))

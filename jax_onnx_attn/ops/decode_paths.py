@@ -383,8 +383,8 @@ def prefill_engine_available() -> bool:
 def gqa_prefill_engine_route(config, *, query, key, past_key):
     """(cuda_fn, reason) for a first prompt on a fixed-capacity cache on our prefill engine
     (`_gqa_prefill_engine`): float16 / bfloat16, a head size of cuda.PREFILL_HEAD_DIMS, sm_90,
-    causal or not, local windows (W > 0); no softcap, sinks, quantised cache or qk output (the
-    engine has none of them)."""
+    causal or not, local windows (W > 0), head_sink / smooth softmax; no softcap, quantised cache
+    or qk output (the engine has none of them)."""
     c = config
     if not prefill_engine_available():
         return None, "the prefill engine runs on sm_90 (H100 / H200) only"
@@ -395,7 +395,6 @@ def gqa_prefill_engine_route(config, *, query, key, past_key):
          f"head size {c.head_size}: the prefill engine is compiled for {cuda.PREFILL_HEAD_DIMS}"),
         (c.local_window_size == 0, "local_window_size 0 (no visible key) runs on the reference"),
         (c.softcap > 0, "softcap: the prefill engine has none"),
-        (c.smooth_softmax, "smooth softmax / head_sink: the prefill engine has no sink"),
         (c.kv_bits, "a quantised cache: the prefill engine reads float caches"),
         (c.qk_output != 0, "output_qk comes from the reference only"),
         (key is not None and key.shape[1] != query.shape[1],
@@ -436,8 +435,8 @@ def _gqa_prefill_engine(query, key, value, past_key, past_value, seqlens_k, cos_
     Non-causal GQA: every row sees the T_b keys, q_len = S, kv_len = T_b, one call. A refused row
     (status not OK) gives 0, as on the cuDNN route."""
     del query_seqlens, k_scale, v_scale  # not covered (the route says so)
-    if attention_bias is not None or head_sink is not None:
-        raise AssertionError("the prefill route excludes attention_bias and head_sink")
+    if attention_bias is not None:
+        raise AssertionError("the prefill route excludes attention_bias")
     c = config
     n, d = c.num_heads, c.head_size
     b, s = query.shape[:2]
@@ -449,25 +448,32 @@ def _gqa_prefill_engine(query, key, value, past_key, past_value, seqlens_k, cos_
         rotary_interleaved=c.rotary_interleaved, q_norm_epsilon=c.q_norm_epsilon,
         k_norm_epsilon=c.k_norm_epsilon)
     ok = status == st.OK
+    # GQA's sink: head_sink, else 0 with smooth_softmax (the decode route's rule).
+    if head_sink is not None:
+        sink = head_sink.astype(jnp.float32)
+    elif c.smooth_softmax:
+        sink = jnp.zeros((n,), jnp.float32)
+    else:
+        sink = None
     # T_b keys (0 for a refused row: no query row, no key); the prompt's keys are rows [0, S).
     t = jnp.where(ok, jnp.clip(seqlens_k.astype(jnp.int32) + 1, 0, s), 0).astype(jnp.int32)
     # GQA's window W: a row sees keys [L - W, L). W >= S covers every key a prompt row sees (T_b <= S).
     w = c.local_window_size if 0 < c.local_window_size < s else -1
     if c.causal:
         # L = p + 1: keys (p - W, p], the engine's left = W - 1.
-        y = cuda.prefill_attention(q, present_k, present_v, t, t, scale=c.scale, causal=True,
+        y = cuda.prefill_attention(q, present_k, present_v, t, t, sink, scale=c.scale, causal=True,
                                    left=w - 1 if w > 0 else -1)
         if c.first_prompt:
             # Only a first prompt has right-padded rows: in the later-step form (total = C, the
             # runtime's) a row with T_b < S starts before position 0, gqa_prepare refuses it, t = 0.
             k_all, v_all, t_all = _last_keys(present_k, present_v, t, w)
-            padded = cuda.prefill_attention(jnp.flip(q, axis=2), k_all, v_all, s - t, t_all,
+            padded = cuda.prefill_attention(jnp.flip(q, axis=2), k_all, v_all, s - t, t_all, sink,
                                             scale=c.scale, causal=False)
             rows = jnp.arange(s, dtype=jnp.int32)[None, None, :, None]
             y = jnp.where(rows < t[:, None, None, None], y, jnp.flip(padded, axis=2))
     else:
         # (GQA takes a window only when causal.)
-        y = cuda.prefill_attention(q, present_k, present_v, jnp.full((b,), s, jnp.int32), t,
+        y = cuda.prefill_attention(q, present_k, present_v, jnp.full((b,), s, jnp.int32), t, sink,
                                    scale=c.scale, causal=False)
     y = jnp.where(ok[:, None, None, None], y, jnp.zeros_like(y))
     output = y.transpose(0, 2, 1, 3).reshape(b, s, n * d)
