@@ -18,7 +18,7 @@ from jax_onnx_attn.testing import assert_close
 from kernel_specs import use_specs
 
 
-def _numpy_prefill(q, k, v, q_len, kv_len, scale, causal, left=-1, right=-1, sink=None):
+def _numpy_prefill(q, k, v, q_len, kv_len, scale, causal, left=-1, right=-1, sink=None, softcap=0.0):
     b, hq, s, d = q.shape
     hkv, t = k.shape[1], k.shape[2]
     g = hq // hkv
@@ -34,6 +34,8 @@ def _numpy_prefill(q, k, v, q_len, kv_len, scale, causal, left=-1, right=-1, sin
                     continue
                 x = np.array([scale * q[bi, h, i].astype(np.float64) @ k[bi, h // g, j].astype(np.float64)
                               for j in keys])
+                if softcap > 0:
+                    x = softcap * np.tanh(x / softcap)
                 m = x.max() if sink is None else max(x.max(), float(sink[h]))
                 p = np.exp(x - m)
                 denom = p.sum() + (0.0 if sink is None else np.exp(float(sink[h]) - m))
@@ -135,6 +137,39 @@ def test_spec_sinks_with_full_query_rows_are_the_decode_spec(causal):
                                               scale=0.25, causal=causal, left=3)
     want = decode_reference.decode_attention(q, k, v, kv_len, sink=sink, scale=0.25, causal=causal,
                                              left=3)
+    assert_close(got, want)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("softcap", [0.5, 3.0, 50.0])
+def test_spec_softcap_matches_a_numpy_loop(causal, softcap):
+    """softcap > 0: x -> softcap * tanh(x / softcap) before the mask; with windows and sinks."""
+    rng = np.random.default_rng(8)
+    q, k, v = _inputs(rng, 4, 4, 2, 6, 9, 8)
+    q *= 3
+    q_len = np.array([6, 3, 6, 0], np.int32)
+    kv_len = np.array([9, 5, 2, 9], np.int32)
+    sink = np.array([0.0, 1.5, -2.0, 0.3], np.float32)
+    for bi, n in enumerate(kv_len):
+        k[bi, :, n:] = np.nan
+        v[bi, :, n:] = np.nan
+    for kw in (dict(), dict(left=2, right=1, sink=sink)):
+        got = prefill_reference.prefill_attention(q, k, v, q_len, kv_len, kw.get("sink"), scale=0.4,
+                                                  causal=causal, softcap=softcap,
+                                                  left=kw.get("left", -1), right=kw.get("right", -1))
+        want = _numpy_prefill(q, k, v, q_len, kv_len, 0.4, causal, kw.get("left", -1),
+                              kw.get("right", -1), sink=kw.get("sink"), softcap=softcap)
+        assert_close(got, want, np.float32)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_spec_softcap_with_full_query_rows_is_the_decode_spec(causal):
+    rng = np.random.default_rng(9)
+    q, k, v = _inputs(rng, 3, 8, 2, 5, 11, 16, ml_dtypes.bfloat16)
+    kv_len = np.array([11, 7, 5], np.int32)
+    got = prefill_reference.prefill_attention(q, k, v, np.full((3,), 5, np.int32), kv_len,
+                                              scale=0.5, causal=causal, softcap=2.0)
+    want = decode_reference.decode_attention(q, k, v, kv_len, scale=0.5, causal=causal, softcap=2.0)
     assert_close(got, want)
 
 

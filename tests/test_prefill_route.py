@@ -79,7 +79,6 @@ def test_switch_on_routes_covered_prompts_to_the_engine(gpu_like, monkeypatch, c
 
 @pytest.mark.parametrize("kw,dtype,match", [
     (dict(local_window_size=0), np.float16, "local_window_size 0"),
-    (dict(softcap=30.0), np.float16, "softcap"),
     (dict(kv_bits=8), np.float16, "quantised"),
     (dict(qk_output=1), np.float16, "output_qk"),
     (dict(head_size=80), np.float16, "head size 80"),
@@ -111,10 +110,10 @@ def test_switch_on_falls_back_to_cudnn_then_the_reference_with_both_reasons(gpu_
     monkeypatch.setattr(decode_paths, "prefill_engine_available", lambda: False)
     fn, why = _route(_config())
     assert why is None and fn.func is decode_paths._gqa_prefill
-    # softcap: neither; the reason names both
-    fn, why = _route(_config(softcap=30.0))
+    # a quantised cache: neither; the reason names both
+    fn, why = _route(_config(kv_bits=8))
     assert fn is None
-    assert why.startswith("softcap on a prompt runs on the reference") and "prefill engine" in why
+    assert why.startswith("a prompt into a quantised cache runs on the reference") and "prefill engine" in why
 
 
 def test_switch_is_read_at_trace_time_and_validated(gpu_like, monkeypatch):
@@ -234,6 +233,33 @@ def test_engine_route_sinks_match_the_reference(engine_as_spec, first, causal, s
     assert np.isfinite(out).all()
     if sink == "huge":
         assert np.abs(out).max() < 1e-3
+
+
+@pytest.mark.parametrize("softcap,window,smooth", [(30.0, -1, 0), (5.0, 20, 1), (0.5, -1, 0)])
+@pytest.mark.parametrize("first", [True, False])
+@pytest.mark.parametrize("causal", [1, 0])
+def test_engine_route_softcap_matches_the_reference(engine_as_spec, first, causal, softcap, window,
+                                                    smooth):
+    """GQA's softcap: logits -> softcap * tanh(logit / softcap) before the mask, on every call of
+    the route; with a window and smooth softmax too (causal only: GQA's windows)."""
+    window = window if causal else -1
+    b, s, cap, n, hkv, d = 4, 72, 96, 8, 2, 64
+    inp = _prompt(int(softcap) + causal, np.float16, b=b, s=s, n=n, hkv=hkv, d=d, cap=cap,
+                  seqlens=[s - 1, 40, 0, cap + 5], packed=True)
+    inp["query"] = inp["query"] * np.float16(4)  # logits well past the cap
+    attrs = dict(num_heads=n, kv_num_heads=hkv, do_rotary=1, causal=causal, softcap=softcap,
+                 total_sequence_length=s if first else cap, shared_buffer=True, past_empty=True,
+                 local_window_size=window, smooth_softmax=smooth)
+    fn, why = _route(_config(softcap=softcap, causal=bool(causal), first_prompt=first,
+                             local_window_size=window, smooth_softmax=bool(smooth),
+                             total_sequence_length=s if first else cap), s=s)
+    assert why is None and fn.func is decode_paths._gqa_prefill_engine
+    run = lambda bk: jax.jit(lambda a: ops.group_query_attention(**a, **attrs, backend=bk))(inp)  # noqa: E731
+    got, want = run("cuda"), run("reference")
+    for name in ("output", "present_key", "present_value"):
+        assert_close(np.asarray(getattr(got, name)), np.asarray(getattr(want, name)), np.float16,
+                     err_msg=name)
+    np.testing.assert_array_equal(np.asarray(got.status), np.asarray(want.status))
 
 
 def test_bench_environment_records_the_switch(monkeypatch):

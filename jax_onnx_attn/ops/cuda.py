@@ -292,7 +292,8 @@ def _general_attention(q, k, v, kv_len, bias, *, scale, softcap, causal, left, r
 
 
 def prefill_attention(q, k, v, q_len, kv_len, sink=None, *, scale: float, causal: bool,
-                      left: int = -1, right: int = -1, schedule: str = "pingpong"):
+                      softcap: float = 0.0, left: int = -1, right: int = -1,
+                      schedule: str = "pingpong"):
     """q [B, Hq, S, D], k / v [B, Hkv, T, D] (float16 or bfloat16, one dtype; D in
     PREFILL_HEAD_DIMS; Hq a multiple of Hkv), q_len / kv_len integer [B] -> [B, Hq, S, D].
 
@@ -304,7 +305,9 @@ def prefill_attention(q, k, v, q_len, kv_len, sink=None, *, scale: float, causal
     decode engine's: key j is hidden from a row at position p when p - j > left or j - p > right
     (GroupQueryAttention's local_window_size W, causal: left = W - 1). sink: None or [Hq] (taken as
     float32, decode_attention's input): a per-query-head extra logit in the softmax's max and
-    denominator with no value row (GQA's head_sink; smooth_softmax is a sink of 0). schedule (one of PREFILL_SCHEDULES): how the
+    denominator with no value row (GQA's head_sink; smooth_softmax is a sink of 0). softcap > 0:
+    logits x -> softcap * tanh(x / softcap) before the mask (tanhf, not the approximate tanh; its own
+    kernels, so calls without softcap run the plain ones; <= 0: off). schedule (one of PREFILL_SCHEDULES): how the
     engine's two consumer warpgroups order their work on a key tile: "serial" (Q K^T, softmax, P V
     one after another), "overlap" (Q K^T of the next tile and P V of this one in flight during the
     softmax: FA3's intra-warpgroup pipelining), "pingpong" ("overlap", the two warpgroups taking
@@ -321,8 +324,8 @@ def prefill_attention(q, k, v, q_len, kv_len, sink=None, *, scale: float, causal
             raise ValueError(f"prefill_attention: {name}: must be -1 (unbounded) or >= 0, got {w}")
     if sink is not None and tuple(jnp.shape(sink)) != (q.shape[1],):
         raise ValueError(f"prefill_attention: sink: must be [Hq={q.shape[1]}], got {jnp.shape(sink)}")
-    static = dict(scale=float(scale), causal=bool(causal), left=int(left), right=int(right),
-                  schedule=schedule)
+    static = dict(scale=float(scale), causal=bool(causal), softcap=float(max(softcap, 0.0)),
+                  left=int(left), right=int(right), schedule=schedule)
     return partitioning.PREFILL_ATTENTION.apply(
         _prefill_attention, (q, k, v, jnp.asarray(q_len).astype(jnp.int32),
                              jnp.asarray(kv_len).astype(jnp.int32),
@@ -358,9 +361,11 @@ def _check_prefill(q, k, v, q_len, kv_len) -> None:
                  f"must be an integer [B={b}] array, got {jnp.result_type(x)} {jnp.shape(x)}")
 
 
-def _prefill_attention(q, k, v, q_len, kv_len, sink=None, *, scale, causal, left, right, schedule):
+def _prefill_attention(q, k, v, q_len, kv_len, sink=None, *, scale, causal, softcap, left, right,
+                       schedule):
     call = jax.ffi.ffi_call(target("prefill_attention"), jax.ShapeDtypeStruct(q.shape, q.dtype))
     placeholder = jnp.zeros((1,), jnp.float32)
     return call(q, k, v, q_len, kv_len, placeholder if sink is None else sink,
-                scale=np.float32(scale), causal=bool(causal), left=int(left), right=int(right),
+                scale=np.float32(scale), softcap=np.float32(softcap), causal=bool(causal),
+                left=int(left), right=int(right),
                 has_sink=sink is not None, schedule=__getattr__("PREFILL_SCHEDULES").index(schedule))

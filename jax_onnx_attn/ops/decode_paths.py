@@ -383,8 +383,8 @@ def prefill_engine_available() -> bool:
 def gqa_prefill_engine_route(config, *, query, key, past_key):
     """(cuda_fn, reason) for a first prompt on a fixed-capacity cache on our prefill engine
     (`_gqa_prefill_engine`): float16 / bfloat16, a head size of cuda.PREFILL_HEAD_DIMS, sm_90,
-    causal or not, local windows (W > 0), head_sink / smooth softmax; no softcap, quantised cache
-    or qk output (the engine has none of them)."""
+    causal or not, local windows (W > 0), head_sink / smooth softmax, softcap; no quantised cache
+    or qk output (the engine has neither)."""
     c = config
     if not prefill_engine_available():
         return None, "the prefill engine runs on sm_90 (H100 / H200) only"
@@ -394,7 +394,6 @@ def gqa_prefill_engine_route(config, *, query, key, past_key):
         (c.head_size not in cuda.PREFILL_HEAD_DIMS,
          f"head size {c.head_size}: the prefill engine is compiled for {cuda.PREFILL_HEAD_DIMS}"),
         (c.local_window_size == 0, "local_window_size 0 (no visible key) runs on the reference"),
-        (c.softcap > 0, "softcap: the prefill engine has none"),
         (c.kv_bits, "a quantised cache: the prefill engine reads float caches"),
         (c.qk_output != 0, "output_qk comes from the reference only"),
         (key is not None and key.shape[1] != query.shape[1],
@@ -461,20 +460,20 @@ def _gqa_prefill_engine(query, key, value, past_key, past_value, seqlens_k, cos_
     w = c.local_window_size if 0 < c.local_window_size < s else -1
     if c.causal:
         # L = p + 1: keys (p - W, p], the engine's left = W - 1.
-        y = cuda.prefill_attention(q, present_k, present_v, t, t, sink, scale=c.scale, causal=True,
-                                   left=w - 1 if w > 0 else -1)
+        y = cuda.prefill_attention(q, present_k, present_v, t, t, sink, scale=c.scale,
+                                   softcap=c.softcap, causal=True, left=w - 1 if w > 0 else -1)
         if c.first_prompt:
             # Only a first prompt has right-padded rows: in the later-step form (total = C, the
             # runtime's) a row with T_b < S starts before position 0, gqa_prepare refuses it, t = 0.
             k_all, v_all, t_all = _last_keys(present_k, present_v, t, w)
             padded = cuda.prefill_attention(jnp.flip(q, axis=2), k_all, v_all, s - t, t_all, sink,
-                                            scale=c.scale, causal=False)
+                                            scale=c.scale, softcap=c.softcap, causal=False)
             rows = jnp.arange(s, dtype=jnp.int32)[None, None, :, None]
             y = jnp.where(rows < t[:, None, None, None], y, jnp.flip(padded, axis=2))
     else:
         # (GQA takes a window only when causal.)
         y = cuda.prefill_attention(q, present_k, present_v, jnp.full((b,), s, jnp.int32), t, sink,
-                                   scale=c.scale, causal=False)
+                                   scale=c.scale, softcap=c.softcap, causal=False)
     y = jnp.where(ok[:, None, None, None], y, jnp.zeros_like(y))
     output = y.transpose(0, 2, 1, 3).reshape(b, s, n * d)
     return output, present_k, present_v, None, status

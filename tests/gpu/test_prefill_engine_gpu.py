@@ -5,7 +5,7 @@ Sweeps causal / non-causal x GQA groups 1 / 4 / 8 x S in {1, 63, 128, 1000, 2048
 float16 / bfloat16 at head size 128, with ragged q and kv lengths per batch row and K / V rows past
 kv_len poisoned with NaN (they must never reach the output); head size 64; the length edge cases
 (0, q_len > kv_len, beyond the buffers, negative); local windows (left / right, 0 to wider than T);
-sinks (-1e4 to 1e4, per query head);
+sinks (-1e4 to 1e4, per query head); softcap (with windows and sinks);
 bitwise repeatability run to run and batch
 invariance; a loop of calls inside an XLA command buffer. Every value check runs the three
 consumer schedules (serial, overlap, pingpong) and holds them to the same bits. Tolerances:
@@ -46,9 +46,9 @@ def _other_gpu() -> bool:
 needs_sm90 = pytest.mark.skipif(_other_gpu(), reason="the prefill engine runs on sm_90 (H100 / H200) only")
 
 _reference = jax.jit(prefill_reference.prefill_attention,
-                     static_argnames=("scale", "causal", "left", "right"))
+                     static_argnames=("scale", "causal", "softcap", "left", "right"))
 _engine = jax.jit(cuda.prefill_attention,
-                  static_argnames=("scale", "causal", "left", "right", "schedule"))
+                  static_argnames=("scale", "causal", "softcap", "left", "right", "schedule"))
 SCHEDULES = ("serial", "overlap", "pingpong")
 
 
@@ -167,6 +167,23 @@ def test_sinks_on_rows_without_keys_and_crossing_heads():
     got = np.asarray(_check(*args, sink, causal=True)).astype(np.float32)
     assert not got[1, :, :25].any() and not got[2].any()
     _check(*args, sink, causal=False, left=5, right=5)
+
+
+# --- softcap: its own kernels (CapVariant, tanhf per logit) -----------------------------------------
+
+@needs_sm90
+@pytest.mark.parametrize("causal,softcap,left,sinks", [
+    (True, 30.0, -1, False), (False, 5.0, -1, True), (True, 1.0, 150, True), (False, 50.0, -1, False)],
+    ids=lambda x: str(x))
+def test_softcap(causal, softcap, left, sinks):
+    """Logits past the cap (q scaled by 4), with and without windows and sinks (the WithSink<CapVariant>
+    kernels); f16 / D 128 and bf16 / D 64, ragged lengths, GQA group 4."""
+    s, t = 500, 640
+    for dtype, d in ((np.float16, 128), (ml_dtypes.bfloat16, 64)):
+        q, k, v, q_len, kv_len = _inputs(int(softcap) + d, 3, 8, 2, s, t, d, dtype, *_ragged(s, t))
+        q = (q.astype(np.float32) * 4).astype(dtype)
+        sink = _sinks(8, 3) if sinks else None
+        _check(q, k, v, q_len, kv_len, sink, causal=causal, softcap=softcap, left=left)
 
 
 # --- diagnostics: each isolates one half of the engine, so a failure says where to look ------------

@@ -1,7 +1,7 @@
 // Launch of the prefill engine: the TMA tensor maps (encoded on the host through the driver entry
 // point, no libcuda link), the shared-memory limit, the grid; instantiated for f16 / bf16 x head
 // size 64 / 128 x the three consumer schedules x the mask variant (causal or not, windows, scale)
-// with or without sinks.
+// or the softcap one, each with or without sinks.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -71,9 +71,13 @@ cudaError_t Launch(PrefillParams p, const void* q, const void* k, const void* v,
     k_map = v_map = q_map;  // no keys: never read
   }
   if (err != cudaSuccess) return err;
-  // Sinks: their own instantiation (the epilogue adds them); without, the plain MaskVariant kernels.
-  auto* kernel = p.variant.sink != nullptr ? PickKernel<T, kD, WithSink<MaskVariant>>(schedule)
-                                           : PickKernel<T, kD, MaskVariant>(schedule);
+  // Sinks (the epilogue adds them) and softcap (a tanhf per logit) have their own instantiations;
+  // without either, the plain MaskVariant kernels.
+  const bool sink = p.variant.sink != nullptr, cap = p.variant.softcap > 0.f;
+  auto* kernel = cap ? (sink ? PickKernel<T, kD, WithSink<CapVariant>>(schedule)
+                             : PickKernel<T, kD, CapVariant>(schedule))
+                     : (sink ? PickKernel<T, kD, WithSink<MaskVariant>>(schedule)
+                             : PickKernel<T, kD, MaskVariant>(schedule));
   // A function attribute, not stream work: allowed while XLA captures the stream.
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(SmemBytes(kD)));
   if (err != cudaSuccess) return err;

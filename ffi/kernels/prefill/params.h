@@ -28,8 +28,8 @@ struct PrefillParams {
   int rows;   // M = G * S packed rows per KV head
   int m_blocks;  // ceil(M / kBlockM)
   // The variant: scale, causal, windows left / right (kernels/common/variant.cuh's MaskVariant reads
-  // it) and sink (f32 [Hq] or null: engine.cuh's WithSink kernels). pos_shift, softcap and bias are
-  // unused here.
+  // it), softcap (> 0: the CapVariant kernels) and sink (f32 [Hq] or null: engine.cuh's WithSink
+  // kernels). pos_shift and bias are unused here.
   VariantParams variant;
 };
 
