@@ -113,9 +113,8 @@ def test_head_dim_64(causal, s, t, group, dtype):
 
 @needs_sm90
 @pytest.mark.parametrize("causal,left,right", [
-    (True, 0, -1), (True, 1, -1), (True, 127, -1), (True, 128, -1), (True, 300, -1),
-    (True, 5000, -1), (False, 0, 0), (False, -1, 0), (False, 200, 70), (False, -1, 129),
-    (False, 5000, 5000)], ids=lambda x: str(x))
+    (True, 0, -1), (True, 127, -1), (True, 300, -1), (True, 5000, -1), (False, 0, 0),
+    (False, -1, 0), (False, 200, 70), (False, -1, 129), (False, 5000, 5000)], ids=lambda x: str(x))
 def test_local_windows(causal, left, right):
     """Windows of 0 (the row's own key), around the 128-key tile size, wider than T; GQA group 4,
     ragged lengths, poisoned keys past kv_len; f16 and bf16."""
