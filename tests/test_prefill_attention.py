@@ -18,7 +18,7 @@ from jax_onnx_attn.testing import assert_close
 from kernel_specs import use_specs
 
 
-def _numpy_prefill(q, k, v, q_len, kv_len, scale, causal):
+def _numpy_prefill(q, k, v, q_len, kv_len, scale, causal, left=-1, right=-1, sink=None, softcap=0.0):
     b, hq, s, d = q.shape
     hkv, t = k.shape[1], k.shape[2]
     g = hq // hkv
@@ -28,13 +28,18 @@ def _numpy_prefill(q, k, v, q_len, kv_len, scale, causal):
         for h in range(hq):
             for i in range(ql):
                 pos = kl - ql + i
-                keys = [j for j in range(kl) if not causal or j <= pos]
+                keys = [j for j in range(kl) if (not causal or j <= pos)
+                        and (left < 0 or pos - j <= left) and (right < 0 or j - pos <= right)]
                 if not keys:
                     continue
                 x = np.array([scale * q[bi, h, i].astype(np.float64) @ k[bi, h // g, j].astype(np.float64)
                               for j in keys])
-                p = np.exp(x - x.max())
-                y[bi, h, i] = (p / p.sum()) @ v[bi, h // g, keys].astype(np.float64)
+                if softcap > 0:
+                    x = softcap * np.tanh(x / softcap)
+                m = x.max() if sink is None else max(x.max(), float(sink[h]))
+                p = np.exp(x - m)
+                denom = p.sum() + (0.0 if sink is None else np.exp(float(sink[h]) - m))
+                y[bi, h, i] = (p / denom) @ v[bi, h // g, keys].astype(np.float64)
     return y
 
 
@@ -70,6 +75,104 @@ def test_spec_with_full_query_rows_is_the_decode_spec(causal):
     assert_close(got, want)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("left,right", [(0, -1), (2, -1), (-1, 0), (-1, 3), (0, 0), (1, 2),
+                                        (20, 20), (-1, -1)])
+def test_spec_windows_match_a_numpy_loop(causal, left, right):
+    """Local windows: key j hidden from the row at position p when p - j > left or j - p > right
+    (0: the row's own position only; > T: no limit)."""
+    rng = np.random.default_rng(3)
+    q, k, v = _inputs(rng, 4, 4, 2, 6, 9, 8)
+    q_len = np.array([6, 3, 6, 0], np.int32)
+    kv_len = np.array([9, 5, 2, 9], np.int32)
+    for bi, n in enumerate(kv_len):
+        k[bi, :, n:] = np.nan
+        v[bi, :, n:] = np.nan
+    got = prefill_reference.prefill_attention(q, k, v, q_len, kv_len, scale=0.4, causal=causal,
+                                              left=left, right=right)
+    want = _numpy_prefill(q, k, v, q_len, kv_len, 0.4, causal, left, right)
+    assert_close(got, want, np.float32)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("left,right", [(3, -1), (-1, 2), (0, 4)])
+def test_spec_windows_with_full_query_rows_are_the_decode_spec(causal, left, right):
+    rng = np.random.default_rng(4)
+    q, k, v = _inputs(rng, 3, 8, 2, 5, 11, 16, ml_dtypes.bfloat16)
+    kv_len = np.array([11, 7, 5], np.int32)
+    got = prefill_reference.prefill_attention(q, k, v, np.full((3,), 5, np.int32), kv_len, scale=0.25,
+                                              causal=causal, left=left, right=right)
+    want = decode_reference.decode_attention(q, k, v, kv_len, scale=0.25, causal=causal, left=left,
+                                             right=right)
+    assert_close(got, want)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("window", [(-1, -1), (2, 1)])
+def test_spec_sinks_match_a_numpy_loop(causal, window):
+    """sink [Hq]: an extra logit per query head in the max and the denominator, no value row; from
+    very negative (no effect) to very large (all weight on the sink: 0)."""
+    rng = np.random.default_rng(5)
+    q, k, v = _inputs(rng, 4, 4, 2, 6, 9, 8)
+    q_len = np.array([6, 3, 6, 0], np.int32)
+    kv_len = np.array([9, 5, 2, 9], np.int32)
+    sink = np.array([0.0, 1.5, -1e4, 1e4], np.float32)
+    for bi, n in enumerate(kv_len):
+        k[bi, :, n:] = np.nan
+        v[bi, :, n:] = np.nan
+    got = prefill_reference.prefill_attention(q, k, v, q_len, kv_len, sink, scale=0.4, causal=causal,
+                                              left=window[0], right=window[1])
+    want = _numpy_prefill(q, k, v, q_len, kv_len, 0.4, causal, *window, sink=sink)
+    assert_close(got, want, np.float32)
+    assert np.isfinite(np.asarray(got)).all() and not np.asarray(got)[:, 3].any()
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_spec_sinks_with_full_query_rows_are_the_decode_spec(causal):
+    rng = np.random.default_rng(6)
+    q, k, v = _inputs(rng, 3, 8, 2, 5, 11, 16, ml_dtypes.bfloat16)
+    kv_len = np.array([11, 7, 5], np.int32)
+    sink = rng.standard_normal(8).astype(np.float32) * 3
+    got = prefill_reference.prefill_attention(q, k, v, np.full((3,), 5, np.int32), kv_len, sink,
+                                              scale=0.25, causal=causal, left=3)
+    want = decode_reference.decode_attention(q, k, v, kv_len, sink=sink, scale=0.25, causal=causal,
+                                             left=3)
+    assert_close(got, want)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("softcap", [0.5, 3.0, 50.0])
+def test_spec_softcap_matches_a_numpy_loop(causal, softcap):
+    """softcap > 0: x -> softcap * tanh(x / softcap) before the mask; with windows and sinks."""
+    rng = np.random.default_rng(8)
+    q, k, v = _inputs(rng, 4, 4, 2, 6, 9, 8)
+    q *= 3
+    q_len = np.array([6, 3, 6, 0], np.int32)
+    kv_len = np.array([9, 5, 2, 9], np.int32)
+    sink = np.array([0.0, 1.5, -2.0, 0.3], np.float32)
+    for bi, n in enumerate(kv_len):
+        k[bi, :, n:] = np.nan
+        v[bi, :, n:] = np.nan
+    for kw in (dict(), dict(left=2, right=1, sink=sink)):
+        got = prefill_reference.prefill_attention(q, k, v, q_len, kv_len, kw.get("sink"), scale=0.4,
+                                                  causal=causal, softcap=softcap,
+                                                  left=kw.get("left", -1), right=kw.get("right", -1))
+        want = _numpy_prefill(q, k, v, q_len, kv_len, 0.4, causal, kw.get("left", -1),
+                              kw.get("right", -1), sink=kw.get("sink"), softcap=softcap)
+        assert_close(got, want, np.float32)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_spec_softcap_with_full_query_rows_is_the_decode_spec(causal):
+    rng = np.random.default_rng(9)
+    q, k, v = _inputs(rng, 3, 8, 2, 5, 11, 16, ml_dtypes.bfloat16)
+    kv_len = np.array([11, 7, 5], np.int32)
+    got = prefill_reference.prefill_attention(q, k, v, np.full((3,), 5, np.int32), kv_len,
+                                              scale=0.5, causal=causal, softcap=2.0)
+    want = decode_reference.decode_attention(q, k, v, kv_len, scale=0.5, causal=causal, softcap=2.0)
+    assert_close(got, want)
+
+
 needs_limits = pytest.mark.skipif(_extension._ffi is None, reason="extension not built")
 
 
@@ -92,6 +195,7 @@ def test_head_dims_and_schedules_come_from_the_extension():
     (dict(v=np.zeros((2, 2, 17, 128), np.float16)), ValueError, "v: must have k's shape"),
     (dict(q_len=np.zeros((3,), np.int32)), ValueError, r"q_len: must be an integer \[B=2\]"),
     (dict(kv_len=np.zeros((2,), np.float32)), TypeError, "kv_len: must be an integer"),
+    (dict(sink=np.zeros((2,), np.float32)), ValueError, r"sink: must be \[Hq=4\]"),
 ])
 def test_wrapper_names_the_bad_input(change, exc, match):
     """Each rule of the engine's inputs, broken once, names the input."""
@@ -120,6 +224,36 @@ def test_wrapper_under_jit_and_vmap_folds_into_one_call(monkeypatch):
                                                    causal=True)
         assert_close(got[n], want)
     assert jnp.asarray(got).dtype == jnp.float16
+
+
+@needs_limits
+@pytest.mark.parametrize("name", ["left", "right"])
+def test_negative_window_below_minus_one_is_refused(name):
+    q = np.zeros((1, 2, 4, 64), np.float16)
+    k = np.zeros((1, 1, 4, 64), np.float16)
+    lens = np.full((1,), 4, np.int32)
+    with pytest.raises(ValueError, match=f"prefill_attention: {name}: must be -1"):
+        cuda.prefill_attention(q, k, k, lens, lens, scale=0.1, causal=True, **{name: -2})
+
+
+@needs_limits
+def test_wrapper_sink_under_jit_and_vmap(monkeypatch):
+    """The sink [Hq] is shared by the folded batch (not mapped) and reaches the spec as float32."""
+    calls = use_specs(monkeypatch)
+    rng = np.random.default_rng(7)
+    q, k, v = _inputs(rng, 2 * 2, 4, 2, 8, 12, 64, np.float16)
+    q, k, v = (x.reshape(2, 2, *x.shape[1:]) for x in (q, k, v))
+    lens = np.array([[8, 5], [3, 8]], np.int32), np.array([[12, 9], [10, 12]], np.int32)
+    sink = np.array([0.5, -2.0, 0.0, 3.0], np.float16)
+    f = jax.jit(jax.vmap(lambda q, k, v, a, b: cuda.prefill_attention(q, k, v, a, b, sink, scale=0.125,
+                                                                     causal=True, left=4)))
+    got = f(q, k, v, *lens)
+    assert calls[-1][:2] == ("prefill", (4, 4, 8, 64))
+    for n in range(2):
+        want = prefill_reference.prefill_attention(q[n], k[n], v[n], lens[0][n], lens[1][n],
+                                                   sink.astype(np.float32), scale=0.125,
+                                                   causal=True, left=4)
+        assert_close(got[n], want)
 
 
 @needs_limits

@@ -78,9 +78,7 @@ def test_switch_on_routes_covered_prompts_to_the_engine(gpu_like, monkeypatch, c
 
 
 @pytest.mark.parametrize("kw,dtype,match", [
-    (dict(local_window_size=100), np.float16, "local window"),
-    (dict(softcap=30.0), np.float16, "softcap"),
-    (dict(smooth_softmax=True), np.float16, "sink"),
+    (dict(local_window_size=0), np.float16, "local_window_size 0"),
     (dict(kv_bits=8), np.float16, "quantised"),
     (dict(qk_output=1), np.float16, "output_qk"),
     (dict(head_size=80), np.float16, "head size 80"),
@@ -105,17 +103,17 @@ def test_engine_route_needs_sm90(monkeypatch):
 
 def test_switch_on_falls_back_to_cudnn_then_the_reference_with_both_reasons(gpu_like, monkeypatch):
     monkeypatch.setenv(ENV, "1")
-    # a window: the engine has none, cuDNN has
-    fn, why = _route(_config(local_window_size=100))
+    # head size 80: the engine is not compiled for it, cuDNN takes it
+    fn, why = _route(_config(head_size=80))
     assert why is None and fn.func is decode_paths._gqa_prefill
     # not sm_90: cuDNN
     monkeypatch.setattr(decode_paths, "prefill_engine_available", lambda: False)
     fn, why = _route(_config())
     assert why is None and fn.func is decode_paths._gqa_prefill
-    # softcap: neither; the reason names both
-    fn, why = _route(_config(softcap=30.0))
+    # a quantised cache: neither; the reason names both
+    fn, why = _route(_config(kv_bits=8))
     assert fn is None
-    assert why.startswith("softcap on a prompt runs on the reference") and "prefill engine" in why
+    assert why.startswith("a prompt into a quantised cache runs on the reference") and "prefill engine" in why
 
 
 def test_switch_is_read_at_trace_time_and_validated(gpu_like, monkeypatch):
@@ -177,6 +175,91 @@ def test_engine_route_matches_the_reference_on_ragged_prompts(engine_as_spec, fi
     out = np.asarray(got.output).astype(np.float32)
     assert not out[-1].any() and np.isfinite(out).all()
     assert out[1, 41:].any() == first  # the padded rows see the T_b keys (refused: 0)
+
+
+@pytest.mark.parametrize("window", [1, 5, 30, 72, 500])
+@pytest.mark.parametrize("first", [True, False])
+def test_engine_route_local_windows_match_the_reference(engine_as_spec, first, window):
+    """GQA's local_window_size W (causal only): a row sees keys [L - W, L), L = p + 1 (left = W - 1)
+    or T_b (padded rows of a first prompt: the last W keys); W >= S: no limit."""
+    causal = 1
+    b, s, cap, n, hkv, d = 4, 72, 96, 8, 2, 64
+    seqlens = [s - 1, 40, 0, cap + 5]
+    inp = _prompt(window + causal, np.float16, b=b, s=s, n=n, hkv=hkv, d=d, cap=cap,
+                  seqlens=seqlens, packed=True)
+    attrs = dict(num_heads=n, kv_num_heads=hkv, do_rotary=1, causal=causal,
+                 total_sequence_length=s if first else cap, shared_buffer=True, past_empty=True,
+                 local_window_size=window)
+    fn, why = _route(_config(local_window_size=window, causal=bool(causal), first_prompt=first,
+                             total_sequence_length=s if first else cap), s=s)
+    assert why is None and fn.func is decode_paths._gqa_prefill_engine
+    run = lambda bk: jax.jit(lambda a: ops.group_query_attention(**a, **attrs, backend=bk))(inp)  # noqa: E731
+    got, want = run("cuda"), run("reference")
+    for name in ("output", "present_key", "present_value"):
+        assert_close(np.asarray(getattr(got, name)), np.asarray(getattr(want, name)), np.float16,
+                     err_msg=name)
+    np.testing.assert_array_equal(np.asarray(got.status), np.asarray(want.status))
+
+
+@pytest.mark.parametrize("sink", ["head_sink", "smooth", "huge", "tiny"])
+@pytest.mark.parametrize("first", [True, False])
+@pytest.mark.parametrize("causal", [1, 0])
+def test_engine_route_sinks_match_the_reference(engine_as_spec, first, causal, sink):
+    """GQA's head_sink [N] (any dtype) or smooth_softmax (a sink of 0): an extra logit per query head
+    in the softmax's max and denominator, no value row; on every call of the route (the padded rows'
+    too). huge / tiny: sinks of +-1e4 (all the weight on the sink: output ~0; none: no change)."""
+    b, s, cap, n, hkv, d = 4, 72, 96, 8, 2, 64
+    seqlens = [s - 1, 40, 0, cap + 5]
+    inp = _prompt(causal + 2 * first, np.float16, b=b, s=s, n=n, hkv=hkv, d=d, cap=cap,
+                  seqlens=seqlens, packed=True)
+    attrs = dict(num_heads=n, kv_num_heads=hkv, do_rotary=1, causal=causal,
+                 total_sequence_length=s if first else cap, shared_buffer=True, past_empty=True)
+    if sink == "smooth":
+        attrs["smooth_softmax"] = 1
+    else:
+        value = {"head_sink": np.linspace(-3, 3, n), "huge": np.full(n, 1e4),
+                 "tiny": np.full(n, -1e4)}[sink]
+        inp["head_sink"] = value.astype(np.float16)  # GQA: the query's dtype
+    fn, why = _route(_config(smooth_softmax=sink == "smooth", causal=bool(causal),
+                             first_prompt=first, total_sequence_length=s if first else cap), s=s)
+    assert why is None and fn.func is decode_paths._gqa_prefill_engine
+    run = lambda bk: jax.jit(lambda a: ops.group_query_attention(**a, **attrs, backend=bk))(inp)  # noqa: E731
+    got, want = run("cuda"), run("reference")
+    for name in ("output", "present_key", "present_value"):
+        assert_close(np.asarray(getattr(got, name)), np.asarray(getattr(want, name)), np.float16,
+                     err_msg=name)
+    np.testing.assert_array_equal(np.asarray(got.status), np.asarray(want.status))
+    out = np.asarray(got.output).astype(np.float32)
+    assert np.isfinite(out).all()
+    if sink == "huge":
+        assert np.abs(out).max() < 1e-3
+
+
+@pytest.mark.parametrize("softcap,window,smooth", [(30.0, -1, 0), (5.0, 20, 1), (0.5, -1, 0)])
+@pytest.mark.parametrize("first", [True, False])
+@pytest.mark.parametrize("causal", [1, 0])
+def test_engine_route_softcap_matches_the_reference(engine_as_spec, first, causal, softcap, window,
+                                                    smooth):
+    """GQA's softcap: logits -> softcap * tanh(logit / softcap) before the mask, on every call of
+    the route; with a window and smooth softmax too (causal only: GQA's windows)."""
+    window = window if causal else -1
+    b, s, cap, n, hkv, d = 4, 72, 96, 8, 2, 64
+    inp = _prompt(int(softcap) + causal, np.float16, b=b, s=s, n=n, hkv=hkv, d=d, cap=cap,
+                  seqlens=[s - 1, 40, 0, cap + 5], packed=True)
+    inp["query"] = inp["query"] * np.float16(4)  # logits well past the cap
+    attrs = dict(num_heads=n, kv_num_heads=hkv, do_rotary=1, causal=causal, softcap=softcap,
+                 total_sequence_length=s if first else cap, shared_buffer=True, past_empty=True,
+                 local_window_size=window, smooth_softmax=smooth)
+    fn, why = _route(_config(softcap=softcap, causal=bool(causal), first_prompt=first,
+                             local_window_size=window, smooth_softmax=bool(smooth),
+                             total_sequence_length=s if first else cap), s=s)
+    assert why is None and fn.func is decode_paths._gqa_prefill_engine
+    run = lambda bk: jax.jit(lambda a: ops.group_query_attention(**a, **attrs, backend=bk))(inp)  # noqa: E731
+    got, want = run("cuda"), run("reference")
+    for name in ("output", "present_key", "present_value"):
+        assert_close(np.asarray(getattr(got, name)), np.asarray(getattr(want, name)), np.float16,
+                     err_msg=name)
+    np.testing.assert_array_equal(np.asarray(got.status), np.asarray(want.status))
 
 
 def test_bench_environment_records_the_switch(monkeypatch):

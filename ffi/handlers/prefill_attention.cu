@@ -5,7 +5,11 @@
 // q_len / kv_len int32 [B] (valid query rows / keys per batch row, read on the device, clamped to
 // [0, S] / [0, T]) -> y [B, Hq, S, D]. Query row i < q_len[b] sits at position
 // kv_len[b] - q_len[b] + i (bottom-right aligned); rows past q_len[b] and rows that see no key
-// are 0. schedule: the consumers' order of work, prefill::Schedule (all give the same bits).
+// are 0. left / right (>= 0; -1: unbounded): local windows, key j hidden from a row at position p
+// when p - j > left or j - p > right (the decode engine's rule). schedule: the consumers' order of
+// work, prefill::Schedule (all give the same bits). sink f32 [Hq] (a placeholder when has_sink is
+// false): a per-query-head extra logit in the softmax's max and denominator, no value row.
+// softcap > 0: logits x -> softcap * tanh(x / softcap) before the mask (0: off).
 // Read-only on q, k, v; no workspace.
 #include <cstdint>
 #include <string>
@@ -21,7 +25,8 @@ namespace joa::prefill {
 // Fills shapes and the variant of `p` for q [B, Hq, S, D], k / v [B, Hkv, T, D] (pointers and
 // lengths are the caller's). Returns an error message or "".
 inline std::string Configure(PrefillParams& p, int64_t batch, int64_t q_heads, int64_t q_rows, int64_t head_dim,
-                             int64_t kv_heads, int64_t kv_rows, float scale, bool causal) {
+                             int64_t kv_heads, int64_t kv_rows, float scale, float softcap, bool causal,
+                             int64_t left, int64_t right) {
   bool supported = false;
   for (int d : kHeadDims) supported = supported || d == head_dim;
   if (!supported) {
@@ -45,7 +50,7 @@ inline std::string Configure(PrefillParams& p, int64_t batch, int64_t q_heads, i
   p.head_dim = int(head_dim);
   p.group = int(q_heads / kv_heads);
   p.rows = int(rows);
-  p.variant = MakeVariant(VariantAttrs{scale, 0.f, causal, -1, -1, 0});
+  p.variant = MakeVariant(VariantAttrs{scale, softcap > 0.f ? softcap : 0.f, causal, left, right, 0});
   return "";
 }
 
@@ -78,8 +83,11 @@ inline ffi::Error LaunchPrefill(const PrefillParams& p, ffi::DataType dtype, con
 namespace joa {
 namespace {
 
+using F32Buffer = ffi::Buffer<ffi::F32>;
+
 ffi::Error PrefillAttentionImpl(cudaStream_t stream, AnyBuffer q, AnyBuffer k, AnyBuffer v, Int32Buffer q_len,
-                                Int32Buffer kv_len, AnyResult y, float scale, bool causal, int64_t schedule) {
+                                Int32Buffer kv_len, F32Buffer sink, AnyResult y, float scale, float softcap,
+                                bool causal, int64_t left, int64_t right, bool has_sink, int64_t schedule) {
   constexpr const char* kOp = "prefill_attention";
   auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
   if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4) {
@@ -108,7 +116,9 @@ ffi::Error PrefillAttentionImpl(cudaStream_t stream, AnyBuffer q, AnyBuffer k, A
     return InvalidArgument("prefill_attention: schedule must be 0 (serial), 1 (overlap) or 2 (pingpong)");
   }
   prefill::PrefillParams p{};
-  const std::string err = prefill::Configure(p, qd[0], qd[1], qd[2], qd[3], kd[1], kd[2], scale, causal);
+  std::string err =
+      prefill::Configure(p, qd[0], qd[1], qd[2], qd[3], kd[1], kd[2], scale, softcap, causal, left, right);
+  if (err.empty() && has_sink) err = SetSink(p.variant, sink, qd[1]);
   if (!err.empty()) return InvalidArgument(std::string(kOp) + ": " + err);
   p.y = y->untyped_data();
   p.q_len = q_len.typed_data();
@@ -128,8 +138,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JoaPrefillAttention, joa::PrefillAttentionImpl,
                                   .Arg<joa::AnyBuffer>()    // v
                                   .Arg<joa::Int32Buffer>()  // q_len
                                   .Arg<joa::Int32Buffer>()  // kv_len
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // sink (or placeholder)
                                   .Ret<joa::AnyBuffer>()    // y
                                   .Attr<float>("scale")
+                                  .Attr<float>("softcap")
                                   .Attr<bool>("causal")
+                                  .Attr<int64_t>("left")
+                                  .Attr<int64_t>("right")
+                                  .Attr<bool>("has_sink")
                                   .Attr<int64_t>("schedule"),
                               JOA_COMMAND_BUFFER_SAFE);

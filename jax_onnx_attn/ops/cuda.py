@@ -291,7 +291,8 @@ def _general_attention(q, k, v, kv_len, bias, *, scale, softcap, causal, left, r
 # Not routed from any op yet: correct on an H200, its speed still being worked on (docs/kernels.md).
 
 
-def prefill_attention(q, k, v, q_len, kv_len, *, scale: float, causal: bool,
+def prefill_attention(q, k, v, q_len, kv_len, sink=None, *, scale: float, causal: bool,
+                      softcap: float = 0.0, left: int = -1, right: int = -1,
                       schedule: str = "pingpong"):
     """q [B, Hq, S, D], k / v [B, Hkv, T, D] (float16 or bfloat16, one dtype; D in
     PREFILL_HEAD_DIMS; Hq a multiple of Hkv), q_len / kv_len integer [B] -> [B, Hq, S, D].
@@ -300,7 +301,13 @@ def prefill_attention(q, k, v, q_len, kv_len, *, scale: float, causal: bool,
     `jax_onnx_attn.ops.reference.prefill.prefill_attention`: query row i < q_len[b] sits at
     position kv_len[b] - q_len[b] + i (bottom-right aligned) and sees keys j < kv_len[b] (and,
     causal, j <= its position); rows past q_len[b] and rows that see no key are 0. Lengths are read
-    on the device and clamped to [0, S] / [0, T]. schedule (one of PREFILL_SCHEDULES): how the
+    on the device and clamped to [0, S] / [0, T]. left / right (-1: unbounded): local windows, the
+    decode engine's: key j is hidden from a row at position p when p - j > left or j - p > right
+    (GroupQueryAttention's local_window_size W, causal: left = W - 1). sink: None or [Hq] (taken as
+    float32, decode_attention's input): a per-query-head extra logit in the softmax's max and
+    denominator with no value row (GQA's head_sink; smooth_softmax is a sink of 0). softcap > 0:
+    logits x -> softcap * tanh(x / softcap) before the mask (tanhf, not the approximate tanh; its own
+    kernels, so calls without softcap run the plain ones; <= 0: off). schedule (one of PREFILL_SCHEDULES): how the
     engine's two consumer warpgroups order their work on a key tile: "serial" (Q K^T, softmax, P V
     one after another), "overlap" (Q K^T of the next tile and P V of this one in flight during the
     softmax: FA3's intra-warpgroup pipelining), "pingpong" ("overlap", the two warpgroups taking
@@ -312,10 +319,17 @@ def prefill_attention(q, k, v, q_len, kv_len, *, scale: float, causal: bool,
     schedules = __getattr__("PREFILL_SCHEDULES")
     if schedule not in schedules:
         raise ValueError(f"prefill_attention: schedule: must be one of {schedules}, got {schedule!r}")
-    static = dict(scale=float(scale), causal=bool(causal), schedule=schedule)
+    for name, w in (("left", left), ("right", right)):
+        if int(w) < -1:
+            raise ValueError(f"prefill_attention: {name}: must be -1 (unbounded) or >= 0, got {w}")
+    if sink is not None and tuple(jnp.shape(sink)) != (q.shape[1],):
+        raise ValueError(f"prefill_attention: sink: must be [Hq={q.shape[1]}], got {jnp.shape(sink)}")
+    static = dict(scale=float(scale), causal=bool(causal), softcap=float(max(softcap, 0.0)),
+                  left=int(left), right=int(right), schedule=schedule)
     return partitioning.PREFILL_ATTENTION.apply(
         _prefill_attention, (q, k, v, jnp.asarray(q_len).astype(jnp.int32),
-                             jnp.asarray(kv_len).astype(jnp.int32)), static)
+                             jnp.asarray(kv_len).astype(jnp.int32),
+                             None if sink is None else jnp.asarray(sink).astype(jnp.float32)), static)
 
 
 def _check_prefill(q, k, v, q_len, kv_len) -> None:
@@ -347,7 +361,11 @@ def _check_prefill(q, k, v, q_len, kv_len) -> None:
                  f"must be an integer [B={b}] array, got {jnp.result_type(x)} {jnp.shape(x)}")
 
 
-def _prefill_attention(q, k, v, q_len, kv_len, *, scale, causal, schedule):
+def _prefill_attention(q, k, v, q_len, kv_len, sink=None, *, scale, causal, softcap, left, right,
+                       schedule):
     call = jax.ffi.ffi_call(target("prefill_attention"), jax.ShapeDtypeStruct(q.shape, q.dtype))
-    return call(q, k, v, q_len, kv_len, scale=np.float32(scale), causal=bool(causal),
-                schedule=__getattr__("PREFILL_SCHEDULES").index(schedule))
+    placeholder = jnp.zeros((1,), jnp.float32)
+    return call(q, k, v, q_len, kv_len, placeholder if sink is None else sink,
+                scale=np.float32(scale), softcap=np.float32(softcap), causal=bool(causal),
+                left=int(left), right=int(right),
+                has_sink=sink is not None, schedule=__getattr__("PREFILL_SCHEDULES").index(schedule))

@@ -17,7 +17,9 @@ from __future__ import annotations
 import functools
 import os
 
+import jax
 import jax.numpy as jnp
+from jax import lax
 
 from jax_onnx_attn.ops import cuda
 from jax_onnx_attn.ops import status as st
@@ -381,8 +383,8 @@ def prefill_engine_available() -> bool:
 def gqa_prefill_engine_route(config, *, query, key, past_key):
     """(cuda_fn, reason) for a first prompt on a fixed-capacity cache on our prefill engine
     (`_gqa_prefill_engine`): float16 / bfloat16, a head size of cuda.PREFILL_HEAD_DIMS, sm_90,
-    causal or not; no local window, softcap, sinks, quantised cache or qk output (the engine has
-    none of them)."""
+    causal or not, local windows (W > 0), head_sink / smooth softmax, softcap; no quantised cache
+    or qk output (the engine has neither)."""
     c = config
     if not prefill_engine_available():
         return None, "the prefill engine runs on sm_90 (H100 / H200) only"
@@ -391,9 +393,7 @@ def gqa_prefill_engine_route(config, *, query, key, past_key):
          f"a prompt in {query.dtype}: the prefill engine takes float16 and bfloat16"),
         (c.head_size not in cuda.PREFILL_HEAD_DIMS,
          f"head size {c.head_size}: the prefill engine is compiled for {cuda.PREFILL_HEAD_DIMS}"),
-        (c.local_window_size >= 0, "a local window: the prefill engine has none"),
-        (c.softcap > 0, "softcap: the prefill engine has none"),
-        (c.smooth_softmax, "smooth softmax / head_sink: the prefill engine has no sink"),
+        (c.local_window_size == 0, "local_window_size 0 (no visible key) runs on the reference"),
         (c.kv_bits, "a quantised cache: the prefill engine reads float caches"),
         (c.qk_output != 0, "output_qk comes from the reference only"),
         (key is not None and key.shape[1] != query.shape[1],
@@ -401,6 +401,18 @@ def gqa_prefill_engine_route(config, *, query, key, past_key):
         (query.shape[1] > past_key.shape[2], "more query rows than the cache holds"),
     )
     return _route(checks, functools.partial(_gqa_prefill_engine, config=c))
+
+
+def _last_keys(k, v, t, w: int):
+    """(k, v, kv_len) holding the last W of each row's T_b keys, [max(0, T_b - W), T_b): the keys
+    every padded row sees (L = T_b), whatever its position, which the
+    engine's position-relative windows cannot say. A [B, Hkv, W, D] copy of K and V; w < 0 (no
+    window, or one covering all keys): the cache as it is."""
+    if w < 0:
+        return k, v, t
+    start = jnp.maximum(t - w, 0)  # <= C - W: T_b <= S <= C and W < S
+    take = jax.vmap(lambda x, j: lax.dynamic_slice_in_dim(x, j, w, axis=1))
+    return take(k, start), take(v, start), (t - start).astype(jnp.int32)
 
 
 def _gqa_prefill_engine(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache,
@@ -412,7 +424,9 @@ def _gqa_prefill_engine(query, key, value, past_key, past_value, seqlens_k, cos_
 
     Row b has T_b = seqlens_k[b] + 1 valid keys (clipped to [0, S]: past_empty promises T_b <= S)
     and its prompt rows sit at positions 0..S-1. GQA (causal): row i < T_b sees keys j <= i; a padded
-    row i >= T_b sees all T_b keys. The engine places row i < q_len at kv_len - q_len + i, so
+    row i >= T_b sees all T_b keys. A window W (0 < W < S) limits a row to keys [L - W, L), L =
+    i + 1 (causal rows: the engine's left = W - 1) or T_b (padded rows: the last W keys,
+    `_last_keys`; GQA takes a window only when causal). The engine places row i < q_len at kv_len - q_len + i, so
       - q_len = kv_len = T_b, causal: row i < T_b at position i, keys j <= i (rows >= T_b are 0);
       - the padded rows, non-causal (row order is then free): q flipped along S puts rows
         S-1 .. T_b first, q_len = S - T_b, kv_len = T_b; flipped back, they fill rows >= T_b.
@@ -420,8 +434,8 @@ def _gqa_prefill_engine(query, key, value, past_key, past_value, seqlens_k, cos_
     Non-causal GQA: every row sees the T_b keys, q_len = S, kv_len = T_b, one call. A refused row
     (status not OK) gives 0, as on the cuDNN route."""
     del query_seqlens, k_scale, v_scale  # not covered (the route says so)
-    if attention_bias is not None or head_sink is not None:
-        raise AssertionError("the prefill route excludes attention_bias and head_sink")
+    if attention_bias is not None:
+        raise AssertionError("the prefill route excludes attention_bias")
     c = config
     n, d = c.num_heads, c.head_size
     b, s = query.shape[:2]
@@ -433,20 +447,33 @@ def _gqa_prefill_engine(query, key, value, past_key, past_value, seqlens_k, cos_
         rotary_interleaved=c.rotary_interleaved, q_norm_epsilon=c.q_norm_epsilon,
         k_norm_epsilon=c.k_norm_epsilon)
     ok = status == st.OK
+    # GQA's sink: head_sink, else 0 with smooth_softmax (the decode route's rule).
+    if head_sink is not None:
+        sink = head_sink.astype(jnp.float32)
+    elif c.smooth_softmax:
+        sink = jnp.zeros((n,), jnp.float32)
+    else:
+        sink = None
     # T_b keys (0 for a refused row: no query row, no key); the prompt's keys are rows [0, S).
     t = jnp.where(ok, jnp.clip(seqlens_k.astype(jnp.int32) + 1, 0, s), 0).astype(jnp.int32)
+    # GQA's window W: a row sees keys [L - W, L). W >= S covers every key a prompt row sees (T_b <= S).
+    w = c.local_window_size if 0 < c.local_window_size < s else -1
     if c.causal:
-        y = cuda.prefill_attention(q, present_k, present_v, t, t, scale=c.scale, causal=True)
+        # L = p + 1: keys (p - W, p], the engine's left = W - 1.
+        y = cuda.prefill_attention(q, present_k, present_v, t, t, sink, scale=c.scale,
+                                   softcap=c.softcap, causal=True, left=w - 1 if w > 0 else -1)
         if c.first_prompt:
             # Only a first prompt has right-padded rows: in the later-step form (total = C, the
             # runtime's) a row with T_b < S starts before position 0, gqa_prepare refuses it, t = 0.
-            padded = cuda.prefill_attention(jnp.flip(q, axis=2), present_k, present_v, s - t, t,
-                                            scale=c.scale, causal=False)
+            k_all, v_all, t_all = _last_keys(present_k, present_v, t, w)
+            padded = cuda.prefill_attention(jnp.flip(q, axis=2), k_all, v_all, s - t, t_all, sink,
+                                            scale=c.scale, softcap=c.softcap, causal=False)
             rows = jnp.arange(s, dtype=jnp.int32)[None, None, :, None]
             y = jnp.where(rows < t[:, None, None, None], y, jnp.flip(padded, axis=2))
     else:
-        y = cuda.prefill_attention(q, present_k, present_v, jnp.full((b,), s, jnp.int32), t,
-                                   scale=c.scale, causal=False)
+        # (GQA takes a window only when causal.)
+        y = cuda.prefill_attention(q, present_k, present_v, jnp.full((b,), s, jnp.int32), t, sink,
+                                   scale=c.scale, softcap=c.softcap, causal=False)
     y = jnp.where(ok[:, None, None, None], y, jnp.zeros_like(y))
     output = y.transpose(0, 2, 1, 3).reshape(b, s, n * d)
     return output, present_k, present_v, None, status

@@ -539,13 +539,14 @@ def _general_layout(q, k, v, kv_len, bias=None, *, qk_mode=None, **static):
 GENERAL_ATTENTION = Rule("general_attention", _general_layout)
 
 
-def _prefill_layout(q, k, v, q_len, kv_len, **static):
-    return Layout(("b (h g) s d", "b h t d", "b h t d", "b", "b"), ("b (h g) s d",),
+def _prefill_layout(q, k, v, q_len, kv_len, sink=None, **static):
+    return Layout(("b (h g) s d", "b h t d", "b h t d", "b", "b", None if sink is None else "(h g)"),
+                  ("b (h g) s d",),
                   sizes={HEADS: k.shape[1]})
 
 
-#: The prefill_attention target: q [B, Hq, S, D], k / v [B, Hkv, T, D], q_len / kv_len [B]
-#: -> [B, Hq, S, D].
+#: The prefill_attention target: q [B, Hq, S, D], k / v [B, Hkv, T, D], q_len / kv_len [B],
+#: sink [Hq] or None -> [B, Hq, S, D].
 PREFILL_ATTENTION = Rule("prefill_attention", _prefill_layout)
 
 

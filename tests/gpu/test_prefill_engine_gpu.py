@@ -4,7 +4,9 @@
 Sweeps causal / non-causal x GQA groups 1 / 4 / 8 x S in {1, 63, 128, 1000, 2048} (T >= S) x
 float16 / bfloat16 at head size 128, with ragged q and kv lengths per batch row and K / V rows past
 kv_len poisoned with NaN (they must never reach the output); head size 64; the length edge cases
-(0, q_len > kv_len, beyond the buffers, negative); bitwise repeatability run to run and batch
+(0, q_len > kv_len, beyond the buffers, negative); local windows (left / right, 0 to wider than T);
+sinks (-1e4 to 1e4, per query head); softcap (with windows and sinks);
+bitwise repeatability run to run and batch
 invariance; a loop of calls inside an XLA command buffer. Every value check runs the three
 consumer schedules (serial, overlap, pingpong) and holds them to the same bits. Tolerances:
 jax_onnx_attn.testing.
@@ -43,8 +45,10 @@ def _other_gpu() -> bool:
 
 needs_sm90 = pytest.mark.skipif(_other_gpu(), reason="the prefill engine runs on sm_90 (H100 / H200) only")
 
-_reference = jax.jit(prefill_reference.prefill_attention, static_argnames=("scale", "causal"))
-_engine = jax.jit(cuda.prefill_attention, static_argnames=("scale", "causal", "schedule"))
+_reference = jax.jit(prefill_reference.prefill_attention,
+                     static_argnames=("scale", "causal", "softcap", "left", "right"))
+_engine = jax.jit(cuda.prefill_attention,
+                  static_argnames=("scale", "causal", "softcap", "left", "right", "schedule"))
 SCHEDULES = ("serial", "overlap", "pingpong")
 
 
@@ -60,12 +64,13 @@ def _inputs(seed, b, hq, hkv, s, t, d, dtype, q_len, kv_len):
     return q, k, v, q_len, kv_len
 
 
-def _check(q, k, v, q_len, kv_len, *, causal, scale=None):
+def _check(q, k, v, q_len, kv_len, sink=None, *, causal, scale=None, **variant):
     """Every schedule of the engine against the spec, and against each other: they add in the same
-    order, so their bits agree."""
+    order, so their bits agree. variant: the spec's other keywords (left, right, ...)."""
     scale = float(scale if scale is not None else q.shape[-1] ** -0.5)
-    want = _reference(q, k, v, q_len, kv_len, scale=scale, causal=causal)
-    got = {name: _engine(q, k, v, q_len, kv_len, scale=scale, causal=causal, schedule=name)
+    want = _reference(q, k, v, q_len, kv_len, sink, scale=scale, causal=causal, **variant)
+    got = {name: _engine(q, k, v, q_len, kv_len, sink, scale=scale, causal=causal, schedule=name,
+                         **variant)
            for name in SCHEDULES}
     for name, y in got.items():
         assert y.shape == q.shape and y.dtype == q.dtype
@@ -102,6 +107,82 @@ def test_head_dim_64(causal, s, t, group, dtype):
     q_len, kv_len = _ragged(s, t)
     args = _inputs(s + t + group, 3, 2 * group, 2, s, t, 64, dtype, q_len, kv_len)
     _check(*args, causal=causal)
+
+
+# --- local windows: tiles outside every row's window skipped, inside it unmasked --------------------
+
+@needs_sm90
+@pytest.mark.parametrize("causal,left,right", [
+    (True, 0, -1), (True, 127, -1), (True, 300, -1), (True, 5000, -1), (False, 0, 0),
+    (False, -1, 0), (False, 200, 70), (False, -1, 129), (False, 5000, 5000)], ids=lambda x: str(x))
+def test_local_windows(causal, left, right):
+    """Windows of 0 (the row's own key), around the 128-key tile size, wider than T; GQA group 4,
+    ragged lengths, poisoned keys past kv_len; f16 and bf16."""
+    s, t = 700, 900
+    for dtype, d in ((np.float16, 128), (ml_dtypes.bfloat16, 64)):
+        args = _inputs(left * 7 + right, 3, 8, 2, s, t, d, dtype, *_ragged(s, t))
+        _check(*args, causal=causal, left=left, right=right)
+
+
+@needs_sm90
+def test_local_window_tiles_crossing_heads():
+    """A CTA's rows span several query heads (S = 45): the block's bounds cover all their positions."""
+    args = _inputs(12, 2, 16, 2, 45, 300, 128, np.float16, [45, 30], [300, 200])
+    _check(*args, causal=True, left=20)
+    _check(*args, causal=False, left=10, right=3)
+
+
+# --- sinks: one extra logit per query head, added once in the epilogue ------------------------------
+
+def _sinks(hq, seed):
+    """Sinks from very negative (no effect) through 0 and typical values to very large (all the
+    weight on the sink: the row's output ~0)."""
+    fixed = np.array([-1e4, 0.0, 1e4, -30.0], np.float32)
+    rng = np.random.default_rng(seed)
+    return np.concatenate([fixed, rng.uniform(-4, 8, hq - 4).astype(np.float32)])[:hq]
+
+
+@needs_sm90
+@pytest.mark.parametrize("causal,left,right", [(True, -1, -1), (False, -1, -1), (True, 100, -1),
+                                               (False, 40, 0)], ids=lambda x: str(x))
+def test_sinks(causal, left, right):
+    """GQA group 4 (the sink is indexed by the query head of each packed row), ragged lengths,
+    windows, f16 / D 128 and bf16 / D 64."""
+    s, t = 600, 700
+    for dtype, d in ((np.float16, 128), (ml_dtypes.bfloat16, 64)):
+        args = _inputs(d + left, 3, 8, 2, s, t, d, dtype, *_ragged(s, t))
+        sink = _sinks(8, d)
+        got = np.asarray(_check(*args[:5], sink, causal=causal, left=left, right=right)).astype(np.float32)
+        assert np.isfinite(got).all()
+        assert np.abs(got[:, 2]).max() < 1e-3  # head 2's sink 1e4 takes all the weight
+
+
+@needs_sm90
+def test_sinks_on_rows_without_keys_and_crossing_heads():
+    """Rows that see no key (q_len > kv_len, causal) give 0 whatever the sink; S = 45 puts several
+    query heads in one CTA (each row its own head's sink)."""
+    args = _inputs(13, 3, 16, 2, 45, 60, 128, np.float16, [45, 45, 30], [60, 20, 0])
+    sink = _sinks(16, 1)
+    got = np.asarray(_check(*args, sink, causal=True)).astype(np.float32)
+    assert not got[1, :, :25].any() and not got[2].any()
+    _check(*args, sink, causal=False, left=5, right=5)
+
+
+# --- softcap: its own kernels (CapVariant, tanhf per logit) -----------------------------------------
+
+@needs_sm90
+@pytest.mark.parametrize("causal,softcap,left,sinks", [
+    (True, 30.0, -1, False), (False, 5.0, -1, True), (True, 1.0, 150, True), (False, 50.0, -1, False)],
+    ids=lambda x: str(x))
+def test_softcap(causal, softcap, left, sinks):
+    """Logits past the cap (q scaled by 4), with and without windows and sinks (the WithSink<CapVariant>
+    kernels); f16 / D 128 and bf16 / D 64, ragged lengths, GQA group 4."""
+    s, t = 500, 640
+    for dtype, d in ((np.float16, 128), (ml_dtypes.bfloat16, 64)):
+        q, k, v, q_len, kv_len = _inputs(int(softcap) + d, 3, 8, 2, s, t, d, dtype, *_ragged(s, t))
+        q = (q.astype(np.float32) * 4).astype(dtype)
+        sink = _sinks(8, 3) if sinks else None
+        _check(q, k, v, q_len, kv_len, sink, causal=causal, softcap=softcap, left=left)
 
 
 # --- diagnostics: each isolates one half of the engine, so a failure says where to look ------------

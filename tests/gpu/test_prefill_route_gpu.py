@@ -1,7 +1,8 @@
 """GroupQueryAttention's first prompt on our prefill engine (JOA_PREFILL_ENGINE=1,
 ops/decode_paths.py `_gqa_prefill_engine`) against the reference backend: ragged seqlens_k
 (right-padded rows, a one-key row, a refused row), B > 1, GQA groups 1 / 4 / 8, head dims 64 / 128,
-float16 / bfloat16, causal or not; with the switch off the prompt stays on cuDNN; a lowered decoder's
+float16 / bfloat16, causal or not; local windows, head_sink / smooth softmax and softcap; with the
+switch off the prompt stays on cuDNN; a lowered decoder's
 long prompt takes the engine inside DecoderSession. Needs an sm_90 GPU (H100 / H200).
 
     pytest -q tests/gpu/test_prefill_route_gpu.py
@@ -80,6 +81,34 @@ def test_gqa_prompt_on_the_engine_equals_the_reference(monkeypatch, dtype, n, hk
     out = np.asarray(got.output).astype(np.float32)
     assert np.isfinite(out).all() and not out[-1].any()
     assert out[1, 131:].any()  # padded rows see the T_b keys
+
+
+@needs_sm90
+@pytest.mark.parametrize("dtype,d,causal,variant", [
+    (F16, 128, 1, dict(local_window_size=100)),
+    (BF16, 64, 1, dict(local_window_size=7, smooth_softmax=1)),
+    (F16, 64, 0, dict(head_sink=True)),
+    (BF16, 128, 1, dict(softcap=30.0, head_sink=True, local_window_size=200)),
+    (F16, 128, 0, dict(softcap=5.0, smooth_softmax=1))], ids=lambda x: str(x))
+def test_gqa_prompt_variants_on_the_engine_equal_the_reference(monkeypatch, dtype, d, causal, variant):
+    """Local windows (padded rows read the last W keys), head_sink / smooth softmax and softcap
+    take the engine (not cuDNN, not the reference) and agree with the reference."""
+    monkeypatch.setenv(ENV, "1")
+    b, s, cap, n, hkv = 4, 320, 384, 16, 4
+    inp = _prompt(d + causal, dtype, b=b, s=s, n=n, hkv=hkv, d=d, cap=cap,
+                  seqlens=[s - 1, 130, 0, cap + 5], packed=True)
+    variant = dict(variant)
+    if variant.pop("head_sink", False):
+        inp["head_sink"] = np.linspace(-2.0, 4.0, n).astype(dtype)
+    attrs = dict(num_heads=n, kv_num_heads=hkv, do_rotary=1, causal=causal, **variant)
+    fn, got = _run(inp, "cuda", s, **attrs)
+    hlo = fn.lower(inp).compile().as_text()
+    assert ENGINE in hlo and "cudnn" not in hlo.lower()
+    _, want = _run(inp, "reference", s, **attrs)
+    for name in ("output", "present_key", "present_value"):
+        assert_close(np.asarray(getattr(got, name)), np.asarray(getattr(want, name)), dtype,
+                     err_msg=name)
+    np.testing.assert_array_equal(np.asarray(got.status), np.asarray(want.status))
 
 
 @needs_sm90

@@ -12,6 +12,7 @@
 // MaskVariant: valid length (and the bias length), causal with pos_shift, windows left / right.
 //   Enough for most decode steps; its Score is one multiply.
 // LogitVariant: MaskVariant plus softcap and an additive / boolean bias.
+// CapVariant: MaskVariant plus softcap (no bias), for engines with a kernel per variant.
 // Sinks (extra softmax logits without a value row) do not touch the per-key path: an engine's
 // epilogue or combine adds SinkLog2 once.
 #pragma once
@@ -112,6 +113,24 @@ class LogitVariant : public MaskVariant {
   float scale_, softcap_, inv_softcap_;
   const void* bias_;
   BiasType bias_type_;
+};
+
+// MaskVariant plus softcap only (softcap > 0 assumed): LogitVariant's Scaled -> Capped without its
+// bias, for engines that instantiate a kernel per variant (the prefill engine) so that kernels
+// without softcap keep MaskVariant's one-multiply Score. Same arithmetic as LogitVariant's.
+class CapVariant : public MaskVariant {
+ public:
+  __device__ CapVariant(const VariantParams& v, int len)
+      : MaskVariant(v, len), scale_(v.scale), softcap_(v.softcap), inv_softcap_(1.f / v.softcap) {}
+
+  // tanhf, not tanh.approx (LogitVariant's rule).
+  template <typename Pos>
+  __device__ float Score(float qk, const QueryRow<Pos>&, int) const {
+    return softcap_ * tanhf(qk * scale_ * inv_softcap_) * kLog2e;
+  }
+
+ private:
+  float scale_, softcap_, inv_softcap_;
 };
 
 // Query head h's sink in the log2 domain, or -inf without sinks (or where this step does not add

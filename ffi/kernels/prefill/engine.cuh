@@ -30,6 +30,19 @@
 
 namespace joa::prefill {
 
+// A variant whose softmax adds a per-query-head sink: an extra logit sink[h] (natural units,
+// VariantParams::sink, f32 [Hq]) in the max and the denominator, no value row (attention sinks;
+// GQA's head_sink, smooth softmax = a sink of 0). Nothing changes per key: the epilogue adds it once,
+// as the decode engine's does. A separate instantiation, so kernels without sinks are unchanged.
+template <class Base>
+struct WithSink : Base {
+  using Base::Base;
+};
+template <class V>
+inline constexpr bool kHasSink = false;
+template <class B>
+inline constexpr bool kHasSink<WithSink<B>> = true;
+
 // What one CTA does: its packed rows [r0, r0 + kBlockM) of the M rows of its (b, kvh), the valid
 // lengths of its batch row, and the key tiles [n_begin, n_end) it visits; tiles inside
 // [full_lo, full_hi) need no per-element mask.
@@ -393,7 +406,8 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
     }
   }
 
-  // Epilogue: O / rowsum, zeros for rows past q_len (and rows that saw no key: l = 0, O = 0),
+  // Epilogue: O / rowsum, zeros for rows past q_len (and rows that saw no key: l = 0, O = 0; with a
+  // sink too: the sink has no value row),
   // staged through this warpgroup's Q rows (free: all its wgmma groups are waited for) in the
   // 128-byte-swizzled [rows][64] layout, so that a warp's 16-byte global stores cover whole rows.
   // Rows past this KV head's M rows belong to another CTA and are left alone.
@@ -402,7 +416,20 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
   for (int h = 0; h < 2; ++h) {
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-    const float inv = l[h] == 0.f ? 0.f : 1.f / l[h];  // NaN stays NaN
+    float num = 1.f;  // O's factor besides 1 / rowsum
+    if constexpr (kHasSink<Variant>) {
+      // The decode engine's math: the row max becomes max(m, sink) (NaN-propagating); O and l, kept
+      // against m, rescale by exp2(m - max) (0 for a row without keys: m = -inf) and the sink adds
+      // exp2(sink - max) to l. A row with neither keys nor a finite sink keeps l = 0 and gives 0.
+      // The query head of packed row r; rows past this KV head's M (never written) clamp to its last.
+      const int head = (bh % p.kv_heads) * p.group + min(r[h] / p.q_rows, p.group - 1);
+      const float sink = SinkLog2(p.variant.sink, head);
+      const float mx = ptx::MaxNan(m[h], sink);
+      const float m_use = mx == -INFINITY ? 0.f : mx;
+      num = ptx::Exp2(m[h] - m_use);
+      l[h] = __fadd_rn(__fmul_rn(l[h], num), ptx::Exp2(sink - m_use));
+    }
+    const float inv = l[h] == 0.f ? 0.f : num / l[h];  // NaN stays NaN
     const bool live = r[h] % p.q_rows < w.q_len;
     const int rr = 16 * warp + lane / 4 + 8 * h;  // row within the warpgroup's 64
 #pragma unroll

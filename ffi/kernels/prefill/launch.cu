@@ -1,6 +1,7 @@
 // Launch of the prefill engine: the TMA tensor maps (encoded on the host through the driver entry
 // point, no libcuda link), the shared-memory limit, the grid; instantiated for f16 / bf16 x head
-// size 64 / 128 x the three consumer schedules with the mask variant (causal or not, scale).
+// size 64 / 128 x the three consumer schedules x the mask variant (causal or not, windows, scale)
+// or the softcap one, each with or without sinks.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -45,6 +46,14 @@ cudaError_t MakeMap(CUtensorMap* map, const void* ptr, uint64_t rows, int d, int
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
+// The kernel of Variant for the schedule.
+template <typename T, int kD, class Variant>
+auto PickKernel(Schedule schedule) {
+  return schedule == Schedule::kPingPong ? PrefillKernel<T, kD, Variant, Schedule::kPingPong>
+         : schedule == Schedule::kOverlap ? PrefillKernel<T, kD, Variant, Schedule::kOverlap>
+                                          : PrefillKernel<T, kD, Variant, Schedule::kSerial>;
+}
+
 }  // namespace
 
 template <typename T, int kD>
@@ -62,9 +71,13 @@ cudaError_t Launch(PrefillParams p, const void* q, const void* k, const void* v,
     k_map = v_map = q_map;  // no keys: never read
   }
   if (err != cudaSuccess) return err;
-  auto* kernel = schedule == Schedule::kPingPong ? PrefillKernel<T, kD, MaskVariant, Schedule::kPingPong>
-                 : schedule == Schedule::kOverlap ? PrefillKernel<T, kD, MaskVariant, Schedule::kOverlap>
-                                                  : PrefillKernel<T, kD, MaskVariant, Schedule::kSerial>;
+  // Sinks (the epilogue adds them) and softcap (a tanhf per logit) have their own instantiations;
+  // without either, the plain MaskVariant kernels.
+  const bool sink = p.variant.sink != nullptr, cap = p.variant.softcap > 0.f;
+  auto* kernel = cap ? (sink ? PickKernel<T, kD, WithSink<CapVariant>>(schedule)
+                             : PickKernel<T, kD, CapVariant>(schedule))
+                     : (sink ? PickKernel<T, kD, WithSink<MaskVariant>>(schedule)
+                             : PickKernel<T, kD, MaskVariant>(schedule));
   // A function attribute, not stream work: allowed while XLA captures the stream.
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(SmemBytes(kD)));
   if (err != cudaSuccess) return err;

@@ -8,7 +8,9 @@
 // Batch row b has q_len[b] valid query rows and kv_len[b] valid keys (int32 [B], read on the
 // device, clamped to [0, S] and [0, T]); query row i < q_len[b] sits at position
 // kv_len[b] - q_len[b] + i (bottom-right aligned) and, causal, sees keys j <= its position. Rows
-// i >= q_len[b] and rows that see no key are written as zeros.
+// i >= q_len[b] and rows that see no key are written as zeros. Windows (variant.left / right >= 0)
+// hide keys j with pos - j > left or j - pos > right; Bounds skips the tiles outside every row's
+// window and tiles inside every row's window take the unmasked softmax.
 #pragma once
 
 #include <cstdint>
@@ -25,8 +27,9 @@ struct PrefillParams {
   int group;  // G = Hq / Hkv
   int rows;   // M = G * S packed rows per KV head
   int m_blocks;  // ceil(M / kBlockM)
-  // The variant: scale and causal now (kernels/common/variant.cuh's MaskVariant reads it; windows,
-  // softcap, sinks later). pos_shift, bias and sink are unused here.
+  // The variant: scale, causal, windows left / right (kernels/common/variant.cuh's MaskVariant reads
+  // it), softcap (> 0: the CapVariant kernels) and sink (f32 [Hq] or null: engine.cuh's WithSink
+  // kernels). pos_shift and bias are unused here.
   VariantParams variant;
 };
 
