@@ -338,3 +338,34 @@ def test_cudnn_route_matches_the_reference_on_ragged_prompts(cudnn_as_spec, firs
     out = np.asarray(got.output).astype(np.float32)
     assert not out[-1].any() and np.isfinite(out).all()
     assert out[1, 41:].any() == first
+
+
+@pytest.mark.parametrize("engine", ["0", "1"])
+@pytest.mark.parametrize("extra", ["head_sink", "attention_bias"])
+def test_prompts_with_a_sink_or_bias_input_fall_back_and_match(cudnn_as_spec, monkeypatch, engine,
+                                                               extra):
+    """head_sink without smooth_softmax, or attention_bias, on a prompt: a route that cannot take it
+    says so (it used to pass the route's checks and stop at an AssertionError inside)."""
+    monkeypatch.setenv(ENV, engine)
+    monkeypatch.setattr(cuda, "prefill_attention", prefill_reference.prefill_attention)
+    b, s, cap, n, hkv, d = 2, 72, 96, 4, 2, 64
+    inp = _prompt(3, np.float16, b=b, s=s, n=n, hkv=hkv, d=d, cap=cap, seqlens=[s - 1, 40],
+                  packed=True)
+    rng = np.random.default_rng(4)
+    if extra == "head_sink":
+        inp["head_sink"] = rng.standard_normal(n).astype(np.float16)
+    else:
+        inp["attention_bias"] = rng.standard_normal((1, n, s, cap)).astype(np.float16)
+    attrs = dict(num_heads=n, kv_num_heads=hkv, do_rotary=1, causal=1, total_sequence_length=cap,
+                 shared_buffer=True, past_empty=True)
+    run = lambda bk: jax.jit(lambda a: ops.group_query_attention(**a, **attrs, backend=bk))(inp)  # noqa: E731
+    if engine == "1" and extra == "head_sink":  # the engine takes a sink
+        got = run("cuda")
+    else:
+        with pytest.raises(NotImplementedError, match="runs on the reference"):
+            run("cuda")
+        got = run("auto")
+    want = run("reference")
+    for name in ("output", "present_key", "present_value"):
+        assert_close(np.asarray(getattr(got, name)), np.asarray(getattr(want, name)), np.float16,
+                     err_msg=name)

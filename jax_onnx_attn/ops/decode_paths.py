@@ -159,7 +159,8 @@ def _route(checks, cuda_fn):
 
 # --- com.microsoft GroupQueryAttention: ops.gqa.group_query_attention ---------------------------
 
-def gqa_cuda(config, *, query, key, past_key, query_seqlens):
+def gqa_cuda(config, *, query, key, past_key, query_seqlens, has_bias: bool = False,
+             has_sink: bool = False):
     """(cuda_fn, reason) for `group_query_attention`'s dispatch of `reference.group_query_attention`.
 
     Covered: a decode / verify step (not a first prompt, no query_seqlens) on a shared fixed-capacity
@@ -173,11 +174,14 @@ def gqa_cuda(config, *, query, key, past_key, query_seqlens):
       key: [B, S, Hkv·D], [B, 0, Hkv·D] (KV-shared layer) or None (packed query).
       past_key: [B, Hkv, C, D] float, int8/uint8 when quantised, or None.
       query_seqlens: integer [B] or None.
+      has_bias, has_sink: whether attention_bias / head_sink are given (the prompt routes take
+        neither / only the engine's takes a sink).
     """
     c = config
     s = query.shape[1]
     if c.past_empty and s > MAX_QUERY_ROWS:
-        return _gqa_prefill_route(config, query=query, key=key, past_key=past_key)
+        return _gqa_prefill_route(config, query=query, key=key, past_key=past_key,
+                                  has_bias=has_bias, has_sink=has_sink)
     checks = (
         (cuda_unsupported(query.dtype, c.head_size), None),
         (past_key is None or not c.shared_buffer, "the CUDA path takes a shared fixed-capacity cache "
@@ -254,7 +258,7 @@ def cudnn_attention_available() -> bool:
         return False
 
 
-def _gqa_prefill_route(config, *, query, key, past_key):
+def _gqa_prefill_route(config, *, query, key, past_key, has_bias=False, has_sink=False):
     """(cuda_fn, reason) for a first prompt on a fixed-capacity cache (config.past_empty): the
     gqa_prepare kernel, then cuDNN's flash attention over the S new rows (causal from position 0,
     exactly GQA's rule when no row has a past). What cuDNN does not compute exactly stays on the
@@ -266,16 +270,17 @@ def _gqa_prefill_route(config, *, query, key, past_key):
     engine_why = None
     if prefill_engine_enabled():
         engine_fn, engine_why = gqa_prefill_engine_route(config, query=query, key=key,
-                                                         past_key=past_key)
+                                                         past_key=past_key, has_bias=has_bias)
         if engine_fn is not None:
             return engine_fn, None
-    fn, why = _gqa_cudnn_prefill_route(config, query=query, key=key, past_key=past_key)
+    fn, why = _gqa_cudnn_prefill_route(config, query=query, key=key, past_key=past_key,
+                                       has_bias=has_bias, has_sink=has_sink)
     if fn is None and engine_why is not None:
         why = f"{why} (and the prefill engine: {engine_why})"
     return fn, why
 
 
-def _gqa_cudnn_prefill_route(config, *, query, key, past_key):
+def _gqa_cudnn_prefill_route(config, *, query, key, past_key, has_bias=False, has_sink=False):
     """(cuda_fn, reason) of the cuDNN prefill route (`_gqa_prefill`)."""
     c = config
     checks = (
@@ -286,7 +291,8 @@ def _gqa_cudnn_prefill_route(config, *, query, key, past_key):
         (not cudnn_attention_available(), "cuDNN attention is not available to jax here"),
         (not c.causal, "a non-causal prompt runs on the reference"),
         (c.softcap > 0, "softcap on a prompt runs on the reference (cuDNN has no softcap)"),
-        (c.smooth_softmax, "smooth softmax / head_sink on a prompt runs on the reference"),
+        (c.smooth_softmax or has_sink, "smooth softmax / head_sink on a prompt runs on the reference"),
+        (has_bias, "attention_bias on a prompt runs on the reference"),
         (c.kv_bits, "a prompt into a quantised cache runs on the reference"),
         (c.qk_output != 0, "output_qk comes from the reference only"),
         (key is not None and key.shape[1] != query.shape[1],
@@ -380,7 +386,7 @@ def prefill_engine_available() -> bool:
         return False
 
 
-def gqa_prefill_engine_route(config, *, query, key, past_key):
+def gqa_prefill_engine_route(config, *, query, key, past_key, has_bias=False):
     """(cuda_fn, reason) for a first prompt on a fixed-capacity cache on our prefill engine
     (`_gqa_prefill_engine`): float16 / bfloat16, a head size of cuda.PREFILL_HEAD_DIMS, sm_90,
     causal or not, local windows (W > 0), head_sink / smooth softmax, softcap; no quantised cache
@@ -394,6 +400,7 @@ def gqa_prefill_engine_route(config, *, query, key, past_key):
         (c.head_size not in cuda.PREFILL_HEAD_DIMS,
          f"head size {c.head_size}: the prefill engine is compiled for {cuda.PREFILL_HEAD_DIMS}"),
         (c.local_window_size == 0, "local_window_size 0 (no visible key) runs on the reference"),
+        (has_bias, "attention_bias: the prefill engine has no bias"),
         (c.kv_bits, "a quantised cache: the prefill engine reads float caches"),
         (c.qk_output != 0, "output_qk comes from the reference only"),
         (key is not None and key.shape[1] != query.shape[1],

@@ -547,7 +547,9 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
     seqlens_k = args[5]
     if device is None:
         cuda_fn, why = decode_paths.gqa_cuda(config, query=query, key=key, past_key=past_key,
-                                             query_seqlens=query_seqlens)
+                                             query_seqlens=query_seqlens,
+                                             has_bias=args[9] is not None,
+                                             has_sink=args[10] is not None)
     else:
         cuda_fn, why = None, ("total_sequence_length is only known on the device (traced): the "
                               "reference decides the step type there")
