@@ -133,6 +133,20 @@ def engine_as_spec(monkeypatch, gpu_like):
     monkeypatch.setattr(cuda, "prefill_attention", prefill_reference.prefill_attention)
 
 
+def _gqa(inp, attrs, backend):
+    return jax.jit(lambda a: ops.group_query_attention(**a, **attrs, backend=backend))(inp)
+
+
+def _cuda_and_reference(inp, attrs, dtype, backend="cuda"):
+    """(got, want): the op on `backend` and on the reference, their output and present K / V
+    checked equal within dtype's tolerance."""
+    got, want = _gqa(inp, attrs, backend), _gqa(inp, attrs, "reference")
+    for name in ("output", "present_key", "present_value"):
+        assert_close(np.asarray(getattr(got, name)), np.asarray(getattr(want, name)), dtype,
+                     err_msg=name)
+    return got, want
+
+
 def _prompt(seed, dtype, *, b, s, n, hkv, d, cap, seqlens, packed):
     rng = np.random.default_rng(seed)
     x = lambda *shape: rng.standard_normal(shape).astype(dtype)  # noqa: E731
@@ -166,11 +180,7 @@ def test_engine_route_matches_the_reference_on_ragged_prompts(engine_as_spec, fi
         inp["position_ids"] = (np.arange(s, dtype=np.int64)[None] + np.arange(b)[:, None] * 3)
     attrs = dict(num_heads=n, kv_num_heads=hkv, do_rotary=1, causal=causal,
                  total_sequence_length=s if first else cap, shared_buffer=True, past_empty=True)
-    run = lambda bk: jax.jit(lambda a: ops.group_query_attention(**a, **attrs, backend=bk))(inp)  # noqa: E731
-    got, want = run("cuda"), run("reference")
-    for name in ("output", "present_key", "present_value"):
-        assert_close(np.asarray(getattr(got, name)), np.asarray(getattr(want, name)), dtype,
-                     err_msg=name)
+    got, want = _cuda_and_reference(inp, attrs, dtype)
     np.testing.assert_array_equal(np.asarray(got.status), np.asarray(want.status))
     out = np.asarray(got.output).astype(np.float32)
     assert not out[-1].any() and np.isfinite(out).all()
@@ -193,11 +203,7 @@ def test_engine_route_local_windows_match_the_reference(engine_as_spec, first, w
     fn, why = _route(_config(local_window_size=window, causal=bool(causal), first_prompt=first,
                              total_sequence_length=s if first else cap), s=s)
     assert why is None and fn.func is decode_paths._gqa_prefill_engine
-    run = lambda bk: jax.jit(lambda a: ops.group_query_attention(**a, **attrs, backend=bk))(inp)  # noqa: E731
-    got, want = run("cuda"), run("reference")
-    for name in ("output", "present_key", "present_value"):
-        assert_close(np.asarray(getattr(got, name)), np.asarray(getattr(want, name)), np.float16,
-                     err_msg=name)
+    got, want = _cuda_and_reference(inp, attrs, np.float16)
     np.testing.assert_array_equal(np.asarray(got.status), np.asarray(want.status))
 
 
@@ -223,11 +229,7 @@ def test_engine_route_sinks_match_the_reference(engine_as_spec, first, causal, s
     fn, why = _route(_config(smooth_softmax=sink == "smooth", causal=bool(causal),
                              first_prompt=first, total_sequence_length=s if first else cap), s=s)
     assert why is None and fn.func is decode_paths._gqa_prefill_engine
-    run = lambda bk: jax.jit(lambda a: ops.group_query_attention(**a, **attrs, backend=bk))(inp)  # noqa: E731
-    got, want = run("cuda"), run("reference")
-    for name in ("output", "present_key", "present_value"):
-        assert_close(np.asarray(getattr(got, name)), np.asarray(getattr(want, name)), np.float16,
-                     err_msg=name)
+    got, want = _cuda_and_reference(inp, attrs, np.float16)
     np.testing.assert_array_equal(np.asarray(got.status), np.asarray(want.status))
     out = np.asarray(got.output).astype(np.float32)
     assert np.isfinite(out).all()
@@ -254,11 +256,7 @@ def test_engine_route_softcap_matches_the_reference(engine_as_spec, first, causa
                              local_window_size=window, smooth_softmax=bool(smooth),
                              total_sequence_length=s if first else cap), s=s)
     assert why is None and fn.func is decode_paths._gqa_prefill_engine
-    run = lambda bk: jax.jit(lambda a: ops.group_query_attention(**a, **attrs, backend=bk))(inp)  # noqa: E731
-    got, want = run("cuda"), run("reference")
-    for name in ("output", "present_key", "present_value"):
-        assert_close(np.asarray(getattr(got, name)), np.asarray(getattr(want, name)), np.float16,
-                     err_msg=name)
+    got, want = _cuda_and_reference(inp, attrs, np.float16)
     np.testing.assert_array_equal(np.asarray(got.status), np.asarray(want.status))
 
 
@@ -329,11 +327,7 @@ def test_cudnn_route_matches_the_reference_on_ragged_prompts(cudnn_as_spec, firs
         inp["position_ids"] = (np.arange(s, dtype=np.int64)[None] + np.arange(b)[:, None] * 3)
     attrs = dict(num_heads=n, kv_num_heads=hkv, do_rotary=1, causal=1,
                  total_sequence_length=s if first else cap, shared_buffer=True, past_empty=True)
-    run = lambda bk: jax.jit(lambda a: ops.group_query_attention(**a, **attrs, backend=bk))(inp)  # noqa: E731
-    got, want = run("cuda"), run("reference")
-    for name in ("output", "present_key", "present_value"):
-        assert_close(np.asarray(getattr(got, name)), np.asarray(getattr(want, name)), dtype,
-                     err_msg=name)
+    got, want = _cuda_and_reference(inp, attrs, dtype)
     np.testing.assert_array_equal(np.asarray(got.status), np.asarray(want.status))
     out = np.asarray(got.output).astype(np.float32)
     assert not out[-1].any() and np.isfinite(out).all()
@@ -358,14 +352,7 @@ def test_prompts_with_a_sink_or_bias_input_fall_back_and_match(cudnn_as_spec, mo
         inp["attention_bias"] = rng.standard_normal((1, n, s, cap)).astype(np.float16)
     attrs = dict(num_heads=n, kv_num_heads=hkv, do_rotary=1, causal=1, total_sequence_length=cap,
                  shared_buffer=True, past_empty=True)
-    run = lambda bk: jax.jit(lambda a: ops.group_query_attention(**a, **attrs, backend=bk))(inp)  # noqa: E731
-    if engine == "1" and extra == "head_sink":  # the engine takes a sink
-        got = run("cuda")
-    else:
+    if engine != "1" or extra != "head_sink":  # only the engine takes a sink
         with pytest.raises(NotImplementedError, match="runs on the reference"):
-            run("cuda")
-        got = run("auto")
-    want = run("reference")
-    for name in ("output", "present_key", "present_value"):
-        assert_close(np.asarray(getattr(got, name)), np.asarray(getattr(want, name)), np.float16,
-                     err_msg=name)
+            _gqa(inp, attrs, "cuda")
+    _cuda_and_reference(inp, attrs, np.float16, backend="auto")

@@ -280,6 +280,16 @@ def _gqa_prefill_route(config, *, query, key, past_key, has_bias=False, has_sink
     return fn, why
 
 
+def _prompt_shape_checks(c, *, query, key, past_key):
+    """The checks both prompt routes share: no qk output, new K/V rows, the prompt fits the cache."""
+    return (
+        (c.qk_output != 0, "output_qk comes from the reference only"),
+        (key is not None and key.shape[1] != query.shape[1],
+         "a KV-shared layer (no new K/V rows) runs on the reference"),
+        (query.shape[1] > past_key.shape[2], "more query rows than the cache holds"),
+    )
+
+
 def _gqa_cudnn_prefill_route(config, *, query, key, past_key, has_bias=False, has_sink=False):
     """(cuda_fn, reason) of the cuDNN prefill route (`_gqa_prefill`)."""
     c = config
@@ -294,11 +304,7 @@ def _gqa_cudnn_prefill_route(config, *, query, key, past_key, has_bias=False, ha
         (c.smooth_softmax or has_sink, "smooth softmax / head_sink on a prompt runs on the reference"),
         (has_bias, "attention_bias on a prompt runs on the reference"),
         (c.kv_bits, "a prompt into a quantised cache runs on the reference"),
-        (c.qk_output != 0, "output_qk comes from the reference only"),
-        (key is not None and key.shape[1] != query.shape[1],
-         "a KV-shared layer (no new K/V rows) runs on the reference"),
-        (query.shape[1] > past_key.shape[2], "more query rows than the cache holds"),
-    )
+    ) + _prompt_shape_checks(c, query=query, key=key, past_key=past_key)
     return _route(checks, functools.partial(_gqa_prefill, config=c))
 
 
@@ -402,11 +408,7 @@ def gqa_prefill_engine_route(config, *, query, key, past_key, has_bias=False):
         (c.local_window_size == 0, "local_window_size 0 (no visible key) runs on the reference"),
         (has_bias, "attention_bias: the prefill engine has no bias"),
         (c.kv_bits, "a quantised cache: the prefill engine reads float caches"),
-        (c.qk_output != 0, "output_qk comes from the reference only"),
-        (key is not None and key.shape[1] != query.shape[1],
-         "a KV-shared layer (no new K/V rows) runs on the reference"),
-        (query.shape[1] > past_key.shape[2], "more query rows than the cache holds"),
-    )
+    ) + _prompt_shape_checks(c, query=query, key=key, past_key=past_key)
     return _route(checks, functools.partial(_gqa_prefill_engine, config=c))
 
 
