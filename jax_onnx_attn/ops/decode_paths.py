@@ -308,20 +308,26 @@ def _gqa_cudnn_prefill_route(config, *, query, key, past_key, has_bias=False, ha
     return _route(checks, functools.partial(_gqa_prefill, config=c))
 
 
-def _prompt_prepare_inputs(config, seqlens_k, position_ids, b: int, s: int, capacity: int):
-    """(seqlens_k, position_ids) for gqa_prepare on a prompt. GQA's first prompt (S == total) writes
-    all S rows at row 0 (past_b = 0) whatever T_b and refuses a row only when T_b > C; gqa_prepare
-    writes at T_b - S (a decode step's rule), so it gets S - 1 for a row that fits and seqlens_k
-    (which it refuses) for one that does not. Rotary on a first prompt reads position_ids[0, 0] + s
-    only (onnxruntime's quirk). Other prompts pass through."""
-    if not config.first_prompt:
-        return seqlens_k, position_ids
-    fits = seqlens_k.astype(jnp.int32) + 1 <= capacity
-    prepare_seqlens = jnp.where(fits, s - 1, seqlens_k).astype(seqlens_k.dtype)
-    if position_ids is not None:
-        steps = jnp.arange(s, dtype=position_ids.dtype)
-        position_ids = jnp.broadcast_to(position_ids[0, 0] + steps, (b, s))
-    return prepare_seqlens, position_ids
+def _prompt_prepare(c, query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache,
+                    position_ids, q_norm_weight, k_norm_weight):
+    """gqa_prepare on a prompt, for both prompt routes -> (q [B, N, S, D], present_k, present_v,
+    status). GQA's first prompt (S == total) writes all S rows at row 0 (past_b = 0) whatever T_b
+    and refuses a row only when T_b > C; gqa_prepare writes at T_b - S (a decode step's rule), so it
+    gets S - 1 for a row that fits and seqlens_k (which it refuses) for one that does not (handing
+    it seqlens_k refused every right-padded row). Rotary on a first prompt reads
+    position_ids[0, 0] + s only (onnxruntime's quirk). Other prompts pass through."""
+    b, s = query.shape[:2]
+    if c.first_prompt:
+        fits = seqlens_k.astype(jnp.int32) + 1 <= past_key.shape[2]
+        seqlens_k = jnp.where(fits, s - 1, seqlens_k).astype(seqlens_k.dtype)
+        if position_ids is not None:
+            steps = jnp.arange(s, dtype=position_ids.dtype)
+            position_ids = jnp.broadcast_to(position_ids[0, 0] + steps, (b, s))
+    return cuda.gqa_prepare(
+        query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
+        q_norm_weight, k_norm_weight, num_heads=c.num_heads, kv_num_heads=c.kv_num_heads,
+        rotary_interleaved=c.rotary_interleaved, q_norm_epsilon=c.q_norm_epsilon,
+        k_norm_epsilon=c.k_norm_epsilon)
 
 
 def _gqa_prefill(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache,
@@ -338,15 +344,9 @@ def _gqa_prefill(query, key, value, past_key, past_value, seqlens_k, cos_cache, 
     c = config
     n, d = c.num_heads, c.head_size
     b, s = query.shape[:2]
-    # A right-padded first prompt (S == total, T_b < S) keeps its rows: before, gqa_prepare got
-    # seqlens_k and refused them (output 0, KV_WRITE_OUT_OF_RANGE) where GQA gives the padded rows.
-    prepare_seqlens, position_ids = _prompt_prepare_inputs(c, seqlens_k, position_ids, b, s,
-                                                           past_key.shape[2])
-    q, present_k, present_v, status = cuda.gqa_prepare(
-        query, key, value, past_key, past_value, prepare_seqlens, cos_cache, sin_cache, position_ids,
-        q_norm_weight, k_norm_weight, num_heads=n, kv_num_heads=c.kv_num_heads,
-        rotary_interleaved=c.rotary_interleaved, q_norm_epsilon=c.q_norm_epsilon,
-        k_norm_epsilon=c.k_norm_epsilon)
+    q, present_k, present_v, status = _prompt_prepare(
+        c, query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
+        q_norm_weight, k_norm_weight)
     ok = status == st.OK
     kv_len = jnp.where(ok, jnp.clip(seqlens_k + 1, 1, s), 1).astype(jnp.int32)
     # cuDNN's layout is [B, S, heads, D].
@@ -448,13 +448,9 @@ def _gqa_prefill_engine(query, key, value, past_key, past_value, seqlens_k, cos_
     c = config
     n, d = c.num_heads, c.head_size
     b, s = query.shape[:2]
-    prepare_seqlens, position_ids = _prompt_prepare_inputs(c, seqlens_k, position_ids, b, s,
-                                                           past_key.shape[2])
-    q, present_k, present_v, status = cuda.gqa_prepare(
-        query, key, value, past_key, past_value, prepare_seqlens, cos_cache, sin_cache,
-        position_ids, q_norm_weight, k_norm_weight, num_heads=n, kv_num_heads=c.kv_num_heads,
-        rotary_interleaved=c.rotary_interleaved, q_norm_epsilon=c.q_norm_epsilon,
-        k_norm_epsilon=c.k_norm_epsilon)
+    q, present_k, present_v, status = _prompt_prepare(
+        c, query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
+        q_norm_weight, k_norm_weight)
     ok = status == st.OK
     # GQA's sink: head_sink, else 0 with smooth_softmax (the decode route's rule).
     if head_sink is not None:
