@@ -14,6 +14,7 @@ from jax_onnx_attn.ops import backend, cuda, decode_paths
 from jax_onnx_attn.ops.reference import gqa as gqa_reference
 from jax_onnx_attn.ops.reference import prefill as prefill_reference
 from jax_onnx_attn.testing import assert_close
+from prefill_cases import gqa_prompt
 
 ENV = "JOA_PREFILL_ENGINE"
 
@@ -147,20 +148,6 @@ def _cuda_and_reference(inp, attrs, dtype, backend="cuda"):
     return got, want
 
 
-def _prompt(seed, dtype, *, b, s, n, hkv, d, cap, seqlens, packed):
-    rng = np.random.default_rng(seed)
-    x = lambda *shape: rng.standard_normal(shape).astype(dtype)  # noqa: E731
-    inp = dict(past_key=x(b, hkv, cap, d), past_value=x(b, hkv, cap, d),
-               seqlens_k=np.asarray(seqlens, np.int32))
-    if packed:
-        inp["query"] = x(b, s, (n + 2 * hkv) * d)
-    else:
-        inp.update(query=x(b, s, n * d), key=x(b, s, hkv * d), value=x(b, s, hkv * d))
-    ang = rng.uniform(0, 2 * np.pi, (cap, d // 2))
-    inp.update(cos_cache=np.cos(ang).astype(dtype), sin_cache=np.sin(ang).astype(dtype))
-    return inp
-
-
 @pytest.mark.parametrize("first", [True, False])
 @pytest.mark.parametrize("causal", [1, 0])
 @pytest.mark.parametrize("dtype,n,hkv,d,packed,pos_ids", [
@@ -174,7 +161,7 @@ def test_engine_route_matches_the_reference_on_ragged_prompts(engine_as_spec, fi
     b, s, cap = 4, 72, 96
     # full, padded, one key, refused (beyond the cache: status set, output 0)
     seqlens = [s - 1, 40, 0, cap + 5]
-    inp = _prompt(n * d + causal, dtype, b=b, s=s, n=n, hkv=hkv, d=d, cap=cap, seqlens=seqlens,
+    inp = gqa_prompt(n * d + causal, dtype, b=b, s=s, n=n, hkv=hkv, d=d, cap=cap, seqlens=seqlens,
                   packed=packed)
     if pos_ids:
         inp["position_ids"] = (np.arange(s, dtype=np.int64)[None] + np.arange(b)[:, None] * 3)
@@ -195,7 +182,7 @@ def test_engine_route_local_windows_match_the_reference(engine_as_spec, first, w
     causal = 1
     b, s, cap, n, hkv, d = 4, 72, 96, 8, 2, 64
     seqlens = [s - 1, 40, 0, cap + 5]
-    inp = _prompt(window + causal, np.float16, b=b, s=s, n=n, hkv=hkv, d=d, cap=cap,
+    inp = gqa_prompt(window + causal, np.float16, b=b, s=s, n=n, hkv=hkv, d=d, cap=cap,
                   seqlens=seqlens, packed=True)
     attrs = dict(num_heads=n, kv_num_heads=hkv, do_rotary=1, causal=causal,
                  total_sequence_length=s if first else cap, shared_buffer=True, past_empty=True,
@@ -216,7 +203,7 @@ def test_engine_route_sinks_match_the_reference(engine_as_spec, first, causal, s
     too). huge / tiny: sinks of +-1e4 (all the weight on the sink: output ~0; none: no change)."""
     b, s, cap, n, hkv, d = 4, 72, 96, 8, 2, 64
     seqlens = [s - 1, 40, 0, cap + 5]
-    inp = _prompt(causal + 2 * first, np.float16, b=b, s=s, n=n, hkv=hkv, d=d, cap=cap,
+    inp = gqa_prompt(causal + 2 * first, np.float16, b=b, s=s, n=n, hkv=hkv, d=d, cap=cap,
                   seqlens=seqlens, packed=True)
     attrs = dict(num_heads=n, kv_num_heads=hkv, do_rotary=1, causal=causal,
                  total_sequence_length=s if first else cap, shared_buffer=True, past_empty=True)
@@ -246,7 +233,7 @@ def test_engine_route_softcap_matches_the_reference(engine_as_spec, first, causa
     the route; with a window and smooth softmax too (causal only: GQA's windows)."""
     window = window if causal else -1
     b, s, cap, n, hkv, d = 4, 72, 96, 8, 2, 64
-    inp = _prompt(int(softcap) + causal, np.float16, b=b, s=s, n=n, hkv=hkv, d=d, cap=cap,
+    inp = gqa_prompt(int(softcap) + causal, np.float16, b=b, s=s, n=n, hkv=hkv, d=d, cap=cap,
                   seqlens=[s - 1, 40, 0, cap + 5], packed=True)
     inp["query"] = inp["query"] * np.float16(4)  # logits well past the cap
     attrs = dict(num_heads=n, kv_num_heads=hkv, do_rotary=1, causal=causal, softcap=softcap,
@@ -285,7 +272,7 @@ def test_padded_rows_cost_a_second_call_on_first_prompts_only(engine_as_spec, mo
 
     monkeypatch.setattr(cuda, "prefill_attention", counting)
     s, cap = 72, 96
-    inp = _prompt(0, np.float16, b=2, s=s, n=4, hkv=2, d=64, cap=cap, seqlens=[s - 1, 30],
+    inp = gqa_prompt(0, np.float16, b=2, s=s, n=4, hkv=2, d=64, cap=cap, seqlens=[s - 1, 30],
                   packed=True)
     attrs = dict(num_heads=4, kv_num_heads=2, causal=causal, total_sequence_length=s if first else cap,
                  shared_buffer=True, past_empty=True)
@@ -321,7 +308,7 @@ def test_cudnn_route_matches_the_reference_on_ragged_prompts(cudnn_as_spec, firs
     0 and KV_WRITE_OUT_OF_RANGE)."""
     b, s, cap = 4, 72, 96
     seqlens = [s - 1, 40, 0, cap + 5]
-    inp = _prompt(n * d + 7, dtype, b=b, s=s, n=n, hkv=hkv, d=d, cap=cap, seqlens=seqlens,
+    inp = gqa_prompt(n * d + 7, dtype, b=b, s=s, n=n, hkv=hkv, d=d, cap=cap, seqlens=seqlens,
                   packed=packed)
     if pos_ids:
         inp["position_ids"] = (np.arange(s, dtype=np.int64)[None] + np.arange(b)[:, None] * 3)
@@ -343,7 +330,7 @@ def test_prompts_with_a_sink_or_bias_input_fall_back_and_match(cudnn_as_spec, mo
     monkeypatch.setenv(ENV, engine)
     monkeypatch.setattr(cuda, "prefill_attention", prefill_reference.prefill_attention)
     b, s, cap, n, hkv, d = 2, 72, 96, 4, 2, 64
-    inp = _prompt(3, np.float16, b=b, s=s, n=n, hkv=hkv, d=d, cap=cap, seqlens=[s - 1, 40],
+    inp = gqa_prompt(3, np.float16, b=b, s=s, n=n, hkv=hkv, d=d, cap=cap, seqlens=[s - 1, 40],
                   packed=True)
     rng = np.random.default_rng(4)
     if extra == "head_sink":

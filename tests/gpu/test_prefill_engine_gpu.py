@@ -18,7 +18,6 @@ import functools
 import textwrap
 
 import jax
-import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
@@ -28,22 +27,12 @@ from jax_onnx_attn.ops.reference import prefill as prefill_reference
 from jax_onnx_attn.testing import assert_close
 
 import command_buffer
+from prefill_cases import needs_sm90
 
 pytestmark = pytest.mark.gpu
 
 DTYPES = [np.float16, ml_dtypes.bfloat16]
 
-
-def _other_gpu() -> bool:
-    """A GPU that is not sm_90 (without any GPU the gpu marker skips these tests, tests/conftest.py)."""
-    try:
-        dev = jax.devices("gpu")[0]
-    except RuntimeError:
-        return False
-    return str(getattr(dev, "compute_capability", "")) != "9.0"
-
-
-needs_sm90 = pytest.mark.skipif(_other_gpu(), reason="the prefill engine runs on sm_90 (H100 / H200) only")
 
 _reference = jax.jit(prefill_reference.prefill_attention,
                      static_argnames=("scale", "causal", "softcap", "left", "right"))

@@ -17,38 +17,13 @@ from jax_onnx_attn import ops
 from jax_onnx_attn.models import build_tiny_decoder, encode
 from jax_onnx_attn.runtime import DecoderSession
 from jax_onnx_attn.testing import assert_close, tolerance
+from prefill_cases import gqa_prompt, needs_sm90
 
 pytestmark = pytest.mark.gpu
 
 BF16, F16 = ml_dtypes.bfloat16, np.float16
 ENV = "JOA_PREFILL_ENGINE"
 ENGINE = "jax_onnx_attn_prefill_attention"
-
-
-def _other_gpu() -> bool:
-    """A GPU that is not sm_90 (without any GPU the gpu marker skips these tests, tests/conftest.py)."""
-    try:
-        dev = jax.devices("gpu")[0]
-    except RuntimeError:
-        return False
-    return str(getattr(dev, "compute_capability", "")) != "9.0"
-
-
-needs_sm90 = pytest.mark.skipif(_other_gpu(), reason="the prefill engine runs on sm_90 (H100 / H200) only")
-
-
-def _prompt(seed, dtype, *, b, s, n, hkv, d, cap, seqlens, packed):
-    rng = np.random.default_rng(seed)
-    x = lambda *shape: rng.standard_normal(shape).astype(dtype)  # noqa: E731
-    inp = dict(past_key=x(b, hkv, cap, d), past_value=x(b, hkv, cap, d),
-               seqlens_k=np.asarray(seqlens, np.int32))
-    if packed:
-        inp["query"] = x(b, s, (n + 2 * hkv) * d)
-    else:
-        inp.update(query=x(b, s, n * d), key=x(b, s, hkv * d), value=x(b, s, hkv * d))
-    ang = rng.uniform(0, 2 * np.pi, (cap, d // 2))
-    inp.update(cos_cache=np.cos(ang).astype(dtype), sin_cache=np.sin(ang).astype(dtype))
-    return inp
 
 
 def _run(inp, backend, total, **attrs):
@@ -67,7 +42,7 @@ def test_gqa_prompt_on_the_engine_equals_the_reference(monkeypatch, dtype, n, hk
     b, s, cap = 4, 320, 384
     # full, right-padded (T_b = 131: not a tile multiple), one key, refused (beyond the cache)
     seqlens = [s - 1, 130, 0, cap + 5]
-    inp = _prompt(n * d + causal, dtype, b=b, s=s, n=n, hkv=hkv, d=d, cap=cap, seqlens=seqlens,
+    inp = gqa_prompt(n * d + causal, dtype, b=b, s=s, n=n, hkv=hkv, d=d, cap=cap, seqlens=seqlens,
                   packed=(n // hkv) % 2 == 0)
     attrs = dict(num_heads=n, kv_num_heads=hkv, do_rotary=1, causal=causal)
     fn, got = _run(inp, "cuda", s, **attrs)  # total == S: GQA's first prompt
@@ -95,7 +70,7 @@ def test_gqa_prompt_variants_on_the_engine_equal_the_reference(monkeypatch, dtyp
     take the engine (not cuDNN, not the reference) and agree with the reference."""
     monkeypatch.setenv(ENV, "1")
     b, s, cap, n, hkv = 4, 320, 384, 16, 4
-    inp = _prompt(d + causal, dtype, b=b, s=s, n=n, hkv=hkv, d=d, cap=cap,
+    inp = gqa_prompt(d + causal, dtype, b=b, s=s, n=n, hkv=hkv, d=d, cap=cap,
                   seqlens=[s - 1, 130, 0, cap + 5], packed=True)
     variant = dict(variant)
     if variant.pop("head_sink", False):
@@ -115,7 +90,7 @@ def test_gqa_prompt_variants_on_the_engine_equal_the_reference(monkeypatch, dtyp
 def test_switch_off_keeps_cudnn(monkeypatch):
     monkeypatch.setenv(ENV, "0")
     b, s, cap, n, hkv, d = 2, 256, 320, 16, 4, 128
-    inp = _prompt(3, BF16, b=b, s=s, n=n, hkv=hkv, d=d, cap=cap, seqlens=[s - 1] * b, packed=True)
+    inp = gqa_prompt(3, BF16, b=b, s=s, n=n, hkv=hkv, d=d, cap=cap, seqlens=[s - 1] * b, packed=True)
     attrs = dict(num_heads=n, kv_num_heads=hkv, do_rotary=1)
     fn, got = _run(inp, "cuda", cap, **attrs)
     hlo = fn.lower(inp).compile().as_text()
