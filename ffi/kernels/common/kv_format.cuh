@@ -26,6 +26,35 @@
 
 namespace joa {
 
+// cp.async of rows [0, kRows) of kRowBytes bytes each (row r at src + r * row_stride) to dst, row r
+// at dst + r * kPitch: 16-byte copies, or 8 where a row is not whole 16-byte chunks (int4 at D =
+// 80: 40 bytes). Rows outside [valid_lo, valid_hi) are zero-filled and not read.
+template <int kRowBytes, int kPitch, int kRows, int kThreads>
+__device__ __forceinline__ void LoadByteRows(unsigned char* dst, const unsigned char* src, int64_t row_stride,
+                                             int valid_lo, int valid_hi, int tid) {
+  constexpr int kCopy = kRowBytes % 16 == 0 ? 16 : 8;
+  static_assert(kRowBytes % kCopy == 0 && kPitch % kCopy == 0, "rows of whole copies");
+  constexpr int kPerRow = kRowBytes / kCopy;
+  constexpr int kTotal = kRows * kPerRow;
+  constexpr int kIters = (kTotal + kThreads - 1) / kThreads;
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    const int c = tid + it * kThreads;
+    if (kTotal % kThreads == 0 || c < kTotal) {
+      const int r = c / kPerRow;
+      const int col = (c % kPerRow) * kCopy;
+      const bool valid = r >= valid_lo && r < valid_hi;
+      const unsigned char* g = valid ? src + r * row_stride + col : src;
+      const uint32_t s = ptx::SmemAddr(dst + r * kPitch + col);
+      if constexpr (kCopy == 16) {
+        ptx::CpAsync16(s, g, valid);
+      } else {
+        ptx::CpAsync8(s, g, valid);
+      }
+    }
+  }
+}
+
 template <typename T>
 struct DenseKv {
   static constexpr bool kQuantized = false;
@@ -64,8 +93,8 @@ struct QuantKv {
   static __device__ __forceinline__ void LoadTile(unsigned char* dst, const unsigned char* k_src,
                                                   const unsigned char* v_src, int64_t k_stride,
                                                   int64_t v_stride, int valid_lo, int valid_hi, int tid) {
-    LoadRawRows<RowBytes<kD>(), kRows, kThreads>(dst, k_src, k_stride, valid_lo, valid_hi, tid);
-    LoadRawRows<RowBytes<kD>(), kRows, kThreads>(dst + kRows * RowBytes<kD>(), v_src, v_stride,
+    LoadByteRows<RowBytes<kD>(), RowBytes<kD>(), kRows, kThreads>(dst, k_src, k_stride, valid_lo, valid_hi, tid);
+    LoadByteRows<RowBytes<kD>(), RowBytes<kD>(), kRows, kThreads>(dst + kRows * RowBytes<kD>(), v_src, v_stride,
                                                  valid_lo, valid_hi, tid);
   }
 
@@ -106,34 +135,6 @@ struct QuantKv {
     }
   }
 
- private:
-  template <int kRowBytes, int kRows, int kThreads>
-  static __device__ __forceinline__ void LoadRawRows(unsigned char* dst, const unsigned char* src,
-                                                     int64_t row_stride, int valid_lo, int valid_hi,
-                                                     int tid) {
-    // 16-byte copies, or 8 where a row is not whole 16-byte chunks (int4 at D = 80: 40 bytes).
-    constexpr int kCopy = kRowBytes % 16 == 0 ? 16 : 8;
-    static_assert(kRowBytes % kCopy == 0, "rows must be whole 8-byte chunks");
-    constexpr int kPerRow = kRowBytes / kCopy;
-    constexpr int kTotal = kRows * kPerRow;
-    constexpr int kIters = (kTotal + kThreads - 1) / kThreads;
-#pragma unroll
-    for (int it = 0; it < kIters; ++it) {
-      const int c = tid + it * kThreads;
-      if (kTotal % kThreads == 0 || c < kTotal) {
-        const int r = c / kPerRow;
-        const int col = (c % kPerRow) * kCopy;
-        const bool valid = r >= valid_lo && r < valid_hi;
-        const unsigned char* g = valid ? src + r * row_stride + col : src;
-        const uint32_t s = ptx::SmemAddr(dst + r * kRowBytes + col);
-        if constexpr (kCopy == 16) {
-          ptx::CpAsync16(s, g, valid);
-        } else {
-          ptx::CpAsync8(s, g, valid);
-        }
-      }
-    }
-  }
 
   // 8 consecutive values of one row at raw (8 bytes int8 / 4 bytes int4) -> 8 T in one uint4,
   // each T(float(q) * sc[c]).
@@ -224,8 +225,9 @@ struct QuantRegKv {
   static __device__ __forceinline__ void LoadTile(unsigned char* dst, const unsigned char* k_src,
                                                   const unsigned char* v_src, int64_t k_stride,
                                                   int64_t v_stride, int valid_lo, int valid_hi, int tid) {
-    LoadRows<RowBytes<kD>(), kKPitch, kRows, kThreads>(dst, k_src, k_stride, valid_lo, valid_hi, tid);
-    LoadRows<RowBytes<kD>(), kVPitch, kRows, kThreads>(dst + kRows * kKPitch, v_src, v_stride,
+    static_assert(kKPitch % 16 == 0 && kVPitch % 16 == 0, "fragment loads need 16-byte row pitches");
+    LoadByteRows<RowBytes<kD>(), kKPitch, kRows, kThreads>(dst, k_src, k_stride, valid_lo, valid_hi, tid);
+    LoadByteRows<RowBytes<kD>(), kVPitch, kRows, kThreads>(dst + kRows * kKPitch, v_src, v_stride,
                                                        valid_lo, valid_hi, tid);
   }
 
@@ -361,31 +363,6 @@ struct QuantRegKv {
     }
   }
 
-  template <int kRowBytes, int kPitch, int kRows, int kThreads>
-  static __device__ __forceinline__ void LoadRows(unsigned char* dst, const unsigned char* src,
-                                                  int64_t row_stride, int valid_lo, int valid_hi, int tid) {
-    constexpr int kCopy = kRowBytes % 16 == 0 ? 16 : 8;
-    static_assert(kRowBytes % kCopy == 0 && kPitch % 16 == 0, "rows of whole copies, 16-byte pitch");
-    constexpr int kPerRow = kRowBytes / kCopy;
-    constexpr int kTotal = kRows * kPerRow;
-    constexpr int kIters = (kTotal + kThreads - 1) / kThreads;
-#pragma unroll
-    for (int it = 0; it < kIters; ++it) {
-      const int c = tid + it * kThreads;
-      if (kTotal % kThreads == 0 || c < kTotal) {
-        const int r = c / kPerRow;
-        const int col = (c % kPerRow) * kCopy;
-        const bool valid = r >= valid_lo && r < valid_hi;
-        const unsigned char* g = valid ? src + r * row_stride + col : src;
-        const uint32_t s = ptx::SmemAddr(dst + r * kPitch + col);
-        if constexpr (kCopy == 16) {
-          ptx::CpAsync16(s, g, valid);
-        } else {
-          ptx::CpAsync8(s, g, valid);
-        }
-      }
-    }
-  }
 };
 
 // The policy of a KvFormat (params.h).
