@@ -36,11 +36,13 @@ MAX_KV_BYTES = 36 << 30   # skip cases whose K+V exceed this (peers need room to
 MAX_LOGIT_BYTES = 8 << 30  # the xla implementation materialises [B, Hq, S, C] f32 logits
 #: Donate q to the timed jit (see bench_jax); switched off only to measure what re-recording costs.
 DONATE = os.environ.get("JOA_BENCH_DONATE", "1") != "0"
-IMPLS = ("ours", "jax-xla", "jax-cudnn", "torch-flash", "torch-cudnn", "ours[qregs]")
-#: "ours[qregs]": ours with an int8 / int4 cache dequantised in registers (cuda.decode_attention's
-#: quant_regs, the JOA_DECODE_QUANT_REGS path; "ours" follows that switch, off by default): time
-#: both side by side with --kv-bits 8 4 --impls ours ours[qregs]. Not in the default set.
-DEFAULT_IMPLS = tuple(i for i in IMPLS if i != "ours[qregs]")
+IMPLS = ("ours", "jax-xla", "jax-cudnn", "torch-flash", "torch-cudnn", "ours[tiles]")
+#: "ours[tiles]": ours with an int8 / int4 cache dequantised tile by tile in shared memory (the path
+#: before the register one; cuda.decode_attention(quant_regs=False)); "ours" follows the
+#: JOA_DECODE_QUANT_REGS switch (on by default). Time both side by side with --kv-bits 8 4
+#: --impls ours ours[tiles]. Not in the default set.
+ALT_IMPL = "ours[tiles]"
+DEFAULT_IMPLS = tuple(i for i in IMPLS if i != ALT_IMPL)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,8 +205,8 @@ def bench_jax(case: Case, impl: str, target_s: float, reps: int) -> float:
     if impl.startswith("ours"):
         q_shape, kv_shape = (b, hq, s, d), (b, hkv, c, d // 2 if bits == 4 else d)
         kv_scale = jnp.full((1, hkv, 1, d) if case.scales == "channel" else (1,), 0.02, jnp.float32)
-        # "ours" follows the JOA_DECODE_QUANT_REGS switch; "ours[qregs]" forces the register path.
-        quant_regs = True if impl == "ours[qregs]" else None
+        # "ours" follows the JOA_DECODE_QUANT_REGS switch; "ours[tiles]" forces the tile path.
+        quant_regs = False if impl == ALT_IMPL else None
 
         def attn(q, k, v, lens):
             return cuda.decode_attention(q, k, v, lens, None, None, kv_scale, kv_scale, scale=scale,
@@ -359,7 +361,7 @@ def default_cases(args) -> list[Case]:
 def _impl_skip(case: Case, impl: str) -> str | None:
     if case.kv_bits and not impl.startswith("ours"):
         return "no int cache"
-    if not case.kv_bits and impl == "ours[qregs]":
+    if not case.kv_bits and impl == ALT_IMPL:
         return "float cache"
     if case.kv_bytes > MAX_KV_BYTES:
         return "beyond memory"
@@ -371,8 +373,8 @@ def _impl_skip(case: Case, impl: str) -> str | None:
 def format_table(results: list[dict], impls: list[str]) -> str:
     """The results as an aligned text table: our time, GB/s, % of peak, peers' times and ratios."""
     peers = [i for i in impls if i != "ours"]
-    qregs = "ours[qregs]" in impls  # its GB/s and % of peak too (the bytes it reads are ours')
-    head = (["case", "ours us", "GB/s", "%peak"] + (["qregs GB/s", "qregs %peak"] if qregs else [])
+    alt = ALT_IMPL in impls  # its GB/s and % of peak too (the bytes it reads are ours')
+    head = (["case", "ours us", "GB/s", "%peak"] + (["tiles GB/s", "tiles %peak"] if alt else [])
             + [f"{p} us" for p in peers] + [f"x{p}" for p in peers])
     rows = [head]
     for res in results:
@@ -381,8 +383,8 @@ def format_table(results: list[dict], impls: list[str]) -> str:
         row = [res["label"], f"{ours:.1f}" if ours else "-",
                f"{t['ours']['gbs']:.0f}" if ours else "-",
                f"{100 * t['ours']['gbs'] / HBM_PEAK_GBS:.0f}" if ours else "-"]
-        if qregs:
-            gbs = t.get("ours[qregs]", {}).get("gbs")
+        if alt:
+            gbs = t.get(ALT_IMPL, {}).get("gbs")
             row += [f"{gbs:.0f}" if gbs else "-", f"{100 * gbs / HBM_PEAK_GBS:.0f}" if gbs else "-"]
         for p in peers:
             us = t.get(p, {}).get("us")

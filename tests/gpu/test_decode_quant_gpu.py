@@ -1,6 +1,8 @@
-"""The CUDA decode engine on int8 / int4 KV caches (kv_bits 8 / 4) against the reference.
+"""The CUDA decode engine on int8 / int4 KV caches (kv_bits 8 / 4) against the reference: the path
+that dequantises tile by tile in shared memory (JOA_DECODE_QUANT_REGS=0, set for every test here;
+the default register path has tests/gpu/test_decode_quant_regs_gpu.py).
 
-The engine streams the packed cache bytes and converts each tile to the query dtype in shared memory
+That path streams the packed cache bytes and converts each tile to the query dtype in shared memory
 with the rounding of `reference.quant.dequantize`; the MMAs and softmax are the dense path's. So
 besides the reference (dequantize, then dense attention; the dtype's tolerance), most cases also
 check the quantised call against the dense kernel on the reference-dequantised cache at the same
@@ -29,6 +31,12 @@ from decode_cases import quant_inputs as _inputs
 
 pytestmark = pytest.mark.gpu
 
+
+@pytest.fixture(autouse=True)
+def _tile_path(monkeypatch):
+    """Every call here traces the shared-memory tile path (the switch is read at trace time)."""
+    monkeypatch.setenv(cuda.QUANT_REGS_ENV, "0")
+
 BF16, F16 = ml_dtypes.bfloat16, np.float16
 DTYPES = [F16, BF16]
 HEAD_DIMS = [64, 80, 96, 128, 256]
@@ -39,7 +47,7 @@ HEADS = [(32, 8, 1), (8, 8, 1), (32, 8, 8), (16, 2, 8), (64, 8, 16), (16, 1, 16)
 
 
 @functools.cache
-def _jitted(backend, **static):
+def _jitted(backend, **static):  # traced under _tile_path: cached jits stay on the tile path
     return jax.jit(functools.partial(decode_attention, backend=backend, **static))
 
 

@@ -187,7 +187,7 @@ def test_batch_invariant_at_a_fixed_split_size(bits):
 
 
 @pytest.mark.parametrize("bits", BITS, ids=lambda x: f"int{x}")
-def test_switch_off_by_default_and_on_from_the_environment(bits, monkeypatch):
+def test_switch_on_by_default_and_off_from_the_environment(bits, monkeypatch):
     _, q, k, v, ks, vs, lens = _inputs(11, bits, "channel", 2, 32, 8, 1, 128, 700, BF16)
     args = (q, k, v, lens, None, None, ks, vs)
     static = dict(scale=0.09, kv_bits=bits, split_rows=128)
@@ -195,10 +195,10 @@ def test_switch_off_by_default_and_on_from_the_environment(bits, monkeypatch):
     regs = np.asarray(jax.jit(functools.partial(cuda.decode_attention, quant_regs=True, **static))(*args))
     monkeypatch.delenv(cuda.QUANT_REGS_ENV, raising=False)
     default = np.asarray(jax.jit(lambda *a: cuda.decode_attention(*a, **static))(*args))
-    np.testing.assert_array_equal(default, smem)
-    monkeypatch.setenv(cuda.QUANT_REGS_ENV, "1")
-    on = np.asarray(jax.jit(lambda *a: cuda.decode_attention(*a, **static))(*args))
-    np.testing.assert_array_equal(on, regs)
+    np.testing.assert_array_equal(default, regs)
+    monkeypatch.setenv(cuda.QUANT_REGS_ENV, "0")
+    off = np.asarray(jax.jit(lambda *a: cuda.decode_attention(*a, **static))(*args))
+    np.testing.assert_array_equal(off, smem)
     # The two paths agree to the tolerance (not bitwise: the scales are applied elsewhere).
     assert_close(regs, smem.astype(np.float32), BF16)
 
@@ -217,7 +217,8 @@ def test_dense_cache_ignores_the_switch():
 @pytest.mark.parametrize("bits,quant_type", [(8, "PER_CHANNEL"), (4, "PER_TENSOR")])
 def test_gqa_decode_quantised_cache_with_the_switch_on(bits, quant_type, monkeypatch):
     """GroupQueryAttention end to end (gqa_prepare quantises the new rows, unchanged; the engine
-    dequantises in registers: JOA_DECODE_QUANT_REGS=1 at trace time) against the reference."""
+    dequantises in registers: the default, JOA_DECODE_QUANT_REGS=1 here to be explicit) against the
+    reference."""
     from gqa_decode_cases import gqa_inputs, quant_attrs
 
     from jax_onnx_attn import ops

@@ -109,7 +109,7 @@ def test_local_windows(causal, left, right):
     ragged lengths, poisoned keys past kv_len; f16 and bf16."""
     s, t = 700, 900
     for dtype, d in ((np.float16, 128), (ml_dtypes.bfloat16, 64)):
-        args = _inputs(left * 7 + right, 3, 8, 2, s, t, d, dtype, *_ragged(s, t))
+        args = _inputs(7 * (left + 1) + right + 1, 3, 8, 2, s, t, d, dtype, *_ragged(s, t))
         _check(*args, causal=causal, left=left, right=right)
 
 
