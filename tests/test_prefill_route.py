@@ -1,5 +1,5 @@
-"""The opt-in route of GQA first prompts to our prefill engine (JOA_PREFILL_ENGINE=1,
-ops/decode_paths.py), on the CPU: the switch's parsing, which route a prompt takes and why, and
+"""The route of GQA first prompts to our prefill engine (the default; JOA_PREFILL_ENGINE=0 for
+cuDNN's, ops/decode_paths.py), on the CPU: the switch's parsing, which route a prompt takes and why, and
 the q_len / kv_len mapping with the kernels swapped for their specs (reference gqa_prepare and
 prefill_attention) against GQA's reference backend. The engine itself is checked on a GPU
 (tests/gpu/test_prefill_route_gpu.py)."""
@@ -19,8 +19,8 @@ from prefill_cases import gqa_prompt
 ENV = "JOA_PREFILL_ENGINE"
 
 
-@pytest.mark.parametrize("value,want", [(None, False), ("0", False), ("1", True)])
-def test_switch_parses_0_and_1_default_off(monkeypatch, value, want):
+@pytest.mark.parametrize("value,want", [(None, True), ("0", False), ("1", True)])
+def test_switch_parses_0_and_1_default_on(monkeypatch, value, want):
     if value is None:
         monkeypatch.delenv(ENV, raising=False)
     else:
@@ -57,12 +57,8 @@ def gpu_like(monkeypatch):
     monkeypatch.setattr(decode_paths, "prefill_engine_available", lambda: True)
 
 
-@pytest.mark.parametrize("value", [None, "0"])
-def test_switch_off_keeps_the_cudnn_route(gpu_like, monkeypatch, value):
-    if value is None:
-        monkeypatch.delenv(ENV, raising=False)
-    else:
-        monkeypatch.setenv(ENV, value)
+def test_switch_off_keeps_the_cudnn_route(gpu_like, monkeypatch):
+    monkeypatch.setenv(ENV, "0")
     fn, why = _route(_config())
     assert why is None and fn.func is decode_paths._gqa_prefill
     # and an uncovered prompt's reason is the cuDNN route's, word for word
@@ -72,8 +68,12 @@ def test_switch_off_keeps_the_cudnn_route(gpu_like, monkeypatch, value):
 
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("dtype,d", [(np.float16, 64), (ml_dtypes.bfloat16, 128)])
-def test_switch_on_routes_covered_prompts_to_the_engine(gpu_like, monkeypatch, causal, dtype, d):
-    monkeypatch.setenv(ENV, "1")
+@pytest.mark.parametrize("value", [None, "1"])
+def test_switch_on_routes_covered_prompts_to_the_engine(gpu_like, monkeypatch, causal, dtype, d, value):
+    if value is None:  # the default
+        monkeypatch.delenv(ENV, raising=False)
+    else:
+        monkeypatch.setenv(ENV, value)
     fn, why = _route(_config(causal=causal, head_size=d), dtype)
     assert why is None and fn.func is decode_paths._gqa_prefill_engine
 
@@ -254,7 +254,9 @@ def test_bench_environment_records_the_switch(monkeypatch):
     assert env["prefill_engine"] is True and env["joa_env"][ENV] == "1"
     monkeypatch.delenv(ENV)
     env = environment()
-    assert env["prefill_engine"] is False and ENV not in env["joa_env"]
+    assert env["prefill_engine"] is True and ENV not in env["joa_env"]
+    monkeypatch.setenv(ENV, "0")
+    assert environment()["prefill_engine"] is False
     monkeypatch.setenv(ENV, "yes")
     with pytest.raises(ValueError, match=ENV):
         environment()

@@ -1,0 +1,153 @@
+// Probe: what a decode step's GEMVs cost inside a CUDA graph, launched the way XLA's command
+// buffers do today (each FFI call its own child graph: no programmatic edges between calls) and
+// the way one FFI call with several launches could (kernel nodes with programmatic dependent
+// launch edges). L launches on distinct weights per graph, f16 x [1, K]; prints µs per GEMV.
+//   nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -I ffi tools/probes/gemv_graph_pdl.cu \
+//     ffi/kernels/gemv/inst/gemv_f16_int4_wide.cu ffi/kernels/gemv/inst/gemv_f16_dense.cu -o gemv_graph_pdl
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <vector>
+
+#include "kernels/gemv/gemv.h"
+#include "kernels/gemv/plan.h"
+
+#define CK(x)                                                                   \
+  do {                                                                          \
+    cudaError_t e = (x);                                                        \
+    if (e != cudaSuccess) {                                                     \
+      printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
+      return 1;                                                                 \
+    }                                                                           \
+  } while (0)
+
+using joa::gemv::Fusion;
+using joa::gemv::GemvParams;
+using joa::gemv::Plan;
+
+struct Shape {
+  const char* name;
+  int k, n;
+  bool norm, gated;
+};
+
+static cudaError_t Launch(const GemvParams& p, const Plan& plan, int bits, Fusion f, bool pdl, cudaStream_t s) {
+  return bits == 16 ? joa::gemv::LaunchFormat<__half, 16, false>(p, plan, f, pdl, s)
+                    : joa::gemv::LaunchFormat<__half, 4, true>(p, plan, f, pdl, s);
+}
+
+// mode 0: one graph, L kernel nodes, plain edges; 1: the same with PDL edges; 2: L child graphs
+// (one captured launch each) chained in a parent graph, as XLA records FFI calls.
+static int Time(const std::vector<GemvParams>& ps, const Plan& plan, int bits, Fusion f, int mode,
+                cudaStream_t s, float* us) {
+  const int L = int(ps.size());
+  cudaGraph_t g;
+  if (mode < 2) {
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    for (const auto& p : ps) CK(Launch(p, plan, bits, f, mode == 1, s));
+    CK(cudaStreamEndCapture(s, &g));
+  } else {
+    CK(cudaGraphCreate(&g, 0));
+    cudaGraphNode_t prev = nullptr;
+    for (const auto& p : ps) {
+      cudaGraph_t child;
+      CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      CK(Launch(p, plan, bits, f, false, s));
+      CK(cudaStreamEndCapture(s, &child));
+      cudaGraphNode_t node;
+      CK(cudaGraphAddChildGraphNode(&node, g, prev ? &prev : nullptr, prev ? 1 : 0, child));
+      prev = node;
+    }
+  }
+  cudaGraphExec_t exec;
+  CK(cudaGraphInstantiate(&exec, g, 0));
+  for (int i = 0; i < 5; ++i) CK(cudaGraphLaunch(exec, s));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  const int reps = 100;
+  CK(cudaEventRecord(a, s));
+  for (int i = 0; i < reps; ++i) CK(cudaGraphLaunch(exec, s));
+  CK(cudaEventRecord(b, s));
+  CK(cudaEventSynchronize(b));
+  float ms = 0;
+  CK(cudaEventElapsedTime(&ms, a, b));
+  *us = ms * 1e3f / float(reps * L);
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(g));
+  return 0;
+}
+
+int main() {
+  const Shape shapes[] = {{"o 2048x2048", 2048, 2048, false, false},
+                          {"qkv 2048x3072 +norm", 2048, 3072, true, false},
+                          {"gate-up 2048x16384 +norm gated", 2048, 16384, true, true},
+                          {"down 8192x2048", 8192, 2048, false, false},
+                          {"lm 2048x128256 +norm", 2048, 128256, true, false}};
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  printf("%-32s %-5s %4s %9s %9s %9s\n", "shape", "bits", "L", "child us", "graph us", "pdl us");
+  for (const Shape& sh : shapes) {
+    for (int bits : {4, 16}) {
+      const int block = 32, kb = sh.k / block;
+      const size_t wbytes = size_t(sh.n) * sh.k * bits / 8;
+      const int L = sh.n > 100000 ? 4 : 32;  // distinct weights: together past the 50 MB L2
+      const Fusion f{sh.gated, sh.norm};
+      const Plan plan = joa::gemv::MakePlan(1, sh.n, sh.k, bits, sh.gated, sh.norm, true, 0, 0, bits != 16);
+      if (!plan.error.empty()) {
+        printf("%s: %s\n", sh.name, plan.error.c_str());
+        continue;
+      }
+      void *x, *gamma, *scales;
+      uint8_t* zeros;
+      CK(cudaMalloc(&x, sh.k * 2));
+      CK(cudaMemset(x, 0, sh.k * 2));
+      CK(cudaMalloc(&gamma, sh.k * 2));
+      CK(cudaMemset(gamma, 0, sh.k * 2));
+      const size_t meta = size_t((sh.n + 15) / 16) * kb * 16;
+      CK(cudaMalloc(&scales, meta * 2 * L));
+      CK(cudaMemset(scales, 0, meta * 2 * L));
+      CK(cudaMalloc(&zeros, meta * L));
+      CK(cudaMemset(zeros, 0, meta * L));
+      std::vector<void*> ws(L), ys(L);
+      std::vector<GemvParams> ps(L);
+      for (int i = 0; i < L; ++i) {
+        CK(cudaMalloc(&ws[i], wbytes));
+        CK(cudaMemset(ws[i], 0x11, wbytes));
+        CK(cudaMalloc(&ys[i], sh.n * 2));
+        GemvParams p{};
+        p.x = x;
+        p.w = ws[i];
+        p.scales = static_cast<char*>(scales) + meta * 2 * i;
+        p.zeros = zeros + meta * i;
+        p.gamma = sh.norm ? gamma : nullptr;
+        p.y = ys[i];
+        p.eps = 1e-6f;
+        p.m = 1;
+        p.k = sh.k;
+        p.n_rows = sh.n;
+        p.n_out = sh.gated ? sh.n / 2 : sh.n;
+        p.k_blocks = kb;
+        p.block_shift = 5;
+        ps[i] = p;
+      }
+      float t[3];
+      for (int mode = 0; mode < 3; ++mode) {
+        if (Time(ps, plan, bits, f, mode == 0 ? 2 : mode - 1, s, &t[mode])) return 1;
+      }
+      printf("%-32s %-5d %4d %9.2f %9.2f %9.2f   (GB/s at pdl: %.0f; plan cluster %d warps_k %d grid %d)\n",
+             sh.name, bits, L, t[0], t[1], t[2], wbytes / (t[2] * 1e3), plan.cluster, plan.warps_k, plan.grid);
+      fflush(stdout);
+      for (int i = 0; i < L; ++i) {
+        CK(cudaFree(ws[i]));
+        CK(cudaFree(ys[i]));
+      }
+      CK(cudaFree(x));
+      CK(cudaFree(gamma));
+      CK(cudaFree(scales));
+      CK(cudaFree(zeros));
+    }
+  }
+  return 0;
+}
