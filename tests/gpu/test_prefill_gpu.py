@@ -1,6 +1,7 @@
-"""Prompts on the GPU: GroupQueryAttention's first prompt on a fixed-capacity cache (past_empty) runs
-gqa_prepare then cuDNN's flash attention, and equals the reference backend; a lowered decoder's long
-prompt takes that route inside DecoderSession."""
+"""Prompts on the GPU, the cuDNN route (JOA_PREFILL_ENGINE=0; the default route, our prefill engine,
+has tests/gpu/test_prefill_route_gpu.py): GroupQueryAttention's first prompt on a fixed-capacity
+cache (past_empty) runs gqa_prepare then cuDNN's flash attention, and equals the reference backend; a
+lowered decoder's long prompt takes that route inside DecoderSession."""
 
 import jax
 import ml_dtypes
@@ -13,6 +14,15 @@ from jax_onnx_attn.runtime import DecoderSession
 from jax_onnx_attn.testing import assert_close, tolerance
 
 pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _cudnn_route(monkeypatch):
+    """These tests are about the cuDNN route of prompts: JOA_PREFILL_ENGINE=0 (the switch is read at
+    trace time, and a jit traced earlier in this process keeps the route it took: clear jax's
+    caches so that nothing traced under another setting is reused)."""
+    monkeypatch.setenv("JOA_PREFILL_ENGINE", "0")
+    jax.clear_caches()
 
 BF16, F16 = ml_dtypes.bfloat16, np.float16
 

@@ -104,8 +104,13 @@ def test_switch_off_keeps_cudnn(monkeypatch):
 
 
 @needs_sm90
-def test_session_long_prompt_runs_the_engine_and_matches_the_reference(monkeypatch):
-    monkeypatch.setenv(ENV, "1")
+@pytest.mark.parametrize("value", [None, "1"])
+def test_session_long_prompt_runs_the_engine_and_matches_the_reference(monkeypatch, value):
+    if value is None:  # the default
+        monkeypatch.delenv(ENV, raising=False)
+    else:
+        monkeypatch.setenv(ENV, value)
+    jax.clear_caches()  # a jit traced under another setting keeps its route
     model = build_tiny_decoder(hidden=256, heads=4, kv_heads=2, intermediate=256, layers=2,
                                dtype="f16")
     prompt = encode("A prompt long enough to be prefill rather than a decode step. " * 2)

@@ -2,6 +2,8 @@
 // buffers do today (each FFI call its own child graph: no programmatic edges between calls) and
 // the way one FFI call with several launches could (kernel nodes with programmatic dependent
 // launch edges). L launches on distinct weights per graph, f16 x [1, K]; prints µs per GEMV.
+// With an argument ("direct"): two plain launches per case and no graphs, for ncu:
+//   ncu -k regex:GemvKernel --section WarpStateStats --section SchedulerStats ./gemv_graph_pdl direct
 //   nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -I ffi tools/probes/gemv_graph_pdl.cu \
 //     ffi/kernels/gemv/inst/gemv_f16_int4_wide.cu ffi/kernels/gemv/inst/gemv_f16_dense.cu -o gemv_graph_pdl
 #include <cuda_fp16.h>
@@ -79,7 +81,8 @@ static int Time(const std::vector<GemvParams>& ps, const Plan& plan, int bits, F
   return 0;
 }
 
-int main() {
+int main(int argc, char** argv) {
+  const bool direct = argc > 1;
   const Shape shapes[] = {{"o 2048x2048", 2048, 2048, false, false},
                           {"qkv 2048x3072 +norm", 2048, 3072, true, false},
                           {"gate-up 2048x16384 +norm gated", 2048, 16384, true, true},
@@ -132,12 +135,20 @@ int main() {
         p.block_shift = 5;
         ps[i] = p;
       }
+      if (direct) {
+        for (int i = 0; i < 2; ++i) CK(Launch(ps[i], plan, bits, f, false, s));
+        CK(cudaStreamSynchronize(s));
+        printf("%s bits %d: launched\n", sh.name, bits);
+      }
       float t[3];
-      for (int mode = 0; mode < 3; ++mode) {
+      for (int mode = 0; mode < 3 && !direct; ++mode) {
         if (Time(ps, plan, bits, f, mode == 0 ? 2 : mode - 1, s, &t[mode])) return 1;
       }
-      printf("%-32s %-5d %4d %9.2f %9.2f %9.2f   (GB/s at pdl: %.0f; plan cluster %d warps_k %d grid %d)\n",
-             sh.name, bits, L, t[0], t[1], t[2], wbytes / (t[2] * 1e3), plan.cluster, plan.warps_k, plan.grid);
+      if (!direct) {
+        printf("%-32s %-5d %4d %9.2f %9.2f %9.2f   (GB/s at pdl: %.0f; plan cluster %d warps_k %d grid %d)\n",
+               sh.name, bits, L, t[0], t[1], t[2], wbytes / (t[2] * 1e3), plan.cluster, plan.warps_k,
+               plan.grid);
+      }
       fflush(stdout);
       for (int i = 0; i < L; ++i) {
         CK(cudaFree(ws[i]));
