@@ -5,7 +5,9 @@
 // With an argument ("direct"): two plain launches per case and no graphs, for ncu:
 //   ncu -k regex:GemvKernel --section WarpStateStats --section SchedulerStats ./gemv_graph_pdl direct
 //   nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -I ffi tools/probes/gemv_graph_pdl.cu \
-//     ffi/kernels/gemv/inst/gemv_f16_int4_wide.cu ffi/kernels/gemv/inst/gemv_f16_dense.cu -o gemv_graph_pdl
+//     ffi/kernels/gemv/inst/gemv_f16_int4_wide.cu ffi/kernels/gemv/inst/gemv_f16_int4.cu \
+//     ffi/kernels/gemv/inst/gemv_f16_dense.cu -o gemv_graph_pdl
+// Formats: int4 in the wide (two-piece) and one-piece n-bit formats, dense f16.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -35,8 +37,9 @@ struct Shape {
 };
 
 static cudaError_t Launch(const GemvParams& p, const Plan& plan, int bits, Fusion f, bool pdl, cudaStream_t s) {
-  return bits == 16 ? joa::gemv::LaunchFormat<__half, 16, false>(p, plan, f, pdl, s)
-                    : joa::gemv::LaunchFormat<__half, 4, true>(p, plan, f, pdl, s);
+  if (bits == 16) return joa::gemv::LaunchFormat<__half, 16, false>(p, plan, f, pdl, s);
+  return plan.wide ? joa::gemv::LaunchFormat<__half, 4, true>(p, plan, f, pdl, s)
+                   : joa::gemv::LaunchFormat<__half, 4, false>(p, plan, f, pdl, s);
 }
 
 // mode 0: one graph, L kernel nodes, plain edges; 1: the same with PDL edges; 2: L child graphs
@@ -90,14 +93,16 @@ int main(int argc, char** argv) {
                           {"lm 2048x128256 +norm", 2048, 128256, true, false}};
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  printf("%-32s %-5s %4s %9s %9s %9s\n", "shape", "bits", "L", "child us", "graph us", "pdl us");
+  printf("%-32s %-5s %4s %9s %9s %9s\n", "shape", "fmt", "L", "child us", "graph us", "pdl us");
   for (const Shape& sh : shapes) {
-    for (int bits : {4, 16}) {
+    for (int fmt : {0, 1, 2}) {  // int4 wide, int4 one-piece, dense
+      const int bits = fmt == 2 ? 16 : 4;
+      const bool wide = fmt == 0;
       const int block = 32, kb = sh.k / block;
       const size_t wbytes = size_t(sh.n) * sh.k * bits / 8;
       const int L = sh.n > 100000 ? 4 : 32;  // distinct weights: together past the 50 MB L2
       const Fusion f{sh.gated, sh.norm};
-      const Plan plan = joa::gemv::MakePlan(1, sh.n, sh.k, bits, sh.gated, sh.norm, true, 0, 0, bits != 16);
+      const Plan plan = joa::gemv::MakePlan(1, sh.n, sh.k, bits, sh.gated, sh.norm, true, 0, 0, wide);
       if (!plan.error.empty()) {
         printf("%s: %s\n", sh.name, plan.error.c_str());
         continue;
@@ -138,16 +143,16 @@ int main(int argc, char** argv) {
       if (direct) {
         for (int i = 0; i < 2; ++i) CK(Launch(ps[i], plan, bits, f, false, s));
         CK(cudaStreamSynchronize(s));
-        printf("%s bits %d: launched\n", sh.name, bits);
+        printf("%s format %d: launched\n", sh.name, fmt);
       }
       float t[3];
       for (int mode = 0; mode < 3 && !direct; ++mode) {
         if (Time(ps, plan, bits, f, mode == 0 ? 2 : mode - 1, s, &t[mode])) return 1;
       }
       if (!direct) {
-        printf("%-32s %-5d %4d %9.2f %9.2f %9.2f   (GB/s at pdl: %.0f; plan cluster %d warps_k %d grid %d)\n",
-               sh.name, bits, L, t[0], t[1], t[2], wbytes / (t[2] * 1e3), plan.cluster, plan.warps_k,
-               plan.grid);
+        printf("%-32s %-5s %4d %9.2f %9.2f %9.2f   (GB/s at pdl: %.0f; plan cluster %d warps_k %d grid %d)\n",
+               sh.name, fmt == 0 ? "int4w" : fmt == 1 ? "int4" : "f16", L, t[0], t[1], t[2],
+               wbytes / (t[2] * 1e3), plan.cluster, plan.warps_k, plan.grid);
       }
       fflush(stdout);
       for (int i = 0; i < L; ++i) {
