@@ -410,16 +410,6 @@ def test_nbits_wide_is_chosen_by_the_environment_default_on(monkeypatch):
     assert cuda_matmul.unsupported(1, 64, 256, 4, False, block_size=32) is None
     assert cuda_matmul.unsupported(1, 64, 256, 8, False, block_size=16) is None
     assert ">= 32" in cuda_matmul.unsupported(1, 64, 256, 4, False, block_size=16)
-    # "auto": wide from NBITS_WIDE_MIN_BYTES of packed weight (8 MiB: 2048 x 8192 int4) up.
-    monkeypatch.setenv(cuda_matmul.NBITS_WIDE_ENV, "auto")
-    assert not _plan(1, 2048, 2048, 4, False)["wide"]  # 2 MiB (the 1B o projection)
-    assert _plan(1, 2048, 8192, 4, False)["wide"]  # 8 MiB (the 1B down projection)
-    assert _plan(1, 16384, 2048, 4, True)["wide"]  # 16 MiB (gate-up)
-    assert not _plan(1, 2048, 2048, 8, False)["wide"]  # int8 2048 x 2048: 4 MiB
-    assert _plan(1, 4096, 2048, 8, False)["wide"]
-    assert not _plan(1, 2048, 2048, 4, False, wide=False)["wide"]
-    assert _plan(1, 2048, 2048, 4, False, wide=True)["wide"]  # an explicit choice wins
-    assert cuda_matmul.nbits_wide()  # no shape: wide
     monkeypatch.setenv(cuda_matmul.NBITS_WIDE_ENV, "yes")
     with pytest.raises(ValueError, match="JOA_GEMV_NBITS_WIDE"):
         cuda_matmul.nbits_wide()

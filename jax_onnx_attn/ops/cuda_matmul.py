@@ -21,44 +21,28 @@ from jax_onnx_attn.ops import partitioning
 
 #: Bits per weight element of the dense format in the plan (the n-bit formats are 4 and 8).
 DENSE_BITS = 16
-#: The environment variable that selects the n-bit format by default: "1" wide (two-piece), "0"
-#: one-piece, "auto" by the weight's size (NBITS_WIDE_MIN_BYTES).
+#: The environment variable that selects the wide (two-piece) n-bit format by default.
 NBITS_WIDE_ENV = "JOA_GEMV_NBITS_WIDE"
-NBITS_WIDE_CHOICES = ("0", "1", "auto")
-#: "auto": weights of at least this many packed bytes take the wide format, smaller ones the
-#: one-piece format (half a wide chunk a step: twice the warps' parallelism on a small weight).
-NBITS_WIDE_MIN_BYTES = 8 << 20
 
 
-def nbits_wide_mode() -> str:
-    """JOA_GEMV_NBITS_WIDE ("1" by default), checked: read at trace time, here only."""
-    value = os.environ.get(NBITS_WIDE_ENV, "1")
-    if value not in NBITS_WIDE_CHOICES:
-        raise ValueError(f"{NBITS_WIDE_ENV} must be one of {', '.join(NBITS_WIDE_CHOICES)}, got {value!r}")
-    return value
-
-
-def nbits_wide(n_rows: int | None = None, k: int | None = None, bits: int = 4) -> bool:
+def nbits_wide() -> bool:
     """Whether n-bit weights run in the wide format by default: each lane copies two 16-byte pieces
     of a row per chunk (2 KB a chunk, like the dense format) instead of one (ffi/kernels/gemv/plan.h's
-    FormatInfo); both read the same bytes in the same layout, so the choice is per call. On by
-    default (H200, bench/results/2026-12-01-e2e-notes.md: 1.2-1.35x the one-piece format's GB/s on
-    the 8B and LM-head shapes, the 1B int4 step 0.995 -> 0.943 ms); JOA_GEMV_NBITS_WIDE=0 selects the
-    one-piece format, "auto" the wide one for weights of NBITS_WIDE_MIN_BYTES or more (an n_rows x k
-    weight of `bits`; without a shape, wide). `matmul_nbits(..., wide=)` overrides it per call."""
-    mode = nbits_wide_mode()
-    if mode != "auto":
-        return mode == "1"
-    if n_rows is None or k is None:
-        return True
-    return n_rows * k * bits // 8 >= NBITS_WIDE_MIN_BYTES
+    FormatInfo). On by default (H200, bench/results/2026-12-01-e2e-notes.md: 1.2-1.35x the one-piece
+    format's GB/s on the 8B and LM-head shapes, the 1B int4 step 0.995 -> 0.943 ms);
+    JOA_GEMV_NBITS_WIDE=0 selects the one-piece format (read at trace time, here only).
+    `matmul_nbits(..., wide=)` overrides it per call."""
+    value = os.environ.get(NBITS_WIDE_ENV, "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"{NBITS_WIDE_ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
-def _wide(bits: int, wide: bool | None, n_rows: int | None = None, k: int | None = None) -> bool:
+def _wide(bits: int, wide: bool | None) -> bool:
     """The format a call runs in: dense weights have one; n-bit ones follow `wide`, else the env."""
     if bits == DENSE_BITS:
         return False
-    return nbits_wide(n_rows, k, bits) if wide is None else bool(wide)
+    return nbits_wide() if wide is None else bool(wide)
 
 
 @functools.cache
@@ -87,7 +71,7 @@ def gemv_plan(rows: int, n_rows: int, k: int, bits: int, gated: bool, norm: bool
     wide: n-bit weights in the two-piece format; None: `nbits_wide()`.
     Raises RuntimeError without the compiled extension."""
     return _plan(int(rows), int(n_rows), int(k), int(bits), bool(gated), bool(norm), int(cluster),
-                 int(warps_k), _wide(bits, wide, int(n_rows), int(k)))
+                 int(warps_k), _wide(bits, wide))
 
 
 @functools.cache
@@ -249,8 +233,7 @@ def matmul_nbits(x, b_quant, scales, zero_points=None, bias=None, residual=None,
             raise ValueError(f"matmul_nbits: {name} must be tiled {list(want)} "
                              f"(ops.tile_nbits_meta), got {list(meta.shape)}")
     static = dict(bits=bits, block_size=block_size, eps=eps, gated=gated, pdl=pdl,
-                  cluster=cluster, warps_k=warps_k,
-                  wide=_wide(bits, wide, b_quant.shape[0], x.shape[-1]))
+                  cluster=cluster, warps_k=warps_k, wide=_wide(bits, wide))
     return partitioning.MATMUL_NBITS.apply(
         _matmul_nbits, (x, b_quant, scales, zero_points, bias, residual, norm_weight), static,
         pin=_per_example_plan(bits))

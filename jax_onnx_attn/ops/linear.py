@@ -325,7 +325,7 @@ def matmul_nbits(x, b_quant, scales, zero_points=None, bias=None, *, k: int, n: 
         rest to the reference.
       wide: the kernels' n-bit format (`cuda_matmul.nbits_wide`): each lane streams two 16-byte
         pieces of a row per chunk instead of one; the same results. None: the environment variable
-        JOA_GEMV_NBITS_WIDE (default "1", on; "auto": by the weight's size). The reference ignores it.
+        JOA_GEMV_NBITS_WIDE (default on). The reference ignores it.
 
     Returns:
       [..., N_out] of x's dtype (N_out = N, or N / 2 when gated).
