@@ -374,7 +374,7 @@ def prefill_engine_enabled() -> bool:
     """Whether GQA first prompts go to our prefill engine (JOA_PREFILL_ENGINE, "0" or "1", default
     "1"; "0": cuDNN's route). Read at trace time, here only: a jit traced before a change keeps its
     route. On the H200 the 1B fp16 prefill took 10.1 ms at 2k tokens (cuDNN's route 10.9) and 43.7
-    at 8k (43.5; bench/results/2026-12-01-6d7d911-e2e-prefill-route.json)."""
+    at 8k (43.5; bench/results/2026-12-01-6d7d911-e2e-ab.json)."""
     value = os.environ.get(PREFILL_ENGINE_ENV, "1")
     if value not in ("0", "1"):
         raise ValueError(f"{PREFILL_ENGINE_ENV} must be 0 or 1, got {value!r}")

@@ -14,7 +14,8 @@
 //
 // Programmatic dependent launch: the first `stages` chunks of W (and scales) are requested before
 // griddepcontrol.wait (they must not be written by the kernel before this one, which holds for
-// weights); x, gamma, bias and residual are read after it.
+// weights); x, gamma, bias and residual are read after it. Launched plainly (p.x_first), x's copies
+// go before the ring's, so that its norm / permutation pass overlaps the first chunks' latency.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -82,10 +83,19 @@ __global__ void __launch_bounds__(kThreads, 2) GemvKernel(const __grid_constant_
       ++iss_it;
     }
   };
-  for (int i = 0; i < p.stages; ++i) issue_next();
-
-  ptx::WaitForPrimary();  // x, gamma, bias, residual may come from the previous kernel
-  StageX<T, Weights, Prologue>(p, smem, slice0, tid);
+  if (p.x_first) {
+    // Not a programmatic dependent (the wait returns at once): x's group first, then the ring's;
+    // the finishing pass waits for x's group only.
+    ptx::WaitForPrimary();
+    StageXIssue<T, Weights, Prologue>(p, smem, slice0, tid);
+    for (int i = 0; i < p.stages; ++i) issue_next();
+    StageXFinish<T, Weights, Prologue>(p, smem, slice0, tid, p.stages);
+  } else {
+    for (int i = 0; i < p.stages; ++i) issue_next();
+    ptx::WaitForPrimary();  // x, gamma, bias, residual may come from the previous kernel
+    StageXIssue<T, Weights, Prologue>(p, smem, slice0, tid);
+    StageXFinish<T, Weights, Prologue>(p, smem, slice0, tid, 0);
+  }
   __syncthreads();
 
   // The x row each lane's B fragment of n8 tile j reads (rows past M repeat row M - 1: their
@@ -104,8 +114,8 @@ __global__ void __launch_bounds__(kThreads, 2) GemvKernel(const __grid_constant_
 #pragma unroll
       for (int n = 0; n < kNT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
     }
-    // Step i's group has landed: groups so far are the ring's first `stages`, x's (all complete),
-    // then one per step; step i >= stages was the (i + 2)-th.
+    // Step i's group has landed: groups so far are the ring's first `stages` and x's (in either
+    // order; x's complete), then one per step: step i's is the (i + 2)-th at most.
     CpAsyncWaitPending(p.stages - 1);
     // n-bit: a lane reads scales / zero points that lanes 0 .. 3 nb - 1 copied, so their copies
     // must be visible to the whole warp (and, below, every lane done reading before they refill).

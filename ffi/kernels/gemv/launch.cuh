@@ -91,6 +91,7 @@ cudaError_t LaunchFormat(GemvParams p, const Plan& plan, Fusion fusion, bool pdl
   p.red_bytes = int(plan.red_bytes);
   p.gamma_offset = int(plan.gamma_offset);
   p.ring_offset = int(plan.ring_offset);
+  p.x_first = pdl ? 0 : 1;
   return fusion.norm ? LaunchEpilogue<T, Weights, RmsNormInput>(p, plan, fusion.gated, pdl, stream)
                      : LaunchEpilogue<T, Weights, PlainInput>(p, plan, fusion.gated, pdl, stream);
 }

@@ -21,6 +21,7 @@ struct GemvParams {
   int kc, cpp, stages, slice_chunks;
   int cluster, warps_n, warps_k, rows_block, blocks, groups, red_stride;
   int x_bytes, red_bytes, gamma_offset, ring_offset;  // smem: x | reductions | norm | gamma | rings
+  int x_first;  // not a programmatic dependent launch: x's copy group goes before the ring's
 };
 
 }  // namespace joa::gemv

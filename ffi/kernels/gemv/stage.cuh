@@ -11,7 +11,10 @@
 // Every unit (and gamma's slice) is requested with cp.async at once, so staging costs one L2 round
 // trip, overlapping the weight stream's first chunks; the statistics of the norm come from the
 // staged slice (summed over the cluster in rank order), and the norm and the permutation are then
-// applied in place.
+// applied in place. Two halves: StageXIssue (the copies, one commit group) and StageXFinish (wait
+// for that group, then the norm and the permutation). A kernel that is not a programmatic
+// dependent issues x's group before the weight ring's, so that the finishing pass runs while the
+// first chunks of W are still in flight (it waits for x's group only).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -75,27 +78,36 @@ __device__ __forceinline__ uint4 PermuteForNibbles(uint4 v) {
                     Prmt(v.y, v.w, 0x7632u));
 }
 
-// Stages this CTA's chunks [slice0, slice0 + slice_chunks) of x (and of gamma with the norm).
-// Waits for every copy group of the thread (the weight ring's first ones too). Ends with the
-// CTA's units complete but not yet visible to other threads: the caller synchronises.
+// K index of unit u's first element of this CTA's x slice, and its x row m (the layout above).
+template <class Weights>
+__device__ __forceinline__ int UnitK(const GemvParams& p, int slice0, int u, int& m) {
+  constexpr FormatInfo kF = Weights::kInfo;
+  int rest = u >> 2;
+  m = rest % p.m;
+  rest /= p.m;
+  return (slice0 + rest / kF.quads) * kF.chunk_k + kF.lane_stride * (u & 3) + QuadK(kF, rest % kF.quads);
+}
+
+// 16-byte units of this CTA's x slice (chunks [slice0, slice0 + slice_chunks), the last ones past
+// K not staged).
+template <class Weights>
+__device__ __forceinline__ int SliceUnits(const GemvParams& p, int slice0) {
+  const int chunks = min(p.slice_chunks, p.kc - slice0);
+  return max(chunks, 0) * Weights::kInfo.quads * p.m * 4;
+}
+
+// Starts copying this CTA's chunks [slice0, slice0 + slice_chunks) of x (and of gamma with the
+// norm): one commit group.
 template <typename T, class Weights, class Prologue>
-__device__ __forceinline__ void StageX(const GemvParams& p, unsigned char* smem, int slice0, int tid) {
+__device__ __forceinline__ void StageXIssue(const GemvParams& p, unsigned char* smem, int slice0, int tid) {
   constexpr FormatInfo kF = Weights::kInfo;
   unsigned char* s_x = smem;
-  float* s_part = reinterpret_cast<float*>(smem + p.x_bytes + p.red_bytes);  // [kMaxM] sums
-  float* s_norm = s_part + kMaxM;                                             // [kMaxM] 1 / rms
   unsigned char* s_gamma = smem + p.gamma_offset;  // gamma[slice0 * chunk_k ...]
   const int chunks = min(p.slice_chunks, p.kc - slice0);
-  const int units = max(chunks, 0) * kF.quads * p.m * 4;
-  auto unit_k = [&](int u, int& m) {  // K index of unit u's first element, and its x row
-    int rest = u >> 2;
-    m = rest % p.m;
-    rest /= p.m;
-    return (slice0 + rest / kF.quads) * kF.chunk_k + kF.lane_stride * (u & 3) + QuadK(kF, rest % kF.quads);
-  };
+  const int units = SliceUnits<Weights>(p, slice0);
   for (int u = tid; u < units; u += kThreads) {
     int m;
-    const int kk = unit_k(u, m);
+    const int kk = UnitK<Weights>(p, slice0, u, m);
     const bool valid = kk < p.k;
     CpAsync16(SmemAddr(s_x + int64_t(u) * 16),
               static_cast<const T*>(p.x) + (valid ? int64_t(m) * p.k + kk : 0), valid);
@@ -108,7 +120,22 @@ __device__ __forceinline__ void StageX(const GemvParams& p, unsigned char* smem,
     }
   }
   CpAsyncCommit();
-  CpAsyncWaitPending(0);
+}
+
+// Waits until x's group has landed (`newer`: copy groups the thread committed after it, which may
+// stay in flight), then applies the norm and the int4 permutation in place. Ends with the CTA's
+// units complete but not yet visible to other threads: the caller synchronises.
+template <typename T, class Weights, class Prologue>
+__device__ __forceinline__ void StageXFinish(const GemvParams& p, unsigned char* smem, int slice0, int tid,
+                                             int newer) {
+  constexpr FormatInfo kF = Weights::kInfo;
+  unsigned char* s_x = smem;
+  float* s_part = reinterpret_cast<float*>(smem + p.x_bytes + p.red_bytes);  // [kMaxM] sums
+  float* s_norm = s_part + kMaxM;                                             // [kMaxM] 1 / rms
+  unsigned char* s_gamma = smem + p.gamma_offset;  // gamma[slice0 * chunk_k ...]
+  const int chunks = min(p.slice_chunks, p.kc - slice0);
+  const int units = SliceUnits<Weights>(p, slice0);
+  CpAsyncWaitPending(newer);
   if constexpr (Prologue::kNorm) {
     __syncthreads();  // every unit landed, for the statistics
     // This CTA's sum of squares of each x row over its slice: one warp per row, a fixed order.
@@ -140,7 +167,7 @@ __device__ __forceinline__ void StageX(const GemvParams& p, unsigned char* smem,
   if constexpr (Prologue::kNorm || Weights::kPermuteX) {
     for (int u = tid; u < units; u += kThreads) {
       int m;
-      const int kk = unit_k(u, m);
+      const int kk = UnitK<Weights>(p, slice0, u, m);
       if (kk >= p.k) continue;  // zeros stay zeros
       uint4* unit = reinterpret_cast<uint4*>(s_x + int64_t(u) * 16);
       uint4 v = *unit;
