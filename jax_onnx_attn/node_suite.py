@@ -31,6 +31,7 @@ from collections import Counter
 from typing import Callable, Iterable, Mapping
 
 import jax
+import ml_dtypes
 import numpy as np
 import onnx
 from onnx import numpy_helper
@@ -75,6 +76,39 @@ def _array(x):
     return x
 
 
+#: Sub-byte integer dtypes: ONNX's Cast wraps values into them modulo 2^bits.
+_SUB_BYTE_INTS = tuple(np.dtype(t) for t in (ml_dtypes.int4, ml_dtypes.uint4, ml_dtypes.int2,
+                                              ml_dtypes.uint2))
+
+
+def _float_to_sub_byte_wraps() -> bool:
+    """Whether this ml_dtypes casts an out-of-range float to int4 modulo 16, as the ONNX spec's
+    Cast does (up to ml_dtypes 0.6 it did; 0.7 gives 0 and warns "invalid value")."""
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        return int(np.array([-9.0], np.float32).astype(ml_dtypes.int4)[0]) == 7
+
+
+#: Cases whose expected outputs, as onnx's generators compute them here, are not the spec's: name ->
+#: why. Left out of node_cases() (so of every count), listed by Report.summary.
+ORACLE_UNUSABLE: dict[str, str] = {}
+
+
+def _oracle_unusable(op_types, ins, outs) -> str | None:
+    """Why a case's generated expected outputs cannot be trusted here, or None. onnx computes a
+    float -> int4 / uint4 / int2 / uint2 Cast's expected output with ml_dtypes' own float cast; with
+    ml_dtypes >= 0.7 that gives 0 for an out-of-range value, where the spec (and onnx's stored
+    test data) wraps it."""
+    casts = {("", "Cast"), ("", "CastLike")} & set(op_types)
+    if not casts or _float_to_sub_byte_wraps():
+        return None
+    if any(np.asarray(x).dtype in _SUB_BYTE_INTS for x in outs) and \
+            any(np.asarray(x).dtype.kind == "f" for x in ins):
+        return (f"expected output generated with ml_dtypes {ml_dtypes.__version__}'s float -> "
+                "sub-byte int cast, which does not wrap out-of-range values as Cast does")
+    return None
+
+
 @functools.lru_cache(maxsize=1)
 def node_cases() -> tuple[NodeCase, ...]:
     """Every node case of the installed onnx's generators, sorted by name (generated once; about 4 s).
@@ -107,6 +141,11 @@ def node_cases() -> tuple[NodeCase, ...]:
             continue
         ops = frozenset((registry.normalize_domain(n.domain), n.op_type)
                         for n in registry.iter_nodes(graph))
+        why = next((w for w in (_oracle_unusable(ops, list(i.values()), list(o.values()))
+                                for i, o in data_sets) if w), None)
+        if why:
+            ORACLE_UNUSABLE[case.name] = why
+            continue
         out.append(NodeCase(case.name, case.model, tuple(data_sets), float(case.rtol),
                             float(case.atol), ops))
     return tuple(sorted(out, key=lambda c: c.name))
@@ -224,6 +263,10 @@ class Report:
         lines = [f"ONNX backend node suite through {mode}: {self.passed} / {self.total} data sets "
                  f"of the covered cases pass ({pct:.1f}%); {self.uncovered} cases use an op "
                  f"without a handler; {self.seconds:.0f} s"]
+        if ORACLE_UNUSABLE:
+            lines.append(f"  {len(ORACLE_UNUSABLE)} cases left out, their generated expected "
+                         f"outputs not the spec's: {', '.join(sorted(ORACLE_UNUSABLE))} "
+                         f"({next(iter(ORACLE_UNUSABLE.values()))})")
         if details:
             for r in self.failures():
                 lines.append(f"  FAIL {r.name}[{r.index}]: {r.error}")

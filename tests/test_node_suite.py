@@ -38,7 +38,9 @@ def _sample():
 
 def test_sample_is_meaningful():
     cases = _sample()
-    assert len(cases) >= 70, [c.name for c in cases]
+    # 72 cases; 68 where ml_dtypes >= 0.7 makes onnx generate wrong expected outputs for the four
+    # sub-byte casts of the sample (node_suite.ORACLE_UNUSABLE leaves them out).
+    assert len(cases) >= 68, [c.name for c in cases]
     # The sample holds cases whose shape inputs are graph inputs (the class this issue fixed).
     from jax_onnx_attn.onnx import load
     assert sum(bool(load(c.model).static_inputs) for c in cases) >= 25

@@ -238,9 +238,11 @@ def where(ctx, cond, a, b):
 _SATURATING_FLOAT8 = tuple(np.dtype(t) for t in (
     ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e4m3fnuz, ml_dtypes.float8_e5m2,
     ml_dtypes.float8_e5m2fnuz))
-#: Sub-byte integer types: a float goes through int32 (truncation) then wraps, as NumPy does.
-_NARROW_INTS = tuple(np.dtype(t) for t in (ml_dtypes.int4, ml_dtypes.uint4, ml_dtypes.int2,
-                                            ml_dtypes.uint2))
+#: Sub-byte integer types (bits, signed): a float goes through int32 (truncation), then any value
+#: wraps modulo 2^bits, as the ONNX reference does. The wrap is spelled out: ml_dtypes' own
+#: int32 -> int4 conversion wrapped up to 0.6 and saturates from 0.7.
+_NARROW_INTS = {np.dtype(ml_dtypes.int4): (4, True), np.dtype(ml_dtypes.uint4): (4, False),
+                np.dtype(ml_dtypes.int2): (2, True), np.dtype(ml_dtypes.uint2): (2, False)}
 _E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)
 
 
@@ -274,8 +276,8 @@ def cast_value(ctx, x, dtype, *, saturate: bool = True, round_mode: str = "up"):
     """x as `dtype` by ONNX Cast's rules (NumPy for a static x, jax otherwise).
 
     float8 e4m3fn / e4m3fnuz / e5m2 / e5m2fnuz saturate (out-of-range and +-inf become +-max) when
-    `saturate`; float8e8m0 rounds by `round_mode`; a float cast to a sub-byte integer (int4 / uint4 /
-    int2 / uint2) truncates to int32 and wraps, as NumPy's (and the reference's) cast does.
+    `saturate`; float8e8m0 rounds by `round_mode`; a float or integer cast to a sub-byte integer
+    (int4 / uint4 / int2 / uint2) truncates to int32 and wraps modulo 2^bits, as the reference does.
     """
     static = is_static(x)
     xp = np if static else jnp
@@ -287,8 +289,10 @@ def cast_value(ctx, x, dtype, *, saturate: bool = True, round_mode: str = "up"):
     if dtype in _SATURATING_FLOAT8 and saturate and src.kind == "f" and src not in _SATURATING_FLOAT8:
         info = ml_dtypes.finfo(dtype)
         x = xp.clip(x, np.asarray(float(info.min), src), np.asarray(float(info.max), src))
-    if dtype in _NARROW_INTS and src.kind == "f":
-        x = x.astype(np.int32)
+    if dtype in _NARROW_INTS and src.kind in "fiu":
+        bits, signed = _NARROW_INTS[dtype]
+        half = (1 << (bits - 1)) if signed else 0
+        x = ((x.astype(np.int32) + half) & ((1 << bits) - 1)) - half
     return x.astype(dtype)
 
 
