@@ -37,6 +37,7 @@ import onnx
 from onnx import numpy_helper
 
 from jax_onnx_attn.onnx import registry
+from jax_onnx_attn.onnx.handlers.elementwise import SUB_BYTE_INTS
 from jax_onnx_attn.onnx.values import traced_dtype
 
 
@@ -76,11 +77,7 @@ def _array(x):
     return x
 
 
-#: Sub-byte integer dtypes: ONNX's Cast wraps values into them modulo 2^bits.
-_SUB_BYTE_INTS = tuple(np.dtype(t) for t in (ml_dtypes.int4, ml_dtypes.uint4, ml_dtypes.int2,
-                                              ml_dtypes.uint2))
-
-
+@functools.cache
 def _float_to_sub_byte_wraps() -> bool:
     """Whether this ml_dtypes casts an out-of-range float to int4 modulo 16, as the ONNX spec's
     Cast does (up to ml_dtypes 0.6 it did; 0.7 gives 0 and warns "invalid value")."""
@@ -102,7 +99,7 @@ def _oracle_unusable(op_types, ins, outs) -> str | None:
     casts = {("", "Cast"), ("", "CastLike")} & set(op_types)
     if not casts or _float_to_sub_byte_wraps():
         return None
-    if any(np.asarray(x).dtype in _SUB_BYTE_INTS for x in outs) and \
+    if any(np.asarray(x).dtype in SUB_BYTE_INTS for x in outs) and \
             any(np.asarray(x).dtype.kind == "f" for x in ins):
         return (f"expected output generated with ml_dtypes {ml_dtypes.__version__}'s float -> "
                 "sub-byte int cast, which does not wrap out-of-range values as Cast does")

@@ -420,9 +420,7 @@ def test_cast_float_to_sub_byte_ints_truncates_then_wraps(to, bits, signed, jit)
     (ONNX's stored test data for test_cast_FLOAT_to_INT4 etc.). The oracle goes through int32,
     whose conversion to the narrow type wraps in every ml_dtypes (their float one does not in 0.7,
     which is why the node suite leaves those generated cases out: node_suite.ORACLE_UNUSABLE)."""
-    import ml_dtypes
-    narrow = {TensorProto.INT4: ml_dtypes.int4, TensorProto.UINT4: ml_dtypes.uint4,
-              TensorProto.INT2: ml_dtypes.int2, TensorProto.UINT2: ml_dtypes.uint2}[to]
+    narrow = helper.tensor_dtype_to_np_dtype(to)
     x = np.arange(-9.5, 16.0, 0.75, dtype=np.float32)
     model = _model([helper.make_node("Cast", ["x"], ["y"], to=to)],
                    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [x.size])],

@@ -10,6 +10,7 @@ import pytest
 
 from jax_onnx_attn import ops
 from jax_onnx_attn.models import build_tiny_decoder, encode
+from jax_onnx_attn.ops import decode_paths
 from jax_onnx_attn.runtime import DecoderSession
 from jax_onnx_attn.testing import assert_close, tolerance
 
@@ -21,7 +22,7 @@ def _cudnn_route(monkeypatch):
     """These tests are about the cuDNN route of prompts: JOA_PREFILL_ENGINE=0 (the switch is read at
     trace time, and a jit traced earlier in this process keeps the route it took: clear jax's
     caches so that nothing traced under another setting is reused)."""
-    monkeypatch.setenv("JOA_PREFILL_ENGINE", "0")
+    monkeypatch.setenv(decode_paths.PREFILL_ENGINE_ENV, "0")
     jax.clear_caches()
 
 BF16, F16 = ml_dtypes.bfloat16, np.float16

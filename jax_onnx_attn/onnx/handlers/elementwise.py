@@ -239,9 +239,9 @@ _SATURATING_FLOAT8 = tuple(np.dtype(t) for t in (
     ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e4m3fnuz, ml_dtypes.float8_e5m2,
     ml_dtypes.float8_e5m2fnuz))
 #: Sub-byte integer types (bits, signed): a float goes through int32 (truncation), then any value
-#: wraps modulo 2^bits, as the ONNX reference does. The wrap is spelled out: ml_dtypes' own
-#: int32 -> int4 conversion wrapped up to 0.6 and saturates from 0.7.
-_NARROW_INTS = {np.dtype(ml_dtypes.int4): (4, True), np.dtype(ml_dtypes.uint4): (4, False),
+#: wraps modulo 2^bits, as the ONNX reference does. The wrap is spelled out rather than left to the
+#: dtype conversion (ml_dtypes 0.7 turns an out-of-range float into 0 for these types).
+SUB_BYTE_INTS = {np.dtype(ml_dtypes.int4): (4, True), np.dtype(ml_dtypes.uint4): (4, False),
                 np.dtype(ml_dtypes.int2): (2, True), np.dtype(ml_dtypes.uint2): (2, False)}
 _E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)
 
@@ -289,8 +289,8 @@ def cast_value(ctx, x, dtype, *, saturate: bool = True, round_mode: str = "up"):
     if dtype in _SATURATING_FLOAT8 and saturate and src.kind == "f" and src not in _SATURATING_FLOAT8:
         info = ml_dtypes.finfo(dtype)
         x = xp.clip(x, np.asarray(float(info.min), src), np.asarray(float(info.max), src))
-    if dtype in _NARROW_INTS and src.kind in "fiu":
-        bits, signed = _NARROW_INTS[dtype]
+    if dtype in SUB_BYTE_INTS and src.kind in "fiu":
+        bits, signed = SUB_BYTE_INTS[dtype]
         half = (1 << (bits - 1)) if signed else 0
         x = ((x.astype(np.int32) + half) & ((1 << bits) - 1)) - half
     return x.astype(dtype)
