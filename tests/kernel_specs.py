@@ -52,5 +52,5 @@ def use_specs(monkeypatch) -> list:
     monkeypatch.setattr(cuda_matmul, "_linear",
                         spec("linear", _linear, drop=("pdl", "cluster", "warps_k")))
     monkeypatch.setattr(cuda_matmul, "_matmul_nbits",
-                        spec("nbits", _nbits, drop=("pdl", "cluster", "warps_k", "wide")))
+                        spec("nbits", _nbits, drop=("pdl", "cluster", "warps_k", "wide", "slots")))
     return calls

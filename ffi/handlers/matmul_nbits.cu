@@ -19,7 +19,7 @@ ffi::Error MatMulNBitsImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer b_quant, 
                            AnyBuffer norm_weight, AnyResult y, int64_t bits, int64_t block_size,
                            bool has_zero_points, bool has_bias, bool has_residual, bool has_norm,
                            bool gated, float eps, int64_t cluster, int64_t warps_k, bool wide,
-                           bool pdl) {
+                           bool pdl, bool slots) {
   constexpr const char* kOp = "matmul_nbits";
   const ffi::DataType dtype = x.element_type();
   auto xd = x.dimensions(), bd = b_quant.dimensions(), sd = scales.dimensions(), yd = y->dimensions();
@@ -75,7 +75,7 @@ ffi::Error MatMulNBitsImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer b_quant, 
                                           has_residual, has_norm);
   if (!err.empty()) return InvalidArgument(std::string(kOp) + ": " + err);
   return gemv::PlanAndLaunch(p, dtype, int(bits), gemv::Fusion{gated, has_norm}, cluster, warps_k,
-                             wide, pdl, stream, kOp);
+                             wide, pdl, stream, kOp, block_size, slots);
 }
 
 }  // namespace
@@ -103,5 +103,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JoaMatMulNBits, joa::MatMulNBitsImpl,
                                   .Attr<int64_t>("cluster")
                                   .Attr<int64_t>("warps_k")
                                   .Attr<bool>("wide")
-                                  .Attr<bool>("pdl"),
+                                  .Attr<bool>("pdl")
+                                  .Attr<bool>("slots"),
                               JOA_COMMAND_BUFFER_SAFE);

@@ -23,6 +23,8 @@ from jax_onnx_attn.ops import partitioning
 DENSE_BITS = 16
 #: The environment variable that selects the wide (two-piece) n-bit format by default.
 NBITS_WIDE_ENV = "JOA_GEMV_NBITS_WIDE"
+#: The environment variable that lets one row of 4-bit wide weights take the slots kernel.
+SLOTS_ENV = "JOA_GEMV_SLOTS"
 
 
 def nbits_wide() -> bool:
@@ -35,6 +37,18 @@ def nbits_wide() -> bool:
     value = os.environ.get(NBITS_WIDE_ENV, "1")
     if value not in ("0", "1"):
         raise ValueError(f"{NBITS_WIDE_ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
+def slots_enabled() -> bool:
+    """Whether one row of x against 4-bit weights in the wide format (32 <= block_size <= 256) runs
+    on the slots kernel (ffi/kernels/gemv/slots.cuh: scales applied once per block in f32, W straight
+    into registers, x shared by clusters of two CTAs) rather than the ring kernel. On by default
+    (H200, bench/results/2026-12-01-gemv-slots.json: the 1B shapes 0.8-1.5 us faster a call, the
+    LM head 61 -> 54 us); JOA_GEMV_SLOTS=0 keeps the ring kernel (read at trace time, here only)."""
+    value = os.environ.get(SLOTS_ENV, "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"{SLOTS_ENV} must be 0 or 1, got {value!r}")
     return value == "1"
 
 
@@ -63,22 +77,25 @@ def sm90() -> bool:
 
 
 def gemv_plan(rows: int, n_rows: int, k: int, bits: int, gated: bool, norm: bool = False,
-              cluster: int = 0, warps_k: int = 0, wide: bool | None = None) -> dict:
+              cluster: int = 0, warps_k: int = 0, wide: bool | None = None, block_size: int = 0,
+              slots: bool = False) -> dict:
     """The engine's launch plan for x [rows, k] against a weight of n_rows rows of `bits`-bit
     elements (16: dense; 8, 4: MatMulNBits), with the RMS-norm prologue or not, as a dict (ffi/kernels/gemv/plan.h: grid, warp
     layout, cluster, ring stages, shared memory, the model's estimate in µs). 'error' is None when
     the engine takes the shape, else why not. cluster / warps_k > 0 force that choice (sweeps).
-    wide: n-bit weights in the two-piece format; None: `nbits_wide()`.
-    Raises RuntimeError without the compiled extension."""
+    wide: n-bit weights in the two-piece format; None: `nbits_wide()`. slots (with the weights'
+    block_size): whether one row of 4-bit wide weights may take the slots kernel ('slots' in the
+    dict says whether it does). Raises RuntimeError without the compiled extension."""
     return _plan(int(rows), int(n_rows), int(k), int(bits), bool(gated), bool(norm), int(cluster),
-                 int(warps_k), _wide(bits, wide))
+                 int(warps_k), _wide(bits, wide), int(block_size), bool(slots))
 
 
 @functools.cache
-def _plan(rows, n_rows, k, bits, gated, norm, cluster, warps_k, wide) -> dict:
+def _plan(rows, n_rows, k, bits, gated, norm, cluster, warps_k, wide, block_size, slots) -> dict:
     if _ffi is None or not hasattr(_ffi, "gemv_plan"):
         raise RuntimeError("the compiled extension jax_onnx_attn._ffi (with gemv_plan) is missing")
-    return dict(_ffi.gemv_plan(rows, n_rows, k, bits, gated, norm, sm90(), cluster, warps_k, wide))
+    return dict(_ffi.gemv_plan(rows, n_rows, k, bits, gated, norm, sm90(), cluster, warps_k, wide,
+                               block_size, slots))
 
 
 def unsupported(rows: int, n_rows: int, k: int, bits: int, gated: bool, norm: bool = False,
@@ -103,16 +120,19 @@ def unsupported(rows: int, n_rows: int, k: int, bits: int, gated: bool, norm: bo
 def _per_example_plan(bits: int):
     """pin of a folded call (vmap): the per-example plan's cluster and K split, so the folded rows
     are reduced as each example's own call reduces them; None (one call per example) where the
-    folded rows leave the engine's plan."""
+    folded rows leave the engine's plan, or where each example's call takes the slots kernel
+    (one row only: no folded call reduces the same way)."""
     def pin(static, axis_size, x, w, *rest):
         rows, n_rows, k = x.shape[0], w.shape[0], x.shape[1]
         norm = rest[-1] is not None
         wide = static.get("wide")
         plan = gemv_plan(rows, n_rows, k, bits, static["gated"], norm, static["cluster"],
-                         static["warps_k"], wide)
+                         static["warps_k"], wide, static.get("block_size", 0), static.get("slots", False))
+        if plan["error"] or plan["slots"]:
+            return None
         folded = gemv_plan(axis_size * rows, n_rows, k, bits, static["gated"], norm,
                            plan["cluster"], plan["warps_k"], wide)
-        if plan["error"] or folded["error"]:
+        if folded["error"]:
             return None
         return dict(cluster=plan["cluster"], warps_k=plan["warps_k"])
     return pin
@@ -225,7 +245,8 @@ def matmul_nbits(x, b_quant, scales, zero_points=None, bias=None, residual=None,
 
     Semantics of `jax_onnx_attn.ops.reference.linear.matmul_nbits`; other arguments as `linear`.
     wide: the two-piece n-bit format (same results; a speed choice); None: `nbits_wide()`, decided
-    here at trace time.
+    here at trace time, as is `slots_enabled()` (the slots kernel for one row of 4-bit wide weights:
+    results within the dtype's tolerance of the ring kernel's, not the same bits).
     """
     want = tiled_meta_shape(b_quant.shape[0], b_quant.shape[1])
     for name, meta in (("scales", scales), ("zero_points", zero_points)):
@@ -233,14 +254,14 @@ def matmul_nbits(x, b_quant, scales, zero_points=None, bias=None, residual=None,
             raise ValueError(f"matmul_nbits: {name} must be tiled {list(want)} "
                              f"(ops.tile_nbits_meta), got {list(meta.shape)}")
     static = dict(bits=bits, block_size=block_size, eps=eps, gated=gated, pdl=pdl,
-                  cluster=cluster, warps_k=warps_k, wide=_wide(bits, wide))
+                  cluster=cluster, warps_k=warps_k, wide=_wide(bits, wide), slots=slots_enabled())
     return partitioning.MATMUL_NBITS.apply(
         _matmul_nbits, (x, b_quant, scales, zero_points, bias, residual, norm_weight), static,
         pin=_per_example_plan(bits))
 
 
 def _matmul_nbits(x, b_quant, scales, zero_points, bias, residual, norm_weight, *, bits, block_size,
-                  eps, gated, pdl, cluster, warps_k, wide):
+                  eps, gated, pdl, cluster, warps_k, wide, slots):
     m, n = x.shape[0], b_quant.shape[0]
     n_out = n // 2 if gated else n
     if cluster == 0 and warps_k == 0 and plan_model() == "issue":
@@ -255,4 +276,4 @@ def _matmul_nbits(x, b_quant, scales, zero_points, bias, residual, norm_weight, 
                 has_zero_points=zero_points is not None, has_bias=bias is not None,
                 has_residual=residual is not None, has_norm=norm_weight is not None,
                 gated=bool(gated), eps=np.float32(eps), cluster=int(cluster),
-                warps_k=int(warps_k), wide=bool(wide), pdl=bool(pdl))
+                warps_k=int(warps_k), wide=bool(wide), pdl=bool(pdl), slots=bool(slots))

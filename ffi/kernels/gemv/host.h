@@ -35,11 +35,13 @@ cudaError_t LaunchDtype(const GemvParams& p, const Plan& plan, int bits, Fusion 
 
 // Plans y = x W^T for p's shape (p.m, p.n_rows, p.n_out, p.k set) and launches it. wide: n-bit
 // weights in the two-piece format (plan.h's FormatInfo; ignored for dense weights).
+// block_size / slots: MakePlan's (n-bit weights).
 inline ffi::Error PlanAndLaunch(GemvParams& p, ffi::DataType dtype, int bits, Fusion fusion,
                                 int64_t cluster, int64_t warps_k, bool wide, bool pdl,
-                                cudaStream_t stream, const char* op) {
-  const Plan plan =
-      MakePlan(p.m, p.n_rows, p.k, bits, fusion.gated, fusion.norm, Sm90(), cluster, warps_k, wide);
+                                cudaStream_t stream, const char* op, int64_t block_size = 0,
+                                bool slots = false) {
+  const Plan plan = MakePlan(p.m, p.n_rows, p.k, bits, fusion.gated, fusion.norm, Sm90(), cluster, warps_k,
+                             wide, block_size, slots);
   if (!plan.error.empty()) return InvalidArgument(std::string(op) + ": " + plan.error);
   if (plan.n_out != p.n_out) return InvalidArgument(std::string(op) + ": output width mismatch");
   cudaError_t err;

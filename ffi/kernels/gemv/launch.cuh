@@ -10,6 +10,7 @@
 #include "kernels/gemv/epilogue.cuh"
 #include "kernels/gemv/gemv.h"
 #include "kernels/gemv/kernel.cuh"
+#include "kernels/gemv/slots.cuh"
 #include "kernels/gemv/stage.cuh"
 #include "kernels/gemv/weights.cuh"
 
@@ -70,12 +71,8 @@ cudaError_t LaunchEpilogue(const GemvParams& p, const Plan& plan, bool gated, bo
                : LaunchTiles<T, Weights, Prologue, StoreEpilogue>(p, plan, pdl, stream);
 }
 
-template <typename T, int kBits, bool kWide>
-cudaError_t LaunchFormat(GemvParams p, const Plan& plan, Fusion fusion, bool pdl, cudaStream_t stream) {
-  static_assert(kBits != 16 || !kWide, "dense weights have one format");
-  using Weights =
-      std::conditional_t<kBits == 16, DenseWeights<T>, NbitsWeights<T, kBits == 16 ? 8 : kBits, kWide>>;
-  if (plan.wide != kWide) return cudaErrorInvalidValue;  // host.h picks the instantiation by plan.wide
+// The plan's geometry into the kernel parameters.
+inline void ApplyPlan(GemvParams& p, const Plan& plan, bool pdl) {
   p.kc = plan.kc;
   p.cpp = plan.cpp;
   p.stages = plan.stages;
@@ -92,6 +89,66 @@ cudaError_t LaunchFormat(GemvParams p, const Plan& plan, Fusion fusion, bool pdl
   p.gamma_offset = int(plan.gamma_offset);
   p.ring_offset = int(plan.ring_offset);
   p.x_first = pdl ? 0 : 1;
+}
+
+// The slots kernel (one row, 4-bit wide weights; plan.slots): its fusion policies, shared memory,
+// the cluster that shares x, PDL.
+template <typename T, class Prologue, class Epilogue>
+cudaError_t LaunchSlotsKernel(const GemvParams& p, const Plan& plan, bool pdl, cudaStream_t stream) {
+  auto* kernel = GemvSlotsKernel<T, Prologue, Epilogue, kSlotsDepth>;
+  const int smem = SlotsSmemBytes(p, Prologue::kNorm);
+  if (smem != plan.smem_bytes) return cudaErrorInvalidValue;  // plan.h and slots.cuh disagree
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err == cudaSuccess) {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                               int(cudaSharedmemCarveoutMaxShared));
+  }
+  if (err != cudaSuccess) return err;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(plan.grid));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = size_t(smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  int n = 0;
+  if (plan.cluster > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = unsigned(plan.cluster);
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  cfg.attrs = attr;
+  cfg.numAttrs = unsigned(n);
+  return cudaLaunchKernelEx(&cfg, kernel, p);
+}
+
+template <typename T>
+cudaError_t LaunchSlots(const GemvParams& p, const Plan& plan, Fusion fusion, bool pdl, cudaStream_t stream) {
+  if (fusion.norm) {
+    return fusion.gated ? LaunchSlotsKernel<T, RmsNormInput, GatedSiluEpilogue>(p, plan, pdl, stream)
+                        : LaunchSlotsKernel<T, RmsNormInput, StoreEpilogue>(p, plan, pdl, stream);
+  }
+  return fusion.gated ? LaunchSlotsKernel<T, PlainInput, GatedSiluEpilogue>(p, plan, pdl, stream)
+                      : LaunchSlotsKernel<T, PlainInput, StoreEpilogue>(p, plan, pdl, stream);
+}
+
+template <typename T, int kBits, bool kWide>
+cudaError_t LaunchFormat(GemvParams p, const Plan& plan, Fusion fusion, bool pdl, cudaStream_t stream) {
+  static_assert(kBits != 16 || !kWide, "dense weights have one format");
+  using Weights =
+      std::conditional_t<kBits == 16, DenseWeights<T>, NbitsWeights<T, kBits == 16 ? 8 : kBits, kWide>>;
+  if (plan.wide != kWide) return cudaErrorInvalidValue;  // host.h picks the instantiation by plan.wide
+  ApplyPlan(p, plan, pdl);
+  if (plan.slots) {
+    if constexpr (kBits == 4 && kWide) return LaunchSlots<T>(p, plan, fusion, pdl, stream);
+    return cudaErrorInvalidValue;  // host.h never plans the slots kernel for another format
+  }
   return fusion.norm ? LaunchEpilogue<T, Weights, RmsNormInput>(p, plan, fusion.gated, pdl, stream)
                      : LaunchEpilogue<T, Weights, PlainInput>(p, plan, fusion.gated, pdl, stream);
 }

@@ -107,6 +107,10 @@ inline constexpr double kModelClusterUs = 0.35;
 
 struct Plan {
   std::string error;  // empty when the engine takes this shape
+  // One row of 4-bit wide weights on the slots kernel (slots.cuh) instead of the ring kernel: one
+  // 16-row tile a CTA at a time, warps splitting K, W straight into registers, x multicast within
+  // clusters of `cluster` CTAs (sm_90). Fields below then describe that kernel's geometry.
+  bool slots = false;
   int m = 0, n_rows = 0, n_out = 0, k = 0, bits = 16, nt = 1;
   bool wide = false;     // n-bit weights in the two-piece format (FormatInfo)
   int quads = 2, lane_k = 16, chunk_k = 64, lane_stride = 8, quad_stride = 8, pieces = 2, piece_stride = 32;
@@ -182,13 +186,53 @@ inline bool Layout(Plan& p, int cluster, int warps_n, int warps_k, int ctas_per_
   return true;
 }
 
+// The slots kernel (slots.cuh): clusters of two CTAs share x (one L2 request a line for both:
+// on the H200, a 4-8 KB x read by every one of 128-264 CTAs took 2-5 us to arrive; clusters of 2
+// gave the best times on the ~1B shapes, 4 and 8 were slower where 264 CTAs could not all be
+// resident as clusters), two CTAs an SM.
+inline constexpr int kSlotsCluster = 2;
+inline constexpr int kSlotsGrid = 2 * kPlanSms;
+
+// Fills `p` (a MakePlan base of one row of 4-bit wide weights) for the slots kernel; false when
+// its shared memory does not fit two CTAs an SM.
+inline bool SlotsLayout(Plan& p, int64_t block_size, bool sm90) {
+  p.slots = true;
+  p.cluster = sm90 ? kSlotsCluster : 1;
+  p.warps_n = 1;
+  p.warps_k = kWarps;
+  p.cpp = int(CeilDiv(p.kc, kWarps));
+  p.slice_chunks = p.kc;
+  p.rows_block = 16;
+  p.red_stride = 20;
+  p.blocks = int(CeilDiv(p.n_rows, 16));
+  p.grid = int(CeilDiv(std::min(p.blocks, kSlotsGrid), p.cluster) * p.cluster);
+  p.groups = p.grid;
+  p.waves = int(CeilDiv(p.blocks, p.grid));
+  p.ctas_per_sm = 2;
+  p.stages = 0;
+  p.stage_bytes = 0;
+  const int64_t x_area = int64_t(p.kc) * p.chunk_k * 2;
+  p.x_bytes = x_area;
+  p.red_bytes = Align16(int64_t(2) * kWarps * p.red_stride * 4);
+  p.gamma_offset = p.x_bytes + p.red_bytes + kNormBytes;
+  p.ring_offset = p.gamma_offset + (p.norm ? x_area : 0);
+  // Then 512 zero bytes, f32 pairs per quantisation block, x (and gamma) as in memory, a barrier
+  // (slots.cuh's SlotsSmemBytes).
+  p.smem_bytes = p.ring_offset + 512 + Align16(p.k / block_size * 8) + x_area * (p.norm ? 2 : 1) + 16;
+  p.est_us = 0.0;  // not modelled: chosen by measurement
+  return p.smem_bytes <= (sm90 ? kSmemTwoPerSm : kSmemTwoPerSm80);
+}
+
 // The plan for y[m, n_out] = x[m, k] W^T with W of n_rows rows (n_out = n_rows / 2 when gated) and
 // `bits` per weight element; norm: the RMS-norm prologue. sm90: the device is sm_90+ (thread-block clusters, 227 KB of shared
 // memory a CTA); else the plan keeps to sm_80's limits and no clusters.
 // force_cluster / force_warps_k > 0 restrict the choice (for sweeps); 0 lets the model choose.
 // wide: n-bit weights in the two-piece format (ignored for dense weights, which always have two).
+// slots: one row of 4-bit wide weights with 32 <= block_size <= 256 and no forced layout takes the
+// slots kernel (slots.cuh) when it fits.
 inline Plan MakePlan(int64_t m, int64_t n_rows, int64_t k, int bits, bool gated, bool norm, bool sm90,
-                     int64_t force_cluster = 0, int64_t force_warps_k = 0, bool wide = false) {
+                     int64_t force_cluster = 0, int64_t force_warps_k = 0, bool wide = false,
+                     int64_t block_size = 0, bool slots = false) {
   Plan best;
   auto fail = [&](const std::string& why) {
     best.error = why;
@@ -226,6 +270,11 @@ inline Plan MakePlan(int64_t m, int64_t n_rows, int64_t k, int bits, bool gated,
   base.pieces = f.pieces;
   base.piece_stride = f.piece_stride;
   base.kc = int(CeilDiv(k, f.chunk_k));
+  if (slots && m == 1 && bits == 4 && base.wide && force_cluster == 0 && force_warps_k == 0 &&
+      block_size >= 32 && block_size <= 256 && k % block_size == 0) {
+    Plan p = base;
+    if (SlotsLayout(p, block_size, sm90)) return p;
+  }
   bool found = false, too_few_chunks = false;
   for (int cluster = 1; cluster <= (sm90 ? kMaxCluster : 1); cluster *= 2) {
     if (force_cluster > 0 && cluster != force_cluster) continue;

@@ -83,8 +83,12 @@ template <class Weights>
 __device__ __forceinline__ int UnitK(const GemvParams& p, int slice0, int u, int& m) {
   constexpr FormatInfo kF = Weights::kInfo;
   int rest = u >> 2;
-  m = rest % p.m;
-  rest /= p.m;
+  if (p.m == 1) {  // decode at batch 1: no division (by a runtime M it is ~25 dependent instructions)
+    m = 0;
+  } else {
+    m = rest % p.m;
+    rest /= p.m;
+  }
   return (slice0 + rest / kF.quads) * kF.chunk_k + kF.lane_stride * (u & 3) + QuadK(kF, rest % kF.quads);
 }
 
@@ -138,11 +142,19 @@ __device__ __forceinline__ void StageXFinish(const GemvParams& p, unsigned char*
   CpAsyncWaitPending(newer);
   if constexpr (Prologue::kNorm) {
     __syncthreads();  // every unit landed, for the statistics
-    // This CTA's sum of squares of each x row over its slice: one warp per row, a fixed order.
+    // This CTA's sum of squares of each x row over its slice, in a fixed order: with M < kWarps
+    // rows, each row's units are split over kWarps / M warps ("parts"; with one row a single warp
+    // summing it was a ~2 us serial chain), their sums left in the reduction buffers (unused until
+    // the first row block) and added in part order.
     const int warp = tid >> 5, lane = tid & 31;
-    for (int m = warp; m < p.m; m += kWarps) {
+    float* s_wpart = reinterpret_cast<float*>(smem + p.x_bytes);  // [parts][M]
+    const int parts = max(1, kWarps / p.m);
+    const int row_units = max(chunks, 0) * kF.quads * 4;
+    const int span = (row_units + parts - 1) / parts;
+    for (int job = warp; job < p.m * parts; job += kWarps) {
+      const int m = job % p.m, part = job / p.m;
       float s = 0.f;
-      for (int f = lane; f < max(chunks, 0) * kF.quads * 4; f += 32) {
+      for (int f = part * span + lane; f < min(row_units, (part + 1) * span); f += 32) {
         const Vec8<T> x = AsVec8<T>(*reinterpret_cast<const uint4*>(
             s_x + int64_t(((f >> 2) * p.m + m) * 4 + (f & 3)) * 16));
 #pragma unroll
@@ -153,7 +165,13 @@ __device__ __forceinline__ void StageXFinish(const GemvParams& p, unsigned char*
       }
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-      if (lane == 0) s_part[m] = s;
+      if (lane == 0) s_wpart[part * p.m + m] = s;
+    }
+    __syncthreads();
+    if (tid < p.m) {
+      float s = 0.f;
+      for (int part = 0; part < parts; ++part) s += s_wpart[part * p.m + tid];
+      s_part[tid] = s;
     }
     // The whole row's sum: the cluster's slices in rank order (so every CTA gets the same bits).
     ClusterSync(p.cluster);

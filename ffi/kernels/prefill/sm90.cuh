@@ -65,6 +65,26 @@ __device__ __forceinline__ void TmaLoad2D(uint32_t dst, const void* map, int c0,
       : "memory");
 }
 
+// Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) from global memory to the same
+// shared-memory offset `dst` in every CTA of the cluster named in `cta_mask`, completing `bytes` on
+// the barrier at offset `bar` of each of them (one request to L2 for all of them).
+__device__ __forceinline__ void BulkLoadMulticast(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
+                                                  uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar), "h"(cta_mask)
+      : "memory");
+}
+
+// The cluster barrier in two halves: every thread of every CTA arrives (release), then waits
+// (acquire) until all have.
+__device__ __forceinline__ void ClusterArrive() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void ClusterWait() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
 // --- ordering ------------------------------------------------------------------------------------
 
 // Orders this thread's ordinary shared-memory writes before later async-proxy reads (wgmma, TMA).

@@ -1,0 +1,441 @@
+// The GEMV engine's one-row path for 4-bit weights: y[1, N] = epilogue(prologue(x)[1, K] W^T) with
+// W in the wide n-bit format (plan.h), scales and zero points applied once per quantisation block
+// in f32 instead of once per weight.
+//
+// Why: with one row of x, the ring kernel (kernel.cuh) spends ~1.6 instructions a weight turning
+// nibbles into (q - zp) * scale in T (lop3, sub, mul) and the MMA uses one of its eight B columns.
+// Here the eight columns carry eight quantisation blocks instead ("slots"): in the k16 step of
+// piece pc, lane (g, t)'s B registers hold x where g == 4 pc + t and zeros elsewhere, so column
+// 4 pc + t sums only the k of lane t's piece pc, which lies in one block (block_size >= 32 = a
+// piece). The A operand is the raw magic-number halves (one lop3 per two weights): f16 0x6400 | n
+// = 1024 + n for low nibbles and 0x6400 | 16 n = 1024 + 16 n for high ones (x staged at 1/16 there,
+// exact), bf16 0x4300 | n = 128 + n (nibble by nibble). So column s of a chunk holds
+// sum (off + q) x over its block's k, and per (row, slot)
+//     sum (q - zp) x scale = scale (C - (Off_b + zp X_b)),
+// with Off_b = 1024 sum(staged x) (f16) or 128 sum(x) (bf16) and X_b = sum(x) over block b, both
+// summed once per CTA in f32 from the staged x. Products are exact and sums f32, so the result
+// differs from the reference's (one rounding of each dequantised weight to T) by less than that
+// rounding; it is deterministic (fixed orders everywhere).
+//
+// Geometry: a CTA of kWarps warps owns 16-row tiles blockIdx.x, + gridDim.x, ...; warp w takes
+// chunks [w cpp, (w + 1) cpp) of each; W goes from global memory straight into registers, kDepth
+// steps ahead across tile boundaries (no shared-memory ring: on the small weights of a ~1B decoder
+// its bookkeeping was most of the ring kernel's time). x is staged once per CTA by StageX (fragment
+// order, norm, nibble permutation), then scaled and summed per block here.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/convert.cuh"
+#include "kernels/gemv/epilogue.cuh"
+#include "kernels/gemv/kernel.cuh"  // Add8
+#include "kernels/gemv/params.h"
+#include "kernels/gemv/plan.h"
+#include "kernels/gemv/stage.cuh"
+#include "kernels/gemv/weights.cuh"
+#include "kernels/prefill/sm90.cuh"
+#include "kernels/ptx.cuh"
+
+// Probes (tools/probes/gemv_lean.cu) define JOA_GEMV_MARK(phase) to time the kernel's phases.
+#ifndef JOA_GEMV_MARK
+#define JOA_GEMV_MARK(phase)
+#endif
+
+
+namespace joa::gemv {
+
+// 16 bytes of W, read once: not kept in L1.
+__device__ __forceinline__ uint4 LoadStream16(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// One chunk of a lane: rows g, g + 8 (h) x two 16-byte pieces; the scale (T bits) and zero point
+// of rows g, g + 8 for the lane's two accumulator columns (slots 2t + e). Each its own register:
+// packing them would make the thread wait for the loads where they are issued.
+struct SlotChunk {
+  uint4 w[2][2];
+  uint32_t scale[2][2];  // [h][e]
+  uint32_t zero[2][2];
+};
+
+// The T value in the low 16 bits of `bits`, as f32.
+template <typename T>
+__device__ __forceinline__ float ScaleToFloat(uint32_t bits) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+  } else {
+    return __uint_as_float(bits << 16);
+  }
+}
+
+template <typename T>
+struct SlotFormat {
+  using Weights = NbitsWeights<T, 4, true>;
+  static constexpr FormatInfo kF = Weights::kInfo;
+  static_assert(kF.quads == 8 && kF.chunk_k == 256 && kF.lane_stride == 32 && kF.piece_stride == 128,
+                "the wide 4-bit format");
+  static constexpr bool kHalf = std::is_same_v<T, __half>;
+  // sum (off + q) x = Off_b + sum q x: f16 1024 (x at 1/16 under the high nibbles), bf16 128.
+  static constexpr float kOffset = kHalf ? 1024.f : 128.f;
+
+  // K offset (in the chunk) of slot s = 4 piece + t: lane t's piece.
+  __device__ __forceinline__ static int SlotK(int s) { return kF.lane_stride * (s & 3) + kF.piece_stride * (s >> 2); }
+
+  __device__ __forceinline__ static void Load(SlotChunk& ch, const GemvParams& p, int tile, int c, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    const int kk = c * kF.chunk_k + kF.lane_stride * t;
+    const int64_t row_bytes = int64_t(p.k) / 2;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = tile * 16 + g + 8 * h;
+      const uint8_t* src = static_cast<const uint8_t*>(p.w) + int64_t(r) * row_bytes + kk / 2;
+#pragma unroll
+      for (int pc = 0; pc < 2; ++pc) {
+        const bool valid = r < p.n_rows && kk + kF.piece_stride * pc < p.k;
+        ch.w[h][pc] = valid ? LoadStream16(src + 64 * pc) : make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int b = (c * kF.chunk_k + SlotK(2 * t + e)) >> p.block_shift;
+      const bool valid = b < p.k_blocks;  // K is a multiple of the block: a slot is all in or out
+      const int64_t rec = (int64_t(tile) * p.k_blocks + (valid ? b : 0)) * 16 + g;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        ch.scale[h][e] = valid ? uint32_t(__ldg(static_cast<const unsigned short*>(p.scales) + rec + 8 * h)) : 0u;
+        ch.zero[h][e] = p.zeros != nullptr && valid ? uint32_t(__ldg(p.zeros + rec + 8 * h)) : 8u;
+      }
+    }
+  }
+
+  // A registers of quad q (piece q / 4, word q % 4): the magic-number halves of rows g, g + 8.
+  __device__ __forceinline__ static void Fragments(const SlotChunk& ch, int q, uint32_t (&a)[2][4]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint4& w4 = ch.w[h][q >> 2];
+      const int word = q & 3;
+      const uint32_t v = word == 0 ? w4.x : word == 1 ? w4.y : word == 2 ? w4.z : w4.w;
+      uint32_t pr[4];  // (e0, e4), (e1, e5), (e2, e6), (e3, e7)
+      if constexpr (kHalf) {
+        const uint32_t v8 = v >> 8;
+        pr[0] = AndOr(v, 0x000F000Fu, 0x64006400u);
+        pr[1] = AndOr(v, 0x00F000F0u, 0x64006400u);
+        pr[2] = AndOr(v8, 0x000F000Fu, 0x64006400u);
+        pr[3] = AndOr(v8, 0x00F000F0u, 0x64006400u);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) pr[i] = AndOr(v >> (4 * i), 0x000F000Fu, 0x43004300u);
+      }
+      a[0][h] = pr[0];
+      a[0][2 + h] = pr[1];
+      a[1][h] = pr[2];
+      a[1][2 + h] = pr[3];
+    }
+  }
+};
+
+// x for one row: unit u (16 bytes) of the fragment order (stage.cuh) holds x[k(u) .. k(u) + 7].
+__device__ __forceinline__ int SlotUnitK(int u) {
+  return (u >> 5) * 256 + 32 * (u & 3) + 128 * ((u >> 4) & 1) + 8 * ((u >> 2) & 3);
+}
+
+// Starts copying x (and gamma with the norm) into shared memory: one commit group. The thread
+// copies units u = tid + i kThreads (and reads them back itself in SlotsStageFinish).
+template <typename T, class Prologue>
+__device__ __forceinline__ void SlotsStageIssue(const GemvParams& p, unsigned char* smem, int tid) {
+  const int units = p.kc * 32;
+  for (int u = tid; u < units; u += kThreads) {
+    const int k = SlotUnitK(u);
+    const bool valid = k < p.k;  // K is a multiple of 8: a unit is all in or out
+    CpAsync16(SmemAddr(smem + int64_t(u) * 16), static_cast<const T*>(p.x) + (valid ? k : 0), valid);
+    if constexpr (Prologue::kNorm) {
+      CpAsync16(SmemAddr(smem + p.gamma_offset + int64_t(u) * 16), static_cast<const T*>(p.gamma) + (valid ? k : 0),
+                valid);
+    }
+  }
+  CpAsyncCommit();
+}
+
+// Waits for x, applies the norm (its statistics: each thread's units, the warps' sums added in
+// warp order, so every thread computes the same inverse RMS), the nibble permutation and, f16, the
+// 1/16 under high nibbles (words 1 and 3 of a unit: the permuted order (x0, x4 | x1, x5 | x2, x6 |
+// x3, x7) meets pairs (e0, e4), (e1, e5), ...); then per quantisation block b, Off_b and X_b into
+// s_blk. A warp holds one chunk (32 units); a block's units (32 <= block_size <= 256) are a subcube
+// of its lanes, summed by a butterfly over the lanes of the same block (a fixed order). Ends with
+// the units written but not yet visible to other threads: the caller synchronises.
+// raw_x / raw_g: x and gamma as they are in memory (the cluster's multicast landed them), read
+// at k(u); null: the units were copied in place by SlotsStageIssue.
+template <typename T, class Prologue>
+__device__ __forceinline__ void SlotsStageFinish(const GemvParams& p, unsigned char* smem, float* s_wsum,
+                                                 float2* s_blk, int tid, const unsigned char* raw_x,
+                                                 const unsigned char* raw_g) {
+  using F = SlotFormat<T>;
+  const int units = p.kc * 32;  // a multiple of 32: whole warps
+  const int lane = tid & 31, warp = tid >> 5;
+  auto x_unit = [&](int u) -> uint4 {
+    if (raw_x == nullptr) return *reinterpret_cast<const uint4*>(smem + int64_t(u) * 16);
+    const int k = SlotUnitK(u);
+    return k < p.k ? *reinterpret_cast<const uint4*>(raw_x + int64_t(k) * 2) : make_uint4(0, 0, 0, 0);
+  };
+  auto g_unit = [&](int u) -> uint4 {
+    if (raw_g == nullptr) return *reinterpret_cast<const uint4*>(smem + p.gamma_offset + int64_t(u) * 16);
+    const int k = SlotUnitK(u);
+    return k < p.k ? *reinterpret_cast<const uint4*>(raw_g + int64_t(k) * 2) : make_uint4(0, 0, 0, 0);
+  };
+  if (raw_x == nullptr) CpAsyncWaitPending(0);
+  float r = 0.f;
+  if constexpr (Prologue::kNorm) {
+    float ss = 0.f;
+    for (int u = tid; u < units; u += kThreads) {
+      const Vec8<T> x = AsVec8<T>(x_unit(u));
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float e = ToFloat(x.v[i]);
+        ss = __fmaf_rn(e, e, ss);
+      }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+    if (lane == 0) s_wsum[warp] = ss;
+    __syncthreads();
+    float total = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) total += s_wsum[w];
+    r = rsqrtf(__fdiv_rn(total, float(p.k)) + p.eps);
+  }
+  for (int u = tid; u < units; u += kThreads) {
+    uint4* unit = reinterpret_cast<uint4*>(smem + int64_t(u) * 16);
+    uint4 v = x_unit(u);
+    if constexpr (Prologue::kNorm) v = Prologue::template Apply<T>(v, r, g_unit(u));
+    v = PermuteForNibbles(v);
+    if constexpr (F::kHalf) {
+      const __half2 sixteenth = __float2half2_rn(0.0625f);
+      v.y = AsU32(__hmul2(AsH2<__half>(v.y), sixteenth));
+      v.w = AsU32(__hmul2(AsH2<__half>(v.w), sixteenth));
+    }
+    *unit = v;
+    const Vec8<T> x = AsVec8<T>(v);
+    float staged = 0.f, full = 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float f = ToFloat(x.v[e]);
+      staged += f;
+      full += F::kHalf && (e & 2) ? 16.f * f : f;  // halves 2, 3, 6, 7: words 1, 3
+    }
+    const int b = SlotUnitK(u) >> p.block_shift;
+    bool first = true;
+#pragma unroll
+    for (int m = 1; m < 32; m <<= 1) {
+      const float o_staged = __shfl_xor_sync(0xffffffffu, staged, m);
+      const float o_full = __shfl_xor_sync(0xffffffffu, full, m);
+      if (__shfl_xor_sync(0xffffffffu, b, m) == b) {
+        staged += o_staged;
+        full += o_full;
+        if (lane & m) first = false;
+      }
+    }
+    if (first && b < p.k_blocks) s_blk[b] = make_float2(F::kOffset * (F::kHalf ? staged : full), full);
+  }
+}
+
+// Shared memory of the slots kernel past StageX's areas (ring_offset): 512 zero bytes, Off_b / X_b
+// per block, then (multicast) x and gamma as in memory, then the multicast's barrier.
+__host__ __device__ inline int SlotsRawOffset(const GemvParams& p) {
+  return p.ring_offset + 512 + (p.k_blocks * 8 + 15) / 16 * 16;
+}
+__host__ __device__ inline int SlotsBarrierOffset(const GemvParams& p, bool norm) {
+  return SlotsRawOffset(p) + p.kc * 512 * (norm ? 2 : 1);
+}
+__host__ __device__ inline int SlotsSmemBytes(const GemvParams& p, bool norm) { return SlotsBarrierOffset(p, norm) + 16; }
+
+// Chunks a warp has in flight (registers): 2 and 3 measured alike on the ~1B shapes.
+inline constexpr int kSlotsDepth = 2;
+
+template <typename T, class Prologue, class Epilogue, int kDepth>
+__global__ void __launch_bounds__(kThreads, 2) GemvSlotsKernel(const __grid_constant__ GemvParams p) {
+  using F = SlotFormat<T>;
+  using Weights = typename F::Weights;
+  extern __shared__ __align__(16) unsigned char smem[];
+  unsigned char* s_x = smem;
+  float* s_red = reinterpret_cast<float*>(smem + p.x_bytes);  // [2][kWarps][red_stride]
+  // After StageX's areas (x | reductions | norm | gamma): 512 zero bytes (the B registers of lanes
+  // whose slot is not the current piece's), then Off_b, X_b per block.
+  unsigned char* s_zero = smem + p.ring_offset;
+  float2* s_blk = reinterpret_cast<float2*>(s_zero + 512);
+
+  const int tid = threadIdx.x, lane = tid & 31, wk = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int c_begin = wk * p.cpp;
+  const int tiles = (p.blocks - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x);
+  const int steps = tiles * p.cpp;  // the same for every warp (steps past K are empty)
+
+  JOA_GEMV_MARK(0);
+  ptx::LaunchDependents();
+
+  SlotChunk buf[kDepth];
+  int ld_step = 0, ld_it = 0, ld_j = 0;
+  auto load_next = [&](SlotChunk& dst) {
+    if (ld_step < steps && c_begin + ld_j < p.kc) {
+      F::Load(dst, p, int(blockIdx.x) + ld_it * int(gridDim.x), c_begin + ld_j, lane);
+    }
+    ++ld_step;
+    if (++ld_j == p.cpp) {
+      ld_j = 0;
+      ++ld_it;
+    }
+  };
+  // With a cluster (sm_90), each CTA asks L2 for 1/cluster of x (and gamma) and multicasts it to
+  // all: every CTA reading all of x was the call's longest wait (probe: one 4-8 KB vector read by
+  // 128-264 CTAs took 2-5 us to arrive; 1.5 us with a copy of it per CTA). Without, each CTA
+  // copies x itself (cp.async), x's copies first: W requested earlier would hold them up.
+  unsigned char* raw_x = nullptr;
+  unsigned char* raw_g = nullptr;
+  const bool multicast = p.cluster > 1;
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // the multicast: sm_90a
+  const uint32_t bar = SmemAddr(smem + SlotsBarrierOffset(p, Prologue::kNorm));
+  if (multicast) {
+    raw_x = smem + SlotsRawOffset(p);
+    raw_g = raw_x + p.kc * 512;
+    if (tid == 0) {
+      sm90::MbarInit(bar, 1);
+      sm90::FenceBarrierInit();
+    }
+    sm90::ClusterArrive();  // every CTA's barrier exists before any multicast signals it
+    sm90::ClusterWait();
+    ptx::WaitForPrimary();
+    if (tid == 0) {
+      const uint32_t bytes = uint32_t(p.k) * 2;
+      sm90::MbarArriveExpectTx(bar, Prologue::kNorm ? 2 * bytes : bytes);
+      const int rank = ClusterRank(p.cluster), n16 = p.k / 8;
+      const int a = rank * n16 / p.cluster, b = (rank + 1) * n16 / p.cluster;
+      const uint16_t mask = uint16_t((1u << p.cluster) - 1);
+      if (b > a) {
+        sm90::BulkLoadMulticast(SmemAddr(raw_x + 16 * a), static_cast<const uint8_t*>(p.x) + 16 * a, 16 * (b - a), bar,
+                                mask);
+        if constexpr (Prologue::kNorm) {
+          sm90::BulkLoadMulticast(SmemAddr(raw_g + 16 * a), static_cast<const uint8_t*>(p.gamma) + 16 * a,
+                                  16 * (b - a), bar, mask);
+        }
+      }
+    }
+  }
+#endif
+  if (!multicast && p.x_first) {
+    ptx::WaitForPrimary();
+    SlotsStageIssue<T, Prologue>(p, smem, tid);
+  }
+#pragma unroll
+  for (int s = 0; s < kDepth; ++s) load_next(buf[s]);
+  JOA_GEMV_MARK(1);
+  if (!multicast && !p.x_first) {
+    ptx::WaitForPrimary();  // x, gamma, bias, residual may come from the previous kernel
+    SlotsStageIssue<T, Prologue>(p, smem, tid);
+  }
+  for (int i = tid; i < 512 / 16; i += kThreads) reinterpret_cast<uint4*>(s_zero)[i] = make_uint4(0, 0, 0, 0);
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // the multicast: sm_90a
+  if (multicast) {
+    sm90::MbarWait(bar, 0);
+    sm90::ClusterArrive();  // waited for at the end: no CTA exits while its multicast may still land
+  }
+#endif
+  JOA_GEMV_MARK(2);
+  SlotsStageFinish<T, Prologue>(p, smem, s_red, s_blk, tid, raw_x, raw_g);
+  __syncthreads();
+  JOA_GEMV_MARK(3);
+
+  // B registers of piece pc: x where g == 4 pc + t, else the zero area (the same quad offsets).
+  uint32_t x_base[2], x_step[2];
+#pragma unroll
+  for (int pc = 0; pc < 2; ++pc) {
+    const bool mine = g == 4 * pc + t;
+    x_base[pc] = SmemAddr(mine ? s_x + 16 * t : s_zero + 16 * t);
+    x_step[pc] = mine ? F::kF.quads * 64 : 0;  // bytes per chunk
+  }
+
+  const int rs = p.red_stride;
+  const int groups8 = Epilogue::OutCols(16) / 8;
+  float tot[2] = {0.f, 0.f};  // rows g, g + 8
+  int j = 0, it = 0;
+  for (int i0 = 0; i0 < steps; i0 += kDepth) {
+#pragma unroll
+    for (int s = 0; s < kDepth; ++s) {
+      if (i0 + s >= steps) break;
+      const int c = c_begin + j;
+      if (c < p.kc) {
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int q = 0; q < F::kF.quads; ++q) {
+          uint32_t a[2][4];
+          F::Fragments(buf[s], q, a);
+          const int pc = q >> 2;
+          uint4 xv;
+          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                       : "=r"(xv.x), "=r"(xv.y), "=r"(xv.z), "=r"(xv.w)
+                       : "r"(x_base[pc] + c * x_step[pc] + 64 * (q & 3) + 256 * pc));
+          ptx::Mma16816<T>(acc, a[0], xv.x, xv.y);
+          ptx::Mma16816<T>(acc, a[1], xv.z, xv.w);
+        }
+        // Columns 2t + e of rows g (acc[e]) and g + 8 (acc[2 + e]): one block each.
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int b = (c * F::kF.chunk_k + F::SlotK(2 * t + e)) >> p.block_shift;
+          const float2 blk = b < p.k_blocks ? s_blk[b] : make_float2(0.f, 0.f);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float scale = ScaleToFloat<T>(buf[s].scale[h][e]);
+            const float zp = float(buf[s].zero[h][e]);
+            tot[h] = __fmaf_rn(scale, acc[2 * h + e] - __fmaf_rn(zp, blk.y, blk.x), tot[h]);
+          }
+        }
+      }
+      JOA_GEMV_MARK(4);
+      load_next(buf[s]);  // step i + kDepth into the registers just consumed
+      if (++j < p.cpp) continue;
+      j = 0;
+      // End of a tile: the four lanes of a row sum their slots (fixed order), lane t = 0 writes the
+      // warp's partial sums; the epilogue's threads add the warps in order.
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        tot[h] += __shfl_xor_sync(0xffffffffu, tot[h], 1);
+        tot[h] += __shfl_xor_sync(0xffffffffu, tot[h], 2);
+      }
+      const int tile = int(blockIdx.x) + it * int(gridDim.x);
+      float* red = s_red + (it & 1) * kWarps * rs;
+      ++it;
+      if (t == 0) {
+        red[wk * rs + g] = tot[0];
+        red[wk * rs + g + 8] = tot[1];
+      }
+      tot[0] = tot[1] = 0.f;
+      __syncthreads();
+      if (tid < 16) {  // warp 0: row tid over the warps in order, into warp 0's slot
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) v += red[w * rs + tid];
+        red[tid] = v;
+        __syncwarp(0xFFFFu);
+        if (tid < groups8) {
+          Epilogue::template Apply<T>(p, 0, tile, tid * 8, [&](int r0, float (&v8)[8]) {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v8[e] = red[r0 + e];
+          });
+        }
+      }
+      JOA_GEMV_MARK(5);
+    }
+  }
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // the multicast: sm_90a
+  if (multicast) sm90::ClusterWait();
+#endif
+  JOA_GEMV_MARK(6);
+}
+
+}  // namespace joa::gemv

@@ -1,0 +1,253 @@
+// Probe: the GEMV engine's slots kernel (ffi/kernels/gemv/slots.cuh: one row of x, 4-bit wide
+// weights) against its ring kernel on a ~1B decoder's projections, f16, block 32, zero points;
+// chains of L launches on distinct weights in a CUDA graph (each launch its own child graph, as
+// XLA records FFI calls), with two floors: a kernel that does nothing and one that only reads W.
+// Checks that slots and ring agree within f16 rounding, and prints the slots kernel's timeline
+// (clock64 at its JOA_GEMV_MARK points in CTA 0; CTA start / end spread from %globaltimer).
+//   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
+//     -diag-suppress=940,2473 -I ffi tools/probes/gemv_slots.cu ffi/kernels/gemv/inst/gemv_f16_int4_wide.cu \
+//     -o gemv_slots
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+__device__ long long g_marks[2][8];
+__device__ unsigned long long g_start_min, g_start_max, g_end_min, g_end_max;
+__device__ __forceinline__ unsigned long long GlobalTimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+// CTA 0's threads 0 (warp 0) and 224 (warp 7) record clock64 at each mark (marks 4 and 5 repeat per
+// chunk / tile: the last one stays); thread 0 of every CTA its globaltimer at start (0) and end (6).
+#define JOA_GEMV_MARK(phase)                                                  \
+  do {                                                                        \
+    if (blockIdx.x == 0 && (threadIdx.x == 0 || threadIdx.x == 224))           \
+      g_marks[threadIdx.x != 0][phase] = clock64();                            \
+    if (threadIdx.x == 0 && ((phase) == 0 || (phase) == 6)) {                 \
+      const unsigned long long gt = GlobalTimer();                            \
+      atomicMin((phase) == 0 ? &g_start_min : &g_end_min, gt);                \
+      atomicMax((phase) == 0 ? &g_start_max : &g_end_max, gt);                \
+    }                                                                         \
+  } while (0)
+
+#include "kernels/gemv/gemv.h"
+#include "kernels/gemv/launch.cuh"  // LaunchSlots, ApplyPlan (the slots kernel instantiated here, with the marks)
+
+#define CK(x)                                                                   \
+  do {                                                                          \
+    cudaError_t e = (x);                                                        \
+    if (e != cudaSuccess) {                                                     \
+      printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
+      return 1;                                                                 \
+    }                                                                           \
+  } while (0)
+
+using namespace joa::gemv;
+
+struct Shape {
+  const char* name;
+  int k, n;
+  bool norm, gated;
+};
+
+__global__ void Fill(uint8_t* p, size_t n, uint32_t seed, uint8_t mask) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 13; h *= 0x5bd1e995u; h ^= h >> 15;
+    p[i] = uint8_t(h) & mask;
+  }
+}
+__global__ void FillHalf(__half* p, size_t n, uint32_t seed, float lo, float hi) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 13; h *= 0x5bd1e995u; h ^= h >> 15;
+    p[i] = __float2half(lo + (hi - lo) * float(h & 0xffff) / 65536.f);
+  }
+}
+__global__ void NullKernel(GemvParams p) {
+  if (threadIdx.x == 1000) static_cast<__half*>(p.y)[0] = __float2half(0.f);
+}
+__global__ void StreamKernel(GemvParams p, size_t n16) {  // reads W only, 4 x 16 B a thread in flight
+  const uint4* w = static_cast<const uint4*>(p.w);
+  uint32_t acc = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n16; i += 4 * size_t(gridDim.x) * blockDim.x) {
+    uint4 v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const size_t at = i + u * size_t(gridDim.x) * blockDim.x;
+      v[u] = at < n16 ? LoadStream16(w + at) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  if (acc == 0x12345678u) static_cast<uint32_t*>(p.y)[0] = acc;
+}
+
+enum Variant { kNull, kStream, kRing, kSlots };
+const char* const kNames[] = {"null", "stream", "ring", "slots"};
+
+static cudaError_t Launch(Variant v, GemvParams p, const Plan& ring, const Plan& slots, Fusion f, cudaStream_t s) {
+  switch (v) {
+    case kNull: NullKernel<<<ring.grid, kThreads, 0, s>>>(p); return cudaGetLastError();
+    case kStream:
+      StreamKernel<<<4 * kPlanSms, kThreads, 0, s>>>(p, size_t(p.n_rows) * p.k / 32);
+      return cudaGetLastError();
+    case kRing: return LaunchFormat<__half, 4, true>(p, ring, f, false, s);
+    default: ApplyPlan(p, slots, false); return LaunchSlots<__half>(p, slots, f, false, s);
+  }
+}
+
+static int Time(const std::vector<GemvParams>& ps, Variant v, const Plan& ring, const Plan& slots, Fusion f,
+                cudaStream_t s, float* us) {
+  const int L = int(ps.size());
+  cudaGraph_t g;
+  CK(cudaGraphCreate(&g, 0));
+  cudaGraphNode_t prev = nullptr;
+  for (const auto& p : ps) {
+    cudaGraph_t child;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    CK(Launch(v, p, ring, slots, f, s));
+    CK(cudaStreamEndCapture(s, &child));
+    cudaGraphNode_t node;
+    CK(cudaGraphAddChildGraphNode(&node, g, prev ? &prev : nullptr, prev ? 1 : 0, child));
+    prev = node;
+  }
+  cudaGraphExec_t exec;
+  CK(cudaGraphInstantiate(&exec, g, 0));
+  for (int i = 0; i < 5; ++i) CK(cudaGraphLaunch(exec, s));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  float best = 1e30f;
+  for (int r = 0; r < 3; ++r) {
+    CK(cudaEventRecord(a, s));
+    for (int i = 0; i < 50; ++i) CK(cudaGraphLaunch(exec, s));
+    CK(cudaEventRecord(b, s));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    best = std::min(best, ms * 1e3f / float(50 * L));
+  }
+  *us = best;
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(g));
+  return 0;
+}
+
+int main() {
+  const Shape shapes[] = {{"o 2048x2048", 2048, 2048, false, false},
+                          {"qkv 2048x3072 +norm", 2048, 3072, true, false},
+                          {"gate-up 2048x16384 +norm gated", 2048, 16384, true, true},
+                          {"down 8192x2048", 8192, 2048, false, false},
+                          {"lm 2048x128256 +norm", 2048, 128256, true, false}};
+  const int block = 32;
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  printf("%-32s %8s %8s %8s %8s   max|slots-ring| (max|ring|)\n", "shape (us a call)", "null", "stream", "ring",
+         "slots");
+  for (const Shape& sh : shapes) {
+    const int kb = sh.k / block;
+    const size_t wbytes = size_t(sh.n) * sh.k / 2;
+    const int L = sh.n > 100000 ? 4 : 24;  // distinct weights: together past the 50 MB L2
+    const Fusion f{sh.gated, sh.norm};
+    const Plan ring = MakePlan(1, sh.n, sh.k, 4, sh.gated, sh.norm, true, 0, 0, true, block, false);
+    const Plan slots = MakePlan(1, sh.n, sh.k, 4, sh.gated, sh.norm, true, 0, 0, true, block, true);
+    if (!ring.error.empty() || !slots.slots) {
+      printf("%s: no plan (%s)\n", sh.name, ring.error.c_str());
+      continue;
+    }
+    __half *x, *gamma, *scales;
+    uint8_t* zeros;
+    CK(cudaMalloc(&x, sh.k * 2));
+    FillHalf<<<64, 256>>>(x, sh.k, 1, -1.f, 1.f);
+    CK(cudaMalloc(&gamma, sh.k * 2));
+    FillHalf<<<64, 256>>>(gamma, sh.k, 2, 0.5f, 1.5f);
+    const size_t meta = size_t((sh.n + 15) / 16) * kb * 16;
+    CK(cudaMalloc(&scales, meta * 2 * L));
+    FillHalf<<<256, 256>>>(scales, meta * L, 3, 0.001f, 0.01f);
+    CK(cudaMalloc(&zeros, meta * L));
+    Fill<<<256, 256>>>(zeros, meta * L, 4, 15);
+    std::vector<void*> ws(L), ys(L);
+    std::vector<GemvParams> ps(L);
+    for (int i = 0; i < L; ++i) {
+      CK(cudaMalloc(&ws[i], wbytes));
+      Fill<<<1024, 256>>>(static_cast<uint8_t*>(ws[i]), wbytes, 10 + i, 0xFF);
+      CK(cudaMalloc(&ys[i], sh.n * 2));
+      GemvParams p{};
+      p.x = x;
+      p.w = ws[i];
+      p.scales = scales + meta * i;
+      p.zeros = zeros + meta * i;
+      p.gamma = sh.norm ? gamma : nullptr;
+      p.y = ys[i];
+      p.eps = 1e-6f;
+      p.m = 1;
+      p.k = sh.k;
+      p.n_rows = sh.n;
+      p.n_out = sh.gated ? sh.n / 2 : sh.n;
+      p.k_blocks = kb;
+      p.block_shift = 5;
+      ps[i] = p;
+    }
+    CK(cudaDeviceSynchronize());
+    const int n_out = ps[0].n_out;
+    std::vector<__half> y_ring(n_out), y_slots(n_out);
+    CK(Launch(kRing, ps[0], ring, slots, f, s));
+    CK(cudaStreamSynchronize(s));
+    CK(cudaMemcpy(y_ring.data(), ys[0], n_out * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemset(ys[0], 0xff, n_out * 2));
+    CK(Launch(kSlots, ps[0], ring, slots, f, s));
+    CK(cudaStreamSynchronize(s));
+    CK(cudaMemcpy(y_slots.data(), ys[0], n_out * 2, cudaMemcpyDeviceToHost));
+    float ymax = 0.f, worst = 0.f;
+    for (int i = 0; i < n_out; ++i) {
+      ymax = std::max(ymax, std::fabs(__half2float(y_ring[i])));
+      const float d = std::fabs(__half2float(y_slots[i]) - __half2float(y_ring[i]));
+      worst = std::max(worst, std::isnan(d) ? 1e30f : d);
+    }
+    {  // the slots kernel's timeline on weight 1 (not in L2 from the check)
+      const unsigned long long init[4] = {~0ull, 0ull, ~0ull, 0ull};
+      CK(cudaMemcpyToSymbol(g_start_min, &init[0], 8));
+      CK(cudaMemcpyToSymbol(g_start_max, &init[1], 8));
+      CK(cudaMemcpyToSymbol(g_end_min, &init[2], 8));
+      CK(cudaMemcpyToSymbol(g_end_max, &init[3], 8));
+      CK(Launch(kSlots, ps[1], ring, slots, f, s));
+      CK(cudaStreamSynchronize(s));
+      long long marks[2][8];
+      unsigned long long sm0, sm1, em0, em1;
+      CK(cudaMemcpyFromSymbol(marks, g_marks, sizeof(marks)));
+      CK(cudaMemcpyFromSymbol(&sm0, g_start_min, 8));
+      CK(cudaMemcpyFromSymbol(&sm1, g_start_max, 8));
+      CK(cudaMemcpyFromSymbol(&em0, g_end_min, 8));
+      CK(cudaMemcpyFromSymbol(&em1, g_end_max, 8));
+      printf("  slots timeline (grid %d, cluster %d), CTA 0 cycles from its start, warp 0 / 7:", slots.grid,
+             slots.cluster);
+      for (int ph = 1; ph < 7; ++ph) printf(" m%d %lld/%lld", ph, marks[0][ph] - marks[0][0], marks[1][ph] - marks[1][0]);
+      printf("; CTA starts spread %.2f us, ends %.2f..%.2f us after the first start\n", (sm1 - sm0) * 1e-3,
+             (em0 - sm0) * 1e-3, (em1 - sm0) * 1e-3);
+    }
+    printf("%-32s", sh.name);
+    for (Variant v : {kNull, kStream, kRing, kSlots}) {
+      float t;
+      if (Time(ps, v, ring, slots, f, s, &t)) return 1;
+      printf(" %8.2f", t);
+    }
+    printf("   %.4g (%.4g)  ring: cluster %d warps_k %d grid %d\n", worst, ymax, ring.cluster, ring.warps_k, ring.grid);
+    fflush(stdout);
+    for (int i = 0; i < L; ++i) {
+      CK(cudaFree(ws[i]));
+      CK(cudaFree(ys[i]));
+    }
+    CK(cudaFree(x));
+    CK(cudaFree(gamma));
+    CK(cudaFree(scales));
+    CK(cudaFree(zeros));
+  }
+  (void)kNames;
+  return 0;
+}
