@@ -67,6 +67,9 @@ struct EngineConfig {
   static constexpr int kCtasPerSm = kLayout.ctas_per_sm;
   static constexpr int kStages = kLayout.stages;
   static_assert(kStages >= 2, "the pipeline needs two stages");
+  static constexpr bool kFullRing = kLayout.full_ring;
+  // Tiles in flight while the CTA waits for one: every stage, or all but the one it left last.
+  static constexpr int kRing = kFullRing ? kStages : kStages - 1;
   static constexpr int kPipeBytes = kLayout.pipe_bytes;
   static constexpr int kSmemBytes = kLayout.smem_bytes;
   static_assert(kSmemBytes <= (kCtasPerSm == 2 ? kBudget2 : kBudget1), "shared memory over budget");
@@ -380,11 +383,13 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
   float l[2] = {0.f, 0.f};
   uint32_t qa[Cfg::kQInRegs ? kD / 16 : 1][4];
 
-  // load, prologue: Q and the first kStages - 1 tiles; Q lands in the first commit group. The
-  // scales are plain stores, visible after the first barrier of the loop.
+  // load, prologue: Q and the first kRing tiles, one commit group each (group i: tile t_begin + i;
+  // Q lands in the first, under tile t_begin's copy). The scales are plain stores, visible after
+  // the first barrier of the loop.
+  constexpr int kRing = Cfg::kRing;
   if constexpr (Kv::kQuantized) Kv::template LoadScales<kD, kThreads>(s_scale, p.kv_scales, kvh, tid);
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
+  for (int s = 0; s < kRing; ++s) {
     if (t_begin + s < t_end) load_tile(t_begin + s, s);
     ptx::CpAsyncCommit();
   }
@@ -394,14 +399,29 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
   const int k_row = (lane & 7) + ((lane >> 4) << 3), k_col = ((lane >> 3) & 1) * 8;
   const int v_row = (lane & 7) + (((lane >> 3) & 1) << 3), v_col = (lane >> 4) * 8;
 
+  // Each iteration issues tile t + kStages - 1 into tile t - 1's stage, one commit group per tile
+  // (empty past t_end, so group i stays tile t_begin + i and tile t's has kRing - 1 newer ones).
   for (int t = t_begin; t < t_end; ++t) {
     const int it = t - t_begin;
-    // load: tile t is in; every warp is done with the stage the next load overwrites.
-    ptx::CpAsyncWait<kStages - 2>();
+    const int tn = t + kStages - 1, st = (it + kStages - 1) % kStages;
+    if constexpr (Cfg::kFullRing) {
+      // load, full ring (plan.h): before the wait for tile t, so every stage has a tile in flight
+      // during it; a barrier first, that every warp is done with tile t - 1 (none on the quantised
+      // tile path: the stage's only reader was the conversion, behind the last second barrier).
+      if (it > 0) {
+        if (tn < t_end) {  // the CTA's condition: the barrier is uniform
+          if constexpr (!Kv::kQuantized) __syncthreads();
+          load_tile(tn, st);
+        }
+        ptx::CpAsyncCommit();
+      }
+    }
+    // load: tile t is in (this thread's copies, then everyone's after the barrier).
+    ptx::CpAsyncWait<kRing - 1>();
     __syncthreads();
-    {
-      const int tn = t + kStages - 1;
-      if (tn < t_end) load_tile(tn, (it + kStages - 1) % kStages);
+    if constexpr (!Cfg::kFullRing) {
+      // Every warp is done with tile t - 1's stage (the barrier above).
+      if (tn < t_end) load_tile(tn, st);
       ptx::CpAsyncCommit();
     }
     if constexpr (Kv::kQuantized) {

@@ -75,6 +75,7 @@ struct Layout {
   int k_pitch, v_pitch;  // quantised in registers: ring row pitches in bytes (0 otherwise)
   int ring_offset, merge_bytes;
   int stages, ctas_per_sm;
+  bool full_ring;   // every stage holds a tile in flight while the CTA waits (engine.cuh, load)
   int pipe_bytes, smem_bytes;
   bool cluster_combine;  // the in-cluster combine fits (16-row blocks only)
 };
@@ -134,6 +135,14 @@ constexpr Layout MakeLayout(int d, int warps_m, int warps_n, int elem_bytes, int
                    l.q_bytes + l.merge_bytes <= kBudget2;
   l.ctas_per_sm = two ? 2 : 1;
   l.stages = two ? stages2 : stages1;
+  // The ring's schedule: with the full ring, the copy into the stage the previous tile leaves is
+  // issued before the wait for the next tile, behind a barrier of its own, so every stage has a
+  // tile in flight during the wait; else after the wait's barrier, which it shares, with one stage
+  // idle. Full where that stage is a third or a quarter of the ring (3-4 stages: d128 / d256 16-bit
+  // tiles, a B=1 split of 2-8 tiles) and where it costs no barrier (the quantised tile path: a
+  // stage's only reader is the conversion, behind its own barrier); with 5-8 stages one idle stage
+  // is little, and the register-dequantising path keeps its one barrier per tile.
+  l.full_ring = (quantized && !in_regs) || l.stages <= 4;
   l.pipe_bytes = l.stages * l.stage_bytes;
   // The merge reuses everything past Q once the loop is done.
   l.smem_bytes = l.q_bytes + (l.conv_bytes + l.pipe_bytes > l.merge_bytes ? l.conv_bytes + l.pipe_bytes
