@@ -152,6 +152,32 @@ struct SplitStages {
     }
   }
 
+  // Asks the L2 for the K and V rows of tiles [t0, t1) that lie in [n_begin, n_end) (the rows
+  // their copies will read), one request per 128-byte line, ahead of those copies
+  // (DecodeParams::prefetch_tiles).
+  static __device__ __forceinline__ void PrefetchKv(const DecodeParams& p, int b, int kvh, int t0,
+                                                    int t1, int n_begin, int n_end, int tid) {
+    constexpr int kRowBytes = kD * Kv::kBits / 8;
+    constexpr int kElem = Kv::kQuantized ? 1 : int(sizeof(T));  // quantised strides count bytes
+    constexpr int kLines = (kRowBytes + 127) / 128 + 1;          // a row may straddle one more
+    const int lo = max(n_begin, t0 * kTileN), hi = min(n_end, t1 * kTileN);
+    if (lo >= hi) return;
+    const unsigned char* k_base =
+        static_cast<const unsigned char*>(p.k) + (b * p.k_stride_b + kvh * p.k_stride_h) * kElem;
+    const unsigned char* v_base =
+        static_cast<const unsigned char*>(p.v) + (b * p.v_stride_b + kvh * p.v_stride_h) * kElem;
+    const int64_t k_row = p.k_stride_n * kElem, v_row = p.v_stride_n * kElem;
+    for (int c = tid; c < (hi - lo) * kLines; c += kThreads) {
+      const int n = lo + c / kLines, i = c % kLines;
+      const uintptr_t k = reinterpret_cast<uintptr_t>(k_base + n * k_row);
+      const uintptr_t v = reinterpret_cast<uintptr_t>(v_base + n * v_row);
+      const uintptr_t k_line = (k & ~uintptr_t(127)) + 128 * i;
+      const uintptr_t v_line = (v & ~uintptr_t(127)) + 128 * i;
+      if (k_line < k + kRowBytes) ptx::PrefetchL2(reinterpret_cast<const void*>(k_line));
+      if (v_line < v + kRowBytes) ptx::PrefetchL2(reinterpret_cast<const void*>(v_line));
+    }
+  }
+
   // --- QK ----------------------------------------------------------------------------------------
 
   // s = Q K^T for the kChunk tile columns from c0 (k_lane: this lane's ldmatrix offset into the K
@@ -384,8 +410,9 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
   uint32_t qa[Cfg::kQInRegs ? kD / 16 : 1][4];
 
   // load, prologue: Q and the first kRing tiles, one commit group each (group i: tile t_begin + i;
-  // Q lands in the first, under tile t_begin's copy). The scales are plain stores, visible after
-  // the first barrier of the loop.
+  // Q lands in the first, under tile t_begin's copy), then the L2 prefetch of the prefetch_tiles
+  // after them (once, here: nothing of it stays live through the loop). The scales are plain
+  // stores, visible after the first barrier of the loop.
   constexpr int kRing = Cfg::kRing;
   if constexpr (Kv::kQuantized) Kv::template LoadScales<kD, kThreads>(s_scale, p.kv_scales, kvh, tid);
 #pragma unroll
@@ -393,6 +420,8 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
     if (t_begin + s < t_end) load_tile(t_begin + s, s);
     ptx::CpAsyncCommit();
   }
+  Stages::PrefetchKv(p, b, kvh, t_begin + kRing, min(t_end, t_begin + kRing + p.prefetch_tiles),
+                     n_begin, n_end, tid);
 
   const uint32_t q_addr = ptx::SmemAddr(s_q + (wm * 16 + (lane & 15)) * kStride + (lane >> 4) * 8);
   // ldmatrix lane offsets: K tiles as the col-major B of Q K^T, V tiles transposed for P V.

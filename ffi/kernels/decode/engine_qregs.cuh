@@ -251,7 +251,7 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
   uint32_t qa[Cfg::kQInRegs ? kD / 16 : 1][4];
   float k_mul = 1.f;  // a per-tensor K scale, on the logits
 
-  // The ring's schedule: DecodeSplitKernel's (engine.cuh).
+  // The ring's schedule and the L2 prefetch: DecodeSplitKernel's (engine.cuh).
   constexpr int kRing = Cfg::kRing;
   Kv::template LoadScales<kD, kThreads>(s_scale, p.kv_scales, kvh, tid);
 #pragma unroll
@@ -259,6 +259,8 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
     if (t_begin + s < t_end) load_tile(t_begin + s, s);
     ptx::CpAsyncCommit();
   }
+  Stages::PrefetchKv(p, b, kvh, t_begin + kRing, min(t_end, t_begin + kRing + p.prefetch_tiles),
+                     n_begin, n_end, tid);
 
   const uint32_t q_addr = ptx::SmemAddr(s_q + (wm * 16 + (lane & 15)) * kStride + (lane >> 4) * 8);
 

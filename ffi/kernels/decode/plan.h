@@ -213,6 +213,23 @@ inline int64_t ClusterSplitRows(int64_t batch, int64_t kv_heads, int64_t rows, i
   return 0;
 }
 
+// L2 prefetch (DecodeParams::prefetch_tiles): tiles past its ring's first fill that a CTA asks the
+// L2 for before its loop, for a grid of at most one CTA an SM. Then a CTA's ring is all its SM has
+// in flight (d128 16-bit: 3 tiles, ~100 KB, where a B=1 cluster split has 4-8 tiles), and the call
+// waits on one round trip after another (ncu at B=1 4k: DRAM 23%, SMs active 57%); the prefetch
+// puts the rest of a short split in flight at once, and its copies then come from the L2. With
+// more CTAs an SM the other rings already fill the memory pipe and the extra requests would only
+// load the L2 (93% busy at B8 128k). All CTAs' prefetched tiles together stay within
+// kL2PrefetchBytes (half of the H200's 50 MB L2), so a line is still there when its copy comes. A
+// constant, not a device query: like the split plan, a pure function of static shapes (and it
+// changes no bits either way). max_tiles: the JOA_DECODE_L2_PREFETCH cap (ops/cuda.py), 0: off.
+inline constexpr int64_t kL2PrefetchBytes = int64_t(24) << 20;
+constexpr int PrefetchTiles(int64_t ctas, int stage_bytes, int max_tiles) {
+  if (max_tiles <= 0 || ctas <= 0 || ctas > kPlanSms || stage_bytes <= 0) return 0;
+  const int64_t fit = kL2PrefetchBytes / (ctas * stage_bytes);
+  return int(fit < max_tiles ? fit : max_tiles);
+}
+
 // A call's plan: what the handler is told (split_rows, cluster) and the workspace Python sizes.
 struct Plan {
   int64_t split_rows;
