@@ -415,6 +415,39 @@ def test_nbits_wide_is_chosen_by_the_environment_default_on(monkeypatch):
         cuda_matmul.nbits_wide()
 
 
+@pytest.mark.parametrize("block", [32, 64, 128, 256])
+def test_plan_takes_the_slots_kernel_for_one_row_of_4bit_wide_weights(block):
+    for k, n in MODEL_SHAPES:
+        for gated, norm in ((False, False), (True, True), (False, True)):
+            p = _plan(1, n, k, 4, gated, norm, wide=True, block_size=block, slots=True)
+            assert p["error"] is None and p["slots"], p
+            assert p["warps_k"] == 8 and p["cpp"] * 8 >= p["kc"] and p["blocks"] * 16 >= n
+            assert p["grid"] % p["cluster"] == 0 and p["cluster"] in (1, 2) and p["grid"] <= 264
+            assert p["smem_bytes"] <= 115712  # two CTAs an SM
+            assert p == _plan(1, n, k, 4, gated, norm, wide=True, block_size=block, slots=True)
+    # Anything else keeps the ring kernel: more rows, 8 bits, the one-piece format, blocks the
+    # slots kernel does not take, a forced layout, or slots off.
+    for args, kw in (((2, 2048, 2048, 4, False), dict(wide=True, block_size=32)),
+                     ((1, 2048, 2048, 8, False), dict(wide=True, block_size=32)),
+                     ((1, 2048, 2048, 4, False), dict(wide=False, block_size=32)),
+                     ((1, 2048, 2048, 4, False), dict(wide=True, block_size=512)),
+                     ((1, 2048, 2048, 4, False), dict(wide=True, block_size=32, cluster=1)),
+                     ((1, 2048, 2048, 4, False), dict(wide=True, block_size=32, warps_k=8))):
+        p = _plan(*args, slots=True, **kw)
+        assert p["error"] is None and not p["slots"], (args, kw)
+    assert not _plan(1, 2048, 2048, 4, False, wide=True, block_size=32)["slots"]
+
+
+def test_slots_kernel_is_chosen_by_the_environment_default_on(monkeypatch):
+    monkeypatch.delenv(cuda_matmul.SLOTS_ENV, raising=False)
+    assert cuda_matmul.slots_enabled()
+    monkeypatch.setenv(cuda_matmul.SLOTS_ENV, "0")
+    assert not cuda_matmul.slots_enabled()
+    monkeypatch.setenv(cuda_matmul.SLOTS_ENV, "on")
+    with pytest.raises(ValueError, match="JOA_GEMV_SLOTS"):
+        cuda_matmul.slots_enabled()
+
+
 # --- NumPy emulation of the kernel's index maps --------------------------------------------------
 #
 # A faithful model of one warp of GemvKernel (ffi/kernels/gemv/kernel.cuh): the bytes each lane

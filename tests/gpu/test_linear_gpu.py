@@ -231,6 +231,35 @@ def test_nbits_fusions(bits, fusion, dtype, wide, full):
         _check(got, ref, dtype, f"{fusion} M={m} wide={wide}")
 
 
+def _slots_call(enabled, monkeypatch, **kw):
+    """A fresh jit of the CUDA matmul_nbits traced under JOA_GEMV_SLOTS=enabled (read at trace time)."""
+    monkeypatch.setenv(cuda_matmul.SLOTS_ENV, "1" if enabled else "0")
+    fn = jax.jit(lambda *a, **arrays: ops.matmul_nbits(*a, backend="cuda", wide=True, **kw, **arrays))
+    return lambda *a, **arrays: np.asarray(fn(*a, **arrays))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=_name)
+@pytest.mark.parametrize("block", [32, 64, 128, 256])
+@pytest.mark.parametrize("zp", [False, True], ids=["sym", "zp"])
+def test_slots_kernel_matches_the_reference_and_the_ring_kernel(block, zp, dtype, monkeypatch):
+    # One row of 4-bit wide weights: the slots kernel (scales applied per block in f32) against the
+    # reference and against the ring kernel, every fusion; K = 1024 + a block (a ragged last chunk
+    # below block 256), N = 8 mod 16 (a half-empty row tile); bitwise repeatable.
+    k, n = 1024 + block, 520
+    assert cuda_matmul.gemv_plan(1, n, k, 4, False, wide=True, block_size=block, slots=True)["slots"]
+    x, bq, s, z = _nbits(k, n, 4, block, zp, dtype, seed=6)
+    for fusion in FUSIONS:
+        arrays, static = _split(_fusion_operands(fusion, k, n, 1, dtype, seed=7))
+        kw = dict(k=k, n=n, bits=4, block_size=block, **static)
+        ref = _nbits_fn("reference", **kw)(x[:1], bq, s, z, **arrays)
+        slots = _slots_call(True, monkeypatch, **kw)
+        got = slots(x[:1], bq, s, z, **arrays)
+        _check(got, ref, dtype, f"slots {fusion} block={block} zp={zp}")
+        _check(_slots_call(False, monkeypatch, **kw)(x[:1], bq, s, z, **arrays), ref, dtype,
+               f"ring {fusion} block={block} zp={zp}")
+        np.testing.assert_array_equal(slots(x[:1], bq, s, z, **arrays), got)
+
+
 # (cluster, warps_k) forced through the plan's overrides: every reduction path.
 PLANS = [(1, 1), (1, 2), (1, 8), (2, 4), (4, 2), (8, 1), (16, 1), (16, 8)]
 
