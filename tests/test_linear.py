@@ -415,7 +415,7 @@ def test_nbits_wide_is_chosen_by_the_environment_default_on(monkeypatch):
         cuda_matmul.nbits_wide()
 
 
-@pytest.mark.parametrize("block", [32, 64, 128, 256])
+@pytest.mark.parametrize("block", [32, 64, 128, 256, 512])
 def test_plan_takes_the_slots_kernel_for_one_row_of_4bit_wide_weights(block):
     for k, n in MODEL_SHAPES:
         for gated, norm in ((False, False), (True, True), (False, True)):
@@ -430,7 +430,7 @@ def test_plan_takes_the_slots_kernel_for_one_row_of_4bit_wide_weights(block):
     for args, kw in (((2, 2048, 2048, 4, False), dict(wide=True, block_size=32)),
                      ((1, 2048, 2048, 8, False), dict(wide=True, block_size=32)),
                      ((1, 2048, 2048, 4, False), dict(wide=False, block_size=32)),
-                     ((1, 2048, 2048, 4, False), dict(wide=True, block_size=512)),
+                     ((1, 2048, 2048, 4, False), dict(wide=True, block_size=16)),
                      ((1, 2048, 2048, 4, False), dict(wide=True, block_size=32, cluster=1)),
                      ((1, 2048, 2048, 4, False), dict(wide=True, block_size=32, warps_k=8))):
         p = _plan(*args, slots=True, **kw)

@@ -41,7 +41,7 @@ def nbits_wide() -> bool:
 
 
 def slots_enabled() -> bool:
-    """Whether one row of x against 4-bit weights in the wide format (32 <= block_size <= 256) runs
+    """Whether one row of x against 4-bit weights in the wide format (block_size >= 32) runs
     on the slots kernel (ffi/kernels/gemv/slots.cuh: scales applied once per block in f32, W straight
     into registers, x shared by clusters of two CTAs) rather than the ring kernel. On by default
     (H200, bench/results/2026-12-01-gemv-slots.json: the 1B shapes 0.8-1.5 us faster a call, the

@@ -239,12 +239,13 @@ def _slots_call(enabled, monkeypatch, **kw):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=_name)
-@pytest.mark.parametrize("block", [32, 64, 128, 256])
+@pytest.mark.parametrize("block", [32, 64, 128, 256, 512])
 @pytest.mark.parametrize("zp", [False, True], ids=["sym", "zp"])
 def test_slots_kernel_matches_the_reference_and_the_ring_kernel(block, zp, dtype, monkeypatch):
     # One row of 4-bit wide weights: the slots kernel (scales applied per block in f32) against the
     # reference and against the ring kernel, every fusion; K = 1024 + a block (a ragged last chunk
-    # below block 256), N = 8 mod 16 (a half-empty row tile); bitwise repeatable.
+    # below block 256; blocks past 32 span several slots), N = 8 mod 16 (a half-empty row tile);
+    # bitwise repeatable.
     k, n = 1024 + block, 520
     assert cuda_matmul.gemv_plan(1, n, k, 4, False, wide=True, block_size=block, slots=True)["slots"]
     x, bq, s, z = _nbits(k, n, 4, block, zp, dtype, seed=6)

@@ -195,7 +195,7 @@ inline constexpr int kSlotsGrid = 2 * kPlanSms;
 
 // Fills `p` (a MakePlan base of one row of 4-bit wide weights) for the slots kernel; false when
 // its shared memory does not fit two CTAs an SM.
-inline bool SlotsLayout(Plan& p, int64_t block_size, bool sm90) {
+inline bool SlotsLayout(Plan& p, bool sm90) {
   p.slots = true;
   p.cluster = sm90 ? kSlotsCluster : 1;
   p.warps_n = 1;
@@ -216,9 +216,9 @@ inline bool SlotsLayout(Plan& p, int64_t block_size, bool sm90) {
   p.red_bytes = Align16(int64_t(2) * kWarps * p.red_stride * 4);
   p.gamma_offset = p.x_bytes + p.red_bytes + kNormBytes;
   p.ring_offset = p.gamma_offset + (p.norm ? x_area : 0);
-  // Then 512 zero bytes, f32 pairs per quantisation block, x (and gamma) as in memory, a barrier
+  // Then 512 zero bytes, f32 pairs per 32-element piece of K, x (and gamma) as in memory, a barrier
   // (slots.cuh's SlotsSmemBytes).
-  p.smem_bytes = p.ring_offset + 512 + Align16(p.k / block_size * 8) + x_area * (p.norm ? 2 : 1) + 16;
+  p.smem_bytes = p.ring_offset + 512 + int64_t(p.kc) * 64 + x_area * (p.norm ? 2 : 1) + 16;
   p.est_us = 0.0;  // not modelled: chosen by measurement
   return p.smem_bytes <= (sm90 ? kSmemTwoPerSm : kSmemTwoPerSm80);
 }
@@ -228,8 +228,8 @@ inline bool SlotsLayout(Plan& p, int64_t block_size, bool sm90) {
 // memory a CTA); else the plan keeps to sm_80's limits and no clusters.
 // force_cluster / force_warps_k > 0 restrict the choice (for sweeps); 0 lets the model choose.
 // wide: n-bit weights in the two-piece format (ignored for dense weights, which always have two).
-// slots: one row of 4-bit wide weights with 32 <= block_size <= 256 and no forced layout takes the
-// slots kernel (slots.cuh) when it fits.
+// slots: one row of 4-bit wide weights (block_size >= 32, dividing K) and no forced layout takes
+// the slots kernel (slots.cuh) when it fits.
 inline Plan MakePlan(int64_t m, int64_t n_rows, int64_t k, int bits, bool gated, bool norm, bool sm90,
                      int64_t force_cluster = 0, int64_t force_warps_k = 0, bool wide = false,
                      int64_t block_size = 0, bool slots = false) {
@@ -271,9 +271,9 @@ inline Plan MakePlan(int64_t m, int64_t n_rows, int64_t k, int bits, bool gated,
   base.piece_stride = f.piece_stride;
   base.kc = int(CeilDiv(k, f.chunk_k));
   if (slots && m == 1 && bits == 4 && base.wide && force_cluster == 0 && force_warps_k == 0 &&
-      block_size >= 32 && block_size <= 256 && k % block_size == 0) {
+      block_size >= 32 && k % block_size == 0) {
     Plan p = base;
-    if (SlotsLayout(p, block_size, sm90)) return p;
+    if (SlotsLayout(p, sm90)) return p;
   }
   bool found = false, too_few_chunks = false;
   for (int cluster = 1; cluster <= (sm90 ? kMaxCluster : 1); cluster *= 2) {

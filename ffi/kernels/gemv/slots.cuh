@@ -6,14 +6,15 @@
 // nibbles into (q - zp) * scale in T (lop3, sub, mul) and the MMA uses one of its eight B columns.
 // Here the eight columns carry eight quantisation blocks instead ("slots"): in the k16 step of
 // piece pc, lane (g, t)'s B registers hold x where g == 4 pc + t and zeros elsewhere, so column
-// 4 pc + t sums only the k of lane t's piece pc, which lies in one block (block_size >= 32 = a
-// piece). The A operand is the raw magic-number halves (one lop3 per two weights): f16 0x6400 | n
+// 4 pc + t sums only the k of lane t's piece pc (32 consecutive k), which lies in one block
+// (block_size >= 32 = a piece). The A operand is the raw magic-number halves (one lop3 per two weights): f16 0x6400 | n
 // = 1024 + n for low nibbles and 0x6400 | 16 n = 1024 + 16 n for high ones (x staged at 1/16 there,
 // exact), bf16 0x4300 | n = 128 + n (nibble by nibble). So column s of a chunk holds
-// sum (off + q) x over its block's k, and per (row, slot)
-//     sum (q - zp) x scale = scale (C - (Off_b + zp X_b)),
-// with Off_b = 1024 sum(staged x) (f16) or 128 sum(x) (bf16) and X_b = sum(x) over block b, both
-// summed once per CTA in f32 from the staged x. Products are exact and sums f32, so the result
+// sum (off + q) x over its piece's k, and per (row, slot)
+//     sum (q - zp) x scale = scale (C - (Off_p + zp X_p)),
+// with Off_p = 1024 sum(staged x) (f16) or 128 sum(x) (bf16) and X_p = sum(x) over piece p (the
+// slot's 32 k, not its whole block: a block of 64+ spans several slots), both summed once per CTA
+// in f32 from the staged x. Products are exact and sums f32, so the result
 // differs from the reference's (one rounding of each dequantised weight to T) by less than that
 // rounding; it is deterministic (fixed orders everywhere).
 //
@@ -167,15 +168,15 @@ __device__ __forceinline__ void SlotsStageIssue(const GemvParams& p, unsigned ch
 // Waits for x, applies the norm (its statistics: each thread's units, the warps' sums added in
 // warp order, so every thread computes the same inverse RMS), the nibble permutation and, f16, the
 // 1/16 under high nibbles (words 1 and 3 of a unit: the permuted order (x0, x4 | x1, x5 | x2, x6 |
-// x3, x7) meets pairs (e0, e4), (e1, e5), ...); then per quantisation block b, Off_b and X_b into
-// s_blk. A warp holds one chunk (32 units); a block's units (32 <= block_size <= 256) are a subcube
-// of its lanes, summed by a butterfly over the lanes of the same block (a fixed order). Ends with
-// the units written but not yet visible to other threads: the caller synchronises.
+// x3, x7) meets pairs (e0, e4), (e1, e5), ...); then per 32-element piece of K (k / 32), Off_p and
+// X_p into s_piece. A warp holds one chunk (32 units); a piece's four units are the lanes that
+// differ in bits 2-3 (the quad), summed by a butterfly over those (a fixed order). Ends with the
+// units written but not yet visible to other threads: the caller synchronises.
 // raw_x / raw_g: x and gamma as they are in memory (the cluster's multicast landed them), read
 // at k(u); null: the units were copied in place by SlotsStageIssue.
 template <typename T, class Prologue>
 __device__ __forceinline__ void SlotsStageFinish(const GemvParams& p, unsigned char* smem, float* s_wsum,
-                                                 float2* s_blk, int tid, const unsigned char* raw_x,
+                                                 float2* s_piece, int tid, const unsigned char* raw_x,
                                                  const unsigned char* raw_g) {
   using F = SlotFormat<T>;
   const int units = p.kc * 32;  // a multiple of 32: whole warps
@@ -230,27 +231,19 @@ __device__ __forceinline__ void SlotsStageFinish(const GemvParams& p, unsigned c
       staged += f;
       full += F::kHalf && (e & 2) ? 16.f * f : f;  // halves 2, 3, 6, 7: words 1, 3
     }
-    const int b = SlotUnitK(u) >> p.block_shift;
-    bool first = true;
 #pragma unroll
-    for (int m = 1; m < 32; m <<= 1) {
-      const float o_staged = __shfl_xor_sync(0xffffffffu, staged, m);
-      const float o_full = __shfl_xor_sync(0xffffffffu, full, m);
-      if (__shfl_xor_sync(0xffffffffu, b, m) == b) {
-        staged += o_staged;
-        full += o_full;
-        if (lane & m) first = false;
-      }
+    for (int m = 4; m <= 8; m <<= 1) {
+      staged += __shfl_xor_sync(0xffffffffu, staged, m);
+      full += __shfl_xor_sync(0xffffffffu, full, m);
     }
-    if (first && b < p.k_blocks) s_blk[b] = make_float2(F::kOffset * (F::kHalf ? staged : full), full);
+    if ((lane & 12) == 0) s_piece[SlotUnitK(u) >> 5] = make_float2(F::kOffset * (F::kHalf ? staged : full), full);
   }
 }
 
-// Shared memory of the slots kernel past StageX's areas (ring_offset): 512 zero bytes, Off_b / X_b
-// per block, then (multicast) x and gamma as in memory, then the multicast's barrier.
-__host__ __device__ inline int SlotsRawOffset(const GemvParams& p) {
-  return p.ring_offset + 512 + (p.k_blocks * 8 + 15) / 16 * 16;
-}
+// Shared memory of the slots kernel past StageX's areas (ring_offset): 512 zero bytes, Off_p / X_p
+// per 32-element piece of K (8 a chunk), then (multicast) x and gamma as in memory, then the
+// multicast's barrier.
+__host__ __device__ inline int SlotsRawOffset(const GemvParams& p) { return p.ring_offset + 512 + p.kc * 64; }
 __host__ __device__ inline int SlotsBarrierOffset(const GemvParams& p, bool norm) {
   return SlotsRawOffset(p) + p.kc * 512 * (norm ? 2 : 1);
 }
@@ -267,9 +260,9 @@ __global__ void __launch_bounds__(kThreads, 2) GemvSlotsKernel(const __grid_cons
   unsigned char* s_x = smem;
   float* s_red = reinterpret_cast<float*>(smem + p.x_bytes);  // [2][kWarps][red_stride]
   // After StageX's areas (x | reductions | norm | gamma): 512 zero bytes (the B registers of lanes
-  // whose slot is not the current piece's), then Off_b, X_b per block.
+  // whose slot is not the current piece's), then Off_p, X_p per piece.
   unsigned char* s_zero = smem + p.ring_offset;
-  float2* s_blk = reinterpret_cast<float2*>(s_zero + 512);
+  float2* s_piece = reinterpret_cast<float2*>(s_zero + 512);
 
   const int tid = threadIdx.x, lane = tid & 31, wk = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -347,7 +340,7 @@ __global__ void __launch_bounds__(kThreads, 2) GemvSlotsKernel(const __grid_cons
   }
 #endif
   JOA_GEMV_MARK(2);
-  SlotsStageFinish<T, Prologue>(p, smem, s_red, s_blk, tid, raw_x, raw_g);
+  SlotsStageFinish<T, Prologue>(p, smem, s_red, s_piece, tid, raw_x, raw_g);
   __syncthreads();
   JOA_GEMV_MARK(3);
 
@@ -383,11 +376,10 @@ __global__ void __launch_bounds__(kThreads, 2) GemvSlotsKernel(const __grid_cons
           ptx::Mma16816<T>(acc, a[0], xv.x, xv.y);
           ptx::Mma16816<T>(acc, a[1], xv.z, xv.w);
         }
-        // Columns 2t + e of rows g (acc[e]) and g + 8 (acc[2 + e]): one block each.
+        // Columns 2t + e of rows g (acc[e]) and g + 8 (acc[2 + e]): one piece each.
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int b = (c * F::kF.chunk_k + F::SlotK(2 * t + e)) >> p.block_shift;
-          const float2 blk = b < p.k_blocks ? s_blk[b] : make_float2(0.f, 0.f);
+          const float2 blk = s_piece[(c * F::kF.chunk_k + F::SlotK(2 * t + e)) >> 5];
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const float scale = ScaleToFloat<T>(buf[s].scale[h][e]);
