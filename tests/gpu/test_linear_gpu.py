@@ -242,15 +242,17 @@ def _slots_call(enabled, monkeypatch, **kw):
 @pytest.mark.parametrize("block", [32, 64, 128, 256, 512])
 @pytest.mark.parametrize("zp", [False, True], ids=["sym", "zp"])
 def test_slots_kernel_matches_the_reference_and_the_ring_kernel(block, zp, dtype, monkeypatch):
-    # One row of 4-bit wide weights: the slots kernel (scales applied per block in f32) against the
+    # One row of 4-bit wide weights: the slots kernel (scales applied per piece in f32) against the
     # reference and against the ring kernel, every fusion; K = 1024 + a block (a ragged last chunk
-    # below block 256; blocks past 32 span several slots), N = 8 mod 16 (a half-empty row tile);
-    # bitwise repeatable.
-    k, n = 1024 + block, 520
-    assert cuda_matmul.gemv_plan(1, n, k, 4, False, wide=True, block_size=block, slots=True)["slots"]
-    x, bq, s, z = _nbits(k, n, 4, block, zp, dtype, seed=6)
+    # below block 256; blocks past 32 span several slots), N = 8 mod 16 (a half-empty row tile) but
+    # gated; bitwise repeatable.
+    k = 1024 + block
     for fusion in FUSIONS:
+        n = 528 if fusion.startswith("gated") or fusion == "all" else 520  # gate / up rows come in 16s
         arrays, static = _split(_fusion_operands(fusion, k, n, 1, dtype, seed=7))
+        assert cuda_matmul.gemv_plan(1, n, k, 4, static["gated"], "norm_weight" in arrays, wide=True,
+                                     block_size=block, slots=True)["slots"]
+        x, bq, s, z = _nbits(k, n, 4, block, zp, dtype, seed=6)
         kw = dict(k=k, n=n, bits=4, block_size=block, **static)
         ref = _nbits_fn("reference", **kw)(x[:1], bq, s, z, **arrays)
         slots = _slots_call(True, monkeypatch, **kw)
@@ -369,7 +371,7 @@ def test_every_output_element_is_written(gated):
             c = min(cluster, kc) if cluster else 0
             got = jax.jit(lambda x: _poisoned_call(
                 "matmul_nbits", m, n_out, dtype, (x, bq, s, z, ph, None, ph), bits=4, block_size=32,
-                has_zero_points=True, has_bias=False, cluster=c, wide=wide, **common))(xk)
+                has_zero_points=True, has_bias=False, cluster=c, wide=wide, slots=True, **common))(xk)
             _check(got, ref, dtype, f"int4 K={k} N={n} M={m} wide={wide}")
 
 
