@@ -1,6 +1,6 @@
 // Thin wrappers over the sm_80+ instructions the attention engines use: cp.async (16 / 8-byte global ->
-// shared copies with zero fill), an L2 prefetch, ldmatrix, mma.sync m16n8k16 with f32 accumulation,
-// a NaN-propagating max, exp2, and programmatic dependent launch (sm_90; no-ops before).
+// shared copies with zero fill), ldmatrix, mma.sync m16n8k16 with f32 accumulation, a NaN-propagating
+// max, exp2, and programmatic dependent launch (sm_90; no-ops before).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -28,13 +28,6 @@ __device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool va
 __device__ __forceinline__ void CpAsync8(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src),
                "r"(valid ? 8 : 0));
-}
-
-// Asks the L2 for the 128-byte line holding `src` (no data comes back, nothing to wait for): a
-// copy issued later finds it there. The decode engine's way to have more KV in flight than its
-// ring holds.
-__device__ __forceinline__ void PrefetchL2(const void* src) {
-  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src));
 }
 
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }

@@ -135,33 +135,11 @@ def decode_quant_regs() -> bool:
     return os.environ.get(QUANT_REGS_ENV, "1") != "0"
 
 
-#: The switch of the decode engine's L2 prefetch (ffi/kernels/decode/plan.h, PrefetchTiles): the
-#: most KV tiles past its ring that a CTA asks the L2 for before streaming, on grids of at most one
-#: CTA an SM (B=1: the rest of a 4-8 tile cluster split in flight at once). "0" turns it off.
-L2_PREFETCH_ENV = "JOA_DECODE_L2_PREFETCH"
-L2_PREFETCH_DEFAULT = 8
-
-
-def decode_l2_prefetch() -> int:
-    """The cap on the KV tiles a decode CTA prefetches into the L2 (JOA_DECODE_L2_PREFETCH, default
-    8; 0: none): the one place the switch is read, at trace time. Changes no bits, only timing."""
-    raw = os.environ.get(L2_PREFETCH_ENV, "").strip()
-    if not raw:
-        return L2_PREFETCH_DEFAULT
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ValueError(f"{L2_PREFETCH_ENV} must be a non-negative integer, got {raw!r}")
-    return value
-
-
 def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=None, v_scale=None,
                      *, scale: float, softcap: float = 0.0, causal: bool = True, left: int = -1,
                      right: int = -1, pos_shift: int = 0, kv_bits: int = 0,
                      split_rows: int | None = None, pdl: bool = True, cluster: bool | None = None,
-                     quant_regs: bool | None = None, l2_prefetch: int | None = None):
+                     quant_regs: bool | None = None):
     """q [B, Hq, S, D] f16/bf16, k_cache / v_cache [B, Hkv, C, D], kv_len int32 [B] -> [B, Hq, S, D].
 
     Semantics of `jax_onnx_attn.ops.reference.decode.decode_attention`. bias: None or
@@ -172,17 +150,12 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=
     splits inside a thread-block cluster, sm_90+, <= 16 splits of a 16-row block); pdl launches the
     combine as a programmatic dependent launch. quant_regs: dequantise a quantised cache in
     registers instead of tile by tile in shared memory (None: `decode_quant_regs()`, the
-    JOA_DECODE_QUANT_REGS switch, on by default); ignored for a float cache. l2_prefetch: the most
-    KV tiles a CTA asks the L2 for ahead of its ring (None: `decode_l2_prefetch()`, the
-    JOA_DECODE_L2_PREFETCH switch; 0: none); timing only, the bits are the same.
+    JOA_DECODE_QUANT_REGS switch, on by default); ignored for a float cache.
     """
     quant_regs = decode_quant_regs() if quant_regs is None else bool(quant_regs)
-    l2_prefetch = decode_l2_prefetch() if l2_prefetch is None else int(l2_prefetch)
-    if l2_prefetch < 0:
-        raise ValueError(f"decode_attention: l2_prefetch must be >= 0, got {l2_prefetch}")
     static = dict(scale=scale, softcap=softcap, causal=causal, left=left, right=right,
                   pos_shift=pos_shift, kv_bits=kv_bits, split_rows=split_rows, pdl=pdl,
-                  cluster=cluster, quant_regs=bool(quant_regs and kv_bits), l2_prefetch=l2_prefetch)
+                  cluster=cluster, quant_regs=bool(quant_regs and kv_bits))
     return partitioning.DECODE_ATTENTION.apply(
         _decode_attention, (q, k_cache, v_cache, kv_len, bias, sink, k_scale, v_scale), static,
         pin=_per_example_plan)
@@ -199,7 +172,7 @@ def _per_example_plan(static, axis_size, q, k_cache, *rest) -> dict:
 
 def _decode_attention(q, k_cache, v_cache, kv_len, bias, sink, k_scale, v_scale, *, scale, softcap,
                       causal, left, right, pos_shift, kv_bits, split_rows, pdl, cluster,
-                      quant_regs=False, l2_prefetch=0):
+                      quant_regs=False):
     b, hq, s, d = q.shape
     hkv, c = k_cache.shape[1], k_cache.shape[2]
     plan = decode_plan(b, hq, hkv, s, c, d, kv_bits, split_rows, cluster)
@@ -218,7 +191,7 @@ def _decode_attention(q, k_cache, v_cache, kv_len, bias, sink, k_scale, v_scale,
                   causal=bool(causal), left=int(left), right=int(right), pos_shift=int(pos_shift),
                   has_bias=bias is not None, has_sink=sink is not None, kv_bits=int(kv_bits),
                   split_rows=plan["split_rows"], pdl=bool(pdl), cluster=plan["cluster"],
-                  quant_regs=bool(quant_regs), l2_prefetch=int(l2_prefetch))
+                  quant_regs=bool(quant_regs))
     return out
 
 

@@ -182,30 +182,6 @@ def test_bitwise_deterministic_and_pdl_invariant():
     np.testing.assert_array_equal(np.asarray(no_pdl(q, k, v, lens)), first)
 
 
-@pytest.mark.parametrize("plan", ["cluster", "combine"])
-def test_l2_prefetch_changes_no_bits(plan, monkeypatch):
-    """The L2 prefetch (plan.h PrefetchTiles, on grids of at most one CTA an SM) only asks for bytes
-    earlier: the same bits off, capped below the split and past it; B=1 8k as the cluster plan (16
-    splits of 8 tiles, 3 in the ring) and as 8 splits of 16 tiles + the combine kernel, ragged
-    length; the cap comes from JOA_DECODE_L2_PREFETCH at trace time (a bad value is an error)."""
-    _, q, k, v, lens = _inputs(7, 1, 32, 8, 1, 128, 8192, ml_dtypes.bfloat16, lens=[8000])
-    static = dict(scale=0.09)
-    if plan == "combine":
-        static.update(split_rows=1024, cluster=False)
-    outs = [np.asarray(jax.jit(functools.partial(cuda.decode_attention, l2_prefetch=n, **static))(
-        q, k, v, lens)) for n in (0, 2, 8, 64)]
-    for out in outs[1:]:
-        np.testing.assert_array_equal(out, outs[0])
-    want = _run("reference", q, k, v, lens, scale=0.09)
-    assert_close(outs[0], want, ml_dtypes.bfloat16)
-    monkeypatch.setenv(cuda.L2_PREFETCH_ENV, "0")
-    off = jax.jit(lambda *a: cuda.decode_attention(*a, **static))
-    np.testing.assert_array_equal(np.asarray(off(q, k, v, lens)), outs[0])
-    monkeypatch.setenv(cuda.L2_PREFETCH_ENV, "many")
-    with pytest.raises(ValueError, match=cuda.L2_PREFETCH_ENV):
-        jax.jit(lambda *a: cuda.decode_attention(*a, **static)).lower(q, k, v, lens)
-
-
 def test_batch_invariant_at_a_fixed_split_size():
     _, q, k, v, lens = _inputs(6, 4, 32, 8, 2, 128, 1024, np.float16, lens=[1024, 700, 3, 1000])
     f = jax.jit(functools.partial(decode_attention, scale=0.09, backend="cuda", split_rows=128))

@@ -175,18 +175,6 @@ def test_bitwise_deterministic_and_pdl_invariant(bits):
 
 
 @pytest.mark.parametrize("bits", BITS, ids=lambda x: f"int{x}")
-def test_l2_prefetch_changes_no_bits(bits):
-    """B=1 8k in 8 splits of 16 tiles (64 CTAs: the L2 prefetch is on): the bits with it off."""
-    _, q, k, v, ks, vs, lens = _inputs(8, bits, "channel", 1, 32, 8, 1, 128, 8192, BF16,
-                                       lens=[8000])
-    on = _run_regs(q, k, v, lens, None, None, ks, vs, kv_bits=bits, scale=0.09, split_rows=1024,
-                   l2_prefetch=8)
-    off = _run_regs(q, k, v, lens, None, None, ks, vs, kv_bits=bits, scale=0.09, split_rows=1024,
-                    l2_prefetch=0)
-    np.testing.assert_array_equal(on, off)
-
-
-@pytest.mark.parametrize("bits", BITS, ids=lambda x: f"int{x}")
 def test_batch_invariant_at_a_fixed_split_size(bits):
     _, q, k, v, ks, vs, lens = _inputs(6, bits, "tensor", 4, 32, 8, 2, 96, 1024, F16,
                                        lens=[1024, 700, 3, 1000])

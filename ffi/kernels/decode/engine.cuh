@@ -67,9 +67,6 @@ struct EngineConfig {
   static constexpr int kCtasPerSm = kLayout.ctas_per_sm;
   static constexpr int kStages = kLayout.stages;
   static_assert(kStages >= 2, "the pipeline needs two stages");
-  static constexpr bool kFullRing = kLayout.full_ring;
-  // Tiles in flight while the CTA waits for one: every stage, or all but the one it left last.
-  static constexpr int kRing = kFullRing ? kStages : kStages - 1;
   static constexpr int kPipeBytes = kLayout.pipe_bytes;
   static constexpr int kSmemBytes = kLayout.smem_bytes;
   static_assert(kSmemBytes <= (kCtasPerSm == 2 ? kBudget2 : kBudget1), "shared memory over budget");
@@ -149,32 +146,6 @@ struct SplitStages {
       LoadRows<kTileN>(s_k, k_base + n0 * p.k_stride_n, p.k_stride_n, n_begin - n0, n_end - n0, tid);
       LoadRows<kTileN>(s_k + Cfg::kTileElems, v_base + n0 * p.v_stride_n, p.v_stride_n, n_begin - n0,
                        n_end - n0, tid);
-    }
-  }
-
-  // Asks the L2 for the K and V rows of tiles [t0, t1) that lie in [n_begin, n_end) (the rows
-  // their copies will read), one request per 128-byte line, ahead of those copies
-  // (DecodeParams::prefetch_tiles).
-  static __device__ __forceinline__ void PrefetchKv(const DecodeParams& p, int b, int kvh, int t0,
-                                                    int t1, int n_begin, int n_end, int tid) {
-    constexpr int kRowBytes = kD * Kv::kBits / 8;
-    constexpr int kElem = Kv::kQuantized ? 1 : int(sizeof(T));  // quantised strides count bytes
-    constexpr int kLines = (kRowBytes + 127) / 128 + 1;          // a row may straddle one more
-    const int lo = max(n_begin, t0 * kTileN), hi = min(n_end, t1 * kTileN);
-    if (lo >= hi) return;
-    const unsigned char* k_base =
-        static_cast<const unsigned char*>(p.k) + (b * p.k_stride_b + kvh * p.k_stride_h) * kElem;
-    const unsigned char* v_base =
-        static_cast<const unsigned char*>(p.v) + (b * p.v_stride_b + kvh * p.v_stride_h) * kElem;
-    const int64_t k_row = p.k_stride_n * kElem, v_row = p.v_stride_n * kElem;
-    for (int c = tid; c < (hi - lo) * kLines; c += kThreads) {
-      const int n = lo + c / kLines, i = c % kLines;
-      const uintptr_t k = reinterpret_cast<uintptr_t>(k_base + n * k_row);
-      const uintptr_t v = reinterpret_cast<uintptr_t>(v_base + n * v_row);
-      const uintptr_t k_line = (k & ~uintptr_t(127)) + 128 * i;
-      const uintptr_t v_line = (v & ~uintptr_t(127)) + 128 * i;
-      if (k_line < k + kRowBytes) ptx::PrefetchL2(reinterpret_cast<const void*>(k_line));
-      if (v_line < v + kRowBytes) ptx::PrefetchL2(reinterpret_cast<const void*>(v_line));
     }
   }
 
@@ -409,48 +380,28 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
   float l[2] = {0.f, 0.f};
   uint32_t qa[Cfg::kQInRegs ? kD / 16 : 1][4];
 
-  // load, prologue: Q and the first kRing tiles, one commit group each (group i: tile t_begin + i;
-  // Q lands in the first, under tile t_begin's copy), then the L2 prefetch of the prefetch_tiles
-  // after them (once, here: nothing of it stays live through the loop). The scales are plain
-  // stores, visible after the first barrier of the loop.
-  constexpr int kRing = Cfg::kRing;
+  // load, prologue: Q and the first kStages - 1 tiles; Q lands in the first commit group. The
+  // scales are plain stores, visible after the first barrier of the loop.
   if constexpr (Kv::kQuantized) Kv::template LoadScales<kD, kThreads>(s_scale, p.kv_scales, kvh, tid);
 #pragma unroll
-  for (int s = 0; s < kRing; ++s) {
+  for (int s = 0; s < kStages - 1; ++s) {
     if (t_begin + s < t_end) load_tile(t_begin + s, s);
     ptx::CpAsyncCommit();
   }
-  Stages::PrefetchKv(p, b, kvh, t_begin + kRing, min(t_end, t_begin + kRing + p.prefetch_tiles),
-                     n_begin, n_end, tid);
 
   const uint32_t q_addr = ptx::SmemAddr(s_q + (wm * 16 + (lane & 15)) * kStride + (lane >> 4) * 8);
   // ldmatrix lane offsets: K tiles as the col-major B of Q K^T, V tiles transposed for P V.
   const int k_row = (lane & 7) + ((lane >> 4) << 3), k_col = ((lane >> 3) & 1) * 8;
   const int v_row = (lane & 7) + (((lane >> 3) & 1) << 3), v_col = (lane >> 4) * 8;
 
-  // Each iteration issues tile t + kStages - 1 into tile t - 1's stage, one commit group per tile
-  // (empty past t_end, so group i stays tile t_begin + i and tile t's has kRing - 1 newer ones).
   for (int t = t_begin; t < t_end; ++t) {
     const int it = t - t_begin;
-    const int tn = t + kStages - 1, st = (it + kStages - 1) % kStages;
-    if constexpr (Cfg::kFullRing) {
-      // load, full ring (plan.h): before the wait for tile t, so every stage has a tile in flight
-      // during it; a barrier first, that every warp is done with tile t - 1 (none on the quantised
-      // tile path: the stage's only reader was the conversion, behind the last second barrier).
-      if (it > 0) {
-        if (tn < t_end) {  // the CTA's condition: the barrier is uniform
-          if constexpr (!Kv::kQuantized) __syncthreads();
-          load_tile(tn, st);
-        }
-        ptx::CpAsyncCommit();
-      }
-    }
-    // load: tile t is in (this thread's copies, then everyone's after the barrier).
-    ptx::CpAsyncWait<kRing - 1>();
+    // load: tile t is in; every warp is done with the stage the next load overwrites.
+    ptx::CpAsyncWait<kStages - 2>();
     __syncthreads();
-    if constexpr (!Cfg::kFullRing) {
-      // Every warp is done with tile t - 1's stage (the barrier above).
-      if (tn < t_end) load_tile(tn, st);
+    {
+      const int tn = t + kStages - 1;
+      if (tn < t_end) load_tile(tn, (it + kStages - 1) % kStages);
       ptx::CpAsyncCommit();
     }
     if constexpr (Kv::kQuantized) {

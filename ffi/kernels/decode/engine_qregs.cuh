@@ -251,35 +251,22 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
   uint32_t qa[Cfg::kQInRegs ? kD / 16 : 1][4];
   float k_mul = 1.f;  // a per-tensor K scale, on the logits
 
-  // The ring's schedule and the L2 prefetch: DecodeSplitKernel's (engine.cuh).
-  constexpr int kRing = Cfg::kRing;
   Kv::template LoadScales<kD, kThreads>(s_scale, p.kv_scales, kvh, tid);
 #pragma unroll
-  for (int s = 0; s < kRing; ++s) {
+  for (int s = 0; s < kStages - 1; ++s) {
     if (t_begin + s < t_end) load_tile(t_begin + s, s);
     ptx::CpAsyncCommit();
   }
-  Stages::PrefetchKv(p, b, kvh, t_begin + kRing, min(t_end, t_begin + kRing + p.prefetch_tiles),
-                     n_begin, n_end, tid);
 
   const uint32_t q_addr = ptx::SmemAddr(s_q + (wm * 16 + (lane & 15)) * kStride + (lane >> 4) * 8);
 
   for (int t = t_begin; t < t_end; ++t) {
     const int it = t - t_begin;
-    const int tn = t + kStages - 1, st = (it + kStages - 1) % kStages;
-    if constexpr (Cfg::kFullRing) {
-      if (it > 0) {
-        if (tn < t_end) {
-          __syncthreads();
-          load_tile(tn, st);
-        }
-        ptx::CpAsyncCommit();
-      }
-    }
-    ptx::CpAsyncWait<kRing - 1>();
+    ptx::CpAsyncWait<kStages - 2>();
     __syncthreads();
-    if constexpr (!Cfg::kFullRing) {
-      if (tn < t_end) load_tile(tn, st);
+    {
+      const int tn = t + kStages - 1;
+      if (tn < t_end) load_tile(tn, (it + kStages - 1) % kStages);
       ptx::CpAsyncCommit();
     }
     if (it == 0) {

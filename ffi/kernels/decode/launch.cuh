@@ -25,7 +25,7 @@ constexpr auto SplitKernel() {
 }
 
 template <typename T, int kD, int kWarpsM, int kWarpsN, class Variant, class Kv>
-cudaError_t LaunchLayout(DecodeParams p, const LaunchOptions& opt, cudaStream_t stream) {
+cudaError_t LaunchLayout(DecodeParams p, bool pdl, cudaStream_t stream) {
   using Cfg = EngineConfig<T, kD, kWarpsM, kWarpsN, Kv>;
   auto* split_kernel = SplitKernel<T, kD, kWarpsM, kWarpsN, Variant, Kv>();
   // A function attribute, not stream work: allowed while XLA captures the stream; set on every
@@ -41,8 +41,6 @@ cudaError_t LaunchLayout(DecodeParams p, const LaunchOptions& opt, cudaStream_t 
   if (err != cudaSuccess) return err;
   p.m_blocks = (p.rows + Cfg::kBlockM - 1) / Cfg::kBlockM;
   const dim3 grid(unsigned(p.splits), unsigned(p.kv_heads * p.m_blocks), unsigned(p.batch));
-  const int64_t ctas = int64_t(grid.x) * grid.y * grid.z;
-  p.prefetch_tiles = PrefetchTiles(ctas, Cfg::kStageBytes, opt.l2_prefetch);
   if (p.cluster > 1) {  // the splits of a block form one cluster and combine in it: one launch
     if (!Cfg::kClusterCombine) return cudaErrorNotSupported;
     if (p.cluster > 8) {  // beyond the portable cluster size
@@ -77,17 +75,17 @@ cudaError_t LaunchLayout(DecodeParams p, const LaunchOptions& opt, cudaStream_t 
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = opt.pdl ? 1 : 0;
+  cfg.numAttrs = pdl ? 1 : 0;
   return cudaLaunchKernelEx(&cfg, DecodeCombineKernel<T, kD>, p);
 }
 
 template <typename T, int kD, class Variant, class Kv>
-cudaError_t LaunchVariant(const DecodeParams& p, const LaunchOptions& opt, cudaStream_t stream) {
+cudaError_t LaunchVariant(const DecodeParams& p, bool pdl, cudaStream_t stream) {
   switch (BlockRows(p.rows)) {
-    case 16: return LaunchLayout<T, kD, WarpsM(16), WarpsN(16), Variant, Kv>(p, opt, stream);
-    case 32: return LaunchLayout<T, kD, WarpsM(32), WarpsN(32), Variant, Kv>(p, opt, stream);
-    case 64: return LaunchLayout<T, kD, WarpsM(64), WarpsN(64), Variant, Kv>(p, opt, stream);
-    default: return LaunchLayout<T, kD, WarpsM(128), WarpsN(128), Variant, Kv>(p, opt, stream);
+    case 16: return LaunchLayout<T, kD, WarpsM(16), WarpsN(16), Variant, Kv>(p, pdl, stream);
+    case 32: return LaunchLayout<T, kD, WarpsM(32), WarpsN(32), Variant, Kv>(p, pdl, stream);
+    case 64: return LaunchLayout<T, kD, WarpsM(64), WarpsN(64), Variant, Kv>(p, pdl, stream);
+    default: return LaunchLayout<T, kD, WarpsM(128), WarpsN(128), Variant, Kv>(p, pdl, stream);
   }
 }
 
@@ -96,13 +94,13 @@ cudaError_t Launch(const DecodeParams& p, const LaunchOptions& opt, cudaStream_t
   if constexpr (kKv != KvFormat::kDense) {
     if (opt.quant_regs) {
       using Kv = QuantRegKv<T, KvBits(kKv)>;
-      return opt.logit_variant ? LaunchVariant<T, kD, LogitVariant, Kv>(p, opt, stream)
-                               : LaunchVariant<T, kD, MaskVariant, Kv>(p, opt, stream);
+      return opt.logit_variant ? LaunchVariant<T, kD, LogitVariant, Kv>(p, opt.pdl, stream)
+                               : LaunchVariant<T, kD, MaskVariant, Kv>(p, opt.pdl, stream);
     }
   }
   using Kv = KvPolicy<T, kKv>;
-  return opt.logit_variant ? LaunchVariant<T, kD, LogitVariant, Kv>(p, opt, stream)
-                           : LaunchVariant<T, kD, MaskVariant, Kv>(p, opt, stream);
+  return opt.logit_variant ? LaunchVariant<T, kD, LogitVariant, Kv>(p, opt.pdl, stream)
+                           : LaunchVariant<T, kD, MaskVariant, Kv>(p, opt.pdl, stream);
 }
 
 }  // namespace joa::decode

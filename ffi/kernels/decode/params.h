@@ -44,10 +44,6 @@ struct DecodeParams {
   float* part_o;
   float* part_lse;
 
-  // Tiles past those of its ring's first fill that a CTA asks the L2 for before its loop (0: none):
-  // set by the launcher from plan.h's PrefetchTiles. Changes no value or order: the same bits.
-  int prefetch_tiles;
-
   // The variant (what a query row sees, how a logit becomes a score): kernels/common/variant.cuh.
   VariantParams variant;
 
@@ -64,9 +60,6 @@ struct LaunchOptions {
   // An int8 / int4 cache dequantised in registers (DecodeSplitKernelQRegs, engine_qregs.cuh)
   // instead of converted tile by tile in shared memory; ignored for a dense cache.
   bool quant_regs = false;
-  // The most tiles a CTA may prefetch into the L2 (DecodeParams::prefetch_tiles; plan.h's
-  // PrefetchTiles decides how many it does for the grid at hand).
-  int l2_prefetch = 0;
 };
 
 }  // namespace joa::decode

@@ -75,7 +75,6 @@ struct Layout {
   int k_pitch, v_pitch;  // quantised in registers: ring row pitches in bytes (0 otherwise)
   int ring_offset, merge_bytes;
   int stages, ctas_per_sm;
-  bool full_ring;   // every stage holds a tile in flight while the CTA waits (engine.cuh, load)
   int pipe_bytes, smem_bytes;
   bool cluster_combine;  // the in-cluster combine fits (16-row blocks only)
 };
@@ -135,14 +134,6 @@ constexpr Layout MakeLayout(int d, int warps_m, int warps_n, int elem_bytes, int
                    l.q_bytes + l.merge_bytes <= kBudget2;
   l.ctas_per_sm = two ? 2 : 1;
   l.stages = two ? stages2 : stages1;
-  // The ring's schedule: with the full ring, the copy into the stage the previous tile leaves is
-  // issued before the wait for the next tile, behind a barrier of its own, so every stage has a
-  // tile in flight during the wait; else after the wait's barrier, which it shares, with one stage
-  // idle. Full where that stage is a third or a quarter of the ring (3-4 stages: d128 / d256 16-bit
-  // tiles, a B=1 split of 2-8 tiles) and where it costs no barrier (the quantised tile path: a
-  // stage's only reader is the conversion, behind its own barrier); with 5-8 stages one idle stage
-  // is little, and the register-dequantising path keeps its one barrier per tile.
-  l.full_ring = (quantized && !in_regs) || l.stages <= 4;
   l.pipe_bytes = l.stages * l.stage_bytes;
   // The merge reuses everything past Q once the loop is done.
   l.smem_bytes = l.q_bytes + (l.conv_bytes + l.pipe_bytes > l.merge_bytes ? l.conv_bytes + l.pipe_bytes
@@ -211,23 +202,6 @@ inline int64_t ClusterSplitRows(int64_t batch, int64_t kv_heads, int64_t rows, i
     if (n >= 2 && (tiles + n - 1) / n <= plan.max_tiles) return (tiles + n - 1) / n * kBlockN;
   }
   return 0;
-}
-
-// L2 prefetch (DecodeParams::prefetch_tiles): tiles past its ring's first fill that a CTA asks the
-// L2 for before its loop, for a grid of at most one CTA an SM. Then a CTA's ring is all its SM has
-// in flight (d128 16-bit: 3 tiles, ~100 KB, where a B=1 cluster split has 4-8 tiles), and the call
-// waits on one round trip after another (ncu at B=1 4k: DRAM 23%, SMs active 57%); the prefetch
-// puts the rest of a short split in flight at once, and its copies then come from the L2. With
-// more CTAs an SM the other rings already fill the memory pipe and the extra requests would only
-// load the L2 (93% busy at B8 128k). All CTAs' prefetched tiles together stay within
-// kL2PrefetchBytes (half of the H200's 50 MB L2), so a line is still there when its copy comes. A
-// constant, not a device query: like the split plan, a pure function of static shapes (and it
-// changes no bits either way). max_tiles: the JOA_DECODE_L2_PREFETCH cap (ops/cuda.py), 0: off.
-inline constexpr int64_t kL2PrefetchBytes = int64_t(24) << 20;
-constexpr int PrefetchTiles(int64_t ctas, int stage_bytes, int max_tiles) {
-  if (max_tiles <= 0 || ctas <= 0 || ctas > kPlanSms || stage_bytes <= 0) return 0;
-  const int64_t fit = kL2PrefetchBytes / (ctas * stage_bytes);
-  return int(fit < max_tiles ? fit : max_tiles);
 }
 
 // A call's plan: what the handler is told (split_rows, cluster) and the workspace Python sizes.
