@@ -16,6 +16,7 @@
 
 #include "kernels/gemv/gemv.h"
 #include "kernels/gemv/plan.h"
+#include "graph_chain.h"
 
 #define CK(x)                                                                   \
   do {                                                                          \
@@ -40,48 +41,6 @@ static cudaError_t Launch(const GemvParams& p, const Plan& plan, int bits, Fusio
   if (bits == 16) return joa::gemv::LaunchFormat<__half, 16, false>(p, plan, f, pdl, s);
   return plan.wide ? joa::gemv::LaunchFormat<__half, 4, true>(p, plan, f, pdl, s)
                    : joa::gemv::LaunchFormat<__half, 4, false>(p, plan, f, pdl, s);
-}
-
-// mode 0: one graph, L kernel nodes, plain edges; 1: the same with PDL edges; 2: L child graphs
-// (one captured launch each) chained in a parent graph, as XLA records FFI calls.
-static int Time(const std::vector<GemvParams>& ps, const Plan& plan, int bits, Fusion f, int mode,
-                cudaStream_t s, float* us) {
-  const int L = int(ps.size());
-  cudaGraph_t g;
-  if (mode < 2) {
-    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    for (const auto& p : ps) CK(Launch(p, plan, bits, f, mode == 1, s));
-    CK(cudaStreamEndCapture(s, &g));
-  } else {
-    CK(cudaGraphCreate(&g, 0));
-    cudaGraphNode_t prev = nullptr;
-    for (const auto& p : ps) {
-      cudaGraph_t child;
-      CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-      CK(Launch(p, plan, bits, f, false, s));
-      CK(cudaStreamEndCapture(s, &child));
-      cudaGraphNode_t node;
-      CK(cudaGraphAddChildGraphNode(&node, g, prev ? &prev : nullptr, prev ? 1 : 0, child));
-      prev = node;
-    }
-  }
-  cudaGraphExec_t exec;
-  CK(cudaGraphInstantiate(&exec, g, 0));
-  for (int i = 0; i < 5; ++i) CK(cudaGraphLaunch(exec, s));
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  const int reps = 100;
-  CK(cudaEventRecord(a, s));
-  for (int i = 0; i < reps; ++i) CK(cudaGraphLaunch(exec, s));
-  CK(cudaEventRecord(b, s));
-  CK(cudaEventSynchronize(b));
-  float ms = 0;
-  CK(cudaEventElapsedTime(&ms, a, b));
-  *us = ms * 1e3f / float(reps * L);
-  CK(cudaGraphExecDestroy(exec));
-  CK(cudaGraphDestroy(g));
-  return 0;
 }
 
 int main(int argc, char** argv) {
@@ -146,8 +105,12 @@ int main(int argc, char** argv) {
         printf("%s format %d: launched\n", sh.name, fmt);
       }
       float t[3];
+      // t[0]: L child graphs (as XLA records FFI calls); t[1]: one graph of L kernel nodes; t[2]:
+      // the same with programmatic dependent launch edges.
       for (int mode = 0; mode < 3 && !direct; ++mode) {
-        if (Time(ps, plan, bits, f, mode == 0 ? 2 : mode - 1, s, &t[mode])) return 1;
+        const bool pdl = mode == 2;
+        CK(TimeGraphChain(L, [&](int i, cudaStream_t st) { return Launch(ps[i], plan, bits, f, pdl, st); }, mode == 0,
+                          s, 100, 1, &t[mode]));
       }
       if (!direct) {
         printf("%-32s %-5s %4d %9.2f %9.2f %9.2f   (GB/s at pdl: %.0f; plan cluster %d warps_k %d grid %d)\n",

@@ -37,6 +37,7 @@ __device__ __forceinline__ unsigned long long GlobalTimer() {
 
 #include "kernels/gemv/gemv.h"
 #include "kernels/gemv/launch.cuh"  // LaunchSlots, ApplyPlan (the slots kernel instantiated here, with the marks)
+#include "graph_chain.h"
 
 #define CK(x)                                                                   \
   do {                                                                          \
@@ -100,43 +101,6 @@ static cudaError_t Launch(Variant v, GemvParams p, const Plan& ring, const Plan&
     case kRing: return LaunchFormat<__half, 4, true>(p, ring, f, false, s);
     default: ApplyPlan(p, slots, false); return LaunchSlots<__half>(p, slots, f, false, s);
   }
-}
-
-static int Time(const std::vector<GemvParams>& ps, Variant v, const Plan& ring, const Plan& slots, Fusion f,
-                cudaStream_t s, float* us) {
-  const int L = int(ps.size());
-  cudaGraph_t g;
-  CK(cudaGraphCreate(&g, 0));
-  cudaGraphNode_t prev = nullptr;
-  for (const auto& p : ps) {
-    cudaGraph_t child;
-    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    CK(Launch(v, p, ring, slots, f, s));
-    CK(cudaStreamEndCapture(s, &child));
-    cudaGraphNode_t node;
-    CK(cudaGraphAddChildGraphNode(&node, g, prev ? &prev : nullptr, prev ? 1 : 0, child));
-    prev = node;
-  }
-  cudaGraphExec_t exec;
-  CK(cudaGraphInstantiate(&exec, g, 0));
-  for (int i = 0; i < 5; ++i) CK(cudaGraphLaunch(exec, s));
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  float best = 1e30f;
-  for (int r = 0; r < 3; ++r) {
-    CK(cudaEventRecord(a, s));
-    for (int i = 0; i < 50; ++i) CK(cudaGraphLaunch(exec, s));
-    CK(cudaEventRecord(b, s));
-    CK(cudaEventSynchronize(b));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    best = std::min(best, ms * 1e3f / float(50 * L));
-  }
-  *us = best;
-  CK(cudaGraphExecDestroy(exec));
-  CK(cudaGraphDestroy(g));
-  return 0;
 }
 
 int main() {
@@ -234,7 +198,8 @@ int main() {
     printf("%-32s", sh.name);
     for (Variant v : {kNull, kStream, kRing, kSlots}) {
       float t;
-      if (Time(ps, v, ring, slots, f, s, &t)) return 1;
+      CK(TimeGraphChain(L, [&](int i, cudaStream_t st) { return Launch(v, ps[i], ring, slots, f, st); }, true, s, 50, 3,
+                        &t));
       printf(" %8.2f", t);
     }
     printf("   %.4g (%.4g)  ring: cluster %d warps_k %d grid %d\n", worst, ymax, ring.cluster, ring.warps_k, ring.grid);

@@ -16,15 +16,15 @@
 
 namespace joa::gemv {
 
-template <typename T, class Weights, int kNT, class Prologue, class Epilogue>
-cudaError_t LaunchKernel(const GemvParams& p, const Plan& plan, bool pdl, cudaStream_t stream) {
-  auto* kernel = GemvKernel<T, Weights, kNT, Prologue, Epilogue>;
-  // Function attributes, not stream work: allowed while XLA captures the stream; set on every
-  // launch because they are per device.
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         int(plan.smem_bytes));
-  // W bypasses L1; the carveout that lets ctas_per_sm CTAs share an SM.
-  if (err == cudaSuccess) {
+// Launches `kernel` on the plan's grid with `smem` bytes of dynamic shared memory (set as a
+// function attribute: not stream work, so allowed while XLA captures the stream; set on every
+// launch because it is per device), the plan's cluster and, with pdl, as a programmatic dependent.
+// max_shared: the carveout that lets ctas_per_sm CTAs share an SM (W bypasses L1).
+template <class Kernel>
+cudaError_t LaunchPlanned(Kernel* kernel, const GemvParams& p, const Plan& plan, int smem, bool max_shared,
+                          bool pdl, cudaStream_t stream) {
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err == cudaSuccess && max_shared) {
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                int(cudaSharedmemCarveoutMaxShared));
   }
@@ -35,7 +35,7 @@ cudaError_t LaunchKernel(const GemvParams& p, const Plan& plan, bool pdl, cudaSt
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(plan.grid));
   cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = size_t(plan.smem_bytes);
+  cfg.dynamicSmemBytes = size_t(smem);
   cfg.stream = stream;
   cudaLaunchAttribute attr[2];
   int n = 0;
@@ -54,6 +54,12 @@ cudaError_t LaunchKernel(const GemvParams& p, const Plan& plan, bool pdl, cudaSt
   cfg.attrs = attr;
   cfg.numAttrs = unsigned(n);
   return cudaLaunchKernelEx(&cfg, kernel, p);
+}
+
+template <typename T, class Weights, int kNT, class Prologue, class Epilogue>
+cudaError_t LaunchKernel(const GemvParams& p, const Plan& plan, bool pdl, cudaStream_t stream) {
+  return LaunchPlanned(GemvKernel<T, Weights, kNT, Prologue, Epilogue>, p, plan, int(plan.smem_bytes),
+                       /*max_shared=*/true, pdl, stream);
 }
 
 template <typename T, class Weights, class Prologue, class Epilogue>
@@ -95,35 +101,12 @@ inline void ApplyPlan(GemvParams& p, const Plan& plan, bool pdl) {
 // the cluster that shares x, PDL.
 template <typename T, class Prologue, class Epilogue>
 cudaError_t LaunchSlotsKernel(const GemvParams& p, const Plan& plan, bool pdl, cudaStream_t stream) {
-  auto* kernel = GemvSlotsKernel<T, Prologue, Epilogue, kSlotsDepth>;
   const int smem = SlotsSmemBytes(p, Prologue::kNorm);
   if (smem != plan.smem_bytes) return cudaErrorInvalidValue;  // plan.h and slots.cuh disagree
   // The default carveout: scales and zero points are read through L1 (a max-shared carveout made
   // the LM head 54 -> 66 us).
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (err != cudaSuccess) return err;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(plan.grid));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = size_t(smem);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
-  int n = 0;
-  if (plan.cluster > 1) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = unsigned(plan.cluster);
-    attr[n].val.clusterDim.y = 1;
-    attr[n].val.clusterDim.z = 1;
-    ++n;
-  }
-  if (pdl) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n].val.programmaticStreamSerializationAllowed = 1;
-    ++n;
-  }
-  cfg.attrs = attr;
-  cfg.numAttrs = unsigned(n);
-  return cudaLaunchKernelEx(&cfg, kernel, p);
+  return LaunchPlanned(GemvSlotsKernel<T, Prologue, Epilogue, kSlotsDepth>, p, plan, smem,
+                       /*max_shared=*/false, pdl, stream);
 }
 
 template <typename T>

@@ -195,14 +195,7 @@ __device__ __forceinline__ void SlotsStageFinish(const GemvParams& p, unsigned c
   float r = 0.f;
   if constexpr (Prologue::kNorm) {
     float ss = 0.f;
-    for (int u = tid; u < units; u += kThreads) {
-      const Vec8<T> x = AsVec8<T>(x_unit(u));
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const float e = ToFloat(x.v[i]);
-        ss = __fmaf_rn(e, e, ss);
-      }
-    }
+    for (int u = tid; u < units; u += kThreads) ss = AddSquares8<T>(x_unit(u), ss);
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
     if (lane == 0) s_wsum[warp] = ss;

@@ -50,6 +50,18 @@ __device__ __forceinline__ uint4 AsUint4(const Vec8<T>& v) {
   return *reinterpret_cast<const uint4*>(&v);
 }
 
+// s + the squares of 8 T values, in order, in f32 (the norm's statistics).
+template <typename T>
+__device__ __forceinline__ float AddSquares8(uint4 v, float s) {
+  const Vec8<T> x = AsVec8<T>(v);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float e = ToFloat(x.v[i]);
+    s = __fmaf_rn(e, e, s);
+  }
+  return s;
+}
+
 // x as it is.
 struct PlainInput {
   static constexpr bool kNorm = false;
@@ -155,13 +167,7 @@ __device__ __forceinline__ void StageXFinish(const GemvParams& p, unsigned char*
       const int m = job % p.m, part = job / p.m;
       float s = 0.f;
       for (int f = part * span + lane; f < min(row_units, (part + 1) * span); f += 32) {
-        const Vec8<T> x = AsVec8<T>(*reinterpret_cast<const uint4*>(
-            s_x + int64_t(((f >> 2) * p.m + m) * 4 + (f & 3)) * 16));
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const float e = ToFloat(x.v[i]);
-          s = __fmaf_rn(e, e, s);
-        }
+        s = AddSquares8<T>(*reinterpret_cast<const uint4*>(s_x + int64_t(((f >> 2) * p.m + m) * 4 + (f & 3)) * 16), s);
       }
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
