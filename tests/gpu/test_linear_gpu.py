@@ -258,9 +258,11 @@ def test_slots_kernel_matches_the_reference_and_the_ring_kernel(block, zp, dtype
         ref = _nbits_fn("reference", **kw)(x[:1], bq, s, z, **arrays)
         slots = _slots_call(True, monkeypatch, **kw)
         got = slots(x[:1], bq, s, z, **arrays)
-        # The reference rounds each dequantised weight to the dtype, the slots kernel does not:
-        # an output may differ by those roundings (bf16: 2^-9 |w| each), which a bias, a residual
-        # or the gate can leave uncancelled; _bias_slack bounds them (2 ulp |x| |W|, propagated).
+        # The reference rounds each dequantised weight to the dtype, the slots kernel does not, and
+        # both kernels sum in another order than the reference: an output may differ by those
+        # roundings (bf16: 2^-9 |w| each), which a bias, a residual or the gate can leave
+        # uncancelled; _bias_slack bounds them (2 ulp |x| |W|, propagated). On the H200 one bf16
+        # element (all fusions, block 128) came out 0.164 from both kernels against 0.203.
         w = reference_linear.dequantize_nbits(
             bq, ops.untile_nbits_meta(s, n), None if z is None else ops.untile_nbits_meta(z, n),
             bits=4, block_size=block, dtype=jnp.float32)
@@ -270,7 +272,7 @@ def test_slots_kernel_matches_the_reference_and_the_ring_kernel(block, zp, dtype
         slack = _bias_slack(x_in, w, dtype, static["gated"])
         _check(got, ref, dtype, f"slots {fusion} block={block} zp={zp}", slack)
         _check(_slots_call(False, monkeypatch, **kw)(x[:1], bq, s, z, **arrays), ref, dtype,
-               f"ring {fusion} block={block} zp={zp}")
+               f"ring {fusion} block={block} zp={zp}", slack)
         np.testing.assert_array_equal(slots(x[:1], bq, s, z, **arrays), got)
 
 
