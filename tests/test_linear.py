@@ -420,7 +420,11 @@ def test_plan_takes_the_slots_kernel_for_one_row_of_4bit_wide_weights(block):
     for k, n in MODEL_SHAPES:
         for gated, norm in ((False, False), (True, True), (False, True)):
             p = _plan(1, n, k, 4, gated, norm, wide=True, block_size=block, slots=True)
-            assert p["error"] is None and p["slots"], p
+            assert p["error"] is None, p
+            if not p["slots"]:
+                # x and gamma, each twice (staged and as multicast), past two CTAs an SM.
+                assert norm and 8 * k * 2 > 115712, (k, n, gated, norm)
+                continue
             assert p["warps_k"] == 8 and p["cpp"] * 8 >= p["kc"] and p["blocks"] * 16 >= n
             assert p["grid"] % p["cluster"] == 0 and p["cluster"] in (1, 2) and p["grid"] <= 264
             assert p["smem_bytes"] <= 115712  # two CTAs an SM
