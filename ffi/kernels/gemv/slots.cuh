@@ -284,8 +284,12 @@ __global__ void __launch_bounds__(kThreads, 2) GemvSlotsKernel(const __grid_cons
   // copies x itself (cp.async), x's copies first: W requested earlier would hold them up.
   unsigned char* raw_x = nullptr;
   unsigned char* raw_g = nullptr;
-  const bool multicast = p.cluster > 1;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // the multicast: sm_90a
+  const bool multicast = p.cluster > 1;
+#else
+  const bool multicast = false;  // each CTA copies x (the plan gives clusters on sm_90 only)
+#endif
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   const uint32_t bar = SmemAddr(smem + SlotsBarrierOffset(p, Prologue::kNorm));
   if (multicast) {
     raw_x = smem + SlotsRawOffset(p);
