@@ -17,6 +17,7 @@
 #include "kernels/gemv/gemv.h"
 #include "kernels/gemv/plan.h"
 #include "graph_chain.h"
+#include "one_row.h"
 
 #define CK(x)                                                                   \
   do {                                                                          \
@@ -83,21 +84,8 @@ int main(int argc, char** argv) {
         CK(cudaMalloc(&ws[i], wbytes));
         CK(cudaMemset(ws[i], 0x11, wbytes));
         CK(cudaMalloc(&ys[i], sh.n * 2));
-        GemvParams p{};
-        p.x = x;
-        p.w = ws[i];
-        p.scales = static_cast<char*>(scales) + meta * 2 * i;
-        p.zeros = zeros + meta * i;
-        p.gamma = sh.norm ? gamma : nullptr;
-        p.y = ys[i];
-        p.eps = 1e-6f;
-        p.m = 1;
-        p.k = sh.k;
-        p.n_rows = sh.n;
-        p.n_out = sh.gated ? sh.n / 2 : sh.n;
-        p.k_blocks = kb;
-        p.block_shift = 5;
-        ps[i] = p;
+        ps[i] = OneRowParams(x, ws[i], static_cast<char*>(scales) + meta * 2 * i, zeros + meta * i,
+                             sh.norm ? gamma : nullptr, ys[i], sh.k, sh.n, sh.gated);
       }
       if (direct) {
         for (int i = 0; i < 2; ++i) CK(Launch(ps[i], plan, bits, f, false, s));

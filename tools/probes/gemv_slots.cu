@@ -38,6 +38,7 @@ __device__ __forceinline__ unsigned long long GlobalTimer() {
 #include "kernels/gemv/gemv.h"
 #include "kernels/gemv/launch.cuh"  // LaunchSlots, ApplyPlan (the slots kernel instantiated here, with the marks)
 #include "graph_chain.h"
+#include "one_row.h"
 
 #define CK(x)                                                                   \
   do {                                                                          \
@@ -109,7 +110,7 @@ int main() {
                           {"gate-up 2048x16384 +norm gated", 2048, 16384, true, true},
                           {"down 8192x2048", 8192, 2048, false, false},
                           {"lm 2048x128256 +norm", 2048, 128256, true, false}};
-  const int block = 32;
+  const int block = 32;  // one_row.h's metadata
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   printf("%-32s %8s %8s %8s %8s   max|slots-ring| (max|ring|)\n", "shape (us a call)", "null", "stream", "ring",
@@ -142,21 +143,8 @@ int main() {
       CK(cudaMalloc(&ws[i], wbytes));
       Fill<<<1024, 256>>>(static_cast<uint8_t*>(ws[i]), wbytes, 10 + i, 0xFF);
       CK(cudaMalloc(&ys[i], sh.n * 2));
-      GemvParams p{};
-      p.x = x;
-      p.w = ws[i];
-      p.scales = scales + meta * i;
-      p.zeros = zeros + meta * i;
-      p.gamma = sh.norm ? gamma : nullptr;
-      p.y = ys[i];
-      p.eps = 1e-6f;
-      p.m = 1;
-      p.k = sh.k;
-      p.n_rows = sh.n;
-      p.n_out = sh.gated ? sh.n / 2 : sh.n;
-      p.k_blocks = kb;
-      p.block_shift = 5;
-      ps[i] = p;
+      ps[i] = OneRowParams(x, ws[i], scales + meta * i, zeros + meta * i, sh.norm ? gamma : nullptr, ys[i], sh.k,
+                           sh.n, sh.gated);
     }
     CK(cudaDeviceSynchronize());
     const int n_out = ps[0].n_out;
