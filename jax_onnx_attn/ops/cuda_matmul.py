@@ -34,22 +34,25 @@ def nbits_wide() -> bool:
     format's GB/s on the 8B and LM-head shapes, the 1B int4 step 0.995 -> 0.943 ms);
     JOA_GEMV_NBITS_WIDE=0 selects the one-piece format (read at trace time, here only).
     `matmul_nbits(..., wide=)` overrides it per call."""
-    value = os.environ.get(NBITS_WIDE_ENV, "1")
+    return _switch(NBITS_WIDE_ENV)
+
+
+def _switch(name: str) -> bool:
+    """An on-by-default 0 / 1 environment switch, read at trace time."""
+    value = os.environ.get(name, "1")
     if value not in ("0", "1"):
-        raise ValueError(f"{NBITS_WIDE_ENV} must be 0 or 1, got {value!r}")
+        raise ValueError(f"{name} must be 0 or 1, got {value!r}")
     return value == "1"
 
 
 def slots_enabled() -> bool:
     """Whether one row of x against 4-bit weights in the wide format (block_size >= 32) runs
-    on the slots kernel (ffi/kernels/gemv/slots.cuh: scales applied once per block in f32, W straight
-    into registers, x shared by clusters of two CTAs) rather than the ring kernel. On by default
-    (H200, bench/results/2026-12-01-gemv-slots.json: the 1B shapes 0.8-1.5 us faster a call, the
-    LM head 61 -> 54 us); JOA_GEMV_SLOTS=0 keeps the ring kernel (read at trace time, here only)."""
-    value = os.environ.get(SLOTS_ENV, "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"{SLOTS_ENV} must be 0 or 1, got {value!r}")
-    return value == "1"
+    on the slots kernel (ffi/kernels/gemv/slots.cuh: scales applied once per 32-element piece in
+    f32, W straight into registers, x shared by clusters of two CTAs) rather than the ring kernel.
+    On by default (H200, bench/results/2026-12-01-gemv-slots.json: the 1B shapes 0.7-1.7 us faster a
+    call, the LM head 61 -> 53 us, the 1B int4 B=1 step 1.03 -> 0.83 ms); JOA_GEMV_SLOTS=0 keeps
+    the ring kernel (read at trace time, here only)."""
+    return _switch(SLOTS_ENV)
 
 
 def _wide(bits: int, wide: bool | None) -> bool:

@@ -20,9 +20,9 @@
 //
 // Geometry: a CTA of kWarps warps owns 16-row tiles blockIdx.x, + gridDim.x, ...; warp w takes
 // chunks [w cpp, (w + 1) cpp) of each; W goes from global memory straight into registers, kDepth
-// steps ahead across tile boundaries (no shared-memory ring: on the small weights of a ~1B decoder
-// its bookkeeping was most of the ring kernel's time). x is staged once per CTA by StageX (fragment
-// order, norm, nibble permutation), then scaled and summed per block here.
+// steps ahead across tile boundaries (no shared-memory ring). x is staged once per CTA in StageX's
+// fragment order (SlotsStageIssue / SlotsStageFinish: norm, nibble permutation, 1/16, per-piece
+// sums), from a copy each cluster's CTAs share by multicast (sm_90a) or one each CTA makes.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -84,7 +84,7 @@ struct SlotFormat {
   static_assert(kF.quads == 8 && kF.chunk_k == 256 && kF.lane_stride == 32 && kF.piece_stride == 128,
                 "the wide 4-bit format");
   static constexpr bool kHalf = std::is_same_v<T, __half>;
-  // sum (off + q) x = Off_b + sum q x: f16 1024 (x at 1/16 under the high nibbles), bf16 128.
+  // sum (off + q) x = Off_p + sum q x: f16 1024 (x at 1/16 under the high nibbles), bf16 128.
   static constexpr float kOffset = kHalf ? 1024.f : 128.f;
 
   // K offset (in the chunk) of slot s = 4 piece + t: lane t's piece.
