@@ -24,6 +24,8 @@ __device__ __forceinline__ unsigned long long GlobalTimer() {
 }
 // CTA 0's threads 0 (warp 0) and 224 (warp 7) record clock64 at each mark (marks 4 and 5 repeat per
 // chunk / tile: the last one stays); thread 0 of every CTA its globaltimer at start (0) and end (6).
+// Marks: 1 W requested, 2 x landed, 3 x staged, 4 a chunk done, 5 a tile's epilogue done, 6 end,
+// 7 the cluster's barrier handshake done (before W is requested).
 #define JOA_GEMV_MARK(phase)                                                  \
   do {                                                                        \
     if (blockIdx.x == 0 && (threadIdx.x == 0 || threadIdx.x == 224))           \
@@ -179,7 +181,7 @@ int main() {
       CK(cudaMemcpyFromSymbol(&em1, g_end_max, 8));
       printf("  slots timeline (grid %d, cluster %d), CTA 0 cycles from its start, warp 0 / 7:", slots.grid,
              slots.cluster);
-      for (int ph = 1; ph < 7; ++ph) printf(" m%d %lld/%lld", ph, marks[0][ph] - marks[0][0], marks[1][ph] - marks[1][0]);
+      for (int ph = 1; ph < 8; ++ph) printf(" m%d %lld/%lld", ph, marks[0][ph] - marks[0][0], marks[1][ph] - marks[1][0]);
       printf("; CTA starts spread %.2f us, ends %.2f..%.2f us after the first start\n", (sm1 - sm0) * 1e-3,
              (em0 - sm0) * 1e-3, (em1 - sm0) * 1e-3);
     }

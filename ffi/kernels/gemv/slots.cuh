@@ -242,8 +242,11 @@ __host__ __device__ inline int SlotsBarrierOffset(const GemvParams& p, bool norm
 }
 __host__ __device__ inline int SlotsSmemBytes(const GemvParams& p, bool norm) { return SlotsBarrierOffset(p, norm) + 16; }
 
-// Chunks a warp has in flight (registers): 2 and 3 measured alike on the ~1B shapes.
+// Chunks a warp has in flight (registers): 2 and 3 measured alike on the ~1B shapes, 4 slower
+// (each warp's extra loads wait to issue behind the SM's requests in flight).
 inline constexpr int kSlotsDepth = 2;
+// Accumulator chains a chunk's 16 MMAs are dealt over (probe: 1, 2, 4 chains: 2 best by ~1.5%).
+inline constexpr int kChains = 2;
 
 template <typename T, class Prologue, class Epilogue, int kDepth>
 __global__ void __launch_bounds__(kThreads, 2) GemvSlotsKernel(const __grid_constant__ GemvParams p) {
@@ -298,7 +301,9 @@ __global__ void __launch_bounds__(kThreads, 2) GemvSlotsKernel(const __grid_cons
       sm90::MbarInit(bar, 1);
       sm90::FenceBarrierInit();
     }
-    sm90::ClusterArrive();  // every CTA's barrier exists before any multicast signals it
+    // Every CTA's barrier exists before any multicast signals it (the init fence orders it): a
+    // relaxed arrival, as a release one (MEMBAR.GPU) would wait for every load in flight.
+    sm90::ClusterArriveRelaxed();
     sm90::ClusterWait();
     ptx::WaitForPrimary();
     if (tid == 0) {
@@ -318,6 +323,7 @@ __global__ void __launch_bounds__(kThreads, 2) GemvSlotsKernel(const __grid_cons
     }
   }
 #endif
+  JOA_GEMV_MARK(7);
   if (!multicast && p.x_first) {
     ptx::WaitForPrimary();
     SlotsStageIssue<T, Prologue>(p, smem, tid);
@@ -333,7 +339,9 @@ __global__ void __launch_bounds__(kThreads, 2) GemvSlotsKernel(const __grid_cons
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // the multicast: sm_90a
   if (multicast) {
     sm90::MbarWait(bar, 0);
-    sm90::ClusterArrive();  // waited for at the end: no CTA exits while its multicast may still land
+    // Waited for at the end: no CTA exits while its multicast may still land. Relaxed: a release
+    // arrival here waited for the W chunks just requested, holding x's staging back until W landed.
+    sm90::ClusterArriveRelaxed();
   }
 #endif
   JOA_GEMV_MARK(2);
@@ -342,11 +350,12 @@ __global__ void __launch_bounds__(kThreads, 2) GemvSlotsKernel(const __grid_cons
   JOA_GEMV_MARK(3);
 
   // B registers of piece pc: x where g == 4 pc + t, else the zero area (the same quad offsets).
-  uint32_t x_base[2], x_step[2];
+  const unsigned char* x_base[2];
+  int x_step[2];
 #pragma unroll
   for (int pc = 0; pc < 2; ++pc) {
     const bool mine = g == 4 * pc + t;
-    x_base[pc] = SmemAddr(mine ? s_x + 16 * t : s_zero + 16 * t);
+    x_base[pc] = (mine ? s_x : s_zero) + 16 * t;
     x_step[pc] = mine ? F::kF.quads * 64 : 0;  // bytes per chunk
   }
 
@@ -360,18 +369,24 @@ __global__ void __launch_bounds__(kThreads, 2) GemvSlotsKernel(const __grid_cons
       if (i0 + s >= steps) break;
       const int c = c_begin + j;
       if (c < p.kc) {
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        // kChains accumulator chains (quad q in chain q % kChains), summed in a fixed order: the
+        // MMAs of one chain each wait for the one before.
+        float part[kChains][4] = {};
 #pragma unroll
         for (int q = 0; q < F::kF.quads; ++q) {
           uint32_t a[2][4];
           F::Fragments(buf[s], q, a);
           const int pc = q >> 2;
-          uint4 xv;
-          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                       : "=r"(xv.x), "=r"(xv.y), "=r"(xv.z), "=r"(xv.w)
-                       : "r"(x_base[pc] + c * x_step[pc] + 64 * (q & 3) + 256 * pc));
-          ptx::Mma16816<T>(acc, a[0], xv.x, xv.y);
-          ptx::Mma16816<T>(acc, a[1], xv.z, xv.w);
+          const uint4 xv = *reinterpret_cast<const uint4*>(x_base[pc] + c * x_step[pc] + 64 * (q & 3) + 256 * pc);
+          ptx::Mma16816Free<T>(part[q % kChains], a[0], xv.x, xv.y);
+          ptx::Mma16816Free<T>(part[q % kChains], a[1], xv.z, xv.w);
+        }
+        float acc[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          acc[i] = part[0][i];
+#pragma unroll
+          for (int ch = 1; ch < kChains; ++ch) acc[i] += part[ch][i];
         }
         // Columns 2t + e of rows g (acc[e]) and g + 8 (acc[2 + e]): one piece each.
 #pragma unroll

@@ -81,6 +81,11 @@ __device__ __forceinline__ void BulkLoadMulticast(uint32_t dst, const void* src,
 __device__ __forceinline__ void ClusterArrive() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
 }
+// The same arrival without release semantics (no MEMBAR.GPU: it does not wait for the thread's
+// loads and stores in flight), for handshakes ordered otherwise (fence.mbarrier_init, an mbarrier).
+__device__ __forceinline__ void ClusterArriveRelaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
 __device__ __forceinline__ void ClusterWait() {
   asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
