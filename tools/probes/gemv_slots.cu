@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 __device__ long long g_marks[2][8];
@@ -36,6 +37,12 @@ __device__ __forceinline__ unsigned long long GlobalTimer() {
       atomicMax((phase) == 0 ? &g_start_max : &g_end_max, gt);                \
     }                                                                         \
   } while (0)
+
+// Every CTA reading its own copy of x and gamma (the cost of all reading one vector from L2): build
+// both files with -D'JOA_GEMV_X_COPY(ptr,n)=(static_cast<const __half*>(ptr)==nullptr?nullptr:
+// static_cast<const __half*>(ptr)+size_t(blockIdx.x)*(n))' (stage.cuh's hook; the ring kernel is
+// compiled in the inst file). x and gamma are allocated kCopies times, all copies equal.
+constexpr int kCopies = 512;  // >= any grid here
 
 #include "kernels/gemv/gemv.h"
 #include "kernels/gemv/launch.cuh"  // LaunchSlots, ApplyPlan (the slots kernel instantiated here, with the marks)
@@ -107,6 +114,8 @@ static cudaError_t Launch(Variant v, GemvParams p, const Plan& ring, const Plan&
 }
 
 int main() {
+  // JOA_PROBE_M=8: x of 8 rows, the ring kernel only (the slots kernel takes one row).
+  const int M = getenv("JOA_PROBE_M") ? atoi(getenv("JOA_PROBE_M")) : 1;
   const Shape shapes[] = {{"o 2048x2048", 2048, 2048, false, false},
                           {"qkv 2048x3072 +norm", 2048, 3072, true, false},
                           {"gate-up 2048x16384 +norm gated", 2048, 16384, true, true},
@@ -122,18 +131,23 @@ int main() {
     const size_t wbytes = size_t(sh.n) * sh.k / 2;
     const int L = sh.n > 100000 ? 4 : 24;  // distinct weights: together past the 50 MB L2
     const Fusion f{sh.gated, sh.norm};
-    const Plan ring = MakePlan(1, sh.n, sh.k, 4, sh.gated, sh.norm, true, 0, 0, true, block, false);
+    const Plan ring = MakePlan(M, sh.n, sh.k, 4, sh.gated, sh.norm, true, 0, 0, true, block, false);
     const Plan slots = MakePlan(1, sh.n, sh.k, 4, sh.gated, sh.norm, true, 0, 0, true, block, true);
-    if (!ring.error.empty() || !slots.slots) {
+    if (!ring.error.empty() || (M == 1 && !slots.slots)) {
       printf("%s: no plan (%s)\n", sh.name, ring.error.c_str());
       continue;
     }
     __half *x, *gamma, *scales;
     uint8_t* zeros;
-    CK(cudaMalloc(&x, sh.k * 2));
-    FillHalf<<<64, 256>>>(x, sh.k, 1, -1.f, 1.f);
-    CK(cudaMalloc(&gamma, sh.k * 2));
+    const size_t xn = size_t(M) * sh.k;
+    CK(cudaMalloc(&x, xn * 2 * kCopies));
+    FillHalf<<<64, 256>>>(x, xn, 1, -1.f, 1.f);
+    CK(cudaMalloc(&gamma, sh.k * 2 * kCopies));
     FillHalf<<<64, 256>>>(gamma, sh.k, 2, 0.5f, 1.5f);
+    for (int c = 1; c < kCopies; ++c) {
+      CK(cudaMemcpy(x + c * xn, x, xn * 2, cudaMemcpyDeviceToDevice));
+      CK(cudaMemcpy(gamma + c * size_t(sh.k), gamma, sh.k * 2, cudaMemcpyDeviceToDevice));
+    }
     const size_t meta = size_t((sh.n + 15) / 16) * kb * 16;
     CK(cudaMalloc(&scales, meta * 2 * L));
     FillHalf<<<256, 256>>>(scales, meta * L, 3, 0.001f, 0.01f);
@@ -144,49 +158,56 @@ int main() {
     for (int i = 0; i < L; ++i) {
       CK(cudaMalloc(&ws[i], wbytes));
       Fill<<<1024, 256>>>(static_cast<uint8_t*>(ws[i]), wbytes, 10 + i, 0xFF);
-      CK(cudaMalloc(&ys[i], sh.n * 2));
+      CK(cudaMalloc(&ys[i], size_t(M) * sh.n * 2));
       ps[i] = OneRowParams(x, ws[i], scales + meta * i, zeros + meta * i, sh.norm ? gamma : nullptr, ys[i], sh.k,
                            sh.n, sh.gated);
+      ps[i].m = M;
     }
     CK(cudaDeviceSynchronize());
     const int n_out = ps[0].n_out;
-    std::vector<__half> y_ring(n_out), y_slots(n_out);
-    CK(Launch(kRing, ps[0], ring, slots, f, s));
-    CK(cudaStreamSynchronize(s));
-    CK(cudaMemcpy(y_ring.data(), ys[0], n_out * 2, cudaMemcpyDeviceToHost));
-    CK(cudaMemset(ys[0], 0xff, n_out * 2));
-    CK(Launch(kSlots, ps[0], ring, slots, f, s));
-    CK(cudaStreamSynchronize(s));
-    CK(cudaMemcpy(y_slots.data(), ys[0], n_out * 2, cudaMemcpyDeviceToHost));
     float ymax = 0.f, worst = 0.f;
-    for (int i = 0; i < n_out; ++i) {
-      ymax = std::max(ymax, std::fabs(__half2float(y_ring[i])));
-      const float d = std::fabs(__half2float(y_slots[i]) - __half2float(y_ring[i]));
-      worst = std::max(worst, std::isnan(d) ? 1e30f : d);
-    }
-    {  // the slots kernel's timeline on weight 1 (not in L2 from the check)
-      const unsigned long long init[4] = {~0ull, 0ull, ~0ull, 0ull};
-      CK(cudaMemcpyToSymbol(g_start_min, &init[0], 8));
-      CK(cudaMemcpyToSymbol(g_start_max, &init[1], 8));
-      CK(cudaMemcpyToSymbol(g_end_min, &init[2], 8));
-      CK(cudaMemcpyToSymbol(g_end_max, &init[3], 8));
-      CK(Launch(kSlots, ps[1], ring, slots, f, s));
+    if (M == 1) {  // slots vs ring, and the slots kernel's timeline
+      std::vector<__half> y_ring(n_out), y_slots(n_out);
+      CK(Launch(kRing, ps[0], ring, slots, f, s));
       CK(cudaStreamSynchronize(s));
-      long long marks[2][8];
-      unsigned long long sm0, sm1, em0, em1;
-      CK(cudaMemcpyFromSymbol(marks, g_marks, sizeof(marks)));
-      CK(cudaMemcpyFromSymbol(&sm0, g_start_min, 8));
-      CK(cudaMemcpyFromSymbol(&sm1, g_start_max, 8));
-      CK(cudaMemcpyFromSymbol(&em0, g_end_min, 8));
-      CK(cudaMemcpyFromSymbol(&em1, g_end_max, 8));
-      printf("  slots timeline (grid %d, cluster %d), CTA 0 cycles from its start, warp 0 / 7:", slots.grid,
-             slots.cluster);
-      for (int ph = 1; ph < 8; ++ph) printf(" m%d %lld/%lld", ph, marks[0][ph] - marks[0][0], marks[1][ph] - marks[1][0]);
-      printf("; CTA starts spread %.2f us, ends %.2f..%.2f us after the first start\n", (sm1 - sm0) * 1e-3,
-             (em0 - sm0) * 1e-3, (em1 - sm0) * 1e-3);
+      CK(cudaMemcpy(y_ring.data(), ys[0], n_out * 2, cudaMemcpyDeviceToHost));
+      CK(cudaMemset(ys[0], 0xff, n_out * 2));
+      CK(Launch(kSlots, ps[0], ring, slots, f, s));
+      CK(cudaStreamSynchronize(s));
+      CK(cudaMemcpy(y_slots.data(), ys[0], n_out * 2, cudaMemcpyDeviceToHost));
+      for (int i = 0; i < n_out; ++i) {
+        ymax = std::max(ymax, std::fabs(__half2float(y_ring[i])));
+        const float d = std::fabs(__half2float(y_slots[i]) - __half2float(y_ring[i]));
+        worst = std::max(worst, std::isnan(d) ? 1e30f : d);
+      }
+      {  // the slots kernel's timeline on weight 1 (not in L2 from the check)
+        const unsigned long long init[4] = {~0ull, 0ull, ~0ull, 0ull};
+        CK(cudaMemcpyToSymbol(g_start_min, &init[0], 8));
+        CK(cudaMemcpyToSymbol(g_start_max, &init[1], 8));
+        CK(cudaMemcpyToSymbol(g_end_min, &init[2], 8));
+        CK(cudaMemcpyToSymbol(g_end_max, &init[3], 8));
+        CK(Launch(kSlots, ps[1], ring, slots, f, s));
+        CK(cudaStreamSynchronize(s));
+        long long marks[2][8];
+        unsigned long long sm0, sm1, em0, em1;
+        CK(cudaMemcpyFromSymbol(marks, g_marks, sizeof(marks)));
+        CK(cudaMemcpyFromSymbol(&sm0, g_start_min, 8));
+        CK(cudaMemcpyFromSymbol(&sm1, g_start_max, 8));
+        CK(cudaMemcpyFromSymbol(&em0, g_end_min, 8));
+        CK(cudaMemcpyFromSymbol(&em1, g_end_max, 8));
+        printf("  slots timeline (grid %d, cluster %d), CTA 0 cycles from its start, warp 0 / 7:", slots.grid,
+               slots.cluster);
+        for (int ph = 1; ph < 8; ++ph) printf(" m%d %lld/%lld", ph, marks[0][ph] - marks[0][0], marks[1][ph] - marks[1][0]);
+        printf("; CTA starts spread %.2f us, ends %.2f..%.2f us after the first start\n", (sm1 - sm0) * 1e-3,
+               (em0 - sm0) * 1e-3, (em1 - sm0) * 1e-3);
+      }
     }
     printf("%-32s", sh.name);
     for (Variant v : {kNull, kStream, kRing, kSlots}) {
+      if (v == kSlots && M != 1) {
+        printf(" %8s", "-");
+        continue;
+      }
       float t;
       CK(TimeGraphChain(L, [&](int i, cudaStream_t st) { return Launch(v, ps[i], ring, slots, f, st); }, true, s, 50, 3,
                         &t));

@@ -114,9 +114,17 @@ __device__ __forceinline__ int SliceUnits(const GemvParams& p, int slice0) {
 
 // Starts copying this CTA's chunks [slice0, slice0 + slice_chunks) of x (and of gamma with the
 // norm): one commit group.
+// Probes (tools/probes/gemv_slots.cu) may define JOA_GEMV_X_COPY(ptr, elements) to give each CTA
+// its own copy of x and gamma (the cost of every CTA reading the same vector from L2).
+#ifndef JOA_GEMV_X_COPY
+#define JOA_GEMV_X_COPY(ptr, elements) (ptr)
+#endif
+
 template <typename T, class Weights, class Prologue>
 __device__ __forceinline__ void StageXIssue(const GemvParams& p, unsigned char* smem, int slice0, int tid) {
   constexpr FormatInfo kF = Weights::kInfo;
+  const T* x = static_cast<const T*>(JOA_GEMV_X_COPY(p.x, int64_t(p.m) * p.k));
+  const T* gamma = static_cast<const T*>(JOA_GEMV_X_COPY(p.gamma, p.k));
   unsigned char* s_x = smem;
   unsigned char* s_gamma = smem + p.gamma_offset;  // gamma[slice0 * chunk_k ...]
   const int chunks = min(p.slice_chunks, p.kc - slice0);
@@ -126,13 +134,13 @@ __device__ __forceinline__ void StageXIssue(const GemvParams& p, unsigned char* 
     const int kk = UnitK<Weights>(p, slice0, u, m);
     const bool valid = kk < p.k;
     CpAsync16(SmemAddr(s_x + int64_t(u) * 16),
-              static_cast<const T*>(p.x) + (valid ? int64_t(m) * p.k + kk : 0), valid);
+              x + (valid ? int64_t(m) * p.k + kk : 0), valid);
   }
   if constexpr (Prologue::kNorm) {
     const int k0 = slice0 * kF.chunk_k;
     for (int v = tid; v < max(chunks, 0) * kF.chunk_k / 8; v += kThreads) {
       const bool valid = k0 + 8 * v < p.k;
-      CpAsync16(SmemAddr(s_gamma + v * 16), static_cast<const T*>(p.gamma) + (valid ? k0 + 8 * v : 0), valid);
+      CpAsync16(SmemAddr(s_gamma + v * 16), gamma + (valid ? k0 + 8 * v : 0), valid);
     }
   }
   CpAsyncCommit();
