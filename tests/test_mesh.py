@@ -15,7 +15,7 @@ TIMEOUT_S = 900
 
 def test_fake_mesh_suite():
     env = dict(os.environ, JOA_MESH_SUITE="1")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
                            str(TESTS / "mesh")], cwd=TESTS.parent, env=env, capture_output=True,
                           text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, f"tests/mesh failed:\n{proc.stdout[-20000:]}\n{proc.stderr[-5000:]}"

@@ -7,7 +7,7 @@ set -uo pipefail
 source "$(dirname "$0")/device_prepare.sh"
 e2e_args=${1:---quick}
 linear_args=${2:---formats fp16 int4 --rows 1 8 32 --max-seconds 50}
-timeout 200 python3 -m pytest -m gpu -q -x -p no:cacheprovider ${GPU_TESTS:-tests/gpu/test_linear_gpu.py} \
+timeout 200 python3 -m pytest -m gpu -q -x -n 0 -p no:cacheprovider ${GPU_TESTS:-tests/gpu/test_linear_gpu.py} \
   > "$out/gpu_tests.log" 2>&1
 ok=$?
 tail -5 "$out/gpu_tests.log"

@@ -4,4 +4,4 @@
 # logs go to $OUT when it is set.
 set -uo pipefail
 source "$(dirname "$0")/device_prepare.sh"
-python3 -m pytest -m gpu -q -ra -p no:cacheprovider "$@" 2>&1 | tee "$out/gpu_tests.log"
+python3 -m pytest -m gpu -q -ra -n 0 -p no:cacheprovider "$@" 2>&1 | tee "$out/gpu_tests.log"

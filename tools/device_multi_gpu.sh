@@ -10,7 +10,7 @@ export NCCL_NVLS_ENABLE=0  # no NVLink multicast on the shared hosts (the device
 source "$(dirname "$0")/device_prepare.sh"
 e2e_args=${1:---models 8b --weights fp16 --batch 1 8 --ctx 2048 --impls ours --phases decode --devices 1 2 --max-seconds 420}
 python3 -c "import jax; print('devices:', jax.devices())" | tee -a "$out/prepare.log"
-timeout 300 python3 -m pytest -m gpu -q -ra -x -s -p no:cacheprovider tests/gpu/test_spmd_gpu.py \
+timeout 300 python3 -m pytest -m gpu -q -ra -x -s -n 0 -p no:cacheprovider tests/gpu/test_spmd_gpu.py \
   > "$out/spmd_tests.log" 2>&1
 ok=$?
 tail -8 "$out/spmd_tests.log"

@@ -31,7 +31,7 @@ for causal in (True, False):
                   f"{len(bad)} bad of {err.size}" + (f", first at {tuple(bad[0])}: got {got[tuple(bad[0])]:.4g} "
                                                       f"want {want[tuple(bad[0])]:.4g}" if len(bad) else ""))
 PY
-python3 -m pytest -m gpu -q -ra -p no:cacheprovider tests/gpu/test_prefill_engine_gpu.py "$@" 2>&1 \
+python3 -m pytest -m gpu -q -ra -n 0 -p no:cacheprovider tests/gpu/test_prefill_engine_gpu.py "$@" 2>&1 \
   | tee "$out/prefill_tests.log" | tail -30
 ok=${PIPESTATUS[0]}
 if [ "$ok" = 0 ] && [ "${SKIP_BENCH:-0}" != 1 ]; then

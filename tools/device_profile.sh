@@ -4,7 +4,7 @@
 # Usage on the GPU machine: bash tools/device_profile.sh
 set -uo pipefail
 source "$(dirname "$0")/device_prepare.sh"
-python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_decode_attention_gpu.py -k "pos_shift or bitwise" 2>&1 | tail -3
+python3 -m pytest -m gpu -q -n 0 -p no:cacheprovider tests/gpu/test_decode_attention_gpu.py -k "pos_shift or bitwise" 2>&1 | tail -3
 B="python3 -m jax_onnx_attn.bench decode --heads 32/8 --dims 128 --dtypes bf16 --impls ours jax-cudnn torch-cudnn --reps 5"
 $B --batch 1 --ctx 1024 4096 8192 --qlen 1 16 --out "$out/b1.json" 2>&1 | grep -E "^B=|x"
 JOA_BENCH_DONATE=0 $B --batch 1 --ctx 1024 --qlen 1 --impls ours jax-cudnn 2>&1 | grep -E "^B="

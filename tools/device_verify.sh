@@ -21,8 +21,9 @@ files[rest]=$(ls tests/gpu/test_*.py | grep -v -x -F -f <(printf '%s\n' ${files[
 declare -A limit=([gemv]=150 [nan]=80 [attention]=200 [spmd]=40 [prefill]=60 [rest]=120)
 # The GPU tests are mostly compile time (host CPU): pytest-xdist workers share the one GPU, each
 # growing its own memory (no 75% preallocation). JOA_VERIFY_WORKERS=0 runs them in one process.
+# (--dist load: the tests of one file spread over the workers, unlike the CPU suite's loadscope.)
 workers=${JOA_VERIFY_WORKERS:-8}
-xdist=(); [ "$workers" -gt 0 ] && xdist=(-n "$workers")
+xdist=(-n "$workers"); [ "$workers" -gt 0 ] && xdist+=(--dist load)
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 for group in ${JOA_VERIFY:-gemv nan attention spmd prefill rest}; do
   [ -n "${JOA_VERIFY_LIMIT:-}" ] && limit[$group]=$JOA_VERIFY_LIMIT  # seconds, for every group asked
