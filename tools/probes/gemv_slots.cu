@@ -116,22 +116,35 @@ static cudaError_t Launch(Variant v, GemvParams p, const Plan& ring, const Plan&
 int main() {
   // JOA_PROBE_M=8: x of 8 rows, the ring kernel only (the slots kernel takes one row).
   const int M = getenv("JOA_PROBE_M") ? atoi(getenv("JOA_PROBE_M")) : 1;
+  // JOA_PROBE_CLUSTER / JOA_PROBE_WARPS_K: force the ring kernel's plan (0: planned).
+  const int force_cluster = getenv("JOA_PROBE_CLUSTER") ? atoi(getenv("JOA_PROBE_CLUSTER")) : 0;
+  const int force_warps_k = getenv("JOA_PROBE_WARPS_K") ? atoi(getenv("JOA_PROBE_WARPS_K")) : 0;
   const Shape shapes[] = {{"o 2048x2048", 2048, 2048, false, false},
                           {"qkv 2048x3072 +norm", 2048, 3072, true, false},
                           {"gate-up 2048x16384 +norm gated", 2048, 16384, true, true},
                           {"down 8192x2048", 8192, 2048, false, false},
-                          {"lm 2048x128256 +norm", 2048, 128256, true, false}};
+                          {"lm 2048x128256 +norm", 2048, 128256, true, false},
+                          // JOA_PROBE_8B=1: an ~8B decoder's projections as well
+                          {"8b-o 4096x4096", 4096, 4096, false, false},
+                          {"8b-qkv 4096x6144 +norm", 4096, 6144, true, false},
+                          {"8b-gate-up 4096x28672 +norm gated", 4096, 28672, true, true},
+                          {"8b-down 14336x4096", 14336, 4096, false, false},
+                          {"8b-lm 4096x128256 +norm", 4096, 128256, true, false}};
+  const bool with_8b = getenv("JOA_PROBE_8B") && atoi(getenv("JOA_PROBE_8B")) != 0;
+  const bool only_8b = with_8b && atoi(getenv("JOA_PROBE_8B")) == 2;
   const int block = 32;  // one_row.h's metadata
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   printf("%-32s %8s %8s %8s %8s   max|slots-ring| (max|ring|)\n", "shape (us a call)", "null", "stream", "ring",
          "slots");
   for (const Shape& sh : shapes) {
+    const bool is_8b = sh.name[0] == '8';
+    if (is_8b ? !with_8b : only_8b) continue;
     const int kb = sh.k / block;
     const size_t wbytes = size_t(sh.n) * sh.k / 2;
     const int L = sh.n > 100000 ? 4 : 24;  // distinct weights: together past the 50 MB L2
     const Fusion f{sh.gated, sh.norm};
-    const Plan ring = MakePlan(M, sh.n, sh.k, 4, sh.gated, sh.norm, true, 0, 0, true, block, false);
+    const Plan ring = MakePlan(M, sh.n, sh.k, 4, sh.gated, sh.norm, true, force_cluster, force_warps_k, true, block, false);
     const Plan slots = MakePlan(1, sh.n, sh.k, 4, sh.gated, sh.norm, true, 0, 0, true, block, true);
     if (!ring.error.empty() || (M == 1 && !slots.slots)) {
       printf("%s: no plan (%s)\n", sh.name, ring.error.c_str());

@@ -102,8 +102,18 @@ inline constexpr double kModelHbmGbs = 4300.0;
 inline constexpr double kModelLatencyUs = 1.2;
 inline constexpr double kModelSmInflight = 40.0 * 1024;  // what one SM's memory pipeline keeps in flight
 inline constexpr double kModelSmL2Gbs = 100.0;
+// x read by many CTAs: each line of a CTA's x slice is read by every group (the CTAs of other
+// clusters with the same slice), and many SMs asking L2 for the same lines at once is slow (H200
+// probe, M = 8, 1B shapes, cluster 1: a private copy of x per CTA saved o 3.5 us, gate-up 3.1, LM
+// head 6; with clusters of 16, i.e. 16 groups, nothing). With the cluster terms below, fitted to a
+// sweep of every layout at M = 8 / 16 / 32 on ~1B and ~8B shapes
+// (bench/results/2026-12-01-gemv-ring-layouts.json).
+inline constexpr double kModelXHotGbs = 2600.0;
 inline constexpr double kModelBlockUs = 0.25;
-inline constexpr double kModelClusterUs = 0.35;
+// A cluster's reduction per row block: a fixed part and one per CTA (partials read through DSMEM,
+// two cluster barriers).
+inline constexpr double kModelClusterUs = 1.0;
+inline constexpr double kModelClusterCtaUs = 0.05;
 
 struct Plan {
   std::string error;  // empty when the engine takes this shape
@@ -180,8 +190,10 @@ inline bool Layout(Plan& p, int cluster, int warps_n, int warps_k, int ctas_per_
   const double sm_gbs = sm_inflight / (kModelLatencyUs * 1e3);
   const double stream_us = std::max(cta_bytes * p.grid / (kModelHbmGbs * 1e3),
                                     cta_bytes * busiest / (sm_gbs * 1e3));
-  const double start_us = double(p.x_bytes) / (kModelSmL2Gbs * 1e3);
-  const double block_us = p.waves * (kModelBlockUs + (cluster > 1 ? kModelClusterUs : 0.0));
+  const double start_us = double(p.x_bytes) / (kModelSmL2Gbs * 1e3) +
+                          double(p.groups) * p.x_bytes / (kModelXHotGbs * 1e3);
+  const double block_us =
+      p.waves * (kModelBlockUs + (cluster > 1 ? kModelClusterUs + kModelClusterCtaUs * cluster : 0.0));
   p.est_us = start_us + stream_us + block_us;
   return true;
 }
