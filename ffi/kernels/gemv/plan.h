@@ -107,7 +107,8 @@ inline constexpr double kModelSmL2Gbs = 100.0;
 // probe, M = 8, 1B shapes, cluster 1: a private copy of x per CTA saved o 3.5 us, gate-up 3.1, LM
 // head 6; with clusters of 16, i.e. 16 groups, nothing). With the cluster terms below, fitted to a
 // sweep of every layout at M = 8 / 16 / 32 on ~1B and ~8B shapes
-// (bench/results/2026-12-01-gemv-ring-layouts.json).
+// (bench/results/2026-12-01-gemv-ring-layouts.json). Groups past one per SM count as one per SM
+// (the LM head at M = 8 ran 68.6 us on 251 CTAs, 72.6 on 126).
 inline constexpr double kModelXHotGbs = 2600.0;
 inline constexpr double kModelBlockUs = 0.25;
 // A cluster's reduction per row block: a fixed part and one per CTA (partials read through DSMEM,
@@ -191,7 +192,7 @@ inline bool Layout(Plan& p, int cluster, int warps_n, int warps_k, int ctas_per_
   const double stream_us = std::max(cta_bytes * p.grid / (kModelHbmGbs * 1e3),
                                     cta_bytes * busiest / (sm_gbs * 1e3));
   const double start_us = double(p.x_bytes) / (kModelSmL2Gbs * 1e3) +
-                          double(p.groups) * p.x_bytes / (kModelXHotGbs * 1e3);
+                          double(std::min(p.groups, kPlanSms)) * p.x_bytes / (kModelXHotGbs * 1e3);
   const double block_us =
       p.waves * (kModelBlockUs + (cluster > 1 ? kModelClusterUs + kModelClusterCtaUs * cluster : 0.0));
   p.est_us = start_us + stream_us + block_us;
