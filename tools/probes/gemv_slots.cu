@@ -39,9 +39,11 @@ __device__ __forceinline__ unsigned long long GlobalTimer() {
   } while (0)
 
 // Every CTA reading its own copy of x and gamma (the cost of all reading one vector from L2): build
-// both files with -D'JOA_GEMV_X_COPY(ptr,n)=(static_cast<const __half*>(ptr)==nullptr?nullptr:
-// static_cast<const __half*>(ptr)+size_t(blockIdx.x)*(n))' (stage.cuh's hook; the ring kernel is
-// compiled in the inst file). x and gamma are allocated kCopies times, all copies equal.
+// both files with `-include xcopy.h`, a header that defines stage.cuh's hook as
+//   #define JOA_GEMV_X_COPY(ptr, n) (static_cast<const __half*>(ptr) == nullptr ? nullptr \
+//                                    : static_cast<const __half*>(ptr) + size_t(blockIdx.x) * (n))
+// (the ring kernel is compiled in the inst file; nvcc's -D does not take this macro). x and gamma
+// are allocated kCopies times, all copies equal.
 constexpr int kCopies = 512;  // >= any grid here
 
 #include "kernels/gemv/gemv.h"
