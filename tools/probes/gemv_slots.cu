@@ -44,6 +44,8 @@ __device__ __forceinline__ unsigned long long GlobalTimer() {
 //                                    : static_cast<const __half*>(ptr) + size_t(blockIdx.x) * (n))
 // (the ring kernel is compiled in the inst file; nvcc's -D does not take this macro). x and gamma
 // are allocated kCopies times, all copies equal.
+// The ring kernel's x copies in one order for every CTA (before the per-CTA rotation, stage.cuh's
+// XRotation): both files with `-include` a header holding `#define JOA_GEMV_X_ROTATE 0`.
 constexpr int kCopies = 512;  // >= any grid here
 
 #include "kernels/gemv/gemv.h"

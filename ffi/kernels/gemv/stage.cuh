@@ -119,6 +119,16 @@ __device__ __forceinline__ int SliceUnits(const GemvParams& p, int slice0) {
 #ifndef JOA_GEMV_X_COPY
 #define JOA_GEMV_X_COPY(ptr, elements) (ptr)
 #endif
+#ifndef JOA_GEMV_X_ROTATE
+#define JOA_GEMV_X_ROTATE 1
+#endif
+
+// Where this CTA starts its copies of x's units (and StageXFinish its pass over them): each CTA at
+// its own place, 37 lines apart, as CTAs walking x in one order ask the same L2 lines at the same
+// time (M = 8-16: up to 1-3 us a call on the 1B / 8B LM heads).
+__device__ __forceinline__ int XRotation(int units) {
+  return JOA_GEMV_X_ROTATE ? int((blockIdx.x * 296u) % unsigned(max(units, 1))) : 0;
+}
 
 template <typename T, class Weights, class Prologue>
 __device__ __forceinline__ void StageXIssue(const GemvParams& p, unsigned char* smem, int slice0, int tid) {
@@ -129,7 +139,9 @@ __device__ __forceinline__ void StageXIssue(const GemvParams& p, unsigned char* 
   unsigned char* s_gamma = smem + p.gamma_offset;  // gamma[slice0 * chunk_k ...]
   const int chunks = min(p.slice_chunks, p.kc - slice0);
   const int units = SliceUnits<Weights>(p, slice0);
-  for (int u = tid; u < units; u += kThreads) {
+  const int rot = XRotation(units);
+  for (int i = tid; i < units; i += kThreads) {
+    const int u = i + rot < units ? i + rot : i + rot - units;
     int m;
     const int kk = UnitK<Weights>(p, slice0, u, m);
     const bool valid = kk < p.k;
@@ -197,7 +209,11 @@ __device__ __forceinline__ void StageXFinish(const GemvParams& p, unsigned char*
     __syncthreads();
   }
   if constexpr (Prologue::kNorm || Weights::kPermuteX) {
-    for (int u = tid; u < units; u += kThreads) {
+    // The units this thread copied (StageXIssue's order): without the norm's barrier, the others'
+    // copies need not be visible to it yet.
+    const int rot = XRotation(units);
+    for (int i = tid; i < units; i += kThreads) {
+      const int u = i + rot < units ? i + rot : i + rot - units;
       int m;
       const int kk = UnitK<Weights>(p, slice0, u, m);
       if (kk >= p.k) continue;  // zeros stay zeros
