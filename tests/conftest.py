@@ -10,6 +10,17 @@ from collections import Counter
 # GPU tests may run in parallel processes (pytest -n): none may grab most of the GPU up front.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
+# Without a GPU (CI), XLA's CPU compiler at its lowest LLVM optimisation level: the suite mostly
+# compiles small graphs and runs them once (tests/test_prefill_route.py -n 2: 108 -> 72 s). The
+# computations are the same (no fast-math either way). Flags already in XLA_FLAGS come after ours
+# and win; JOA_TEST_FAST_COMPILE=0 turns this off. Never on a GPU machine, where it would slow
+# the kernels the GPU tests and benchmarks run.
+FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+_xla_flags = os.environ.get("XLA_FLAGS", "")
+if (not os.path.exists("/dev/nvidiactl") and os.environ.get("JOA_TEST_FAST_COMPILE", "1") != "0"
+        and FAST_COMPILE_FLAGS not in _xla_flags):  # xdist workers inherit the controller's
+    os.environ["XLA_FLAGS"] = f"{FAST_COMPILE_FLAGS} {_xla_flags}".strip()
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
