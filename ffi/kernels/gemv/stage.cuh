@@ -123,11 +123,15 @@ __device__ __forceinline__ int SliceUnits(const GemvParams& p, int slice0) {
 #define JOA_GEMV_X_ROTATE 1
 #endif
 
-// Where this CTA starts its copies of x's units (and StageXFinish its pass over them): each CTA at
-// its own place, 37 lines apart, as CTAs walking x in one order ask the same L2 lines at the same
-// time (M = 8-16: up to 1-3 us a call on the 1B / 8B LM heads).
+// The unit a thread's i-th step visits (i = tid, tid + kThreads, ...), in StageXIssue's copies and
+// StageXFinish's pass alike (a thread may only read back its own copies before a barrier): each CTA
+// starts at its own place, 37 lines apart, as CTAs walking x in one order ask the same L2 lines at
+// the same time (M = 8-16: up to 1-3 us a call on the 1B / 8B LM heads). rot = XRotation(units).
 __device__ __forceinline__ int XRotation(int units) {
   return JOA_GEMV_X_ROTATE ? int((blockIdx.x * 296u) % unsigned(max(units, 1))) : 0;
+}
+__device__ __forceinline__ int XUnit(int i, int rot, int units) {
+  return i + rot < units ? i + rot : i + rot - units;
 }
 
 template <typename T, class Weights, class Prologue>
@@ -141,7 +145,7 @@ __device__ __forceinline__ void StageXIssue(const GemvParams& p, unsigned char* 
   const int units = SliceUnits<Weights>(p, slice0);
   const int rot = XRotation(units);
   for (int i = tid; i < units; i += kThreads) {
-    const int u = i + rot < units ? i + rot : i + rot - units;
+    const int u = XUnit(i, rot, units);
     int m;
     const int kk = UnitK<Weights>(p, slice0, u, m);
     const bool valid = kk < p.k;
@@ -209,11 +213,9 @@ __device__ __forceinline__ void StageXFinish(const GemvParams& p, unsigned char*
     __syncthreads();
   }
   if constexpr (Prologue::kNorm || Weights::kPermuteX) {
-    // The units this thread copied (StageXIssue's order): without the norm's barrier, the others'
-    // copies need not be visible to it yet.
-    const int rot = XRotation(units);
+    const int rot = XRotation(units);  // the units this thread copied (XUnit)
     for (int i = tid; i < units; i += kThreads) {
-      const int u = i + rot < units ? i + rot : i + rot - units;
+      const int u = XUnit(i, rot, units);
       int m;
       const int kk = UnitK<Weights>(p, slice0, u, m);
       if (kk >= p.k) continue;  // zeros stay zeros
