@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 __device__ long long g_marks[2][8];
@@ -136,6 +137,8 @@ int main() {
                           {"8b-lm 4096x128256 +norm", 4096, 128256, true, false}};
   const bool with_8b = getenv("JOA_PROBE_8B") && atoi(getenv("JOA_PROBE_8B")) != 0;
   const bool only_8b = with_8b && atoi(getenv("JOA_PROBE_8B")) == 2;
+  // JOA_PROBE_ONLY=name: that shape only (e.g. to profile one launch with ncu).
+  const char* only = getenv("JOA_PROBE_ONLY");
   const int block = 32;  // one_row.h's metadata
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -144,6 +147,7 @@ int main() {
   for (const Shape& sh : shapes) {
     const bool is_8b = sh.name[0] == '8';
     if (is_8b ? !with_8b : only_8b) continue;
+    if (only != nullptr && std::string(sh.name).rfind(only, 0) != 0) continue;
     const int kb = sh.k / block;
     const size_t wbytes = size_t(sh.n) * sh.k / 2;
     const int L = sh.n > 100000 ? 4 : 24;  // distinct weights: together past the 50 MB L2
