@@ -199,6 +199,18 @@ def gqa_cuda(config, *, query, key, past_key, query_seqlens, has_bias: bool = Fa
     return _route(checks, functools.partial(_gqa_decode, config=c))
 
 
+def _decode_kv_len(seqlens_k, s: int, capacity: int):
+    """Keys each row's decode attention reads: T_b = seqlens_k + 1, or 0 for a row whose S new rows
+    gqa_prepare refuses to write (past_b = T_b - S outside [0, C - S]: the kernel's own test, in the
+    same int32 arithmetic), whose output is then 0. A function of seqlens_k alone, not of the
+    prepare's status output: every layer of a step computes the same value, which XLA computes
+    once (from the per-layer status it was a kernel per layer, 31 of a ~8B step's 236)."""
+    t = seqlens_k.astype(jnp.int32) + 1
+    past = t - s
+    fits = (past >= 0) & (past <= capacity - s)
+    return jnp.where(fits, t, 0)
+
+
 def _gqa_decode(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache,
                 position_ids, attention_bias, head_sink, k_scale, v_scale, q_norm_weight,
                 k_norm_weight, query_seqlens, *, config):
@@ -214,8 +226,7 @@ def _gqa_decode(query, key, value, past_key, past_value, seqlens_k, cos_cache, s
         rotary_interleaved=c.rotary_interleaved, q_norm_epsilon=c.q_norm_epsilon,
         k_norm_epsilon=c.k_norm_epsilon, kv_bits=c.kv_bits)
     capacity = past_key.shape[2]
-    # A refused row (its write would leave the cache) sees no key: output 0.
-    kv_len = jnp.where(status == st.OK, seqlens_k + 1, 0)
+    kv_len = _decode_kv_len(seqlens_k, s, capacity)
 
     bias = attention_bias
     if bias is not None and bias.shape[-1] < capacity:
