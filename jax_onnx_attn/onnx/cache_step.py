@@ -101,7 +101,6 @@ class _StepRun(NamedTuple):
     causal: jax.Array     # bool [B, 1, S, width]: query s of row b may read key j
     statuses: list        # int32 [B] statuses of the step's cache writes
     empty_cache: bool     # a first prompt (every cache_len is 0)
-    memo: dict            # values the hooks derive once per step from a graph tensor, by name
 
 
 class CachePolicy:
@@ -185,14 +184,9 @@ class BuilderSharedBuffer(CachePolicy):
                 # The graph derives seqlens_k from the C-wide mask, which clamps a row that does not
                 # fit into range (GQA would write rows C - S .. C - 1): such a row gets its true
                 # seqlens_k, beyond the buffer, so the op refuses its write and flags it.
-                # Once per step for the tensor every layer shares (a select kernel per layer
-                # otherwise: the ~8B step ran 31 of them).
-                key = ("seqlens_k", node.input[5])
-                if key not in run.memo:
-                    seqlens = to_jax(inputs[5])
-                    run.memo[key] = jnp.where(run.fits, seqlens,
-                                              (run.cache_len + run.s - 1).astype(seqlens.dtype))
-                inputs[5] = run.memo[key]
+                seqlens = to_jax(inputs[5])
+                inputs[5] = jnp.where(run.fits, seqlens,
+                                      (run.cache_len + run.s - 1).astype(seqlens.dtype))
             return run_gqa(ctx, inputs, shared_buffer=True, overrides={"sliding_window_cache": 0},
                            statuses=run.statuses, past_empty=run.empty_cache)
         if node.op_type == "If" and is_static(inputs[0]):
@@ -570,7 +564,7 @@ class FixedCacheStep:
         fits = (cache_len >= 0) & (cache_len + s <= c)
         run = _StepRun(cache=cache, new_cache={}, cache_len=cache_len, num_new=num_new, s=s, fits=fits,
                        width=width, causal=causal, statuses=[st.kv_write_status(fits)],
-                       empty_cache=empty_cache, memo={})
+                       empty_cache=empty_cache)
         for sl in self.slots:
             feeds[sl.past] = self.policy.feed(sl, run)
 
