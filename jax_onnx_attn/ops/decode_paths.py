@@ -25,6 +25,7 @@ from jax_onnx_attn.ops import cuda
 from jax_onnx_attn.ops import status as st
 from jax_onnx_attn.ops.decode import BIAS_DTYPES, cuda_unsupported
 from jax_onnx_attn.ops.dtypes import CUDA_FLOAT_DTYPES, HALF_DTYPES
+from jax_onnx_attn.ops.reference import kv_cache as kv_cache_reference
 from jax_onnx_attn.ops.reference.decode import visible_keys
 
 #: Query rows per step the decode engine takes; longer steps are prefill (the reference, until the
@@ -200,15 +201,12 @@ def gqa_cuda(config, *, query, key, past_key, query_seqlens, has_bias: bool = Fa
 
 
 def _decode_kv_len(seqlens_k, s: int, capacity: int):
-    """Keys each row's decode attention reads: T_b = seqlens_k + 1, or 0 for a row whose S new rows
-    gqa_prepare refuses to write (past_b = T_b - S outside [0, C - S]: the kernel's own test, in the
-    same int32 arithmetic), whose output is then 0. A function of seqlens_k alone, not of the
-    prepare's status output: every layer of a step computes the same value, which XLA computes
-    once (from the per-layer status it was a kernel per layer, 31 of a ~8B step's 236)."""
+    """Keys each row's decode attention reads: T_b = seqlens_k + 1, or 0 (output 0) for a row
+    whose S new rows gqa_prepare refuses to write (past_b = T_b - S, the kernel's fit rule). Derived
+    from seqlens_k, not from the prepare's status output, so that every layer of a step computes
+    the same value and XLA computes it once instead of a kernel per layer."""
     t = seqlens_k.astype(jnp.int32) + 1
-    past = t - s
-    fits = (past >= 0) & (past <= capacity - s)
-    return jnp.where(fits, t, 0)
+    return jnp.where(kv_cache_reference.append_fits(t - s, s, capacity), t, 0)
 
 
 def _gqa_decode(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache,

@@ -7,6 +7,13 @@ import jax.numpy as jnp
 from jax_onnx_attn.ops import status as st
 
 
+def append_fits(start, s: int, capacity: int):
+    """bool [B]: rows start[b] .. start[b] + S - 1 all lie in [0, C), in int32 arithmetic: the rule
+    the kv_append and gqa_prepare kernels apply before they write a batch row."""
+    start = start.astype(jnp.int32)
+    return (start >= 0) & (start <= capacity - s)
+
+
 def kv_append(cache, new, start):
     """Write new [B, H, S, D] into cache [B, H, C, D] at rows start[b] .. start[b]+S-1.
 
@@ -18,7 +25,7 @@ def kv_append(cache, new, start):
     b, h, capacity, _ = cache.shape
     s = new.shape[2]
     start = start.astype(jnp.int32)
-    ok = (start >= 0) & (start <= capacity - s)
+    ok = append_fits(start, s, capacity)
     rows = jnp.where(ok, start, capacity)[:, None] + jnp.arange(s, dtype=jnp.int32)  # [B, S]
     batch = jnp.arange(b, dtype=jnp.int32)[:, None, None]
     heads = jnp.arange(h, dtype=jnp.int32)[None, :, None]
