@@ -50,7 +50,7 @@ def use_specs(monkeypatch) -> list:
     monkeypatch.setattr(cuda, "_prefill_attention",
                         spec("prefill", prefill_reference.prefill_attention, drop=("schedule",)))
     monkeypatch.setattr(cuda_matmul, "_linear",
-                        spec("linear", _linear, drop=("pdl", "cluster", "warps_k")))
+                        spec("linear", _linear, drop=("pdl", "cluster", "warps_k", "slots")))
     monkeypatch.setattr(cuda_matmul, "_matmul_nbits",
                         spec("nbits", _nbits, drop=("pdl", "cluster", "warps_k", "wide", "slots")))
     return calls

@@ -2,7 +2,8 @@
 // M <= 32, f16 / bf16, with the optional fusions: RMS-norm prologue (norm_weight [K]), bias [N],
 // residual [M, N_out], gated SiLU (W rows interleaved gate / up in blocks of 8; N_out = N / 2).
 // Placeholders stand for absent operands (has_* false). cluster / warps_k > 0 override the plan
-// (sweeps); pdl launches as a programmatic dependent (W read before the previous kernel ends).
+// (sweeps); pdl launches as a programmatic dependent (W read before the previous kernel ends);
+// slots lets one row take the dense row kernel (kernels/gemv/dense_row.cuh) where the plan has it.
 #include <string>
 
 #include "common/ffi.h"
@@ -13,7 +14,8 @@ namespace {
 
 ffi::Error LinearImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer w, AnyBuffer bias, AnyBuffer residual,
                       AnyBuffer norm_weight, AnyResult y, bool has_bias, bool has_residual,
-                      bool has_norm, bool gated, float eps, int64_t cluster, int64_t warps_k, bool pdl) {
+                      bool has_norm, bool gated, float eps, int64_t cluster, int64_t warps_k, bool pdl,
+                      bool slots) {
   constexpr const char* kOp = "linear";
   const ffi::DataType dtype = x.element_type();
   auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
@@ -42,7 +44,7 @@ ffi::Error LinearImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer w, AnyBuffer b
                                           has_residual, has_norm);
   if (!err.empty()) return InvalidArgument(std::string(kOp) + ": " + err);
   return gemv::PlanAndLaunch(p, dtype, 16, gemv::Fusion{gated, has_norm}, cluster, warps_k,
-                             /*wide=*/false, pdl, stream, kOp);
+                             /*wide=*/false, pdl, stream, kOp, /*block_size=*/0, slots);
 }
 
 }  // namespace
@@ -64,5 +66,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JoaLinear, joa::LinearImpl,
                                   .Attr<float>("eps")
                                   .Attr<int64_t>("cluster")
                                   .Attr<int64_t>("warps_k")
-                                  .Attr<bool>("pdl"),
+                                  .Attr<bool>("pdl")
+                                  .Attr<bool>("slots"),
                               JOA_COMMAND_BUFFER_SAFE);

@@ -25,6 +25,8 @@ DENSE_BITS = 16
 NBITS_WIDE_ENV = "JOA_GEMV_NBITS_WIDE"
 #: The environment variable that lets one row of 4-bit wide weights take the slots kernel.
 SLOTS_ENV = "JOA_GEMV_SLOTS"
+#: The environment variable that lets one row of dense weights take the dense row kernel.
+DENSE_ROW_ENV = "JOA_GEMV_DENSE_ROW"
 
 
 def nbits_wide() -> bool:
@@ -53,6 +55,17 @@ def slots_enabled() -> bool:
     call, the LM head 61 -> 53 us, the 1B int4 B=1 step 1.03 -> 0.83 ms); JOA_GEMV_SLOTS=0 keeps
     the ring kernel (read at trace time, here only)."""
     return _switch(SLOTS_ENV)
+
+
+def dense_row_enabled() -> bool:
+    """Whether one row of x against dense half weights (K a multiple of 512, N of 16) runs on the
+    dense row kernel (ffi/kernels/gemv/dense_row.cuh: W straight into registers as MMA operands, 8
+    lanes a 128-byte line of a row, a few instructions a KB) rather than the ring kernel. On by
+    default (H200, tools/probes/gemv_dense_m1.cu, bench/results/2026-12-02-gemv-dense-row.json:
+    0.90-0.99x of a kernel that only reads W on the ~8B shapes, 1.1-1.7x the ring kernel);
+    JOA_GEMV_DENSE_ROW=0 keeps the ring kernel (read at trace time, here only). It is also what
+    lets `ops.linear`'s "auto" put one-row dense projections on ours (`ops.linear.kernel_formats`)."""
+    return _switch(DENSE_ROW_ENV)
 
 
 def _wide(bits: int, wide: bool | None) -> bool:
@@ -87,8 +100,9 @@ def gemv_plan(rows: int, n_rows: int, k: int, bits: int, gated: bool, norm: bool
     layout, cluster, ring stages, shared memory, the model's estimate in µs). 'error' is None when
     the engine takes the shape, else why not. cluster / warps_k > 0 force that choice (sweeps).
     wide: n-bit weights in the two-piece format; None: `nbits_wide()`. slots (with the weights'
-    block_size): whether one row of 4-bit wide weights may take the slots kernel ('slots' in the
-    dict says whether it does). Raises RuntimeError without the compiled extension."""
+    block_size): whether one row may take a one-row kernel, the slots kernel for 4-bit wide
+    weights, the dense row kernel for dense ones ('slots' / 'dense_row' in the dict say whether it
+    does). Raises RuntimeError without the compiled extension."""
     return _plan(int(rows), int(n_rows), int(k), int(bits), bool(gated), bool(norm), int(cluster),
                  int(warps_k), _wide(bits, wide), int(block_size), bool(slots))
 
@@ -123,15 +137,15 @@ def unsupported(rows: int, n_rows: int, k: int, bits: int, gated: bool, norm: bo
 def _per_example_plan(bits: int):
     """pin of a folded call (vmap): the per-example plan's cluster and K split, so the folded rows
     are reduced as each example's own call reduces them; None (one call per example) where the
-    folded rows leave the engine's plan, or where each example's call takes the slots kernel
-    (one row only: no folded call reduces the same way)."""
+    folded rows leave the engine's plan, or where each example's call takes a one-row kernel
+    (slots or dense row: no folded call reduces the same way)."""
     def pin(static, axis_size, x, w, *rest):
         rows, n_rows, k = x.shape[0], w.shape[0], x.shape[1]
         norm = rest[-1] is not None
         wide = static.get("wide")
         plan = gemv_plan(rows, n_rows, k, bits, static["gated"], norm, static["cluster"],
                          static["warps_k"], wide, static.get("block_size", 0), static.get("slots", False))
-        if plan["error"] or plan["slots"]:
+        if plan["error"] or plan["slots"] or plan["dense_row"]:
             return None
         folded = gemv_plan(axis_size * rows, n_rows, k, bits, static["gated"], norm,
                            plan["cluster"], plan["warps_k"], wide)
@@ -205,14 +219,17 @@ def linear(x, w, bias=None, residual=None, norm_weight=None, *, eps: float = 1e-
     Semantics of `jax_onnx_attn.ops.reference.linear.linear`. bias [N], residual [M, N_out],
     norm_weight [K] or None. pdl: programmatic dependent launch (W is read before the previous
     kernel has finished: only for weights no kernel of the program writes). cluster / warps_k > 0
-    override the plan.
+    override the plan. One row takes the dense row kernel where the plan has it and
+    `dense_row_enabled()` (decided here at trace time; results within the dtype's tolerance of the
+    ring kernel's, not the same bits).
     """
-    static = dict(eps=eps, gated=gated, pdl=pdl, cluster=cluster, warps_k=warps_k)
+    static = dict(eps=eps, gated=gated, pdl=pdl, cluster=cluster, warps_k=warps_k,
+                  slots=dense_row_enabled())
     return partitioning.LINEAR.apply(_linear, (x, w, bias, residual, norm_weight), static,
                                      pin=_per_example_plan(DENSE_BITS))
 
 
-def _linear(x, w, bias, residual, norm_weight, *, eps, gated, pdl, cluster, warps_k):
+def _linear(x, w, bias, residual, norm_weight, *, eps, gated, pdl, cluster, warps_k, slots):
     m, n = x.shape[0], w.shape[0]
     n_out = n // 2 if gated else n
     call = jax.ffi.ffi_call(target("linear"), jax.ShapeDtypeStruct((m, n_out), x.dtype))
@@ -221,7 +238,7 @@ def _linear(x, w, bias, residual, norm_weight, *, eps, gated, pdl, cluster, warp
                 ph if norm_weight is None else norm_weight,
                 has_bias=bias is not None, has_residual=residual is not None,
                 has_norm=norm_weight is not None, gated=bool(gated), eps=np.float32(eps),
-                cluster=int(cluster), warps_k=int(warps_k), pdl=bool(pdl))
+                cluster=int(cluster), warps_k=int(warps_k), pdl=bool(pdl), slots=bool(slots))
 
 
 @functools.cache

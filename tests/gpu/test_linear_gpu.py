@@ -276,6 +276,39 @@ def test_slots_kernel_matches_the_reference_and_the_ring_kernel(block, zp, dtype
         np.testing.assert_array_equal(slots(x[:1], bq, s, z, **arrays), got)
 
 
+def _dense_row_call(enabled, monkeypatch, **kw):
+    """A fresh jit of the CUDA linear traced under JOA_GEMV_DENSE_ROW=enabled (read at trace time)."""
+    monkeypatch.setenv(cuda_matmul.DENSE_ROW_ENV, "1" if enabled else "0")
+    fn = jax.jit(lambda *a, **arrays: ops.linear(*a, backend="cuda", **kw, **arrays))
+    return lambda *a, **arrays: np.asarray(fn(*a, **arrays))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=_name)
+@pytest.mark.parametrize("k", [512, 1536, 4096])
+def test_dense_row_kernel_matches_the_reference_and_the_ring_kernel(k, dtype, monkeypatch):
+    # One row of dense weights: the dense row kernel against the reference and against the ring
+    # kernel, every fusion; K = 512 (one step a warp), 1536 (three: the depth), 4096; N = 4800 /
+    # 4816 rows (300+ tiles: more than one tile a CTA on 264 CTAs, N not a multiple of 128);
+    # bitwise repeatable.
+    for fusion in FUSIONS:
+        gated = fusion.startswith("gated") or fusion == "all"
+        n = 4832 if gated else 4816
+        arrays, static = _split(_fusion_operands(fusion, k, n, 1, dtype, seed=9))
+        assert cuda_matmul.gemv_plan(1, n, k, 16, gated, "norm_weight" in arrays, slots=True)["dense_row"]
+        x, w = _dense(k, n, dtype, seed=3)
+        ref = _linear_fn("reference", **static)(x[:1], w, **arrays)
+        row = _dense_row_call(True, monkeypatch, **static)
+        got = row(x[:1], w, **arrays)
+        x_in = np.asarray(x[:1], np.float64)
+        if "norm_weight" in arrays:  # the product's x is the normed one
+            x_in = x_in / np.sqrt(np.mean(x_in ** 2) + 1e-5) * np.asarray(arrays["norm_weight"], np.float64)
+        slack = _bias_slack(x_in, w, dtype, gated) if ("bias" in arrays or gated) else None
+        _check(got, ref, dtype, f"dense row {fusion} K={k}", slack)
+        _check(_dense_row_call(False, monkeypatch, **static)(x[:1], w, **arrays), ref, dtype,
+               f"ring {fusion} K={k}", slack)
+        np.testing.assert_array_equal(row(x[:1], w, **arrays), got)
+
+
 # (cluster, warps_k) forced through the plan's overrides: every reduction path.
 PLANS = [(1, 1), (1, 2), (1, 8), (2, 4), (4, 2), (8, 1), (16, 1), (16, 8)]
 
@@ -373,7 +406,8 @@ def test_every_output_element_is_written(gated):
         x, w = _dense(k, n, dtype, seed=6)
         n_out = n // 2 if gated else n
         got = jax.jit(lambda x, w: _poisoned_call("linear", m, n_out, dtype, (x, w, ph, None, ph),
-                                                  has_bias=False, cluster=cluster, **common))(x[:m], w)
+                                                  has_bias=False, cluster=cluster, slots=True,
+                                                  **common))(x[:m], w)
         _check(got, _linear_fn("reference", gated=gated)(x[:m], w), dtype, f"K={k} N={n} M={m}")
         _, bq, s, z = _nbits(k - k % 32, n, 4, 32, True, dtype, seed=6)
         xk = x[:m, :k - k % 32]
@@ -398,6 +432,13 @@ def test_auto_backend_picks_the_kernel(monkeypatch):
     hlo = jax.jit(lambda x, w: ops.linear(x[:4], w)).lower(x, w).compile().as_text()
     assert 'custom_call_target="jax_onnx_attn_linear"' in hlo
     assert " conditional(" not in hlo, "platform_dependent left a runtime branch"
+    # One row takes the dense row kernel, ours under the default preference.
+    monkeypatch.delenv("JOA_LINEAR_KERNELS")
+    hlo = jax.jit(lambda x, w: ops.linear(x[:1], w)).lower(x, w).compile().as_text()
+    assert 'custom_call_target="jax_onnx_attn_linear"' in hlo
+    monkeypatch.setenv(cuda_matmul.DENSE_ROW_ENV, "0")
+    hlo = jax.jit(lambda x, w: ops.linear(x[1:2], w)).lower(x, w).compile().as_text()
+    assert "jax_onnx_attn_linear" not in hlo
     # M > 32 is XLA's GEMM.
     hlo = jax.jit(lambda x, w: ops.linear(jnp.concatenate([x, x]), w)).lower(x, w).compile().as_text()
     assert "jax_onnx_attn_linear" not in hlo

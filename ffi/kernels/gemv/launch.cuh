@@ -7,6 +7,7 @@
 
 #include <type_traits>
 
+#include "kernels/gemv/dense_row.cuh"
 #include "kernels/gemv/epilogue.cuh"
 #include "kernels/gemv/gemv.h"
 #include "kernels/gemv/kernel.cuh"
@@ -119,6 +120,25 @@ cudaError_t LaunchSlots(const GemvParams& p, const Plan& plan, Fusion fusion, bo
                       : LaunchSlotsKernel<T, PlainInput, StoreEpilogue>(p, plan, pdl, stream);
 }
 
+// The dense row kernel (one row, dense weights; plan.dense_row).
+template <typename T, class Prologue, class Epilogue>
+cudaError_t LaunchDenseRowKernel(const GemvParams& p, const Plan& plan, bool pdl, cudaStream_t stream) {
+  const int smem = DenseRowSmemBytes(p.k);
+  if (smem != plan.smem_bytes) return cudaErrorInvalidValue;  // plan.h and dense_row.cuh disagree
+  return LaunchPlanned(GemvDenseRowKernel<T, Prologue, Epilogue, kDenseRowDepth>, p, plan, smem,
+                       /*max_shared=*/true, pdl, stream);
+}
+
+template <typename T>
+cudaError_t LaunchDenseRow(const GemvParams& p, const Plan& plan, Fusion fusion, bool pdl, cudaStream_t stream) {
+  if (fusion.norm) {
+    return fusion.gated ? LaunchDenseRowKernel<T, RmsNormInput, GatedSiluEpilogue>(p, plan, pdl, stream)
+                        : LaunchDenseRowKernel<T, RmsNormInput, StoreEpilogue>(p, plan, pdl, stream);
+  }
+  return fusion.gated ? LaunchDenseRowKernel<T, PlainInput, GatedSiluEpilogue>(p, plan, pdl, stream)
+                      : LaunchDenseRowKernel<T, PlainInput, StoreEpilogue>(p, plan, pdl, stream);
+}
+
 template <typename T, int kBits, bool kWide>
 cudaError_t LaunchFormat(GemvParams p, const Plan& plan, Fusion fusion, bool pdl, cudaStream_t stream) {
   static_assert(kBits != 16 || !kWide, "dense weights have one format");
@@ -129,6 +149,10 @@ cudaError_t LaunchFormat(GemvParams p, const Plan& plan, Fusion fusion, bool pdl
   if (plan.slots) {
     if constexpr (kBits == 4 && kWide) return LaunchSlots<T>(p, plan, fusion, pdl, stream);
     return cudaErrorInvalidValue;  // host.h never plans the slots kernel for another format
+  }
+  if (plan.dense_row) {
+    if constexpr (kBits == 16) return LaunchDenseRow<T>(p, plan, fusion, pdl, stream);
+    return cudaErrorInvalidValue;  // plan.h plans the dense row kernel for dense weights only
   }
   return fusion.norm ? LaunchEpilogue<T, Weights, RmsNormInput>(p, plan, fusion.gated, pdl, stream)
                      : LaunchEpilogue<T, Weights, PlainInput>(p, plan, fusion.gated, pdl, stream);

@@ -123,6 +123,9 @@ struct Plan {
   // 16-row tile a CTA at a time, warps splitting K, W straight into registers, x multicast within
   // clusters of `cluster` CTAs (sm_90). Fields below then describe that kernel's geometry.
   bool slots = false;
+  // One row of dense weights on the dense row kernel (dense_row.cuh): the slots kernel's geometry
+  // (one 16-row tile a CTA at a time, warps splitting K, W straight into registers), no cluster.
+  bool dense_row = false;
   int m = 0, n_rows = 0, n_out = 0, k = 0, bits = 16, nt = 1;
   bool wide = false;     // n-bit weights in the two-piece format (FormatInfo)
   int quads = 2, lane_k = 16, chunk_k = 64, lane_stride = 8, quad_stride = 8, pieces = 2, piece_stride = 32;
@@ -237,13 +240,44 @@ inline bool SlotsLayout(Plan& p, bool sm90) {
   return p.smem_bytes <= (sm90 ? kSmemTwoPerSm : kSmemTwoPerSm80);
 }
 
+// K elements a CTA's warps take together per step of the dense row kernel (64 each).
+inline constexpr int64_t kDenseRowK = 64 * kWarps;
+
+// Fills `p` (a MakePlan base of one row of dense weights, K % kDenseRowK == 0, 16-row tiles) for the
+// dense row kernel; false when its shared memory (dense_row.cuh's DenseRowSmemBytes: x, a zero
+// unit, two sets of the warps' 16 partial row sums, the norm's warp sums) does not fit two CTAs an SM.
+inline bool DenseRowLayout(Plan& p, bool sm90) {
+  p.dense_row = true;
+  p.cluster = 1;
+  p.warps_n = 1;
+  p.warps_k = kWarps;
+  p.cpp = int(CeilDiv(p.kc, kWarps));
+  p.slice_chunks = p.kc;
+  p.rows_block = 16;
+  p.red_stride = 16;
+  p.blocks = int(CeilDiv(p.n_rows, 16));
+  p.grid = int(std::min<int64_t>(p.blocks, 2 * kPlanSms));
+  p.groups = p.grid;
+  p.waves = int(CeilDiv(p.blocks, p.grid));
+  p.ctas_per_sm = 2;
+  p.stages = 0;
+  p.stage_bytes = 0;
+  p.x_bytes = int64_t(p.k) * 2;
+  p.red_bytes = int64_t(2) * kWarps * 16 * 4;
+  p.gamma_offset = p.ring_offset = 0;  // gamma is read from memory as x is staged
+  p.smem_bytes = p.x_bytes + 16 + p.red_bytes + kWarps * 4;
+  p.est_us = 0.0;  // not modelled: chosen by measurement
+  return p.smem_bytes <= (sm90 ? kSmemTwoPerSm : kSmemTwoPerSm80);
+}
+
 // The plan for y[m, n_out] = x[m, k] W^T with W of n_rows rows (n_out = n_rows / 2 when gated) and
 // `bits` per weight element; norm: the RMS-norm prologue. sm90: the device is sm_90+ (thread-block clusters, 227 KB of shared
 // memory a CTA); else the plan keeps to sm_80's limits and no clusters.
 // force_cluster / force_warps_k > 0 restrict the choice (for sweeps); 0 lets the model choose.
 // wide: n-bit weights in the two-piece format (ignored for dense weights, which always have two).
-// slots: one row of 4-bit wide weights (block_size >= 32, dividing K) and no forced layout takes
-// the slots kernel (slots.cuh) when it fits.
+// slots: one row may take a one-row kernel when no layout is forced and it fits: 4-bit wide
+// weights (block_size >= 32, dividing K) the slots kernel (slots.cuh), dense weights with
+// K % kDenseRowK == 0 and N % 16 == 0 the dense row kernel (dense_row.cuh).
 inline Plan MakePlan(int64_t m, int64_t n_rows, int64_t k, int bits, bool gated, bool norm, bool sm90,
                      int64_t force_cluster = 0, int64_t force_warps_k = 0, bool wide = false,
                      int64_t block_size = 0, bool slots = false) {
@@ -288,6 +322,11 @@ inline Plan MakePlan(int64_t m, int64_t n_rows, int64_t k, int bits, bool gated,
       block_size >= 32 && k % block_size == 0) {
     Plan p = base;
     if (SlotsLayout(p, sm90)) return p;
+  }
+  if (slots && m == 1 && bits == 16 && force_cluster == 0 && force_warps_k == 0 && k % kDenseRowK == 0 &&
+      n_rows % 16 == 0) {
+    Plan p = base;
+    if (DenseRowLayout(p, sm90)) return p;
   }
   bool found = false, too_few_chunks = false;
   for (int cluster = 1; cluster <= (sm90 ? kMaxCluster : 1); cluster *= 2) {

@@ -29,6 +29,7 @@ inline void BindPlan(nanobind::module_& m) {
           d["norm"] = p.norm; d["x_bytes"] = p.x_bytes; d["red_bytes"] = p.red_bytes; d["smem_bytes"] = p.smem_bytes;
           d["est_us"] = p.est_us;
           d["slots"] = p.slots;
+          d["dense_row"] = p.dense_row;
           return d;
         },
         nb::arg("rows"), nb::arg("n_rows"), nb::arg("k"), nb::arg("bits"), nb::arg("gated"), nb::arg("norm"),
@@ -37,7 +38,8 @@ inline void BindPlan(nanobind::module_& m) {
         "The GEMV engine's launch plan for x [rows, k] and a weight of n_rows rows of `bits`-bit "
         "elements (16 dense, 8, 4), with the RMS-norm prologue or not, on an sm_90+ GPU (sm90) or an older one, "
         "n-bit weights in the two-piece format (wide) or not, their block_size, whether one row of "
-        "4-bit wide weights may take the slots kernel (slots): a dict of its fields, "
+        "4-bit wide weights may take the slots kernel and one row of dense weights the dense row kernel "
+        "(slots): a dict of its fields, "
         "'error' None when the engine takes it.");
 }
 

@@ -49,15 +49,6 @@
 
 namespace joa::gemv {
 
-// 16 bytes of W, read once: not kept in L1.
-__device__ __forceinline__ uint4 LoadStream16(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
 // One chunk of a lane: rows g, g + 8 (h) x two 16-byte pieces; the scale (T bits) and zero point
 // of rows g, g + 8 for the lane's two accumulator columns (slots 2t + e). Each its own register:
 // packing them would make the thread wait for the loads where they are issued.

@@ -35,6 +35,16 @@ __device__ __forceinline__ uint4 LoadInput16(const void* p) {
   return __ldg(reinterpret_cast<const uint4*>(p));
 }
 
+// 16 bytes of W, read once (the one-row kernels, which load W straight into registers): not kept
+// in L1.
+__device__ __forceinline__ uint4 LoadStream16(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
 template <typename T>
 struct alignas(16) Vec8 {
   T v[8];
