@@ -442,14 +442,17 @@ def test_plan_takes_the_slots_kernel_for_one_row_of_4bit_wide_weights(block):
     assert not _plan(1, 2048, 2048, 4, False, wide=True, block_size=32)["slots"]
 
 
-def test_slots_kernel_is_chosen_by_the_environment_default_on(monkeypatch):
-    monkeypatch.delenv(cuda_matmul.SLOTS_ENV, raising=False)
-    assert cuda_matmul.slots_enabled()
-    monkeypatch.setenv(cuda_matmul.SLOTS_ENV, "0")
-    assert not cuda_matmul.slots_enabled()
-    monkeypatch.setenv(cuda_matmul.SLOTS_ENV, "on")
-    with pytest.raises(ValueError, match="JOA_GEMV_SLOTS"):
-        cuda_matmul.slots_enabled()
+@pytest.mark.parametrize("env, enabled", [(cuda_matmul.SLOTS_ENV, cuda_matmul.slots_enabled),
+                                          (cuda_matmul.DENSE_ROW_ENV, cuda_matmul.dense_row_enabled)],
+                         ids=["slots", "dense_row"])
+def test_one_row_kernels_are_chosen_by_the_environment_default_on(env, enabled, monkeypatch):
+    monkeypatch.delenv(env, raising=False)
+    assert enabled()
+    monkeypatch.setenv(env, "0")
+    assert not enabled()
+    monkeypatch.setenv(env, "on")
+    with pytest.raises(ValueError, match=env):
+        enabled()
 
 
 def test_plan_takes_the_dense_row_kernel_for_one_row_of_dense_weights():
@@ -471,16 +474,6 @@ def test_plan_takes_the_dense_row_kernel_for_one_row_of_dense_weights():
         p = _plan(*args, slots=True, **kw)
         assert p["error"] is None and not p["dense_row"], (args, kw)
     assert not _plan(1, 2048, 2048, 16, False)["dense_row"]
-
-
-def test_dense_row_kernel_is_chosen_by_the_environment_default_on(monkeypatch):
-    monkeypatch.delenv(cuda_matmul.DENSE_ROW_ENV, raising=False)
-    assert cuda_matmul.dense_row_enabled()
-    monkeypatch.setenv(cuda_matmul.DENSE_ROW_ENV, "0")
-    assert not cuda_matmul.dense_row_enabled()
-    monkeypatch.setenv(cuda_matmul.DENSE_ROW_ENV, "yes")
-    with pytest.raises(ValueError, match="JOA_GEMV_DENSE_ROW"):
-        cuda_matmul.dense_row_enabled()
 
 
 def _mma16816(c, a, b):

@@ -18,15 +18,8 @@
 #include "kernels/gemv/plan.h"
 #include "graph_chain.h"
 #include "one_row.h"
+#include "probe_util.h"
 
-#define CK(x)                                                                   \
-  do {                                                                          \
-    cudaError_t e = (x);                                                        \
-    if (e != cudaSuccess) {                                                     \
-      printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-      return 1;                                                                 \
-    }                                                                           \
-  } while (0)
 
 using joa::gemv::Fusion;
 using joa::gemv::GemvParams;

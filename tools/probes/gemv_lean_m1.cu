@@ -28,49 +28,11 @@
 #include "kernels/gemv/gemv.h"
 #include "kernels/gemv/launch.cuh"
 #include "one_row.h"
-
-#define CK(x)                                                                   \
-  do {                                                                          \
-    cudaError_t e = (x);                                                        \
-    if (e != cudaSuccess) {                                                     \
-      printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-      return 1;                                                                 \
-    }                                                                           \
-  } while (0)
+#include "probe_util.h"
 
 using namespace joa::gemv;
 
 constexpr int kRecW = 2048, kRecMeta = 384, kRecBytes = kRecW + kRecMeta;
-
-__global__ void FillBytes(uint8_t* p, size_t n, uint32_t seed, uint8_t mask) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-    h ^= h >> 13; h *= 0x5bd1e995u; h ^= h >> 15;
-    p[i] = uint8_t(h) & mask;
-  }
-}
-__global__ void FillHalfs(__half* p, size_t n, uint32_t seed, float lo, float hi) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-    h ^= h >> 13; h *= 0x5bd1e995u; h ^= h >> 15;
-    p[i] = __float2half(lo + (hi - lo) * float(h & 0xffff) / 65536.f);
-  }
-}
-__global__ void StreamKernel(const uint8_t* w, size_t n16, uint32_t* sink) {
-  const uint4* w4 = reinterpret_cast<const uint4*>(w);
-  uint32_t acc = 0;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n16; i += 4 * size_t(gridDim.x) * blockDim.x) {
-    uint4 v[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const size_t at = i + u * size_t(gridDim.x) * blockDim.x;
-      v[u] = at < n16 ? LoadStream16(w4 + at) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < 4; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
-  }
-  if (acc == 0x12345678u) sink[0] = acc;
-}
 
 // Record (tile, c): word j (h = j >> 1, piece j & 1) of lane L at j * 512 + 16 L; metadata word m
 // of lane L at 2048 + 128 m + 4 L: m 0 / 1 scales (e 0, 1) of row g + 8 m as half2, m 2 the four
@@ -345,21 +307,21 @@ int main() {
     __half *x, *gamma, *scales;
     uint8_t* zeros;
     CK(cudaMalloc(&x, sh.k * 2));
-    FillHalfs<<<64, 256>>>(x, sh.k, 1, -1.f, 1.f);
+    FillHalf<<<64, 256>>>(x, sh.k, 1, -1.f, 1.f);
     CK(cudaMalloc(&gamma, sh.k * 2));
-    FillHalfs<<<64, 256>>>(gamma, sh.k, 2, 0.5f, 1.5f);
+    FillHalf<<<64, 256>>>(gamma, sh.k, 2, 0.5f, 1.5f);
     const size_t meta = size_t(sh.n / 16) * (sh.k / 32) * 16;
     CK(cudaMalloc(&scales, meta * 2 * L));
-    FillHalfs<<<256, 256>>>(scales, meta * L, 3, 0.001f, 0.01f);
+    FillHalf<<<256, 256>>>(scales, meta * L, 3, 0.001f, 0.01f);
     CK(cudaMalloc(&zeros, meta * L));
-    FillBytes<<<256, 256>>>(zeros, meta * L, 4, 15);
+    Fill<<<256, 256>>>(zeros, meta * L, 4, 15);
     std::vector<uint8_t*> ws(L), recs(L);
     std::vector<__half*> ys(L), yraws(L);
     std::vector<GemvParams> ps(L);
     const size_t rec_bytes = size_t(sh.n / 16) * (sh.k / 256) * kRecBytes;
     for (int i = 0; i < L; ++i) {
       CK(cudaMalloc(&ws[i], wbytes));
-      FillBytes<<<1024, 256>>>(ws[i], wbytes, 10 + i, 0xFF);
+      Fill<<<1024, 256>>>(ws[i], wbytes, 10 + i, 0xFF);
       CK(cudaMalloc(&ys[i], size_t(sh.n) * 2));
       CK(cudaMalloc(&yraws[i], size_t(sh.n) * 2));
       CK(cudaMalloc(&recs[i], rec_bytes));

@@ -53,15 +53,7 @@ constexpr int kCopies = 512;  // >= any grid here
 #include "kernels/gemv/launch.cuh"  // LaunchSlots, ApplyPlan (the slots kernel instantiated here, with the marks)
 #include "graph_chain.h"
 #include "one_row.h"
-
-#define CK(x)                                                                   \
-  do {                                                                          \
-    cudaError_t e = (x);                                                        \
-    if (e != cudaSuccess) {                                                     \
-      printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-      return 1;                                                                 \
-    }                                                                           \
-  } while (0)
+#include "probe_util.h"
 
 using namespace joa::gemv;
 
@@ -71,39 +63,9 @@ struct Shape {
   bool norm, gated;
 };
 
-__global__ void Fill(uint8_t* p, size_t n, uint32_t seed, uint8_t mask) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-    h ^= h >> 13; h *= 0x5bd1e995u; h ^= h >> 15;
-    p[i] = uint8_t(h) & mask;
-  }
-}
-__global__ void FillHalf(__half* p, size_t n, uint32_t seed, float lo, float hi) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-    h ^= h >> 13; h *= 0x5bd1e995u; h ^= h >> 15;
-    p[i] = __float2half(lo + (hi - lo) * float(h & 0xffff) / 65536.f);
-  }
-}
 __global__ void NullKernel(GemvParams p) {
   if (threadIdx.x == 1000) static_cast<__half*>(p.y)[0] = __float2half(0.f);
 }
-__global__ void StreamKernel(GemvParams p, size_t n16) {  // reads W only, 4 x 16 B a thread in flight
-  const uint4* w = static_cast<const uint4*>(p.w);
-  uint32_t acc = 0;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n16; i += 4 * size_t(gridDim.x) * blockDim.x) {
-    uint4 v[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const size_t at = i + u * size_t(gridDim.x) * blockDim.x;
-      v[u] = at < n16 ? LoadStream16(w + at) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < 4; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
-  }
-  if (acc == 0x12345678u) static_cast<uint32_t*>(p.y)[0] = acc;
-}
-
 enum Variant { kNull, kStream, kRing, kSlots };
 const char* const kNames[] = {"null", "stream", "ring", "slots"};
 
@@ -111,7 +73,7 @@ static cudaError_t Launch(Variant v, GemvParams p, const Plan& ring, const Plan&
   switch (v) {
     case kNull: NullKernel<<<ring.grid, kThreads, 0, s>>>(p); return cudaGetLastError();
     case kStream:
-      StreamKernel<<<4 * kPlanSms, kThreads, 0, s>>>(p, size_t(p.n_rows) * p.k / 32);
+      StreamKernel<<<4 * kPlanSms, kThreads, 0, s>>>(p.w, size_t(p.n_rows) * p.k / 32, static_cast<uint32_t*>(p.y));
       return cudaGetLastError();
     case kRing: return LaunchFormat<__half, 4, true>(p, ring, f, false, s);
     default: ApplyPlan(p, slots, false); return LaunchSlots<__half>(p, slots, f, false, s);

@@ -94,22 +94,13 @@ __global__ void __launch_bounds__(kThreads, 2) GemvDenseRowKernel(const __grid_c
   ptx::WaitForPrimary();
   const uint4* xg = static_cast<const uint4*>(p.x);
   if constexpr (Prologue::kNorm) {
-    // Statistics: each thread's units, the warps' sums added in warp order (every thread the
-    // same inverse RMS), as the other GEMV kernels.
-    float ss = 0.f;
+    float ss = 0.f;  // each thread's units, then the slots kernel's fixed-order statistics
     for (int u = tid; u < units; u += kThreads) {
       const uint4 v = LoadInput16(xg + u);
       s_x[u] = v;
       ss = AddSquares8<T>(v, ss);
     }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-    if (lane == 0) s_wsum[wk] = ss;
-    __syncthreads();
-    float total = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) total += s_wsum[w];
-    const float r = rsqrtf(__fdiv_rn(total, float(p.k)) + p.eps);
+    const float r = OneRowInverseRms(ss, s_wsum, lane, wk, p.k, p.eps);
     const uint4* gamma = static_cast<const uint4*>(p.gamma);
     for (int u = tid; u < units; u += kThreads) s_x[u] = Prologue::template Apply<T>(s_x[u], r, LoadInput16(gamma + u));
   } else {

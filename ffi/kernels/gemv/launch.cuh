@@ -57,6 +57,24 @@ cudaError_t LaunchPlanned(Kernel* kernel, const GemvParams& p, const Plan& plan,
   return cudaLaunchKernelEx(&cfg, kernel, p);
 }
 
+// A fusion's policy types (stage.cuh's prologues, epilogue.cuh's epilogues) as a tag that a
+// generic lambda takes apart.
+template <class P, class E>
+struct Policies {
+  using Prologue = P;
+  using Epilogue = E;
+};
+
+// launch(Policies<Prologue, Epilogue>{}) for the fusion: one place maps Fusion to the policies.
+template <class Launch>
+cudaError_t WithPolicies(Fusion fusion, Launch&& launch) {
+  if (fusion.norm) {
+    return fusion.gated ? launch(Policies<RmsNormInput, GatedSiluEpilogue>{})
+                        : launch(Policies<RmsNormInput, StoreEpilogue>{});
+  }
+  return fusion.gated ? launch(Policies<PlainInput, GatedSiluEpilogue>{}) : launch(Policies<PlainInput, StoreEpilogue>{});
+}
+
 template <typename T, class Weights, int kNT, class Prologue, class Epilogue>
 cudaError_t LaunchKernel(const GemvParams& p, const Plan& plan, bool pdl, cudaStream_t stream) {
   return LaunchPlanned(GemvKernel<T, Weights, kNT, Prologue, Epilogue>, p, plan, int(plan.smem_bytes),
@@ -70,12 +88,6 @@ cudaError_t LaunchTiles(const GemvParams& p, const Plan& plan, bool pdl, cudaStr
     case 2: return LaunchKernel<T, Weights, 2, Prologue, Epilogue>(p, plan, pdl, stream);
     default: return LaunchKernel<T, Weights, 4, Prologue, Epilogue>(p, plan, pdl, stream);
   }
-}
-
-template <typename T, class Weights, class Prologue>
-cudaError_t LaunchEpilogue(const GemvParams& p, const Plan& plan, bool gated, bool pdl, cudaStream_t stream) {
-  return gated ? LaunchTiles<T, Weights, Prologue, GatedSiluEpilogue>(p, plan, pdl, stream)
-               : LaunchTiles<T, Weights, Prologue, StoreEpilogue>(p, plan, pdl, stream);
 }
 
 // The plan's geometry into the kernel parameters.
@@ -112,12 +124,10 @@ cudaError_t LaunchSlotsKernel(const GemvParams& p, const Plan& plan, bool pdl, c
 
 template <typename T>
 cudaError_t LaunchSlots(const GemvParams& p, const Plan& plan, Fusion fusion, bool pdl, cudaStream_t stream) {
-  if (fusion.norm) {
-    return fusion.gated ? LaunchSlotsKernel<T, RmsNormInput, GatedSiluEpilogue>(p, plan, pdl, stream)
-                        : LaunchSlotsKernel<T, RmsNormInput, StoreEpilogue>(p, plan, pdl, stream);
-  }
-  return fusion.gated ? LaunchSlotsKernel<T, PlainInput, GatedSiluEpilogue>(p, plan, pdl, stream)
-                      : LaunchSlotsKernel<T, PlainInput, StoreEpilogue>(p, plan, pdl, stream);
+  return WithPolicies(fusion, [&](auto pol) {
+    using P = decltype(pol);
+    return LaunchSlotsKernel<T, typename P::Prologue, typename P::Epilogue>(p, plan, pdl, stream);
+  });
 }
 
 // The dense row kernel (one row, dense weights; plan.dense_row).
@@ -131,12 +141,10 @@ cudaError_t LaunchDenseRowKernel(const GemvParams& p, const Plan& plan, bool pdl
 
 template <typename T>
 cudaError_t LaunchDenseRow(const GemvParams& p, const Plan& plan, Fusion fusion, bool pdl, cudaStream_t stream) {
-  if (fusion.norm) {
-    return fusion.gated ? LaunchDenseRowKernel<T, RmsNormInput, GatedSiluEpilogue>(p, plan, pdl, stream)
-                        : LaunchDenseRowKernel<T, RmsNormInput, StoreEpilogue>(p, plan, pdl, stream);
-  }
-  return fusion.gated ? LaunchDenseRowKernel<T, PlainInput, GatedSiluEpilogue>(p, plan, pdl, stream)
-                      : LaunchDenseRowKernel<T, PlainInput, StoreEpilogue>(p, plan, pdl, stream);
+  return WithPolicies(fusion, [&](auto pol) {
+    using P = decltype(pol);
+    return LaunchDenseRowKernel<T, typename P::Prologue, typename P::Epilogue>(p, plan, pdl, stream);
+  });
 }
 
 template <typename T, int kBits, bool kWide>
@@ -154,8 +162,10 @@ cudaError_t LaunchFormat(GemvParams p, const Plan& plan, Fusion fusion, bool pdl
     if constexpr (kBits == 16) return LaunchDenseRow<T>(p, plan, fusion, pdl, stream);
     return cudaErrorInvalidValue;  // plan.h plans the dense row kernel for dense weights only
   }
-  return fusion.norm ? LaunchEpilogue<T, Weights, RmsNormInput>(p, plan, fusion.gated, pdl, stream)
-                     : LaunchEpilogue<T, Weights, PlainInput>(p, plan, fusion.gated, pdl, stream);
+  return WithPolicies(fusion, [&](auto pol) {
+    using P = decltype(pol);
+    return LaunchTiles<T, Weights, typename P::Prologue, typename P::Epilogue>(p, plan, pdl, stream);
+  });
 }
 
 }  // namespace joa::gemv

@@ -187,14 +187,7 @@ __device__ __forceinline__ void SlotsStageFinish(const GemvParams& p, unsigned c
   if constexpr (Prologue::kNorm) {
     float ss = 0.f;
     for (int u = tid; u < units; u += kThreads) ss = AddSquares8<T>(x_unit(u), ss);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-    if (lane == 0) s_wsum[warp] = ss;
-    __syncthreads();
-    float total = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) total += s_wsum[w];
-    r = rsqrtf(__fdiv_rn(total, float(p.k)) + p.eps);
+    r = OneRowInverseRms(ss, s_wsum, lane, warp, p.k, p.eps);
   }
   for (int u = tid; u < units; u += kThreads) {
     uint4* unit = reinterpret_cast<uint4*>(smem + int64_t(u) * 16);
