@@ -237,7 +237,8 @@ def kernel_formats() -> str:
     (each its own child graph in XLA's command buffer, outside XLA's programmatic-dependent-launch
     chain) pays ~0.5-0.8 µs more a kernel boundary than XLA's fused dots save: the ~8B fp16 B=1
     step 4.62 ms ("all", 6.4 kernels a layer) against 4.56 ("nbits", 14.4), the ~1B 1.086 against
-    1.039 (bench/results/2026-12-02-8bafb4e-e2e-dense-row.json).
+    1.039 (bench/results/2026-12-02-8bafb4e-e2e-dense-row.json; the dense row kernel then ran at
+    the max-shared carveout, 8-15% slower than at the default one it has now: to re-measure).
     """
     value = os.environ.get("JOA_LINEAR_KERNELS", "nbits")
     if value not in ("all", "nbits", "none"):

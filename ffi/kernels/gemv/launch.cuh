@@ -135,8 +135,12 @@ template <typename T, class Prologue, class Epilogue>
 cudaError_t LaunchDenseRowKernel(const GemvParams& p, const Plan& plan, bool pdl, cudaStream_t stream) {
   const int smem = DenseRowSmemBytes(p.k);
   if (smem != plan.smem_bytes) return cudaErrorInvalidValue;  // plan.h and dense_row.cuh disagree
+  // The default carveout, as the slots kernel: W goes through L1 (not kept) into registers, and
+  // with all of L1 as shared memory fewer of its bytes were in flight (H200, same shapes, two
+  // calls: the probe's copy of this kernel at the default carveout, ~8B LM head 231 us, gate-up
+  // 55.0, down 29.9; the engine's at max-shared 251 / 60.2 / 34.5; bench/results/2026-12-02-gemv-dense-row.json).
   return LaunchPlanned(GemvDenseRowKernel<T, Prologue, Epilogue, kDenseRowDepth>, p, plan, smem,
-                       /*max_shared=*/true, pdl, stream);
+                       /*max_shared=*/false, pdl, stream);
 }
 
 template <typename T>
