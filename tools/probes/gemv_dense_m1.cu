@@ -28,36 +28,13 @@
 
 using namespace joa::gemv;
 
-struct Shape {
-  const char* name;
-  int k, n;
-  bool norm, gated;
-};
-
 int main() {
-  const Shape shapes[] = {{"o 2048x2048", 2048, 2048, false, false},
-                          {"qkv 2048x3072 +norm", 2048, 3072, true, false},
-                          {"gate-up 2048x16384 +norm gated", 2048, 16384, true, true},
-                          {"down 8192x2048", 8192, 2048, false, false},
-                          {"lm 2048x128256 +norm", 2048, 128256, true, false},
-                          {"8b-o 4096x4096", 4096, 4096, false, false},
-                          {"8b-qkv 4096x6144 +norm", 4096, 6144, true, false},
-                          {"8b-gate-up 4096x28672 +norm gated", 4096, 28672, true, true},
-                          {"8b-down 14336x4096", 14336, 4096, false, false},
-                          {"8b-lm 4096x128256 +norm", 4096, 128256, true, false}};
-  const int with_8b = getenv("JOA_PROBE_8B") ? atoi(getenv("JOA_PROBE_8B")) : 0;
-  const char* only = getenv("JOA_PROBE_ONLY");
-  int sms = 0;
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  uint32_t* sink;
-  CK(cudaMalloc(&sink, 16));
+  ProbeEnv env;
+  CK(MakeProbeEnv(env));
+  cudaStream_t s = env.stream;
   printf("us a call (GB/s of W): stream (reads W only), ring, dense row; max|row - ring| (max|ring|)\n");
-  for (const Shape& sh : shapes) {
-    const bool is_8b = sh.name[0] == '8';
-    if (is_8b ? with_8b == 0 : with_8b == 2) continue;
-    if (only != nullptr && std::string(sh.name).rfind(only, 0) != 0) continue;
+  for (const Shape& sh : kDecoderShapes) {
+    if (!ProbeWants(sh)) continue;
     const size_t wbytes = size_t(sh.n) * sh.k * 2;
     const int L = std::max<int>(2, std::min<size_t>(24, (size_t(400) << 20) / wbytes + 1));  // past the L2
     const Fusion f{sh.gated, sh.norm};
@@ -86,7 +63,7 @@ int main() {
     auto time = [&](auto&& launch, float* us) { return TimeGraphChain(L, launch, true, s, 50, 3, us); };
     float t_stream, t_ring, t_row;
     CK(time([&](int i, cudaStream_t st) {
-      StreamKernel<<<4 * sms, kThreads, 0, st>>>(ws[i], wbytes / 16, sink);
+      StreamKernel<<<4 * env.sms, kThreads, 0, st>>>(ws[i], wbytes / 16, env.sink);
       return cudaGetLastError();
     }, &t_stream));
     CK(time([&](int i, cudaStream_t st) { return LaunchFormat<__half, 16, false>(ps[i], ring, f, false, st); }, &t_ring));

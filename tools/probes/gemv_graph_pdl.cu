@@ -20,16 +20,9 @@
 #include "one_row.h"
 #include "probe_util.h"
 
-
 using joa::gemv::Fusion;
 using joa::gemv::GemvParams;
 using joa::gemv::Plan;
-
-struct Shape {
-  const char* name;
-  int k, n;
-  bool norm, gated;
-};
 
 static cudaError_t Launch(const GemvParams& p, const Plan& plan, int bits, Fusion f, bool pdl, cudaStream_t s) {
   if (bits == 16) return joa::gemv::LaunchFormat<__half, 16, false>(p, plan, f, pdl, s);
@@ -39,15 +32,11 @@ static cudaError_t Launch(const GemvParams& p, const Plan& plan, int bits, Fusio
 
 int main(int argc, char** argv) {
   const bool direct = argc > 1;
-  const Shape shapes[] = {{"o 2048x2048", 2048, 2048, false, false},
-                          {"qkv 2048x3072 +norm", 2048, 3072, true, false},
-                          {"gate-up 2048x16384 +norm gated", 2048, 16384, true, true},
-                          {"down 8192x2048", 8192, 2048, false, false},
-                          {"lm 2048x128256 +norm", 2048, 128256, true, false}};
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   printf("%-32s %-5s %4s %9s %9s %9s\n", "shape", "fmt", "L", "child us", "graph us", "pdl us");
-  for (const Shape& sh : shapes) {
+  for (const Shape& sh : kDecoderShapes) {
+    if (!ProbeWants(sh)) continue;  // the ~1B shapes unless JOA_PROBE_8B says otherwise
     for (int fmt : {0, 1, 2}) {  // int4 wide, int4 one-piece, dense
       const int bits = fmt == 2 ? 16 : 4;
       const bool wide = fmt == 0;

@@ -264,37 +264,16 @@ static const Variant kVariants[] = {
     JOA_LEAN(false, 1, 3), JOA_LEAN(true, 1, 3),  JOA_LEAN(true, 2, 3),  JOA_LEAN(true, 4, 3),
 };
 
-struct Shape {
-  const char* name;
-  int k, n;
-  bool norm, gated;
-};
-
 int main() {
-  const Shape shapes[] = {{"o 2048x2048", 2048, 2048, false, false},
-                          {"qkv 2048x3072 +norm", 2048, 3072, true, false},
-                          {"gate-up 2048x16384 +norm gated", 2048, 16384, true, true},
-                          {"down 8192x2048", 8192, 2048, false, false},
-                          {"lm 2048x128256 +norm", 2048, 128256, true, false},
-                          {"8b-o 4096x4096", 4096, 4096, false, false},
-                          {"8b-qkv 4096x6144 +norm", 4096, 6144, true, false},
-                          {"8b-gate-up 4096x28672 +norm gated", 4096, 28672, true, true},
-                          {"8b-down 14336x4096", 14336, 4096, false, false},
-                          {"8b-lm 4096x128256 +norm", 4096, 128256, true, false}};
-  const int with_8b = getenv("JOA_PROBE_8B") ? atoi(getenv("JOA_PROBE_8B")) : 0;
-  const char* only = getenv("JOA_PROBE_ONLY");
   const char* only_v = getenv("JOA_PROBE_VARIANT");
-  int sms = 0;
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  uint32_t* sink;
-  CK(cudaMalloc(&sink, 16));
+  ProbeEnv env;
+  CK(MakeProbeEnv(env));
+  const int sms = env.sms;
+  cudaStream_t s = env.stream;
+  uint32_t* sink = env.sink;
   printf("us a call (chains of launches on distinct weights, CUDA graph); err = max|lean - ring| (max|ring|)\n");
-  for (const Shape& sh : shapes) {
-    const bool is_8b = sh.name[0] == '8';
-    if (is_8b ? with_8b == 0 : with_8b == 2) continue;
-    if (only != nullptr && std::string(sh.name).rfind(only, 0) != 0) continue;
+  for (const Shape& sh : kDecoderShapes) {
+    if (!ProbeWants(sh)) continue;
     const size_t wbytes = size_t(sh.n) * sh.k / 2;
     const int L = sh.n > 100000 ? 4 : 24;
     const Fusion f{sh.gated, sh.norm};
@@ -337,9 +316,7 @@ int main() {
     CK((TimeGraphChain(L, [&](int i, cudaStream_t st) { return LaunchFormat<__half, 4, true>(ps[i], ring, f, false, st); },
                       true, s, 50, 3, &t_ring)));
     CK((TimeGraphChain(L, [&](int i, cudaStream_t st) {
-      GemvParams q = ps[i];
-      ApplyPlan(q, slots, false);
-      return LaunchSlots<__half>(q, slots, f, false, st); }, true, s, 50, 3, &t_slots)));
+      return LaunchFormat<__half, 4, true>(ps[i], slots, f, false, st); }, true, s, 50, 3, &t_slots)));
     std::vector<__half> y_ring(sh.n), y_lean(sh.n);
     if (!sh.gated) {
       CK((LaunchFormat<__half, 4, true>(ps[0], ring, f, false, s)));

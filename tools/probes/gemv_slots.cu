@@ -50,18 +50,12 @@ __device__ __forceinline__ unsigned long long GlobalTimer() {
 constexpr int kCopies = 512;  // >= any grid here
 
 #include "kernels/gemv/gemv.h"
-#include "kernels/gemv/launch.cuh"  // LaunchSlots, ApplyPlan (the slots kernel instantiated here, with the marks)
+#include "kernels/gemv/launch.cuh"  // LaunchSlotsKernel, ApplyPlan (the slots kernel instantiated here, with the marks)
 #include "graph_chain.h"
 #include "one_row.h"
 #include "probe_util.h"
 
 using namespace joa::gemv;
-
-struct Shape {
-  const char* name;
-  int k, n;
-  bool norm, gated;
-};
 
 __global__ void NullKernel(GemvParams p) {
   if (threadIdx.x == 1000) static_cast<__half*>(p.y)[0] = __float2half(0.f);
@@ -76,7 +70,12 @@ static cudaError_t Launch(Variant v, GemvParams p, const Plan& ring, const Plan&
       StreamKernel<<<4 * kPlanSms, kThreads, 0, s>>>(p.w, size_t(p.n_rows) * p.k / 32, static_cast<uint32_t*>(p.y));
       return cudaGetLastError();
     case kRing: return LaunchFormat<__half, 4, true>(p, ring, f, false, s);
-    default: ApplyPlan(p, slots, false); return LaunchSlots<__half>(p, slots, f, false, s);
+    default:
+      ApplyPlan(p, slots, false);
+      return WithPolicies(f, [&](auto pol) {
+        using P = decltype(pol);
+        return LaunchSlotsKernel<__half, typename P::Prologue, typename P::Epilogue>(p, slots, false, s);
+      });
   }
 }
 
@@ -86,30 +85,13 @@ int main() {
   // JOA_PROBE_CLUSTER / JOA_PROBE_WARPS_K: force the ring kernel's plan (0: planned).
   const int force_cluster = getenv("JOA_PROBE_CLUSTER") ? atoi(getenv("JOA_PROBE_CLUSTER")) : 0;
   const int force_warps_k = getenv("JOA_PROBE_WARPS_K") ? atoi(getenv("JOA_PROBE_WARPS_K")) : 0;
-  const Shape shapes[] = {{"o 2048x2048", 2048, 2048, false, false},
-                          {"qkv 2048x3072 +norm", 2048, 3072, true, false},
-                          {"gate-up 2048x16384 +norm gated", 2048, 16384, true, true},
-                          {"down 8192x2048", 8192, 2048, false, false},
-                          {"lm 2048x128256 +norm", 2048, 128256, true, false},
-                          // JOA_PROBE_8B=1: an ~8B decoder's projections as well
-                          {"8b-o 4096x4096", 4096, 4096, false, false},
-                          {"8b-qkv 4096x6144 +norm", 4096, 6144, true, false},
-                          {"8b-gate-up 4096x28672 +norm gated", 4096, 28672, true, true},
-                          {"8b-down 14336x4096", 14336, 4096, false, false},
-                          {"8b-lm 4096x128256 +norm", 4096, 128256, true, false}};
-  const bool with_8b = getenv("JOA_PROBE_8B") && atoi(getenv("JOA_PROBE_8B")) != 0;
-  const bool only_8b = with_8b && atoi(getenv("JOA_PROBE_8B")) == 2;
-  // JOA_PROBE_ONLY=name: that shape only (e.g. to profile one launch with ncu).
-  const char* only = getenv("JOA_PROBE_ONLY");
   const int block = 32;  // one_row.h's metadata
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   printf("%-32s %8s %8s %8s %8s   max|slots-ring| (max|ring|)\n", "shape (us a call)", "null", "stream", "ring",
          "slots");
-  for (const Shape& sh : shapes) {
-    const bool is_8b = sh.name[0] == '8';
-    if (is_8b ? !with_8b : only_8b) continue;
-    if (only != nullptr && std::string(sh.name).rfind(only, 0) != 0) continue;
+  for (const Shape& sh : kDecoderShapes) {
+    if (!ProbeWants(sh)) continue;
     const int kb = sh.k / block;
     const size_t wbytes = size_t(sh.n) * sh.k / 2;
     const int L = sh.n > 100000 ? 4 : 24;  // distinct weights: together past the 50 MB L2

@@ -112,7 +112,6 @@ __global__ void __launch_bounds__(kThreads, 2) GemvDenseRowKernel(const __grid_c
   // B: lanes 0-7 read x units 8 s + lane of the warp's K range; the others the zero unit.
   const uint4* xb = lane < 8 ? s_x + wk * nsteps * 8 + lane : s_zero;
   const int xstep = lane < 8 ? 8 : 0;
-  const int groups8 = Epilogue::OutCols(16) / 8;
 
   float acc[2][2][4] = {};  // [rows g/2 + 4 rg (+ 8)][chain: words x, y / z, w][C fragment]
   int j = 0, it = 0;
@@ -152,19 +151,7 @@ __global__ void __launch_bounds__(kThreads, 2) GemvDenseRowKernel(const __grid_c
         }
       }
       __syncthreads();
-      if (tid < 16) {  // warp 0: row tid over the warps in order, into warp 0's slot
-        float v = 0.f;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) v += red[w * 16 + tid];
-        red[tid] = v;
-        __syncwarp(0xFFFFu);
-        if (tid < groups8) {
-          Epilogue::template Apply<T>(p, 0, tile, tid * 8, [&](int r0, float (&v8)[8]) {
-#pragma unroll
-            for (int e = 0; e < 8; ++e) v8[e] = red[r0 + e];
-          });
-        }
-      }
+      OneRowTileEpilogue<T, Epilogue>(p, tile, red, 16, tid);
     }
   }
 }

@@ -92,4 +92,23 @@ struct GatedSiluEpilogue {
   }
 };
 
+// The one-row kernels' end of a 16-row tile, after a CTA barrier: red[w * stride + r] holds warp
+// w's partial sum of the tile's row r; threads 0-15 (warp 0) add the warps in order into warp 0's
+// slot, then the epilogue's threads store the tile's outputs. Deterministic (fixed order).
+template <typename T, class Epilogue>
+__device__ __forceinline__ void OneRowTileEpilogue(const GemvParams& p, int tile, float* red, int stride, int tid) {
+  if (tid >= 16) return;
+  float v = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) v += red[w * stride + tid];
+  red[tid] = v;
+  __syncwarp(0xFFFFu);
+  if (tid < Epilogue::OutCols(16) / 8) {
+    Epilogue::template Apply<T>(p, 0, tile, tid * 8, [&](int r0, float (&v8)[8]) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v8[e] = red[r0 + e];
+    });
+  }
+}
+
 }  // namespace joa::gemv

@@ -122,13 +122,6 @@ cudaError_t LaunchSlotsKernel(const GemvParams& p, const Plan& plan, bool pdl, c
                        /*max_shared=*/false, pdl, stream);
 }
 
-template <typename T>
-cudaError_t LaunchSlots(const GemvParams& p, const Plan& plan, Fusion fusion, bool pdl, cudaStream_t stream) {
-  return WithPolicies(fusion, [&](auto pol) {
-    using P = decltype(pol);
-    return LaunchSlotsKernel<T, typename P::Prologue, typename P::Epilogue>(p, plan, pdl, stream);
-  });
-}
 
 // The dense row kernel (one row, dense weights; plan.dense_row).
 template <typename T, class Prologue, class Epilogue>
@@ -143,14 +136,6 @@ cudaError_t LaunchDenseRowKernel(const GemvParams& p, const Plan& plan, bool pdl
                        /*max_shared=*/false, pdl, stream);
 }
 
-template <typename T>
-cudaError_t LaunchDenseRow(const GemvParams& p, const Plan& plan, Fusion fusion, bool pdl, cudaStream_t stream) {
-  return WithPolicies(fusion, [&](auto pol) {
-    using P = decltype(pol);
-    return LaunchDenseRowKernel<T, typename P::Prologue, typename P::Epilogue>(p, plan, pdl, stream);
-  });
-}
-
 template <typename T, int kBits, bool kWide>
 cudaError_t LaunchFormat(GemvParams p, const Plan& plan, Fusion fusion, bool pdl, cudaStream_t stream) {
   static_assert(kBits != 16 || !kWide, "dense weights have one format");
@@ -158,17 +143,18 @@ cudaError_t LaunchFormat(GemvParams p, const Plan& plan, Fusion fusion, bool pdl
       std::conditional_t<kBits == 16, DenseWeights<T>, NbitsWeights<T, kBits == 16 ? 8 : kBits, kWide>>;
   if (plan.wide != kWide) return cudaErrorInvalidValue;  // host.h picks the instantiation by plan.wide
   ApplyPlan(p, plan, pdl);
-  if (plan.slots) {
-    if constexpr (kBits == 4 && kWide) return LaunchSlots<T>(p, plan, fusion, pdl, stream);
-    return cudaErrorInvalidValue;  // host.h never plans the slots kernel for another format
-  }
-  if (plan.dense_row) {
-    if constexpr (kBits == 16) return LaunchDenseRow<T>(p, plan, fusion, pdl, stream);
-    return cudaErrorInvalidValue;  // plan.h plans the dense row kernel for dense weights only
-  }
   return WithPolicies(fusion, [&](auto pol) {
-    using P = decltype(pol);
-    return LaunchTiles<T, Weights, typename P::Prologue, typename P::Epilogue>(p, plan, pdl, stream);
+    using Pro = typename decltype(pol)::Prologue;
+    using Epi = typename decltype(pol)::Epilogue;
+    if (plan.slots) {  // host.h plans the slots kernel for 4-bit wide weights only
+      if constexpr (kBits == 4 && kWide) return LaunchSlotsKernel<T, Pro, Epi>(p, plan, pdl, stream);
+      return cudaErrorInvalidValue;
+    }
+    if (plan.dense_row) {  // and the dense row kernel for dense weights only
+      if constexpr (kBits == 16) return LaunchDenseRowKernel<T, Pro, Epi>(p, plan, pdl, stream);
+      return cudaErrorInvalidValue;
+    }
+    return LaunchTiles<T, Weights, Pro, Epi>(p, plan, pdl, stream);
   });
 }
 

@@ -208,26 +208,32 @@ inline bool Layout(Plan& p, int cluster, int warps_n, int warps_k, int ctas_per_
 // gave the best times on the ~1B shapes, 4 and 8 were slower where 264 CTAs could not all be
 // resident as clusters), two CTAs an SM.
 inline constexpr int kSlotsCluster = 2;
-inline constexpr int kSlotsGrid = 2 * kPlanSms;
 
-// Fills `p` (a MakePlan base of one row of 4-bit wide weights) for the slots kernel; false when
-// its shared memory does not fit two CTAs an SM.
-inline bool SlotsLayout(Plan& p, bool sm90) {
-  p.slots = true;
-  p.cluster = sm90 ? kSlotsCluster : 1;
+// The geometry the one-row kernels share (slots.cuh, dense_row.cuh): a CTA's kWarps warps split
+// K of one 16-row tile at a time, persistent CTAs (clusters of `cluster`), two an SM, no ring.
+inline void OneRowGeometry(Plan& p, int cluster, int red_stride) {
+  p.cluster = cluster;
   p.warps_n = 1;
   p.warps_k = kWarps;
   p.cpp = int(CeilDiv(p.kc, kWarps));
   p.slice_chunks = p.kc;
   p.rows_block = 16;
-  p.red_stride = 20;
+  p.red_stride = red_stride;
   p.blocks = int(CeilDiv(p.n_rows, 16));
-  p.grid = int(CeilDiv(std::min(p.blocks, kSlotsGrid), p.cluster) * p.cluster);
+  p.grid = int(CeilDiv(std::min(p.blocks, 2 * kPlanSms), cluster) * cluster);
   p.groups = p.grid;
   p.waves = int(CeilDiv(p.blocks, p.grid));
   p.ctas_per_sm = 2;
   p.stages = 0;
   p.stage_bytes = 0;
+  p.est_us = 0.0;  // not modelled: chosen by measurement
+}
+
+// Fills `p` (a MakePlan base of one row of 4-bit wide weights) for the slots kernel; false when
+// its shared memory does not fit two CTAs an SM.
+inline bool SlotsLayout(Plan& p, bool sm90) {
+  p.slots = true;
+  OneRowGeometry(p, sm90 ? kSlotsCluster : 1, 20);
   const int64_t x_area = int64_t(p.kc) * p.chunk_k * 2;
   p.x_bytes = x_area;
   p.red_bytes = Align16(int64_t(2) * kWarps * p.red_stride * 4);
@@ -236,7 +242,6 @@ inline bool SlotsLayout(Plan& p, bool sm90) {
   // Then 512 zero bytes, f32 pairs per 32-element piece of K, x (and gamma) as in memory, a barrier
   // (slots.cuh's SlotsSmemBytes).
   p.smem_bytes = p.ring_offset + 512 + int64_t(p.kc) * 64 + x_area * (p.norm ? 2 : 1) + 16;
-  p.est_us = 0.0;  // not modelled: chosen by measurement
   return p.smem_bytes <= (sm90 ? kSmemTwoPerSm : kSmemTwoPerSm80);
 }
 
@@ -248,25 +253,11 @@ inline constexpr int64_t kDenseRowK = 64 * kWarps;
 // unit, two sets of the warps' 16 partial row sums, the norm's warp sums) does not fit two CTAs an SM.
 inline bool DenseRowLayout(Plan& p, bool sm90) {
   p.dense_row = true;
-  p.cluster = 1;
-  p.warps_n = 1;
-  p.warps_k = kWarps;
-  p.cpp = int(CeilDiv(p.kc, kWarps));
-  p.slice_chunks = p.kc;
-  p.rows_block = 16;
-  p.red_stride = 16;
-  p.blocks = int(CeilDiv(p.n_rows, 16));
-  p.grid = int(std::min<int64_t>(p.blocks, 2 * kPlanSms));
-  p.groups = p.grid;
-  p.waves = int(CeilDiv(p.blocks, p.grid));
-  p.ctas_per_sm = 2;
-  p.stages = 0;
-  p.stage_bytes = 0;
+  OneRowGeometry(p, 1, 16);
   p.x_bytes = int64_t(p.k) * 2;
   p.red_bytes = int64_t(2) * kWarps * 16 * 4;
   p.gamma_offset = p.ring_offset = 0;  // gamma is read from memory as x is staged
   p.smem_bytes = p.x_bytes + 16 + p.red_bytes + kWarps * 4;
-  p.est_us = 0.0;  // not modelled: chosen by measurement
   return p.smem_bytes <= (sm90 ? kSmemTwoPerSm : kSmemTwoPerSm80);
 }
 

@@ -344,7 +344,6 @@ __global__ void __launch_bounds__(kThreads, 2) GemvSlotsKernel(const __grid_cons
   }
 
   const int rs = p.red_stride;
-  const int groups8 = Epilogue::OutCols(16) / 8;
   float tot[2] = {0.f, 0.f};  // rows g, g + 8
   int j = 0, it = 0;
   for (int i0 = 0; i0 < steps; i0 += kDepth) {
@@ -404,19 +403,7 @@ __global__ void __launch_bounds__(kThreads, 2) GemvSlotsKernel(const __grid_cons
       }
       tot[0] = tot[1] = 0.f;
       __syncthreads();
-      if (tid < 16) {  // warp 0: row tid over the warps in order, into warp 0's slot
-        float v = 0.f;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) v += red[w * rs + tid];
-        red[tid] = v;
-        __syncwarp(0xFFFFu);
-        if (tid < groups8) {
-          Epilogue::template Apply<T>(p, 0, tile, tid * 8, [&](int r0, float (&v8)[8]) {
-#pragma unroll
-            for (int e = 0; e < 8; ++e) v8[e] = red[r0 + e];
-          });
-        }
-      }
+      OneRowTileEpilogue<T, Epilogue>(p, tile, red, rs, tid);
       JOA_GEMV_MARK(5);
     }
   }
