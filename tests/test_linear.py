@@ -476,58 +476,6 @@ def test_plan_takes_the_dense_row_kernel_for_one_row_of_dense_weights():
     assert not _plan(1, 2048, 2048, 16, False)["dense_row"]
 
 
-def _mma16816(c, a, b):
-    """mma.m16n8k16 on one warp's fragments: a [32][4] pairs, b [32][2] pairs, c [32][4] (f64)."""
-    A, B = np.zeros((16, 16)), np.zeros((16, 8))
-    for lane in range(32):
-        g, t = lane >> 2, lane & 3
-        for i, (r, kk) in enumerate(((g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8))):
-            A[r, kk:kk + 2] = a[lane][i]
-        for i, kk in enumerate((2 * t, 2 * t + 8)):
-            B[kk:kk + 2, g] = b[lane][i]
-    C = A @ B
-    for lane in range(32):
-        g, t = lane >> 2, lane & 3
-        c[lane] += [C[g, 2 * t], C[g, 2 * t + 1], C[g + 8, 2 * t], C[g + 8, 2 * t + 1]]
-
-
-@pytest.mark.parametrize("k", [512, 1024])
-def test_dense_row_kernel_index_maps_give_x_w(k):
-    """ffi/kernels/gemv/dense_row.cuh's maps, one tile in NumPy: each warp's loads (rows g/2 + {0,
-    8, 4, 12}, 8 elements at k = 64 s + 32 (g & 1) + 8 t), the loaded words as A fragments,
-    lanes 0-7's x units as B columns 0 / 1 (the rest zeros), the row sum from lanes (g, 0) and
-    (g ^ 1, 0) and the reduction slot it goes to: the 16 sums are exactly W x."""
-    rng = np.random.default_rng(0)
-    w, x = rng.integers(-8, 8, (16, k)).astype(np.float64), rng.integers(-8, 8, k).astype(np.float64)
-    warps, nsteps = 8, k // 512
-    red = np.zeros((warps, 16))
-    for wk in range(warps):
-        acc = np.zeros((2, 2, 32, 4))
-        for s in range(nsteps):
-            k0 = (wk * nsteps + s) * 64
-            xu = [x[k0 + 8 * lane:k0 + 8 * lane + 8] if lane < 8 else np.zeros(8) for lane in range(32)]
-            for rg in range(2):
-                words = {}
-                for lane in range(32):
-                    g, t = lane >> 2, lane & 3
-                    at = k0 + 32 * (g & 1) + 8 * t
-                    lo, hi = w[(g >> 1) + 4 * rg, at:at + 8], w[(g >> 1) + 4 * rg + 8, at:at + 8]
-                    words[lane] = [lo[2 * i:2 * i + 2] for i in range(4)], [hi[2 * i:2 * i + 2] for i in range(4)]
-                for chain, (i0, i1) in enumerate(((0, 1), (2, 3))):
-                    a = [[words[ln][0][i0], words[ln][1][i0], words[ln][0][i1], words[ln][1][i1]] for ln in range(32)]
-                    b = [[xu[ln][2 * i0:2 * i0 + 2], xu[ln][2 * i1:2 * i1 + 2]] for ln in range(32)]
-                    _mma16816(acc[rg, chain], a, b)
-        for rg in range(2):
-            for h in range(2):
-                c0 = acc[rg, 0, :, 2 * h] + acc[rg, 1, :, 2 * h]
-                c1 = acc[rg, 0, :, 2 * h + 1] + acc[rg, 1, :, 2 * h + 1]
-                v = np.where((np.arange(32) >> 2) & 1, c1, c0)
-                v = v + v[np.arange(32) ^ 4]  # __shfl_xor_sync(v, 4)
-                for lane in range(0, 32, 8):  # t == 0, g even
-                    red[wk, (lane >> 3) + 4 * rg + 8 * h] = v[lane]
-    np.testing.assert_array_equal(red.sum(axis=0), w @ x)
-
-
 # --- NumPy emulation of the kernel's index maps --------------------------------------------------
 #
 # A faithful model of one warp of GemvKernel (ffi/kernels/gemv/kernel.cuh): the bytes each lane
@@ -643,6 +591,46 @@ def _mma(acc, a, b0, b1, dtype):
     for lane in range(32):
         g, t = lane // 4, lane % 4
         acc[lane] += np.array([D[g, 2 * t], D[g, 2 * t + 1], D[g + 8, 2 * t], D[g + 8, 2 * t + 1]])
+
+
+@pytest.mark.parametrize("k", [512, 1024])
+def test_dense_row_kernel_index_maps_give_x_w(k):
+    """ffi/kernels/gemv/dense_row.cuh's maps, one tile, on the register words: each warp's loads
+    (rows g/2 + {0, 8, 4, 12}, 16 bytes at k = 64 s + 32 (g & 1) + 8 t), the loaded words as A
+    fragments, lanes 0-7's x units as B columns 0 / 1 (the rest zeros), the row sum from lanes
+    (g, 0) and (g ^ 1, 0) and the reduction slot it goes to: the 16 sums are exactly W x."""
+    dtype = np.float16
+    rng = np.random.default_rng(0)
+    w = rng.integers(-8, 8, (16, k)).astype(dtype)
+    x = rng.integers(-8, 8, k).astype(dtype)
+    warps, nsteps = 8, k // 512
+    red = np.zeros((warps, 16))
+    for wk in range(warps):
+        acc = np.zeros((2, 2, 32, 4))
+        for s in range(nsteps):
+            k0 = (wk * nsteps + s) * 64
+            xw = [_words(x[k0 + 8 * lane:k0 + 8 * lane + 8].tobytes()) if lane < 8 else [0] * 4
+                  for lane in range(32)]
+            for rg in range(2):
+                lo, hi = [], []
+                for lane in range(32):
+                    g, t = lane >> 2, lane & 3
+                    at = k0 + 32 * (g & 1) + 8 * t
+                    lo.append(_words(w[(g >> 1) + 4 * rg, at:at + 8].tobytes()))
+                    hi.append(_words(w[(g >> 1) + 4 * rg + 8, at:at + 8].tobytes()))
+                for chain, (i0, i1) in enumerate(((0, 1), (2, 3))):
+                    a = [[lo[ln][i0], hi[ln][i0], lo[ln][i1], hi[ln][i1]] for ln in range(32)]
+                    _mma(acc[rg, chain], a, [xw[ln][i0] for ln in range(32)], [xw[ln][i1] for ln in range(32)],
+                         dtype)
+        for rg in range(2):
+            for h in range(2):
+                c0 = acc[rg, 0, :, 2 * h] + acc[rg, 1, :, 2 * h]
+                c1 = acc[rg, 0, :, 2 * h + 1] + acc[rg, 1, :, 2 * h + 1]
+                v = np.where((np.arange(32) >> 2) & 1, c1, c0)
+                v = v + v[np.arange(32) ^ 4]  # __shfl_xor_sync(v, 4)
+                for lane in range(0, 32, 8):  # t == 0, g even
+                    red[wk, (lane >> 3) + 4 * rg + 8 * h] = v[lane]
+    np.testing.assert_array_equal(red.sum(axis=0), w.astype(np.float64) @ x.astype(np.float64))
 
 
 def _quad_k(plan, q):

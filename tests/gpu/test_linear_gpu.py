@@ -287,8 +287,8 @@ def _dense_row_call(enabled, monkeypatch, **kw):
 @pytest.mark.parametrize("k", [512, 1536, 4096])
 def test_dense_row_kernel_matches_the_reference_and_the_ring_kernel(k, dtype, monkeypatch):
     # One row of dense weights: the dense row kernel against the reference and against the ring
-    # kernel, every fusion; K = 512 (one step a warp), 1536 (three: the depth), 4096; N = 4800 /
-    # 4816 rows (300+ tiles: more than one tile a CTA on 264 CTAs, N not a multiple of 128);
+    # kernel, every fusion; K = 512 (one step a warp), 1536 (three: the depth), 4096; N = 4816 /
+    # 4832 rows (300+ tiles: more than one tile a CTA on 264 CTAs, N not a multiple of 128);
     # bitwise repeatable.
     for fusion in FUSIONS:
         gated = fusion.startswith("gated") or fusion == "all"

@@ -50,7 +50,7 @@ template <typename T, class Prologue, class Epilogue, int kDepth>
 __global__ void __launch_bounds__(kThreads, 2) GemvDenseRowKernel(const __grid_constant__ GemvParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   uint4* s_x = reinterpret_cast<uint4*>(smem);
-  const uint4* s_zero = reinterpret_cast<const uint4*>(smem + DenseRowZeroOffset(p.k));
+  uint4* s_zero = reinterpret_cast<uint4*>(smem + DenseRowZeroOffset(p.k));
   float* s_red = reinterpret_cast<float*>(smem + DenseRowRedOffset(p.k));
   float* s_wsum = s_red + 2 * kWarps * 16;
 
@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(kThreads, 2) GemvDenseRowKernel(const __grid_c
   } else {
     for (int u = tid; u < units; u += kThreads) s_x[u] = LoadInput16(xg + u);
   }
-  if (tid == 0) *const_cast<uint4*>(s_zero) = make_uint4(0, 0, 0, 0);
+  if (tid == 0) *s_zero = make_uint4(0, 0, 0, 0);
   __syncthreads();
 
   // B: lanes 0-7 read x units 8 s + lane of the warp's K range; the others the zero unit.
