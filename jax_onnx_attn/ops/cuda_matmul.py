@@ -63,8 +63,8 @@ def dense_row_enabled() -> bool:
     lanes a 128-byte line of a row, a few instructions a KB) rather than the ring kernel. On by
     default (H200, tools/probes/gemv_dense_m1.cu, bench/results/2026-12-02-gemv-dense-row.json:
     0.90-0.99x of a kernel that only reads W on the ~8B shapes, 1.1-1.7x the ring kernel);
-    JOA_GEMV_DENSE_ROW=0 keeps the ring kernel (read at trace time, here only). `ops.linear`'s
-    "auto" still gives dense weights to XLA's GEMM (`ops.linear.kernel_formats` says why)."""
+    JOA_GEMV_DENSE_ROW=0 keeps the ring kernel (read at trace time, here only). It is also what
+    lets `ops.linear`'s "auto" put one-row dense projections on ours (`ops.linear.kernel_formats`)."""
     return _switch(DENSE_ROW_ENV)
 
 

@@ -226,19 +226,21 @@ def _run(op, backend, ref_fn, cuda_fn, why, x, operands, residual, n_out):
 
 def kernel_formats() -> str:
     """Which weight formats `backend="auto"` runs on our kernels: "nbits" (the default: MatMulNBits
-    weights on ours, dense half weights on XLA's GEMM), "all" or "none"; set with the environment
-    variable JOA_LINEAR_KERNELS (read at trace time).
+    weights on ours; dense half weights on ours for one row of x where the dense row kernel takes
+    the shape, on XLA's GEMM otherwise), "all" or "none"; set with the environment variable
+    JOA_LINEAR_KERNELS (read at trace time).
 
-    Why "nbits": for n-bit weights ours (dequantised in registers) is the only path that does not
+    Why: for n-bit weights ours (dequantised in registers) is the only path that does not
     materialise a dequantised matrix: 2-3x faster than XLA's in the whole step. For dense weights
-    the kernels alone are not the question: one row runs on the dense row kernel
-    (`cuda_matmul.dense_row_enabled`: 3.9-4.5 TB/s on the ~8B shapes, about XLA's GEMV, the ring
-    kernel 0.80-0.93x of it at M = 8 / 32), but a step with every dense projection an FFI call
-    (each its own child graph in XLA's command buffer, outside XLA's programmatic-dependent-launch
-    chain) pays ~0.5-0.8 µs more a kernel boundary than XLA's fused dots save: the ~8B fp16 B=1
-    step 4.62 ms ("all", 6.4 kernels a layer) against 4.56 ("nbits", 14.4), the ~1B 1.086 against
-    1.039 (bench/results/2026-12-02-8bafb4e-e2e-dense-row.json; the dense row kernel then ran at
-    the max-shared carveout, 8-15% slower than at the default one it has now: to re-measure).
+    XLA's plain half GEMV streams 3.3-4.0 TB/s on the H200; our ring kernel reaches 0.80-0.93x of
+    it at M = 1 and less at M = 8 / 32 (bench/results/2026-12-01-*-linear*.json), so more rows stay
+    on XLA's. One row runs on the dense row kernel (`cuda_matmul.dense_row_enabled`: 3.9-4.5 TB/s on
+    the ~8B shapes with the decoder's norm / residual / gating fused in,
+    bench/results/2026-12-02-gemv-dense-row.json). Each of its FFI calls sits outside XLA's
+    programmatic-dependent-launch chain (~0.5-0.8 µs more a kernel boundary), but the fusions cut
+    the step's kernels by more than half: ~8B fp16 B=1 4.50 ms, 6.4 kernels a layer, against 4.70
+    with XLA's dots (14.4 a layer); ~1B 1.059 against 1.053, within run-to-run noise
+    (bench/results/2026-12-02-d314b44-e2e-dense-row.json, the JAX peer 4.48 / 1.34 in both runs).
     """
     value = os.environ.get("JOA_LINEAR_KERNELS", "nbits")
     if value not in ("all", "nbits", "none"):
@@ -252,11 +254,24 @@ def _kernel_unsupported(x, n_rows, bits, gated, norm, block_size=0, backend="aut
         return f"x is {x.dtype}: the kernels take float16 and bfloat16"
     formats = kernel_formats()
     # A preference of "auto" only: backend="cuda" always runs the kernels where they can.
-    if backend == "auto" and (formats == "none"
-                              or (formats == "nbits" and bits == cuda_matmul.DENSE_BITS)):
+    if backend == "auto" and formats == "none":
         return f"JOA_LINEAR_KERNELS={formats}: XLA's GEMM runs these weights"
+    if backend == "auto" and formats == "nbits" and bits == cuda_matmul.DENSE_BITS:
+        m = math.prod(x.shape[:-1])
+        if m != 1 or not cuda_matmul.dense_row_enabled() or not _dense_row(n_rows, x.shape[-1], gated, norm):
+            return (f"JOA_LINEAR_KERNELS={formats}: XLA's GEMM runs dense weights but for one row on "
+                    "the dense row kernel")
     return cuda_matmul.unsupported(math.prod(x.shape[:-1]), n_rows, x.shape[-1], bits, gated,
                                    norm, block_size, wide=wide)
+
+
+def _dense_row(n_rows, k, gated, norm) -> bool:
+    """Whether one row of x against these dense weights takes the dense row kernel."""
+    try:
+        return bool(cuda_matmul.gemv_plan(1, n_rows, k, cuda_matmul.DENSE_BITS, gated, norm,
+                                          slots=True)["dense_row"])
+    except RuntimeError:  # no extension: the kernels do not run here
+        return False
 
 
 def linear(x, w, bias=None, *, residual=None, norm_weight=None, norm_epsilon: float = 1e-6,

@@ -432,6 +432,13 @@ def test_auto_backend_picks_the_kernel(monkeypatch):
     hlo = jax.jit(lambda x, w: ops.linear(x[:4], w)).lower(x, w).compile().as_text()
     assert 'custom_call_target="jax_onnx_attn_linear"' in hlo
     assert " conditional(" not in hlo, "platform_dependent left a runtime branch"
+    # One row takes the dense row kernel, ours under the default preference.
+    monkeypatch.delenv("JOA_LINEAR_KERNELS")
+    hlo = jax.jit(lambda x, w: ops.linear(x[:1], w)).lower(x, w).compile().as_text()
+    assert 'custom_call_target="jax_onnx_attn_linear"' in hlo
+    monkeypatch.setenv(cuda_matmul.DENSE_ROW_ENV, "0")
+    hlo = jax.jit(lambda x, w: ops.linear(x[1:2], w)).lower(x, w).compile().as_text()
+    assert "jax_onnx_attn_linear" not in hlo
     # M > 32 is XLA's GEMM.
     hlo = jax.jit(lambda x, w: ops.linear(jnp.concatenate([x, x]), w)).lower(x, w).compile().as_text()
     assert "jax_onnx_attn_linear" not in hlo
