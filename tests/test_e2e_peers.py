@@ -46,6 +46,9 @@ def test_jax_peer_prefill_and_decode_match_the_lowering(model):
     caches = peer.new_caches(2, 16)
     logits, caches = peer.forward(peer.params, jnp.asarray(IDS[:, :6]), jnp.int32(0), caches, prefill=True)
     assert_close(np.asarray(logits, np.float32), want[:, :6], np.float32)
+    last, _ = peer.forward(peer.params, jnp.asarray(IDS[:, :6]), jnp.int32(0), peer.new_caches(2, 16),
+                           prefill=True, last_only=True)
+    assert_close(np.asarray(last, np.float32), want[:, 5:6], np.float32)
     # two decode steps through the cache continue the same sequence
     for pos in (6, 7):
         step, caches = peer.forward(peer.params, jnp.asarray(IDS[:, pos:pos + 1]), jnp.int32(pos), caches,
@@ -67,6 +70,9 @@ def test_torch_peer_matches_the_lowering(model):
         ids = torch.from_numpy(IDS).long()
         logits = peer.forward(ids[:, :6], torch.zeros(1, dtype=torch.long), caches, prefill=True)
         assert_close(logits.float().numpy(), want[:, :6], np.float32)
+        last = peer.forward(ids[:, :6], torch.zeros(1, dtype=torch.long), peer.new_caches(2, 16),
+                            prefill=True, last_only=True)
+        assert_close(last.float().numpy(), want[:, 5:6], np.float32)
         dec = peer.decoder(2, caches, 2)
         dec.tok.copy_(ids[:, 6])
         dec.pos0.fill_(6)

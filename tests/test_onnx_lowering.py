@@ -433,3 +433,46 @@ def test_cast_float_to_sub_byte_ints_truncates_then_wraps(to, bits, signed, jit)
     np.testing.assert_array_equal(got.astype(np.int32), want.astype(np.int32))
     lo = -(1 << (bits - 1)) if signed else 0
     assert got.astype(np.int32).min() == lo and got.astype(np.int32).max() == lo + (1 << bits) - 1
+
+
+@pytest.mark.parametrize("name", ["builder_llama_fp32", "builder_gemma2_fp32", "torch_llama_op23",
+                                  "torch_llama_op20"])
+def test_last_logits_runs_the_head_on_each_rows_last_token(name):
+    """A prompt step with last_logits=True: the head found through the graph's position-wise tail
+    (gemma2: its logit softcap), logits [B, 1, V] equal to the whole step's logits at each row's
+    last new token (ragged rows; a row without new tokens reads position 0), and no [B, S, V]
+    value anywhere in the computation."""
+    lowered = jax_onnx_attn.load(FIXTURES / name / "model.onnx")
+    b, s, cap = 3, 6, 16
+    step = lowered.fixed_cache_step(b, cap)
+    assert step.logits_head is not None, "the LM head was not found"
+    ids = (np.arange(b * s, dtype=np.int32).reshape(b, s) * 7) % 50 + 1
+    zero, num_new = np.zeros(b, np.int32), np.array([6, 3, 0], np.int32)
+    full, _ = step(lowered.params, ids, zero, num_new, step.init_cache(lowered.params))
+    last, _ = step(lowered.params, ids, zero, num_new, step.init_cache(lowered.params), last_logits=True)
+    v = full.shape[-1]
+    assert last.shape == (b, 1, v)
+    want = np.asarray(full)[np.arange(b), [5, 2, 0]][:, None]
+    assert_close(last, want)
+    jaxpr = jax.make_jaxpr(lambda p, c: step(p, ids, zero, num_new, c, last_logits=True))(
+        lowered.params, step.init_cache(lowered.params))
+    shapes = {tuple(var.aval.shape) for eqn in jaxpr.jaxpr.eqns for var in eqn.outvars
+              if hasattr(var.aval, "shape")}
+    assert (b, s, v) not in shapes, "the logits of every position were computed"
+
+
+def test_logits_head_crosses_only_position_wise_nodes():
+    """`logits_head` walks back from the logits through position-wise nodes only: not through a
+    Transpose, nor past a binary op whose other operand is more than a vector, nor to a projection
+    whose weight is not a param (a step then computes the whole logits and gathers them)."""
+    from jax_onnx_attn.onnx.cache_step import logits_head
+
+    producers = {"logits": helper.make_node("Transpose", ["t"], ["logits"], perm=[1, 0, 2]),
+                 "t": helper.make_node("MatMul", ["x", "w"], ["t"])}
+    assert logits_head(producers, {"w": np.zeros((4, 4))}, "logits") is None
+    producers["logits"] = helper.make_node("Mul", ["t", "c"], ["logits"])
+    assert logits_head(producers, {"w": np.zeros((4, 4)), "c": np.zeros(4)}, "logits") is producers["t"]
+    # A [V, V] "constant" is not position-wise safe to skip past: not found.
+    assert logits_head(producers, {"w": np.zeros((4, 4)), "c": np.zeros((4, 4))}, "logits") is None
+    # A projection with a non-param weight (a residual, an activation) is not a head.
+    assert logits_head({"logits": producers["t"]}, {}, "logits") is None

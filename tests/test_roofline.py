@@ -51,8 +51,10 @@ def test_step_cost_of_our_models(overrides):
     assert cost.decode_seconds(b, t, hbm_bytes_per_s=2e12) == pytest.approx(cost.decode_bytes(b, t) / 2e12)
     assert cost.fraction_of_bound(2 * cost.decode_seconds(b, t), b, t) == pytest.approx(0.5)
     qd = config.heads * config.head_size
+    head = config.hidden * config.vocab  # the LM head: once per row in a prefill
+    assert cost.head_params == head
     assert cost.prefill_flops(2, 512) == pytest.approx(
-        2 * matmul * 2 * 512 + config.layers * 4 * 2 * qd * 512 * 512 / 2)
+        2 * (matmul - head) * 2 * 512 + 2 * head * 2 + config.layers * 4 * 2 * qd * 512 * 512 / 2)
     assert cost.prefill_flops(2, 512, causal=False) - cost.prefill_flops(2, 512) == pytest.approx(
         config.layers * 4 * 2 * qd * 512 * 512 / 2)
     assert cost.decode_flops(1, 100) == pytest.approx(2 * matmul + config.layers * 4 * qd * 100)
@@ -80,6 +82,7 @@ def test_torch_exports_are_read_too(name):
     cost = roofline.step_cost(lowered)
     assert cost.kv_bytes_per_token == 2 * 2 * 2 * 16 * 4
     assert cost.matmul_params == 94208  # 2 layers x (q 64x64, k/v 64x32, o 64x64, 3 x 64x128) + head 64x320
+    assert cost.head_params == 64 * 320
     embed = [n for n in lowered.params if "embed" in n]
     assert embed and cost.row_bytes >= lowered.params[embed[0]].shape[1] * 4
     assert len(cost.attention_qd) == 2

@@ -33,9 +33,10 @@ the measured step; tokens/s = B / step time.
 Prefill (cases with B * T <= --max-prefill-tokens): time to first token for a B x T prompt batch:
 ours `generate(prompts, max_new_tokens=1).timings.prefill_s` (the prefill executable and the summary
 read, compile time excluded), the best of --prefill-reps runs after a compiling one; the peers'
-prefill (logits at every position, as the graph computes them; first token by argmax) the same way.
-frac_of_gemm_peak = the prefill's FLOPs (roofline: 2 x matmul params x tokens + causal attention)
-per second over the fp16 GEMM peak measured in this run (a chain of 8192^3 matmuls in jax).
+prefill (the LM head on the last position only, as our session's prefill does; first token by
+argmax) the same way. frac_of_gemm_peak = the prefill's FLOPs (roofline: 2 x matmul params x tokens
+with the LM head once per row, + causal attention) per second over the fp16 GEMM peak measured in
+this run (a chain of 8192^3 matmuls in jax).
 
 Kernels per step (--profile first: each group's first case): one decode call traced with
 jax.profiler (create_perfetto_trace=True), the
@@ -616,7 +617,8 @@ def measure_torch_peer(g: Group, case: Case, capacity: int, prefill: bool, verif
     with torch.no_grad():
         if verify:
             ids = torch.from_numpy(np.repeat(_prompts(g.config.vocab, 1, VERIFY_PROMPT, 7), b, 0)).long().to(dev)
-            logits = peer.forward(ids, torch.zeros(1, dtype=torch.long, device=dev), caches, prefill=True)
+            logits = peer.forward(ids, torch.zeros(1, dtype=torch.long, device=dev), caches, prefill=True,
+                                  last_only=True)
             first = torch.argmax(logits[:, -1], dim=-1)
             dec.tok.copy_(first)
             dec.pos0.fill_(VERIFY_PROMPT)
@@ -631,7 +633,7 @@ def measure_torch_peer(g: Group, case: Case, capacity: int, prefill: bool, verif
                 for _ in range(1 + args.prefill_reps):
                     sync()
                     t0 = time.perf_counter()
-                    logits = peer.forward(ids, zero, caches, prefill=True)
+                    logits = peer.forward(ids, zero, caches, prefill=True, last_only=True)
                     torch.argmax(logits[:, -1], dim=-1)
                     sync()
                     runs.append(time.perf_counter() - t0)

@@ -242,10 +242,11 @@ class JaxPeer:
         return jax.nn.dot_product_attention(q, k, v, scale=self.spec.scale, implementation=self.attention,
                                             **kw)
 
-    def forward(self, p, ids, pos0, caches, prefill: bool):
+    def forward(self, p, ids, pos0, caches, prefill: bool, last_only: bool = False):
         """ids int32 [B, S] at positions pos0 .. pos0 + S - 1 (pos0 a traced scalar) -> (logits
         [B, S, V], caches). A prefill (pos0 = 0) attends causally over its own keys; a decode step
-        over the cache's first pos0 + S keys."""
+        over the cache's first pos0 + S keys. last_only: the LM head on the last position alone
+        (logits [B, 1, V]), as a prompt's first token needs and our session does."""
         import jax.numpy as jnp
         from jax import lax
         sp = self.spec
@@ -278,7 +279,7 @@ class JaxPeer:
             x = x + self._proj(p, act, layer.down)
             nxt = sp.layers[i + 1].input_norm if i + 1 < len(sp.layers) else sp.final_norm
             h = self._rms(x, p[nxt])
-        return self._proj(p, h, sp.lm_head), new_caches
+        return self._proj(p, h[:, -1:] if last_only else h, sp.lm_head), new_caches
 
     # -- jitted entry points ------------------------------------------------------------------
     def new_caches(self, batch: int, capacity: int, seed: int = 0):
@@ -312,12 +313,14 @@ class JaxPeer:
         return jax.jit(run, donate_argnums=(1,))
 
     def prefill_fn(self):
-        """jit(params, ids int32 [B, S], caches) -> (logits [B, S, V], caches, first tokens [B])."""
+        """jit(params, ids int32 [B, S], caches) -> (logits [B, 1, V] of the last position, caches,
+        first tokens [B])."""
         import jax
         import jax.numpy as jnp
 
         def run(p, ids, caches):
-            logits, caches = self.forward(p, ids, jnp.zeros((), jnp.int32), caches, prefill=True)
+            logits, caches = self.forward(p, ids, jnp.zeros((), jnp.int32), caches, prefill=True,
+                                          last_only=True)
             return logits, caches, jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
 
         return jax.jit(run, donate_argnums=(2,))
@@ -442,9 +445,10 @@ class TorchPeer:
                                   device=self.device, generator=g) for _ in range(2))
                 for _ in sp.layers]
 
-    def forward(self, ids, pos, caches, prefill: bool):
+    def forward(self, ids, pos, caches, prefill: bool, last_only: bool = False):
         """ids [B, S] (long) at positions pos .. pos + S - 1 (pos: a long tensor [1]) -> logits
-        [B, S, V]; writes the new K/V into `caches` in place."""
+        [B, S, V] ([B, 1, V] of the last position with last_only); writes the new K/V into
+        `caches` in place."""
         torch = self.torch
         F = torch.nn.functional
         sp = self.spec
@@ -485,7 +489,7 @@ class TorchPeer:
             x = x + self._lin(F.silu(gate) * self._lin(h, layer.up), layer.down)
             nxt = sp.layers[i + 1].input_norm if i + 1 < len(sp.layers) else sp.final_norm
             h = self._rms(x, self.w[nxt])
-        return self._lin(h, sp.lm_head)
+        return self._lin(h[:, -1:] if last_only else h, sp.lm_head)
 
     def decoder(self, batch: int, caches, steps: int):
         """A `TorchDecoder`: `steps` greedy steps from (tok, pos0) per call, in a CUDA graph on a GPU."""

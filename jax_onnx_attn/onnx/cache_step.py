@@ -60,10 +60,12 @@ import onnx
 
 from jax_onnx_attn import ops
 from jax_onnx_attn.onnx import registry
+from jax_onnx_attn.onnx.fusion import JOA_DOMAIN
 from jax_onnx_attn.ops import status as st
 from jax_onnx_attn.onnx.handlers.attention import (ATTENTION_ATTRS, known_attrs, run_attention,
                                                    run_gqa)
 from jax_onnx_attn.onnx.handlers.control import select_branches
+from jax_onnx_attn.onnx.interpreter import NodeContext
 from jax_onnx_attn.onnx.values import ShapeOnly, is_static, to_jax
 
 #: Graph inputs the step computes itself; every other input must be a KV cache input.
@@ -351,6 +353,50 @@ class AttentionWithPast(CachePolicy):
 #: The cache kinds the step recognises.
 POLICIES = (BuilderSharedBuffer, TorchConcat, AttentionWithPast)
 
+#: Projections the logits may come from: (domain, op) -> (weight inputs from 1 on: params or empty).
+_HEADS = {("", "MatMul"), (registry.MS_DOMAIN, "MatMulNBits"), (JOA_DOMAIN, "Linear")}
+#: Nodes that act on each (row, position) alone; a binary one only with a constant of <= 1 dims.
+_POSITIONWISE_UNARY = {"Cast", "Identity", "Tanh", "Neg"}
+_POSITIONWISE_BINARY = {"Mul", "Div", "Add", "Sub"}
+
+
+def logits_head(producers: dict, params: dict, logits_name: str):
+    """The projection node that makes `logits_name`, reached through position-wise nodes only
+    (Cast, a softcap's Div / Tanh / Mul by constants, a bias Add), or None. Gathering its input's
+    rows then gives the same logits as gathering the logits' rows."""
+
+    def constant(name) -> bool:
+        if name in params:
+            return np.ndim(params[name]) <= 1
+        node = producers.get(name)
+        if node is None or node.op_type != "Constant":
+            return False
+        value = next((a.t for a in node.attribute if a.name == "value"), None)
+        return value is not None and len(value.dims) <= 1
+
+    name = logits_name
+    for _ in range(16):
+        node = producers.get(name)
+        if node is None:
+            return None
+        key = (registry.normalize_domain(node.domain), node.op_type)
+        if key in _HEADS:
+            weights = [i for i in node.input[1:] if i]
+            return node if weights and all(i in params for i in weights) else None
+        if key[0] == "" and node.op_type in _POSITIONWISE_UNARY:
+            name = node.input[0]
+        elif key[0] == "" and node.op_type in _POSITIONWISE_BINARY and len(node.input) == 2:
+            a, b = node.input
+            if constant(b):
+                name = a
+            elif constant(a):
+                name = b
+            else:
+                return None
+        else:
+            return None
+    return None
+
 
 class FixedCacheStep:
     """A jittable prefill/decode step of `lowered` over [batch, Hkv, capacity, D] KV buffers.
@@ -368,6 +414,9 @@ class FixedCacheStep:
       slots: the KV buffers (KVSlot per past input).
       cache_shapes: {past input name: ((B, Hkv, C, D), dtype)}.
       logits_name: the graph output returned as logits.
+      logits_head: the projection that makes the logits (a MatMul / MatMulNBits / fused Linear whose
+        other inputs are params), reached from the logits through position-wise nodes only, or
+        None. `with_status(..., last_logits=True)` runs it on each row's last token alone.
     """
 
     def __init__(self, lowered, batch: int, capacity: int, *,
@@ -398,6 +447,7 @@ class FixedCacheStep:
         if "input_ids" not in self._inputs:
             raise ValueError("fixed_cache_step: the model has no input_ids input")
         self.logits_name = "logits" if "logits" in lowered.output_names else lowered.output_names[0]
+        self.logits_head = logits_head(self._producers, lowered.params, self.logits_name)
         self.cache_shapes = self._cache_shapes()
 
     # -- graph analysis --------------------------------------------------------------------------
@@ -510,18 +560,19 @@ class FixedCacheStep:
             feeds["position_ids"] = cache_len[:, None] + jnp.arange(s, dtype=jnp.int32)[None, :]
         return feeds
 
-    def __call__(self, params, input_ids, cache_len, num_new, cache, *, empty_cache: bool = False):
+    def __call__(self, params, input_ids, cache_len, num_new, cache, *, empty_cache: bool = False,
+                 last_logits: bool = False):
         """One step. Shapes: input_ids [B, S], cache_len / num_new [B], cache as `init_cache`.
 
-        Returns (logits [B, S, V], cache): the updated buffers, same structure and shapes. The
-        device status is dropped: `with_status` returns it too.
+        Returns (logits [B, S, V] ([B, 1, V] with last_logits), cache): the updated buffers, same
+        structure and shapes. The device status is dropped: `with_status` returns it too.
         """
         out = self.with_status(params, input_ids, cache_len, num_new, cache,
-                               empty_cache=empty_cache)
+                               empty_cache=empty_cache, last_logits=last_logits)
         return out.logits, out.cache
 
     def with_status(self, params, input_ids, cache_len, num_new, cache, *,
-                    empty_cache: bool = False) -> StepOutput:
+                    empty_cache: bool = False, last_logits: bool = False) -> StepOutput:
         """One step, as `__call__`, with the device status of its cache writes.
 
         Args:
@@ -535,10 +586,16 @@ class FixedCacheStep:
             GPU; a Concat-cache graph is fed an empty past (and a [B, S] mask) so it runs as a
             plain prompt while the buffer is written in place (`CachePolicy.key_width`). (An
             Attention-with-past graph still reads the whole buffer.)
+          last_logits: static; True: the logits of each row's last new token only (s =
+            num_new[b] - 1, s = 0 for a row without new tokens), [B, 1, V]. What a prompt needs
+            for its first token: the LM head (`logits_head`) then runs on B rows instead of B x S
+            (a 2k-token prompt of a 128k-vocabulary model: 1 TFLOP and 0.5 GB of logits less a
+            row). Without a head the graph's logits are computed whole and gathered.
 
         Returns:
-          StepOutput(logits [B, S, V], cache, status int32 [B]): status is the OR of every cache
-          write's status and of the step's range check (module doc); nonzero rows were not written.
+          StepOutput(logits [B, S, V] or [B, 1, V], cache, status int32 [B]): status is the OR of
+          every cache write's status and of the step's range check (module doc); nonzero rows were
+          not written.
         """
         input_ids = jnp.asarray(input_ids).astype(jnp.int32)
         b, s = input_ids.shape
@@ -568,7 +625,19 @@ class FixedCacheStep:
         for sl in self.slots:
             feeds[sl.past] = self.policy.feed(sl, run)
 
+        # Each row's last new token: the only logits a prompt's first token needs.
+        last = jnp.clip(num_new - 1, 0, s - 1)[:, None, None]
+        head = self.logits_head if last_logits else None
+        gathered = []
+
         def hook(ctx, inputs):
+            if head is not None and ctx.node is head:
+                x = to_jax(inputs[0])
+                if x.ndim == 3 and x.shape[:2] == (b, s):
+                    gathered.append(True)
+                    x = jnp.take_along_axis(x, last, axis=1)
+                    sub = NodeContext(ctx.node, ctx.key, [x, *inputs[1:]], ctx.interp, ctx.env)
+                    return registry.lookup(ctx.key)(sub, x, *inputs[1:])
             return self.policy.hook(ctx, inputs, self._slots_of.get(id(ctx.node)), run)
 
         outs = self.lowered.run(params, feeds, hook)
@@ -581,7 +650,10 @@ class FixedCacheStep:
         status = run.statuses[0]
         for flags in run.statuses[1:]:
             status = status | flags.astype(jnp.int32).reshape(b)
-        return StepOutput(outs[self.logits_name], new_cache, status)
+        logits = outs[self.logits_name]
+        if last_logits and not gathered:
+            logits = jnp.take_along_axis(logits, last, axis=1)
+        return StepOutput(logits, new_cache, status)
 
     def jit(self, *, with_status: bool = False, **kwargs):
         """jax.jit of the step (or of `with_status` when with_status=True) with the cache

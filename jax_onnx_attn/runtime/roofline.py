@@ -15,8 +15,11 @@ is the bytes a step must read from HBM over the HBM bandwidth:
 Prefill of `tokens` prompt tokens per row (no cache before) is compute bound:
 
     flops(batch, tokens) = 2 x matmul params x batch x tokens      (every MatMul / Gemm / MatMulNBits
-                                                                   weight, the LM head at every position,
-                                                                   as the graph computes it)
+                                                                   weight but the LM head)
+                         + 2 x LM head params x batch              (the head at each row's last token
+                                                                   only: all a prompt's first token
+                                                                   needs, all DecoderSession computes,
+                                                                   `FixedCacheStep.logits_head`)
                          + per attention layer 4 x batch x q_heads x head_size x tokens^2 / 2
                                                                    (QKᵀ and PV, causal: half the square)
 
@@ -54,6 +57,8 @@ class StepCost:
       row_bytes: bytes per token of the row-gathered tables (embedding row, cos/sin rows).
       kv_bytes_per_token: bytes of K and V of all layers for one cached token of one row.
       matmul_params: K x N summed over every matrix product with a weight param.
+      head_params: K x N of the one that makes the logits (`FixedCacheStep.logits_head`; 0 when the
+        step does not find it, and a prefill then counts it at every position, as it runs).
       attention_qd: per attention layer, q_heads x head_size (for attention FLOPs).
       breakdown: weight bytes by kind ("matmul", "matmul_nbits", "other") and the gathered tables'
         full sizes ("gathered_tables") for reports.
@@ -65,6 +70,7 @@ class StepCost:
     matmul_params: int
     attention_qd: tuple[int, ...]
     breakdown: dict = field(default_factory=dict)
+    head_params: int = 0
 
     def decode_bytes(self, batch: int, ctx: int) -> int:
         """Bytes one decode step of `batch` rows at context `ctx` must read (see the module doc)."""
@@ -90,7 +96,8 @@ class StepCost:
         """FLOPs of the prefill of `tokens` tokens per row (see the module doc; causal counts half)."""
         _check(batch, tokens)
         attn = sum(4.0 * batch * qd * tokens * tokens for qd in self.attention_qd)
-        return 2.0 * self.matmul_params * batch * tokens + (attn / 2 if causal else attn)
+        body = self.matmul_params - self.head_params
+        return 2.0 * body * batch * tokens + 2.0 * self.head_params * batch + (attn / 2 if causal else attn)
 
     def prefill_seconds(self, batch: int, tokens: int, peak_flops: float) -> float:
         """The compute bound of a prefill: prefill_flops / peak_flops."""
@@ -122,6 +129,7 @@ def step_cost(lowered) -> StepCost:
     gathered: dict[str, int] = {}  # name -> bytes of one row
     matmul_params = 0
     kinds: dict[str, str] = {}
+    node_params: dict[str, int] = {}  # projection's output name -> its K x N
     for node in registry.iter_nodes(lowered.model.graph):
         key = (registry.normalize_domain(node.domain), node.op_type)
         ins = list(node.input)
@@ -132,6 +140,7 @@ def step_cost(lowered) -> StepCost:
             row_inputs = {i for i in _GATHERED_ROPE[key] if i < len(ins)}
         if key in _MATMULS and len(ins) > 1 and ins[1] in params:
             a = _attrs(node)
+            before = matmul_params
             if key[1] == "MatMulNBits" or (key[1] == "Linear" and a.get("bits")):
                 matmul_params += int(a["K"]) * int(a["N"])
                 # packed codes, scales, zero points (not a fused Linear's bias / residual / norm)
@@ -142,6 +151,7 @@ def step_cost(lowered) -> StepCost:
                 w = params[ins[1]]
                 matmul_params += int(np.prod(w.shape[-2:])) * int(np.prod(w.shape[:-2]) or 1)
                 kinds.setdefault(ins[1], "matmul")
+            node_params[node.output[0]] = matmul_params - before
         for i, name in enumerate(ins):
             if name not in params:
                 continue
@@ -157,6 +167,8 @@ def step_cost(lowered) -> StepCost:
     breakdown["gathered_tables"] = sum(nbytes[n] for n in gathered)
 
     step = lowered.fixed_cache_step(1, 1)
+    head = step.logits_head
+    head_params = node_params.get(head.output[0], 0) if head is not None else 0
     kv = 0
     for _, ((_, hkv, _, d), dtype) in step.cache_shapes.items():
         kv += int(hkv) * int(d) * np.dtype(dtype).itemsize
@@ -181,7 +193,7 @@ def step_cost(lowered) -> StepCost:
         qd.append(int(heads) * int(d))
     return StepCost(weight_bytes=sum(nbytes[n] for n in full), row_bytes=sum(gathered.values()),
                     kv_bytes_per_token=kv, matmul_params=matmul_params, attention_qd=tuple(qd),
-                    breakdown=breakdown)
+                    breakdown=breakdown, head_params=head_params)
 
 
 def decode_bound_seconds(lowered, batch: int, ctx: int,

@@ -399,27 +399,35 @@ class DecoderSession:
         that spans processes), else a jax array."""
         return np.asarray(x) if self.layout is not None else jnp.asarray(x)
 
-    def _run_step(self, params, ids, cache_len, num_new, cache, empty_cache: bool = False):
+    def _run_step(self, params, ids, cache_len, num_new, cache, empty_cache: bool = False,
+                  last_logits: bool = False):
         """(logits, cache, status int32 [B]) of one step; status 0 for a step without with_status.
-        empty_cache: every row's cache_len is 0 (prefill): the step may skip the empty cache."""
+        empty_cache: every row's cache_len is 0 (prefill): the step may skip the empty cache.
+        last_logits: logits [B, 1, V] of each row's last new token (num_new - 1) only."""
         with_status = getattr(self.step, "with_status", None)
         fn = with_status if with_status is not None else self.step
-        # A hand-written step need not know empty_cache; it then runs its general form.
+        # A hand-written step need not know these; it then runs its general form.
         kw = {"empty_cache": True} if empty_cache and _takes(fn, "empty_cache") else {}
+        if last_logits and _takes(fn, "last_logits"):
+            kw["last_logits"] = True
         if with_status is not None:
             logits, cache, status = with_status(params, ids, cache_len, num_new, cache, **kw)
         else:
             logits, cache = self.step(params, ids, cache_len, num_new, cache, **kw)
             status = jnp.zeros((ids.shape[0],), jnp.int32)
+        if last_logits and "last_logits" not in kw:
+            last = jnp.clip(num_new - 1, 0, ids.shape[1] - 1)
+            logits = jnp.take_along_axis(logits, last[:, None, None], axis=1)
         return logits, self._placed_cache(cache), status
 
     def _prefill(self, params, ids, lengths, cache, key, max_new, stop_ids, *, sampling):
         """ids int32 [B, S] right-padded, lengths int32 [B] -> (DecodeState, cache, summary)."""
         self.trace_counts["prefill"] += 1
         b, s = ids.shape
+        # Only each row's last prompt token's logits: the LM head runs on B rows, not B x S.
         logits, cache, status = self._run_step(params, ids, jnp.zeros((b,), jnp.int32), lengths, cache,
-                                               empty_cache=True)
-        last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
+                                               empty_cache=True, last_logits=True)
+        last = logits[:, 0]
         tokens = jnp.zeros((b, self.max_length), jnp.int32).at[:, :s].set(ids)
         state = DecodeState(tokens=tokens, length=lengths, prompt_len=lengths, max_new=max_new,
                             finish=jnp.where(max_new > 0, RUNNING, PADDING).astype(jnp.int32),
