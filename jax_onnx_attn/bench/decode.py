@@ -281,7 +281,9 @@ def bench_torch(case: Case, impl: str, target_s: float, reps: int) -> float:
                 step(static_q)  # warm-up outside the graph (workspace, heuristics)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            # thread_local: JAX's threads may free buffers (CUDA calls) while torch captures; in
+            # the default global mode that invalidates the capture (jax with preallocation off).
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 out = step(static_q)
             del out
             return _time_loop(graph.replay, torch.cuda.synchronize, k_calls, target_s, reps)

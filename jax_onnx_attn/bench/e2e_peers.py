@@ -519,7 +519,9 @@ class TorchDecoder:
                 self._run()  # warm-up outside the graph (workspaces, kernel choice)
             torch.cuda.current_stream().wait_stream(side)
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph), torch.no_grad():
+            # thread_local: JAX's threads may free buffers (CUDA calls) while torch captures; in
+            # the default global mode that invalidates the capture (jax with preallocation off).
+            with torch.cuda.graph(self.graph, capture_error_mode="thread_local"), torch.no_grad():
                 self._run()
 
     def _run(self):

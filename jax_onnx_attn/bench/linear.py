@@ -187,7 +187,9 @@ def bench_torch(case: Case, target_s: float, reps: int) -> float:
             step()  # warm-up outside the graph (cuBLAS handles, heuristics)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # thread_local: JAX's threads may free buffers (CUDA calls) while torch captures; in
+        # the default global mode that invalidates the capture (jax with preallocation off).
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             outs = step()
         del outs
         return _time_loop(graph.replay, torch.cuda.synchronize, case.rotations, target_s, reps)
