@@ -32,7 +32,25 @@
 //   registers DS stages (k32, 32 bytes a lane, 1 KB a warp) ahead. The S partial sums of an output
 //   are added over the cluster through distributed shared memory in rank order (deterministic, no
 //   atomics): partials into the CTA's shared memory (aliasing x), cluster barrier, rank r adds rows
-//   [r R/S, (r + 1) R/S) of the row block over ranks 0..S-1 and writes y (f16), cluster barrier.
+//   [r R/S, (r + 1) R/S) of the row block over ranks 0..S-1 (16-byte loads) and writes y (f16),
+//   cluster barrier.
+//
+// SASS (cuobjdump -sass, the unrolled loop body over DS stages, per 16 bytes of W a lane): M <= 8
+// 50 instructions (bs 128, MODE 0: 17 lop3, 9 hfma2, 4 HMMA, 4 FFMA; 10 B of W a warp instruction)
+// to 83 (bs 32, MODE 0: the per-block flush, 16 FFMA); M = 16 59-79; M = 32 77 (bs 128, MODE 0)
+// to 88 (bs 32, MODE 1), against ~6 B a warp instruction needed at ~3 IPC for 4.8 TB/s. Registers
+// 98-128 (NB 1), 128-228 (NB 2), 167-254 (NB 4), no spills.
+//
+// H200, the first device runs (to redo at this commit): correct everywhere (worst error 0.15 of the
+// bound). Their reduction read 4-byte scattered DSMEM / shared words: 9-11 us a launch at M = 8
+// (8b-o at S 16, 8b-lm at S 1; measured by dropping it), now 16-byte row-contiguous loads; and x's
+// staging waited one L2 round trip per item a thread (3.5 us at 8b-lm, M = 8), now 4 items at once.
+// Neither change has run on a device yet (the check will say). With that cost in, M = 8, bs 128, stream / rows us: 8b-gate-up 15.5 / 26,
+// 8b-lm 63 / 83, 8b-down 8.7 / 23.6, 8b-o 3.7 / 12.2, 8b-qkv 4.8 / 13.6 (the ring kernel's best
+// layouts: 42, 121, 30.8, 12.0, 17.5); M = 1 0.33-0.85 of stream; M = 32 0.1-0.3
+// (issue-bound: ~80 instructions a 16 bytes and 1 CTA an SM at 250 registers). DS 8 was slower
+// than DS 4 at M = 8 on every ~8B shape; the W stream is not the limit at these sizes, the fixed
+// per-launch chain (x staging, two W round trips, reduction) and the instruction count are.
 //
 // Check: a naive reference (f32 (q - z) * s * x) per output; bound |y - ref| <= 2^-11 (sum |(q - z)
 // s x| + |ref|) + 1e-6: the first term is the worst case of the reference's own rounding of each
@@ -45,9 +63,10 @@
 // Run: tools/probes/run_int4_rows.sh build/gemv_int4_rows (a sweep into $OUT/int4_rows.txt).
 // Env: JOA_PROBE_8B=1 adds the ~8B shapes (2: only them); JOA_PROBE_ONLY=<shape prefix>;
 //   JOA_PROBE_M=1|8|16|32 (default all); JOA_PROBE_BS=32|128 (default both);
-//   JOA_PROBE_MODE=0|1 (default auto, above); JOA_PROBE_DS=2|4 stages in flight a warp (default 4:
-//   4 KB a warp); JOA_PROBE_RW=1|2|4|8 warps (row groups) a CTA, JOA_PROBE_S=1|2|4|8|16 cluster K
-//   split (default: planned, PlanFor); JOA_PROBE_CHECK=0 skips the reference (sweeps).
+//   JOA_PROBE_MODE=0|1 (default auto, above); JOA_PROBE_DS=2|4|8 stages in flight a warp (default
+//   4: 4 KB a warp; 8 only for M <= 16, registers); JOA_PROBE_RW=1|2|4|8 warps (row groups) a CTA,
+//   JOA_PROBE_S=1|2|4|8|16 cluster K split (default: planned, PlanFor); JOA_PROBE_WARPS=<n> the
+//   planner's target of warps in the grid (default 1024); JOA_PROBE_CHECK=0 skips the reference.
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -56,6 +75,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <tuple>
 #include <vector>
 
 #include "graph_chain.h"
@@ -111,7 +131,9 @@ __device__ __forceinline__ uint2 LoadStream8(const uint2* p) {
   asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
   return v;
 }
-__device__ __forceinline__ uint32_t Word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+__device__ __forceinline__ uint32_t Word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
 
 struct Params {
   const uint4* w;   // [row groups][K / 16][32 lanes] 16 bytes
@@ -124,12 +146,14 @@ struct Params {
 
 // Shared memory: x slice in fragment order (stages * NB * 32 units of 16 bytes); MODE 0 adds the
 // per-chunk sums of x ([stages][8 NB] f32) and per-block sums ([blocks][8 NB]); after the stream the
-// partial sums [RW * 64][8 NB] f32 alias the start.
+// partial sums [8 NB columns][RW * 64 + 8 rows] f32 alias the start (rows contiguous: the reduction
+// reads 16 bytes a thread, 512 contiguous bytes a warp, also from other CTAs of the cluster; the
+// stride's + 8 spreads the accumulator stores over the banks).
 __host__ __device__ inline int SmemBytes(int nb, int mode, int ks, int bs, int rw) {
   const int stages = ks / 32;
   int x = stages * nb * 32 * 16;
   if (mode == 0) x += stages * 8 * nb * 4 + (ks / bs) * 8 * nb * 4;
-  const int part = rw * kRowsPerGroup * 8 * nb * 4;
+  const int part = 8 * nb * (rw * kRowsPerGroup + 8) * 4;
   return x > part ? x : part;
 }
 
@@ -185,32 +209,51 @@ __global__ void __launch_bounds__(256) Int4RowsKernel(const __grid_constant__ Pa
   uint4* s_x = reinterpret_cast<uint4*>(smem);
   float* s_csum = reinterpret_cast<float*>(smem + stages * NB * 32 * 16);
   float* s_xsum = s_csum + stages * 8 * NB;
-  for (int idx = tid; idx < stages * 8 * NB; idx += blockDim.x) {
-    const int c = idx / (8 * NB), m = idx % (8 * NB);
-    uint32_t w[16];
-    if (m < p.m) {
+  // kXBatch items a thread in flight at once (one L2 round trip where items <= kXBatch threads).
+  constexpr int kXBatch = 4;
+  const int items = stages * 8 * NB;
+  for (int base = tid; base < items; base += kXBatch * int(blockDim.x)) {
+    uint4 xv[kXBatch][4];
+#pragma unroll
+    for (int b = 0; b < kXBatch; ++b) {
+      const int idx = base + b * int(blockDim.x);
+      const int c = idx / (8 * NB), m = idx % (8 * NB);
       const uint4* src = reinterpret_cast<const uint4*>(p.x + int64_t(m) * p.k + k0 + 32 * c);
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const uint4 v = __ldg(src + u);
-        w[4 * u] = v.x, w[4 * u + 1] = v.y, w[4 * u + 2] = v.z, w[4 * u + 3] = v.w;
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < 16; ++j) w[j] = 0u;
+      for (int u = 0; u < 4; ++u)
+        xv[b][u] = idx < items && m < p.m ? __ldg(src + u) : make_uint4(0, 0, 0, 0);
     }
-    uint4* dst = s_x + (c * NB + m / 8) * 32 + (m % 8) * 4;
 #pragma unroll
-    for (int u = 0; u < 4; ++u) dst[u] = make_uint4(w[u], w[u + 4], w[u + 8], w[u + 12]);
-    if constexpr (MODE == 0) {
-      float sum = 0.f;  // k order
+    for (int b = 0; b < kXBatch; ++b) {
+      const int idx = base + b * int(blockDim.x);
+      if (idx >= items) break;
+      const int c = idx / (8 * NB), m = idx % (8 * NB);
+      uint32_t w[16];
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[j]));
-        sum += f.x;
-        sum += f.y;
+      for (int u = 0; u < 4; ++u) {
+        w[4 * u] = xv[b][u].x, w[4 * u + 1] = xv[b][u].y, w[4 * u + 2] = xv[b][u].z, w[4 * u + 3] = xv[b][u].w;
       }
-      s_csum[idx] = sum;
+      uint4* dst = s_x + (c * NB + m / 8) * 32 + (m % 8) * 4;
+      // Lanes m and m + 1 write 64 bytes apart: rotating the unit order by m spreads eight lanes' 16-byte
+      // stores over all banks.
+#pragma unroll
+      for (int u0 = 0; u0 < 4; ++u0) {
+        const int u = (u0 + m) & 3;
+        dst[u] = make_uint4(u == 0 ? w[0] : u == 1 ? w[1] : u == 2 ? w[2] : w[3],
+                            u == 0 ? w[4] : u == 1 ? w[5] : u == 2 ? w[6] : w[7],
+                            u == 0 ? w[8] : u == 1 ? w[9] : u == 2 ? w[10] : w[11],
+                            u == 0 ? w[12] : u == 1 ? w[13] : u == 2 ? w[14] : w[15]);
+      }
+      if constexpr (MODE == 0) {
+        float sum = 0.f;  // k order
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[j]));
+          sum += f.x;
+          sum += f.y;
+        }
+        s_csum[idx] = sum;
+      }
     }
   }
   if constexpr (MODE == 0) {
@@ -258,14 +301,16 @@ __global__ void __launch_bounds__(256) Int4RowsKernel(const __grid_constant__ Pa
             for (int h = 0; h < 2; ++h) {
               const uint32_t jj = (2 * i + h) & 3;  // byte of the zero point in zw
               if constexpr (MODE == 0) {
-                const float sf = __half2float(__ushort_as_half(static_cast<unsigned short>(h ? sw >> 16 : sw & 0xffff)));
+                const unsigned short sbits = static_cast<unsigned short>(h ? sw >> 16 : sw & 0xffff);
+                const float sf = __half2float(__ushort_as_half(sbits));
                 const float zf = float((zw >> (8 * jj)) & 0xff);
                 fs[i][h] = sf;
                 fnz[i][h] = -sf * (1024.f + zf);
               } else {
                 s2[i][h] = Prmt(sw, sw, h ? 0x3232u : 0x1010u);
                 // bytes (z, 0x64, z, 0x64) = f16 x2 1024 + z; (16 z, 0xD4, ..) = -(64 + z).
-                zp[i][h] = h ? Prmt(zw << 4, 0xD4u, 0x4040u | jj | (jj << 8)) : Prmt(zw, 0x64u, 0x4040u | jj | (jj << 8));
+                const uint32_t sel = 0x4040u | jj | (jj << 8);
+                zp[i][h] = h ? Prmt(zw << 4, 0xD4u, sel) : Prmt(zw, 0x64u, sel);
               }
             }
           }
@@ -329,30 +374,45 @@ __global__ void __launch_bounds__(256) Int4RowsKernel(const __grid_constant__ Pa
     }
   }
 
-  // Partial sums [RW * 64 rows][8 NB] over x's region, then the cluster's fixed-order sum.
+  // Partial sums over x's region, then the cluster's fixed-order sum. Rank r owns rows
+  // [r R/S, (r + 1) R/S) of the row block (R = 64 RW): a thread adds 4 consecutive rows of one x row
+  // over ranks 0..S-1 (float4 loads: scattered 4-byte DSMEM loads cost ~10 us a launch here) and
+  // writes 4 halves of y.
   __syncthreads();
   float* part = reinterpret_cast<float*>(smem);
-  const int cols = 8 * NB;
+  const int rows = rw * kRowsPerGroup, pstride = rows + 8;
 #pragma unroll
   for (int i = 0; i < 4; ++i)
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = warp * kRowsPerGroup + 16 * i + g + 8 * h;
-        *reinterpret_cast<float2*>(part + row * cols + 8 * nb + 2 * t) = make_float2(acc[i][nb][2 * h], acc[i][nb][2 * h + 1]);
+      for (int e = 0; e < 4; ++e) {
+        const int row = warp * kRowsPerGroup + 16 * i + g + 8 * (e >> 1);
+        part[(8 * nb + 2 * t + (e & 1)) * pstride + row] = acc[i][nb][e];
       }
   cluster.sync();
-  const int rows = rw * kRowsPerGroup;
-  const int per = (rows + S - 1) / S;
-  const int r0 = rank * per, r1 = min(rows, r0 + per);
-  for (int idx = tid; idx < p.m * per; idx += blockDim.x) {
-    const int m = idx / per, row = r0 + idx % per;
+  const int per4 = rows / S / 4;  // S | 64 RW / 4: S <= 16, a power of two
+  const int r0 = rank * per4 * 4;
+  for (int idx = tid; idx < p.m * per4; idx += blockDim.x) {
+    const int m = idx / per4, row = r0 + 4 * (idx % per4);  // consecutive threads: consecutive rows
     const int n = rb * rows + row;
-    if (row >= r1 || n >= p.n) continue;
-    float sum = 0.f;
-    for (int q = 0; q < S; ++q) sum += cluster.map_shared_rank(part, q)[row * cols + m];
-    p.y[int64_t(m) * p.n + n] = __float2half(sum);
+    if (n >= p.n) continue;  // N % 4 == 0: the 4 rows are all in or out
+    const float* at = part + m * pstride + row;
+    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int q0 = 0; q0 < S; q0 += 4) {  // 4 ranks' loads in flight, added in rank order
+      float4 v[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int q = q0 + j;
+        if (q < S) v[j] = *reinterpret_cast<const float4*>(q == rank ? at : cluster.map_shared_rank(at, q));
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (q0 + j < S) sum.x += v[j].x, sum.y += v[j].y, sum.z += v[j].z, sum.w += v[j].w;
+    }
+    const __half2 lo = __floats2half2_rn(sum.x, sum.y), hi = __floats2half2_rn(sum.z, sum.w);
+    *reinterpret_cast<uint2*>(p.y + int64_t(m) * p.n + n) =
+        make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
   }
   cluster.sync();  // no CTA leaves while others read its partials
 }
@@ -396,7 +456,8 @@ __global__ void ShuffleMeta(const __half* scales, const uint8_t* zeros, uint4* s
     }
     sc[u] = make_uint4(s[0] | uint32_t(s[1]) << 16, s[2] | uint32_t(s[3]) << 16, s[4] | uint32_t(s[5]) << 16,
                        s[6] | uint32_t(s[7]) << 16);
-    zr[u] = make_uint2(z[0] | z[1] << 8 | z[2] << 16 | uint32_t(z[3]) << 24, z[4] | z[5] << 8 | z[6] << 16 | uint32_t(z[7]) << 24);
+    zr[u] = make_uint2(z[0] | z[1] << 8 | z[2] << 16 | uint32_t(z[3]) << 24,
+                       z[4] | z[5] << 8 | z[6] << 16 | uint32_t(z[7]) << 24);
   }
 }
 
@@ -432,20 +493,23 @@ struct Plan {
 };
 constexpr int kSmemCap = 200 * 1024;
 
-// Prefer many features a CTA (x read once per 64 RW features) and few K splits; take the first
-// (RW from 8 down, S from 1 up) whose grid reaches ~a CTA an SM, else the one with the most CTAs.
-Plan PlanFor(int n, int k, int bs, int nb, int mode, int force_rw, int force_s) {
+// Bytes in flight first: a warp holds DS KB of W in flight, so aim for `target_warps` warps (default
+// 1024: 8 an SM, 32 KB an SM at DS 4); then >= 128 CTAs (every SM streams); then many features a CTA
+// (x is read once per CTA: 64 RW features); then the fewest K splits (partials, cluster size).
+Plan PlanFor(int n, int k, int bs, int nb, int mode, int force_rw, int force_s, int target_warps) {
   const int rgs = (n + kRowsPerGroup - 1) / kRowsPerGroup;
   Plan best;
+  auto key = [&](const Plan& pl) {
+    return std::make_tuple(std::min(pl.ctas * pl.rw, target_warps), std::min(pl.ctas, 128), pl.rw, -pl.s);
+  };
   for (int rw : {8, 4, 2, 1}) {
     if (force_rw && rw != force_rw) continue;
     for (int s : {1, 2, 4, 8, 16}) {
-      if (force_s ? s != force_s : s > 8) continue;
+      if (force_s && s != force_s) continue;
       if (k % (s * bs) != 0) continue;
       Plan pl{rw, s, (rgs + rw - 1) / rw * s, SmemBytes(nb, mode, k / s, bs, rw)};
       if (pl.smem > kSmemCap) continue;
-      if (pl.ctas >= 120 || force_s) return pl;
-      if (pl.ctas > best.ctas) best = pl;
+      if (best.ctas == 0 || key(pl) > key(best)) best = pl;
     }
   }
   return best;
@@ -462,6 +526,9 @@ KernelFn PickMode(int mode, int spb) {
 }
 template <int NB>
 KernelFn PickDs(int ds, int mode, int spb) {
+  if constexpr (NB <= 2) {
+    if (ds == 8) return PickMode<NB, 8>(mode, spb);
+  }
   return ds == 2 ? PickMode<NB, 2>(mode, spb) : PickMode<NB, 4>(mode, spb);
 }
 KernelFn Pick(int nb, int ds, int mode, int spb) {
@@ -493,8 +560,9 @@ int main() {
   CK(MakeProbeEnv(env));
   cudaStream_t s = env.stream;
   const int only_m = EnvInt("JOA_PROBE_M", 0), only_bs = EnvInt("JOA_PROBE_BS", 0);
-  const int force_mode = EnvInt("JOA_PROBE_MODE", -1), ds = EnvInt("JOA_PROBE_DS", 4) == 2 ? 2 : 4;
+  const int force_mode = EnvInt("JOA_PROBE_MODE", -1), ds_env = EnvInt("JOA_PROBE_DS", 4);
   const int force_rw = EnvInt("JOA_PROBE_RW", 0), force_s = EnvInt("JOA_PROBE_S", 0);
+  const int target_warps = EnvInt("JOA_PROBE_WARPS", 1024);
   const bool check = EnvInt("JOA_PROBE_CHECK", 1) != 0;
   bool failed = false;
   printf("us a call (GB/s of W + scales + zero points): stream floor, int4 rows; frac = stream / rows;\n"
@@ -508,7 +576,8 @@ int main() {
         const int nb = M <= 8 ? 1 : M <= 16 ? 2 : 4;
         const int mode = force_mode >= 0 ? force_mode : (bs >= 128 || nb == 1) ? 0 : 1;
         const int spb = bs / 32;
-        const Plan pl = PlanFor(sh.n, sh.k, bs, nb, mode, force_rw, force_s);
+        const int ds = ds_env == 2 ? 2 : ds_env == 8 && nb <= 2 ? 8 : 4;  // 8: NB <= 2 only (registers)
+        const Plan pl = PlanFor(sh.n, sh.k, bs, nb, mode, force_rw, force_s, target_warps);
         if (pl.ctas == 0) {
           printf("%-34s M %2d bs %3d: no plan\n", sh.name, M, bs);
           continue;
@@ -562,6 +631,7 @@ int main() {
           Reference<<<(sh.n + 127) / 128, 128>>>(b, scales, zeros, x, ref, absum, M, sh.n, sh.k, bs);
           CK(cudaGetLastError());
           CK(cudaMemset(y, 0xff, size_t(M) * sh.n * 2));  // NaN: unwritten outputs fail
+          CK(cudaDeviceSynchronize());  // the legacy stream's memset before the kernel on `s`
           CK(Launch(fn, ps[0], pl, s));
           CK(cudaStreamSynchronize(s));
           std::vector<float> hr(size_t(M) * sh.n), ha(hr.size());
@@ -589,7 +659,8 @@ int main() {
         }, &t_stream));
         CK(time([&](int i, cudaStream_t st) { return Launch(fn, ps[i], pl, st); }, &t_rows));
         const double kbytes = total * 1e-3;
-        printf("%-34s M %2d bs %3d mode %d DS %d RW %d S %2d grid %4d smem %6d regs %3d  stream %8.2f (%4.0f)  rows %8.2f "
+        printf("%-34s M %2d bs %3d mode %d DS %d RW %d S %2d grid %4d smem %6d regs %3d  stream %8.2f (%4.0f)  "
+               "rows %8.2f "
                "(%4.0f)  frac %.2f  %.3g (%.3g, %.2f)%s\n",
                sh.name, M, bs, mode, ds, pl.rw, pl.s, pl.ctas, pl.smem, fa.numRegs, t_stream, kbytes / t_stream, t_rows,
                kbytes / t_rows, t_stream / t_rows, err, rmax, ratio, check && !(ratio <= 1.f) ? "  FAIL" : "");
