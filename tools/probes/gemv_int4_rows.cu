@@ -79,24 +79,22 @@
 #include <vector>
 
 #include "graph_chain.h"
+#include "kernels/gemv/weights.cuh"  // AndOr, Prmt
+#include "kernels/ptx.cuh"           // Mma16816Free
 #include "probe_util.h"
 
 namespace cg = cooperative_groups;
 
 namespace {
 
+using joa::gemv::AndOr;         // (a & b) | c: the magic-number halves
+using joa::gemv::LoadStream16;  // W / scales, read once (not kept in L1)
+using joa::gemv::Prmt;
+// f16 m16n8k16, f32 accumulators; the non-volatile form, so independent chains interleave.
+constexpr auto Mma = joa::ptx::Mma16816Free<__half>;
+
 constexpr int kRowsPerGroup = 64;  // a warp's features: four m16 tiles
 
-__device__ __forceinline__ uint32_t Lop3AndOr(uint32_t a, uint32_t b, uint32_t c) {
-  uint32_t d;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-}
-__device__ __forceinline__ uint32_t Prmt(uint32_t a, uint32_t b, uint32_t sel) {
-  uint32_t d;
-  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
-  return d;
-}
 __device__ __forceinline__ uint32_t HFma2(uint32_t a, uint32_t b, uint32_t c) {
   uint32_t d;
   asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
@@ -111,20 +109,6 @@ __device__ __forceinline__ uint32_t HMul2(uint32_t a, uint32_t b) {
   uint32_t d;
   asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
   return d;
-}
-// d += a b (m16n8k16, f16 in, f32 accumulators); not volatile, so the compiler may interleave chains.
-__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ uint4 LoadStream(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
 }
 __device__ __forceinline__ uint2 LoadStream8(const uint2* p) {
   uint2 v;
@@ -186,12 +170,12 @@ __global__ void __launch_bounds__(256) Int4RowsKernel(const __grid_constant__ Pa
   int ld = 0;
   auto load = [&](Stage& st, bool block_start) {
     if (live && ld < stages) {
-      st.w[0] = LoadStream(wp);
-      st.w[1] = LoadStream(wp + 32);
+      st.w[0] = LoadStream16(wp);
+      st.w[1] = LoadStream16(wp + 32);
       wp += 64;
       if (block_start) {
         const int64_t at = meta0 + int64_t(ld / SPB) * 8;
-        st.sc = LoadStream(p.sc + at);
+        st.sc = LoadStream16(p.sc + at);
         st.zr = LoadStream8(p.zr + at);
       }
     }
@@ -332,10 +316,10 @@ __global__ void __launch_bounds__(256) Int4RowsKernel(const __grid_constant__ Pa
           for (int i = 0; i < 4; ++i) {
             const uint32_t v = Word(cur.w[j], i), v8 = v >> 8;
             uint32_t a[4];
-            a[0] = Lop3AndOr(v, 0x000F000Fu, kMagic);   // row g, k 2t..: 1024 + q
-            a[1] = Lop3AndOr(v, 0x00F000F0u, kMagic);   // row g + 8: 1024 + 16 q
-            a[2] = Lop3AndOr(v8, 0x000F000Fu, kMagic);  // row g, k + 8
-            a[3] = Lop3AndOr(v8, 0x00F000F0u, kMagic);  // row g + 8, k + 8
+            a[0] = AndOr(v, 0x000F000Fu, kMagic);   // row g, k 2t..: 1024 + q
+            a[1] = AndOr(v, 0x00F000F0u, kMagic);   // row g + 8: 1024 + 16 q
+            a[2] = AndOr(v8, 0x000F000Fu, kMagic);  // row g, k + 8
+            a[3] = AndOr(v8, 0x00F000F0u, kMagic);  // row g + 8, k + 8
             if constexpr (MODE == 0) {
               a[1] = HFma2(a[1], kSixteenth, k960);  // 64 + q + 960, exact
               a[3] = HFma2(a[3], kSixteenth, k960);
