@@ -353,7 +353,7 @@ class AttentionWithPast(CachePolicy):
 #: The cache kinds the step recognises.
 POLICIES = (BuilderSharedBuffer, TorchConcat, AttentionWithPast)
 
-#: Projections the logits may come from: (domain, op) -> (weight inputs from 1 on: params or empty).
+#: (domain, op) of the projections the logits may come from (their inputs past x: params or empty).
 _HEADS = {("", "MatMul"), (registry.MS_DOMAIN, "MatMulNBits"), (JOA_DOMAIN, "Linear")}
 #: Nodes that act on each (row, position) alone; a binary one only with a constant of <= 1 dims.
 _POSITIONWISE_UNARY = {"Cast", "Identity", "Tanh", "Neg"}
