@@ -57,6 +57,10 @@ def test_json_schema(run):
     # on a CPU the trace has no device events: kernels per step is null, with the reason
     ours = decode[0]["impls"]["ours"]
     assert ours["kernels_per_step"] is None and "no device events" in ours["profile"]["note"]
+    # the profiled case's prefills are traced too (ours through generate, the peer's jitted prefill)
+    prefill = next(r for r in run["results"] if r["phase"] == "prefill" and r["weights"] == decode[0]["weights"])
+    for impl in ("ours", "jax-peer"):
+        assert "no device events" in prefill["impls"][impl]["profile"]["note"], impl
     int4 = next(r for r in decode if r["weights"] == "int4")
     skip = int4["impls"]["torch-peer"]["skip"]
     assert "MatMulNBits" in skip or "torch not installed" in skip

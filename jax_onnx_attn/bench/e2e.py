@@ -38,7 +38,8 @@ argmax) the same way. frac_of_gemm_peak = the prefill's FLOPs (roofline: 2 x mat
 with the LM head once per row, + causal attention) per second over the fp16 GEMM peak measured in
 this run (a chain of 8192^3 matmuls in jax).
 
-Kernels per step (--profile first: each group's first case): one decode call traced with
+Kernels per step (--profile first: each group's first case; a prefill's: one prefill traced the
+same way, its kernel time beside the TTFT): one decode call traced with
 jax.profiler (create_perfetto_trace=True), the
 kernels on the GPU's stream lines of the Chrome-trace JSON counted and divided by K (torch: its
 profiler's CUDA kernels of one graph replay); null with a note when the trace has no device events
@@ -480,8 +481,12 @@ def measure_ours(g: Group, case: Case, capacity: int, prefill: bool, verify: boo
             r = session.generate(prompts, max_new_tokens=1)
             ttft = min(session.generate(prompts, max_new_tokens=1).timings.prefill_s
                        for _ in range(args.prefill_reps))
-            return _prefill_record(g, case, ttft, env["gemm_peak_tflops"] * devices,
-                                   compile_s=compile_s + r.timings.compile_s, devices=devices)
+            rec = _prefill_record(g, case, ttft, env["gemm_peak_tflops"] * devices,
+                                  compile_s=compile_s + r.timings.compile_s, devices=devices)
+            if _profile_this(g, case, args):  # kernels of one prefill: device time vs the TTFT
+                rec.update(jax_kernels_per_step(lambda: None, lambda: session.generate(prompts, max_new_tokens=1),
+                                                lambda: None, 1))
+            return rec
 
         out["prefill"] = _guarded(run_prefill)
     if "ms" not in out.get("prefill", {}):
@@ -565,8 +570,16 @@ def measure_jax_peer(g: Group, case: Case, capacity: int, prefill: bool, verify:
                 _, state["caches"], first = pre(p, ids, state["caches"])
                 first.block_until_ready()
                 runs.append(time.perf_counter() - t0)
-            return _prefill_record(g, case, min(runs[1:]), env["gemm_peak_tflops"],
-                                   attention=peer.attention, compile_s=pre_compile_s)
+            rec = _prefill_record(g, case, min(runs[1:]), env["gemm_peak_tflops"],
+                                  attention=peer.attention, compile_s=pre_compile_s)
+            state["first"] = first
+            if _profile_this(g, case, args):
+                def call():
+                    _, state["caches"], state["first"] = pre(p, ids, state["caches"])
+
+                rec.update(jax_kernels_per_step(lambda: None, call,
+                                                lambda: state["first"].block_until_ready(), 1))
+            return rec
 
         out["prefill"] = _guarded(run_prefill)
         if "caches" not in state or state["caches"] is None or _deleted(state["caches"]):
