@@ -360,6 +360,13 @@ _POSITIONWISE_UNARY = {"Cast", "Identity", "Tanh", "Neg"}
 _POSITIONWISE_BINARY = {"Mul", "Div", "Add", "Sub"}
 
 
+def last_new_rows(x, num_new):
+    """x [B, S, ...] -> [B, 1, ...]: each row's last new token (s = num_new[b] - 1; s = 0 for a row
+    without new tokens), the only position whose logits a prompt's first token needs."""
+    last = jnp.clip(jnp.asarray(num_new) - 1, 0, x.shape[1] - 1)
+    return jnp.take_along_axis(x, last.reshape((-1,) + (1,) * (x.ndim - 1)), axis=1)
+
+
 def logits_head(producers: dict, params: dict, logits_name: str):
     """The projection node that makes `logits_name`, reached through position-wise nodes only
     (Cast, a softcap's Div / Tanh / Mul by constants, a bias Add), or None. Gathering its input's
@@ -625,8 +632,6 @@ class FixedCacheStep:
         for sl in self.slots:
             feeds[sl.past] = self.policy.feed(sl, run)
 
-        # Each row's last new token: the only logits a prompt's first token needs.
-        last = jnp.clip(num_new - 1, 0, s - 1)[:, None, None]
         head = self.logits_head if last_logits else None
         gathered = []
 
@@ -635,7 +640,7 @@ class FixedCacheStep:
                 x = to_jax(inputs[0])
                 if x.ndim == 3 and x.shape[:2] == (b, s):
                     gathered.append(True)
-                    x = jnp.take_along_axis(x, last, axis=1)
+                    x = last_new_rows(x, num_new)
                     sub = NodeContext(ctx.node, ctx.key, [x, *inputs[1:]], ctx.interp, ctx.env)
                     return registry.lookup(ctx.key)(sub, x, *inputs[1:])
             return self.policy.hook(ctx, inputs, self._slots_of.get(id(ctx.node)), run)
@@ -652,7 +657,7 @@ class FixedCacheStep:
             status = status | flags.astype(jnp.int32).reshape(b)
         logits = outs[self.logits_name]
         if last_logits and not gathered:
-            logits = jnp.take_along_axis(logits, last, axis=1)
+            logits = last_new_rows(logits, num_new)
         return StepOutput(logits, new_cache, status)
 
     def jit(self, *, with_status: bool = False, **kwargs):

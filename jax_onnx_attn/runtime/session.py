@@ -416,8 +416,8 @@ class DecoderSession:
             logits, cache = self.step(params, ids, cache_len, num_new, cache, **kw)
             status = jnp.zeros((ids.shape[0],), jnp.int32)
         if last_logits and "last_logits" not in kw:
-            last = jnp.clip(num_new - 1, 0, ids.shape[1] - 1)
-            logits = jnp.take_along_axis(logits, last[:, None, None], axis=1)
+            from jax_onnx_attn.onnx.cache_step import last_new_rows  # the step's own gather
+            logits = last_new_rows(logits, num_new)
         return logits, self._placed_cache(cache), status
 
     def _prefill(self, params, ids, lengths, cache, key, max_new, stop_ids, *, sampling):
