@@ -131,8 +131,22 @@ def test_kernel_count_reads_the_stream_lines():
                      ("Stream #14(MemcpyD2H)", ["MemcpyD2H"])])
     n, info = e2e.count_device_kernels(events)
     assert n == 4 and dict(info["top"])["fusion"] == 2
+    assert info["copies_us"] == {"MemcpyD2H": 1.0}  # copies: device time beside the kernels
     # without "Stream" lines, every device line but the derived ones
     n, _ = e2e.count_device_kernels(_trace([("XLA Ops", ["a"]), ("cuda stream 7", ["k1", "k2"])]))
     assert n == 2
     n, info = e2e.count_device_kernels(_trace([])[:1])
     assert n is None and "no device events" in info["note"]
+
+
+def test_kernel_timeline_finds_the_device_idle_gaps():
+    # a [0, 10), b [5, 12) overlaps a; c [20, 25) after an 8 µs gap; d [26, 30) after 1 µs.
+    kernels = [{"ts": 0, "dur": 10, "name": "a"}, {"ts": 5, "dur": 7, "name": "b"},
+               {"ts": 20, "dur": 5, "name": "c"}, {"ts": 26, "dur": 4, "name": "d"}]
+    t = e2e.kernel_timeline(kernels)
+    assert t["span_us"] == 30 and t["busy_us"] == 21 and t["idle_us"] == 9
+    assert t["largest_gaps"] == [(8.0, "b", "c"), (1.0, "c", "d")]
+    assert e2e.kernel_timeline([]) == {}
+    # count_device_kernels reports it
+    _, info = e2e.count_device_kernels(_trace([("Stream #13(Compute)", ["k1", "k2"])]))
+    assert info["span_us"] == 2 and info["idle_us"] == 0

@@ -199,11 +199,18 @@ def device_kernel_events(events: list[dict]) -> tuple[list[dict] | None, dict]:
     streams = {k for k, n in lines.items() if n.lower().startswith("stream")}
     if not streams:  # no "Stream #N" lines: every line of the device but the derived ones
         streams = {k for k, n in lines.items() if not n.lower().startswith(_NOT_KERNEL_LINES)}
-    kernels = [e for e in events
-               if e.get("ph") == "X" and (e.get("pid"), e.get("tid")) in streams
-               and not any(w in str(e.get("name", "")).lower() for w in _MEMCPY_WORDS)]
-    return kernels, {"lines": sorted({lines[k] for k in streams}),
-                     "all_lines": sorted(set(lines.values()))}
+    on_streams = [e for e in events if e.get("ph") == "X" and (e.get("pid"), e.get("tid")) in streams]
+    kernels, copies = [], Counter()
+    for e in on_streams:
+        name = str(e.get("name", ""))
+        if any(w in name.lower() for w in _MEMCPY_WORDS):
+            copies[name[:60]] += float(e.get("dur", 0))
+        else:
+            kernels.append(e)
+    info = {"lines": sorted({lines[k] for k in streams}), "all_lines": sorted(set(lines.values()))}
+    if copies:  # copies and memsets: device time that is not a kernel (a cache copied, not donated?)
+        info["copies_us"] = {n: round(t, 1) for n, t in copies.most_common(6)}
+    return kernels, info
 
 
 def _kernel_key(event: dict) -> str:
@@ -234,10 +241,35 @@ def count_device_kernels(events: list[dict]) -> tuple[int | None, dict]:
         count[key] += 1
     info["top_time"] = [(n, count[n], round(t, 1)) for n, t in us.most_common(24)]
     info["total_us"] = round(sum(us.values()), 1)
+    info.update(kernel_timeline(kernels))
     if not names:
         info["note"] = f"no kernels on the device lines {lines[:8]}"
         return None, info
     return sum(names.values()), info
+
+
+def kernel_timeline(kernels: list[dict], gaps: int = 6) -> dict:
+    """Where a traced region's device time is not kernels: span_us (first kernel start to last
+    kernel end), busy_us (the union of kernel intervals, overlap counted once), idle_us (span - busy)
+    and the largest idle gaps with the kernels either side ([µs, before, after]). A span much longer
+    than busy means the device waited on the host (launches, syncs), not on kernels."""
+    spans = sorted((float(e.get("ts", 0)), float(e.get("ts", 0)) + float(e.get("dur", 0)),
+                    str(e.get("name", ""))[:80]) for e in kernels if "ts" in e)
+    if not spans:
+        return {}
+    busy, idle = 0.0, []
+    start, end, last = spans[0][0], spans[0][1], spans[0][2]
+    for s, e, name in spans[1:]:
+        if s > end:
+            busy += end - start
+            idle.append((round(s - end, 1), last, name))
+            start = s
+        if e >= end:
+            end, last = e, name
+    busy += end - start
+    span = end - spans[0][0]
+    return {"span_us": round(span, 1), "busy_us": round(busy, 1), "idle_us": round(span - busy, 1),
+            "largest_gaps": sorted(idle, reverse=True)[:gaps]}
 
 
 def read_trace(folder: str) -> list[dict]:
