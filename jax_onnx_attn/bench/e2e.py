@@ -71,6 +71,7 @@ import glob
 import gzip
 import json
 import math
+import shutil
 import statistics
 import sys
 import tempfile
@@ -284,6 +285,21 @@ def read_trace(folder: str) -> list[dict]:
     return doc.get("traceEvents", []) if isinstance(doc, dict) else list(doc)
 
 
+#: Where the traces are kept (--trace-dir), else None: they are read and dropped.
+TRACE_DIR: str | None = None
+
+
+def _keep_trace(folder: str) -> str | None:
+    """Copies the perfetto trace under `folder` into TRACE_DIR (numbered); returns its new path."""
+    paths = sorted(glob.glob(os.path.join(folder, "**", "perfetto_trace.json.gz"), recursive=True))
+    if TRACE_DIR is None or not paths:
+        return None
+    os.makedirs(TRACE_DIR, exist_ok=True)
+    dest = os.path.join(TRACE_DIR, f"trace-{len(os.listdir(TRACE_DIR)):02d}.json.gz")
+    shutil.copyfile(paths[-1], dest)
+    return dest
+
+
 def jax_kernels_per_step(start, call, sync, steps: int) -> dict:
     """{"kernels_per_step": float | None, "profile": info} from one traced call (see
     count_device_kernels)."""
@@ -296,6 +312,9 @@ def jax_kernels_per_step(start, call, sync, steps: int) -> dict:
                 call()
                 sync()
             n, info = count_device_kernels(read_trace(d))
+            kept = _keep_trace(d)
+            if kept:
+                info["trace"] = kept
         except Exception as e:  # a profiler that cannot start is a note, not a failure
             n, info = None, {"note": f"profiler: {type(e).__name__}: {str(e).splitlines()[0][:160]}"}
     return {"kernels_per_step": None if n is None else n / steps, "profile": info}
@@ -857,8 +876,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="torch.compile the torch peer's decode step before its CUDA graph (its "
                          "compile time is not in the default budget: off by default)")
     ap.add_argument("--progress", action="store_true", help="progress bars while making models")
+    ap.add_argument("--trace-dir", default=None,
+                    help="keep the profiled calls' perfetto traces here (trace-NN.json.gz, named in the JSON)")
     ap.add_argument("--out", help="write the JSON results here")
     args = ap.parse_args(argv)
+    global TRACE_DIR
+    TRACE_DIR = args.trace_dir
     if args.max_seconds is None:
         args.max_seconds = 240.0 if args.quick else 420.0
     start = time.perf_counter()
