@@ -296,4 +296,5 @@ def _matmul_nbits(x, b_quant, scales, zero_points, bias, residual, norm_weight, 
                 has_zero_points=zero_points is not None, has_bias=bias is not None,
                 has_residual=residual is not None, has_norm=norm_weight is not None,
                 gated=bool(gated), eps=np.float32(eps), cluster=int(cluster),
-                warps_k=int(warps_k), wide=bool(wide), pdl=bool(pdl), slots=bool(slots))
+                warps_k=int(warps_k), wide=bool(wide), pdl=bool(pdl), slots=bool(slots),
+                rows=False, warps_n=0, depth=0)
