@@ -94,7 +94,8 @@ def sm90() -> bool:
 
 def gemv_plan(rows: int, n_rows: int, k: int, bits: int, gated: bool, norm: bool = False,
               cluster: int = 0, warps_k: int = 0, wide: bool | None = None, block_size: int = 0,
-              slots: bool = False) -> dict:
+              slots: bool = False, rows_layout: bool = False, warps_n: int = 0,
+              depth: int = 0) -> dict:
     """The engine's launch plan for x [rows, k] against a weight of n_rows rows of `bits`-bit
     elements (16: dense; 8, 4: MatMulNBits), with the RMS-norm prologue or not, as a dict (ffi/kernels/gemv/plan.h: grid, warp
     layout, cluster, ring stages, shared memory, the model's estimate in µs). 'error' is None when
@@ -102,17 +103,22 @@ def gemv_plan(rows: int, n_rows: int, k: int, bits: int, gated: bool, norm: bool
     wide: n-bit weights in the two-piece format; None: `nbits_wide()`. slots (with the weights'
     block_size): whether one row may take a one-row kernel, the slots kernel for 4-bit wide
     weights, the dense row kernel for dense ones ('slots' / 'dense_row' in the dict say whether it
-    does). Raises RuntimeError without the compiled extension."""
+    does). rows_layout: 4-bit weights in the rows layout (`ops.linear.to_rows_layout`) on the rows
+    kernel (ffi/kernels/gemv/rows.cuh; 'rows_layout' in the dict); cluster, warps_n, depth > 0 force
+    its K split, warps a CTA and W stages in flight a warp. Raises RuntimeError without the compiled
+    extension."""
     return _plan(int(rows), int(n_rows), int(k), int(bits), bool(gated), bool(norm), int(cluster),
-                 int(warps_k), _wide(bits, wide), int(block_size), bool(slots))
+                 int(warps_k), _wide(bits, wide) and not rows_layout, int(block_size), bool(slots),
+                 bool(rows_layout), int(warps_n), int(depth))
 
 
 @functools.cache
-def _plan(rows, n_rows, k, bits, gated, norm, cluster, warps_k, wide, block_size, slots) -> dict:
+def _plan(rows, n_rows, k, bits, gated, norm, cluster, warps_k, wide, block_size, slots, rows_layout,
+          warps_n, depth) -> dict:
     if _ffi is None or not hasattr(_ffi, "gemv_plan"):
         raise RuntimeError("the compiled extension jax_onnx_attn._ffi (with gemv_plan) is missing")
     return dict(_ffi.gemv_plan(rows, n_rows, k, bits, gated, norm, sm90(), cluster, warps_k, wide,
-                               block_size, slots))
+                               block_size, slots, rows_layout, warps_n, depth))
 
 
 def unsupported(rows: int, n_rows: int, k: int, bits: int, gated: bool, norm: bool = False,
@@ -132,6 +138,19 @@ def unsupported(rows: int, n_rows: int, k: int, bits: int, gated: bool, norm: bo
         return (f"block_size {block_size} with {bits}-bit weights: the kernels take powers of two "
                 f">= {piece_k}")
     return None
+
+
+def rows_unsupported(rows: int, n_rows: int, k: int, block_size: int, gated: bool,
+                     norm: bool = False, cluster: int = 0, warps_n: int = 0,
+                     depth: int = 0) -> str | None:
+    """Why the rows kernel does not take this call of 4-bit weights in the rows layout (None when
+    it does): the plan's reason (ffi/kernels/gemv/plan.h's MakeRowsPlan)."""
+    try:
+        plan = gemv_plan(rows, n_rows, k, 4, gated, norm, cluster, block_size=block_size,
+                         rows_layout=True, warps_n=warps_n, depth=depth)
+    except RuntimeError as e:
+        return str(e)
+    return plan["error"]
 
 
 def _per_example_plan(bits: int):
@@ -206,6 +225,40 @@ def issue_aware_layout(rows: int, n_rows: int, k: int, bits: int, gated: bool, n
             if best_us is None or us < 0.99 * best_us:
                 best, best_us = (cluster, warps_k), us
     return best
+
+
+def matmul_nbits_rows(x, w, scales, zero_points=None, bias=None, residual=None, norm_weight=None,
+                      *, n: int, block_size: int, eps: float = 1e-6, gated: bool = False,
+                      pdl: bool = False, cluster: int = 0, warps_n: int = 0, depth: int = 0):
+    """x [M, K] f16/bf16 against 4-bit weights in the rows layout (`ops.linear.to_rows_layout`): w
+    uint8 [ceil(N / 64), K / 16, 512], scales [ceil(N / 64), K / block_size, 64] of x's dtype,
+    zero_points uint8 of that shape or None -> [M, N_out]; N = n W rows (2 N_out when gated).
+
+    Semantics of `jax_onnx_attn.ops.reference.linear.matmul_nbits` on the weights
+    `ops.linear.from_rows_layout` gives back. The rows kernel (ffi/kernels/gemv/rows.cuh) dequantises
+    each weight to x's dtype as the reference does. cluster / warps_n / depth > 0 force its plan
+    (sweeps); other arguments as `matmul_nbits`.
+    """
+    static = dict(n=n, block_size=block_size, eps=eps, gated=gated, pdl=pdl, cluster=cluster,
+                  warps_n=warps_n, depth=depth)
+    return partitioning.MATMUL_NBITS_ROWS.apply(
+        _matmul_nbits_rows, (x, w, scales, zero_points, bias, residual, norm_weight), static)
+
+
+def _matmul_nbits_rows(x, w, scales, zero_points, bias, residual, norm_weight, *, n, block_size, eps,
+                       gated, pdl, cluster, warps_n, depth):
+    m = x.shape[0]
+    n_out = n // 2 if gated else n
+    call = jax.ffi.ffi_call(target("matmul_nbits"), jax.ShapeDtypeStruct((m, n_out), x.dtype))
+    ph = _placeholder(x.dtype)
+    return call(x, w, scales, jnp.zeros((1,), jnp.uint8) if zero_points is None else zero_points,
+                ph if bias is None else bias, ph if residual is None else residual,
+                ph if norm_weight is None else norm_weight,
+                bits=4, block_size=int(block_size), has_zero_points=zero_points is not None,
+                has_bias=bias is not None, has_residual=residual is not None,
+                has_norm=norm_weight is not None, gated=bool(gated), eps=np.float32(eps),
+                cluster=int(cluster), warps_k=0, wide=False, pdl=bool(pdl), slots=False,
+                rows=True, warps_n=int(warps_n), depth=int(depth))
 
 
 def _placeholder(dtype):
