@@ -27,6 +27,9 @@ NBITS_WIDE_ENV = "JOA_GEMV_NBITS_WIDE"
 SLOTS_ENV = "JOA_GEMV_SLOTS"
 #: The environment variable that lets one row of dense weights take the dense row kernel.
 DENSE_ROW_ENV = "JOA_GEMV_DENSE_ROW"
+#: The environment variable that stores 4-bit weights in the rows layout for decode sessions of
+#: batch >= 2 (`rows_layout_enabled`).
+ROWS_ENV = "JOA_GEMV_ROWS"
 
 
 def nbits_wide() -> bool:
@@ -39,9 +42,9 @@ def nbits_wide() -> bool:
     return _switch(NBITS_WIDE_ENV)
 
 
-def _switch(name: str) -> bool:
-    """An on-by-default 0 / 1 environment switch, read at trace time."""
-    value = os.environ.get(name, "1")
+def _switch(name: str, default: str = "1") -> bool:
+    """A 0 / 1 environment switch (on by default unless `default` says otherwise), read when asked."""
+    value = os.environ.get(name, default)
     if value not in ("0", "1"):
         raise ValueError(f"{name} must be 0 or 1, got {value!r}")
     return value == "1"
@@ -66,6 +69,15 @@ def dense_row_enabled() -> bool:
     JOA_GEMV_DENSE_ROW=0 keeps the ring kernel (read at trace time, here only). It is also what
     lets `ops.linear`'s "auto" put one-row dense projections on ours (`ops.linear.kernel_formats`)."""
     return _switch(DENSE_ROW_ENV)
+
+
+def rows_layout_enabled() -> bool:
+    """Whether a `DecoderSession` of batch >= 2 (one device) loads its 4-bit MatMulNBits weights in
+    the rows layout (`ops.to_rows_layout`), so that its decode steps' projections (M = batch rows)
+    run on the rows kernel (ffi/kernels/gemv/rows.cuh) instead of the ring kernel. Off by default
+    until measured in whole steps (H200 probe, M = 8, block 128: ~0.6x the ring kernel's time on
+    the ~8B projections); JOA_GEMV_ROWS=1 turns it on (read when the session loads the model)."""
+    return _switch(ROWS_ENV, "0")
 
 
 def _wide(bits: int, wide: bool | None) -> bool:
