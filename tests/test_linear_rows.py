@@ -51,8 +51,8 @@ def test_rows_layout_round_trip(n, k, block, zp):
 
 def test_rows_layout_gives_the_fragments_the_kernel_reads():
     # rows.cuh: lane (g, t) of k16 step j of row group rg, word i holds the m16n8k16 A fragment of
-    # tile i; RowsDequant::Raw takes a[e] = nibbles (e, e + 4) as the pair's (low, high) halves
-    # (bf16: v >> 4 e; f16: the masks 0x000F000F / 0x00F000F0 of v and v >> 8, the same nibbles),
+    # tile i; MagicNibbles (weights.cuh) takes a[e] = nibbles (e, e + 4) as the pair's (low, high)
+    # halves (bf16: v >> 4 e; f16: the masks 0x000F000F / 0x00F000F0 of v and v >> 8, the same),
     # and a[0..3] must be A[g][2t, 2t+1], A[g+8][2t, ..], A[g][2t+8, ..], A[g+8][2t+8, ..].
     n, k, block = 136, 96, 32
     b_quant, scales, zeros = _weights(n, k, block, True, seed=3)

@@ -91,20 +91,6 @@ struct RowsDequant {
     return Prmt(zw, 0xC3u, sel);  // -(128 + z)
   }
 
-  // The raw halves of word v: a[0] (row g, k 2t..), a[1] (row g + 8), a[2] (row g, k + 8),
-  // a[3] (row g + 8, k + 8): nibble pairs (n0, n4), (n1, n5), (n2, n6), (n3, n7).
-  __device__ __forceinline__ static void Raw(uint32_t v, uint32_t (&a)[4]) {
-    if constexpr (kHalf) {
-      const uint32_t v8 = v >> 8;
-      a[0] = AndOr(v, 0x000F000Fu, 0x64006400u);
-      a[1] = AndOr(v, 0x00F000F0u, 0x64006400u);
-      a[2] = AndOr(v8, 0x000F000Fu, 0x64006400u);
-      a[3] = AndOr(v8, 0x00F000F0u, 0x64006400u);
-    } else {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) a[e] = AndOr(v >> (4 * e), 0x000F000Fu, 0x43004300u);
-    }
-  }
 };
 
 // One stage of a lane: W of k16 steps 0, 1 and, with the stage that starts a block, its metadata.
@@ -276,8 +262,8 @@ __global__ void __launch_bounds__(kThreads) GemvRowsKernel(const __grid_constant
         for (int j = 0; j < 2; ++j) {
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
-            uint32_t a[4];
-            D::Raw(Word(cur.w[j], i), a);
+            uint32_t a[4];  // (row g, k 2t..), (row g + 8), (row g, k + 8), (row g + 8, k + 8)
+            MagicNibbles<T>(Word(cur.w[j], i), a);
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
               const int h = e & 1;
