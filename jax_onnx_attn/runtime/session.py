@@ -184,7 +184,7 @@ class GenerationResult:
         return [p + t for p, t in zip(self.prompts, self.tokens)]
 
 
-def _nbits_layout(batch: int, mesh) -> str:
+def nbits_layout_for(batch: int, mesh=None) -> str:
     """The MatMulNBits weight layout a session loads: "rows" for decode steps of 2+ rows on one
     device when `cuda_matmul.rows_layout_enabled()` (the rows layout's partitioning is batch-only),
     else "onnx"."""
@@ -291,7 +291,7 @@ class DecoderSession:
         # model larger than one device never lands whole on one.
         with (jax.default_device(jax.local_devices(backend="cpu")[0]) if mesh is not None
               else contextlib.nullcontext()):
-            self.lowered = _load(model, dtype, nbits_layout=_nbits_layout(batch, mesh))
+            self.lowered = _load(model, dtype, nbits_layout=nbits_layout_for(batch, mesh))
         self.max_length, self.batch, self.steps_per_call = int(max_length), int(batch), int(steps_per_call)
         self.compiler_options = (default_compiler_options() if compiler_options is None
                                  else dict(compiler_options))
