@@ -211,3 +211,29 @@ def test_rows_plan_below_sm90_takes_no_cluster():
     assert plan["error"] is None and plan["cluster"] == 1
     assert "sm_90" in _ffi.gemv_plan(8, 4096, 4096, 4, False, False, False, cluster=2, block_size=128,
                                      rows_layout=True)["error"]
+
+
+def test_partitioning_rule_folds_vmap_into_the_batch():
+    # cuda_matmul.matmul_nbits_rows goes through partitioning.MATMUL_NBITS_ROWS; with the reference
+    # in the kernel's place (the same signature), a vmapped call folds into the batch axis and gives
+    # each example's result.
+    import jax
+
+    from jax_onnx_attn.ops import partitioning
+    from jax_onnx_attn.ops.reference import linear as reference
+
+    def spec(x, w, scales, zp, bias, residual, norm_weight, *, n, block_size, eps, gated, **_):
+        b_quant, s, z = ops.from_rows_layout(w, scales, zp, n=n, block_size=block_size)
+        return reference.matmul_nbits(x, b_quant, s, z, bias, residual, norm_weight, eps, gated, bits=4,
+                                      block_size=block_size)
+
+    n, k, block = 128, 256, 32
+    rows = [jnp.asarray(a) for a in ops.to_rows_layout(*_weights(n, k, block, True))]
+    static = dict(n=n, block_size=block, eps=1e-6, gated=False, pdl=False, cluster=0, warps_n=0, depth=0)
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(2, 4, k)), jnp.float16)
+    r = jnp.asarray(rng.normal(size=(2, 4, n)), jnp.float16)
+    call = lambda x, r: partitioning.MATMUL_NBITS_ROWS.apply(spec, (x, *rows, None, r, None), static)
+    got = jax.jit(jax.vmap(call))(x, r)
+    for i in range(2):
+        np.testing.assert_array_equal(np.asarray(got[i]), np.asarray(spec(x[i], *rows, None, r[i], None, **static)))
