@@ -139,6 +139,9 @@ def test_rows_layout_fuses_4bit_weights_and_keeps_the_results(monkeypatch):
         np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]), err_msg=name)
     with pytest.raises(ValueError, match="nbits_layout"):
         jax_onnx_attn.load(path, nbits_layout="tiles")
+    # Rows of x the kernel does not take (> 32): the weights keep the ring kernel's layout.
+    wide = jax_onnx_attn.load(path, nbits_layout="rows", decode_rows=33)
+    assert not any(a.name == "layout" for n in wide.model.graph.node for a in n.attribute)
 
     prompts = [[1, 2, 3, 4], [5, 6, 7]]
     plain = DecoderSession(path, max_length=16, batch=2).generate(prompts, max_new_tokens=6)

@@ -470,14 +470,15 @@ def measure_ours(g: Group, case: Case, capacity: int, prefill: bool, verify: boo
     out = {}
     mesh = make_mesh(devices) if devices > 1 else None
     # The layout a session of this batch loads (runtime.session.nbits_layout_for): the group's
-    # lowering is shared by its batches, so the rows layout gets its own, made once.
+    # lowering is shared by its batches, so the rows layout gets its own, made once for up to 32
+    # rows (the most the rows kernel takes; the same layouts on the llama shapes at any batch).
     import jax_onnx_attn
     from jax_onnx_attn.runtime.session import nbits_layout_for
 
     lowered = g.lowered
     if g.weights == "int4" and nbits_layout_for(b, mesh) == "rows":
         if g.rows_lowered is None:
-            g.rows_lowered = jax_onnx_attn.load(g.info["path"], nbits_layout="rows")
+            g.rows_lowered = jax_onnx_attn.load(g.info["path"], nbits_layout="rows", decode_rows=32)
         lowered = g.rows_lowered
         out["nbits_layout"] = "rows"
     session = DecoderSession(lowered, max_length=capacity, batch=b, steps_per_call=k, mesh=mesh)

@@ -122,7 +122,8 @@ def _get_input(node, what: str) -> str:
 
 
 def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
-                 nbits: bool = True, nbits_layout: str = "onnx") -> tuple[onnx.ModelProto, dict, FusionReport]:
+                 nbits: bool = True, nbits_layout: str = "onnx",
+                 decode_rows: int = 2) -> tuple[onnx.ModelProto, dict, FusionReport]:
     """The rewrites of the module doc on `model` (local functions already inlined).
 
     Args:
@@ -132,9 +133,10 @@ def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
       nbits: rewrite com.microsoft MatMulNBits too (False keeps them, e.g. to reproduce
         onnxruntime's int8 activations).
       nbits_layout: "onnx" (scales / zero points tiled for the ring and slots kernels) or "rows":
-        4-bit weights whose shape the rows kernel takes (its plan at M = 2) in the rows layout, for
-        decode steps of 2..32 rows (`runtime.DecoderSession` with JOA_GEMV_ROWS=1); the others as
-        "onnx".
+        4-bit weights whose shape the rows kernel takes at decode_rows rows of x (its plan) in the
+        rows layout, for decode steps of 2..32 rows (`runtime.DecoderSession` with
+        JOA_GEMV_ROWS=1); the others as "onnx".
+      decode_rows: the rows of x a decode step has (the session's batch).
 
     Returns:
       (model, arrays, FusionReport).
@@ -351,7 +353,7 @@ def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
     for node in g.nodes:
         if node is None or node.op_type != "Linear" or not _attr(node, "bits"):
             continue
-        if nbits_layout == "rows" and _rows_layout(node, arrays, rows, linear_ops):
+        if nbits_layout == "rows" and _rows_layout(node, arrays, rows, linear_ops, decode_rows):
             continue
         for what in ("scales", "zero_points"):
             name = _get_input(node, what)
@@ -381,15 +383,17 @@ def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
     return out, arrays, report
 
 
-def _rows_layout(node, arrays, done: dict, linear_ops) -> bool:
-    """Puts a fused 4-bit Linear's weight in the rows layout when the rows kernel takes its shape
-    (asked of its plan at M = 2; without the compiled extension nothing moves). done: the weights
-    already moved ({(b_quant, scales, zero_points): new names})."""
+def _rows_layout(node, arrays, done: dict, linear_ops, decode_rows: int) -> bool:
+    """Puts a fused 4-bit Linear's weight in the rows layout when the rows kernel takes its shape at
+    decode_rows rows of x (asked of its plan: without the compiled extension nothing moves; a shape
+    it refuses, e.g. x's K slice too large at 32 rows, keeps the ring kernel's layout rather than
+    fall back to the reference every step). done: the weights already moved ({(b_quant, scales,
+    zero_points): new names})."""
     from jax_onnx_attn.ops import cuda_matmul
 
     k, n, block = (int(_attr(node, a)) for a in ("K", "N", "block_size"))
     if int(_attr(node, "bits")) != 4 or cuda_matmul.rows_unsupported(
-            2, n, k, block, bool(_attr(node, "gated", 0)), bool(_get_input(node, "norm_weight"))):
+            decode_rows, n, k, block, bool(_attr(node, "gated", 0)), bool(_get_input(node, "norm_weight"))):
         return False
     key = tuple(_get_input(node, w) for w in ("w", "scales", "zero_points"))
     if key not in done:
