@@ -139,6 +139,10 @@ def test_rows_layout_fuses_4bit_weights_and_keeps_the_results(monkeypatch):
         np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]), err_msg=name)
     with pytest.raises(ValueError, match="nbits_layout"):
         jax_onnx_attn.load(path, nbits_layout="tiles")
+    # Tensor parallelism leaves rows-layout weights whole (no split of the layout yet).
+    from jax_onnx_attn.onnx.sharding import plan_tensor_parallel
+    plan = plan_tensor_parallel(rows, 2)
+    assert not plan.splits and all("rows layout" in why for why in plan.whole.values())
     # Rows of x the kernel does not take (> 32): the weights keep the ring kernel's layout.
     wide = jax_onnx_attn.load(path, nbits_layout="rows", decode_rows=33)
     assert not any(a.name == "layout" for n in wide.model.graph.node for a in n.attribute)
