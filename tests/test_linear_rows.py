@@ -237,3 +237,18 @@ def test_partitioning_rule_folds_vmap_into_the_batch():
     got = jax.jit(jax.vmap(call))(x, r)
     for i in range(2):
         np.testing.assert_array_equal(np.asarray(got[i]), np.asarray(spec(x[i], *rows, None, r[i], None, **static)))
+
+
+@needs_ext
+def test_vmap_pins_the_per_example_rows_plan():
+    # A vmapped rows-kernel call folds the examples into its rows with the per-example plan's K split,
+    # warps and depth (the same sums, the same bits), or runs one call per example past 32 rows.
+    import jax
+
+    static = dict(n=4096, block_size=128, eps=1e-6, gated=False, pdl=False, cluster=0, warps_n=0, depth=0)
+    x = jax.ShapeDtypeStruct((8, 4096), jnp.float16)
+    w = jax.ShapeDtypeStruct((64, 256, 512), jnp.uint8)
+    plan = cuda_matmul.gemv_plan(8, 4096, 4096, 4, False, block_size=128, rows_layout=True)
+    assert cuda_matmul._rows_pin(static, 4, x, w, None, None, None, None, None) == dict(
+        cluster=plan["cluster"], warps_n=plan["warps_n"], depth=plan["stages"])
+    assert cuda_matmul._rows_pin(static, 5, x, w, None, None, None, None, None) is None  # 40 rows

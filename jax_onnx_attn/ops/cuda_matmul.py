@@ -254,7 +254,24 @@ def matmul_nbits_rows(x, w, scales, zero_points=None, bias=None, residual=None, 
     static = dict(n=n, block_size=block_size, eps=eps, gated=gated, pdl=pdl, cluster=cluster,
                   warps_n=warps_n, depth=depth)
     return partitioning.MATMUL_NBITS_ROWS.apply(
-        _matmul_nbits_rows, (x, w, scales, zero_points, bias, residual, norm_weight), static)
+        _matmul_nbits_rows, (x, w, scales, zero_points, bias, residual, norm_weight), static,
+        pin=_rows_pin)
+
+
+def _rows_pin(static, axis_size, x, w, *rest):
+    """pin of a folded rows-kernel call (vmap): the per-example plan's K split, warps and depth, so
+    each example's rows are summed as its own call sums them (the same bits); None (one call per
+    example) where the folded rows leave the kernel's plan (more than 32)."""
+    rows, k, norm = x.shape[0], x.shape[1], rest[-1] is not None
+    plan = gemv_plan(rows, static["n"], k, 4, static["gated"], norm, static["cluster"],
+                     block_size=static["block_size"], rows_layout=True, warps_n=static["warps_n"],
+                     depth=static["depth"])
+    if plan["error"]:
+        return None
+    pinned = dict(cluster=plan["cluster"], warps_n=plan["warps_n"], depth=plan["stages"])
+    folded = gemv_plan(axis_size * rows, static["n"], k, 4, static["gated"], norm,
+                       block_size=static["block_size"], rows_layout=True, **pinned)
+    return None if folded["error"] else pinned
 
 
 def _matmul_nbits_rows(x, w, scales, zero_points, bias, residual, norm_weight, *, n, block_size, eps,

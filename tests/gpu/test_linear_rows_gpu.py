@@ -186,6 +186,21 @@ def test_bitwise_repeatable_and_pdl_invariant():
         np.testing.assert_array_equal(np.asarray(pdl), first)
 
 
+def test_vmap_folds_with_the_same_bits():
+    # A vmapped call folds the examples into the kernel's rows with the per-example plan pinned
+    # (cuda_matmul._rows_pin): each example's outputs are those of its own call, bit for bit; past
+    # 32 rows it runs one call per example.
+    k, n = 4096, 6144
+    x, rows, _ = _weights(k, n, 128, True, jnp.float16, seed=5)
+    gamma = jnp.full((k,), 1.5, jnp.float16)
+    f = _fn("cuda", "rows", k=k, n=n, bits=4, block_size=128)
+    for examples, m in ((2, 8), (4, 16)):
+        xs = x[:examples * m].reshape(examples, m, k)
+        got = np.asarray(jax.jit(jax.vmap(lambda x: f(x, *rows, norm_weight=gamma)))(xs))
+        for i in range(examples):
+            np.testing.assert_array_equal(got[i], np.asarray(f(xs[i], *rows, norm_weight=gamma)))
+
+
 def test_auto_backend_takes_the_rows_kernel_and_the_reference_past_32_rows():
     k, n = 2048, 2048
     x, rows, _ = _weights(k, n, 128, True, jnp.float16)
