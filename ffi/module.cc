@@ -75,6 +75,7 @@ NB_MODULE(_ffi, m) {
     general["softmax_types"] = softmax;
     nb::dict gemv;
     gemv["meta_tile_rows"] = joa::gemv::kMetaTileRows;
+    gemv["rows_group"] = joa::gemv::kRowsGroup;
     nb::dict prefill;
     nb::list prefill_dims;
     for (int d : joa::prefill::kHeadDims) prefill_dims.append(d);

@@ -14,6 +14,31 @@ import pathlib
 import re
 import subprocess
 import sys
+import textwrap
+
+
+def loop_checks(target: str) -> str:
+    """The end of a decode-like loop script for `assert_captured`: with `steps(x, backend, pdl)` (a
+    loop of calls to `target`, bf16) and `x0` defined, jits it with x donated, prints the
+    target's custom-call names, checks that a replay and PDL off give the same bits and that the
+    reference is within 8 layers of bf16 roundings, and prints LOOP_OK."""
+    return textwrap.dedent(f"""
+        f = jax.jit(steps, static_argnums=(1, 2), donate_argnums=0)
+        hlo = f.lower(x0, "cuda", True).compile().as_text()
+        names = [l.split("=")[0].strip().lstrip("%") for l in hlo.splitlines()
+                 if 'custom_call_target="jax_onnx_attn_{target}"' in l]
+        print("CUSTOM_CALL_NAMES", *names)
+        a = f(jnp.array(x0), "cuda", True)
+        b = f(jnp.array(x0), "cuda", True)  # replay
+        c = f(jnp.array(x0), "cuda", False)
+        ref = f(jnp.array(x0), "reference", False)
+        assert np.array_equal(np.asarray(a), np.asarray(b)), "replay changed the bits"
+        assert np.array_equal(np.asarray(a), np.asarray(c)), "pdl changed the bits"
+        ref = np.asarray(ref, np.float32)
+        err = np.abs(np.asarray(a, np.float32) - ref).max() / np.abs(ref).max()
+        assert err < 0.03, err  # 8 layers of bf16 roundings apart
+        print("LOOP_OK")
+    """)
 
 
 def assert_captured(script: str, target: str, tmp_path) -> None:

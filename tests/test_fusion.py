@@ -115,3 +115,43 @@ def test_swiglu_fuses_unless_an_intermediate_is_a_graph_output(output_intermedia
     for name in want:
         assert_close(np.asarray(got[name]), np.asarray(want[name]), np.float32)
     assert any(o.domain == JOA_DOMAIN for o in fused.model.opset_import)
+
+
+def test_rows_layout_fuses_4bit_weights_and_keeps_the_results(monkeypatch):
+    # nbits_layout="rows": the 4-bit projections the rows kernel takes hold their weights in the rows
+    # layout (attribute layout="rows"); the reference through it computes the same bits. A session
+    # of batch >= 2 loads it that way under JOA_GEMV_ROWS=1, and generates the same tokens.
+    from jax_onnx_attn.ops import cuda_matmul
+    from jax_onnx_attn.runtime import DecoderSession
+
+    path = f"{FIXTURES}/builder_llama_int4/model.onnx"
+    onnx_layout, rows = jax_onnx_attn.load(path), jax_onnx_attn.load(path, nbits_layout="rows")
+    linears = [n for n in rows.model.graph.node if n.op_type == "Linear"]
+    moved = [n for n in linears if any(a.name == "layout" and a.s == b"rows" for a in n.attribute)]
+    if cuda_matmul.rows_unsupported(2, 64, 64, 32, False) is not None:
+        pytest.skip("the rows kernel's plan (the compiled extension) is missing")
+    assert len(moved) == len(linears) == 9
+    for n in moved:
+        assert rows.params[n.input[1]].shape[-1] == 512
+    feeds = _feeds(onnx_layout, past=4)
+    got, want = rows.apply(rows.params, feeds), onnx_layout.apply(onnx_layout.params, feeds)
+    for name in want:
+        np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]), err_msg=name)
+    with pytest.raises(ValueError, match="nbits_layout"):
+        jax_onnx_attn.load(path, nbits_layout="tiles")
+    # Tensor parallelism leaves rows-layout weights whole (no split of the layout yet).
+    from jax_onnx_attn.onnx.sharding import plan_tensor_parallel
+    plan = plan_tensor_parallel(rows, 2)
+    assert not plan.splits and all("rows layout" in why for why in plan.whole.values())
+    # Rows of x the kernel does not take (> 32): the weights keep the ring kernel's layout.
+    wide = jax_onnx_attn.load(path, nbits_layout="rows", decode_rows=33)
+    assert not any(a.name == "layout" for n in wide.model.graph.node for a in n.attribute)
+
+    prompts = [[1, 2, 3, 4], [5, 6, 7]]
+    plain = DecoderSession(path, max_length=16, batch=2).generate(prompts, max_new_tokens=6)
+    monkeypatch.setenv(cuda_matmul.ROWS_ENV, "1")
+    session = DecoderSession(path, max_length=16, batch=2)
+    assert any(a.name == "layout" for n in session.lowered.model.graph.node for a in n.attribute)
+    assert session.generate(prompts, max_new_tokens=6).tokens == plain.tokens
+    one_row = DecoderSession(path, max_length=16, batch=1)  # one row keeps the slots kernel's layout
+    assert not any(a.name == "layout" for n in one_row.lowered.model.graph.node for a in n.attribute)

@@ -5,7 +5,10 @@
 // (has_zero_points; else 2^(bits - 1)) tiled [ceil(N / 16), k_blocks, 16] (scale[n, b] at
 // [n / 16, b, n % 16]; ops.linear.tile_nbits_meta). Fusions and attributes as linear.cu; wide: the
 // two-piece n-bit format (ffi/kernels/gemv/plan.h's FormatInfo; jax_onnx_attn.ops.cuda_matmul
-// chooses it, JOA_GEMV_NBITS_WIDE).
+// chooses it, JOA_GEMV_NBITS_WIDE). rows: 4-bit weights in the rows layout instead
+// (ffi/kernels/gemv/rows.cuh; jax_onnx_attn.ops.linear.pack_nbits_rows): b_quant uint8
+// [ceil(N / 64), K / 16, 512], scales and zero points [ceil(N / 64), k_blocks, 64]; N from y (and
+// gated); cluster / warps_n / depth force that plan (0: planned); wide and slots do not apply.
 #include <string>
 
 #include "common/ffi.h"
@@ -14,12 +17,82 @@
 namespace joa {
 namespace {
 
+// The engine's parameters of one call, shapes checked (the optional operands: ConfigureExtras).
+gemv::GemvParams Params(AnyBuffer x, AnyBuffer b_quant, AnyBuffer scales, AnyBuffer zero_points, AnyResult y,
+                        int64_t n, int64_t n_out, int64_t k_blocks, int64_t block_size, bool has_zero_points,
+                        float eps) {
+  gemv::GemvParams p{};
+  p.m = int(x.dimensions()[0]);
+  p.k = int(x.dimensions()[1]);
+  p.n_rows = int(n);
+  p.n_out = int(n_out);
+  p.k_blocks = int(k_blocks);
+  p.block_shift = 0;
+  while ((int64_t(1) << p.block_shift) < block_size) ++p.block_shift;
+  p.x = x.untyped_data();
+  p.w = b_quant.untyped_data();
+  p.scales = scales.untyped_data();
+  p.zeros = has_zero_points ? static_cast<const uint8_t*>(zero_points.untyped_data()) : nullptr;
+  p.y = y->untyped_data();
+  p.eps = eps;
+  return p;
+}
+
+// Whether per-block metadata (scales, zero points) has this type and shape [d0, d1, d2].
+bool IsMeta(const AnyBuffer& b, ffi::DataType type, int64_t d0, int64_t d1, int64_t d2) {
+  auto d = b.dimensions();
+  return b.element_type() == type && d.size() == 3 && d[0] == d0 && d[1] == d1 && d[2] == d2;
+}
+
+ffi::Error RowsImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer b_quant, AnyBuffer scales, AnyBuffer zero_points,
+                    AnyBuffer bias, AnyBuffer residual, AnyBuffer norm_weight, AnyResult y, int64_t bits,
+                    int64_t block_size, bool has_zero_points, bool has_bias, bool has_residual, bool has_norm,
+                    bool gated, float eps, int64_t cluster, int64_t warps_n, int64_t depth, bool pdl) {
+  constexpr const char* kOp = "matmul_nbits (rows layout)";
+  const ffi::DataType dtype = x.element_type();
+  auto xd = x.dimensions(), bd = b_quant.dimensions(), sd = scales.dimensions(), yd = y->dimensions();
+  if (bits != 4) return InvalidArgument(std::string(kOp) + ": bits must be 4");
+  if (block_size != 32 && block_size != 128) return InvalidArgument(std::string(kOp) + ": block_size must be 32 or 128");
+  if (xd.size() != 2 || yd.size() != 2 || bd.size() != 3 || sd.size() != 3) {
+    return InvalidArgument(std::string(kOp) + ": x [M, K], b_quant [ceil(N / 64), K / 16, 512], scales "
+                           "[ceil(N / 64), k_blocks, 64], y [M, N_out]");
+  }
+  if (b_quant.element_type() != ffi::DataType::U8 || scales.element_type() != dtype || y->element_type() != dtype) {
+    return InvalidArgument(std::string(kOp) + ": b_quant must be uint8; scales and y of x's dtype");
+  }
+  const int64_t m = xd[0], k = xd[1], n = gated ? 2 * yd[1] : yd[1];
+  if (yd[0] != m || m < 1 || m > gemv::kMaxM || k < block_size || k % block_size != 0 || k > (int64_t(1) << 30) ||
+      n > (int64_t(1) << 30)) {
+    return InvalidArgument(std::string(kOp) + ": shape out of range (M 1..32, K a multiple of block_size)");
+  }
+  const int64_t groups = (n + gemv::kRowsGroup - 1) / gemv::kRowsGroup, k_blocks = k / block_size;
+  if (bd[0] != groups || bd[1] != k / 16 || bd[2] != 512) {
+    return InvalidArgument(std::string(kOp) + ": b_quant must be uint8 [ceil(N / 64), K / 16, 512]");
+  }
+  if (!IsMeta(scales, dtype, groups, k_blocks, gemv::kRowsGroup)) {
+    return InvalidArgument(std::string(kOp) + ": scales must be [ceil(N / 64), k_blocks, 64]");
+  }
+  if (has_zero_points && !IsMeta(zero_points, ffi::DataType::U8, groups, k_blocks, gemv::kRowsGroup)) {
+    return InvalidArgument(std::string(kOp) + ": zero_points must be uint8 [ceil(N / 64), k_blocks, 64]");
+  }
+  gemv::GemvParams p = Params(x, b_quant, scales, zero_points, y, n, yd[1], k_blocks, block_size,
+                              has_zero_points, eps);
+  std::string err = gemv::ConfigureExtras(p, dtype, bias, residual, norm_weight, has_bias, has_residual, has_norm);
+  if (!err.empty()) return InvalidArgument(std::string(kOp) + ": " + err);
+  return gemv::RowsPlanAndLaunch(p, dtype, gemv::Fusion{gated, has_norm}, block_size, cluster, warps_n, depth, pdl,
+                                 stream, kOp);
+}
+
 ffi::Error MatMulNBitsImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer b_quant, AnyBuffer scales,
                            AnyBuffer zero_points, AnyBuffer bias, AnyBuffer residual,
                            AnyBuffer norm_weight, AnyResult y, int64_t bits, int64_t block_size,
                            bool has_zero_points, bool has_bias, bool has_residual, bool has_norm,
                            bool gated, float eps, int64_t cluster, int64_t warps_k, bool wide,
-                           bool pdl, bool slots) {
+                           bool pdl, bool slots, bool rows, int64_t warps_n, int64_t depth) {
+  if (rows) {
+    return RowsImpl(stream, x, b_quant, scales, zero_points, bias, residual, norm_weight, y, bits, block_size,
+                    has_zero_points, has_bias, has_residual, has_norm, gated, eps, cluster, warps_n, depth, pdl);
+  }
   constexpr const char* kOp = "matmul_nbits";
   const ffi::DataType dtype = x.element_type();
   auto xd = x.dimensions(), bd = b_quant.dimensions(), sd = scales.dimensions(), yd = y->dimensions();
@@ -45,32 +118,16 @@ ffi::Error MatMulNBitsImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer b_quant, 
   if (sd[0] != tiles || sd[1] != k_blocks || sd[2] != gemv::kMetaTileRows) {
     return InvalidArgument("matmul_nbits: scales must be tiled [ceil(N / 16), k_blocks, 16]");
   }
-  if (has_zero_points) {
-    auto zd = zero_points.dimensions();
-    if (zero_points.element_type() != ffi::DataType::U8 || zd.size() != 3 || zd[0] != tiles ||
-        zd[1] != k_blocks || zd[2] != gemv::kMetaTileRows) {
-      return InvalidArgument("matmul_nbits: zero_points must be uint8 tiled [ceil(N / 16), k_blocks, 16]");
-    }
+  if (has_zero_points && !IsMeta(zero_points, ffi::DataType::U8, tiles, k_blocks, gemv::kMetaTileRows)) {
+    return InvalidArgument("matmul_nbits: zero_points must be uint8 tiled [ceil(N / 16), k_blocks, 16]");
   }
   const int64_t n_out = gated ? n / 2 : n;
   if (yd[0] != xd[0] || yd[1] != n_out) return InvalidArgument("matmul_nbits: y must be [M, N_out]");
   if (xd[0] < 1 || xd[0] > gemv::kMaxM || n > (int64_t(1) << 30) || xd[1] > (int64_t(1) << 30)) {
     return InvalidArgument("matmul_nbits: shape out of range");
   }
-  gemv::GemvParams p{};
-  p.m = int(xd[0]);
-  p.k = int(xd[1]);
-  p.n_rows = int(n);
-  p.n_out = int(n_out);
-  p.k_blocks = int(k_blocks);
-  p.block_shift = 0;
-  while ((int64_t(1) << p.block_shift) < block_size) ++p.block_shift;
-  p.x = x.untyped_data();
-  p.w = b_quant.untyped_data();
-  p.scales = scales.untyped_data();
-  p.zeros = has_zero_points ? static_cast<const uint8_t*>(zero_points.untyped_data()) : nullptr;
-  p.y = y->untyped_data();
-  p.eps = eps;
+  gemv::GemvParams p = Params(x, b_quant, scales, zero_points, y, n, n_out, k_blocks, block_size,
+                              has_zero_points, eps);
   std::string err = gemv::ConfigureExtras(p, dtype, bias, residual, norm_weight, has_bias,
                                           has_residual, has_norm);
   if (!err.empty()) return InvalidArgument(std::string(kOp) + ": " + err);
@@ -104,5 +161,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JoaMatMulNBits, joa::MatMulNBitsImpl,
                                   .Attr<int64_t>("warps_k")
                                   .Attr<bool>("wide")
                                   .Attr<bool>("pdl")
-                                  .Attr<bool>("slots"),
+                                  .Attr<bool>("slots")
+                                  .Attr<bool>("rows")
+                                  .Attr<int64_t>("warps_n")
+                                  .Attr<int64_t>("depth"),
                               JOA_COMMAND_BUFFER_SAFE);

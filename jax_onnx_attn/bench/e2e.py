@@ -379,6 +379,7 @@ class Group:
     weights: str
     config: object
     lowered: object = None
+    rows_lowered: object = None  # int4 weights in the rows layout (batch >= 2 under JOA_GEMV_ROWS=1)
     cost: object = None
     jax_peer: object = None
     torch_peer: object = None
@@ -388,7 +389,7 @@ class Group:
     def close(self):
         """Drop every device reference (peers first: torch holds DLPack views of the params)."""
         import jax
-        self.torch_peer = self.jax_peer = self.lowered = None
+        self.torch_peer = self.jax_peer = self.lowered = self.rows_lowered = None
         _free()
         jax.clear_caches()  # compiled functions close over the peers and sessions
 
@@ -519,7 +520,19 @@ def measure_ours(g: Group, case: Case, capacity: int, prefill: bool, verify: boo
     b, t, k = case.batch, case.ctx, args.steps
     out = {}
     mesh = make_mesh(devices) if devices > 1 else None
-    session = DecoderSession(g.lowered, max_length=capacity, batch=b, steps_per_call=k, mesh=mesh)
+    # The layout a session of this batch loads (runtime.session.nbits_layout_for): the group's
+    # lowering is shared by its batches, so the rows layout gets its own, made once for up to 32
+    # rows (the most the rows kernel takes; the same layouts on the llama shapes at any batch).
+    import jax_onnx_attn
+    from jax_onnx_attn.runtime.session import nbits_layout_for
+
+    lowered = g.lowered
+    if g.weights == "int4" and nbits_layout_for(b, mesh) == "rows":
+        if g.rows_lowered is None:
+            g.rows_lowered = jax_onnx_attn.load(g.info["path"], nbits_layout="rows", decode_rows=32)
+        lowered = g.rows_lowered
+        out["nbits_layout"] = "rows"
+    session = DecoderSession(lowered, max_length=capacity, batch=b, steps_per_call=k, mesh=mesh)
     compile_s = 0.0
     if verify:
         prompt = _prompts(g.config.vocab, 1, VERIFY_PROMPT, 7)[0].tolist()

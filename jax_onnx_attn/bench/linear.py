@@ -6,7 +6,9 @@ the same process on the same GPU: XLA with the weight as ONNX stores it ([K, N],
 torch does ([N, K], `x @ w.T`); for the n-bit formats XLA's dequantise-and-dot (the ONNX lowering's
 path); torch `F.linear` in a CUDA graph (dense only). `--nbits-wide 0 1` times our n-bit kernels in
 both formats (one or two 16-byte pieces a lane per chunk): the first is "ours", the other a peer
-("ours[wide]" / "ours[narrow]").
+("ours[wide]" / "ours[narrow]"). `--nbits-rows` also times int4 weights in the rows layout on the
+rows kernel (ffi/kernels/gemv/rows.cuh, `ops.to_rows_layout`) as the peer "ours[rows]", and
+`--rows-plans` forced plans of it ("ours[rows c,w,d]"); `--block` sets the quantisation block.
 
 Timing: R calls, each on its own copy of the weight and its own x (R = at least 32, and enough
 copies that together they are 5x the 50 MB L2; at most 64 and 24 GiB) in one jitted function /
@@ -54,6 +56,7 @@ class Case:
     n: int
     m: int
     fmt: str
+    block: int = BLOCK  # n-bit: the quantisation block
 
     @property
     def bits(self) -> int:
@@ -63,7 +66,7 @@ class Case:
     @property
     def weight_bytes(self) -> int:
         """Bytes of one weight copy: packed elements, plus 2-byte scales and 1-byte zero points."""
-        blocks = self.n * (self.k // BLOCK) if self.bits != 16 else 0
+        blocks = self.n * (self.k // self.block) if self.bits != 16 else 0
         return self.n * self.k * self.bits // 8 + 3 * blocks
 
     @property
@@ -84,15 +87,18 @@ class Case:
 
     def label(self) -> str:
         """A one-line description of the case."""
-        return f"K={self.k} N={self.n} M={self.m} {self.fmt}"
+        block = f" bs{self.block}" if self.bits != 16 and self.block != BLOCK else ""
+        return f"K={self.k} N={self.n} M={self.m} {self.fmt}{block}"
 
 
-def _weights(case: Case, impl: str, seed: int = 0):
-    """The case's weight copies for a jax implementation, on the default device."""
+def _weights(case: Case, impl: str, seed: int = 0, rows: bool = False):
+    """The case's weight copies for a jax implementation, on the default device (rows: int4 in the
+    rows layout; one copy packed on the host, the others device copies of it)."""
     import jax
     import jax.numpy as jnp
+    import numpy as np
 
-    from jax_onnx_attn.ops.linear import tile_nbits_meta
+    from jax_onnx_attn.ops.linear import tile_nbits_meta, to_rows_layout
 
     dt = jnp.bfloat16 if case.fmt == "bf16" else jnp.float16
     keys = jax.random.split(jax.random.PRNGKey(seed + case.k + case.n), case.rotations + 1)
@@ -100,13 +106,16 @@ def _weights(case: Case, impl: str, seed: int = 0):
         shape = (case.k, case.n) if impl == "xla-kn" else (case.n, case.k)
         return [(jax.random.normal(kk, shape, dt) * (1 / math.sqrt(case.k))).astype(dt)
                 for kk in keys[1:]]
-    kb = case.k // BLOCK
+    kb = case.k // case.block
     out = []
     for kk in keys[1:]:
         a, b, c = jax.random.split(kk, 3)
-        bq = jax.random.randint(a, (case.n, kb, BLOCK * case.bits // 8), 0, 256, jnp.int32).astype(jnp.uint8)
+        bq = jax.random.randint(a, (case.n, kb, case.block * case.bits // 8), 0, 256, jnp.int32).astype(jnp.uint8)
         s = (jax.random.uniform(b, (case.n, kb), jnp.float32, 0.5, 1.5) / (1 << case.bits)).astype(dt)
         z = jax.random.randint(c, (case.n, kb), 0, 1 << case.bits, jnp.int32).astype(jnp.uint8)
+        if rows:  # packing is host work (seconds for an LM head): once, then copies on the device
+            packed = tuple(jnp.asarray(a) for a in to_rows_layout(np.asarray(bq), np.asarray(s), np.asarray(z)))
+            return [packed] + [tuple(jnp.copy(a) for a in packed) for _ in range(case.rotations - 1)]
         if impl == "ours":  # the layout the loader stores for our kernels
             s, z = tile_nbits_meta(s), tile_nbits_meta(z)
         out.append((bq, s, z))
@@ -114,10 +123,11 @@ def _weights(case: Case, impl: str, seed: int = 0):
 
 
 def bench_jax(case: Case, impl: str, target_s: float, reps: int, plan: tuple[int, int] = (0, 0),
-              wide: bool = False) -> float:
+              wide: bool = False, rows: tuple[int, int, int] | None = None) -> float:
     """Median seconds per call of "ours" (our kernels; plan = forced (cluster, warps_k), (0, 0) =
-    the planner's; wide: the two-piece n-bit format), "xla-kn" (x @ w[K, N]; n-bit: XLA dequantise
-    + dot) or "xla-nk" (x @ w[N, K].T)."""
+    the planner's; wide: the two-piece n-bit format; rows: int4 in the rows layout on the rows
+    kernel with forced (cluster, warps_n, depth), zeros = planned), "xla-kn" (x @ w[K, N]; n-bit:
+    XLA dequantise + dot) or "xla-nk" (x @ w[N, K].T)."""
     import jax
     import jax.numpy as jnp
 
@@ -128,7 +138,7 @@ def bench_jax(case: Case, impl: str, target_s: float, reps: int, plan: tuple[int
     c = case.calls
     # One x per call too (the peers must not see equal calls).
     xs = jax.random.normal(jax.random.PRNGKey(1), (c, case.m, case.k), dt)
-    ws = _weights(case, impl)
+    ws = _weights(case, impl, rows=rows is not None)
     if case.bits == 16:
         if impl == "ours":
             def call(x, w):
@@ -140,13 +150,17 @@ def bench_jax(case: Case, impl: str, target_s: float, reps: int, plan: tuple[int
             def call(x, w):
                 return x @ w.T
     else:
-        if impl == "ours":
+        if rows is not None:
             def call(x, w):
-                return cuda_matmul.matmul_nbits(x, *w, bits=case.bits, block_size=BLOCK,
+                return cuda_matmul.matmul_nbits_rows(x, *w, n=case.n, block_size=case.block,
+                                                     cluster=rows[0], warps_n=rows[1], depth=rows[2])
+        elif impl == "ours":
+            def call(x, w):
+                return cuda_matmul.matmul_nbits(x, *w, bits=case.bits, block_size=case.block,
                                                 cluster=plan[0], warps_k=plan[1], wide=wide)
         else:
             def call(x, w):
-                return reference.matmul_nbits(x, *w, bits=case.bits, block_size=BLOCK)
+                return reference.matmul_nbits(x, *w, bits=case.bits, block_size=case.block)
 
     # Independent calls on distinct weights (no CSE, no extra kernels between them); the previous
     # outputs are donated so that every execution writes the same buffers and XLA replays its
@@ -198,12 +212,17 @@ def bench_torch(case: Case, target_s: float, reps: int) -> float:
         torch.cuda.empty_cache()
 
 
-def _skip(case: Case, impl: str, gpu: bool, cuda_built: bool, wide: bool = False) -> str | None:
+def _skip(case: Case, impl: str, gpu: bool, cuda_built: bool, wide: bool = False,
+          rows: tuple[int, int, int] | None = None) -> str | None:
     if impl == "ours":
         if not (gpu and cuda_built):
             return "no GPU / CUDA build"
         from jax_onnx_attn.ops import cuda_matmul
-        return cuda_matmul.unsupported(case.m, case.n, case.k, case.bits, False, False, BLOCK,
+        if rows is not None:
+            if case.bits != 4:
+                return "rows layout: int4 only"
+            return cuda_matmul.rows_unsupported(case.m, case.n, case.k, case.block, False, False, *rows)
+        return cuda_matmul.unsupported(case.m, case.n, case.k, case.bits, False, False, case.block,
                                        wide=wide)
     if impl == "torch":
         if case.bits != 16:
@@ -219,7 +238,7 @@ def cases(args) -> list[Case]:
     """Every Case of args' formats x shapes x rows, grouped by weight (rows inner); the headline
     formats first, so a time budget keeps them."""
     shapes = [tuple(map(int, s.split("x"))) for s in args.shapes] if args.shapes else SHAPES
-    return [Case(k, n, m, fmt) for fmt in args.formats for k, n in shapes for m in args.rows]
+    return [Case(k, n, m, fmt, args.block) for fmt in args.formats for k, n in shapes for m in args.rows]
 
 
 def format_table(results: list[dict], impls: list[str]) -> str:
@@ -243,6 +262,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="n-bit format(s) of ours: 0 one 16-byte piece a lane per chunk, 1 two "
                          "(wide); the first is 'ours' (and the --plans'), the others peers "
                          "'ours[wide]' / 'ours[narrow]' (default: JOA_GEMV_NBITS_WIDE, on)")
+    ap.add_argument("--block", type=int, default=BLOCK, choices=(16, 32, 64, 128),
+                    help="MatMulNBits block size of the n-bit formats")
+    ap.add_argument("--nbits-rows", action="store_true",
+                    help="also time int4 in the rows layout on the rows kernel: peer 'ours[rows]'")
+    ap.add_argument("--rows-plans", nargs="*", default=[],
+                    help="forced plans of the rows kernel as CLUSTER,WARPS_N,DEPTH (0: planned), "
+                         "peers 'ours[rows c,w,d]' (implies --nbits-rows)")
     ap.add_argument("--target-ms", type=float, default=10.0, help="wall time per timing sample")
     ap.add_argument("--reps", type=int, default=3, help="timing samples (median reported)")
     ap.add_argument("--max-seconds", type=float, default=55.0,
@@ -260,6 +286,9 @@ def main(argv: list[str] | None = None) -> int:
         print("ours and torch skipped (no GPU or no CUDA build): timing the XLA peers only",
               file=sys.stderr)
     plans = [tuple(int(v) for v in p.split(",")) for p in args.plans]
+    rows_plans = [tuple(int(v) for v in p.split(",")) for p in args.rows_plans]
+    if args.nbits_rows or rows_plans:
+        rows_plans = [(0, 0, 0)] + [p for p in rows_plans if p != (0, 0, 0)]
     from jax_onnx_attn.ops.cuda_matmul import nbits_wide
     wides = [bool(w) for w in dict.fromkeys(args.nbits_wide or [int(nbits_wide())])]
     _warm_up(2.0 if gpu else 0.2)
@@ -281,24 +310,31 @@ def main(argv: list[str] | None = None) -> int:
                 if case.bits != 16:
                     res["plan_wide" if w else "plan_narrow"] = cuda_matmul.gemv_plan(
                         case.m, case.n, case.k, case.bits, False, wide=w)
-        runs = ([(impl, (0, 0), wides[0]) for impl in args.impls]
-                + [("ours", p, wides[0]) for p in plans] + [("ours", (0, 0), w) for w in wides[1:]])
-        for impl, plan, wide in runs:
-            name = (impl if plan == (0, 0) and wide == wides[0] else f"ours[c{plan[0]},wk{plan[1]}]"
+            if rows_plans and case.bits == 4:
+                res["plan_rows"] = cuda_matmul.gemv_plan(case.m, case.n, case.k, 4, False,
+                                                         block_size=case.block, rows_layout=True)
+        runs = ([(impl, (0, 0), wides[0], None) for impl in args.impls]
+                + [("ours", p, wides[0], None) for p in plans]
+                + [("ours", (0, 0), w, None) for w in wides[1:]]
+                + [("ours", (0, 0), wides[0], r) for r in rows_plans])
+        for impl, plan, wide, rows in runs:
+            name = (("ours[rows]" if rows == (0, 0, 0) else "ours[rows c{},w{},d{}]".format(*rows))
+                    if rows is not None else
+                    impl if plan == (0, 0) and wide == wides[0] else f"ours[c{plan[0]},wk{plan[1]}]"
                     if plan != (0, 0) else f"ours[{'wide' if wide else 'narrow'}]")
-            why = _skip(case, impl, gpu, cuda_built, wide)
+            why = _skip(case, impl, gpu, cuda_built, wide, rows)
             if why is None and wide != wides[0] and case.bits == 16:
                 why = "dense: one format"
             if why is None and plan != (0, 0):
                 from jax_onnx_attn.ops import cuda_matmul
-                why = cuda_matmul.unsupported(case.m, case.n, case.k, case.bits, False, False, BLOCK,
-                                              *plan, wide=wide)
+                why = cuda_matmul.unsupported(case.m, case.n, case.k, case.bits, False, False,
+                                              case.block, *plan, wide=wide)
             if why:
                 res["impls"][name] = {"skip": why}
                 continue
             try:
                 sec = (bench_torch(case, args.target_ms / 1e3, args.reps) if impl == "torch"
-                       else bench_jax(case, impl, args.target_ms / 1e3, args.reps, plan, wide))
+                       else bench_jax(case, impl, args.target_ms / 1e3, args.reps, plan, wide, rows))
                 res["impls"][name] = {"us": sec * 1e6, "gbs": case.bytes / sec / 1e9}
             except Exception as e:  # a peer that cannot run a shape is a result, not a crash
                 res["impls"][name] = {"skip": f"error: {type(e).__name__}: {str(e).splitlines()[0][:200]}"}

@@ -17,6 +17,9 @@ into nodes of our own domain (`JOA_DOMAIN`) whose handlers call `jax_onnx_attn.o
    of the sum; likewise a plain Add of such a Linear and an activation (torch's residual add).
 4. A SimplifiedLayerNormalization whose only readers are `Linear` nodes (as their input) becomes
    their RMSNorm prologue.
+5. Last, MatMulNBits weights take the kernels' layout: scales / zero points tiled
+   (`ops.tile_nbits_meta`), or with nbits_layout="rows" 4-bit weights the rows kernel takes go
+   whole into the rows layout (`ops.to_rows_layout`; the node's attribute layout="rows").
 
 A builder decoder layer is then: Linear (norm + QKV), GroupQueryAttention, Linear (o + residual),
 Linear (norm + gate/up + SiLU·up), Linear (down + residual). Each rewrite keeps the math of the
@@ -119,7 +122,8 @@ def _get_input(node, what: str) -> str:
 
 
 def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
-                 nbits: bool = True) -> tuple[onnx.ModelProto, dict, FusionReport]:
+                 nbits: bool = True, nbits_layout: str = "onnx",
+                 decode_rows: int = 2) -> tuple[onnx.ModelProto, dict, FusionReport]:
     """The rewrites of the module doc on `model` (local functions already inlined).
 
     Args:
@@ -128,12 +132,19 @@ def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
         re-laid-out weights are added under new names, the replaced ones dropped when unused.
       nbits: rewrite com.microsoft MatMulNBits too (False keeps them, e.g. to reproduce
         onnxruntime's int8 activations).
+      nbits_layout: "onnx" (scales / zero points tiled for the ring and slots kernels) or "rows":
+        4-bit weights whose shape the rows kernel takes at decode_rows rows of x (its plan) in the
+        rows layout, for decode steps of 2..32 rows (`runtime.DecoderSession` with
+        JOA_GEMV_ROWS=1); the others as "onnx".
+      decode_rows: the rows of x a decode step has (the session's batch).
 
     Returns:
       (model, arrays, FusionReport).
     """
     # The module (ops.linear the attribute is the op function of the same name).
     linear_ops = importlib.import_module("jax_onnx_attn.ops.linear")
+    if nbits_layout not in linear_ops.LAYOUTS:
+        raise ValueError(f"fuse_decoder: nbits_layout must be one of {linear_ops.LAYOUTS}, got {nbits_layout!r}")
 
     out = onnx.ModelProto()
     out.CopyFrom(model)
@@ -335,11 +346,14 @@ def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
         report.norm += 1
         readers, producers = g.readers(), g.producers()
 
-    # MatMulNBits scales / zero points in the kernels' tiled layout (ops.tile_nbits_meta), last, so
-    # that the passes above see them row-major.
+    # MatMulNBits scales / zero points in the kernels' tiled layout (ops.tile_nbits_meta), or the
+    # whole weight in the rows layout, last, so that the passes above see them row-major.
     tiled: dict[str, str] = {}
+    rows: dict[tuple, tuple] = {}
     for node in g.nodes:
         if node is None or node.op_type != "Linear" or not _attr(node, "bits"):
+            continue
+        if nbits_layout == "rows" and _rows_layout(node, arrays, rows, linear_ops, decode_rows):
             continue
         for what in ("scales", "zero_points"):
             name = _get_input(node, what)
@@ -367,6 +381,33 @@ def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
     if not any(o.domain == JOA_DOMAIN for o in out.opset_import):
         out.opset_import.append(helper.make_opsetid(JOA_DOMAIN, JOA_OPSET))
     return out, arrays, report
+
+
+def _rows_layout(node, arrays, done: dict, linear_ops, decode_rows: int) -> bool:
+    """Puts a fused 4-bit Linear's weight in the rows layout when the rows kernel takes its shape at
+    decode_rows rows of x (asked of its plan: without the compiled extension nothing moves; a shape
+    it refuses, e.g. x's K slice too large at 32 rows, keeps the ring kernel's layout rather than
+    fall back to the reference every step). done: the weights already moved ({(b_quant, scales,
+    zero_points): new names})."""
+    from jax_onnx_attn.ops import cuda_matmul
+
+    k, n, block = (int(_attr(node, a)) for a in ("K", "N", "block_size"))
+    if int(_attr(node, "bits")) != 4 or cuda_matmul.rows_unsupported(
+            decode_rows, n, k, block, bool(_attr(node, "gated", 0)), bool(_get_input(node, "norm_weight"))):
+        return False
+    key = tuple(_get_input(node, w) for w in ("w", "scales", "zero_points"))
+    if key not in done:
+        packed = linear_ops.to_rows_layout(arrays[key[0]], arrays[key[1]],
+                                           arrays[key[2]] if key[2] else None)
+        done[key] = tuple(f"{name}.rows" if name else "" for name in key)
+        for name, arr in zip(done[key], packed):
+            if name:
+                arrays[name] = arr
+    for what, name in zip(("w", "scales", "zero_points"), done[key]):
+        if name:
+            _set_input(node, what, name)
+    node.attribute.append(helper.make_attribute("layout", "rows"))
+    return True
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:

@@ -486,7 +486,8 @@ def check_model(model: onnx.ModelProto) -> None:
 
 
 def load(model, dtype=None, *, base_dir: str | os.PathLike | None = None,
-         int8_activations: bool = False, fuse: bool = True) -> LoweredModel:
+         int8_activations: bool = False, fuse: bool = True, nbits_layout: str = "onnx",
+         decode_rows: int = 2) -> LoweredModel:
     """Lower an ONNX model to JAX.
 
     Args:
@@ -506,6 +507,9 @@ def load(model, dtype=None, *, base_dir: str | os.PathLike | None = None,
         `ops.linear` / `ops.matmul_nbits` with their weights stored in the kernels' layouts, the
         SwiGLU, residual adds and RMSNorms folded into them). The math is the graph's; False
         runs the graph node by node as written.
+      nbits_layout: with fuse, "onnx" or "rows": 4-bit MatMulNBits weights in the rows kernel's
+        layout, for decode steps of decode_rows (2..32) rows of x (`onnx.fusion.fuse_decoder`);
+        same results.
 
     Returns:
       LoweredModel (`params`, `apply`, `fixed_cache_step`, `input_names`, `output_names`, `model`).
@@ -533,7 +537,8 @@ def load(model, dtype=None, *, base_dir: str | os.PathLike | None = None,
     float_type = _primary_float(a for a in arrays.values() if not _is_static_initializer(a))
     fusions = None
     if fuse:
-        model, arrays, fusions = fuse_decoder(model, arrays, nbits=not int8_activations)
+        model, arrays, fusions = fuse_decoder(model, arrays, nbits=not int8_activations,
+                                              nbits_layout=nbits_layout, decode_rows=decode_rows)
     float_map = {}
     if dtype is not None and float_type is not None:
         float_map[float_type] = np.dtype(dtype)

@@ -27,6 +27,9 @@ NBITS_WIDE_ENV = "JOA_GEMV_NBITS_WIDE"
 SLOTS_ENV = "JOA_GEMV_SLOTS"
 #: The environment variable that lets one row of dense weights take the dense row kernel.
 DENSE_ROW_ENV = "JOA_GEMV_DENSE_ROW"
+#: The environment variable that stores 4-bit weights in the rows layout for decode sessions of
+#: batch >= 2 (`rows_layout_enabled`).
+ROWS_ENV = "JOA_GEMV_ROWS"
 
 
 def nbits_wide() -> bool:
@@ -39,9 +42,9 @@ def nbits_wide() -> bool:
     return _switch(NBITS_WIDE_ENV)
 
 
-def _switch(name: str) -> bool:
-    """An on-by-default 0 / 1 environment switch, read at trace time."""
-    value = os.environ.get(name, "1")
+def _switch(name: str, default: str = "1") -> bool:
+    """A 0 / 1 environment switch (on by default unless `default` says otherwise), read when asked."""
+    value = os.environ.get(name, default)
     if value not in ("0", "1"):
         raise ValueError(f"{name} must be 0 or 1, got {value!r}")
     return value == "1"
@@ -66,6 +69,15 @@ def dense_row_enabled() -> bool:
     JOA_GEMV_DENSE_ROW=0 keeps the ring kernel (read at trace time, here only). It is also what
     lets `ops.linear`'s "auto" put one-row dense projections on ours (`ops.linear.kernel_formats`)."""
     return _switch(DENSE_ROW_ENV)
+
+
+def rows_layout_enabled() -> bool:
+    """Whether a `DecoderSession` of batch >= 2 (one device) loads its 4-bit MatMulNBits weights in
+    the rows layout (`ops.to_rows_layout`), so that its decode steps' projections (M = batch rows)
+    run on the rows kernel (ffi/kernels/gemv/rows.cuh) instead of the ring kernel. Off by default
+    until measured in whole steps (H200 probe, M = 8, block 128: ~0.6x the ring kernel's time on
+    the ~8B projections); JOA_GEMV_ROWS=1 turns it on (read when the session loads the model)."""
+    return _switch(ROWS_ENV, "0")
 
 
 def _wide(bits: int, wide: bool | None) -> bool:
@@ -94,7 +106,8 @@ def sm90() -> bool:
 
 def gemv_plan(rows: int, n_rows: int, k: int, bits: int, gated: bool, norm: bool = False,
               cluster: int = 0, warps_k: int = 0, wide: bool | None = None, block_size: int = 0,
-              slots: bool = False) -> dict:
+              slots: bool = False, rows_layout: bool = False, warps_n: int = 0,
+              depth: int = 0) -> dict:
     """The engine's launch plan for x [rows, k] against a weight of n_rows rows of `bits`-bit
     elements (16: dense; 8, 4: MatMulNBits), with the RMS-norm prologue or not, as a dict (ffi/kernels/gemv/plan.h: grid, warp
     layout, cluster, ring stages, shared memory, the model's estimate in µs). 'error' is None when
@@ -102,17 +115,22 @@ def gemv_plan(rows: int, n_rows: int, k: int, bits: int, gated: bool, norm: bool
     wide: n-bit weights in the two-piece format; None: `nbits_wide()`. slots (with the weights'
     block_size): whether one row may take a one-row kernel, the slots kernel for 4-bit wide
     weights, the dense row kernel for dense ones ('slots' / 'dense_row' in the dict say whether it
-    does). Raises RuntimeError without the compiled extension."""
+    does). rows_layout: 4-bit weights in the rows layout (`ops.linear.to_rows_layout`) on the rows
+    kernel (ffi/kernels/gemv/rows.cuh; 'rows_layout' in the dict); cluster, warps_n, depth > 0 force
+    its K split, warps a CTA and W stages in flight a warp. Raises RuntimeError without the compiled
+    extension."""
     return _plan(int(rows), int(n_rows), int(k), int(bits), bool(gated), bool(norm), int(cluster),
-                 int(warps_k), _wide(bits, wide), int(block_size), bool(slots))
+                 int(warps_k), _wide(bits, wide) and not rows_layout, int(block_size), bool(slots),
+                 bool(rows_layout), int(warps_n), int(depth))
 
 
 @functools.cache
-def _plan(rows, n_rows, k, bits, gated, norm, cluster, warps_k, wide, block_size, slots) -> dict:
+def _plan(rows, n_rows, k, bits, gated, norm, cluster, warps_k, wide, block_size, slots, rows_layout,
+          warps_n, depth) -> dict:
     if _ffi is None or not hasattr(_ffi, "gemv_plan"):
         raise RuntimeError("the compiled extension jax_onnx_attn._ffi (with gemv_plan) is missing")
     return dict(_ffi.gemv_plan(rows, n_rows, k, bits, gated, norm, sm90(), cluster, warps_k, wide,
-                               block_size, slots))
+                               block_size, slots, rows_layout, warps_n, depth))
 
 
 def unsupported(rows: int, n_rows: int, k: int, bits: int, gated: bool, norm: bool = False,
@@ -132,6 +150,19 @@ def unsupported(rows: int, n_rows: int, k: int, bits: int, gated: bool, norm: bo
         return (f"block_size {block_size} with {bits}-bit weights: the kernels take powers of two "
                 f">= {piece_k}")
     return None
+
+
+def rows_unsupported(rows: int, n_rows: int, k: int, block_size: int, gated: bool,
+                     norm: bool = False, cluster: int = 0, warps_n: int = 0,
+                     depth: int = 0) -> str | None:
+    """Why the rows kernel does not take this call of 4-bit weights in the rows layout (None when
+    it does): the plan's reason (ffi/kernels/gemv/plan.h's MakeRowsPlan)."""
+    try:
+        plan = gemv_plan(rows, n_rows, k, 4, gated, norm, cluster, block_size=block_size,
+                         rows_layout=True, warps_n=warps_n, depth=depth)
+    except RuntimeError as e:
+        return str(e)
+    return plan["error"]
 
 
 def _per_example_plan(bits: int):
@@ -206,6 +237,57 @@ def issue_aware_layout(rows: int, n_rows: int, k: int, bits: int, gated: bool, n
             if best_us is None or us < 0.99 * best_us:
                 best, best_us = (cluster, warps_k), us
     return best
+
+
+def matmul_nbits_rows(x, w, scales, zero_points=None, bias=None, residual=None, norm_weight=None,
+                      *, n: int, block_size: int, eps: float = 1e-6, gated: bool = False,
+                      pdl: bool = False, cluster: int = 0, warps_n: int = 0, depth: int = 0):
+    """x [M, K] f16/bf16 against 4-bit weights in the rows layout (`ops.linear.to_rows_layout`): w
+    uint8 [ceil(N / 64), K / 16, 512], scales [ceil(N / 64), K / block_size, 64] of x's dtype,
+    zero_points uint8 of that shape or None -> [M, N_out]; N = n W rows (2 N_out when gated).
+
+    Semantics of `jax_onnx_attn.ops.reference.linear.matmul_nbits` on the weights
+    `ops.linear.from_rows_layout` gives back. The rows kernel (ffi/kernels/gemv/rows.cuh) dequantises
+    each weight to x's dtype as the reference does. cluster / warps_n / depth > 0 force its plan
+    (sweeps); other arguments as `matmul_nbits`.
+    """
+    static = dict(n=n, block_size=block_size, eps=eps, gated=gated, pdl=pdl, cluster=cluster,
+                  warps_n=warps_n, depth=depth)
+    return partitioning.MATMUL_NBITS_ROWS.apply(
+        _matmul_nbits_rows, (x, w, scales, zero_points, bias, residual, norm_weight), static,
+        pin=_rows_pin)
+
+
+def _rows_pin(static, axis_size, x, w, *rest):
+    """pin of a folded rows-kernel call (vmap): the per-example plan's K split, warps and depth, so
+    each example's rows are summed as its own call sums them (the same bits); None (one call per
+    example) where the folded rows leave the kernel's plan (more than 32)."""
+    rows, k, norm = x.shape[0], x.shape[1], rest[-1] is not None
+    plan = gemv_plan(rows, static["n"], k, 4, static["gated"], norm, static["cluster"],
+                     block_size=static["block_size"], rows_layout=True, warps_n=static["warps_n"],
+                     depth=static["depth"])
+    if plan["error"]:
+        return None
+    pinned = dict(cluster=plan["cluster"], warps_n=plan["warps_n"], depth=plan["stages"])
+    folded = gemv_plan(axis_size * rows, static["n"], k, 4, static["gated"], norm,
+                       block_size=static["block_size"], rows_layout=True, **pinned)
+    return None if folded["error"] else pinned
+
+
+def _matmul_nbits_rows(x, w, scales, zero_points, bias, residual, norm_weight, *, n, block_size, eps,
+                       gated, pdl, cluster, warps_n, depth):
+    m = x.shape[0]
+    n_out = n // 2 if gated else n
+    call = jax.ffi.ffi_call(target("matmul_nbits"), jax.ShapeDtypeStruct((m, n_out), x.dtype))
+    ph = _placeholder(x.dtype)
+    return call(x, w, scales, jnp.zeros((1,), jnp.uint8) if zero_points is None else zero_points,
+                ph if bias is None else bias, ph if residual is None else residual,
+                ph if norm_weight is None else norm_weight,
+                bits=4, block_size=int(block_size), has_zero_points=zero_points is not None,
+                has_bias=bias is not None, has_residual=residual is not None,
+                has_norm=norm_weight is not None, gated=bool(gated), eps=np.float32(eps),
+                cluster=int(cluster), warps_k=0, wide=False, pdl=bool(pdl), slots=False,
+                rows=True, warps_n=int(warps_n), depth=int(depth))
 
 
 def _placeholder(dtype):
@@ -296,4 +378,5 @@ def _matmul_nbits(x, b_quant, scales, zero_points, bias, residual, norm_weight, 
                 has_zero_points=zero_points is not None, has_bias=bias is not None,
                 has_residual=residual is not None, has_norm=norm_weight is not None,
                 gated=bool(gated), eps=np.float32(eps), cluster=int(cluster),
-                warps_k=int(warps_k), wide=bool(wide), pdl=bool(pdl), slots=bool(slots))
+                warps_k=int(warps_k), wide=bool(wide), pdl=bool(pdl), slots=bool(slots),
+                rows=False, warps_n=0, depth=0)

@@ -29,6 +29,12 @@ from jax_onnx_attn.ops.reference import linear as reference
 GATE_UP_BLOCK = 8
 #: Bits per element the MatMulNBits kernels take.
 NBITS = (4, 8)
+#: W rows per row group of the rows layout (`to_rows_layout`): a warp's four m16 MMA tiles in the
+#: rows kernel (ffi/kernels/gemv/plan.h's kRowsGroup; tests check that they agree).
+ROWS_GROUP = 64
+#: The weight layouts `matmul_nbits` takes: "onnx" (`prepare_nbits`' form, scales / zero points
+#: row-major or tiled) and "rows" (`to_rows_layout`: 4-bit weights for the rows kernel, M >= 2).
+LAYOUTS = ("onnx", "rows")
 
 
 def _xp(a):
@@ -181,6 +187,144 @@ def prepare_nbits(b_quant, scales, zero_points, *, k: int, n: int, bits: int, bl
     return (b_quant.reshape(n, k_blocks, blob), scales.reshape(n, k_blocks), zp)
 
 
+def _rows_nibbles(q, xp):
+    """4-bit values q [G * 64, K] (row-major) -> the rows layout's bytes [G, K / 16, 512]."""
+    g, k = q.shape[0] // ROWS_GROUP, q.shape[1]
+    # row = 64 rg + 16 i + 8 h + g8, k = 16 j + 8 c + 2 t + e -> lane (g8, t) of step j, word i,
+    # nibble 4 e + 2 c + h (rows.cuh's layout), two nibbles a byte, low first.
+    q = q.reshape(g, 4, 2, 8, k // 16, 2, 4, 2)          # rg i h g8 j c t e
+    q = q.transpose(0, 4, 3, 6, 1, 7, 5, 2)              # rg j g8 t i e c h
+    q = q.reshape(g, k // 16, 32, 4, 4, 2)               # rg j lane word byte nibble
+    b = q[..., 0] | (q[..., 1] << 4)
+    return b.reshape(g, k // 16, 512)
+
+
+def _rows_meta(meta, groups, xp):
+    """Per-block values [N, k_blocks] -> [G, k_blocks, 64]: value 8 g8 + 2 i + h = row 16 i + 8 h + g8
+    of the group (rows past N zeros)."""
+    n, kb = meta.shape
+    if groups * ROWS_GROUP != n:
+        meta = xp.concatenate([meta, xp.zeros((groups * ROWS_GROUP - n, kb), meta.dtype)])
+    return meta.reshape(groups, 4, 2, 8, kb).transpose(0, 4, 3, 1, 2).reshape(groups, kb, ROWS_GROUP)
+
+
+def to_rows_layout(b_quant, scales, zero_points):
+    """4-bit MatMulNBits weights in `prepare_nbits`' form -> the rows layout of the rows kernel
+    (ffi/kernels/gemv/rows.cuh: 2..32 rows of x), once at load. NumPy in, NumPy out.
+
+    Args:
+      b_quant: uint8 [N, k_blocks, block_size / 2] (element j of a block in bits 4 (j % 2) of byte
+        j // 2); K = k_blocks * block_size a multiple of 16.
+      scales: [N, k_blocks] (row-major, not tiled).
+      zero_points: None (8) or uint8 [N, k_blocks], one value 0..15 a block.
+
+    Returns:
+      (w uint8 [G, K / 16, 512], scales [G, k_blocks, 64], zero_points uint8 [G, k_blocks, 64] or
+      None), G = ceil(N / 64): a warp's row group of 64 W rows, per k16 step 32 lanes x 16 bytes of
+      MMA A fragments (rows.cuh's header); rows past N are zeros. `from_rows_layout` inverts it.
+    """
+    op = "to_rows_layout"
+    b_quant, scales = np.asarray(b_quant), np.asarray(scales)
+    if b_quant.dtype != np.uint8 or b_quant.ndim != 3:
+        raise ValueError(f"{op}: b_quant must be uint8 [N, k_blocks, block_size / 2], got "
+                         f"{b_quant.dtype}{list(b_quant.shape)}")
+    n, kb, blob = b_quant.shape
+    k = kb * blob * 2
+    if k % 16:
+        raise NotImplementedError(f"{op}: b_quant: K={k} must be a multiple of 16")
+    if scales.shape != (n, kb):
+        raise ValueError(f"{op}: scales must be [{n}, {kb}] (row-major), got {list(scales.shape)}")
+    if zero_points is not None:
+        zero_points = np.asarray(zero_points)
+        if zero_points.dtype != np.uint8 or zero_points.shape != (n, kb) or (zero_points > 15).any():
+            raise ValueError(f"{op}: zero_points must be uint8 [{n}, {kb}] in 0..15, got "
+                             f"{zero_points.dtype}{list(zero_points.shape)}")
+    groups = -(-n // ROWS_GROUP)
+    w = np.empty((groups, k // 16, 512), np.uint8)
+    slab = 64  # row groups a pass (bounds the temporaries: a 128k-row LM head is 2004 groups)
+    for g0 in range(0, groups, slab):
+        rows = b_quant[g0 * ROWS_GROUP:(g0 + slab) * ROWS_GROUP].reshape(-1, k // 2)
+        q = np.stack([rows & 15, rows >> 4], axis=-1).reshape(rows.shape[0], k)
+        pad = min(slab, groups - g0) * ROWS_GROUP - q.shape[0]
+        if pad:
+            q = np.concatenate([q, np.zeros((pad, k), np.uint8)])
+        w[g0:g0 + slab] = _rows_nibbles(q, np)
+    zp = None if zero_points is None else np.ascontiguousarray(_rows_meta(zero_points, groups, np))
+    return w, np.ascontiguousarray(_rows_meta(scales, groups, np)), zp
+
+
+def from_rows_layout(w, scales, zero_points, *, n: int, block_size: int):
+    """The inverse of `to_rows_layout`: (b_quant uint8 [N, k_blocks, block_size / 2], scales
+    [N, k_blocks], zero_points [N, k_blocks] or None). NumPy or jax arrays (traceable: the
+    reference computes from it)."""
+    xp = _xp(w)
+    groups, steps = w.shape[0], w.shape[1]
+    k = 16 * steps
+    b = w.reshape(groups, steps, 32, 4, 4)                              # rg j lane word byte
+    q = xp.stack([b & 15, b >> 4], axis=-1)                             # ... nibble (low first)
+    q = q.reshape(groups, steps, 8, 4, 4, 2, 2, 2)                      # rg j g8 t i e c h
+    q = q.transpose(0, 4, 7, 2, 1, 6, 3, 5).reshape(groups * ROWS_GROUP, k)[:n]  # rows x k
+    pairs = q.reshape(n, k // 2, 2)
+    b_quant = (pairs[..., 0] | (pairs[..., 1] << 4)).reshape(n, k // block_size, block_size // 2)
+
+    def meta(a):
+        kb = a.shape[1]
+        return a.reshape(groups, kb, 8, 4, 2).transpose(0, 3, 4, 2, 1).reshape(groups * ROWS_GROUP, kb)[:n]
+
+    return b_quant, meta(scales), None if zero_points is None else meta(zero_points)
+
+
+def pack_nbits_rows(b_quant, scales, zero_points, *, k: int, n: int, bits: int, block_size: int):
+    """MatMulNBits initialisers as onnxruntime stores them (`prepare_nbits`' arguments) -> the rows
+    layout (`to_rows_layout`), for `matmul_nbits(..., layout="rows")`. 4-bit weights only."""
+    if bits != 4:
+        raise NotImplementedError(f"pack_nbits_rows: bits={bits}: the rows layout holds 4-bit weights")
+    return to_rows_layout(*prepare_nbits(b_quant, scales, zero_points, k=k, n=n, bits=bits,
+                                         block_size=block_size))
+
+
+def _matmul_nbits_rows(x, w, scales, zero_points, bias, residual, norm_weight, *, k, n, bits,
+                       block_size, eps, gated, backend, pdl):
+    """`matmul_nbits` with layout="rows" (x, bits, block_size and k already checked)."""
+    op = "matmul_nbits"
+    if bits != 4:
+        raise NotImplementedError(f"{op}: layout='rows' holds 4-bit weights, got bits={bits}")
+    if k % 16:
+        raise ValueError(f"{op}: layout='rows' needs K a multiple of 16, got k={k}")
+    groups, kb = -(-n // ROWS_GROUP), k // block_size
+    want = (groups, k // 16, 512)
+    if w.dtype != jnp.uint8 or tuple(w.shape) != want:
+        raise ValueError(f"{op}: b_quant in the rows layout must be uint8 {list(want)} (to_rows_layout), "
+                         f"got {w.dtype}{list(w.shape)}")
+    meta_shape = (groups, kb, ROWS_GROUP)
+    if tuple(scales.shape) != meta_shape:
+        raise ValueError(f"{op}: scales in the rows layout must be {list(meta_shape)} (to_rows_layout), "
+                         f"got {list(scales.shape)}")
+    if scales.dtype != x.dtype:
+        raise TypeError(f"{op}: scales must have x's dtype {x.dtype}, got {scales.dtype}")
+    if zero_points is not None and (zero_points.dtype != jnp.uint8
+                                    or tuple(zero_points.shape) != meta_shape):
+        raise ValueError(f"{op}: zero_points in the rows layout must be uint8 {list(meta_shape)} "
+                         f"(to_rows_layout), got {zero_points.dtype}{list(zero_points.shape)}")
+    n_out = _check_operands(op, x, n, "b_quant", gated, bias, residual, norm_weight)
+
+    def ref_fn(x2, w, scales, zero_points, bias, norm_weight, r2):
+        b_quant, s, z = from_rows_layout(w, scales, zero_points, n=n, block_size=block_size)
+        return reference.matmul_nbits(x2, b_quant, s, z, bias, r2, norm_weight, eps, gated, bits=bits,
+                                      block_size=block_size)
+
+    why = _kernel_unsupported(x, n, bits, gated, norm_weight is not None, block_size,
+                              backend=backend, rows_layout=True)
+    cuda_fn = None
+    if why is None:
+        def cuda_fn(x2, w, scales, zero_points, bias, norm_weight, r2):
+            return cuda_matmul.matmul_nbits_rows(x2, w, scales, zero_points, bias, r2, norm_weight,
+                                                 n=n, block_size=block_size, eps=eps, gated=gated,
+                                                 pdl=pdl)
+    return _run(op, backend, ref_fn, cuda_fn, why, x, (w, scales, zero_points, bias, norm_weight),
+                residual, n_out)
+
+
 def _array(x):
     return None if x is None else (x if isinstance(x, jax.Array) else jnp.asarray(x))
 
@@ -249,7 +393,7 @@ def kernel_formats() -> str:
 
 
 def _kernel_unsupported(x, n_rows, bits, gated, norm, block_size=0, backend="auto",
-                        wide=None) -> str | None:
+                        wide=None, rows_layout=False) -> str | None:
     if jnp.dtype(x.dtype) not in HALF_DTYPES:
         return f"x is {x.dtype}: the kernels take float16 and bfloat16"
     formats = kernel_formats()
@@ -261,6 +405,9 @@ def _kernel_unsupported(x, n_rows, bits, gated, norm, block_size=0, backend="aut
         if m != 1 or not cuda_matmul.dense_row_enabled() or not _dense_row(n_rows, x.shape[-1], gated, norm):
             return (f"JOA_LINEAR_KERNELS={formats}: XLA's GEMM runs dense weights but for one row on "
                     "the dense row kernel")
+    if rows_layout:
+        return cuda_matmul.rows_unsupported(math.prod(x.shape[:-1]), n_rows, x.shape[-1], block_size,
+                                            gated, norm)
     return cuda_matmul.unsupported(math.prod(x.shape[:-1]), n_rows, x.shape[-1], bits, gated,
                                    norm, block_size, wide=wide)
 
@@ -325,7 +472,7 @@ def linear(x, w, bias=None, *, residual=None, norm_weight=None, norm_epsilon: fl
 def matmul_nbits(x, b_quant, scales, zero_points=None, bias=None, *, k: int, n: int, bits: int,
                  block_size: int, residual=None, norm_weight=None, norm_epsilon: float = 1e-6,
                  gated: bool = False, backend: str = "auto", pdl: bool = False,
-                 wide: bool | None = None):
+                 wide: bool | None = None, layout: str = "onnx"):
     """onnxruntime's MatMulNBits, y = x dequant(B)^T (+ bias), with `linear`'s fusions.
 
     Args:
@@ -345,6 +492,11 @@ def matmul_nbits(x, b_quant, scales, zero_points=None, bias=None, *, k: int, n: 
       wide: the kernels' n-bit format (`cuda_matmul.nbits_wide`): each lane streams two 16-byte
         pieces of a row per chunk instead of one; the same results. None: the environment variable
         JOA_GEMV_NBITS_WIDE (default on). The reference ignores it.
+      layout: "onnx" (the above) or "rows": 4-bit weights in the rows layout (`to_rows_layout`):
+        b_quant uint8 [ceil(N / 64), K / 16, 512], scales [ceil(N / 64), K / block_size, 64] of x's
+        dtype, zero_points uint8 of that shape or None; run by the rows kernel (for 2..32 rows of x
+        at decode; block sizes 32 and 128) and elsewhere (M > 32: prefill; other block sizes; CPU)
+        by the reference on the weights `from_rows_layout` gives back (XLA gathers them each call).
 
     Returns:
       [..., N_out] of x's dtype (N_out = N, or N / 2 when gated).
@@ -364,6 +516,12 @@ def matmul_nbits(x, b_quant, scales, zero_points=None, bias=None, *, k: int, n: 
         raise ValueError(f"{op}: k={k} is not a multiple of block_size={block_size} (prepare_nbits "
                          "rejects such weights: keep the XLA path)")
     kb = k // block_size
+    if layout not in LAYOUTS:
+        raise ValueError(f"{op}: layout must be one of {LAYOUTS}, got {layout!r}")
+    if layout == "rows":
+        return _matmul_nbits_rows(x, b_quant, scales, zero_points, bias, residual, norm_weight, k=k,
+                                  n=n, bits=bits, block_size=block_size, eps=float(norm_epsilon),
+                                  gated=gated, backend=backend, pdl=pdl)
     want = (n, kb, block_size * bits // 8)
     if b_quant.dtype != jnp.uint8 or tuple(b_quant.shape) != want:
         raise ValueError(f"{op}: b_quant must be uint8 {list(want)} (see prepare_nbits), got "

@@ -716,6 +716,16 @@ def _weight_first(n: int) -> list[int]:
     return [1, 0] + list(range(2, n))
 
 
+def _nbits_rows_layout(x, w, scales, zero_points=None, bias=None, residual=None, norm_weight=None,
+                       **static):
+    # The rows layout (ops.linear.to_rows_layout) interleaves 64 W rows a group: rows and K stay
+    # whole (batch only) until a split by row groups is written.
+    meta = "groups kb t"
+    return Layout(("b kw", "groups steps blob", meta, None if zero_points is None else meta,
+                   None if bias is None else "nr", None if residual is None else "b o",
+                   None if norm_weight is None else "kw"), ("b o",))
+
+
 #: The linear target (and its spec reference.linear.linear): x [M, K], w [N, K], bias [N],
 #: residual [M, N_out], norm_weight [K] -> [M, N_out].
 LINEAR = Rule("linear", _linear_layout, per_shard=_partial_sums(2, 3), priority=_weight_first)
@@ -724,3 +734,6 @@ LINEAR = Rule("linear", _linear_layout, per_shard=_partial_sums(2, 3), priority=
 #: norm_weight as LINEAR.
 MATMUL_NBITS = Rule("matmul_nbits", _nbits_layout, per_shard=_partial_sums(4, 5),
                     priority=_weight_first)
+#: The matmul_nbits target with 4-bit weights in the rows layout: w [ceil(N / 64), K / 16, 512],
+#: scales / zero_points [ceil(N / 64), K / block, 64], the rest as MATMUL_NBITS; batch only.
+MATMUL_NBITS_ROWS = Rule("matmul_nbits (rows layout)", _nbits_rows_layout)

@@ -184,8 +184,18 @@ class GenerationResult:
         return [p + t for p, t in zip(self.prompts, self.tokens)]
 
 
-def _load(model, dtype):
-    """A lowered model: anything with `fixed_cache_step` and `params` is taken as is."""
+def nbits_layout_for(batch: int, mesh=None) -> str:
+    """The MatMulNBits weight layout a session loads: "rows" for decode steps of 2+ rows on one
+    device when `cuda_matmul.rows_layout_enabled()` (the rows layout's partitioning is batch-only),
+    else "onnx"."""
+    from jax_onnx_attn.ops import cuda_matmul
+
+    return "rows" if batch >= 2 and mesh is None and cuda_matmul.rows_layout_enabled() else "onnx"
+
+
+def _load(model, dtype, batch: int = 1, nbits_layout: str = "onnx"):
+    """A lowered model: anything with `fixed_cache_step` and `params` is taken as is (its layout
+    too)."""
     if hasattr(model, "fixed_cache_step") and hasattr(model, "params"):
         if dtype is not None:
             raise ValueError("dtype applies when the session loads the model; this one is already lowered")
@@ -198,7 +208,8 @@ def _load(model, dtype):
             from jax_onnx_attn.onnx import load
         except ImportError as e:
             raise RuntimeError(f"the ONNX lowering (jax_onnx_attn.onnx) cannot be imported: {e}") from e
-    return load(model, dtype=dtype)
+    rows = {} if nbits_layout == "onnx" else {"nbits_layout": nbits_layout, "decode_rows": batch}
+    return load(model, dtype=dtype, **rows)
 
 
 def _takes(fn, name: str) -> bool:
@@ -281,7 +292,7 @@ class DecoderSession:
         # model larger than one device never lands whole on one.
         with (jax.default_device(jax.local_devices(backend="cpu")[0]) if mesh is not None
               else contextlib.nullcontext()):
-            self.lowered = _load(model, dtype)
+            self.lowered = _load(model, dtype, batch, nbits_layout_for(batch, mesh))
         self.max_length, self.batch, self.steps_per_call = int(max_length), int(batch), int(steps_per_call)
         self.compiler_options = (default_compiler_options() if compiler_options is None
                                  else dict(compiler_options))

@@ -36,4 +36,11 @@ JOA_GEMV_DECLARE(__nv_bfloat16, 4, false)
 JOA_GEMV_DECLARE(__nv_bfloat16, 4, true)
 #undef JOA_GEMV_DECLARE
 
+// Launches the rows kernel (rows.cuh) for 4-bit weights in the rows layout with `plan`
+// (MakeRowsPlan).
+template <typename T>
+cudaError_t LaunchRows(GemvParams p, const Plan& plan, Fusion fusion, bool pdl, cudaStream_t stream);
+extern template cudaError_t LaunchRows<__half>(GemvParams, const Plan&, Fusion, bool, cudaStream_t);
+extern template cudaError_t LaunchRows<__nv_bfloat16>(GemvParams, const Plan&, Fusion, bool, cudaStream_t);
+
 }  // namespace joa::gemv

@@ -55,6 +55,26 @@ inline ffi::Error PlanAndLaunch(GemvParams& p, ffi::DataType dtype, int bits, Fu
   return ffi::Error::Success();
 }
 
+// Plans the rows kernel (MakeRowsPlan) for p's shape and launches it: 4-bit weights in the rows
+// layout. cluster / warps_n / depth > 0 force the plan's choice.
+inline ffi::Error RowsPlanAndLaunch(GemvParams& p, ffi::DataType dtype, Fusion fusion, int64_t block_size,
+                                    int64_t cluster, int64_t warps_n, int64_t depth, bool pdl,
+                                    cudaStream_t stream, const char* op) {
+  const Plan plan = MakeRowsPlan(p.m, p.n_rows, p.k, block_size, fusion.gated, fusion.norm, Sm90(), cluster,
+                                 warps_n, depth);
+  if (!plan.error.empty()) return InvalidArgument(std::string(op) + ": " + plan.error);
+  if (plan.n_out != p.n_out) return InvalidArgument(std::string(op) + ": output width mismatch");
+  cudaError_t err;
+  switch (dtype) {
+    case ffi::DataType::F16: err = LaunchRows<__half>(p, plan, fusion, pdl, stream); break;
+    case ffi::DataType::BF16: err = LaunchRows<__nv_bfloat16>(p, plan, fusion, pdl, stream); break;
+    default:
+      return InvalidArgument(std::string(op) + ": the GEMV kernels take f16 and bf16 only");
+  }
+  if (err != cudaSuccess) return ffi::Error::Internal(std::string(op) + ": " + cudaGetErrorString(err));
+  return ffi::Error::Success();
+}
+
 // The optional operands every GEMV handler takes (bias [n_rows], residual [m, n_out], RMS-norm
 // weight [k], all of x's dtype): checks what guards memory and points p at them.
 inline std::string ConfigureExtras(GemvParams& p, ffi::DataType dtype, const ffi::AnyBuffer& bias,

@@ -11,6 +11,7 @@
 #include "kernels/gemv/epilogue.cuh"
 #include "kernels/gemv/gemv.h"
 #include "kernels/gemv/kernel.cuh"
+#include "kernels/gemv/rows.cuh"
 #include "kernels/gemv/slots.cuh"
 #include "kernels/gemv/stage.cuh"
 #include "kernels/gemv/weights.cuh"
@@ -20,10 +21,10 @@ namespace joa::gemv {
 // Launches `kernel` on the plan's grid with `smem` bytes of dynamic shared memory (set as a
 // function attribute: not stream work, so allowed while XLA captures the stream; set on every
 // launch because it is per device), the plan's cluster and, with pdl, as a programmatic dependent.
-// max_shared: the carveout that lets ctas_per_sm CTAs share an SM (W bypasses L1).
+// max_shared: the carveout that lets ctas_per_sm CTAs share an SM (W bypasses L1). threads: a CTA's.
 template <class Kernel>
 cudaError_t LaunchPlanned(Kernel* kernel, const GemvParams& p, const Plan& plan, int smem, bool max_shared,
-                          bool pdl, cudaStream_t stream) {
+                          bool pdl, cudaStream_t stream, int threads = kThreads) {
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err == cudaSuccess && max_shared) {
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
@@ -35,7 +36,7 @@ cudaError_t LaunchPlanned(Kernel* kernel, const GemvParams& p, const Plan& plan,
   if (err != cudaSuccess) return err;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(plan.grid));
-  cfg.blockDim = dim3(kThreads);
+  cfg.blockDim = dim3(unsigned(threads));
   cfg.dynamicSmemBytes = size_t(smem);
   cfg.stream = stream;
   cudaLaunchAttribute attr[2];
@@ -136,6 +137,47 @@ cudaError_t LaunchDenseRowKernel(const GemvParams& p, const Plan& plan, bool pdl
                        /*max_shared=*/false, pdl, stream);
 }
 
+// The rows kernel (4-bit weights in the rows layout; plan.rows): the instantiation for the plan's
+// n8 tiles, W stages in flight and stages a quantisation block (block_size 32 or 128).
+template <typename T, class Prologue, class Epilogue, int kNT, int kDS>
+cudaError_t LaunchRowsSpb(const GemvParams& p, const Plan& plan, bool pdl, cudaStream_t stream) {
+  const int threads = 32 * plan.warps_n;
+  // The default carveout, as the one-row kernels: W goes straight into registers.
+  if (p.block_shift == 5) {
+    return LaunchPlanned(GemvRowsKernel<T, kNT, kDS, 1, Prologue, Epilogue>, p, plan, int(plan.smem_bytes),
+                         /*max_shared=*/false, pdl, stream, threads);
+  }
+  if (p.block_shift == 7) {
+    return LaunchPlanned(GemvRowsKernel<T, kNT, kDS, 4, Prologue, Epilogue>, p, plan, int(plan.smem_bytes),
+                         /*max_shared=*/false, pdl, stream, threads);
+  }
+  return cudaErrorInvalidValue;  // plan.h takes blocks of 32 and 128 only
+}
+
+template <typename T, class Prologue, class Epilogue, int kNT>
+cudaError_t LaunchRowsDepth(const GemvParams& p, const Plan& plan, bool pdl, cudaStream_t stream) {
+  switch (plan.stages) {
+    case 2: return LaunchRowsSpb<T, Prologue, Epilogue, kNT, 2>(p, plan, pdl, stream);
+    case 4: return LaunchRowsSpb<T, Prologue, Epilogue, kNT, 4>(p, plan, pdl, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+template <typename T>
+cudaError_t LaunchRows(GemvParams p, const Plan& plan, Fusion fusion, bool pdl, cudaStream_t stream) {
+  if (!plan.rows) return cudaErrorInvalidValue;
+  ApplyPlan(p, plan, pdl);
+  return WithPolicies(fusion, [&](auto pol) {
+    using Pro = typename decltype(pol)::Prologue;
+    using Epi = typename decltype(pol)::Epilogue;
+    switch (plan.nt) {
+      case 1: return LaunchRowsDepth<T, Pro, Epi, 1>(p, plan, pdl, stream);
+      case 2: return LaunchRowsDepth<T, Pro, Epi, 2>(p, plan, pdl, stream);
+      default: return LaunchRowsDepth<T, Pro, Epi, 4>(p, plan, pdl, stream);
+    }
+  });
+}
+
 template <typename T, int kBits, bool kWide>
 cudaError_t LaunchFormat(GemvParams p, const Plan& plan, Fusion fusion, bool pdl, cudaStream_t stream) {
   static_assert(kBits != 16 || !kWide, "dense weights have one format");
@@ -162,6 +204,9 @@ cudaError_t LaunchFormat(GemvParams p, const Plan& plan, Fusion fusion, bool pdl
 
 // Explicit instantiations live in one translation unit per (dtype, format) (inst/*.cu), so the
 // build compiles them in parallel; handlers include gemv.h only.
+#define JOA_GEMV_INSTANTIATE_ROWS(T) \
+  template cudaError_t joa::gemv::LaunchRows<T>(joa::gemv::GemvParams, const joa::gemv::Plan&, joa::gemv::Fusion, \
+                                                bool, cudaStream_t);
 #define JOA_GEMV_INSTANTIATE(T, B, W)                                                            \
   template cudaError_t joa::gemv::LaunchFormat<T, B, W>(joa::gemv::GemvParams, const joa::gemv::Plan&, \
                                                         joa::gemv::Fusion, bool, cudaStream_t);

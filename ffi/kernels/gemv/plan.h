@@ -126,6 +126,11 @@ struct Plan {
   // One row of dense weights on the dense row kernel (dense_row.cuh): the slots kernel's geometry
   // (one 16-row tile a CTA at a time, warps splitting K, W straight into registers), no cluster.
   bool dense_row = false;
+  // 4-bit weights in the rows layout on the rows kernel (rows.cuh; MakeRowsPlan): cluster = its K
+  // split, warps_n = row groups (warps) a CTA, stages = W stages a warp has in flight, rows_block =
+  // the CTA's W rows; x_bytes / red_bytes its x slice and partial sums (aliased), gamma_offset the
+  // norm's statistics.
+  bool rows = false;
   int m = 0, n_rows = 0, n_out = 0, k = 0, bits = 16, nt = 1;
   bool wide = false;     // n-bit weights in the two-piece format (FormatInfo)
   int quads = 2, lane_k = 16, chunk_k = 64, lane_stride = 8, quad_stride = 8, pieces = 2, piece_stride = 32;
@@ -348,6 +353,125 @@ inline Plan MakePlan(int64_t m, int64_t n_rows, int64_t k, int bits, bool gated,
   if (!found) {
     return fail("x's share of K does not fit in shared memory (M * K too large" +
                 std::string(sm90 ? "" : " below sm_90 (no clusters)") + ")");
+  }
+  return best;
+}
+
+// The rows layout (rows.cuh, jax_onnx_attn.ops.linear.pack_nbits_rows): 4-bit weights for 2..32
+// rows of x. A warp owns a row group of kRowsGroup W rows (four m16 tiles) and streams its K range
+// straight into registers, kRowsStageK elements (1 KB of W) a stage.
+inline constexpr int kRowsGroup = 64;
+inline constexpr int kRowsStageK = 32;
+// Row groups (warps) a CTA may take, and W stages a warp may keep in flight.
+inline constexpr int kRowsWarps[4] = {8, 4, 2, 1};
+inline constexpr int kRowsDepths[2] = {4, 2};
+// The planner's targets (H200 sweep of tools/probes/gemv_int4_rows.cu at M = 8, 2026-12-02): a CTA
+// for (nearly) every SM, and enough warps streaming that each has at most kRowsWarpBytes of W
+// (capped at kRowsMaxWarps). Among the layouts that reach both it takes the fewest K splits
+// (each adds a cluster's reduction and a smaller x slice per CTA), then the most warps a CTA. On
+// the ~8B shapes this picks the sweep's best measured layouts: o / qkv 4 warps x 8 splits (8.8 /
+// 9.8 us against 14.6 / 15.3 at 8 x 16), gate-up 8 x 4, down 8 x 16, the LM head 8 x 1.
+inline constexpr int kRowsMinCtas = 128;
+inline constexpr int64_t kRowsWarpBytes = 32 * 1024;
+inline constexpr int kRowsMaxWarps = 1024;
+
+// Shared memory of the rows kernel: x's K slice in fragment order (16 bytes per x row of an n8
+// tile per 8 k), aliased after the stream by the partial sums [8 nt][64 warps_n + 8] f32; then,
+// with the norm, the threads' sums of squares and per-x-row sums and inverse RMS.
+inline void RowsSmem(Plan& p) {
+  const int64_t x = int64_t(p.k / p.cluster) * p.nt * 16;
+  const int64_t part = int64_t(8) * p.nt * (p.rows_block + 8) * 4;
+  p.x_bytes = Align16(x);
+  p.red_bytes = Align16(part);
+  p.gamma_offset = std::max(p.x_bytes, p.red_bytes);
+  p.ring_offset = p.gamma_offset;
+  p.smem_bytes = p.gamma_offset + (p.norm ? (int64_t(32) * p.warps_n + 2 * kMaxM) * 4 : 0);
+}
+
+// The plan of y[m, n_out] = x[m, k] W^T for 4-bit weights in the rows layout (block_size 32 or
+// 128). force_cluster / force_warps_n / force_depth > 0 fix that choice (sweeps). Below sm_90: no
+// clusters (one CTA takes all of K).
+inline Plan MakeRowsPlan(int64_t m, int64_t n_rows, int64_t k, int64_t block_size, bool gated, bool norm,
+                         bool sm90, int64_t force_cluster = 0, int64_t force_warps_n = 0,
+                         int64_t force_depth = 0) {
+  Plan best;
+  auto fail = [&](const std::string& why) {
+    best.error = "rows layout: " + why;
+    return best;
+  };
+  if (m < 1 || m > kMaxM) return fail("x must have 1 to " + std::to_string(kMaxM) + " rows");
+  if (block_size != 32 && block_size != 128) return fail("block_size must be 32 or 128");
+  if (k < block_size || k % block_size != 0 || k > (int64_t(1) << 30)) {
+    return fail("K must be a positive multiple of block_size");
+  }
+  if (n_rows < 8 || n_rows % (gated ? 16 : 8) != 0 || n_rows > (int64_t(1) << 30)) {
+    return fail(gated ? "gated W rows must be a positive multiple of 16" : "N must be a positive multiple of 8");
+  }
+  if (force_cluster < 0 || force_cluster > kMaxCluster || (force_cluster & (force_cluster - 1))) {
+    return fail("cluster must be 0 (planned) or a power of two up to 16");
+  }
+  if (force_warps_n < 0 || force_warps_n > kWarps || (force_warps_n & (force_warps_n - 1))) {
+    return fail("warps_n must be 0 (planned), 1, 2, 4 or 8");
+  }
+  if (force_depth != 0 && force_depth != 2 && force_depth != 4) return fail("depth must be 0 (planned), 2 or 4");
+  if (force_cluster > 1 && !sm90) return fail("thread-block clusters need sm_90 or newer");
+  const int64_t groups = CeilDiv(n_rows, kRowsGroup);
+  const int64_t w_bytes = groups * kRowsGroup * k / 2;
+  const int64_t want_warps = std::max<int64_t>(1, std::min<int64_t>(kRowsMaxWarps, w_bytes / kRowsWarpBytes));
+  const int64_t budget = sm90 ? kSmemOnePerSm : kSmemOnePerSm80;
+  bool found = false;
+  bool best_full = false;
+  for (int rw : kRowsWarps) {
+    if (force_warps_n > 0 ? rw != force_warps_n : rw < 4) continue;  // planned: 8 or 4 warps a CTA
+    for (int s = 1; s <= (sm90 ? kMaxCluster : 1); s *= 2) {
+      if (force_cluster > 0 && s != force_cluster) continue;
+      // Each rank finishes 64 rw / s rows of the CTA's block: whole gate / up pairs of 8.
+      if (k % (s * block_size) != 0 || kRowsGroup * rw / s < 16) continue;
+      Plan p;
+      p.rows = true;
+      p.m = int(m);
+      p.n_rows = int(n_rows);
+      p.n_out = int(gated ? n_rows / 2 : n_rows);
+      p.k = int(k);
+      p.bits = 4;
+      p.norm = norm;
+      p.nt = TilesM(m);
+      p.cluster = s;
+      p.warps_n = rw;
+      p.warps_k = 1;
+      p.stages = force_depth > 0 ? int(force_depth) : kRowsDepths[0];
+      p.rows_block = kRowsGroup * rw;
+      p.blocks = int(CeilDiv(groups, rw));
+      p.groups = p.blocks;
+      p.grid = p.blocks * s;
+      p.waves = 1;
+      p.ctas_per_sm = 1;
+      RowsSmem(p);
+      // A cluster of 16 needs CTAs that share SMs (16 one-CTA SMs in a GPC: not guaranteed).
+      if (p.smem_bytes > budget || (s > 8 && p.smem_bytes > (sm90 ? kSmemTwoPerSm : kSmemTwoPerSm80))) continue;
+      const bool full = p.grid >= kRowsMinCtas && int64_t(p.grid) * rw >= want_warps;
+      bool better;
+      if (!found) {
+        better = true;
+      } else if (full != best_full) {
+        better = full;
+      } else if (full) {
+        better = s < best.cluster || (s == best.cluster && rw > best.warps_n);
+      } else {  // none reaches the targets (a small weight): the most warps, then the fewest splits
+        const int64_t a = int64_t(p.grid) * rw, b = int64_t(best.grid) * best.warps_n;
+        better = a > b || (a == b && s < best.cluster);
+      }
+      if (better) {
+        best = p;
+        best_full = full;
+        found = true;
+      }
+    }
+  }
+  if (!found) {
+    return fail("no layout fits (K " + std::to_string(k) + " with block_size " + std::to_string(block_size) +
+                (force_cluster > 0 ? ", cluster " + std::to_string(force_cluster) : std::string()) +
+                ": x's K slice must fit in shared memory and the cluster must divide K into whole blocks)");
   }
   return best;
 }

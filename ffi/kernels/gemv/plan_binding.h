@@ -13,8 +13,16 @@ inline void BindPlan(nanobind::module_& m) {
   namespace nb = nanobind;
   m.def("gemv_plan",
         [](int64_t rows, int64_t n_rows, int64_t k, int bits, bool gated, bool norm, bool sm90,
-           int64_t cluster, int64_t warps_k, bool wide, int64_t block_size, bool slots) {
-          const Plan p = MakePlan(rows, n_rows, k, bits, gated, norm, sm90, cluster, warps_k, wide, block_size, slots);
+           int64_t cluster, int64_t warps_k, bool wide, int64_t block_size, bool slots, bool rows_layout,
+           int64_t warps_n, int64_t depth) {
+          Plan p;
+          if (rows_layout) {
+            p = bits == 4 ? MakeRowsPlan(rows, n_rows, k, block_size, gated, norm, sm90, cluster, warps_n, depth)
+                          : Plan{};
+            if (bits != 4) p.error = "rows layout: 4-bit weights only";
+          } else {
+            p = MakePlan(rows, n_rows, k, bits, gated, norm, sm90, cluster, warps_k, wide, block_size, slots);
+          }
           nb::dict d;
           d["error"] = p.error.empty() ? nb::object(nb::none()) : nb::object(nb::str(p.error.c_str()));
           d["m"] = p.m; d["n_rows"] = p.n_rows; d["n_out"] = p.n_out; d["k"] = p.k; d["bits"] = p.bits;
@@ -30,16 +38,19 @@ inline void BindPlan(nanobind::module_& m) {
           d["est_us"] = p.est_us;
           d["slots"] = p.slots;
           d["dense_row"] = p.dense_row;
+          d["rows_layout"] = p.rows;
           return d;
         },
         nb::arg("rows"), nb::arg("n_rows"), nb::arg("k"), nb::arg("bits"), nb::arg("gated"), nb::arg("norm"),
         nb::arg("sm90"), nb::arg("cluster") = 0, nb::arg("warps_k") = 0, nb::arg("wide") = false,
-        nb::arg("block_size") = 0, nb::arg("slots") = false,
+        nb::arg("block_size") = 0, nb::arg("slots") = false, nb::arg("rows_layout") = false,
+        nb::arg("warps_n") = 0, nb::arg("depth") = 0,
         "The GEMV engine's launch plan for x [rows, k] and a weight of n_rows rows of `bits`-bit "
         "elements (16 dense, 8, 4), with the RMS-norm prologue or not, on an sm_90+ GPU (sm90) or an older one, "
         "n-bit weights in the two-piece format (wide) or not, their block_size, whether one row of "
         "4-bit wide weights may take the slots kernel and one row of dense weights the dense row kernel "
-        "(slots): a dict of its fields, "
+        "(slots), or for 4-bit weights in the rows layout (rows_layout: the rows kernel; cluster, warps_n, "
+        "depth > 0 force its K split, warps a CTA and W stages in flight a warp): a dict of its fields, "
         "'error' None when the engine takes it.");
 }
 

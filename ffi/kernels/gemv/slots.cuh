@@ -116,16 +116,7 @@ struct SlotFormat {
       const int word = q & 3;
       const uint32_t v = word == 0 ? w4.x : word == 1 ? w4.y : word == 2 ? w4.z : w4.w;
       uint32_t pr[4];  // (e0, e4), (e1, e5), (e2, e6), (e3, e7)
-      if constexpr (kHalf) {
-        const uint32_t v8 = v >> 8;
-        pr[0] = AndOr(v, 0x000F000Fu, 0x64006400u);
-        pr[1] = AndOr(v, 0x00F000F0u, 0x64006400u);
-        pr[2] = AndOr(v8, 0x000F000Fu, 0x64006400u);
-        pr[3] = AndOr(v8, 0x00F000F0u, 0x64006400u);
-      } else {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) pr[i] = AndOr(v >> (4 * i), 0x000F000Fu, 0x43004300u);
-      }
+      MagicNibbles<T>(v, pr);
       a[0][h] = pr[0];
       a[0][2 + h] = pr[1];
       a[1][h] = pr[2];

@@ -98,6 +98,24 @@ __device__ __forceinline__ uint32_t AsU32(H2 v) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// The 8 nibbles e0..e7 of v (element j in bits 4 j) as raw T pairs, one lop3 each:
+// pr = (e0, e4), (e1, e5), (e2, e6), (e3, e7). f16: 0x6400 | n = 1024 + n for e0..e3's pairs at
+// even positions (pr[0], pr[2]) and 0x6400 | 16 n = 1024 + 16 n for pr[1], pr[3] (no shift); bf16:
+// 0x4300 | n = 128 + n for all (v >> 4 i: bf16 has no room for 16 n).
+template <typename T>
+__device__ __forceinline__ void MagicNibbles(uint32_t v, uint32_t (&pr)[4]) {
+  if constexpr (std::is_same_v<T, __half>) {
+    const uint32_t v8 = v >> 8;
+    pr[0] = AndOr(v, 0x000F000Fu, 0x64006400u);
+    pr[1] = AndOr(v, 0x00F000F0u, 0x64006400u);
+    pr[2] = AndOr(v8, 0x000F000Fu, 0x64006400u);
+    pr[3] = AndOr(v8, 0x00F000F0u, 0x64006400u);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) pr[i] = AndOr(v >> (4 * i), 0x000F000Fu, 0x43004300u);
+  }
+}
+
 // (a - b) * s on 2 packed T values, each operation rounded once (a - b is exact here).
 template <typename T>
 __device__ __forceinline__ uint32_t SubMul(uint32_t a, uint32_t b, uint32_t s) {

@@ -167,7 +167,8 @@ def fused_linear(ctx, x, w, scales=None, zero_points=None, bias=None, residual=N
       x: [..., K] float. w: [N, K] of x's dtype (weight-major), or MatMulNBits' packed uint8
         [N, k_blocks, block_size·bits/8] when attribute bits > 0 (then scales and zero_points
         (None or uint8) [N, k_blocks] as `ops.prepare_nbits` returns them, or tiled
-        [ceil(N/16), k_blocks, 16] as `ops.tile_nbits_meta` makes them at load).
+        [ceil(N/16), k_blocks, 16] as `ops.tile_nbits_meta` makes them at load); with attribute
+        layout="rows", all three in the rows layout (`ops.to_rows_layout`).
       bias: [N] or None. residual: [..., N_out] or None. norm_weight: [K] or None (attribute
         norm_epsilon). Attribute gated=1: W's rows interleave gate and up (`ops.interleave_gate_up`)
         and y is [..., N/2].
@@ -192,7 +193,8 @@ def fused_linear(ctx, x, w, scales=None, zero_points=None, bias=None, residual=N
         late, common["residual"] = residual, None  # a broadcasting add: after the product
     if bits:
         y = ops.matmul_nbits(x, w, scales, zero_points, bias, k=int(ctx.attr("K")), n=n_out,
-                             bits=bits, block_size=int(ctx.attr("block_size")), **common)
+                             bits=bits, block_size=int(ctx.attr("block_size")),
+                             layout=ctx.attr("layout", "onnx"), **common)
     else:
         y = ops.linear(x, w, bias, **common)
     return y if late is None else y + late

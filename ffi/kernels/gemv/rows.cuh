@@ -1,0 +1,333 @@
+// The GEMV engine's multi-row path for 4-bit weights: y[M, N] = epilogue(prologue(x)[M, K] W^T)
+// for M = 2..32 (1 works) with W in the "rows" layout, made once at load
+// (jax_onnx_attn.ops.linear.pack_nbits_rows). From tools/probes/gemv_int4_rows.cu (its MODE 1).
+//
+// Why: the ring kernel (kernel.cuh) stages all of x per CTA (64 KB at M = 8, K = 4096), which caps
+// its occupancy and ring depth: 0.12-0.5 of a weights-only stream at M = 8..32. Here each CTA stages
+// only its cluster rank's K slice of x, and W goes straight from HBM into registers.
+//
+// Layout (plan.h's kRowsGroup, kRowsStageK):
+// - W (uint8 [ceil(N / 64), K / 16, 512]): a warp owns a row group of 64 W rows (four m16 tiles i).
+//   For each k16 step j the group's 512 bytes are lane-major: lane (g, t)'s 16 bytes are 4 words,
+//   word i = the MMA A fragment of tile i as 8 nibbles, nibble 4 e + 2 c + h = W[16 i + g + 8 h]
+//   [16 j + 8 c + 2 t + e] (h: row g or g + 8; c: k or k + 8; e: the pair's element). A warp's
+//   stream along K is contiguous (512 bytes a step, 1 KB a stage of 32 k).
+// - scales (T [ceil(N / 64), K / bs, 64]) and zero points (uint8, the same shape, or none: 8):
+//   per (row group, block) 8 values for each g, value 2 i + h = row 16 i + g + 8 h. A lane loads
+//   its 16 + 8 bytes with the stage that starts a block.
+// Rows past N are zeros (their outputs are never stored).
+//
+// Dequantisation of a word v (two nibbles a 32-bit pair, one lop3 each): f16 0x6400 | n = 1024 + n
+// for the low nibbles (masks 0x000F000F on v, v >> 8) and 0x6400 | 16 n = 1024 + 16 n for the
+// high ones (0x00F000F0); bf16 0x4300 | n = 128 + n (v >> 4 e). Then two exact-or-once-rounded
+// fma: (raw * mul + add) = q - zp exactly (f16 rows g: 1 and -(1024 + zp); rows g + 8: 1/16 and
+// -(64 + zp); bf16: 1 and -(128 + zp)), then (q - zp) * scale + (-0) rounded once to T: the
+// reference's own dequantised weight (jax_onnx_attn.ops.reference.linear.dequantize_nbits), so the
+// MMAs (f32 accumulation) see the reference's W.
+//
+// Geometry (plan.h's MakeRowsPlan): a CTA of warps_n warps owns warps_n row groups and K slice
+// rank of the cluster's `cluster` CTAs, which split K. x's slice is staged once per CTA in B
+// fragment order (a 16-byte shared load per lane per n8 tile gives two k16 steps), rows past M
+// zeros; with the RMS-norm prologue each CTA sums its slice's squares and the cluster adds the CTAs'
+// sums in rank order. Each warp keeps `stages` (plan) stages of W in flight in registers. The
+// cluster's partial sums are added through distributed shared memory in rank order (deterministic,
+// no atomics): partials into the CTA's shared memory (aliasing x), cluster barrier, rank r adds
+// its 1 / cluster of the block's rows over ranks 0..cluster-1 and applies the epilogue, barrier.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/gemv/cluster.cuh"
+#include "kernels/gemv/epilogue.cuh"
+#include "kernels/gemv/params.h"
+#include "kernels/gemv/plan.h"
+#include "kernels/gemv/stage.cuh"
+#include "kernels/gemv/weights.cuh"
+#include "kernels/ptx.cuh"
+
+namespace joa::gemv {
+
+// d = a * b + c on T pairs, one rounding.
+template <typename T>
+__device__ __forceinline__ uint32_t Fma2(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  if constexpr (std::is_same_v<T, __half>) {
+    asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  } else {
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  }
+  return d;
+}
+
+__device__ __forceinline__ uint2 LoadStream8(const void* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint32_t Word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+template <typename T>
+struct RowsDequant {
+  static constexpr bool kHalf = std::is_same_v<T, __half>;
+  static constexpr uint32_t kNegZero = 0x80008000u;
+
+  // Per block and (tile i, h): the pair that multiplies the raw halves and the one added (the zero
+  // point's offset, negated), from the block's zero-point bytes zw (byte jj = that of row (i, h)).
+  __device__ __forceinline__ static uint32_t Mul(int h) {
+    if constexpr (kHalf) return h ? 0x2C002C00u /* 1/16 */ : 0x3C003C00u /* 1 */;
+    return 0x3F803F80u;  // 1
+  }
+  __device__ __forceinline__ static uint32_t Add(uint32_t zw, int h, int jj) {
+    const uint32_t sel = 0x4040u | uint32_t(jj) | (uint32_t(jj) << 8);  // (z, hi, z, hi)
+    if constexpr (kHalf) return h ? Prmt(zw << 4, 0xD4u, sel) /* -(64 + z): 16 z in the low byte */
+                                  : Prmt(zw, 0xE4u, sel) /* -(1024 + z) */;
+    return Prmt(zw, 0xC3u, sel);  // -(128 + z)
+  }
+
+};
+
+// One stage of a lane: W of k16 steps 0, 1 and, with the stage that starts a block, its metadata.
+struct RowsStage {
+  uint4 w[2];
+  uint4 sc;
+  uint2 zr;
+};
+
+// NT n8 tiles of x rows, DS stages in flight a warp, SPB stages a block (1: bs 32, 4: bs 128).
+template <typename T, int NT, int DS, int SPB, class Prologue, class Epilogue>
+__global__ void __launch_bounds__(kThreads) GemvRowsKernel(const __grid_constant__ GemvParams p) {
+  using D = RowsDequant<T>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int threads = int(blockDim.x);
+  const int g = lane >> 2, t = lane & 3;
+  const int S = p.cluster;
+  const int rank = ClusterRank(S);
+  const int rb = int(blockIdx.x) / S;
+  const int rg = rb * p.warps_n + warp;
+  const int rgs = (p.n_rows + kRowsGroup - 1) / kRowsGroup;
+  const int ks = p.k / S, k0 = rank * ks, stages = ks / kRowsStageK;
+  const bool live = rg < rgs;
+
+  ptx::LaunchDependents();
+
+  // W first (a parameter: no kernel of the program writes it), then x after the previous kernel.
+  const uint4* wp = static_cast<const uint4*>(p.w) + (int64_t(rg) * (p.k / 16) + k0 / 16) * 32 + lane;
+  const int64_t meta0 = (int64_t(rg) * p.k_blocks + (k0 >> p.block_shift)) * 8 + g;
+  int ld = 0;
+  auto load = [&](RowsStage& st, bool block_start) {
+    if (live && ld < stages) {
+      st.w[0] = LoadStream16(wp);
+      st.w[1] = LoadStream16(wp + 32);
+      wp += 64;
+      if (block_start) {
+        const int64_t at = meta0 + int64_t(ld / SPB) * 8;
+        st.sc = LoadStream16(static_cast<const uint4*>(p.scales) + at);
+        st.zr = p.zeros != nullptr ? LoadStream8(reinterpret_cast<const uint2*>(p.zeros) + at)
+                                   : make_uint2(0x08080808u, 0x08080808u);
+      }
+    }
+    ++ld;
+  };
+  // Whether stage st (= st0 + s, st0 % DS == 0) starts a block: at compile time where DS % SPB == 0.
+  auto starts = [&](int s, int st) { return (DS % SPB == 0) ? (s % SPB == 0) : (st % SPB == 0); };
+  RowsStage buf[DS];
+#pragma unroll
+  for (int s = 0; s < DS; ++s) load(buf[s], starts(s, s));
+
+  ptx::WaitForPrimary();  // x, gamma, bias, residual may come from the previous kernel
+
+  // x's slice into fragment order: item (c, m) = x[m][k0 + 32 c .. + 31] (64 bytes) becomes the units
+  // of lanes (g = m % 8, t = 0..3) of n8 tile m / 8, unit t = pairs {t, t + 4, t + 8, t + 12} of the
+  // item (pair j = elements 2 j, 2 j + 1). threads % (8 NT) == 0, so a thread's items share x row m.
+  uint4* s_x = reinterpret_cast<uint4*>(smem);
+  constexpr int kBatch = 4;  // items a thread has in flight at once
+  const int items = stages * 8 * NT;
+  float ss = 0.f;  // the norm's sum of squares of this thread's items
+  for (int base = tid; base < items; base += kBatch * threads) {
+    uint4 xv[kBatch][4];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int idx = base + b * threads;
+      const int c = idx / (8 * NT), m = idx % (8 * NT);
+      const uint4* src = reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) + int64_t(m) * p.k + k0 + 32 * c);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) xv[b][u] = idx < items && m < p.m ? LoadInput16(src + u) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int idx = base + b * threads;
+      if (idx >= items) break;
+      const int c = idx / (8 * NT), m = idx % (8 * NT);
+      uint32_t w[16];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        w[4 * u] = xv[b][u].x, w[4 * u + 1] = xv[b][u].y, w[4 * u + 2] = xv[b][u].z, w[4 * u + 3] = xv[b][u].w;
+        if constexpr (Prologue::kNorm) ss = AddSquares8<T>(xv[b][u], ss);
+      }
+      uint4* dst = s_x + (c * NT + m / 8) * 32 + (m % 8) * 4;
+      // Lanes m and m + 1 write 64 bytes apart: rotating the unit order by m spreads eight lanes'
+      // 16-byte stores over all banks.
+#pragma unroll
+      for (int u0 = 0; u0 < 4; ++u0) {
+        const int u = (u0 + m) & 3;
+        dst[u] = make_uint4(u == 0 ? w[0] : u == 1 ? w[1] : u == 2 ? w[2] : w[3],
+                            u == 0 ? w[4] : u == 1 ? w[5] : u == 2 ? w[6] : w[7],
+                            u == 0 ? w[8] : u == 1 ? w[9] : u == 2 ? w[10] : w[11],
+                            u == 0 ? w[12] : u == 1 ? w[13] : u == 2 ? w[14] : w[15]);
+      }
+    }
+  }
+  if constexpr (Prologue::kNorm) {
+    // Per x row: the threads' sums in thread order, the cluster's CTAs in rank order (every CTA
+    // gets the same bits); then x <- round(x r gamma) in place, each thread on its own items.
+    float* s_tss = reinterpret_cast<float*>(smem + p.gamma_offset);  // [threads]
+    float* s_row = s_tss + threads;                                   // [kMaxM] this CTA's sums
+    float* s_inv = s_row + kMaxM;                                     // [kMaxM] inverse RMS
+    s_tss[tid] = ss;
+    __syncthreads();
+    if (tid < 8 * NT) {
+      float sum = 0.f;
+      for (int i = tid; i < threads; i += 8 * NT) sum += s_tss[i];
+      s_row[tid] = sum;
+    }
+    ClusterSync(S);
+    if (tid < 8 * NT) {
+      float sum = 0.f;
+      for (int r = 0; r < S; ++r) sum += (r == rank ? s_row : RemoteShared(s_row, r))[tid];
+      s_inv[tid] = rsqrtf(__fdiv_rn(sum, float(p.k)) + p.eps);
+    }
+    __syncthreads();
+    const T* gamma = static_cast<const T*>(p.gamma);
+    for (int idx = tid; idx < items; idx += threads) {
+      const int c = idx / (8 * NT), m = idx % (8 * NT);
+      if (m >= p.m) continue;  // zeros stay zeros
+      const uint4* gsrc = reinterpret_cast<const uint4*>(gamma + k0 + 32 * c);
+      uint32_t gw[16];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const uint4 v = LoadInput16(gsrc + u);
+        gw[4 * u] = v.x, gw[4 * u + 1] = v.y, gw[4 * u + 2] = v.z, gw[4 * u + 3] = v.w;
+      }
+      uint4* dst = s_x + (c * NT + m / 8) * 32 + (m % 8) * 4;
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        dst[u] = Prologue::template Apply<T>(dst[u], s_inv[m], make_uint4(gw[u], gw[u + 4], gw[u + 8], gw[u + 12]));
+      }
+    }
+  }
+  __syncthreads();
+
+  float acc[4][NT][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][nt][e] = 0.f;
+  // The current block's scale pairs (row (i, h) in both halves) and zero-point offsets.
+  uint32_t s2[4][2], z2[4][2];
+
+  const uint4* xs = s_x + lane;
+  if (live) {
+    for (int st0 = 0; st0 < stages; st0 += DS) {
+#pragma unroll
+      for (int s = 0; s < DS; ++s) {
+        const int st = st0 + s;
+        if (st >= stages) break;
+        RowsStage& cur = buf[s];
+        if (starts(s, st)) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const uint32_t sw = Word(cur.sc, i);
+            const uint32_t zw = i < 2 ? cur.zr.x : cur.zr.y;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              s2[i][h] = Prmt(sw, sw, h ? 0x3232u : 0x1010u);
+              z2[i][h] = D::Add(zw, h, (2 * i + h) & 3);
+            }
+          }
+        }
+        uint4 xb[NT];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) xb[nt] = xs[(st * NT + nt) * 32];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            uint32_t a[4];  // (row g, k 2t..), (row g + 8), (row g, k + 8), (row g + 8, k + 8)
+            MagicNibbles<T>(Word(cur.w[j], i), a);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int h = e & 1;
+              a[e] = Fma2<T>(Fma2<T>(a[e], D::Mul(h), z2[i][h]), s2[i][h], D::kNegZero);
+            }
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+              ptx::Mma16816Free<T>(acc[i][nt], a, j ? xb[nt].z : xb[nt].x, j ? xb[nt].w : xb[nt].y);
+            }
+          }
+        }
+        load(cur, starts(s, st + DS));  // stage st + DS into the registers just consumed
+      }
+    }
+  }
+
+  // Partial sums [8 NT x rows][64 warps_n + 8] f32 over x's area (rows contiguous: 16-byte reads in
+  // the reduction; the + 8 spreads the stores over the banks), then the cluster's fixed-order sum.
+  __syncthreads();
+  float* part = reinterpret_cast<float*>(smem);
+  const int rows = p.rows_block, pstride = rows + 8;
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = warp * kRowsGroup + 16 * i + g + 8 * (e >> 1);
+        part[(8 * nt + 2 * t + (e & 1)) * pstride + row] = acc[i][nt][e];
+      }
+  ClusterSync(S);
+  // Rank r finishes W rows [r rows / S, (r + 1) rows / S) of the block (16-row multiples: whole
+  // gate / up pairs), in units of 8 outputs of one x row.
+  const int per = rows / S;
+  const int units = Epilogue::OutCols(per) / 8;
+  const int oc0 = Epilogue::OutCols(rank * per);
+  for (int idx = tid; idx < p.m * units; idx += threads) {
+    const int m = idx / units, oc = oc0 + 8 * (idx % units);
+    Epilogue::template Apply<T>(p, m, rb, oc, [&](int r0, float (&v)[8]) {
+      const float* at = part + m * pstride + r0;
+      float4 lo = make_float4(0.f, 0.f, 0.f, 0.f), hi = lo;
+      for (int q0 = 0; q0 < S; q0 += 4) {  // 4 ranks' loads in flight, added in rank order
+        float4 a[4], b[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int q = q0 + j;
+          if (q < S) {
+            const float4* src = reinterpret_cast<const float4*>(q == rank ? at : RemoteShared(at, q));
+            a[j] = src[0];
+            b[j] = src[1];
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          if (q0 + j < S) {
+            lo.x += a[j].x, lo.y += a[j].y, lo.z += a[j].z, lo.w += a[j].w;
+            hi.x += b[j].x, hi.y += b[j].y, hi.z += b[j].z, hi.w += b[j].w;
+          }
+        }
+      }
+      v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+    });
+  }
+  ClusterSync(S);  // no CTA leaves while others read its partials
+}
+
+}  // namespace joa::gemv
