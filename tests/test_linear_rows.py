@@ -182,6 +182,8 @@ def test_rows_plan_on_the_8b_shapes(shape):
         plan = cuda_matmul.gemv_plan(8, n, k, 4, gated, norm, block_size=block, rows_layout=True)
         assert plan["error"] is None and plan["rows_layout"]
         assert (plan["warps_n"], plan["cluster"]) == PLANNED[shape]
+        # 8-warp CTAs keep 2 stages in flight (128 registers: two CTAs an SM), 4-warp ones 4.
+        assert plan["stages"] == (2 if plan["warps_n"] == 8 else 4)
     for m in (2, 16, 32):
         plan = cuda_matmul.gemv_plan(m, n, k, 4, gated, norm, block_size=128, rows_layout=True)
         assert plan["error"] is None

@@ -362,9 +362,14 @@ inline Plan MakePlan(int64_t m, int64_t n_rows, int64_t k, int bits, bool gated,
 // straight into registers, kRowsStageK elements (1 KB of W) a stage.
 inline constexpr int kRowsGroup = 64;
 inline constexpr int kRowsStageK = 32;
-// Row groups (warps) a CTA may take, and W stages a warp may keep in flight.
+// Row groups (warps) a CTA may take (W stages a warp keeps in flight: 2 or 4, RowsPlannedDepth).
 inline constexpr int kRowsWarps[4] = {8, 4, 2, 1};
-inline constexpr int kRowsDepths[2] = {4, 2};
+// Planned depth: 4 stages need ~145-150 registers at M <= 8 (2 stages 128), so a CTA of 8 warps
+// (256 threads) fits once an SM at 4 and twice at 2. The engine's kernel on the H200 (M = 8, ~8B
+// shapes, 2026-12-02, bench/results/2026-12-02-f1acc96-linear-rows.json): 8-warp layouts faster at 2
+// (gate-up 31.5 -> 24.8 us at block 128, 35.9 -> 29.1 at 32; down 32.1 -> 23.4; LM head 94.3 ->
+// 85.8), 4-warp ones at 4 (o 10.5 vs 11.4, qkv 11.3 vs 12.2: one CTA an SM either way).
+inline constexpr int RowsPlannedDepth(int warps_n) { return warps_n >= 8 ? 2 : 4; }
 // The planner's targets (H200 sweep of tools/probes/gemv_int4_rows.cu at M = 8, 2026-12-02): a CTA
 // for (nearly) every SM, and enough warps streaming that each has at most kRowsWarpBytes of W
 // (capped at kRowsMaxWarps). Among the layouts that reach both it takes the fewest K splits
@@ -439,7 +444,7 @@ inline Plan MakeRowsPlan(int64_t m, int64_t n_rows, int64_t k, int64_t block_siz
       p.cluster = s;
       p.warps_n = rw;
       p.warps_k = 1;
-      p.stages = force_depth > 0 ? int(force_depth) : kRowsDepths[0];
+      p.stages = force_depth > 0 ? int(force_depth) : RowsPlannedDepth(rw);
       p.rows_block = kRowsGroup * rw;
       p.blocks = int(CeilDiv(groups, rw));
       p.groups = p.blocks;
