@@ -120,7 +120,8 @@ def test_swiglu_fuses_unless_an_intermediate_is_a_graph_output(output_intermedia
 def test_rows_layout_fuses_4bit_weights_and_keeps_the_results(monkeypatch):
     # nbits_layout="rows": the 4-bit projections the rows kernel takes hold their weights in the rows
     # layout (attribute layout="rows"); the reference through it computes the same bits. A session
-    # of batch >= 2 loads it that way under JOA_GEMV_ROWS=1, and generates the same tokens.
+    # of batch >= 2 loads it that way where the kernels run (JOA_GEMV_ROWS=1 here), and generates
+    # the same tokens.
     from jax_onnx_attn.ops import cuda_matmul
     from jax_onnx_attn.runtime import DecoderSession
 
@@ -148,10 +149,28 @@ def test_rows_layout_fuses_4bit_weights_and_keeps_the_results(monkeypatch):
     assert not any(a.name == "layout" for n in wide.model.graph.node for a in n.attribute)
 
     prompts = [[1, 2, 3, 4], [5, 6, 7]]
-    plain = DecoderSession(path, max_length=16, batch=2).generate(prompts, max_new_tokens=6)
+    monkeypatch.setenv(cuda_matmul.ROWS_ENV, "0")
+    plain = DecoderSession(path, max_length=16, batch=2)
+    assert not any(a.name == "layout" for n in plain.lowered.model.graph.node for a in n.attribute)
+    plain = plain.generate(prompts, max_new_tokens=6)
     monkeypatch.setenv(cuda_matmul.ROWS_ENV, "1")
     session = DecoderSession(path, max_length=16, batch=2)
     assert any(a.name == "layout" for n in session.lowered.model.graph.node for a in n.attribute)
     assert session.generate(prompts, max_new_tokens=6).tokens == plain.tokens
     one_row = DecoderSession(path, max_length=16, batch=1)  # one row keeps the slots kernel's layout
     assert not any(a.name == "layout" for n in one_row.lowered.model.graph.node for a in n.attribute)
+
+
+def test_rows_layout_is_on_by_default_where_the_kernels_run(monkeypatch):
+    from jax_onnx_attn._extension import cuda_usable
+    from jax_onnx_attn.ops import cuda_matmul
+    from jax_onnx_attn.runtime.session import nbits_layout_for
+
+    monkeypatch.delenv(cuda_matmul.ROWS_ENV, raising=False)
+    assert cuda_matmul.rows_layout_enabled() == cuda_usable()
+    assert nbits_layout_for(8) == ("rows" if cuda_usable() else "onnx") and nbits_layout_for(1) == "onnx"
+    monkeypatch.setenv(cuda_matmul.ROWS_ENV, "1")
+    assert nbits_layout_for(8) == "rows" and nbits_layout_for(8, mesh=object()) == "onnx"
+    monkeypatch.setenv(cuda_matmul.ROWS_ENV, "2")
+    with pytest.raises(ValueError, match="JOA_GEMV_ROWS"):
+        cuda_matmul.rows_layout_enabled()

@@ -379,7 +379,7 @@ class Group:
     weights: str
     config: object
     lowered: object = None
-    rows_lowered: object = None  # int4 weights in the rows layout (batch >= 2 under JOA_GEMV_ROWS=1)
+    rows_lowered: object = None  # int4 weights in the rows layout (batch >= 2: nbits_layout_for)
     cost: object = None
     jax_peer: object = None
     torch_peer: object = None

@@ -134,8 +134,8 @@ def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
         onnxruntime's int8 activations).
       nbits_layout: "onnx" (scales / zero points tiled for the ring and slots kernels) or "rows":
         4-bit weights whose shape the rows kernel takes at decode_rows rows of x (its plan) in the
-        rows layout, for decode steps of 2..32 rows (`runtime.DecoderSession` with
-        JOA_GEMV_ROWS=1); the others as "onnx".
+        rows layout, for decode steps of 2..32 rows (`runtime.DecoderSession` of batch >= 2
+        where the kernels run: `ops.cuda_matmul.rows_layout_enabled`); the others as "onnx".
       decode_rows: the rows of x a decode step has (the session's batch).
 
     Returns:

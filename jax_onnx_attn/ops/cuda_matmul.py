@@ -74,10 +74,17 @@ def dense_row_enabled() -> bool:
 def rows_layout_enabled() -> bool:
     """Whether a `DecoderSession` of batch >= 2 (one device) loads its 4-bit MatMulNBits weights in
     the rows layout (`ops.to_rows_layout`), so that its decode steps' projections (M = batch rows)
-    run on the rows kernel (ffi/kernels/gemv/rows.cuh) instead of the ring kernel. Off by default
-    until measured in whole steps (H200 probe, M = 8, block 128: ~0.6x the ring kernel's time on
-    the ~8B projections); JOA_GEMV_ROWS=1 turns it on (read when the session loads the model)."""
-    return _switch(ROWS_ENV, "0")
+    run on the rows kernel (ffi/kernels/gemv/rows.cuh) instead of the ring kernel. On by default
+    where the kernels run (a CUDA build and a GPU in this process): on the H200 the ~8B int4 B=8
+    step at ctx 2k took 4.03 ms against 4.93, ~1B B=32 at 1k 2.08 against 2.52, ~1B B=8 1.28
+    against 1.31; a prompt then dequantises the weights out of the layout each prefill (~1B B=8 x
+    1k tokens 31.3 ms against 29.2; bench/results/2026-12-02-8ad1b19-e2e-rows.json). Off without
+    the kernels (the reference would unpack the layout every call). JOA_GEMV_ROWS=0 / 1 overrides
+    (read when the session loads the model)."""
+    if ROWS_ENV not in os.environ:
+        from jax_onnx_attn._extension import cuda_usable
+        return cuda_usable()
+    return _switch(ROWS_ENV)
 
 
 def _wide(bits: int, wide: bool | None) -> bool:

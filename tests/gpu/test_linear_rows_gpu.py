@@ -194,6 +194,7 @@ def test_vmap_folds_with_the_same_bits():
     x, rows, _ = _weights(k, n, 128, True, jnp.float16, seed=5)
     gamma = jnp.full((k,), 1.5, jnp.float16)
     f = _fn("cuda", "rows", k=k, n=n, bits=4, block_size=128)
+    x = jnp.concatenate([x, x[::-1]])  # 64 rows: 4 examples of 16 fold past 32 rows
     for examples, m in ((2, 8), (4, 16)):
         xs = x[:examples * m].reshape(examples, m, k)
         got = np.asarray(jax.jit(jax.vmap(lambda x: f(x, *rows, norm_weight=gamma)))(xs))
