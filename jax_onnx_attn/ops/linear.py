@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import jax.numpy as jnp
@@ -187,16 +188,18 @@ def prepare_nbits(b_quant, scales, zero_points, *, k: int, n: int, bits: int, bl
     return (b_quant.reshape(n, k_blocks, blob), scales.reshape(n, k_blocks), zp)
 
 
-def _rows_nibbles(q, xp):
-    """4-bit values q [G * 64, K] (row-major) -> the rows layout's bytes [G, K / 16, 512]."""
-    g, k = q.shape[0] // ROWS_GROUP, q.shape[1]
-    # row = 64 rg + 16 i + 8 h + g8, k = 16 j + 8 c + 2 t + e -> lane (g8, t) of step j, word i,
-    # nibble 4 e + 2 c + h (rows.cuh's layout), two nibbles a byte, low first.
-    q = q.reshape(g, 4, 2, 8, k // 16, 2, 4, 2)          # rg i h g8 j c t e
-    q = q.transpose(0, 4, 3, 6, 1, 7, 5, 2)              # rg j g8 t i e c h
-    q = q.reshape(g, k // 16, 32, 4, 4, 2)               # rg j lane word byte nibble
-    b = q[..., 0] | (q[..., 1] << 4)
-    return b.reshape(g, k // 16, 512)
+def _rows_bytes(b):
+    """The ONNX-order bytes of 64 G W rows, uint8 [G * 64, K / 2] (element k in bits 4 (k % 2) of
+    byte k // 2) -> the rows layout's bytes [G, K / 16, 512]. Works on bytes, not nibbles: each
+    output byte pairs rows h = 0 / 1 of a tile at one k, so it is one nibble of each of two input
+    bytes."""
+    g, half = b.shape[0] // ROWS_GROUP, b.shape[1]
+    # row = 64 rg + 16 i + 8 h + g8, byte m = 8 j + 4 c + t holds k = 16 j + 8 c + 2 t + e (e = 0
+    # low) -> lane (g8, t) of step j, word i, byte 2 e + c, nibble h (rows.cuh's layout).
+    b = b.reshape(g, 4, 2, 8, half // 8, 2, 4)                   # rg i h g8 j c t
+    r0, r1 = b[:, :, 0], b[:, :, 1]                               # rg i g8 j c t, rows h = 0 / 1
+    out = np.stack([(r0 & 15) | (r1 << 4), (r0 >> 4) | (r1 & 0xF0)], axis=-1)  # ... e
+    return out.transpose(0, 3, 2, 5, 1, 6, 4).reshape(g, half // 8, 512)  # rg j g8 t i e c
 
 
 def _rows_meta(meta, groups, xp):
@@ -241,14 +244,19 @@ def to_rows_layout(b_quant, scales, zero_points):
                              f"{zero_points.dtype}{list(zero_points.shape)}")
     groups = -(-n // ROWS_GROUP)
     w = np.empty((groups, k // 16, 512), np.uint8)
-    slab = 64  # row groups a pass (bounds the temporaries: a 128k-row LM head is 2004 groups)
-    for g0 in range(0, groups, slab):
+    slab = 32  # row groups a pass (bounds the temporaries: a 128k-row LM head is 2004 groups)
+
+    def one_slab(g0):
         rows = b_quant[g0 * ROWS_GROUP:(g0 + slab) * ROWS_GROUP].reshape(-1, k // 2)
-        q = np.stack([rows & 15, rows >> 4], axis=-1).reshape(rows.shape[0], k)
-        pad = min(slab, groups - g0) * ROWS_GROUP - q.shape[0]
+        pad = min(slab, groups - g0) * ROWS_GROUP - rows.shape[0]
         if pad:
-            q = np.concatenate([q, np.zeros((pad, k), np.uint8)])
-        w[g0:g0 + slab] = _rows_nibbles(q, np)
+            rows = np.concatenate([rows, np.zeros((pad, k // 2), np.uint8)])
+        w[g0:g0 + slab] = _rows_bytes(rows)
+
+    # NumPy's copies release the GIL: slabs in threads (an ~8B model's weights take seconds, not a
+    # minute, on a 16-core host).
+    with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
+        list(pool.map(one_slab, range(0, groups, slab)))
     zp = None if zero_points is None else np.ascontiguousarray(_rows_meta(zero_points, groups, np))
     return w, np.ascontiguousarray(_rows_meta(scales, groups, np)), zp
 
