@@ -283,18 +283,25 @@ def _rows_pin(static, axis_size, x, w, *rest):
 
 def _matmul_nbits_rows(x, w, scales, zero_points, bias, residual, norm_weight, *, n, block_size, eps,
                        gated, pdl, cluster, warps_n, depth):
-    m = x.shape[0]
-    n_out = n // 2 if gated else n
-    call = jax.ffi.ffi_call(target("matmul_nbits"), jax.ShapeDtypeStruct((m, n_out), x.dtype))
+    return _nbits_call(x, w, scales, zero_points, bias, residual, norm_weight, n_out=n // 2 if gated else n,
+                       bits=4, block_size=block_size, eps=eps, gated=gated, pdl=pdl, cluster=cluster,
+                       warps_k=0, wide=False, slots=False, rows=True, warps_n=warps_n, depth=depth)
+
+
+def _nbits_call(x, w, scales, zero_points, bias, residual, norm_weight, *, n_out, bits, block_size, eps,
+                gated, pdl, cluster, warps_k, wide, slots, rows, warps_n, depth):
+    """The matmul_nbits FFI call (ffi/handlers/matmul_nbits.cu): absent operands as placeholders
+    with their has_* flags, every attribute as the handler binds it."""
+    call = jax.ffi.ffi_call(target("matmul_nbits"), jax.ShapeDtypeStruct((x.shape[0], n_out), x.dtype))
     ph = _placeholder(x.dtype)
     return call(x, w, scales, jnp.zeros((1,), jnp.uint8) if zero_points is None else zero_points,
                 ph if bias is None else bias, ph if residual is None else residual,
                 ph if norm_weight is None else norm_weight,
-                bits=4, block_size=int(block_size), has_zero_points=zero_points is not None,
+                bits=int(bits), block_size=int(block_size), has_zero_points=zero_points is not None,
                 has_bias=bias is not None, has_residual=residual is not None,
                 has_norm=norm_weight is not None, gated=bool(gated), eps=np.float32(eps),
-                cluster=int(cluster), warps_k=0, wide=False, pdl=bool(pdl), slots=False,
-                rows=True, warps_n=int(warps_n), depth=int(depth))
+                cluster=int(cluster), warps_k=int(warps_k), wide=bool(wide), pdl=bool(pdl),
+                slots=bool(slots), rows=bool(rows), warps_n=int(warps_n), depth=int(depth))
 
 
 def _placeholder(dtype):
@@ -376,14 +383,6 @@ def _matmul_nbits(x, b_quant, scales, zero_points, bias, residual, norm_weight, 
     if cluster == 0 and warps_k == 0 and plan_model() == "issue":
         cluster, warps_k = issue_aware_layout(m, n, x.shape[1], bits, gated, norm_weight is not None,
                                               bool(wide))
-    call = jax.ffi.ffi_call(target("matmul_nbits"), jax.ShapeDtypeStruct((m, n_out), x.dtype))
-    ph = _placeholder(x.dtype)
-    return call(x, b_quant, scales, jnp.zeros((1,), jnp.uint8) if zero_points is None else zero_points,
-                ph if bias is None else bias, ph if residual is None else residual,
-                ph if norm_weight is None else norm_weight,
-                bits=int(bits), block_size=int(block_size),
-                has_zero_points=zero_points is not None, has_bias=bias is not None,
-                has_residual=residual is not None, has_norm=norm_weight is not None,
-                gated=bool(gated), eps=np.float32(eps), cluster=int(cluster),
-                warps_k=int(warps_k), wide=bool(wide), pdl=bool(pdl), slots=bool(slots),
-                rows=False, warps_n=0, depth=0)
+    return _nbits_call(x, b_quant, scales, zero_points, bias, residual, norm_weight, n_out=n_out, bits=bits,
+                       block_size=block_size, eps=eps, gated=gated, pdl=pdl, cluster=cluster,
+                       warps_k=warps_k, wide=wide, slots=slots, rows=False, warps_n=0, depth=0)

@@ -33,6 +33,23 @@ cudaError_t LaunchDtype(const GemvParams& p, const Plan& plan, int bits, Fusion 
                    : LaunchFormat<T, 4, false>(p, plan, fusion, pdl, stream);
 }
 
+// Checks `plan` against p and launches it with the instantiation launch(T{}) picks for x's dtype.
+template <class LaunchFor>
+ffi::Error LaunchChecked(const GemvParams& p, const Plan& plan, ffi::DataType dtype, const char* op,
+                         LaunchFor launch) {
+  if (!plan.error.empty()) return InvalidArgument(std::string(op) + ": " + plan.error);
+  if (plan.n_out != p.n_out) return InvalidArgument(std::string(op) + ": output width mismatch");
+  cudaError_t err;
+  switch (dtype) {
+    case ffi::DataType::F16: err = launch(__half{}); break;
+    case ffi::DataType::BF16: err = launch(__nv_bfloat16{}); break;
+    default:
+      return InvalidArgument(std::string(op) + ": the GEMV kernels take f16 and bf16 only");
+  }
+  if (err != cudaSuccess) return ffi::Error::Internal(std::string(op) + ": " + cudaGetErrorString(err));
+  return ffi::Error::Success();
+}
+
 // Plans y = x W^T for p's shape (p.m, p.n_rows, p.n_out, p.k set) and launches it. wide: n-bit
 // weights in the two-piece format (plan.h's FormatInfo; ignored for dense weights).
 // block_size / slots: MakePlan's (n-bit weights).
@@ -42,17 +59,9 @@ inline ffi::Error PlanAndLaunch(GemvParams& p, ffi::DataType dtype, int bits, Fu
                                 bool slots = false) {
   const Plan plan = MakePlan(p.m, p.n_rows, p.k, bits, fusion.gated, fusion.norm, Sm90(), cluster, warps_k,
                              wide, block_size, slots);
-  if (!plan.error.empty()) return InvalidArgument(std::string(op) + ": " + plan.error);
-  if (plan.n_out != p.n_out) return InvalidArgument(std::string(op) + ": output width mismatch");
-  cudaError_t err;
-  switch (dtype) {
-    case ffi::DataType::F16: err = LaunchDtype<__half>(p, plan, bits, fusion, pdl, stream); break;
-    case ffi::DataType::BF16: err = LaunchDtype<__nv_bfloat16>(p, plan, bits, fusion, pdl, stream); break;
-    default:
-      return InvalidArgument(std::string(op) + ": the GEMV kernels take f16 and bf16 only");
-  }
-  if (err != cudaSuccess) return ffi::Error::Internal(std::string(op) + ": " + cudaGetErrorString(err));
-  return ffi::Error::Success();
+  return LaunchChecked(p, plan, dtype, op, [&](auto t) {
+    return LaunchDtype<decltype(t)>(p, plan, bits, fusion, pdl, stream);
+  });
 }
 
 // Plans the rows kernel (MakeRowsPlan) for p's shape and launches it: 4-bit weights in the rows
@@ -62,17 +71,9 @@ inline ffi::Error RowsPlanAndLaunch(GemvParams& p, ffi::DataType dtype, Fusion f
                                     cudaStream_t stream, const char* op) {
   const Plan plan = MakeRowsPlan(p.m, p.n_rows, p.k, block_size, fusion.gated, fusion.norm, Sm90(), cluster,
                                  warps_n, depth);
-  if (!plan.error.empty()) return InvalidArgument(std::string(op) + ": " + plan.error);
-  if (plan.n_out != p.n_out) return InvalidArgument(std::string(op) + ": output width mismatch");
-  cudaError_t err;
-  switch (dtype) {
-    case ffi::DataType::F16: err = LaunchRows<__half>(p, plan, fusion, pdl, stream); break;
-    case ffi::DataType::BF16: err = LaunchRows<__nv_bfloat16>(p, plan, fusion, pdl, stream); break;
-    default:
-      return InvalidArgument(std::string(op) + ": the GEMV kernels take f16 and bf16 only");
-  }
-  if (err != cudaSuccess) return ffi::Error::Internal(std::string(op) + ": " + cudaGetErrorString(err));
-  return ffi::Error::Success();
+  return LaunchChecked(p, plan, dtype, op, [&](auto t) {
+    return LaunchRows<decltype(t)>(p, plan, fusion, pdl, stream);
+  });
 }
 
 // The optional operands every GEMV handler takes (bias [n_rows], residual [m, n_out], RMS-norm
