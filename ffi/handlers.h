@@ -13,6 +13,10 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaPrefillAttention);  // ffi/handlers/prefill_at
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaLinear);  // ffi/handlers/linear.cu
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaMatMulNBits);  // ffi/handlers/matmul_nbits.cu
 #endif
+#if JOA_HAVE_FFI_RECORD  // their record stages (ffi/record/stage.h)
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaLinearRecord);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaMatMulNBitsRecord);
+#endif
 
 namespace joa {
 
@@ -33,6 +37,22 @@ inline constexpr Target kTargets[] = {
 };
 #else
 inline constexpr Target* kTargets = nullptr;
+#endif
+
+// Targets that also have a record stage: XLA adds their kernels to its command buffers as kernel
+// nodes (programmatic dependent launches across calls) instead of stream-captured child graphs.
+// Registered through XLA's C API rather than jax (ffi/record/registry.h).
+struct RecordTarget {
+  const char* name;
+  XLA_FFI_Handler* execute;
+  XLA_FFI_Handler* record;
+};
+
+#if JOA_HAVE_FFI_RECORD
+inline constexpr RecordTarget kRecordTargets[] = {
+    {"linear", JoaLinear, JoaLinearRecord},
+    {"matmul_nbits", JoaMatMulNBits, JoaMatMulNBitsRecord},
+};
 #endif
 
 }  // namespace joa

@@ -11,6 +11,9 @@
 #include "kernels/decode/plan.h"
 #include "kernels/general/params.h"
 #include "kernels/prefill/params.h"
+#if JOA_HAVE_FFI_RECORD
+#include "record/registry.h"
+#endif
 
 namespace nb = nanobind;
 
@@ -27,9 +30,56 @@ NB_MODULE(_ffi, m) {
     return targets;
   }, "Short target name -> XLA FFI handler capsule (empty without CUDA).");
 
+  // The record stage (ffi/record/): which targets have one, the probe that catches XLA's C API, and
+  // their registration through it. Empty / None in a build against headers without the stage.
+  m.def("record_targets", []() {
+    nb::list names;
+#if JOA_HAVE_FFI_RECORD
+    for (const auto& t : joa::kRecordTargets) names.append(t.name);
+#endif
+    return names;
+  }, "Short names of the targets with a record stage (empty when the build has none).");
+
+  m.def("record_api_probe", []() -> nb::object {
+#if JOA_HAVE_FFI_RECORD
+    return nb::capsule(reinterpret_cast<void*>(joa::record::ApiProbe));
+#else
+    return nb::none();
+#endif
+  }, "The capsule of the handler that keeps XLA's C API pointer (register it first), or None.");
+
+  m.def("register_record", [](const std::string& prefix) {
+    nb::dict errors;
+#if JOA_HAVE_FFI_RECORD
+    for (const auto& t : joa::kRecordTargets) {
+      errors[t.name] = joa::record::Register(prefix + t.name, t.execute, t.record);
+    }
+#endif
+    return errors;
+  }, nb::arg("prefix"),
+     "Registers each record target as prefix + name through XLA's C API: {name: '' or the error}.");
+
+  m.def("record_status", []() {
+    nb::dict out;
+#if JOA_HAVE_FFI_RECORD
+    const joa::record::Counters c = joa::record::GetCounters();
+    out["api_minor_version"] = joa::record::ApiMinorVersion();
+    out["creates"] = c.creates;
+    out["updates"] = c.updates;
+    out["fallbacks"] = c.fallbacks;
+    out["last_fallback"] = c.last_fallback;
+#endif
+    return out;
+  }, "What the record stages did in this process (empty without the stage).");
+
   m.def("build_info", []() {
     nb::dict info;
     info["jaxlib_headers"] = JOA_JAXLIB_VERSION;
+#if JOA_HAVE_FFI_RECORD
+    info["ffi_record"] = true;
+#else
+    info["ffi_record"] = false;
+#endif
 #ifdef JOA_WITH_CUDA
     info["cuda"] = true;
     info["cuda_version"] = JOA_CUDA_VERSION;

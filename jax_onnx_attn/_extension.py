@@ -7,12 +7,19 @@ runs on the reference backend and `build_info()` says why the CUDA backend is mi
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
 import jax
 
 #: Every FFI target this package registers is named TARGET_PREFIX + its short name.
 TARGET_PREFIX = "jax_onnx_attn_"
+
+#: "0" turns the FFI record stage off (ffi/record/; on by default where the build has it): the GEMV
+#: targets are then registered through jax like the others, and XLA stream-captures them into child
+#: graphs of its command buffers instead of adding their kernels as nodes with programmatic
+#: dependent launches across calls. Read once, when a record target is first asked for.
+RECORD_ENV = "JOA_FFI_RECORD"
 
 try:  # pragma: no cover - depends on how the package was installed
     from jax_onnx_attn import _ffi  # type: ignore[attr-defined]
@@ -87,19 +94,65 @@ def cuda_usable() -> bool:
     return has_cuda() and not _cuda_devices()[1]
 
 
+def _record_names() -> tuple[str, ...]:
+    """Short names of the targets registered with their record stage: those the build has, unless
+    JOA_FFI_RECORD=0."""
+    if _ffi is None or not _ffi.build_info()["cuda"] or os.environ.get(RECORD_ENV, "1") == "0":
+        return ()
+    return tuple(_ffi.record_targets())
+
+
 @functools.cache
 def register_targets() -> tuple[str, ...]:
-    """Register every FFI target of the extension for platform "CUDA", once per process.
+    """Register every FFI target of the extension for platform "CUDA", once per process; the
+    targets with a record stage wait for `_register_record_targets` (their first use).
 
     Harmless on a CPU-only jax: the registration is recorded and never used there.
     """
     if _ffi is None or not _ffi.build_info()["cuda"]:
         return ()
+    record = _record_names()
+    if record:  # XLA calls it when its CUDA backend starts: it keeps XLA's C API for the record stage
+        jax.ffi.register_ffi_target(TARGET_PREFIX + "record_api_probe", _ffi.record_api_probe(), platform="CUDA")
     names = []
     for name, capsule in _ffi.registrations().items():
-        jax.ffi.register_ffi_target(TARGET_PREFIX + name, capsule, platform="CUDA")
-        names.append(TARGET_PREFIX + name)
+        if name not in record:
+            jax.ffi.register_ffi_target(TARGET_PREFIX + name, capsule, platform="CUDA")
+            names.append(TARGET_PREFIX + name)
     return tuple(names)
+
+
+@functools.cache
+def _register_record_targets() -> dict[str, str]:
+    """Registers the record targets, once, on first use: through XLA's C API with execute + record
+    stages (jax's registration drops the record stage), or, where that fails, through jax like the
+    others. Returns {short name: "" or why it has no record stage}."""
+    register_targets()
+    record = _record_names()
+    if not record:
+        return {}
+    try:  # starts jax's CUDA backend, which runs the registrations pending for it (the probe's)
+        jax.devices("cuda")
+    except RuntimeError:
+        pass
+    errors = {name: str(e) for name, e in _ffi.register_record(TARGET_PREFIX).items()}
+    for name, error in errors.items():
+        if error:
+            jax.ffi.register_ffi_target(TARGET_PREFIX + name, _ffi.registrations()[name], platform="CUDA")
+    return errors
+
+
+def record_status() -> dict[str, Any]:
+    """The FFI record stage in this process: whether the build has it ("built"), the targets
+    registered with it ("targets") and those that fell back with why ("errors"), and the counters of
+    its calls (kernel-node creations, argument updates, falls back to stream capture)."""
+    built = bool(_ffi is not None and _ffi.build_info().get("ffi_record"))
+    status: dict[str, Any] = {"built": built, "enabled": bool(_record_names())}
+    errors = _register_record_targets() if status["enabled"] else {}
+    status["targets"] = sorted(TARGET_PREFIX + n for n, e in errors.items() if not e)
+    status["errors"] = {n: e for n, e in errors.items() if e}
+    status.update(_ffi.record_status() if built else {})
+    return status
 
 
 @functools.cache
@@ -123,6 +176,9 @@ def target(name: str) -> str:
     """The registered FFI target name for a short kernel name; fails clearly if it is missing."""
     registered = register_targets()
     full = TARGET_PREFIX + name
+    if name in _record_names():
+        _register_record_targets()  # with the record stage or, failing that, through jax
+        return full
     if full not in registered:
         info = build_info()
         why = info["reason"] or f"the extension has no target {full!r} (it has {list(registered)})"

@@ -5,9 +5,11 @@
 // (sweeps); pdl launches as a programmatic dependent (W read before the previous kernel ends);
 // slots lets one row take the dense row kernel (kernels/gemv/dense_row.cuh) where the plan has it.
 #include <string>
+#include <utility>
 
 #include "common/ffi.h"
 #include "kernels/gemv/host.h"
+#include "record/stage.h"
 
 namespace joa {
 namespace {
@@ -47,25 +49,36 @@ ffi::Error LinearImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer w, AnyBuffer b
                              /*wide=*/false, pdl, stream, kOp, /*block_size=*/0, slots);
 }
 
+
+// linear's operands and attributes, after the stage's context (execute: the stream; record: XLA's
+// record context): one list for both stages.
+template <class Binding>
+auto LinearOperands(Binding binding) {
+  return std::move(binding)
+      .template Arg<joa::AnyBuffer>()  // x [M, K]
+      .template Arg<joa::AnyBuffer>()  // w [N, K]
+      .template Arg<joa::AnyBuffer>()  // bias [N] (or placeholder)
+      .template Arg<joa::AnyBuffer>()  // residual [M, N_out] (or placeholder)
+      .template Arg<joa::AnyBuffer>()  // norm_weight [K] (or placeholder)
+      .template Ret<joa::AnyBuffer>()  // y [M, N_out]
+      .template Attr<bool>("has_bias")
+      .template Attr<bool>("has_residual")
+      .template Attr<bool>("has_norm")
+      .template Attr<bool>("gated")
+      .template Attr<float>("eps")
+      .template Attr<int64_t>("cluster")
+      .template Attr<int64_t>("warps_k")
+      .template Attr<bool>("pdl")
+      .template Attr<bool>("slots");
+}
 }  // namespace
 }  // namespace joa
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JoaLinear, joa::LinearImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<joa::Stream>()
-                                  .Arg<joa::AnyBuffer>()  // x [M, K]
-                                  .Arg<joa::AnyBuffer>()  // w [N, K]
-                                  .Arg<joa::AnyBuffer>()  // bias [N] (or placeholder)
-                                  .Arg<joa::AnyBuffer>()  // residual [M, N_out] (or placeholder)
-                                  .Arg<joa::AnyBuffer>()  // norm_weight [K] (or placeholder)
-                                  .Ret<joa::AnyBuffer>()  // y [M, N_out]
-                                  .Attr<bool>("has_bias")
-                                  .Attr<bool>("has_residual")
-                                  .Attr<bool>("has_norm")
-                                  .Attr<bool>("gated")
-                                  .Attr<float>("eps")
-                                  .Attr<int64_t>("cluster")
-                                  .Attr<int64_t>("warps_k")
-                                  .Attr<bool>("pdl")
-                                  .Attr<bool>("slots"),
+                              joa::LinearOperands(xla::ffi::Ffi::Bind().Ctx<joa::Stream>()),
                               JOA_COMMAND_BUFFER_SAFE);
+
+#if JOA_HAVE_FFI_RECORD
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JoaLinearRecord, joa::record::Stage<joa::LinearImpl>::Record,
+                              joa::LinearOperands(xla::ffi::Ffi::BindRecord().Ctx<joa::record::RecordCtx>()));
+#endif

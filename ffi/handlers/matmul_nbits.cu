@@ -10,9 +10,11 @@
 // [ceil(N / 64), K / 16, 512], scales and zero points [ceil(N / 64), k_blocks, 64]; N from y (and
 // gated); cluster / warps_n / depth force that plan (0: planned); wide and slots do not apply.
 #include <string>
+#include <utility>
 
 #include "common/ffi.h"
 #include "kernels/gemv/host.h"
+#include "record/stage.h"
 
 namespace joa {
 namespace {
@@ -135,34 +137,44 @@ ffi::Error MatMulNBitsImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer b_quant, 
                              wide, pdl, stream, kOp, block_size, slots);
 }
 
+
+// matmul_nbits' operands and attributes, after the stage's context: one list for both stages.
+template <class Binding>
+auto MatMulNBitsOperands(Binding binding) {
+  return std::move(binding)
+      .template Arg<joa::AnyBuffer>()  // x [M, K]
+      .template Arg<joa::AnyBuffer>()  // b_quant uint8 [N, k_blocks, blob]
+      .template Arg<joa::AnyBuffer>()  // scales [ceil(N / 16), k_blocks, 16]
+      .template Arg<joa::AnyBuffer>()  // zero_points uint8, scales' shape (or placeholder)
+      .template Arg<joa::AnyBuffer>()  // bias [N] (or placeholder)
+      .template Arg<joa::AnyBuffer>()  // residual [M, N_out] (or placeholder)
+      .template Arg<joa::AnyBuffer>()  // norm_weight [K] (or placeholder)
+      .template Ret<joa::AnyBuffer>()  // y [M, N_out]
+      .template Attr<int64_t>("bits")
+      .template Attr<int64_t>("block_size")
+      .template Attr<bool>("has_zero_points")
+      .template Attr<bool>("has_bias")
+      .template Attr<bool>("has_residual")
+      .template Attr<bool>("has_norm")
+      .template Attr<bool>("gated")
+      .template Attr<float>("eps")
+      .template Attr<int64_t>("cluster")
+      .template Attr<int64_t>("warps_k")
+      .template Attr<bool>("wide")
+      .template Attr<bool>("pdl")
+      .template Attr<bool>("slots")
+      .template Attr<bool>("rows")
+      .template Attr<int64_t>("warps_n")
+      .template Attr<int64_t>("depth");
+}
 }  // namespace
 }  // namespace joa
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JoaMatMulNBits, joa::MatMulNBitsImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<joa::Stream>()
-                                  .Arg<joa::AnyBuffer>()  // x [M, K]
-                                  .Arg<joa::AnyBuffer>()  // b_quant uint8 [N, k_blocks, blob]
-                                  .Arg<joa::AnyBuffer>()  // scales [ceil(N / 16), k_blocks, 16]
-                                  .Arg<joa::AnyBuffer>()  // zero_points uint8, scales' shape (or placeholder)
-                                  .Arg<joa::AnyBuffer>()  // bias [N] (or placeholder)
-                                  .Arg<joa::AnyBuffer>()  // residual [M, N_out] (or placeholder)
-                                  .Arg<joa::AnyBuffer>()  // norm_weight [K] (or placeholder)
-                                  .Ret<joa::AnyBuffer>()  // y [M, N_out]
-                                  .Attr<int64_t>("bits")
-                                  .Attr<int64_t>("block_size")
-                                  .Attr<bool>("has_zero_points")
-                                  .Attr<bool>("has_bias")
-                                  .Attr<bool>("has_residual")
-                                  .Attr<bool>("has_norm")
-                                  .Attr<bool>("gated")
-                                  .Attr<float>("eps")
-                                  .Attr<int64_t>("cluster")
-                                  .Attr<int64_t>("warps_k")
-                                  .Attr<bool>("wide")
-                                  .Attr<bool>("pdl")
-                                  .Attr<bool>("slots")
-                                  .Attr<bool>("rows")
-                                  .Attr<int64_t>("warps_n")
-                                  .Attr<int64_t>("depth"),
+                              joa::MatMulNBitsOperands(xla::ffi::Ffi::Bind().Ctx<joa::Stream>()),
                               JOA_COMMAND_BUFFER_SAFE);
+
+#if JOA_HAVE_FFI_RECORD
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JoaMatMulNBitsRecord, joa::record::Stage<joa::MatMulNBitsImpl>::Record,
+                              joa::MatMulNBitsOperands(xla::ffi::Ffi::BindRecord().Ctx<joa::record::RecordCtx>()));
+#endif

@@ -7,6 +7,7 @@
 
 #include <type_traits>
 
+#include "common/launch.h"
 #include "kernels/gemv/dense_row.cuh"
 #include "kernels/gemv/epilogue.cuh"
 #include "kernels/gemv/gemv.h"
@@ -22,9 +23,19 @@ namespace joa::gemv {
 // function attribute: not stream work, so allowed while XLA captures the stream; set on every
 // launch because it is per device), the plan's cluster and, with pdl, as a programmatic dependent.
 // max_shared: the carveout that lets ctas_per_sm CTAs share an SM (W bypasses L1). threads: a CTA's.
+// Under a LaunchRecorder (the record stage) the launch is recorded instead (common/launch.h).
 template <class Kernel>
 cudaError_t LaunchPlanned(Kernel* kernel, const GemvParams& p, const Plan& plan, int smem, bool max_shared,
                           bool pdl, cudaStream_t stream, int threads = kThreads) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(plan.grid));
+  cfg.blockDim = dim3(unsigned(threads));
+  cfg.dynamicSmemBytes = size_t(smem);
+  cfg.stream = stream;
+  if (LaunchRecorder* recorder = LaunchRecorder::Active()) {
+    return recorder->Add(reinterpret_cast<const void*>(kernel), cfg, unsigned(plan.cluster > 1 ? plan.cluster : 1),
+                         pdl, /*needs_function_attributes=*/max_shared || plan.cluster > 8, p);
+  }
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err == cudaSuccess && max_shared) {
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
@@ -34,11 +45,6 @@ cudaError_t LaunchPlanned(Kernel* kernel, const GemvParams& p, const Plan& plan,
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   }
   if (err != cudaSuccess) return err;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(plan.grid));
-  cfg.blockDim = dim3(unsigned(threads));
-  cfg.dynamicSmemBytes = size_t(smem);
-  cfg.stream = stream;
   cudaLaunchAttribute attr[2];
   int n = 0;
   if (plan.cluster > 1) {
