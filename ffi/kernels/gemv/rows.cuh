@@ -148,7 +148,12 @@ __global__ void __launch_bounds__(kThreads) GemvRowsKernel(const __grid_constant
   // of lanes (g = m % 8, t = 0..3) of n8 tile m / 8, unit t = pairs {t, t + 4, t + 8, t + 12} of the
   // item (pair j = elements 2 j, 2 j + 1). threads % (8 NT) == 0, so a thread's items share x row m.
   uint4* s_x = reinterpret_cast<uint4*>(smem);
-  constexpr int kBatch = 4;  // items a thread has in flight at once
+  // Items a thread loads before it stores them (16 registers each). With 4 W stages in flight this
+  // pass was the kernel's register peak: 2 items instead of 4 took 4 stages at M <= 8 from 143-172
+  // registers to 98-128, at M 9-16 with block 128 from 147-169 to 128 (ptxas -v, sm_90a: two CTAs
+  // an SM instead of one). With 2 stages they save nothing that counts (126-128 either way), and 4
+  // keep a thread with 4 items (the LM head's one-CTA slice at M <= 8) at one L2 round trip.
+  constexpr int kBatch = DS > 2 ? 2 : 4;
   const int items = stages * 8 * NT;
   float ss = 0.f;  // the norm's sum of squares of this thread's items
   for (int base = tid; base < items; base += kBatch * threads) {
