@@ -5,6 +5,12 @@ trace-time refusals, and the rows kernel's plan (plan.h's MakeRowsPlan)."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -182,8 +188,10 @@ def test_rows_plan_on_the_8b_shapes(shape):
         plan = cuda_matmul.gemv_plan(8, n, k, 4, gated, norm, block_size=block, rows_layout=True)
         assert plan["error"] is None and plan["rows_layout"]
         assert (plan["warps_n"], plan["cluster"]) == PLANNED[shape]
-        # 8-warp CTAs keep 2 stages in flight (128 registers: two CTAs an SM), 4-warp ones 4.
+        # 8-warp CTAs keep 2 stages in flight (128 registers: two CTAs an SM), 4-warp ones 4; the
+        # planned occupancy is 1 (JOA_ROWS_OCC2 unset: test_rows_occupancy_rule_switch).
         assert plan["stages"] == (2 if plan["warps_n"] == 8 else 4)
+        assert plan["ctas_per_sm"] == 1
     for m in (2, 16, 32):
         plan = cuda_matmul.gemv_plan(m, n, k, 4, gated, norm, block_size=128, rows_layout=True)
         assert plan["error"] is None
@@ -205,6 +213,89 @@ def test_rows_plan_refusals_and_overrides():
     assert "no layout fits" in plan(k=4096 + 128, cluster=2)["error"]  # 2 does not split 33 blocks
     assert cuda_matmul.rows_unsupported(8, 4096, 4096, 128, False) is None
     assert "block_size" in cuda_matmul.rows_unsupported(8, 4096, 4096, 64, False)
+
+
+@needs_ext
+def test_rows_plan_occupancy_overrides():
+    def plan(m=8, n=4096, k=4096, block=128, **kw):
+        return cuda_matmul.gemv_plan(m, n, k, 4, False, block_size=block, rows_layout=True, **kw)
+    planned = plan()
+    assert planned["ctas_per_sm"] == 1
+    # Occupancy 2 plans 4 stages (the point of the 128-register cap) on the planner's layout where
+    # its shared memory fits twice an SM; a forced depth stays.
+    two = plan(occupancy=2)
+    assert (two["ctas_per_sm"], two["stages"]) == (2, 4)
+    assert (two["cluster"], two["warps_n"]) == (planned["cluster"], planned["warps_n"])
+    assert two["smem_bytes"] <= 115712
+    assert plan(occupancy=2, depth=2)["stages"] == 2
+    assert (plan(occupancy=1)["ctas_per_sm"], plan(occupancy=1)["stages"]) == (1, planned["stages"])
+    forced = plan(cluster=1, warps_n=8, depth=4, occupancy=2)
+    assert (forced["cluster"], forced["warps_n"], forced["stages"], forced["ctas_per_sm"]) == (1, 8, 4, 2)
+    assert "occupancy must be" in plan(occupancy=3)["error"]
+    assert "occupancy must be" in plan(occupancy=-1)["error"]
+    # Where the kernel would spill under 128 registers (plan.h's RowsOccupancy2Fits): M > 16, and
+    # M 9-16 at 4 stages of block-32 W.
+    assert "occupancy 2" in plan(m=32, occupancy=2)["error"]
+    assert "occupancy 2" in plan(m=16, block=32, occupancy=2)["error"]
+    assert plan(m=16, block=32, occupancy=2, depth=2)["error"] is None
+    assert plan(m=16, block=128, occupancy=2)["error"] is None
+    assert plan(m=32, occupancy=1)["error"] is None
+    # x's slice twice an SM: M = 8, K = 8192 in one CTA takes 128 KB (one CTA an SM only).
+    assert plan(k=8192, cluster=1, occupancy=1)["error"] is None
+    assert "twice an SM (occupancy 2)" in plan(k=8192, cluster=1, occupancy=2)["error"]
+    wide = plan(k=8192, occupancy=2)  # planned cluster: one whose slice fits twice
+    assert wide["error"] is None and wide["cluster"] > 1 and wide["smem_bytes"] <= 115712
+    assert cuda_matmul.rows_unsupported(8, 4096, 4096, 128, False, occupancy=2) is None
+    assert "occupancy 2" in cuda_matmul.rows_unsupported(32, 4096, 4096, 128, False, occupancy=2)
+
+
+_RULE_PLANS = textwrap.dedent("""
+    import json, sys
+    from jax_onnx_attn.ops import cuda_matmul
+    out = {}
+    for k, n, gated, norm in json.loads(sys.argv[1]):
+        for m in (8, 16, 32):
+            for block in (32, 128):
+                p = cuda_matmul.gemv_plan(m, n, k, 4, gated, norm, block_size=block, rows_layout=True)
+                out[f"{k} {n} {gated} {norm} {m} {block}"] = [p["error"], p["cluster"], p["warps_n"],
+                                                              p["stages"], p["ctas_per_sm"], p["smem_bytes"]]
+    print(json.dumps(out))
+""")
+
+
+def _plans_under(env_value):
+    """The rows plans of the ~8B shapes in a fresh process (the switch is read once a process)."""
+    env = {k: v for k, v in os.environ.items() if k != "JOA_ROWS_OCC2"}
+    if env_value is not None:
+        env["JOA_ROWS_OCC2"] = env_value
+    done = subprocess.run([sys.executable, "-c", _RULE_PLANS, json.dumps(list(PLANNED))], env=env,
+                          capture_output=True, text=True, timeout=300, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@needs_ext
+def test_rows_occupancy_rule_switch():
+    # JOA_ROWS_OCC2=1 (plan.h's proposed rule): the same layouts (K split and warps: the same bits),
+    # 8-warp CTAs at occupancy 2 and its 4 stages wherever that plan is taken (shared memory twice an
+    # SM, registers: this process's forced plan says), everything else as planned without it.
+    default, rule = _plans_under(None), _plans_under("1")
+    assert _plans_under("0") == default
+    changed = 0
+    for key, (err, cluster, warps_n, stages, occupancy, _) in rule.items():
+        d_err, d_cluster, d_warps_n, d_stages, d_occupancy, _ = default[key]
+        assert err is None and d_err is None and d_occupancy == 1
+        assert (cluster, warps_n) == (d_cluster, d_warps_n), key
+        k, n, gated, norm, m, block = key.split()
+        two = cuda_matmul.gemv_plan(int(m), int(n), int(k), 4, gated == "True", norm == "True", cluster,
+                                    block_size=int(block), rows_layout=True, warps_n=warps_n, occupancy=2)
+        if warps_n == 8 and two["error"] is None:
+            assert (occupancy, stages) == (2, 4), key
+            changed += 1
+        else:
+            assert (occupancy, stages) == (1, d_stages), key
+    # gate-up, down, LM head at M = 8 (both blocks), gate-up and down at M = 16 with block 128 (the
+    # LM head's 128 KB x slice fits once an SM); never M = 32.
+    assert changed == 8 and not any(rule[key][4] == 2 for key in rule if key.split()[4] == "32")
 
 
 @needs_ext
@@ -231,7 +322,8 @@ def test_partitioning_rule_folds_vmap_into_the_batch():
 
     n, k, block = 128, 256, 32
     rows = [jnp.asarray(a) for a in ops.to_rows_layout(*_weights(n, k, block, True))]
-    static = dict(n=n, block_size=block, eps=1e-6, gated=False, pdl=False, cluster=0, warps_n=0, depth=0)
+    static = dict(n=n, block_size=block, eps=1e-6, gated=False, pdl=False, cluster=0, warps_n=0, depth=0,
+                  occupancy=0)
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.normal(size=(2, 4, k)), jnp.float16)
     r = jnp.asarray(rng.normal(size=(2, 4, n)), jnp.float16)
@@ -244,13 +336,18 @@ def test_partitioning_rule_folds_vmap_into_the_batch():
 @needs_ext
 def test_vmap_pins_the_per_example_rows_plan():
     # A vmapped rows-kernel call folds the examples into its rows with the per-example plan's K split,
-    # warps and depth (the same sums, the same bits), or runs one call per example past 32 rows.
+    # warps, depth and occupancy (the same sums, the same bits), or runs one call per example past 32
+    # rows, or past what a forced occupancy 2 takes.
     import jax
 
-    static = dict(n=4096, block_size=128, eps=1e-6, gated=False, pdl=False, cluster=0, warps_n=0, depth=0)
+    static = dict(n=4096, block_size=128, eps=1e-6, gated=False, pdl=False, cluster=0, warps_n=0, depth=0,
+                  occupancy=0)
     x = jax.ShapeDtypeStruct((8, 4096), jnp.float16)
     w = jax.ShapeDtypeStruct((64, 256, 512), jnp.uint8)
     plan = cuda_matmul.gemv_plan(8, 4096, 4096, 4, False, block_size=128, rows_layout=True)
     assert cuda_matmul._rows_pin(static, 4, x, w, None, None, None, None, None) == dict(
-        cluster=plan["cluster"], warps_n=plan["warps_n"], depth=plan["stages"])
+        cluster=plan["cluster"], warps_n=plan["warps_n"], depth=plan["stages"], occupancy=plan["ctas_per_sm"])
     assert cuda_matmul._rows_pin(static, 5, x, w, None, None, None, None, None) is None  # 40 rows
+    two = {**static, "occupancy": 2}
+    assert cuda_matmul._rows_pin(two, 2, x, w, None, None, None, None, None)["occupancy"] == 2  # 16 rows
+    assert cuda_matmul._rows_pin(two, 4, x, w, None, None, None, None, None) is None  # 32 rows

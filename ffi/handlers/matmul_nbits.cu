@@ -8,7 +8,8 @@
 // chooses it, JOA_GEMV_NBITS_WIDE). rows: 4-bit weights in the rows layout instead
 // (ffi/kernels/gemv/rows.cuh; jax_onnx_attn.ops.linear.pack_nbits_rows): b_quant uint8
 // [ceil(N / 64), K / 16, 512], scales and zero points [ceil(N / 64), k_blocks, 64]; N from y (and
-// gated); cluster / warps_n / depth force that plan (0: planned); wide and slots do not apply.
+// gated); cluster / warps_n / depth / occupancy force that plan (0: planned; JOA_ROWS_OCC2=1 plans
+// occupancy by plan.h's proposed rule); wide and slots do not apply.
 #include <string>
 #include <utility>
 
@@ -49,7 +50,8 @@ bool IsMeta(const AnyBuffer& b, ffi::DataType type, int64_t d0, int64_t d1, int6
 ffi::Error RowsImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer b_quant, AnyBuffer scales, AnyBuffer zero_points,
                     AnyBuffer bias, AnyBuffer residual, AnyBuffer norm_weight, AnyResult y, int64_t bits,
                     int64_t block_size, bool has_zero_points, bool has_bias, bool has_residual, bool has_norm,
-                    bool gated, float eps, int64_t cluster, int64_t warps_n, int64_t depth, bool pdl) {
+                    bool gated, float eps, int64_t cluster, int64_t warps_n, int64_t depth, int64_t occupancy,
+                    bool pdl) {
   constexpr const char* kOp = "matmul_nbits (rows layout)";
   const ffi::DataType dtype = x.element_type();
   auto xd = x.dimensions(), bd = b_quant.dimensions(), sd = scales.dimensions(), yd = y->dimensions();
@@ -81,8 +83,8 @@ ffi::Error RowsImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer b_quant, AnyBuff
                               has_zero_points, eps);
   std::string err = gemv::ConfigureExtras(p, dtype, bias, residual, norm_weight, has_bias, has_residual, has_norm);
   if (!err.empty()) return InvalidArgument(std::string(kOp) + ": " + err);
-  return gemv::RowsPlanAndLaunch(p, dtype, gemv::Fusion{gated, has_norm}, block_size, cluster, warps_n, depth, pdl,
-                                 stream, kOp);
+  return gemv::RowsPlanAndLaunch(p, dtype, gemv::Fusion{gated, has_norm}, block_size, cluster, warps_n, depth,
+                                 occupancy, pdl, stream, kOp);
 }
 
 ffi::Error MatMulNBitsImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer b_quant, AnyBuffer scales,
@@ -90,10 +92,12 @@ ffi::Error MatMulNBitsImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer b_quant, 
                            AnyBuffer norm_weight, AnyResult y, int64_t bits, int64_t block_size,
                            bool has_zero_points, bool has_bias, bool has_residual, bool has_norm,
                            bool gated, float eps, int64_t cluster, int64_t warps_k, bool wide,
-                           bool pdl, bool slots, bool rows, int64_t warps_n, int64_t depth) {
+                           bool pdl, bool slots, bool rows, int64_t warps_n, int64_t depth,
+                           int64_t occupancy) {
   if (rows) {
     return RowsImpl(stream, x, b_quant, scales, zero_points, bias, residual, norm_weight, y, bits, block_size,
-                    has_zero_points, has_bias, has_residual, has_norm, gated, eps, cluster, warps_n, depth, pdl);
+                    has_zero_points, has_bias, has_residual, has_norm, gated, eps, cluster, warps_n, depth,
+                    occupancy, pdl);
   }
   constexpr const char* kOp = "matmul_nbits";
   const ffi::DataType dtype = x.element_type();
@@ -165,7 +169,8 @@ auto MatMulNBitsOperands(Binding binding) {
       .template Attr<bool>("slots")
       .template Attr<bool>("rows")
       .template Attr<int64_t>("warps_n")
-      .template Attr<int64_t>("depth");
+      .template Attr<int64_t>("depth")
+      .template Attr<int64_t>("occupancy");
 }
 }  // namespace
 }  // namespace joa

@@ -8,7 +8,8 @@ path); torch `F.linear` in a CUDA graph (dense only). `--nbits-wide 0 1` times o
 both formats (one or two 16-byte pieces a lane per chunk): the first is "ours", the other a peer
 ("ours[wide]" / "ours[narrow]"). `--nbits-rows` also times int4 weights in the rows layout on the
 rows kernel (ffi/kernels/gemv/rows.cuh, `ops.to_rows_layout`) as the peer "ours[rows]", and
-`--rows-plans` forced plans of it ("ours[rows c,w,d]"); `--block` sets the quantisation block.
+`--rows-plans` forced plans of it ("ours[rows c,w,d]", with an occupancy "ours[rows c,w,d,o]");
+`--block` sets the quantisation block.
 
 Timing: R calls, each on its own copy of the weight and its own x (R = at least 32, and enough
 copies that together they are 5x the 50 MB L2; at most 64 and 24 GiB) in one jitted function /
@@ -123,11 +124,11 @@ def _weights(case: Case, impl: str, seed: int = 0, rows: bool = False):
 
 
 def bench_jax(case: Case, impl: str, target_s: float, reps: int, plan: tuple[int, int] = (0, 0),
-              wide: bool = False, rows: tuple[int, int, int] | None = None) -> float:
+              wide: bool = False, rows: tuple[int, int, int, int] | None = None) -> float:
     """Median seconds per call of "ours" (our kernels; plan = forced (cluster, warps_k), (0, 0) =
     the planner's; wide: the two-piece n-bit format; rows: int4 in the rows layout on the rows
-    kernel with forced (cluster, warps_n, depth), zeros = planned), "xla-kn" (x @ w[K, N]; n-bit:
-    XLA dequantise + dot) or "xla-nk" (x @ w[N, K].T)."""
+    kernel with forced (cluster, warps_n, depth, occupancy), zeros = planned), "xla-kn" (x @ w[K, N];
+    n-bit: XLA dequantise + dot) or "xla-nk" (x @ w[N, K].T)."""
     import jax
     import jax.numpy as jnp
 
@@ -153,7 +154,8 @@ def bench_jax(case: Case, impl: str, target_s: float, reps: int, plan: tuple[int
         if rows is not None:
             def call(x, w):
                 return cuda_matmul.matmul_nbits_rows(x, *w, n=case.n, block_size=case.block,
-                                                     cluster=rows[0], warps_n=rows[1], depth=rows[2])
+                                                     cluster=rows[0], warps_n=rows[1], depth=rows[2],
+                                                     occupancy=rows[3])
         elif impl == "ours":
             def call(x, w):
                 return cuda_matmul.matmul_nbits(x, *w, bits=case.bits, block_size=case.block,
@@ -213,7 +215,7 @@ def bench_torch(case: Case, target_s: float, reps: int) -> float:
 
 
 def _skip(case: Case, impl: str, gpu: bool, cuda_built: bool, wide: bool = False,
-          rows: tuple[int, int, int] | None = None) -> str | None:
+          rows: tuple[int, int, int, int] | None = None) -> str | None:
     if impl == "ours":
         if not (gpu and cuda_built):
             return "no GPU / CUDA build"
@@ -232,6 +234,40 @@ def _skip(case: Case, impl: str, gpu: bool, cuda_built: bool, wide: bool = False
     if impl == "xla-nk" and case.bits != 16:
         return "n-bit: see xla-kn"
     return None
+
+
+#: The rows kernel's planned plan: (cluster, warps_n, depth, occupancy), zeros = the planner's.
+PLANNED_ROWS = (0, 0, 0, 0)
+
+
+def rows_plan(text: str) -> tuple[int, int, int, int]:
+    """A --rows-plans value "C,W,D" or "C,W,D,O" as (cluster, warps_n, depth, occupancy), O = 0
+    (planned) when left out."""
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if len(values) not in (3, 4):
+        raise argparse.ArgumentTypeError(f"rows plan {text!r}: CLUSTER,WARPS_N,DEPTH[,OCCUPANCY] integers")
+    return values + (0,) * (4 - len(values))
+
+
+def rows_plan_name(plan: tuple[int, int, int, int]) -> str:
+    """The peer name of a rows-kernel plan: "ours[rows]" for the planner's, "ours[rows c,w,d]"
+    forced, ",o" added where the occupancy is forced (the names of earlier results stay)."""
+    if plan == PLANNED_ROWS:
+        return "ours[rows]"
+    c, w, d, o = plan
+    return f"ours[rows c{c},w{w},d{d}" + (f",o{o}" if o else "") + "]"
+
+
+def rows_plan_fields(case: Case, plan: tuple[int, int, int, int]) -> dict:
+    """The rows kernel's plan of a case under a forced (cluster, warps_n, depth, occupancy): the
+    fields an A/B compares."""
+    from jax_onnx_attn.ops import cuda_matmul
+    p = cuda_matmul.gemv_plan(case.m, case.n, case.k, 4, False, cluster=plan[0], block_size=case.block,
+                              rows_layout=True, warps_n=plan[1], depth=plan[2], occupancy=plan[3])
+    return {f: p[f] for f in ("cluster", "warps_n", "stages", "ctas_per_sm", "grid", "smem_bytes")}
 
 
 def cases(args) -> list[Case]:
@@ -266,9 +302,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="MatMulNBits block size of the n-bit formats")
     ap.add_argument("--nbits-rows", action="store_true",
                     help="also time int4 in the rows layout on the rows kernel: peer 'ours[rows]'")
-    ap.add_argument("--rows-plans", nargs="*", default=[],
-                    help="forced plans of the rows kernel as CLUSTER,WARPS_N,DEPTH (0: planned), "
-                         "peers 'ours[rows c,w,d]' (implies --nbits-rows)")
+    ap.add_argument("--rows-plans", nargs="*", default=[], type=rows_plan,
+                    help="forced plans of the rows kernel as CLUSTER,WARPS_N,DEPTH[,OCCUPANCY] "
+                         "(0: planned; occupancy 1 or 2 CTAs an SM), peers 'ours[rows c,w,d]' / "
+                         "'ours[rows c,w,d,o]' (implies --nbits-rows)")
     ap.add_argument("--target-ms", type=float, default=10.0, help="wall time per timing sample")
     ap.add_argument("--reps", type=int, default=3, help="timing samples (median reported)")
     ap.add_argument("--max-seconds", type=float, default=55.0,
@@ -286,9 +323,9 @@ def main(argv: list[str] | None = None) -> int:
         print("ours and torch skipped (no GPU or no CUDA build): timing the XLA peers only",
               file=sys.stderr)
     plans = [tuple(int(v) for v in p.split(",")) for p in args.plans]
-    rows_plans = [tuple(int(v) for v in p.split(",")) for p in args.rows_plans]
+    rows_plans = args.rows_plans
     if args.nbits_rows or rows_plans:
-        rows_plans = [(0, 0, 0)] + [p for p in rows_plans if p != (0, 0, 0)]
+        rows_plans = [PLANNED_ROWS] + [p for p in dict.fromkeys(rows_plans) if p != PLANNED_ROWS]
     from jax_onnx_attn.ops.cuda_matmul import nbits_wide
     wides = [bool(w) for w in dict.fromkeys(args.nbits_wide or [int(nbits_wide())])]
     _warm_up(2.0 if gpu else 0.2)
@@ -318,8 +355,7 @@ def main(argv: list[str] | None = None) -> int:
                 + [("ours", (0, 0), w, None) for w in wides[1:]]
                 + [("ours", (0, 0), wides[0], r) for r in rows_plans])
         for impl, plan, wide, rows in runs:
-            name = (("ours[rows]" if rows == (0, 0, 0) else "ours[rows c{},w{},d{}]".format(*rows))
-                    if rows is not None else
+            name = (rows_plan_name(rows) if rows is not None else
                     impl if plan == (0, 0) and wide == wides[0] else f"ours[c{plan[0]},wk{plan[1]}]"
                     if plan != (0, 0) else f"ours[{'wide' if wide else 'narrow'}]")
             why = _skip(case, impl, gpu, cuda_built, wide, rows)
@@ -336,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
                 sec = (bench_torch(case, args.target_ms / 1e3, args.reps) if impl == "torch"
                        else bench_jax(case, impl, args.target_ms / 1e3, args.reps, plan, wide, rows))
                 res["impls"][name] = {"us": sec * 1e6, "gbs": case.bytes / sec / 1e9}
+                if rows is not None:  # what the forced fields resolved to (JOA_ROWS_OCC2 included)
+                    res["impls"][name]["rows_plan"] = rows_plan_fields(case, rows)
             except Exception as e:  # a peer that cannot run a shape is a result, not a crash
                 res["impls"][name] = {"skip": f"error: {type(e).__name__}: {str(e).splitlines()[0][:200]}"}
         results.append(res)

@@ -114,7 +114,7 @@ def sm90() -> bool:
 def gemv_plan(rows: int, n_rows: int, k: int, bits: int, gated: bool, norm: bool = False,
               cluster: int = 0, warps_k: int = 0, wide: bool | None = None, block_size: int = 0,
               slots: bool = False, rows_layout: bool = False, warps_n: int = 0,
-              depth: int = 0) -> dict:
+              depth: int = 0, occupancy: int = 0) -> dict:
     """The engine's launch plan for x [rows, k] against a weight of n_rows rows of `bits`-bit
     elements (16: dense; 8, 4: MatMulNBits), with the RMS-norm prologue or not, as a dict (ffi/kernels/gemv/plan.h: grid, warp
     layout, cluster, ring stages, shared memory, the model's estimate in µs). 'error' is None when
@@ -123,21 +123,23 @@ def gemv_plan(rows: int, n_rows: int, k: int, bits: int, gated: bool, norm: bool
     block_size): whether one row may take a one-row kernel, the slots kernel for 4-bit wide
     weights, the dense row kernel for dense ones ('slots' / 'dense_row' in the dict say whether it
     does). rows_layout: 4-bit weights in the rows layout (`ops.linear.to_rows_layout`) on the rows
-    kernel (ffi/kernels/gemv/rows.cuh; 'rows_layout' in the dict); cluster, warps_n, depth > 0 force
-    its K split, warps a CTA and W stages in flight a warp. Raises RuntimeError without the compiled
-    extension."""
+    kernel (ffi/kernels/gemv/rows.cuh; 'rows_layout' in the dict); cluster, warps_n, depth,
+    occupancy > 0 force its K split, warps a CTA, W stages in flight a warp and the CTAs an SM its
+    registers are capped for ('ctas_per_sm'; the extension plans occupancy by plan.h's proposed rule
+    under JOA_ROWS_OCC2=1, read once a process, as the handler does). Raises RuntimeError without
+    the compiled extension."""
     return _plan(int(rows), int(n_rows), int(k), int(bits), bool(gated), bool(norm), int(cluster),
                  int(warps_k), _wide(bits, wide) and not rows_layout, int(block_size), bool(slots),
-                 bool(rows_layout), int(warps_n), int(depth))
+                 bool(rows_layout), int(warps_n), int(depth), int(occupancy))
 
 
 @functools.cache
 def _plan(rows, n_rows, k, bits, gated, norm, cluster, warps_k, wide, block_size, slots, rows_layout,
-          warps_n, depth) -> dict:
+          warps_n, depth, occupancy) -> dict:
     if _ffi is None or not hasattr(_ffi, "gemv_plan"):
         raise RuntimeError("the compiled extension jax_onnx_attn._ffi (with gemv_plan) is missing")
     return dict(_ffi.gemv_plan(rows, n_rows, k, bits, gated, norm, sm90(), cluster, warps_k, wide,
-                               block_size, slots, rows_layout, warps_n, depth))
+                               block_size, slots, rows_layout, warps_n, depth, occupancy))
 
 
 def unsupported(rows: int, n_rows: int, k: int, bits: int, gated: bool, norm: bool = False,
@@ -161,12 +163,12 @@ def unsupported(rows: int, n_rows: int, k: int, bits: int, gated: bool, norm: bo
 
 def rows_unsupported(rows: int, n_rows: int, k: int, block_size: int, gated: bool,
                      norm: bool = False, cluster: int = 0, warps_n: int = 0,
-                     depth: int = 0) -> str | None:
+                     depth: int = 0, occupancy: int = 0) -> str | None:
     """Why the rows kernel does not take this call of 4-bit weights in the rows layout (None when
     it does): the plan's reason (ffi/kernels/gemv/plan.h's MakeRowsPlan)."""
     try:
         plan = gemv_plan(rows, n_rows, k, 4, gated, norm, cluster, block_size=block_size,
-                         rows_layout=True, warps_n=warps_n, depth=depth)
+                         rows_layout=True, warps_n=warps_n, depth=depth, occupancy=occupancy)
     except RuntimeError as e:
         return str(e)
     return plan["error"]
@@ -248,48 +250,53 @@ def issue_aware_layout(rows: int, n_rows: int, k: int, bits: int, gated: bool, n
 
 def matmul_nbits_rows(x, w, scales, zero_points=None, bias=None, residual=None, norm_weight=None,
                       *, n: int, block_size: int, eps: float = 1e-6, gated: bool = False,
-                      pdl: bool = False, cluster: int = 0, warps_n: int = 0, depth: int = 0):
+                      pdl: bool = False, cluster: int = 0, warps_n: int = 0, depth: int = 0,
+                      occupancy: int = 0):
     """x [M, K] f16/bf16 against 4-bit weights in the rows layout (`ops.linear.to_rows_layout`): w
     uint8 [ceil(N / 64), K / 16, 512], scales [ceil(N / 64), K / block_size, 64] of x's dtype,
     zero_points uint8 of that shape or None -> [M, N_out]; N = n W rows (2 N_out when gated).
 
     Semantics of `jax_onnx_attn.ops.reference.linear.matmul_nbits` on the weights
     `ops.linear.from_rows_layout` gives back. The rows kernel (ffi/kernels/gemv/rows.cuh) dequantises
-    each weight to x's dtype as the reference does. cluster / warps_n / depth > 0 force its plan
-    (sweeps); other arguments as `matmul_nbits`.
+    each weight to x's dtype as the reference does. cluster / warps_n / depth / occupancy > 0 force
+    its plan (sweeps; occupancy 1 or 2 CTAs of 256 threads an SM, the kernel's register cap); other
+    arguments as `matmul_nbits`. The plan's depth and occupancy change no bits.
     """
     static = dict(n=n, block_size=block_size, eps=eps, gated=gated, pdl=pdl, cluster=cluster,
-                  warps_n=warps_n, depth=depth)
+                  warps_n=warps_n, depth=depth, occupancy=occupancy)
     return partitioning.MATMUL_NBITS_ROWS.apply(
         _matmul_nbits_rows, (x, w, scales, zero_points, bias, residual, norm_weight), static,
         pin=_rows_pin)
 
 
 def _rows_pin(static, axis_size, x, w, *rest):
-    """pin of a folded rows-kernel call (vmap): the per-example plan's K split, warps and depth, so
-    each example's rows are summed as its own call sums them (the same bits); None (one call per
-    example) where the folded rows leave the kernel's plan (more than 32)."""
+    """pin of a folded rows-kernel call (vmap): the per-example plan's K split, warps, depth and
+    occupancy, so each example's rows are summed as its own call sums them (the same bits); None
+    (one call per example) where the folded rows leave the kernel's plan (more than 32, or more
+    than occupancy 2 takes)."""
     rows, k, norm = x.shape[0], x.shape[1], rest[-1] is not None
     plan = gemv_plan(rows, static["n"], k, 4, static["gated"], norm, static["cluster"],
                      block_size=static["block_size"], rows_layout=True, warps_n=static["warps_n"],
-                     depth=static["depth"])
+                     depth=static["depth"], occupancy=static["occupancy"])
     if plan["error"]:
         return None
-    pinned = dict(cluster=plan["cluster"], warps_n=plan["warps_n"], depth=plan["stages"])
+    pinned = dict(cluster=plan["cluster"], warps_n=plan["warps_n"], depth=plan["stages"],
+                  occupancy=plan["ctas_per_sm"])
     folded = gemv_plan(axis_size * rows, static["n"], k, 4, static["gated"], norm,
                        block_size=static["block_size"], rows_layout=True, **pinned)
     return None if folded["error"] else pinned
 
 
 def _matmul_nbits_rows(x, w, scales, zero_points, bias, residual, norm_weight, *, n, block_size, eps,
-                       gated, pdl, cluster, warps_n, depth):
+                       gated, pdl, cluster, warps_n, depth, occupancy):
     return _nbits_call(x, w, scales, zero_points, bias, residual, norm_weight, n_out=n // 2 if gated else n,
                        bits=4, block_size=block_size, eps=eps, gated=gated, pdl=pdl, cluster=cluster,
-                       warps_k=0, wide=False, slots=False, rows=True, warps_n=warps_n, depth=depth)
+                       warps_k=0, wide=False, slots=False, rows=True, warps_n=warps_n, depth=depth,
+                       occupancy=occupancy)
 
 
 def _nbits_call(x, w, scales, zero_points, bias, residual, norm_weight, *, n_out, bits, block_size, eps,
-                gated, pdl, cluster, warps_k, wide, slots, rows, warps_n, depth):
+                gated, pdl, cluster, warps_k, wide, slots, rows, warps_n, depth, occupancy):
     """The matmul_nbits FFI call (ffi/handlers/matmul_nbits.cu): absent operands as placeholders
     with their has_* flags, every attribute as the handler binds it."""
     call = jax.ffi.ffi_call(target("matmul_nbits"), jax.ShapeDtypeStruct((x.shape[0], n_out), x.dtype))
@@ -301,7 +308,8 @@ def _nbits_call(x, w, scales, zero_points, bias, residual, norm_weight, *, n_out
                 has_bias=bias is not None, has_residual=residual is not None,
                 has_norm=norm_weight is not None, gated=bool(gated), eps=np.float32(eps),
                 cluster=int(cluster), warps_k=int(warps_k), wide=bool(wide), pdl=bool(pdl),
-                slots=bool(slots), rows=bool(rows), warps_n=int(warps_n), depth=int(depth))
+                slots=bool(slots), rows=bool(rows), warps_n=int(warps_n), depth=int(depth),
+                occupancy=int(occupancy))
 
 
 def _placeholder(dtype):
@@ -385,4 +393,5 @@ def _matmul_nbits(x, b_quant, scales, zero_points, bias, residual, norm_weight, 
                                               bool(wide))
     return _nbits_call(x, b_quant, scales, zero_points, bias, residual, norm_weight, n_out=n_out, bits=bits,
                        block_size=block_size, eps=eps, gated=gated, pdl=pdl, cluster=cluster,
-                       warps_k=warps_k, wide=wide, slots=slots, rows=False, warps_n=0, depth=0)
+                       warps_k=warps_k, wide=wide, slots=slots, rows=False, warps_n=0, depth=0,
+                       occupancy=0)

@@ -144,20 +144,32 @@ cudaError_t LaunchDenseRowKernel(const GemvParams& p, const Plan& plan, bool pdl
 }
 
 // The rows kernel (4-bit weights in the rows layout; plan.rows): the instantiation for the plan's
-// n8 tiles, W stages in flight and stages a quantisation block (block_size 32 or 128).
-template <typename T, class Prologue, class Epilogue, int kNT, int kDS>
-cudaError_t LaunchRowsSpb(const GemvParams& p, const Plan& plan, bool pdl, cudaStream_t stream) {
+// n8 tiles, W stages in flight, stages a quantisation block (block_size 32 or 128) and occupancy
+// (only where plan.h's RowsOccupancy2Fits: the plan takes no other).
+template <typename T, class Prologue, class Epilogue, int kNT, int kDS, int kSPB>
+cudaError_t LaunchRowsOccupancy(const GemvParams& p, const Plan& plan, bool pdl, cudaStream_t stream) {
   const int threads = 32 * plan.warps_n;
   // The default carveout, as the one-row kernels: W goes straight into registers.
-  if (p.block_shift == 5) {
-    return LaunchPlanned(GemvRowsKernel<T, kNT, kDS, 1, Prologue, Epilogue>, p, plan, int(plan.smem_bytes),
-                         /*max_shared=*/false, pdl, stream, threads);
+  if (plan.ctas_per_sm == 1) {
+    return LaunchPlanned(GemvRowsKernel<T, kNT, kDS, kSPB, 1, Prologue, Epilogue>, p, plan,
+                         int(plan.smem_bytes), /*max_shared=*/false, pdl, stream, threads);
   }
-  if (p.block_shift == 7) {
-    return LaunchPlanned(GemvRowsKernel<T, kNT, kDS, 4, Prologue, Epilogue>, p, plan, int(plan.smem_bytes),
-                         /*max_shared=*/false, pdl, stream, threads);
+  if constexpr (RowsOccupancy2Fits(kNT, kDS, kSPB * kRowsStageK)) {
+    if (plan.ctas_per_sm == 2) {
+      return LaunchPlanned(GemvRowsKernel<T, kNT, kDS, kSPB, 2, Prologue, Epilogue>, p, plan,
+                           int(plan.smem_bytes), /*max_shared=*/false, pdl, stream, threads);
+    }
   }
-  return cudaErrorInvalidValue;  // plan.h takes blocks of 32 and 128 only
+  return cudaErrorInvalidValue;
+}
+
+template <typename T, class Prologue, class Epilogue, int kNT, int kDS>
+cudaError_t LaunchRowsSpb(const GemvParams& p, const Plan& plan, bool pdl, cudaStream_t stream) {
+  switch (p.block_shift) {  // plan.h takes blocks of 32 and 128 only
+    case 5: return LaunchRowsOccupancy<T, Prologue, Epilogue, kNT, kDS, 1>(p, plan, pdl, stream);
+    case 7: return LaunchRowsOccupancy<T, Prologue, Epilogue, kNT, kDS, 4>(p, plan, pdl, stream);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 template <typename T, class Prologue, class Epilogue, int kNT>

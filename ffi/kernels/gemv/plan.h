@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 namespace joa::gemv {
@@ -127,9 +128,10 @@ struct Plan {
   // (one 16-row tile a CTA at a time, warps splitting K, W straight into registers), no cluster.
   bool dense_row = false;
   // 4-bit weights in the rows layout on the rows kernel (rows.cuh; MakeRowsPlan): cluster = its K
-  // split, warps_n = row groups (warps) a CTA, stages = W stages a warp has in flight, rows_block =
-  // the CTA's W rows; x_bytes / red_bytes its x slice and partial sums (aliased), gamma_offset the
-  // norm's statistics.
+  // split, warps_n = row groups (warps) a CTA, stages = W stages a warp has in flight, ctas_per_sm =
+  // its occupancy (1 or 2: the kernel's register cap, RowsOccupancy2Fits), rows_block = the CTA's W
+  // rows; x_bytes / red_bytes its x slice and partial sums (aliased), gamma_offset the norm's
+  // statistics.
   bool rows = false;
   int m = 0, n_rows = 0, n_out = 0, k = 0, bits = 16, nt = 1;
   bool wide = false;     // n-bit weights in the two-piece format (FormatInfo)
@@ -364,12 +366,47 @@ inline constexpr int kRowsGroup = 64;
 inline constexpr int kRowsStageK = 32;
 // Row groups (warps) a CTA may take (W stages a warp keeps in flight: 2 or 4, RowsPlannedDepth).
 inline constexpr int kRowsWarps[4] = {8, 4, 2, 1};
-// Planned depth: 4 stages need ~145-150 registers at M <= 8 (2 stages 128), so a CTA of 8 warps
-// (256 threads) fits once an SM at 4 and twice at 2. The engine's kernel on the H200 (M = 8, ~8B
-// shapes, 2026-12-02, bench/results/2026-12-02-f1acc96-linear-rows.json): 8-warp layouts faster at 2
-// (gate-up 31.5 -> 24.8 us at block 128, 35.9 -> 29.1 at 32; down 32.1 -> 23.4; LM head 94.3 ->
-// 85.8), 4-warp ones at 4 (o 10.5 vs 11.4, qkv 11.3 vs 12.2: one CTA an SM either way).
-inline constexpr int RowsPlannedDepth(int warps_n) { return warps_n >= 8 ? 2 : 4; }
+// Occupancy: the CTAs of kThreads an SM the kernel's registers are capped for (Plan::ctas_per_sm,
+// rows.cuh's __launch_bounds__(kThreads, 2): 128 registers a thread), with shared memory for as many.
+// Occupancy 2 compiles without spills (ptxas -v, sm_90a, f16 and bf16, every fusion) for one n8 tile
+// of x (M <= 8) and for two (M <= 16) except 4 stages of block-32 W (12-32 bytes); four tiles spill
+// 76-490 bytes (f16). The launch instantiates only these.
+inline constexpr bool RowsOccupancy2Fits(int nt, int depth, int64_t block_size) {
+  return nt == 1 || (nt == 2 && (depth == 2 || block_size == 128));
+}
+// Planned depth. With x staged four items a thread, 4 stages took ~145-170 registers at M <= 8 (2
+// stages 128): a CTA of 8 warps (256 threads) fit once an SM at 4 and twice at 2, and on the H200
+// (M = 8, ~8B shapes, bench/results/2026-12-02-f1acc96-linear-rows.json) 8-warp layouts ran faster
+// at 2 (gate-up 31.5 -> 24.8 us at block 128, 35.9 -> 29.1 at 32; down 32.1 -> 23.4; LM head 94.3 ->
+// 85.8), 4-warp ones at 4 (o 10.5 vs 11.4, qkv 11.3 vs 12.2: one CTA an SM either way). x is now
+// staged two items a thread at 4 stages (rows.cuh: 98-128 registers at M <= 8, occupancy 1 too),
+// which the H200 has not timed yet (tools/probes/rows_occ_ab.sh's "c0,w8,d4,o1"). Occupancy 2 plans
+// 4 stages, its point: the probe kernel (tools/probes/gemv_int4_rows.cu) ran 4 stages in 128
+// registers, two CTAs an SM, gate-up / down / LM head in 22.3 / 19.9 / 80.4 us.
+inline constexpr int kRowsOccupancy2Depth = 4;
+inline constexpr int RowsPlannedDepth(int warps_n, int occupancy) {
+  return occupancy > 1 ? kRowsOccupancy2Depth : warps_n >= 8 ? 2 : 4;
+}
+// Planned occupancy: 1, until the H200 has compared. The proposed rule (occupancy2_rule, the
+// JOA_ROWS_OCC2=1 switch: RowsOccupancy2Rule): 8-warp CTAs at occupancy 2 and its depth where shared
+// memory and registers allow (4-warp CTAs of ~150 registers already fit several an SM).
+inline constexpr int RowsPlannedOccupancy(int warps_n, int nt, int64_t block_size, bool fits_two_smem,
+                                          bool occupancy2_rule) {
+  return occupancy2_rule && warps_n >= 8 && fits_two_smem &&
+                 RowsOccupancy2Fits(nt, kRowsOccupancy2Depth, block_size)
+             ? 2
+             : 1;
+}
+// JOA_ROWS_OCC2=1: whether the planner takes the proposed occupancy rule (an A/B switch for the
+// device, read once a process; the handler and gemv_plan both pass it to MakeRowsPlan, so Python
+// sees the plan that runs).
+inline bool RowsOccupancy2Rule() {
+  static const bool on = [] {
+    const char* v = std::getenv("JOA_ROWS_OCC2");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return on;
+}
 // The planner's targets (H200 sweep of tools/probes/gemv_int4_rows.cu at M = 8, 2026-12-02): a CTA
 // for (nearly) every SM, and enough warps streaming that each has at most kRowsWarpBytes of W
 // (capped at kRowsMaxWarps). Among the layouts that reach both it takes the fewest K splits
@@ -394,11 +431,13 @@ inline void RowsSmem(Plan& p) {
 }
 
 // The plan of y[m, n_out] = x[m, k] W^T for 4-bit weights in the rows layout (block_size 32 or
-// 128). force_cluster / force_warps_n / force_depth > 0 fix that choice (sweeps). Below sm_90: no
-// clusters (one CTA takes all of K).
+// 128). force_cluster / force_warps_n / force_depth / force_occupancy > 0 fix that choice (sweeps);
+// occupancy2_rule: plan occupancy by the proposed rule (RowsPlannedOccupancy). The occupancy and
+// depth change no bits (the same sums in the same order). Below sm_90: no clusters (one CTA takes
+// all of K).
 inline Plan MakeRowsPlan(int64_t m, int64_t n_rows, int64_t k, int64_t block_size, bool gated, bool norm,
                          bool sm90, int64_t force_cluster = 0, int64_t force_warps_n = 0,
-                         int64_t force_depth = 0) {
+                         int64_t force_depth = 0, int64_t force_occupancy = 0, bool occupancy2_rule = false) {
   Plan best;
   auto fail = [&](const std::string& why) {
     best.error = "rows layout: " + why;
@@ -419,11 +458,18 @@ inline Plan MakeRowsPlan(int64_t m, int64_t n_rows, int64_t k, int64_t block_siz
     return fail("warps_n must be 0 (planned), 1, 2, 4 or 8");
   }
   if (force_depth != 0 && force_depth != 2 && force_depth != 4) return fail("depth must be 0 (planned), 2 or 4");
+  if (force_occupancy < 0 || force_occupancy > 2) return fail("occupancy must be 0 (planned), 1 or 2");
   if (force_cluster > 1 && !sm90) return fail("thread-block clusters need sm_90 or newer");
+  const int nt = TilesM(m);
+  if (force_occupancy == 2 &&
+      !RowsOccupancy2Fits(nt, force_depth > 0 ? int(force_depth) : kRowsOccupancy2Depth, block_size)) {
+    return fail("occupancy 2 (128 registers a thread) takes M <= 8, or M <= 16 with block_size 128 or depth 2");
+  }
   const int64_t groups = CeilDiv(n_rows, kRowsGroup);
   const int64_t w_bytes = groups * kRowsGroup * k / 2;
   const int64_t want_warps = std::max<int64_t>(1, std::min<int64_t>(kRowsMaxWarps, w_bytes / kRowsWarpBytes));
   const int64_t budget = sm90 ? kSmemOnePerSm : kSmemOnePerSm80;
+  const int64_t budget_two = sm90 ? kSmemTwoPerSm : kSmemTwoPerSm80;
   bool found = false;
   bool best_full = false;
   for (int rw : kRowsWarps) {
@@ -440,20 +486,23 @@ inline Plan MakeRowsPlan(int64_t m, int64_t n_rows, int64_t k, int64_t block_siz
       p.k = int(k);
       p.bits = 4;
       p.norm = norm;
-      p.nt = TilesM(m);
+      p.nt = nt;
       p.cluster = s;
       p.warps_n = rw;
       p.warps_k = 1;
-      p.stages = force_depth > 0 ? int(force_depth) : RowsPlannedDepth(rw);
       p.rows_block = kRowsGroup * rw;
       p.blocks = int(CeilDiv(groups, rw));
       p.groups = p.blocks;
       p.grid = p.blocks * s;
       p.waves = 1;
-      p.ctas_per_sm = 1;
       RowsSmem(p);
       // A cluster of 16 needs CTAs that share SMs (16 one-CTA SMs in a GPC: not guaranteed).
-      if (p.smem_bytes > budget || (s > 8 && p.smem_bytes > (sm90 ? kSmemTwoPerSm : kSmemTwoPerSm80))) continue;
+      if (p.smem_bytes > budget || (s > 8 && p.smem_bytes > budget_two)) continue;
+      const bool fits_two = p.smem_bytes <= budget_two;
+      p.ctas_per_sm = force_occupancy > 0 ? int(force_occupancy)
+                                          : RowsPlannedOccupancy(rw, nt, block_size, fits_two, occupancy2_rule);
+      if (p.ctas_per_sm == 2 && !fits_two) continue;
+      p.stages = force_depth > 0 ? int(force_depth) : RowsPlannedDepth(rw, p.ctas_per_sm);
       const bool full = p.grid >= kRowsMinCtas && int64_t(p.grid) * rw >= want_warps;
       bool better;
       if (!found) {
@@ -476,7 +525,9 @@ inline Plan MakeRowsPlan(int64_t m, int64_t n_rows, int64_t k, int64_t block_siz
   if (!found) {
     return fail("no layout fits (K " + std::to_string(k) + " with block_size " + std::to_string(block_size) +
                 (force_cluster > 0 ? ", cluster " + std::to_string(force_cluster) : std::string()) +
-                ": x's K slice must fit in shared memory and the cluster must divide K into whole blocks)");
+                ": x's K slice must fit in shared memory" +
+                (force_occupancy == 2 ? std::string(" twice an SM (occupancy 2)") : std::string()) +
+                " and the cluster must divide K into whole blocks)");
   }
   return best;
 }

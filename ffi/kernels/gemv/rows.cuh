@@ -100,9 +100,12 @@ struct RowsStage {
   uint2 zr;
 };
 
-// NT n8 tiles of x rows, DS stages in flight a warp, SPB stages a block (1: bs 32, 4: bs 128).
-template <typename T, int NT, int DS, int SPB, class Prologue, class Epilogue>
-__global__ void __launch_bounds__(kThreads) GemvRowsKernel(const __grid_constant__ GemvParams p) {
+// NT n8 tiles of x rows, DS stages in flight a warp, SPB stages a block (1: bs 32, 4: bs 128),
+// OCC the CTAs of kThreads an SM its registers are capped for (plan.ctas_per_sm; 2: 128 a thread).
+// Occupancy 1 states no minimum: with `.minnctapersm 1` ptxas took up to 142 registers at 2 stages,
+// M <= 16, where it takes 126-128 without (one CTA an SM instead of two).
+template <typename T, int NT, int DS, int SPB, int OCC, class Prologue, class Epilogue>
+__global__ void __launch_bounds__(kThreads, OCC > 1 ? OCC : 0) GemvRowsKernel(const __grid_constant__ GemvParams p) {
   using D = RowsDequant<T>;
   extern __shared__ __align__(16) unsigned char smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -148,7 +151,13 @@ __global__ void __launch_bounds__(kThreads) GemvRowsKernel(const __grid_constant
   // of lanes (g = m % 8, t = 0..3) of n8 tile m / 8, unit t = pairs {t, t + 4, t + 8, t + 12} of the
   // item (pair j = elements 2 j, 2 j + 1). threads % (8 NT) == 0, so a thread's items share x row m.
   uint4* s_x = reinterpret_cast<uint4*>(smem);
-  constexpr int kBatch = 4;  // items a thread has in flight at once
+  // Items a thread loads before it stores them (16 registers each). With 4 W stages in flight this
+  // pass was the kernel's register peak: 2 items instead of 4 took 4 stages at M <= 8 from 143-172
+  // registers to 98-128, at M 9-16 with block 128 from 147-169 to 128 (ptxas -v, sm_90a: two CTAs
+  // an SM instead of one), which also lets occupancy 2 compile without spills. With 2 stages they
+  // save nothing that counts (126-128 either way), and 4 keep a thread with 4 items (the LM head's
+  // one-CTA slice at M <= 8) at one L2 round trip.
+  constexpr int kBatch = DS > 2 ? 2 : 4;
   const int items = stages * 8 * NT;
   float ss = 0.f;  // the norm's sum of squares of this thread's items
   for (int base = tid; base < items; base += kBatch * threads) {
