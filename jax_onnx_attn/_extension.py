@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 #: Every FFI target this package registers is named TARGET_PREFIX + its short name.
 TARGET_PREFIX = "jax_onnx_attn_"
@@ -133,6 +134,11 @@ def _register_record_targets() -> dict[str, str]:
         return {}
     try:  # starts jax's CUDA backend, which runs the registrations pending for it (the probe's)
         jax.devices("cuda")
+        if _ffi.record_status()["api_minor_version"] < 0:  # registration did not call it: run it once
+            with jax.ensure_compile_time_eval():  # now, also when asked while tracing
+                jax.jit(lambda: jax.ffi.ffi_call(TARGET_PREFIX + "record_api_probe",
+                                                 jax.ShapeDtypeStruct((1,), jnp.float32),
+                                                 has_side_effect=True)())().block_until_ready()
     except RuntimeError:
         pass
     errors = {name: str(e) for name, e in _ffi.register_record(TARGET_PREFIX).items()}

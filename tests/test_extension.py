@@ -86,3 +86,78 @@ def test_cuda_backend_without_a_gpu_is_a_clear_error(monkeypatch):
     if backend.no_cuda_device() is not None:  # the real machine: a CUDA build without a GPU
         with pytest.raises(NotImplementedError, match="no CUDA device"):
             jax_onnx_attn.ops.attention(x, x, x, backend="cuda")
+
+
+class _RecordBuild:
+    """Stands in for an extension built with the FFI record stage (ffi/record/): two record targets,
+    XLA's answers to their registration given."""
+
+    def __init__(self, errors):
+        self.errors = errors
+
+    def build_info(self):
+        return {"cuda": True, "ffi_record": True}
+
+    def registrations(self):
+        return {"kv_append": "kv", "linear": "lin", "matmul_nbits": "nbits"}
+
+    def record_targets(self):
+        return ["linear", "matmul_nbits"]
+
+    def record_api_probe(self):
+        return "probe"
+
+    def register_record(self, prefix):
+        assert prefix == _extension.TARGET_PREFIX
+        return dict(self.errors)
+
+    def record_status(self):
+        return {"api_minor_version": 4, "creates": 0, "updates": 0, "fallbacks": 0, "last_fallback": ""}
+
+
+@pytest.fixture
+def record_build(monkeypatch):
+    """Registration with a fake record build; jax's registration recorded, the caches cleared."""
+    registered = []
+    monkeypatch.setattr(jax.ffi, "register_ffi_target",
+                        lambda name, capsule, platform: registered.append((name, capsule)))
+    caches = (_extension.register_targets, _extension._register_record_targets)
+
+    def use(errors):
+        monkeypatch.setattr(_extension, "_ffi", _RecordBuild(errors))
+        for f in caches:
+            f.cache_clear()
+        return registered
+
+    yield use
+    for f in caches:
+        f.cache_clear()
+
+
+def test_record_targets_register_through_xla_and_fall_back_to_jax(record_build):
+    registered = record_build({"linear": "", "matmul_nbits": "the running XLA FFI API is 0.3"})
+    # At import: the API probe and the targets without a record stage, through jax.
+    assert _extension.register_targets() == ("jax_onnx_attn_kv_append",)
+    assert registered == [("jax_onnx_attn_record_api_probe", "probe"), ("jax_onnx_attn_kv_append", "kv")]
+    # First use: linear is registered through XLA; matmul_nbits, which XLA refused, through jax.
+    assert _extension.target("linear") == "jax_onnx_attn_linear"
+    assert registered[2:] == [("jax_onnx_attn_matmul_nbits", "nbits")]
+    assert _extension.target("matmul_nbits") == "jax_onnx_attn_matmul_nbits"
+    assert len(registered) == 3  # once
+    status = _extension.record_status()
+    assert status["built"] and status["enabled"]
+    assert status["targets"] == ["jax_onnx_attn_linear"]
+    assert status["errors"] == {"matmul_nbits": "the running XLA FFI API is 0.3"}
+
+
+def test_record_stage_off_registers_every_target_through_jax(record_build, monkeypatch):
+    monkeypatch.setenv(_extension.RECORD_ENV, "0")
+    registered = record_build({})
+    assert set(_extension.register_targets()) == {"jax_onnx_attn_kv_append", "jax_onnx_attn_linear",
+                                                  "jax_onnx_attn_matmul_nbits"}
+    assert [name for name, _ in registered] == ["jax_onnx_attn_kv_append", "jax_onnx_attn_linear",
+                                                "jax_onnx_attn_matmul_nbits"]
+    assert _extension.target("linear") == "jax_onnx_attn_linear"
+    assert _extension.record_status() == {"built": True, "enabled": False, "targets": [], "errors": {},
+                                          "api_minor_version": 4, "creates": 0, "updates": 0,
+                                          "fallbacks": 0, "last_fallback": ""}
