@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -90,6 +91,15 @@ const KernelImage& FindImage(const void* kernel) {
   return image;
 }
 
+// JOA_FFI_RECORD_PDL=0: kernel nodes without programmatic edges (an A/B switch; read once).
+bool NodesMayUsePdl() {
+  static const bool pdl = [] {
+    const char* v = std::getenv("JOA_FFI_RECORD_PDL");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return pdl;
+}
+
 ffi::Error Fallback(Context& rec, const std::string& why) {
   ++g_fallbacks;
   {
@@ -128,10 +138,11 @@ ffi::Error Emit(Context& rec, const LaunchRecorder& recorder) {
                                   {c, c ? 1 : 0, c ? 1 : 0}};
     // Launches of one handler run in order: each after the previous (XLA adds its own
     // predecessors to every launch).
+    const bool pdl = l.pdl && NodesMayUsePdl();
     auto cmd = i == 0 ? rec.CreateLaunch(images[i]->name.c_str(), images[i]->data, images[i]->size,
-                                         ffi::SourceFormat::kCubin, dims, l.smem, l.pdl, args)
+                                         ffi::SourceFormat::kCubin, dims, l.smem, pdl, args)
                       : rec.CreateLaunch(images[i]->name.c_str(), images[i]->data, images[i]->size,
-                                         ffi::SourceFormat::kCubin, dims, l.smem, l.pdl, args,
+                                         ffi::SourceFormat::kCubin, dims, l.smem, pdl, args,
                                          {rec.commands()[int64_t(i) - 1]});
     if (cmd.has_error()) return cmd.error();
   }
