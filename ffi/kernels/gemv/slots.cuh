@@ -262,13 +262,6 @@ __global__ void __launch_bounds__(kThreads, 2) GemvSlotsKernel(const __grid_cons
   // copies x itself (cp.async), x's copies first: W requested earlier would hold them up.
   unsigned char* raw_x = nullptr;
   unsigned char* raw_g = nullptr;
-  // As a programmatic dependent (!p.x_first) W goes first: it is a parameter no kernel writes, and
-  // the wait below overlaps the previous kernel's end (its first stages stream meanwhile). Plain
-  // launches ask for x first.
-  if (!p.x_first) {
-#pragma unroll
-    for (int s = 0; s < kDepth; ++s) load_next(buf[s]);
-  }
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // the multicast: sm_90a
   const bool multicast = p.cluster > 1;
 #else
@@ -310,10 +303,8 @@ __global__ void __launch_bounds__(kThreads, 2) GemvSlotsKernel(const __grid_cons
     ptx::WaitForPrimary();
     SlotsStageIssue<T, Prologue>(p, smem, tid);
   }
-  if (p.x_first) {
 #pragma unroll
-    for (int s = 0; s < kDepth; ++s) load_next(buf[s]);
-  }
+  for (int s = 0; s < kDepth; ++s) load_next(buf[s]);
   JOA_GEMV_MARK(1);
   if (!multicast && !p.x_first) {
     ptx::WaitForPrimary();  // x, gamma, bias, residual may come from the previous kernel
