@@ -16,10 +16,12 @@ import jax.numpy as jnp
 #: Every FFI target this package registers is named TARGET_PREFIX + its short name.
 TARGET_PREFIX = "jax_onnx_attn_"
 
-#: "0" turns the FFI record stage off (ffi/record/; on by default where the build has it): the GEMV
-#: targets are then registered through jax like the others, and XLA stream-captures them into child
-#: graphs of its command buffers instead of adding their kernels as nodes with programmatic
-#: dependent launches across calls. Read once, when a record target is first asked for.
+#: "1" turns the FFI record stage on (ffi/record/; where the build has it): XLA then adds the GEMV
+#: targets' kernels to its command buffers as kernel nodes with programmatic dependent launches
+#: across calls, instead of stream-capturing each call into a child graph. Off by default: on the
+#: H200 it did not speed up a ~1B decoder's step (fp16 B=1 within noise, int4 B=1 0.73 -> 0.81 ms;
+#: bench/results/2026-12-01-e2e-notes.md, session 15). Read once, when a record target is first
+#: asked for.
 RECORD_ENV = "JOA_FFI_RECORD"
 
 try:  # pragma: no cover - depends on how the package was installed
@@ -96,9 +98,9 @@ def cuda_usable() -> bool:
 
 
 def _record_names() -> tuple[str, ...]:
-    """Short names of the targets registered with their record stage: those the build has, unless
-    JOA_FFI_RECORD=0."""
-    if _ffi is None or not _ffi.build_info()["cuda"] or os.environ.get(RECORD_ENV, "1") == "0":
+    """Short names of the targets registered with their record stage: those the build has, when
+    JOA_FFI_RECORD=1."""
+    if _ffi is None or not _ffi.build_info()["cuda"] or os.environ.get(RECORD_ENV, "0") != "1":
         return ()
     return tuple(_ffi.record_targets())
 

@@ -134,7 +134,8 @@ def record_build(monkeypatch):
         f.cache_clear()
 
 
-def test_record_targets_register_through_xla_and_fall_back_to_jax(record_build):
+def test_record_targets_register_through_xla_and_fall_back_to_jax(record_build, monkeypatch):
+    monkeypatch.setenv(_extension.RECORD_ENV, "1")
     registered = record_build({"linear": "", "matmul_nbits": "the running XLA FFI API is 0.3"})
     # At import: the API probe and the targets without a record stage, through jax.
     assert _extension.register_targets() == ("jax_onnx_attn_kv_append",)
@@ -150,8 +151,12 @@ def test_record_targets_register_through_xla_and_fall_back_to_jax(record_build):
     assert status["errors"] == {"matmul_nbits": "the running XLA FFI API is 0.3"}
 
 
-def test_record_stage_off_registers_every_target_through_jax(record_build, monkeypatch):
-    monkeypatch.setenv(_extension.RECORD_ENV, "0")
+@pytest.mark.parametrize("switch", [None, "0"], ids=["default", "off"])
+def test_record_stage_off_registers_every_target_through_jax(record_build, monkeypatch, switch):
+    if switch is None:
+        monkeypatch.delenv(_extension.RECORD_ENV, raising=False)
+    else:
+        monkeypatch.setenv(_extension.RECORD_ENV, switch)
     registered = record_build({})
     assert set(_extension.register_targets()) == {"jax_onnx_attn_kv_append", "jax_onnx_attn_linear",
                                                   "jax_onnx_attn_matmul_nbits"}
