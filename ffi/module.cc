@@ -3,6 +3,7 @@
 #include <nanobind/stl/string.h>
 
 #include <cstdint>
+#include <iterator>
 #include <string>
 
 #include "common/status.h"
@@ -117,6 +118,11 @@ NB_MODULE(_ffi, m) {
     nb::list plans;
     for (const auto& c : joa::decode::kClusterPlans) plans.append(nb::make_tuple(c.size, c.max_tiles));
     decode["cluster_plans"] = plans;
+    nb::list policies;
+    for (const char* name : joa::decode::kPlanPolicyNames) policies.append(name);
+    decode["plan_policies"] = policies;
+    decode["plan_gpcs"] = joa::decode::kPlanGpcs;
+    decode["fit_max_tiles"] = joa::decode::kFitMaxTiles;
     decode["plan_sms"] = joa::decode::kPlanSms;
     nb::dict general;
     general["max_keys"] = joa::general::kMaxKeys;
@@ -145,7 +151,7 @@ NB_MODULE(_ffi, m) {
 
   m.def("decode_plan", [](int64_t batch, int64_t q_heads, int64_t kv_heads, int64_t q_len,
                           int64_t capacity, int head_dim, int kv_bits, bool cluster_capable,
-                          int64_t split_rows, int cluster) {
+                          int64_t split_rows, int cluster, int policy) {
     if (batch < 0 || q_len < 0 || capacity < 1 || kv_heads < 1 || q_heads % kv_heads != 0) {
       throw nb::value_error("decode_plan: shapes out of range");
     }
@@ -153,10 +159,14 @@ NB_MODULE(_ffi, m) {
     if (split_rows < 0 || split_rows % joa::decode::kBlockN != 0) {
       throw nb::value_error("decode_plan: split_rows must be 0 (plan it) or a positive multiple of the block");
     }
+    if (policy < 0 || policy >= int(std::size(joa::decode::kPlanPolicyNames))) {
+      throw nb::value_error("decode_plan: policy must index limits()['decode']['plan_policies']");
+    }
     const joa::KvFormat format = kv_bits == 8 ? joa::KvFormat::kInt8 : kv_bits == 4 ? joa::KvFormat::kInt4
                                                                                 : joa::KvFormat::kDense;
     const joa::decode::Plan p = joa::decode::MakePlan(batch, q_heads, kv_heads, q_len, capacity, head_dim,
-                                                      format, cluster_capable, split_rows, cluster);
+                                                      format, cluster_capable, split_rows, cluster,
+                                                      joa::decode::PlanPolicy(policy));
     nb::dict out;
     out["split_rows"] = p.split_rows;
     out["splits"] = p.splits;
@@ -167,9 +177,9 @@ NB_MODULE(_ffi, m) {
     return out;
   }, nb::arg("batch"), nb::arg("q_heads"), nb::arg("kv_heads"), nb::arg("q_len"), nb::arg("capacity"),
      nb::arg("head_dim"), nb::arg("kv_bits") = 0, nb::arg("cluster_capable") = false,
-     nb::arg("split_rows") = 0, nb::arg("cluster") = -1,
+     nb::arg("split_rows") = 0, nb::arg("cluster") = -1, nb::arg("policy") = 0,
      "The decode engine's plan for a call of these static shapes (kernels/decode/plan.h): "
-     "split_rows 0 and cluster -1 let it choose.");
+     "split_rows 0 and cluster -1 let it choose; policy indexes limits()['decode']['plan_policies'].");
 
   m.def("status_flags", []() {
     nb::dict flags;

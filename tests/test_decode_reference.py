@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import decode_oracle
+from kernel_specs import use_specs
 from jax_onnx_attn.ops import cuda
 from jax_onnx_attn.ops.decode import cuda_unsupported, decode_attention
 from jax_onnx_attn.ops.reference import decode as reference
@@ -125,3 +126,100 @@ def test_cluster_plan_is_valid(batch, rows, capacity):
     assert sr % cuda.DECODE_BLOCK_N == 0
     assert 2 <= splits <= cuda.DECODE_MAX_CLUSTER_SPLITS
     assert batch * 8 * splits <= 264  # one wave of the planner's CTA slots
+
+
+# --- plan policies (plan.h PlanPolicy: "ladder", the default, and "fit") --------------------------
+
+def _plan(batch, capacity, d, policy, rows=4, **kw):
+    """The plan of a q_len-1 call with `rows` query heads per KV head over 8 KV heads."""
+    return cuda.decode_plan(batch, 8 * rows, 8, 1, capacity, d, cluster_capable=True, policy=policy, **kw)
+
+
+def _wave_ctas(splits, ctas_per_sm):
+    """plan.h ClusterWaveCtas: the CTAs of `splits`-CTA clusters one wave holds for sure."""
+    lim = cuda._limits()["decode"]
+    return lim["plan_sms"] * ctas_per_sm - lim["plan_gpcs"] * (splits - 1)
+
+
+@pytest.mark.parametrize("capacity", [64, 200, 1024, 2048, 2304, 4096, 8192, 16384, 131072])
+@pytest.mark.parametrize("d", [64, 80, 128])
+@pytest.mark.parametrize("rows", [1, 4, 8, 16, 32])
+def test_fit_policy_keeps_the_batch_1_plans(capacity, d, rows):
+    """At B=1 the ladder's clusters already fit one wave of clusters: "fit" plans the same."""
+    assert _plan(1, capacity, d, "fit", rows) == _plan(1, capacity, d, "ladder", rows)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64])
+@pytest.mark.parametrize("capacity", [64, 1024, 2048, 2304, 4096, 8192, 32768])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_fit_policy_cluster_grids_fit_one_wave(batch, capacity, d):
+    """A "fit" cluster plan: 2-16 splits of at most fit_max_tiles tiles whose CTAs one wave of
+    clusters holds (each GPC may strand size - 1 slots), no workspace; otherwise the split plan."""
+    plan = _plan(batch, capacity, d, "fit")
+    assert plan == _plan(batch, capacity, d, "fit")  # pure
+    if not plan["cluster"]:
+        assert plan == _plan(batch, capacity, d, "fit", cluster=False)
+        return
+    n = plan["splits"]
+    assert 2 <= n <= cuda.DECODE_MAX_CLUSTER_SPLITS and n == -(-capacity // plan["split_rows"])
+    assert batch * 8 * n <= _wave_ctas(n, plan["ctas_per_sm"])
+    assert plan["split_rows"] <= cuda._limits()["decode"]["fit_max_tiles"] * cuda.DECODE_BLOCK_N
+    assert plan["workspace_elems"] == 1
+
+
+@pytest.mark.parametrize("batch,capacity,d,ladder,fit", [
+    # B=8 ctx 2k: the ladder's 4-CTA clusters take 256 of 264 slots (23.5 µs on the H200, where
+    # 2-CTA clusters took 18.2): "fit" takes 3-CTA clusters of 11 tiles.
+    (8, 2048, 64, (4, 512, True), (3, 704, True)),
+    # The ~1B decoder's cache (2304 rows): split + combine kernel; "fit": one launch.
+    (8, 2304, 64, (4, 576, False), (3, 768, True)),
+    (8, 4096, 128, (4, 1024, False), (3, 1408, True)),
+    (8, 8192, 128, (4, 2048, False), (4, 2048, False)),  # 43 tiles a split: over fit_max_tiles
+    (16, 2048, 64, (2, 1024, False), (2, 1024, True)),
+    (2, 2048, 128, (16, 128, True), (11, 192, True)),
+    (1, 4096, 128, (16, 256, True), (16, 256, True)),
+])
+def test_plan_policies_at_issue_15_shapes(batch, capacity, d, ladder, fit):
+    for policy, want in (("ladder", ladder), ("fit", fit)):
+        plan = _plan(batch, capacity, d, policy)
+        assert (plan["splits"], plan["split_rows"], plan["cluster"]) == want, policy
+
+
+def test_plan_policy_comes_from_the_environment(monkeypatch):
+    """JOA_DECODE_PLAN picks the policy of calls that name none; the default is the first name;
+    an unknown name is a ValueError naming the switch."""
+    assert cuda.DECODE_PLAN_POLICIES[0] == "ladder" and "fit" in cuda.DECODE_PLAN_POLICIES
+    monkeypatch.delenv(cuda.PLAN_POLICY_ENV, raising=False)
+    assert cuda.decode_plan_policy() is None
+    assert _plan(8, 2048, 64, None) == _plan(8, 2048, 64, "ladder")
+    monkeypatch.setenv(cuda.PLAN_POLICY_ENV, "fit")
+    assert cuda.decode_plan_policy() == "fit"
+    assert _plan(8, 2048, 64, None) == _plan(8, 2048, 64, "fit")
+    monkeypatch.setenv(cuda.PLAN_POLICY_ENV, "widest")
+    with pytest.raises(ValueError, match="JOA_DECODE_PLAN"):
+        _plan(8, 2048, 64, None)
+
+
+@pytest.mark.parametrize("kv_bits", [0, 8])
+def test_decode_attention_takes_the_switches_at_trace_time(monkeypatch, kv_bits):
+    """cuda.decode_attention resolves JOA_DECODE_PLAN and JOA_DECODE_CURSOR_LOADS when it is traced
+    and hands the plan policy and the cursor loads (float caches only) to the kernel call."""
+    calls = use_specs(monkeypatch)
+    b, hq, hkv, s, d, c = 8, 32, 8, 1, 64, 2048
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.standard_normal((b, hq, s, d)), jnp.float16)
+    dt = jnp.int8 if kv_bits else jnp.float16
+    cache = jnp.zeros((b, hkv, c, d), dt)
+    scales = (jnp.ones((1,), jnp.float32),) * 2 if kv_bits else (None, None)
+    lens = jnp.full((b,), c, jnp.int32)
+    monkeypatch.setenv(cuda.PLAN_POLICY_ENV, "fit")
+    monkeypatch.setenv(cuda.CURSOR_LOADS_ENV, "1")
+    cuda.decode_attention(q, cache, cache, lens, None, None, *scales, scale=0.1, kv_bits=kv_bits)
+    static = calls[-1][2]
+    assert static["plan_policy"] == "fit" and static["cursor_loads"] is (not kv_bits)
+    monkeypatch.delenv(cuda.PLAN_POLICY_ENV)
+    monkeypatch.delenv(cuda.CURSOR_LOADS_ENV)
+    cuda.decode_attention(q, cache, cache, lens, None, None, *scales, scale=0.1, kv_bits=kv_bits,
+                          plan_policy="fit")
+    static = calls[-1][2]
+    assert static["plan_policy"] == "fit" and static["cursor_loads"] is False

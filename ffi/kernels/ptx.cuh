@@ -31,6 +31,14 @@ __device__ __forceinline__ void CpAsync8(uint32_t dst, const void* src, bool val
                "r"(valid ? 8 : 0));
 }
 
+// A 32-bit global load issued where it stands: volatile, so the compiler neither sinks it to its
+// first use nor past the copies issued after it (its round trip overlaps theirs).
+__device__ __forceinline__ int LoadGlobalS32(const int* p) {
+  int v;
+  asm volatile("ld.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p));
+  return v;
+}
+
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 template <int kPending>

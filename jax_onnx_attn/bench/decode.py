@@ -36,13 +36,22 @@ MAX_KV_BYTES = 36 << 30   # skip cases whose K+V exceed this (peers need room to
 MAX_LOGIT_BYTES = 8 << 30  # the xla implementation materialises [B, Hq, S, C] f32 logits
 #: Donate q to the timed jit (see bench_jax); switched off only to measure what re-recording costs.
 DONATE = os.environ.get("JOA_BENCH_DONATE", "1") != "0"
-IMPLS = ("ours", "jax-xla", "jax-cudnn", "torch-flash", "torch-cudnn", "ours[tiles]")
-#: "ours[tiles]": ours with an int8 / int4 cache dequantised tile by tile in shared memory (the path
-#: before the register one; cuda.decode_attention(quant_regs=False)); "ours" follows the
-#: JOA_DECODE_QUANT_REGS switch (on by default). Time both side by side with --kv-bits 8 4
-#: --impls ours ours[tiles]. Not in the default set.
+#: Forms of "ours" that pin one of the engine's switches, for A/B runs in one process: the keyword
+#: arguments each passes to cuda.decode_attention ("ours" follows the JOA_DECODE_* switches) and the
+#: caches it applies to. "ours[tiles]": an int8 / int4 cache dequantised tile by tile in shared
+#: memory (the path before the register one; --kv-bits 8 4 --impls ours ours[tiles]). "ours[fit]",
+#: "ours[cursor]", "ours[fit+cursor]": the "fit" plan policy and / or the cursor loads of a float
+#: cache (issue 15; --impls ours ours[fit] ours[cursor] ours[fit+cursor] jax-cudnn). None is in the
+#: default set.
+OURS_FORMS = {
+    "ours[tiles]": (dict(quant_regs=False), "int"),
+    "ours[fit]": (dict(plan_policy="fit"), "float"),
+    "ours[cursor]": (dict(cursor_loads=True), "float"),
+    "ours[fit+cursor]": (dict(plan_policy="fit", cursor_loads=True), "float"),
+}
+IMPLS = ("ours", "jax-xla", "jax-cudnn", "torch-flash", "torch-cudnn", *OURS_FORMS)
 ALT_IMPL = "ours[tiles]"
-DEFAULT_IMPLS = tuple(i for i in IMPLS if i != ALT_IMPL)
+DEFAULT_IMPLS = tuple(i for i in IMPLS if i not in OURS_FORMS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,12 +214,12 @@ def bench_jax(case: Case, impl: str, target_s: float, reps: int) -> float:
     if impl.startswith("ours"):
         q_shape, kv_shape = (b, hq, s, d), (b, hkv, c, d // 2 if bits == 4 else d)
         kv_scale = jnp.full((1, hkv, 1, d) if case.scales == "channel" else (1,), 0.02, jnp.float32)
-        # "ours" follows the JOA_DECODE_QUANT_REGS switch; "ours[tiles]" forces the tile path.
-        quant_regs = False if impl == ALT_IMPL else None
+        # "ours" follows the JOA_DECODE_* switches; its forms pin one (OURS_FORMS).
+        pinned = OURS_FORMS[impl][0] if impl in OURS_FORMS else {}
 
         def attn(q, k, v, lens):
             return cuda.decode_attention(q, k, v, lens, None, None, kv_scale, kv_scale, scale=scale,
-                                         causal=True, kv_bits=bits, quant_regs=quant_regs)
+                                         causal=True, kv_bits=bits, **pinned)
     else:
         q_shape, kv_shape = (b, s, hq, d), (b, c, hkv, d)
         which = impl.split("-")[1]
@@ -363,8 +372,8 @@ def default_cases(args) -> list[Case]:
 def _impl_skip(case: Case, impl: str) -> str | None:
     if case.kv_bits and not impl.startswith("ours"):
         return "no int cache"
-    if not case.kv_bits and impl == ALT_IMPL:
-        return "float cache"
+    if impl in OURS_FORMS and (OURS_FORMS[impl][1] == "int") != bool(case.kv_bits):
+        return "float cache" if OURS_FORMS[impl][1] == "int" else "int cache"
     if case.kv_bytes > MAX_KV_BYTES:
         return "beyond memory"
     if impl == "jax-xla" and case.batch * case.q_heads * case.q_len * case.ctx * 4 > MAX_LOGIT_BYTES:

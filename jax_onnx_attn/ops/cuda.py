@@ -58,6 +58,9 @@ _LIMITS = {
     "DECODE_HEAD_DIMS": lambda lim: tuple(lim["decode"]["head_dims"]),
     "DECODE_MAX_CLUSTER_SPLITS": lambda lim: lim["decode"]["max_cluster_splits"],
     "_CLUSTER_PLANS": lambda lim: tuple(tuple(c) for c in lim["decode"]["cluster_plans"]),
+    # How the planner sizes a cluster plan (plan.h PlanPolicy), indexed by its value; the first is
+    # the default.
+    "DECODE_PLAN_POLICIES": lambda lim: tuple(lim["decode"]["plan_policies"]),
     # Softmax dtypes of the general kernel, indexed by its SoftmaxType.
     "GENERAL_SOFTMAX_DTYPES": lambda lim: tuple(jnp.dtype(t) for t in lim["general"]["softmax_types"]),
     "GENERAL_MAX_KEYS": lambda lim: lim["general"]["max_keys"],
@@ -84,24 +87,49 @@ def _cluster_capable() -> bool:
         return False
 
 
-@functools.cache
+#: The decode planner's policy (plan.h PlanPolicy, one of DECODE_PLAN_POLICIES): unset or "ladder"
+#: is the default; "fit" sizes cluster plans to one wave of clusters at any batch (issue 15,
+#: docs/kernels.md "The decode engine").
+PLAN_POLICY_ENV = "JOA_DECODE_PLAN"
+
+
+def decode_plan_policy() -> str | None:
+    """The plan policy of decode calls that name none: JOA_DECODE_PLAN, or None when unset (the
+    planner's default, the first of DECODE_PLAN_POLICIES). The one place the switch is read, at
+    trace time; the plan checks the name."""
+    return os.environ.get(PLAN_POLICY_ENV) or None
+
+
 def decode_plan(batch: int, q_heads: int, kv_heads: int, q_len: int, capacity: int, head_dim: int,
                 kv_bits: int = 0, split_rows: int | None = None, cluster: bool | None = None,
-                cluster_capable: bool | None = None) -> dict:
+                cluster_capable: bool | None = None, policy: str | None = None) -> dict:
     """The decode engine's plan for a call (ffi/kernels/decode/plan.h, through `_ffi.decode_plan`): a
     pure function of static shapes, so one call shape always gets the same bits.
 
     Returns {split_rows, splits, cluster, workspace_elems, block_rows, ctas_per_sm}. split_rows /
     cluster override the planner (None: it chooses; it offers a cluster only with split_rows None,
     a float cache and a GPU that runs clusters, `cluster_capable`, None: this process's GPU).
+    policy: how a cluster plan is sized, one of DECODE_PLAN_POLICIES (None: `decode_plan_policy()`;
+    an unknown name raises ValueError).
     """
     if cluster_capable is None:
         cluster_capable = _cluster_capable()
+    return _decode_plan(int(batch), int(q_heads), int(kv_heads), int(q_len), int(capacity),
+                        int(head_dim), int(kv_bits), int(split_rows or 0),
+                        -1 if cluster is None else int(bool(cluster)), bool(cluster_capable),
+                        policy or decode_plan_policy())
+
+
+@functools.cache
+def _decode_plan(batch, q_heads, kv_heads, q_len, capacity, head_dim, kv_bits, split_rows, cluster,
+                 cluster_capable, policy) -> dict:
+    policies = __getattr__("DECODE_PLAN_POLICIES")
+    if policy is not None and policy not in policies:
+        raise ValueError(f"decode plan policy {policy!r} ({PLAN_POLICY_ENV}): must be one of {policies}")
     return _extension.decode_plan(
-        batch=int(batch), q_heads=int(q_heads), kv_heads=int(kv_heads), q_len=int(q_len),
-        capacity=int(capacity), head_dim=int(head_dim), kv_bits=int(kv_bits),
-        cluster_capable=bool(cluster_capable), split_rows=int(split_rows or 0),
-        cluster=-1 if cluster is None else int(bool(cluster)))
+        batch=batch, q_heads=q_heads, kv_heads=kv_heads, q_len=q_len, capacity=capacity,
+        head_dim=head_dim, kv_bits=kv_bits, cluster_capable=cluster_capable, split_rows=split_rows,
+        cluster=cluster, policy=0 if policy is None else policies.index(policy))
 
 
 def decode_split_rows(batch: int, kv_heads: int, rows: int, capacity: int, head_dim: int,
@@ -112,11 +140,11 @@ def decode_split_rows(batch: int, kv_heads: int, rows: int, capacity: int, head_
 
 
 def decode_cluster_split_rows(batch: int, kv_heads: int, rows: int, capacity: int,
-                              head_dim: int = 128) -> int | None:
+                              head_dim: int = 128, policy: str | None = None) -> int | None:
     """KV rows per split when the plan combines the splits inside a thread-block cluster (on a GPU
     that runs clusters, a float cache), else None."""
     plan = decode_plan(batch, kv_heads * rows, kv_heads, 1, capacity, head_dim, 0,
-                       cluster_capable=True)
+                       cluster_capable=True, policy=policy)
     return plan["split_rows"] if plan["cluster"] else None
 
 
@@ -135,11 +163,23 @@ def decode_quant_regs() -> bool:
     return os.environ.get(QUANT_REGS_ENV, "1") != "0"
 
 
+#: The switch of the cursor loads for float caches (DenseCursorKv, kv_format.cuh): off by default;
+#: "1" copies K / V tiles from per-thread row cursors (issue 15, docs/kernels.md "The decode engine").
+CURSOR_LOADS_ENV = "JOA_DECODE_CURSOR_LOADS"
+
+
+def decode_cursor_loads() -> bool:
+    """Whether decode_attention copies a float cache's tiles through per-thread row cursors
+    (JOA_DECODE_CURSOR_LOADS=1; off by default): the one place the switch is read, at trace time."""
+    return os.environ.get(CURSOR_LOADS_ENV, "0") == "1"
+
+
 def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=None, v_scale=None,
                      *, scale: float, softcap: float = 0.0, causal: bool = True, left: int = -1,
                      right: int = -1, pos_shift: int = 0, kv_bits: int = 0,
                      split_rows: int | None = None, pdl: bool = True, cluster: bool | None = None,
-                     quant_regs: bool | None = None):
+                     quant_regs: bool | None = None, plan_policy: str | None = None,
+                     cursor_loads: bool | None = None):
     """q [B, Hq, S, D] f16/bf16, k_cache / v_cache [B, Hkv, C, D], kv_len int32 [B] -> [B, Hq, S, D].
 
     Semantics of `jax_onnx_attn.ops.reference.decode.decode_attention`. bias: None or
@@ -150,12 +190,19 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=
     splits inside a thread-block cluster, sm_90+, <= 16 splits of a 16-row block); pdl launches the
     combine as a programmatic dependent launch. quant_regs: dequantise a quantised cache in
     registers instead of tile by tile in shared memory (None: `decode_quant_regs()`, the
-    JOA_DECODE_QUANT_REGS switch, on by default); ignored for a float cache.
+    JOA_DECODE_QUANT_REGS switch, on by default); ignored for a float cache. plan_policy: how the
+    planner sizes a cluster plan, one of DECODE_PLAN_POLICIES (None: `decode_plan_policy()`, the
+    JOA_DECODE_PLAN switch). cursor_loads: copy a float cache's tiles through per-thread row
+    cursors (None: `decode_cursor_loads()`, JOA_DECODE_CURSOR_LOADS, off by default; the same bits
+    either way); ignored for a quantised cache.
     """
     quant_regs = decode_quant_regs() if quant_regs is None else bool(quant_regs)
+    cursor_loads = decode_cursor_loads() if cursor_loads is None else bool(cursor_loads)
     static = dict(scale=scale, softcap=softcap, causal=causal, left=left, right=right,
                   pos_shift=pos_shift, kv_bits=kv_bits, split_rows=split_rows, pdl=pdl,
-                  cluster=cluster, quant_regs=bool(quant_regs and kv_bits))
+                  cluster=cluster, quant_regs=bool(quant_regs and kv_bits),
+                  plan_policy=plan_policy or decode_plan_policy(),
+                  cursor_loads=bool(cursor_loads and not kv_bits))
     return partitioning.DECODE_ATTENTION.apply(
         _decode_attention, (q, k_cache, v_cache, kv_len, bias, sink, k_scale, v_scale), static,
         pin=_per_example_plan)
@@ -166,16 +213,16 @@ def _per_example_plan(static, axis_size, q, k_cache, *rest) -> dict:
     so the same bits, as the per-example loop."""
     b, hq, s, d = q.shape
     plan = decode_plan(b, hq, k_cache.shape[1], s, k_cache.shape[2], d, static["kv_bits"],
-                       static["split_rows"], static["cluster"])
+                       static["split_rows"], static["cluster"], policy=static["plan_policy"])
     return dict(split_rows=plan["split_rows"], cluster=plan["cluster"])
 
 
 def _decode_attention(q, k_cache, v_cache, kv_len, bias, sink, k_scale, v_scale, *, scale, softcap,
                       causal, left, right, pos_shift, kv_bits, split_rows, pdl, cluster,
-                      quant_regs=False):
+                      quant_regs=False, plan_policy=None, cursor_loads=False):
     b, hq, s, d = q.shape
     hkv, c = k_cache.shape[1], k_cache.shape[2]
-    plan = decode_plan(b, hq, hkv, s, c, d, kv_bits, split_rows, cluster)
+    plan = decode_plan(b, hq, hkv, s, c, d, kv_bits, split_rows, cluster, policy=plan_policy)
     ws = plan["workspace_elems"]
     placeholder = jnp.zeros((1,), jnp.float32)
     call = jax.ffi.ffi_call(
@@ -191,7 +238,7 @@ def _decode_attention(q, k_cache, v_cache, kv_len, bias, sink, k_scale, v_scale,
                   causal=bool(causal), left=int(left), right=int(right), pos_shift=int(pos_shift),
                   has_bias=bias is not None, has_sink=sink is not None, kv_bits=int(kv_bits),
                   split_rows=plan["split_rows"], pdl=bool(pdl), cluster=plan["cluster"],
-                  quant_regs=bool(quant_regs))
+                  quant_regs=bool(quant_regs), cursor_loads=bool(cursor_loads))
     return out
 
 

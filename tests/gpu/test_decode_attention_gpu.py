@@ -227,3 +227,86 @@ _LOOP = textwrap.dedent("""
 
 def test_decode_loop_in_a_command_buffer(tmp_path):
     command_buffer.assert_captured(_LOOP, "decode_attention", tmp_path)
+
+
+# --- issue 15's options: cursor loads (LaunchOptions::cursor_loads) and the "fit" plan policy -----
+
+def _cuda_call(q, k, v, lens, bias=None, sink=None, **static):
+    return np.asarray(jax.jit(functools.partial(cuda.decode_attention, **static))(q, k, v, lens, bias, sink))
+
+
+# (Hq, Hkv, S): packed rows 4 (16-row blocks), 8, 16, 64 (64-row), 256 (two 128-row blocks), 15.
+CURSOR_HEADS = [(32, 8, 1), (64, 8, 1), (16, 1, 1), (32, 8, 16), (64, 8, 32), (6, 2, 5)]
+
+
+@pytest.mark.parametrize("heads", CURSOR_HEADS, ids=lambda h: f"{h[0]}q{h[1]}kv_s{h[2]}")
+@pytest.mark.parametrize("d", HEAD_DIMS, ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_cursor_loads_give_the_same_bits(dtype, d, heads):
+    """The cursor loads copy the same shared-memory tiles as the strided ones: the same bits for
+    every layout, with tiles cut by kv_len (NaN past it), by a window's start and by the capacity
+    (not a multiple of the tile), over one split, 64-row splits and the planner's; and the
+    reference's values."""
+    hq, hkv, s = heads
+    c = 200 if d != 256 else 131
+    _, q, k, v, lens = _inputs(d + hq + s + 15, 3, hq, hkv, s, d, c, dtype)
+    for split_rows in (None, 64, -(-c // 64) * 64):
+        for left in (-1, 37):
+            static = dict(scale=float(1 / np.sqrt(d)), causal=True, left=left, split_rows=split_rows)
+            strided = _cuda_call(q, k, v, lens, cursor_loads=False, **static)
+            cursor = _cuda_call(q, k, v, lens, cursor_loads=True, **static)
+            assert not np.isnan(cursor.astype(np.float32)).any()
+            np.testing.assert_array_equal(cursor, strided)
+    want = _run("reference", q, k, v, lens, scale=float(1 / np.sqrt(d)), causal=True, left=37)
+    assert_close(cursor, want, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: np.dtype(t).name)
+def test_cursor_loads_with_every_feature_and_a_cluster(dtype):
+    """The logit variant (softcap, bias), sinks, a window and pos_shift through the cursor loads, in
+    a cluster and with the combine kernel: the strided loads' bits."""
+    hq, hkv, s, d, c = 8, 2, 3, 128, 700  # 12 packed rows: a 16-row block, as a cluster takes
+    rng, q, k, v, lens = _inputs(21, 3, hq, hkv, s, d, c, dtype)
+    bias = decode_cases.bias("f32_full", rng, 3, hq, s, c)
+    sink = rng.standard_normal(hq).astype(np.float32)
+    for cluster in (True, False):
+        static = dict(scale=0.09, softcap=20.0, causal=True, left=90, right=-1, pos_shift=-2,
+                      split_rows=128, cluster=cluster)
+        strided = _cuda_call(q, k, v, lens, bias, sink, cursor_loads=False, **static)
+        np.testing.assert_array_equal(_cuda_call(q, k, v, lens, bias, sink, cursor_loads=True, **static),
+                                      strided)
+
+
+# B=8 decode shapes of issue 15 (32/8, q_len 1) and where the "fit" plan differs from the ladder.
+FIT_CASES = [(8, 64, 2048), (8, 64, 2304), (8, 128, 4096), (2, 128, 2048), (16, 64, 2048), (4, 80, 1000)]
+
+
+@pytest.mark.parametrize("case", FIT_CASES, ids=lambda x: f"b{x[0]}_d{x[1]}_c{x[2]}")
+@pytest.mark.parametrize("cursor", [False, True], ids=["strided", "cursor"])
+def test_fit_plan_policy(case, cursor):
+    """The "fit" plan (one clustered launch at these shapes) against the reference, with ragged
+    lengths (0, fewer keys than a split, NaN past kv_len) and bitwise repeatable; its cursor and
+    strided loads give the same bits."""
+    b, d, c = case
+    plan = cuda.decode_plan(b, 32, 8, 1, c, d, policy="fit")
+    assert plan["cluster"], plan
+    lens = [min(n, c) for n in [c, 0, 70, c - 1, 500, 1, 1500, c] * 2][:b]
+    _, q, k, v, lens = _inputs(b + d + c, b, 32, 8, 1, d, c, np.float16, lens=lens)
+    f = functools.partial(_cuda_call, scale=float(1 / np.sqrt(d)), plan_policy="fit")
+    got = f(q, k, v, lens, cursor_loads=cursor)
+    want = _run("reference", q, k, v, lens, scale=float(1 / np.sqrt(d)))
+    assert not np.isnan(got.astype(np.float32)).any()
+    assert_close(got, want, np.float16)
+    np.testing.assert_array_equal(f(q, k, v, lens, cursor_loads=cursor), got)
+    np.testing.assert_array_equal(f(q, k, v, lens, cursor_loads=not cursor), got)
+    hlo = jax.jit(functools.partial(cuda.decode_attention, scale=0.1, plan_policy="fit")).lower(
+        q, k, v, lens).as_text()
+    assert "cluster = true" in hlo
+
+
+def test_decode_loop_in_a_command_buffer_with_the_options(tmp_path, monkeypatch):
+    """The decode loop of test_decode_loop_in_a_command_buffer with JOA_DECODE_PLAN=fit (B=2: an
+    11-CTA cluster) and JOA_DECODE_CURSOR_LOADS=1: captured, replayed with the same bits."""
+    monkeypatch.setenv(cuda.PLAN_POLICY_ENV, "fit")
+    monkeypatch.setenv(cuda.CURSOR_LOADS_ENV, "1")
+    command_buffer.assert_captured(_LOOP, "decode_attention", tmp_path)

@@ -11,6 +11,8 @@
 //   tensor or one per (KV head, channel).
 // QuantRegKv<T, 8 | 4>: the same caches dequantised in registers from the raw ring rows, no T tile
 //   (the decode engine's DecodeSplitKernelQRegs, switched on by LaunchOptions::quant_regs).
+// DenseCursorKv<T>: DenseKv<T> whose rows are contiguous (row stride D, as decode_attention's
+//   caches are), copied through per-thread cursors (the decode engine's LaunchOptions::cursor_loads).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -59,7 +61,17 @@ template <typename T>
 struct DenseKv {
   static constexpr bool kQuantized = false;
   static constexpr bool kInRegs = false;
+  static constexpr bool kCursor = false;
   static constexpr int kBits = 8 * int(sizeof(T));
+};
+
+// A dense cache whose rows are contiguous holds a KV tile as one block of rows * D values, so a
+// thread's copies of a tile are its place in the block plus compile-time offsets: no per-copy
+// 64-bit stride arithmetic (about 150 SASS instructions a 64-row d64 tile per thread with DenseKv),
+// and row tests only in tiles that cross the visible range. Same shared-memory tiles, same bits.
+template <typename T>
+struct DenseCursorKv : DenseKv<T> {
+  static constexpr bool kCursor = true;
 };
 
 template <typename T, int kBits_>
@@ -67,6 +79,7 @@ struct QuantKv {
   using Layout = KvQuantLayout<kBits_ == 8 ? KvFormat::kInt8 : KvFormat::kInt4>;
   static constexpr bool kQuantized = true;
   static constexpr bool kInRegs = false;
+  static constexpr bool kCursor = false;
   static constexpr int kBits = kBits_;
 
   // Bytes of one cache row of kD values (rows are contiguous in the ring, unpadded: only the
@@ -172,6 +185,7 @@ struct QuantRegKv {
   using Base = QuantKv<T, kBits_>;
   static constexpr bool kQuantized = true;
   static constexpr bool kInRegs = true;
+  static constexpr bool kCursor = false;
   static constexpr int kBits = kBits_;
 
   template <int kD>

@@ -149,6 +149,55 @@ struct SplitStages {
     }
   }
 
+  // Issues the copies of KV tile t into ring stage st like LoadKvTile, for a cache whose rows are
+  // contiguous (Kv::kCursor: row stride kD): the tile is one block of kTileN * kD values, and copy
+  // c = tid + i * kThreads is the 16 bytes at value 8 c of it, i.e. the thread's place plus an
+  // immediate. Only a tile that crosses [n_begin, n_end) tests its rows.
+  static __device__ __forceinline__ void LoadKvTileByCursor(int t, int st, const T* k_base, const T* v_base,
+                                                            T* s_kv, int n_begin, int n_end, int tid) {
+    const int n0 = t * kTileN;
+    const int64_t tile = int64_t(n0) * kD;
+    T* s_k = s_kv + (2 * st) * Cfg::kTileElems;
+    if (n0 >= n_begin && n0 + kTileN <= n_end) {
+      CopyTileByCursor<false>(s_k, k_base + tile, 0, kTileN, tid);
+      CopyTileByCursor<false>(s_k + Cfg::kTileElems, v_base + tile, 0, kTileN, tid);
+    } else {
+      CopyTileByCursor<true>(s_k, k_base + tile, n_begin - n0, n_end - n0, tid);
+      CopyTileByCursor<true>(s_k + Cfg::kTileElems, v_base + tile, n_begin - n0, n_end - n0, tid);
+    }
+  }
+
+  // One [kTileN, kD] tile whose row 0 is at `tile` (contiguous rows) into dst (row stride kStride);
+  // kTestRows: rows outside [valid_lo, valid_hi) become zeros and are not read (the copy points at
+  // row 0, which a tile always has in range).
+  template <bool kTestRows>
+  static __device__ __forceinline__ void CopyTileByCursor(T* dst, const T* tile, int valid_lo, int valid_hi,
+                                                          int tid) {
+    constexpr int kVecs = kD / 8;
+    constexpr int kTotal = kTileN * kVecs;
+    constexpr int kIters = (kTotal + kThreads - 1) / kThreads;
+    // Where a copy's row moves by whole rows from one to the next (kThreads a multiple of kVecs),
+    // its shared-memory address is the first one plus an immediate too.
+    constexpr int kRowStep = kThreads % kVecs == 0 ? kThreads / kVecs : 0;
+    const T* mine = tile + 8 * tid;
+    const uint32_t s_mine = ptx::SmemAddr(dst + (tid / kVecs) * kStride + (tid % kVecs) * 8);
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      const int c = tid + it * kThreads;
+      if (kTotal % kThreads == 0 || c < kTotal) {
+        const int r = c / kVecs;
+        const uint32_t s = kRowStep ? s_mine + uint32_t(it * kRowStep * kStride * sizeof(T))
+                                    : ptx::SmemAddr(dst + r * kStride + (c % kVecs) * 8);
+        if constexpr (kTestRows) {
+          const bool valid = r >= valid_lo && r < valid_hi;
+          ptx::CpAsync16(s, valid ? mine + it * kThreads * 8 : tile, valid);
+        } else {
+          ptx::CpAsync16(s, mine + it * kThreads * 8, true);
+        }
+      }
+    }
+  }
+
   // --- QK ----------------------------------------------------------------------------------------
 
   // s = Q K^T for the kChunk tile columns from c0 (k_lane: this lane's ldmatrix offset into the K
@@ -345,10 +394,19 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
   ptx::LaunchDependents();
 
   // load: Q, issued before kv_len is read (Q does not depend on it, and the two latencies overlap).
-  Stages::LoadQ(s_q, p, b, kvh, row0, tid);
+  // The cursor loads ask for kv_len first (a load the compiler keeps in place): its round trip then
+  // also covers Q's address arithmetic.
+  int kv_len_b;
+  if constexpr (Kv::kCursor) {
+    kv_len_b = ptx::LoadGlobalS32(p.kv_len + b);
+    Stages::LoadQ(s_q, p, b, kvh, row0, tid);
+  } else {
+    Stages::LoadQ(s_q, p, b, kvh, row0, tid);
+    kv_len_b = p.kv_len[b];
+  }
 
   // The keys of this split the CTA's rows can see, from the variant's bounds.
-  const int len = min(max(p.kv_len[b], 0), p.capacity);
+  const int len = min(max(kv_len_b, 0), p.capacity);
   const Variant var(p.variant, len);
   const int pos0 = len - p.q_len + p.variant.pos_shift;  // position of query row 0
   const KeyBounds kb = var.Bounds(pos0, pos0 + p.q_len - 1);
@@ -360,7 +418,11 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
   const T* k_base = static_cast<const T*>(p.k) + b * p.k_stride_b + kvh * p.k_stride_h;
   const T* v_base = static_cast<const T*>(p.v) + b * p.v_stride_b + kvh * p.v_stride_h;
   auto load_tile = [&](int t, int st) {
-    Stages::LoadKvTile(t, st, p, b, kvh, k_base, v_base, s_kv, s_ring, n_begin, n_end, tid);
+    if constexpr (Kv::kCursor) {
+      Stages::LoadKvTileByCursor(t, st, k_base, v_base, s_kv, n_begin, n_end, tid);
+    } else {
+      Stages::LoadKvTile(t, st, p, b, kvh, k_base, v_base, s_kv, s_ring, n_begin, n_end, tid);
+    }
   };
 
   // The two packed rows this thread holds in the mma accumulator layout: lane / 4 and lane / 4 + 8.

@@ -98,6 +98,13 @@ cudaError_t Launch(const DecodeParams& p, const LaunchOptions& opt, cudaStream_t
                                : LaunchVariant<T, kD, MaskVariant, Kv>(p, opt.pdl, stream);
     }
   }
+  if constexpr (kKv == KvFormat::kDense) {
+    if (opt.cursor_loads && p.k_stride_n == kD && p.v_stride_n == kD) {  // rows one after another
+      using Kv = DenseCursorKv<T>;
+      return opt.logit_variant ? LaunchVariant<T, kD, LogitVariant, Kv>(p, opt.pdl, stream)
+                               : LaunchVariant<T, kD, MaskVariant, Kv>(p, opt.pdl, stream);
+    }
+  }
   using Kv = KvPolicy<T, kKv>;
   return opt.logit_variant ? LaunchVariant<T, kD, LogitVariant, Kv>(p, opt.pdl, stream)
                            : LaunchVariant<T, kD, MaskVariant, Kv>(p, opt.pdl, stream);

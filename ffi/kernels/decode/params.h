@@ -60,6 +60,9 @@ struct LaunchOptions {
   // An int8 / int4 cache dequantised in registers (DecodeSplitKernelQRegs, engine_qregs.cuh)
   // instead of converted tile by tile in shared memory; ignored for a dense cache.
   bool quant_regs = false;
+  // A dense cache copied through per-thread row cursors (DenseCursorKv, kv_format.cuh) where its
+  // rows are contiguous; the same bits as without. Ignored for a quantised cache.
+  bool cursor_loads = false;
 };
 
 }  // namespace joa::decode

@@ -41,6 +41,30 @@ struct ClusterPlan {
 };
 inline constexpr ClusterPlan kClusterPlans[] = {{8, 2}, {16, 4}, {16, 8}};
 
+// How MakePlan sizes a cluster plan (Python: the names of kPlanPolicyNames, by index;
+// ops/cuda.decode_plan_policy reads JOA_DECODE_PLAN).
+enum class PlanPolicy : int {
+  // kClusterPlans with the cluster capped by the CTA slots (the default).
+  kLadder = 0,
+  // kClusterPlans with the cluster capped by what one wave of clusters surely holds
+  // (ClusterWaveCtas); where that cap cuts a rung's cluster, its splits may stream up to
+  // kFitMaxTiles tiles: one launch where the ladder takes the split + combine-kernel plan or a
+  // cluster grid that overfills the GPU. Why (issue 15, H200, B=8 32/8 d64 ctx 2k): the ladder's
+  // 4-CTA clusters over 256 of the 264 slots took 23.6 µs, 2-CTA clusters 18.2, 4 splits + the
+  // combine kernel 18.3 (2-split plans: 21.6 with the combine kernel, 18.2 in a cluster).
+  kFit = 1,
+};
+inline constexpr const char* kPlanPolicyNames[] = {"ladder", "fit"};
+// GPCs of the H200 (a cluster's CTAs run in one): a constant like kPlanSms.
+inline constexpr int kPlanGpcs = 8;
+// Most KV tiles a split of a kFit cluster may stream where the wave cut its cluster: 2048 rows, up
+// to which a combine kernel (~3 µs at B=8) costs more than the longer splits (the B=8 2k sweep).
+inline constexpr int kFitMaxTiles = 32;
+
+// CTAs of `size`-CTA clusters that one wave holds for sure: a cluster sits in one GPC, so each GPC
+// may strand up to size - 1 of its CTA slots.
+constexpr int64_t ClusterWaveCtas(int64_t slots, int64_t size) { return slots - int64_t(kPlanGpcs) * (size - 1); }
+
 constexpr bool SupportedHeadDim(int d) {
   for (int x : kHeadDims) {
     if (x == d) return true;
@@ -188,18 +212,25 @@ inline int64_t SplitRows(int64_t batch, int64_t kv_heads, int64_t rows, int64_t 
 
 // KV rows per split when the splits should combine inside a thread-block cluster, or 0: for 16-row
 // blocks (decode at small batch) of a layout that has the cluster combine, the first of
-// kClusterPlans whose cluster (capped by the tiles and by the CTA slots of this layout) cuts the
-// context into splits short enough.
+// kClusterPlans whose cluster (capped by the tiles and, by `policy`, by the CTA slots of this layout
+// or by one wave of clusters) cuts the context into splits short enough.
 inline int64_t ClusterSplitRows(int64_t batch, int64_t kv_heads, int64_t rows, int64_t capacity, int d,
-                                KvFormat format) {
+                                KvFormat format, PlanPolicy policy = PlanPolicy::kLadder) {
   const Layout l = LayoutFor(rows, d, format);
   if (l.block_m != 16 || !l.cluster_combine) return 0;
   const int64_t ctas = std::max<int64_t>(batch * kv_heads, 1);
   const int64_t tiles = std::max<int64_t>(1, (capacity + kBlockN - 1) / kBlockN);
   const int64_t slots = int64_t(kPlanSms) * l.ctas_per_sm;
   for (const ClusterPlan& plan : kClusterPlans) {
-    const int64_t n = std::min<int64_t>({plan.size, tiles, slots / ctas});
-    if (n >= 2 && (tiles + n - 1) / n <= plan.max_tiles) return (tiles + n - 1) / n * kBlockN;
+    int64_t n = std::min<int64_t>({plan.size, tiles, slots / ctas});
+    int64_t max_tiles = plan.max_tiles;
+    if (policy == PlanPolicy::kFit) {
+      const int64_t whole = std::min<int64_t>(plan.size, tiles);
+      n = whole;
+      while (n >= 2 && ctas * n > ClusterWaveCtas(slots, n)) --n;
+      if (n < whole) max_tiles = kFitMaxTiles;
+    }
+    if (n >= 2 && (tiles + n - 1) / n <= max_tiles) return (tiles + n - 1) / n * kBlockN;
   }
   return 0;
 }
@@ -217,13 +248,15 @@ struct Plan {
 // split_rows: 0 lets the planner choose, else a positive multiple of kBlockN (the caller checks).
 // cluster: -1 lets the planner choose (only with split_rows 0: cluster plans are measured for
 // dense caches on GPUs that run clusters), 0 never, 1 whenever there are several splits.
+// policy: how a chosen cluster plan is sized (PlanPolicy).
 inline Plan MakePlan(int64_t batch, int64_t q_heads, int64_t kv_heads, int64_t q_len, int64_t capacity,
-                     int d, KvFormat format, bool cluster_capable, int64_t split_rows, int cluster) {
+                     int d, KvFormat format, bool cluster_capable, int64_t split_rows, int cluster,
+                     PlanPolicy policy = PlanPolicy::kLadder) {
   const int64_t rows = (q_heads / std::max<int64_t>(kv_heads, 1)) * q_len;
   bool use_cluster = cluster == 1;
   if (cluster < 0) {
     const int64_t cluster_rows = split_rows == 0 && format == KvFormat::kDense && cluster_capable
-                                     ? ClusterSplitRows(batch, kv_heads, rows, capacity, d, format)
+                                     ? ClusterSplitRows(batch, kv_heads, rows, capacity, d, format, policy)
                                      : 0;
     use_cluster = cluster_rows > 0;
     if (use_cluster) split_rows = cluster_rows;
