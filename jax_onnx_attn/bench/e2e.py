@@ -839,6 +839,8 @@ def format_table(results: list[dict]) -> str:
 def write_json(path: str, env: dict, args, results, skipped, verify, models) -> None:
     """The suite's JSON (see the module doc and bench/plots.py's e2e loader)."""
     versions = {k: env.get(k) for k in ("jax", "jaxlib", "python", "torch", "torch_cuda", "cudnn_torch")}
+    from jax_onnx_attn import _extension
+    env = dict(env, ffi_record=_extension.record_status())  # what the record stage did in this run
     doc = {"suite": "e2e", "gpu": env.get("gpu"), "versions": versions, "commit": env.get("commit"),
            "env": env, "args": vars(args), "models": models, "verify": verify, "results": results,
            "skipped": skipped}
