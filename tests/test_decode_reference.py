@@ -223,3 +223,11 @@ def test_decode_attention_takes_the_switches_at_trace_time(monkeypatch, kv_bits)
                           plan_policy="fit")
     static = calls[-1][2]
     assert static["plan_policy"] == "fit" and static["cursor_loads"] is False
+    # Head dim 128 takes the cursor loads unless the switch says "0" (cuda.CURSOR_LOADS_HEAD_DIMS).
+    q128 = jnp.zeros((b, hq, s, 128), jnp.float16)
+    cache128 = jnp.zeros((b, hkv, c, 128), dt)
+    cuda.decode_attention(q128, cache128, cache128, lens, None, None, *scales, scale=0.1, kv_bits=kv_bits)
+    assert calls[-1][2]["cursor_loads"] is (not kv_bits)
+    monkeypatch.setenv(cuda.CURSOR_LOADS_ENV, "0")
+    cuda.decode_attention(q128, cache128, cache128, lens, None, None, *scales, scale=0.1, kv_bits=kv_bits)
+    assert calls[-1][2]["cursor_loads"] is False

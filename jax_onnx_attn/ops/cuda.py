@@ -163,15 +163,24 @@ def decode_quant_regs() -> bool:
     return os.environ.get(QUANT_REGS_ENV, "1") != "0"
 
 
-#: The switch of the cursor loads for float caches (DenseCursorKv, kv_format.cuh): off by default;
-#: "1" copies K / V tiles from per-thread row cursors (issue 15, docs/kernels.md "The decode engine").
+#: The switch of the cursor loads for float caches (DenseCursorKv, kv_format.cuh): "1" / "0" force
+#: copying K / V tiles from per-thread row cursors or by strided addresses; unset, head dim 128 takes
+#: the cursors (issue 15, docs/kernels.md "The decode engine"). The same bits either way.
 CURSOR_LOADS_ENV = "JOA_DECODE_CURSOR_LOADS"
 
+#: Head dims whose float caches take the cursor loads by default. Measured on the H200 (fp16, 32/8,
+#: bench/results/2026-12-02-42c28fd-decode-b8-ab.json): d128 B=1 2k / 4k / 8k 10.8 -> 10.3, 14.1 ->
+#: 13.4, 21.2 -> 19.1 us, B=8 2k 36.4 -> 32.7; d64 mixed (B=1 2k 8.0 -> 8.3, 4k 10.0 -> 9.6).
+CURSOR_LOADS_HEAD_DIMS = (128,)
 
-def decode_cursor_loads() -> bool:
-    """Whether decode_attention copies a float cache's tiles through per-thread row cursors
-    (JOA_DECODE_CURSOR_LOADS=1; off by default): the one place the switch is read, at trace time."""
-    return os.environ.get(CURSOR_LOADS_ENV, "0") == "1"
+
+def decode_cursor_loads(head_dim: int) -> bool:
+    """Whether decode_attention copies a float cache's tiles through per-thread row cursors: the one
+    place the switch (JOA_DECODE_CURSOR_LOADS) and the default rule are read, at trace time."""
+    forced = os.environ.get(CURSOR_LOADS_ENV)
+    if forced in ("0", "1"):
+        return forced == "1"
+    return head_dim in CURSOR_LOADS_HEAD_DIMS
 
 
 def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=None, v_scale=None,
@@ -193,11 +202,11 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=
     JOA_DECODE_QUANT_REGS switch, on by default); ignored for a float cache. plan_policy: how the
     planner sizes a cluster plan, one of DECODE_PLAN_POLICIES (None: `decode_plan_policy()`, the
     JOA_DECODE_PLAN switch). cursor_loads: copy a float cache's tiles through per-thread row
-    cursors (None: `decode_cursor_loads()`, JOA_DECODE_CURSOR_LOADS, off by default; the same bits
+    cursors (None: `decode_cursor_loads(D)`: JOA_DECODE_CURSOR_LOADS, else D == 128; the same bits
     either way); ignored for a quantised cache.
     """
     quant_regs = decode_quant_regs() if quant_regs is None else bool(quant_regs)
-    cursor_loads = decode_cursor_loads() if cursor_loads is None else bool(cursor_loads)
+    cursor_loads = decode_cursor_loads(q.shape[-1]) if cursor_loads is None else bool(cursor_loads)
     static = dict(scale=scale, softcap=softcap, causal=causal, left=left, right=right,
                   pos_shift=pos_shift, kv_bits=kv_bits, split_rows=split_rows, pdl=pdl,
                   cluster=cluster, quant_regs=bool(quant_regs and kv_bits),
