@@ -97,9 +97,10 @@ def cuda_usable() -> bool:
     return has_cuda() and not _cuda_devices()[1]
 
 
+@functools.cache
 def _record_names() -> tuple[str, ...]:
     """Short names of the targets registered with their record stage: those the build has, when
-    JOA_FFI_RECORD=1."""
+    JOA_FFI_RECORD=1 (read once a process: registration cannot change afterwards)."""
     if _ffi is None or not _ffi.build_info()["cuda"] or os.environ.get(RECORD_ENV, "0") != "1":
         return ()
     return tuple(_ffi.record_targets())

@@ -121,7 +121,7 @@ def record_build(monkeypatch):
     registered = []
     monkeypatch.setattr(jax.ffi, "register_ffi_target",
                         lambda name, capsule, platform: registered.append((name, capsule)))
-    caches = (_extension.register_targets, _extension._register_record_targets)
+    caches = (_extension._record_names, _extension.register_targets, _extension._register_record_targets)
 
     def use(errors):
         monkeypatch.setattr(_extension, "_ffi", _RecordBuild(errors))
