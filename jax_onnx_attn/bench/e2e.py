@@ -81,6 +81,7 @@ from typing import Callable
 
 import numpy as np
 
+from jax_onnx_attn import _extension
 from jax_onnx_attn.bench.decode import _warm_up, environment
 from jax_onnx_attn.runtime.roofline import H200_HBM_BYTES_PER_S
 
@@ -839,7 +840,6 @@ def format_table(results: list[dict]) -> str:
 def write_json(path: str, env: dict, args, results, skipped, verify, models) -> None:
     """The suite's JSON (see the module doc and bench/plots.py's e2e loader)."""
     versions = {k: env.get(k) for k in ("jax", "jaxlib", "python", "torch", "torch_cuda", "cudnn_torch")}
-    from jax_onnx_attn import _extension
     env = dict(env, ffi_record=_extension.record_status())  # what the record stage did in this run
     doc = {"suite": "e2e", "gpu": env.get("gpu"), "versions": versions, "commit": env.get("commit"),
            "env": env, "args": vars(args), "models": models, "verify": verify, "results": results,
