@@ -150,3 +150,23 @@ def test_kernel_timeline_finds_the_device_idle_gaps():
     # count_device_kernels reports it
     _, info = e2e.count_device_kernels(_trace([("Stream #13(Compute)", ["k1", "k2"])]))
     assert info["span_us"] == 2 and info["idle_us"] == 0
+
+
+def test_command_buffers_during_profiling_flag_only_where_xla_knows_it(tmp_path):
+    knows, old = tmp_path / "xla_cuda_plugin.so", tmp_path / "libjax_common.so"
+    knows.write_bytes(b"\0xla_gpu_enable_command_buffer\0" + e2e.COMMAND_BUFFERS_DURING_PROFILING.encode() + b"\0")
+    old.write_bytes(b"\0xla_gpu_enable_command_buffer\0")
+    env = {"XLA_FLAGS": "--xla_gpu_autotune_level=0"}
+    assert e2e.keep_command_buffers_when_profiling(env, [str(knows)]) is None
+    want = "--xla_gpu_autotune_level=0 --xla_enable_command_buffers_during_profiling=true"
+    assert env["XLA_FLAGS"] == want
+    assert e2e.keep_command_buffers_when_profiling(env, [str(knows)]) is None  # not twice
+    assert env["XLA_FLAGS"] == want
+    # XLA aborts on a flag it does not know: then XLA_FLAGS is left alone, and the reason given.
+    env = {}
+    why = e2e.keep_command_buffers_when_profiling(env, [str(knows), str(old)])
+    assert "libjax_common.so has no xla_enable_command_buffers_during_profiling" in why and env == {}
+    assert "no XLA library" in e2e.keep_command_buffers_when_profiling(env, [])
+    # this machine's jax: its libraries are found and checked (a real answer either way)
+    libraries = e2e._xla_libraries()
+    assert libraries and all(lib.endswith(".so") for lib in libraries)

@@ -45,6 +45,11 @@ kernels on the GPU's stream lines of the Chrome-trace JSON counted and divided b
 profiler's CUDA kernels of one graph replay); null with a note when the trace has no device events
 (e.g. on a CPU).
 
+With --profile-command-buffers the traced calls keep XLA's command buffers
+(`--xla_enable_command_buffers_during_profiling=true` added to XLA_FLAGS; XLA otherwise runs a
+profiled executable's thunks one by one): the trace then shows the step as it runs untraced, e.g.
+the FFI record stage's kernel nodes and their programmatic-dependent-launch overlap.
+
 Verification: on the first B=1 case of each group, the greedy tokens of ours
 (`generate`) and of each peer for the same 16-token prompt, 1 + K tokens, are recorded side by side
 (`verify` in the JSON, with the number of leading tokens that agree).
@@ -299,6 +304,46 @@ def _keep_trace(folder: str) -> str | None:
     dest = os.path.join(TRACE_DIR, f"trace-{len(os.listdir(TRACE_DIR)):02d}.json.gz")
     shutil.copyfile(paths[-1], dest)
     return dest
+
+
+#: The XLA flag that keeps command buffers while a profiler runs (XLA's default turns them off).
+COMMAND_BUFFERS_DURING_PROFILING = "xla_enable_command_buffers_during_profiling"
+
+
+def _xla_libraries() -> list[str]:
+    """The shared libraries whose XLA parses XLA_FLAGS: the CUDA PJRT plugins installed
+    (jax_plugins/xla_cuda*), else jaxlib's own."""
+    import importlib.util
+    plugins = importlib.util.find_spec("jax_plugins")
+    dirs = list(plugins.submodule_search_locations or []) if plugins else []
+    found = sorted(p for d in dirs for p in glob.glob(os.path.join(d, "xla_cuda*", "*.so")))
+    if found:
+        return found
+    jaxlib = importlib.util.find_spec("jaxlib")
+    return sorted(glob.glob(os.path.join(os.path.dirname(jaxlib.origin), "libjax_common*.so"))) if jaxlib else []
+
+
+def _library_knows(path: str, word: str) -> bool:
+    """Whether the bytes of `word` occur in the file (a flag's name in XLA's flag table)."""
+    import mmap
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        return m.find(word.encode()) >= 0
+
+
+def keep_command_buffers_when_profiling(environ=os.environ, libraries: list[str] | None = None) -> str | None:
+    """Adds --xla_enable_command_buffers_during_profiling=true to environ["XLA_FLAGS"] (call it
+    before jax starts a backend). Returns None, or why it was not added: XLA aborts on a flag it
+    does not know, so the flag is added only where the libraries that parse XLA_FLAGS name it."""
+    libraries = _xla_libraries() if libraries is None else libraries
+    if not libraries:
+        return "no XLA library found to check for the flag"
+    missing = [os.path.basename(p) for p in libraries if not _library_knows(p, COMMAND_BUFFERS_DURING_PROFILING)]
+    if missing:
+        return f"{', '.join(missing)} has no {COMMAND_BUFFERS_DURING_PROFILING} flag"
+    flags = environ.get("XLA_FLAGS", "")
+    if COMMAND_BUFFERS_DURING_PROFILING not in flags:
+        environ["XLA_FLAGS"] = f"{flags} --{COMMAND_BUFFERS_DURING_PROFILING}=true".strip()
+    return None
 
 
 def jax_kernels_per_step(start, call, sync, steps: int) -> dict:
@@ -878,6 +923,10 @@ def main(argv: list[str] | None = None) -> int:
                          "run see no device events)")
     ap.add_argument("--profile", choices=["first", "all", "none"], default="first",
                     help="trace kernels per step: each group's first case, every case, none")
+    ap.add_argument("--profile-command-buffers", action="store_true",
+                    help="keep XLA's command buffers in the traced calls (XLA flag "
+                         f"--{COMMAND_BUFFERS_DURING_PROFILING}=true): the trace shows the graphs' "
+                         "kernels, e.g. the FFI record stage's nodes")
     ap.add_argument("--hbm", type=float, default=H200_HBM_BYTES_PER_S, help="HBM bytes/s of the bound")
     ap.add_argument("--max-seconds", type=float, default=None,
                     help="budget for the whole run incl. making models (default 420, --quick 240)")
@@ -899,6 +948,10 @@ def main(argv: list[str] | None = None) -> int:
     TRACE_DIR = args.trace_dir
     if args.max_seconds is None:
         args.max_seconds = 240.0 if args.quick else 420.0
+    # Before jax starts a backend, which reads XLA_FLAGS once.
+    no_command_buffers = keep_command_buffers_when_profiling() if args.profile_command_buffers else None
+    if no_command_buffers:
+        print(f"--profile-command-buffers: not set ({no_command_buffers})", flush=True)
     start = time.perf_counter()
 
     import jax
@@ -907,6 +960,9 @@ def main(argv: list[str] | None = None) -> int:
         jax.config.update("jax_compilation_cache_dir", args.compile_cache)
     env = environment()
     env["suite"] = "e2e"
+    env["xla_flags"] = os.environ.get("XLA_FLAGS")
+    if args.profile_command_buffers:
+        env["profile_command_buffers"] = no_command_buffers or "on"
     print(json.dumps({k: env.get(k) for k in ("gpu", "jax", "jaxlib", "torch", "commit",
                                                  "prefill_engine", "joa_env")}, indent=1))
     from jax_onnx_attn.bench.e2e_peers import torch_status
