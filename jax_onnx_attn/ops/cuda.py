@@ -65,6 +65,9 @@ _LIMITS = {
     "GENERAL_SOFTMAX_DTYPES": lambda lim: tuple(jnp.dtype(t) for t in lim["general"]["softmax_types"]),
     "GENERAL_MAX_KEYS": lambda lim: lim["general"]["max_keys"],
     "PREFILL_HEAD_DIMS": lambda lim: tuple(lim["prefill"]["head_dims"]),
+    # Per head size: {"padded": tile / O width, "block_n": keys per step, "stages": K / V ring}
+    # (params.h TilingFor; 80 and 96 run in 128-wide tiles, 256 in 80-key tiles).
+    "PREFILL_TILING": lambda lim: {int(d): dict(t) for d, t in lim["prefill"]["tiling"].items()},
     # The prefill engine's consumer schedules, indexed by its Schedule value.
     "PREFILL_SCHEDULES": lambda lim: tuple(lim["prefill"]["schedules"]),
 }
@@ -346,14 +349,15 @@ def _general_attention(q, k, v, kv_len, bias, *, scale, softcap, causal, left, r
 
 
 # --- prefill attention (ffi/handlers/prefill_attention.cu, engine in ffi/kernels/prefill/) ---------
-# Not routed from any op yet: correct on an H200, its speed still being worked on (docs/kernels.md).
+# GQA first prompts route here (ops/decode_paths.py `gqa_prefill_engine_route`; docs/kernels.md).
 
 
 def prefill_attention(q, k, v, q_len, kv_len, sink=None, *, scale: float, causal: bool,
                       softcap: float = 0.0, left: int = -1, right: int = -1,
                       schedule: str = "pingpong"):
     """q [B, Hq, S, D], k / v [B, Hkv, T, D] (float16 or bfloat16, one dtype; D in
-    PREFILL_HEAD_DIMS; Hq a multiple of Hkv), q_len / kv_len integer [B] -> [B, Hq, S, D].
+    PREFILL_HEAD_DIMS; one whose PREFILL_TILING "padded" width is larger runs in those wider tiles,
+    zero-filled past D; Hq a multiple of Hkv), q_len / kv_len integer [B] -> [B, Hq, S, D].
 
     The Hopper prefill engine (sm_90 only). Semantics of
     `jax_onnx_attn.ops.reference.prefill.prefill_attention`: query row i < q_len[b] sits at
