@@ -191,8 +191,24 @@ def test_tiling_per_head_dim_comes_from_the_extension():
     for d, t in tiling.items():
         assert t["padded"] >= d and t["padded"] % 64 == 0 and t["block_n"] % 16 == 0 and t["stages"] >= 2
     assert tiling[80]["padded"] == tiling[96]["padded"] == 128
-    assert tiling[128] == {"padded": 128, "block_n": 128, "stages": 2}
-    assert tiling[256] == {"padded": 256, "block_n": 80, "stages": 2}
+    assert tiling[128] == {"padded": 128, "block_n": 128, "stages": 2, "schedule": "pingpong"}
+    assert tiling[256] == {"padded": 256, "block_n": 80, "stages": 2, "schedule": "overlap"}
+    assert {t["schedule"] for t in tiling.values()} <= set(cuda.PREFILL_SCHEDULES)
+
+
+@needs_limits
+@pytest.mark.parametrize("d", [64, 96, 256])
+def test_default_schedule_is_the_head_dims(monkeypatch, d):
+    """schedule=None lowers the head size's default (PREFILL_TILING); a named one is kept."""
+    calls = use_specs(monkeypatch)
+    q = np.zeros((1, 2, 8, d), np.float16)
+    k = np.zeros((1, 1, 8, d), np.float16)
+    lens = np.full((1,), 8, np.int32)
+    jax.eval_shape(lambda q, k: cuda.prefill_attention(q, k, k, lens, lens, scale=0.1, causal=True), q, k)
+    assert calls[-1][2]["schedule"] == cuda.PREFILL_TILING[d]["schedule"]
+    jax.eval_shape(lambda q, k: cuda.prefill_attention(q, k, k, lens, lens, scale=0.1, causal=True,
+                                                       schedule="serial"), q, k)
+    assert calls[-1][2]["schedule"] == "serial"
 
 
 @needs_limits

@@ -40,6 +40,16 @@ inline constexpr int kConsumers = 2;             // consumer warpgroups
 inline constexpr int kThreads = 128 * (1 + kConsumers);  // + one producer warpgroup
 inline constexpr int kHeadDims[] = {64, 80, 96, 128, 256};
 
+// How the two consumer warpgroups order their work on a key tile (engine.cuh, Consume). All three
+// add in the same order: the same bits. Names for Python (_ffi.limits(), indexed by the value).
+//   kSerial:   Q K^T, softmax, P V one after another.
+//   kOverlap:  Q K^T of tile n + 1 and P V of tile n in flight during the softmax of tile n + 1
+//              (FA3's intra-warpgroup pipelining).
+//   kPingPong: kOverlap, and the two warpgroups take turns to issue their tensor-core work, so one
+//              runs its softmax while the other's MMAs run (FA3's ping-pong, named barriers).
+enum class Schedule : int { kSerial = 0, kOverlap = 1, kPingPong = 2 };
+inline constexpr const char* kScheduleNames[] = {"serial", "overlap", "pingpong"};
+
 // The static tiling of one head size d, the one source of truth (engine.cuh's Smem and the kernels,
 // the launch, the handler's checks and _ffi.limits() all read it):
 //   padded:  the width of the shared-memory tiles and of O (a multiple of 64: whole 128-byte
@@ -50,25 +60,20 @@ inline constexpr int kHeadDims[] = {64, 80, 96, 128, 256};
 //            hdim 256: a 64 x 256 f32 O is 128 registers a consumer thread, and 2 stages of 80-row
 //            K and V tiles with the 64 KB Q tile are 224 KB of the 227 KB a CTA may have).
 //   stages:  K / V shared-memory ring depth.
+//   schedule: the default of calls that name none (cuda.prefill_attention, the GQA route): pingpong
+//            (measured fastest at d128 on the H200); overlap at 256, FA3's choice there (no
+//            scheduler barrier at hdim > 128: the MMAs of a 64 x 80 x 256 step pair outlast the
+//            softmax, so the turn-taking only adds waits). Every schedule runs at every size.
 struct Tiling {
   int padded, block_n, stages;
+  Schedule schedule;
 };
 constexpr Tiling TilingFor(int d) {
-  return d == 64                           ? Tiling{64, 128, 2}
-         : d == 80 || d == 96 || d == 128 ? Tiling{128, 128, 2}
-         : d == 256                       ? Tiling{256, 80, 2}
-                                          : Tiling{0, 0, 0};  // not one of kHeadDims
+  return d == 64                           ? Tiling{64, 128, 2, Schedule::kPingPong}
+         : d == 80 || d == 96 || d == 128 ? Tiling{128, 128, 2, Schedule::kPingPong}
+         : d == 256                       ? Tiling{256, 80, 2, Schedule::kOverlap}
+                                          : Tiling{0, 0, 0, Schedule::kSerial};  // not one of kHeadDims
 }
-
-// How the two consumer warpgroups order their work on a key tile (engine.cuh, Consume). All three
-// add in the same order: the same bits. Names for Python (_ffi.limits(), indexed by the value).
-//   kSerial:   Q K^T, softmax, P V one after another.
-//   kOverlap:  Q K^T of tile n + 1 and P V of tile n in flight during the softmax of tile n + 1
-//              (FA3's intra-warpgroup pipelining).
-//   kPingPong: kOverlap, and the two warpgroups take turns to issue their tensor-core work, so one
-//              runs its softmax while the other's MMAs run (FA3's ping-pong, named barriers).
-enum class Schedule : int { kSerial = 0, kOverlap = 1, kPingPong = 2 };
-inline constexpr const char* kScheduleNames[] = {"serial", "overlap", "pingpong"};
 
 // Shared memory of one CTA for head size d: Q, stages x (K, V), 1 KB of alignment slack and the
 // barriers (all tiles are 128-byte-swizzled [rows][64] column blocks of the padded width).
