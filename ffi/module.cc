@@ -137,7 +137,18 @@ NB_MODULE(_ffi, m) {
     for (int d : joa::prefill::kHeadDims) prefill_dims.append(d);
     prefill["head_dims"] = prefill_dims;
     prefill["block_m"] = joa::prefill::kBlockM;
-    prefill["block_n"] = joa::prefill::kBlockN;
+    // Per head size (params.h TilingFor): {d: {"padded", "block_n", "stages", "schedule"}}.
+    nb::dict tiling;
+    for (int d : joa::prefill::kHeadDims) {
+      const joa::prefill::Tiling t = joa::prefill::TilingFor(d);
+      nb::dict one;
+      one["padded"] = t.padded;
+      one["block_n"] = t.block_n;
+      one["stages"] = t.stages;
+      one["schedule"] = joa::prefill::kScheduleNames[int(t.schedule)];
+      tiling[nb::int_(d)] = one;
+    }
+    prefill["tiling"] = tiling;
     nb::list schedules;
     for (const char* name : joa::prefill::kScheduleNames) schedules.append(name);
     prefill["schedules"] = schedules;

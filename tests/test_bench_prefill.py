@@ -24,3 +24,12 @@ def test_prefill_suite_times_the_xla_peer_and_writes_json(tmp_path, capsys):
     assert "ours ours-pingpong skipped" in capsys.readouterr().err
     recs = plots.load_results(tmp_path)
     assert {r["phase"] for r in recs} == {"prefill"} and {r["causal"] for r in recs} == {True, False}
+
+
+def test_prefill_suite_stops_starting_cases_past_its_budget(tmp_path, capsys):
+    out = tmp_path / "prefill.json"
+    rc = bench_main.main(["prefill", "--seqlens", "32", "--tokens", "32", "--heads", "4/2", "--dims", "256",
+                          "96", "--causal", "causal", "--impls", "jax-xla", "--calls", "2", "--target-ms", "2",
+                          "--reps", "2", "--max-seconds", "0", "--out", str(out)])
+    assert rc == 0 and not out.exists()
+    assert "time budget reached: stopping before B1 S32 4/2 d256 bf16 causal" in capsys.readouterr().out

@@ -179,8 +179,36 @@ needs_limits = pytest.mark.skipif(_extension._ffi is None, reason="extension not
 @needs_limits
 def test_head_dims_and_schedules_come_from_the_extension():
     limits = _extension.limits()["prefill"]
-    assert cuda.PREFILL_HEAD_DIMS == tuple(limits["head_dims"]) == (64, 128)
+    assert cuda.PREFILL_HEAD_DIMS == tuple(limits["head_dims"]) == (64, 80, 96, 128, 256)
     assert cuda.PREFILL_SCHEDULES == tuple(limits["schedules"]) == ("serial", "overlap", "pingpong")
+
+
+@needs_limits
+def test_tiling_per_head_dim_comes_from_the_extension():
+    """params.h TilingFor: 80 / 96 run in the 128-wide tiles; 256 takes 80-key tiles (FA3's)."""
+    tiling = cuda.PREFILL_TILING
+    assert set(tiling) == set(cuda.PREFILL_HEAD_DIMS)
+    for d, t in tiling.items():
+        assert t["padded"] >= d and t["padded"] % 64 == 0 and t["block_n"] % 16 == 0 and t["stages"] >= 2
+    assert tiling[80]["padded"] == tiling[96]["padded"] == 128
+    assert tiling[128] == {"padded": 128, "block_n": 128, "stages": 2, "schedule": "pingpong"}
+    assert tiling[256] == {"padded": 256, "block_n": 80, "stages": 2, "schedule": "overlap"}
+    assert {t["schedule"] for t in tiling.values()} <= set(cuda.PREFILL_SCHEDULES)
+
+
+@needs_limits
+@pytest.mark.parametrize("d", [64, 96, 256])
+def test_default_schedule_is_the_head_dims(monkeypatch, d):
+    """schedule=None lowers the head size's default (PREFILL_TILING); a named one is kept."""
+    calls = use_specs(monkeypatch)
+    q = np.zeros((1, 2, 8, d), np.float16)
+    k = np.zeros((1, 1, 8, d), np.float16)
+    lens = np.full((1,), 8, np.int32)
+    jax.eval_shape(lambda q, k: cuda.prefill_attention(q, k, k, lens, lens, scale=0.1, causal=True), q, k)
+    assert calls[-1][2]["schedule"] == cuda.PREFILL_TILING[d]["schedule"]
+    jax.eval_shape(lambda q, k: cuda.prefill_attention(q, k, k, lens, lens, scale=0.1, causal=True,
+                                                       schedule="serial"), q, k)
+    assert calls[-1][2]["schedule"] == "serial"
 
 
 @needs_limits
@@ -188,7 +216,8 @@ def test_head_dims_and_schedules_come_from_the_extension():
     (dict(q=np.zeros((2, 4, 8), np.float16)), ValueError, "q: must be rank 4"),
     (dict(q=np.zeros((2, 4, 8, 128), np.float32)), TypeError, "q: must be float16 or bfloat16"),
     (dict(k=np.zeros((2, 2, 16, 128), ml_dtypes.bfloat16)), TypeError, "k: must have q's dtype"),
-    (dict(q=np.zeros((2, 4, 8, 96), np.float16)), ValueError, "q: head size 96"),
+    (dict(q=np.zeros((2, 4, 8, 112), np.float16), k=np.zeros((2, 2, 16, 112), np.float16),
+          v=np.zeros((2, 2, 16, 112), np.float16)), ValueError, "q: head size 112"),
     (dict(k=np.zeros((3, 2, 16, 128), np.float16)), ValueError, r"k: must be \[B=2"),
     (dict(k=np.zeros((2, 3, 16, 128), np.float16), v=np.zeros((2, 3, 16, 128), np.float16)),
      ValueError, "k: KV heads 3"),

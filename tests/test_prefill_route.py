@@ -67,7 +67,8 @@ def test_switch_off_keeps_the_cudnn_route(gpu_like, monkeypatch):
 
 
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("dtype,d", [(np.float16, 64), (ml_dtypes.bfloat16, 128)])
+@pytest.mark.parametrize("dtype,d", [(np.float16, 64), (ml_dtypes.bfloat16, 128), (np.float16, 80),
+                                     (ml_dtypes.bfloat16, 96), (ml_dtypes.bfloat16, 256)])
 @pytest.mark.parametrize("value", [None, "1"])
 def test_switch_on_routes_covered_prompts_to_the_engine(gpu_like, monkeypatch, causal, dtype, d, value):
     if value is None:  # the default
@@ -82,7 +83,7 @@ def test_switch_on_routes_covered_prompts_to_the_engine(gpu_like, monkeypatch, c
     (dict(local_window_size=0), np.float16, "local_window_size 0"),
     (dict(kv_bits=8), np.float16, "quantised"),
     (dict(qk_output=1), np.float16, "output_qk"),
-    (dict(head_size=80), np.float16, "head size 80"),
+    (dict(head_size=112), np.float16, "head size 112"),
     (dict(), np.float32, "float32"),
 ])
 def test_engine_route_reasons(gpu_like, kw, dtype, match):
@@ -104,8 +105,8 @@ def test_engine_route_needs_sm90(monkeypatch):
 
 def test_switch_on_falls_back_to_cudnn_then_the_reference_with_both_reasons(gpu_like, monkeypatch):
     monkeypatch.setenv(ENV, "1")
-    # head size 80: the engine is not compiled for it, cuDNN takes it
-    fn, why = _route(_config(head_size=80))
+    # head size 112: the engine is not compiled for it, cuDNN takes it
+    fn, why = _route(_config(head_size=112))
     assert why is None and fn.func is decode_paths._gqa_prefill
     # not sm_90: cuDNN
     monkeypatch.setattr(decode_paths, "prefill_engine_available", lambda: False)

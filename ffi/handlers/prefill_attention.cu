@@ -37,7 +37,7 @@ inline std::string Configure(PrefillParams& p, int64_t batch, int64_t q_heads, i
   if (kv_heads <= 0 || q_heads % kv_heads != 0) return "query heads must be a multiple of KV heads";
   constexpr int64_t kMaxRows = int64_t(1) << 31;
   // TMA row coordinates and the engine's row arithmetic are 32-bit.
-  if (batch * q_heads * q_rows >= kMaxRows || batch * kv_heads * kv_rows + kBlockN >= kMaxRows) {
+  if (batch * q_heads * q_rows >= kMaxRows || batch * kv_heads * kv_rows + TilingFor(int(head_dim)).block_n >= kMaxRows) {
     return "more than 2^31 query or key rows";
   }
   const int64_t rows = (q_heads / kv_heads) * q_rows;
@@ -64,10 +64,18 @@ inline ffi::Error LaunchPrefill(const PrefillParams& p, ffi::DataType dtype, con
   if (major != 9 || minor != 0) {
     return InvalidArgument(std::string(op) + ": the prefill engine runs on sm_90 (H100 / H200) only");
   }
-  // The instance for the element type `t` stands for and the head size (kHeadDims: 64 or 128).
+  // The instance for the element type `t` stands for and the head size (one of kHeadDims, checked
+  // by Configure; prefill.h's JOA_PREFILL_INSTANCES).
   auto launch = [&](auto t) {
     using T = decltype(t);
-    return p.head_dim == 64 ? Launch<T, 64>(p, q, k, v, schedule, stream) : Launch<T, 128>(p, q, k, v, schedule, stream);
+    switch (p.head_dim) {
+      case 64: return Launch<T, 64>(p, q, k, v, schedule, stream);
+      case 80: return Launch<T, 80>(p, q, k, v, schedule, stream);
+      case 96: return Launch<T, 96>(p, q, k, v, schedule, stream);
+      case 128: return Launch<T, 128>(p, q, k, v, schedule, stream);
+      case 256: return Launch<T, 256>(p, q, k, v, schedule, stream);
+      default: return cudaErrorInvalidValue;
+    }
   };
   const bool half = dtype == ffi::DataType::F16;
   if (!half && dtype != ffi::DataType::BF16) {

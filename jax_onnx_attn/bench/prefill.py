@@ -2,8 +2,10 @@
 `jax.nn.dot_product_attention` (implementation "cudnn" and "xla") on the same shapes, one process.
 
 Cases: causal / non-causal x sequence lengths S (= T, self-attention over the whole prompt) with
-B·S held near `--tokens` (16k: B = 16, 8, 4, 2, 1 at S = 1k .. 16k), GQA Hq/Hkv, head size D,
-bf16 / fp16. Timing: K dependent calls (each call's output is the next call's query) in one jitted
+B·S held near `--tokens` (16k: B = 16, 8, 4, 2, 1 at S = 1k .. 16k), GQA Hq/Hkv, head size D
+(`--dims`: any of cuda.PREFILL_HEAD_DIMS, 64 / 80 / 96 / 128 / 256; TFLOP/s count D, not the
+padded tile width 80 and 96 run in), bf16 / fp16. `--max-seconds` stops starting new cases after
+that long (the cases run in the order causal x heads x D x dtype x S). Timing: K dependent calls (each call's output is the next call's query) in one jitted
 function whose query is donated, dispatched M times; per-call time = wall time / (M·K), the median
 of several samples. TFLOP/s = 4·B·Hq·S·T·D / time, halved for causal (DESIGN.md). Our engine runs
 on sm_90 only; an impl that cannot run a case is recorded with the reason ({"skip": ...}).
@@ -19,6 +21,7 @@ import argparse
 import dataclasses
 import math
 import sys
+import time
 
 from jax_onnx_attn.bench.decode import (_jax_dtype, _time_loop, _warm_up, add_timing_args, environment,
                                         run_cases, runnable_impls)
@@ -65,6 +68,16 @@ def default_cases(args) -> list[Case]:
                         b = max(1, args.tokens // s)
                         cases.append(Case(b, s, hq, hkv, d, dtype, causal == "causal"))
     return cases
+
+
+def _within(cases: list[Case], seconds: float):
+    """The cases, until `seconds` have passed since the first was handed out."""
+    start = time.perf_counter()
+    for case in cases:
+        if time.perf_counter() - start > seconds:
+            print(f"time budget reached: stopping before {case.label()}", flush=True)
+            return
+        yield case
 
 
 def _impl_skip(case: Case, impl: str) -> str | None:
@@ -140,13 +153,15 @@ def main(argv: list[str] | None = None) -> int:
                     choices=["causal", "noncausal"])
     ap.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
     add_timing_args(ap, calls=4, target_ms=100.0)
+    ap.add_argument("--max-seconds", type=float, default=float("inf"),
+                    help="stop starting new cases after this long (partial results are kept)")
     args = ap.parse_args(argv)
 
     env = environment()
     args.impls, gpu = runnable_impls(args.impls, "ours", env)
     if gpu:
         _warm_up(0.5)
-    run_cases(default_cases(args), args, env, "prefill", _row,
+    run_cases(_within(default_cases(args), args.max_seconds), args, env, "prefill", _row,
               lambda case, impl: bench_case(case, impl, args.calls, args.target_ms / 1e3, args.reps),
               lambda case, sec: {"tflops": case.flops / sec / 1e12},
               lambda m: f"{m['us']:.0f}us/{m['tflops']:.0f}TF", _impl_skip)

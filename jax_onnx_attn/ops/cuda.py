@@ -65,6 +65,10 @@ _LIMITS = {
     "GENERAL_SOFTMAX_DTYPES": lambda lim: tuple(jnp.dtype(t) for t in lim["general"]["softmax_types"]),
     "GENERAL_MAX_KEYS": lambda lim: lim["general"]["max_keys"],
     "PREFILL_HEAD_DIMS": lambda lim: tuple(lim["prefill"]["head_dims"]),
+    # Per head size: {"padded": tile / O width, "block_n": keys per step, "stages": K / V ring,
+    # "schedule": the default schedule} (params.h TilingFor; 80 and 96 run in 128-wide tiles, 256
+    # in 80-key tiles).
+    "PREFILL_TILING": lambda lim: {int(d): dict(t) for d, t in lim["prefill"]["tiling"].items()},
     # The prefill engine's consumer schedules, indexed by its Schedule value.
     "PREFILL_SCHEDULES": lambda lim: tuple(lim["prefill"]["schedules"]),
 }
@@ -346,14 +350,15 @@ def _general_attention(q, k, v, kv_len, bias, *, scale, softcap, causal, left, r
 
 
 # --- prefill attention (ffi/handlers/prefill_attention.cu, engine in ffi/kernels/prefill/) ---------
-# Not routed from any op yet: correct on an H200, its speed still being worked on (docs/kernels.md).
+# GQA first prompts route here (ops/decode_paths.py `gqa_prefill_engine_route`; docs/kernels.md).
 
 
 def prefill_attention(q, k, v, q_len, kv_len, sink=None, *, scale: float, causal: bool,
                       softcap: float = 0.0, left: int = -1, right: int = -1,
-                      schedule: str = "pingpong"):
+                      schedule: str | None = None):
     """q [B, Hq, S, D], k / v [B, Hkv, T, D] (float16 or bfloat16, one dtype; D in
-    PREFILL_HEAD_DIMS; Hq a multiple of Hkv), q_len / kv_len integer [B] -> [B, Hq, S, D].
+    PREFILL_HEAD_DIMS; one whose PREFILL_TILING "padded" width is larger runs in those wider tiles,
+    zero-filled past D; Hq a multiple of Hkv), q_len / kv_len integer [B] -> [B, Hq, S, D].
 
     The Hopper prefill engine (sm_90 only). Semantics of
     `jax_onnx_attn.ops.reference.prefill.prefill_attention`: query row i < q_len[b] sits at
@@ -369,12 +374,15 @@ def prefill_attention(q, k, v, q_len, kv_len, sink=None, *, scale: float, causal
     engine's two consumer warpgroups order their work on a key tile: "serial" (Q K^T, softmax, P V
     one after another), "overlap" (Q K^T of the next tile and P V of this one in flight during the
     softmax: FA3's intra-warpgroup pipelining), "pingpong" ("overlap", the two warpgroups taking
-    turns at the tensor cores; the default, the fastest on the H200); all add in the same order,
-    so they give the same bits. Raises
+    turns at the tensor cores); None: the head size's default, PREFILL_TILING[D]["schedule"]
+    ("pingpong", the fastest at D 128 on the H200; "overlap" at D 256, FA3's choice there); all
+    add in the same order, so they give the same bits. Raises
     TypeError / ValueError "prefill_attention: <input>: <rule>" at trace time.
     """
     _check_prefill(q, k, v, q_len, kv_len)
     schedules = __getattr__("PREFILL_SCHEDULES")
+    if schedule is None:
+        schedule = __getattr__("PREFILL_TILING")[q.shape[3]]["schedule"]
     if schedule not in schedules:
         raise ValueError(f"prefill_attention: schedule: must be one of {schedules}, got {schedule!r}")
     for name, w in (("left", left), ("right", right)):

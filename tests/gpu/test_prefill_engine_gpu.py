@@ -3,7 +3,9 @@
 
 Sweeps causal / non-causal x GQA groups 1 / 4 / 8 x S in {1, 63, 128, 1000, 2048} (T >= S) x
 float16 / bfloat16 at head size 128, with ragged q and kv lengths per batch row and K / V rows past
-kv_len poisoned with NaN (they must never reach the output); head size 64; the length edge cases
+kv_len poisoned with NaN (they must never reach the output); head size 64; head sizes 80 / 96 (the
+128-wide tiles, zero-filled past D) and 256 (80-key tiles) with every feature (their test names
+carry d80 / d96 / d256: `-k "d80 or d96 or d256"` selects them); the length edge cases
 (0, q_len > kv_len, beyond the buffers, negative); local windows (left / right, 0 to wider than T);
 sinks (-1e4 to 1e4, per query head); softcap (with windows and sinks);
 bitwise repeatability run to run and batch
@@ -182,7 +184,11 @@ def test_zero_queries_average_the_visible_values(schedule):
     """q = 0: every visible key scores the same, so y is the mean of the visible V rows. Exercises
     P V (the MN-major V descriptor, the V ring, the tail zeroing), the mask and the row sums without
     depending on Q K^T."""
-    b, hq, hkv, s, t, d = 2, 8, 2, 200, 300, 128
+    _zero_queries(schedule, 128)
+
+
+def _zero_queries(schedule, d):
+    b, hq, hkv, s, t = 2, 8, 2, 200, 300
     rng = np.random.default_rng(5)
     q = np.zeros((b, hq, s, d), np.float16)
     k = rng.standard_normal((b, hkv, t, d)).astype(np.float16)
@@ -207,7 +213,11 @@ def test_one_hot_keys_pick_one_value_row(schedule):
     """Key j = 30·e_(j mod D) and query i = e_(i mod D) (no causal mask): query i's softmax is all
     on the keys with j = i mod D, so y is the mean of those V rows. Exercises Q K^T (the K-major
     descriptors, the swizzle, the 32-byte k-steps across both 64-column blocks of D)."""
-    b, h, s, t, d = 1, 1, 128, 256, 128
+    _one_hot_keys(schedule, 128, 128, 256)
+
+
+def _one_hot_keys(schedule, d, s, t):
+    b, h = 1, 1
     q = np.zeros((b, h, s, d), np.float32)
     k = np.zeros((b, h, t, d), np.float32)
     q[0, 0, np.arange(s), np.arange(s) % d] = 1.0
@@ -227,10 +237,14 @@ def test_one_hot_keys_pick_one_value_row(schedule):
 def test_length_edge_cases(causal):
     """q_len 0 (all rows 0), kv_len 0 (no keys: 0), q_len > kv_len (early rows see nothing when
     causal), lengths beyond the buffers (clamped) and negative (0)."""
+    _length_edge_cases(causal, 128)
+
+
+def _length_edge_cases(causal, d):
     s, t = 200, 300
     q_len = [0, 150, 200, 999, -4, 200]
     kv_len = [300, 0, 90, 5000, 300, -1]
-    args = _inputs(7, 6, 8, 2, s, t, 128, ml_dtypes.bfloat16, q_len, kv_len)
+    args = _inputs(7, 6, 8, 2, s, t, d, ml_dtypes.bfloat16, q_len, kv_len)
     got = np.asarray(_check(*args, causal=causal)).astype(np.float32)
     assert not got[0].any() and not got[1].any() and not got[4].any() and not got[5].any()
     if causal:  # row 2: query i sits at 90 - 200 + i, so rows i < 110 see no key
@@ -250,8 +264,12 @@ def test_tiles_crossing_heads():
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_bitwise_repeatable_and_batch_invariant(causal, schedule):
+    _bitwise_repeatable(causal, schedule, 128)
+
+
+def _bitwise_repeatable(causal, schedule, d):
     s, t = 1000, 1200
-    q, k, v, q_len, kv_len = _inputs(3, 3, 16, 2, s, t, 128, ml_dtypes.bfloat16, [1000, 700, 999],
+    q, k, v, q_len, kv_len = _inputs(3, 3, 16, 2, s, t, d, ml_dtypes.bfloat16, [1000, 700, 999],
                                      [1200, 800, 1000])
     f = functools.partial(_engine, scale=0.1, causal=causal, schedule=schedule)
     first = np.asarray(f(q, k, v, q_len, kv_len))
@@ -260,6 +278,99 @@ def test_bitwise_repeatable_and_batch_invariant(causal, schedule):
     # One batch row alone gives the same bits as inside the batch (same tiles, same order).
     alone = np.asarray(f(q[1:2], k[1:2], v[1:2], q_len[1:2], kv_len[1:2]))
     assert np.array_equal(first[1:2], alone, equal_nan=True)
+
+
+# --- head sizes 80 / 96 (the 128-wide tiles, zero-filled past D) and 256 (80-key tiles) -------------
+# Every test name here carries the head sizes it runs (d80 / d96 / d256), for -k.
+
+BF16 = ml_dtypes.bfloat16
+
+
+@needs_sm90
+@pytest.mark.parametrize("s,t,group", [(1, 1, 8), (100, 300, 4), (257, 257, 1), (1000, 1037, 8)],
+                         ids=lambda x: str(x))
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
+@pytest.mark.parametrize("d,dtype", [(80, np.float16), (96, BF16), (256, np.float16), (256, BF16)],
+                         ids=["d80-f16", "d96-bf16", "d256-f16", "d256-bf16"])
+def test_head_dims_80_96_256(d, dtype, causal, s, t, group):
+    """Ragged lengths, poisoned keys past kv_len, GQA groups 1 / 4 / 8; T = 257 / 300 / 1037 end
+    mid-tile for both 128- and 80-key tiles."""
+    q_len, kv_len = _ragged(s, t)
+    args = _inputs(s + t + group + d, 3, 2 * group, 2, s, t, d, dtype, q_len, kv_len)
+    _check(*args, causal=causal)
+
+
+@needs_sm90
+@pytest.mark.parametrize("causal,left,right", [(True, 79, -1), (True, 300, -1), (False, 80, 81),
+                                               (False, -1, 0)], ids=lambda x: str(x))
+def test_local_windows_d256_d96(causal, left, right):
+    """Windows at the 80-key tile size of D 256 (tiles skipped, unmasked inside every row's window),
+    GQA group 4, ragged lengths; bf16 / D 256 and f16 / D 96."""
+    s, t = 700, 900
+    for dtype, d in ((BF16, 256), (np.float16, 96)):
+        args = _inputs(7 * (left + 1) + right + d, 3, 8, 2, s, t, d, dtype, *_ragged(s, t))
+        _check(*args, causal=causal, left=left, right=right)
+
+
+@needs_sm90
+@pytest.mark.parametrize("causal,left,right", [(True, -1, -1), (False, 40, 0)], ids=lambda x: str(x))
+def test_sinks_d256_d80(causal, left, right):
+    s, t = 600, 700
+    for dtype, d in ((np.float16, 256), (BF16, 80)):
+        args = _inputs(d + left, 3, 8, 2, s, t, d, dtype, *_ragged(s, t))
+        got = np.asarray(_check(*args[:5], _sinks(8, d), causal=causal, left=left, right=right))
+        got = got.astype(np.float32)
+        assert np.isfinite(got).all()
+        assert np.abs(got[:, 2]).max() < 1e-3  # head 2's sink 1e4 takes all the weight
+
+
+@needs_sm90
+@pytest.mark.parametrize("causal,softcap,left,sinks", [(True, 30.0, -1, False), (False, 5.0, 150, True)],
+                         ids=lambda x: str(x))
+def test_softcap_d256_d96(causal, softcap, left, sinks):
+    s, t = 500, 640
+    for dtype, d in ((BF16, 256), (np.float16, 96)):
+        q, k, v, q_len, kv_len = _inputs(int(softcap) + d, 3, 8, 2, s, t, d, dtype, *_ragged(s, t))
+        q = (q.astype(np.float32) * 4).astype(dtype)
+        sink = _sinks(8, 3) if sinks else None
+        _check(q, k, v, q_len, kv_len, sink, causal=causal, softcap=softcap, left=left)
+
+
+@needs_sm90
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
+def test_length_edge_cases_d256(causal):
+    _length_edge_cases(causal, 256)
+
+
+@needs_sm90
+def test_tiles_crossing_heads_d256_d80():
+    for d in (256, 80):
+        args = _inputs(11 + d, 2, 16, 2, 45, 45, d, np.float16, [45, 30], [45, 40])
+        _check(*args, causal=True)
+        _check(*args, causal=False, left=10, right=3)
+
+
+@needs_sm90
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_zero_queries_d256(schedule):
+    """P V at D 256: one m64n256k16 per 16 keys over V's four 64-column blocks (10 KB apart)."""
+    _zero_queries(schedule, 256)
+
+
+@needs_sm90
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_one_hot_keys_d256_d80(schedule):
+    """Q K^T at D 256 (16 k-steps over four column blocks, N = 80) and D 80 (5 k-steps: the second
+    column block's zero fill past D never read)."""
+    _one_hot_keys(schedule, 256, 256, 512)
+    _one_hot_keys(schedule, 80, 80, 160)
+
+
+@needs_sm90
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_bitwise_repeatable_and_batch_invariant_d256(schedule):
+    for causal in (True, False):
+        _bitwise_repeatable(causal, schedule, 256)
 
 
 # A loop of prefill calls (each query the previous output) under jit: XLA captures the custom call

@@ -1,6 +1,7 @@
 """GroupQueryAttention's first prompt on our prefill engine (JOA_PREFILL_ENGINE=1,
 ops/decode_paths.py `_gqa_prefill_engine`) against the reference backend: ragged seqlens_k
-(right-padded rows, a one-key row, a refused row), B > 1, GQA groups 1 / 4 / 8, head dims 64 / 128,
+(right-padded rows, a one-key row, a refused row), B > 1, GQA groups 1 / 4 / 8, head dims 64 / 128
+(and 80 / 96 / 256),
 float16 / bfloat16, causal or not; local windows, head_sink / smooth softmax and softcap; with the
 switch off the prompt stays on cuDNN; a lowered decoder's
 long prompt takes the engine inside DecoderSession. Needs an sm_90 GPU (H100 / H200).
@@ -38,6 +39,19 @@ def _run(inp, backend, total, **attrs):
     (F16, 8, 8, 64, 1), (BF16, 8, 8, 128, 1), (F16, 16, 4, 128, 1), (BF16, 16, 4, 64, 1),
     (BF16, 32, 4, 128, 1), (F16, 32, 4, 64, 1), (F16, 16, 4, 128, 0), (BF16, 32, 4, 64, 0)])
 def test_gqa_prompt_on_the_engine_equals_the_reference(monkeypatch, dtype, n, hkv, d, causal):
+    _gqa_prompt_on_the_engine(monkeypatch, dtype, n, hkv, d, causal)
+
+
+@needs_sm90
+@pytest.mark.parametrize("dtype,n,hkv,d,causal", [
+    (BF16, 32, 8, 256, 1), (F16, 16, 4, 256, 0), (F16, 16, 4, 96, 1), (BF16, 8, 8, 80, 0)],
+    ids=["d256-causal", "d256-noncausal", "d96-causal", "d80-noncausal"])
+def test_gqa_prompt_on_the_engine_d80_d96_d256(monkeypatch, dtype, n, hkv, d, causal):
+    """Head sizes 80 / 96 (the engine's 128-wide tiles) and 256 (80-key tiles) take the engine."""
+    _gqa_prompt_on_the_engine(monkeypatch, dtype, n, hkv, d, causal)
+
+
+def _gqa_prompt_on_the_engine(monkeypatch, dtype, n, hkv, d, causal):
     monkeypatch.setenv(ENV, "1")
     b, s, cap = 4, 320, 384
     # full, right-padded (T_b = 131: not a tile multiple), one key, refused (beyond the cache)

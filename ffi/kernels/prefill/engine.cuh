@@ -1,9 +1,10 @@
 // The prefill engine: forward flash attention for sm_90a (H100 / H200).
 //
 // One CTA computes kBlockM = 128 packed query rows of one (batch row, KV head) against the key
-// tiles its rows can see (the variant's Bounds), kBlockN = 128 keys per step:
+// tiles its rows can see (the variant's Bounds), kBlockN keys per step (the head size's Tiling,
+// params.h: 128, or 80 at head size 256):
 //   - warpgroup 0, the producer (setmaxnreg down to 24 registers): one thread issues the bulk
-//     tensor copies (TMA) of the Q tile once and of K / V tiles into kStages-deep rings of
+//     tensor copies (TMA) of the Q tile once and of K / V tiles into stages-deep rings of
 //     128-byte-swizzled shared memory, each completing on its mbarrier ("full"); it reuses a K or
 //     V slot once both consumers have released it ("empty", K and V apart).
 //   - warpgroups 1 and 2, the consumers (240 registers), 64 query rows each: S = Q K^T with
@@ -51,7 +52,7 @@ struct CtaWork {
   int n_begin, n_end, full_lo, full_hi;
 };
 
-template <class Variant>
+template <int kBlockN, class Variant>
 __device__ __forceinline__ CtaWork PlanCta(const PrefillParams& p, const Variant& var, int m_block, int q_len,
                                            int kv_len) {
   CtaWork w;
@@ -82,17 +83,25 @@ __device__ __forceinline__ CtaWork PlanCta(const PrefillParams& p, const Variant
   return w;
 }
 
-// The shared-memory plan of one CTA (byte offsets from the 1024-aligned base).
+// The shared-memory plan of one CTA (byte offsets from the 1024-aligned base) and the head size's
+// static tiling (params.h TilingFor: the one source of truth).
 template <int kD>
 struct Smem {
-  static constexpr int kChunks = kD / 64;                  // 64-column (128-byte) blocks of a row
-  static constexpr int kChunkBytes = kBlockN * 128;        // one column block of a 128-row tile
-  static_assert(kBlockM == kBlockN, "Q and K / V column blocks share one size");
-  static constexpr int kTileBytes = kChunks * kChunkBytes;  // a Q, K or V tile
+  static constexpr Tiling kTiling = TilingFor(kD);
+  static_assert(kTiling.padded > 0 && kD % 16 == 0, "a head size of kHeadDims");
+  static constexpr int kPadded = kTiling.padded;   // tile and O width (d <= kPadded)
+  static constexpr int kBlockN = kTiling.block_n;  // keys per step
+  static constexpr int kStages = kTiling.stages;   // K / V ring depth
+  static constexpr int kChunks = kPadded / 64;                // 64-column (128-byte) blocks of a row
+  static constexpr int kQChunkBytes = kBlockM * 128;          // one column block of the Q tile
+  static constexpr int kKVChunkBytes = kBlockN * 128;         // ... of a K or V tile
+  static_assert(kKVChunkBytes % 1024 == 0 && kBlockN % 16 == 0, "whole swizzle atoms and k-steps");
+  static constexpr int kQTileBytes = kChunks * kQChunkBytes;
+  static constexpr int kKVTileBytes = kChunks * kKVChunkBytes;
   static constexpr int kQ = 0;
-  static constexpr int kK = kQ + kTileBytes;
-  static constexpr int kV = kK + kStages * kTileBytes;
-  static constexpr int kBars = kV + kStages * kTileBytes;
+  static constexpr int kK = kQ + kQTileBytes;
+  static constexpr int kV = kK + kStages * kKVTileBytes;
+  static constexpr int kBars = kV + kStages * kKVTileBytes;
   // Barriers (8 bytes each): q_full, k_full[kStages], v_full[kStages], k_empty[kStages],
   // v_empty[kStages]. K and V slots are released apart: a K slot as soon as Q K^T has read it (the
   // overlapped schedules read V of a tile one step later).
@@ -114,33 +123,33 @@ __device__ __forceinline__ void Produce(const CUtensorMap& q_map, const CUtensor
   sm90::PrefetchTensorMap(&k_map);
   sm90::PrefetchTensorMap(&v_map);
   const int q_row = bh * p.rows + w.r0;  // < 2^31: checked by the handler
-  sm90::MbarArriveExpectTx(base + L::QFull(), L::kTileBytes);
+  sm90::MbarArriveExpectTx(base + L::QFull(), L::kQTileBytes);
 #pragma unroll
   for (int c = 0; c < L::kChunks; ++c) {
-    sm90::TmaLoad2D(base + L::kQ + c * L::kChunkBytes, &q_map, c * 64, q_row, base + L::QFull());
+    sm90::TmaLoad2D(base + L::kQ + c * L::kQChunkBytes, &q_map, c * 64, q_row, base + L::QFull());
   }
   // K runs one tile ahead of V (FA3's order): the overlapped schedules need K of tile n + 1 and V of
   // tile n together, and a K slot frees early (after Q K^T) while a V slot frees only after P V, so
   // K n + 1 is not queued behind the wait for V n's slot. The serial schedule needs K n, then V n:
   // K n + 1 waits for K n - 1's slot, released before V n - 1 is ever waited for, so no cycle.
   auto load_k = [&](int it) {
-    const int s = it % kStages;
-    sm90::MbarWait(base + L::KEmpty(s), ((it / kStages) & 1) ^ 1);
-    sm90::MbarArriveExpectTx(base + L::KFull(s), L::kTileBytes);
+    const int s = it % L::kStages;
+    sm90::MbarWait(base + L::KEmpty(s), ((it / L::kStages) & 1) ^ 1);
+    sm90::MbarArriveExpectTx(base + L::KFull(s), L::kKVTileBytes);
 #pragma unroll
     for (int c = 0; c < L::kChunks; ++c) {
-      sm90::TmaLoad2D(base + L::kK + s * L::kTileBytes + c * L::kChunkBytes, &k_map, c * 64,
-                      bh * p.kv_rows + (w.n_begin + it) * kBlockN, base + L::KFull(s));
+      sm90::TmaLoad2D(base + L::kK + s * L::kKVTileBytes + c * L::kKVChunkBytes, &k_map, c * 64,
+                      bh * p.kv_rows + (w.n_begin + it) * L::kBlockN, base + L::KFull(s));
     }
   };
   auto load_v = [&](int it) {
-    const int s = it % kStages;
-    sm90::MbarWait(base + L::VEmpty(s), ((it / kStages) & 1) ^ 1);
-    sm90::MbarArriveExpectTx(base + L::VFull(s), L::kTileBytes);
+    const int s = it % L::kStages;
+    sm90::MbarWait(base + L::VEmpty(s), ((it / L::kStages) & 1) ^ 1);
+    sm90::MbarArriveExpectTx(base + L::VFull(s), L::kKVTileBytes);
 #pragma unroll
     for (int c = 0; c < L::kChunks; ++c) {
-      sm90::TmaLoad2D(base + L::kV + s * L::kTileBytes + c * L::kChunkBytes, &v_map, c * 64,
-                      bh * p.kv_rows + (w.n_begin + it) * kBlockN, base + L::VFull(s));
+      sm90::TmaLoad2D(base + L::kV + s * L::kKVTileBytes + c * L::kKVChunkBytes, &v_map, c * 64,
+                      bh * p.kv_rows + (w.n_begin + it) * L::kBlockN, base + L::VFull(s));
     }
   };
   const int n_tiles = w.n_end - w.n_begin;
@@ -158,29 +167,33 @@ template <typename T, int kD, class Variant>
 struct ConsumerSteps {
   using L = Smem<kD>;
   static constexpr int kChunks = L::kChunks;
+  static constexpr int kBlockN = L::kBlockN;
   static constexpr int kKSteps = kBlockN / 16;  // P V k-steps
+  static constexpr int kSc = kBlockN / 2;       // this thread's part of the 64 x kBlockN S (and P)
+  static constexpr int kO = L::kPadded / 2;     // ... of the 64 x kPadded O
 
-  // S = Q K^T: kD / 16 steps of m64n128k16, 32 bytes along the swizzled row per step. Issued, not
-  // waited for.
-  static __device__ __forceinline__ void IssueQK(float (&sc)[64], uint32_t q_base, uint32_t k_base) {
+  // S = Q K^T: kD / 16 steps of m64n(kBlockN)k16, 32 bytes along the swizzled row per step (the
+  // zero columns of a padded tile, past kD, are never read). Issued, not waited for.
+  static __device__ __forceinline__ void IssueQK(float (&sc)[kSc], uint32_t q_base, uint32_t k_base) {
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
-      const uint32_t off = (kk / 4) * L::kChunkBytes + (kk % 4) * 32;
-      sm90::WgmmaSS<T, 128>(sc, sm90::SmemDesc(q_base + off, 16, 1024), sm90::SmemDesc(k_base + off, 16, 1024),
-                            kk > 0);
+      const uint32_t q_off = (kk / 4) * L::kQChunkBytes + (kk % 4) * 32;
+      const uint32_t k_off = (kk / 4) * L::kKVChunkBytes + (kk % 4) * 32;
+      sm90::WgmmaSS<T, kBlockN>(sc, sm90::SmemDesc(q_base + q_off, 16, 1024),
+                                sm90::SmemDesc(k_base + k_off, 16, 1024), kk > 0);
     }
     sm90::WgmmaCommit();
   }
 
-  // O += P V: kBlockN / 16 steps of one m64n(kD)k16 each (P from registers, V MN-major: a step is
-  // 16 rows of 128 bytes; the 64-column blocks of V are L::kChunkBytes apart, the descriptor's
+  // O += P V: kBlockN / 16 steps of one m64n(kPadded)k16 each (P from registers, V MN-major: a step
+  // is 16 rows of 128 bytes; the 64-column blocks of V are L::kKVChunkBytes apart, the descriptor's
   // leading byte offset). One instruction per k-step, not one per 64 columns: the A fragment is
   // read once and the tensor core gets its widest N. Issued, not waited for.
-  static __device__ __forceinline__ void IssuePV(float (&o)[kD / 2], const uint32_t (&pa)[kKSteps][4],
+  static __device__ __forceinline__ void IssuePV(float (&o)[kO], const uint32_t (&pa)[kKSteps][4],
                                                  uint32_t v_base) {
 #pragma unroll
     for (int t = 0; t < kKSteps; ++t) {
-      sm90::WgmmaRS<T, kD>(o, pa[t], sm90::SmemDesc(v_base + t * 16 * 128, L::kChunkBytes, 1024), 1);
+      sm90::WgmmaRS<T, L::kPadded>(o, pa[t], sm90::SmemDesc(v_base + t * 16 * 128, L::kKVChunkBytes, 1024), 1);
     }
     sm90::WgmmaCommit();
   }
@@ -196,12 +209,12 @@ struct ConsumerSteps {
   // as four independent chains per row (max is exact, so the order does not change any bit) instead
   // of one chain of 32 dependent max.NaN.
   template <bool kMasked>
-  static __device__ __forceinline__ void Softmax(float (&sc)[64], float (&m)[2], float (&l)[2], float (&alpha)[2],
+  static __device__ __forceinline__ void Softmax(float (&sc)[kSc], float (&m)[2], float (&l)[2], float (&alpha)[2],
                                                  const Variant& var, const QueryRow<int> (&row)[2], int jq,
                                                  const int (&lo)[2], const int (&hi)[2]) {
     float mx[2][4];
 #pragma unroll
-    for (int e = 0; e < 64; ++e) {
+    for (int e = 0; e < kSc; ++e) {
       const int h = (e / 2) % 2;
       const int c = (e / 4) * 8 + e % 2;  // column within the tile, less 2 * quad
       float x = var.Score(sc[e], row[h], jq + c);
@@ -227,7 +240,7 @@ struct ConsumerSteps {
     // Explicitly rounded adds (never contracted into an FMA): every schedule inlines this step in
     // other code, and their bits must agree.
 #pragma unroll
-    for (int e = 0; e < 64; ++e) {
+    for (int e = 0; e < kSc; ++e) {
       const int h = (e / 2) % 2;
       sc[e] = ptx::Exp2(__fsub_rn(sc[e], shift[h]));
       l[h] = __fadd_rn(l[h], sc[e]);
@@ -236,7 +249,7 @@ struct ConsumerSteps {
 
   // Softmax with the mask decided per tile (a warp-uniform branch, each side straight-line code).
   // span_lo / span_hi: the rows' visible keys [lo, hi) less 2 * quad (VisibleSpan).
-  static __device__ __forceinline__ void SoftmaxTile(float (&sc)[64], float (&m)[2], float (&l)[2],
+  static __device__ __forceinline__ void SoftmaxTile(float (&sc)[kSc], float (&m)[2], float (&l)[2],
                                                      float (&alpha)[2], const Variant& var,
                                                      const QueryRow<int> (&row)[2], int j0, bool masked, int quad,
                                                      const int (&span_lo)[2], const int (&span_hi)[2]) {
@@ -250,15 +263,15 @@ struct ConsumerSteps {
   }
 
   // P as the A operand of P V (the mma.sync A layout per k-step of 16 keys), and O rescaled.
-  static __device__ __forceinline__ void PackAndRescale(const float (&sc)[64], uint32_t (&pa)[kKSteps][4],
-                                                        float (&o)[kD / 2], const float (&alpha)[2]) {
+  static __device__ __forceinline__ void PackAndRescale(const float (&sc)[kSc], uint32_t (&pa)[kKSteps][4],
+                                                        float (&o)[kO], const float (&alpha)[2]) {
 #pragma unroll
     for (int t = 0; t < kKSteps; ++t) {
 #pragma unroll
       for (int a = 0; a < 4; ++a) pa[t][a] = ptx::Pack2<T>(sc[8 * t + 2 * a], sc[8 * t + 2 * a + 1]);
     }
 #pragma unroll
-    for (int e = 0; e < kD / 2; ++e) o[e] = __fmul_rn(o[e], alpha[(e / 2) % 2]);
+    for (int e = 0; e < kO; ++e) o[e] = __fmul_rn(o[e], alpha[(e / 2) % 2]);
   }
 
   // Before P V of a tile that crosses kv_len: zero its V rows at or past kv_len (both warpgroups
@@ -269,7 +282,7 @@ struct ConsumerSteps {
     const int pieces = (kBlockN - first) * 8;  // 16-byte pieces per column block
     for (int idx = tid; idx < kChunks * pieces; idx += 128) {
       const int c = idx / pieces, rem = idx % pieces;
-      *reinterpret_cast<uint4*>(v_ptr + c * L::kChunkBytes + (first + rem / 8) * 128 + (rem % 8) * 16) =
+      *reinterpret_cast<uint4*>(v_ptr + c * L::kKVChunkBytes + (first + rem / 8) * 128 + (rem % 8) * 16) =
           make_uint4(0, 0, 0, 0);
     }
     sm90::FenceProxyAsync();
@@ -319,9 +332,11 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
     span_hi[h] = span.hi - 2 * quad;
   }
 
-  float o[kD / 2];  // this thread's part of the warpgroup's 64 x kD O (the wgmma m64n(kD) layout)
+  constexpr int kBlockN = L::kBlockN, kStages = L::kStages;
+  // This thread's part of the warpgroup's 64 x kPadded O (the wgmma m64n(kPadded) layout).
+  float o[Step::kO];
 #pragma unroll
-  for (int e = 0; e < kD / 2; ++e) o[e] = 0.f;
+  for (int e = 0; e < Step::kO; ++e) o[e] = 0.f;
   float m[2] = {-INFINITY, -INFINITY};
   float l[2] = {0.f, 0.f};  // this thread's part of the row sums (the quad's sum at the end)
 
@@ -332,24 +347,24 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
     auto stage = [](int it) { return it % kStages; };
     auto phase = [](int it) { return uint32_t(it / kStages) & 1; };
     auto masked = [&](int j0) { return !(j0 >= w.full_lo && j0 + kBlockN <= w.full_hi); };
-    float sc[64], alpha[2];
+    float sc[Step::kSc], alpha[2];
     uint32_t pa[Step::kKSteps][4];
     if constexpr (kSchedule == Schedule::kSerial) {
       for (int it = 0; it < n_tiles; ++it) {
         const int s = stage(it), j0 = (w.n_begin + it) * kBlockN;
         sm90::MbarWait(base + L::KFull(s), phase(it));
         sm90::WgmmaFence();
-        Step::IssueQK(sc, q_base, base + L::kK + s * L::kTileBytes);
+        Step::IssueQK(sc, q_base, base + L::kK + s * L::kKVTileBytes);
         sm90::WgmmaWait<0>();
         sm90::FenceOperands(sc);
         if (tid == 0) sm90::MbarArrive(base + L::KEmpty(s));  // this warpgroup is done with K slot s
         Step::SoftmaxTile(sc, m, l, alpha, var, row, j0, masked(j0), quad, span_lo, span_hi);
         Step::PackAndRescale(sc, pa, o, alpha);
         sm90::MbarWait(base + L::VFull(s), phase(it));
-        Step::ZeroTail(base_ptr + L::kV + s * L::kTileBytes, j0, w.kv_len, tid, wg);
+        Step::ZeroTail(base_ptr + L::kV + s * L::kKVTileBytes, j0, w.kv_len, tid, wg);
         sm90::FenceOperands(o);
         sm90::WgmmaFence();
-        Step::IssuePV(o, pa, base + L::kV + s * L::kTileBytes);
+        Step::IssuePV(o, pa, base + L::kV + s * L::kKVTileBytes);
         sm90::WgmmaWait<0>();
         sm90::FenceOperands(o);
         if (tid == 0) sm90::MbarArrive(base + L::VEmpty(s));  // ... and with V slot s
@@ -377,8 +392,8 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
         sm90::FenceOperands(o);
         TakeTurn<kSchedule>(wg);
         sm90::WgmmaFence();
-        Step::IssueQK(sc, q_base, base + L::kK + s * L::kTileBytes);
-        Step::IssuePV(o, pa, base + L::kV + prev * L::kTileBytes);
+        Step::IssueQK(sc, q_base, base + L::kK + s * L::kKVTileBytes);
+        Step::IssuePV(o, pa, base + L::kV + prev * L::kKVTileBytes);
         PassTurn<kSchedule>(wg);
         sm90::WgmmaWait<1>();  // Q K^T done (groups complete in order); P V may still run
         sm90::FenceOperands(sc);
@@ -393,11 +408,11 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
       // Epilogue: P V of the last tile.
       const int last = n_tiles - 1, s = stage(last), j0 = (w.n_begin + last) * kBlockN;
       sm90::MbarWait(base + L::VFull(s), phase(last));
-      Step::ZeroTail(base_ptr + L::kV + s * L::kTileBytes, j0, w.kv_len, tid, wg);
+      Step::ZeroTail(base_ptr + L::kV + s * L::kKVTileBytes, j0, w.kv_len, tid, wg);
       sm90::FenceOperands(o);
       TakeTurn<kSchedule>(wg);
       sm90::WgmmaFence();
-      Step::IssuePV(o, pa, base + L::kV + s * L::kTileBytes);
+      Step::IssuePV(o, pa, base + L::kV + s * L::kKVTileBytes);
       if (wg == 0) PassTurn<kSchedule>(wg);  // warpgroup 1's last issue passes no turn
       sm90::WgmmaWait<0>();
       sm90::FenceOperands(pa);
@@ -436,23 +451,25 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
     for (int c = 0; c < kChunks; ++c) {
 #pragma unroll
       for (int n8 = 0; n8 < 8; ++n8) {  // 8 columns = one 16-byte piece, swizzled by row % 8
+        if (c * 64 + n8 * 8 >= kD) continue;  // a padded tile's columns past kD: never written
         const int e = n8 * 4 + 2 * h;
         const float v0 = live ? o[32 * c + e] * inv : 0.f, v1 = live ? o[32 * c + e + 1] * inv : 0.f;
-        *reinterpret_cast<uint32_t*>(staged + c * L::kChunkBytes + rr * 128 + ((n8 ^ (rr % 8)) * 16) + quad * 4) =
+        *reinterpret_cast<uint32_t*>(staged + c * L::kQChunkBytes + rr * 128 + ((n8 ^ (rr % 8)) * 16) + quad * 4) =
             ptx::Pack2<T>(v0, v1);
       }
     }
   }
   sm90::NamedBarrierSync(1 + wg, 128);
   T* y = static_cast<T*>(p.y);
-  constexpr int kPieces = kChunks * 8;  // 16-byte pieces of a row
+  constexpr int kPieces = kD / 8;  // 16-byte pieces of a row of y
 #pragma unroll
   for (int idx = tid; idx < 64 * kPieces; idx += 128) {
-    const int rr = idx / kPieces, c = (idx % kPieces) / 8, n8 = idx % 8;
+    // (idx % kPieces) % 8 is idx % 8 when a row is whole column blocks: written so, as before.
+    const int rr = idx / kPieces, c = (idx % kPieces) / 8, n8 = kPieces % 8 == 0 ? idx % 8 : (idx % kPieces) % 8;
     const int row_m = w.r0 + 64 * wg + rr;
     if (row_m >= p.rows) continue;
     const uint4 piece =
-        *reinterpret_cast<const uint4*>(staged + c * L::kChunkBytes + rr * 128 + ((n8 ^ (rr % 8)) * 16));
+        *reinterpret_cast<const uint4*>(staged + c * L::kQChunkBytes + rr * 128 + ((n8 ^ (rr % 8)) * 16));
     *reinterpret_cast<uint4*>(y + (int64_t(bh) * p.rows + row_m) * kD + c * 64 + n8 * 8) = piece;
   }
 }
@@ -478,12 +495,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int q_len = min(max(p.q_len[b], 0), p.q_rows);
   const int kv_len = min(max(p.kv_len[b], 0), p.kv_rows);
   const Variant var(p.variant, kv_len);
-  const CtaWork w = PlanCta(p, var, m_block, q_len, kv_len);
+  const CtaWork w = PlanCta<L::kBlockN>(p, var, m_block, q_len, kv_len);
 
   if (threadIdx.x == 0) {
     sm90::MbarInit(base + L::QFull(), 1);
 #pragma unroll
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < L::kStages; ++s) {
       sm90::MbarInit(base + L::KFull(s), 1);
       sm90::MbarInit(base + L::VFull(s), 1);
       sm90::MbarInit(base + L::KEmpty(s), kConsumers);

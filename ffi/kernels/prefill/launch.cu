@@ -1,7 +1,7 @@
 // Launch of the prefill engine: the TMA tensor maps (encoded on the host through the driver entry
 // point, no libcuda link), the shared-memory limit, the grid; instantiated for f16 / bf16 x head
-// size 64 / 128 x the three consumer schedules x the mask variant (causal or not, windows, scale)
-// or the softcap one, each with or without sinks.
+// size 64 / 80 / 96 / 128 / 256 (kHeadDims) x the three consumer schedules x the mask variant
+// (causal or not, windows, scale) or the softcap one, each with or without sinks.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -29,7 +29,8 @@ PFN_cuTensorMapEncodeTiled_v12000 EncodeTiled() {
 }
 
 // A map over `rows` rows of d 16-bit elements, boxes of [box_rows][64] (128 bytes: one swizzle
-// span), 128-byte swizzle, zeros out of bounds.
+// span), 128-byte swizzle, zeros out of bounds (so a box at column 64 of a row of 80 or 96 fills
+// the padded tile's columns past d with zeros).
 template <typename T>
 cudaError_t MakeMap(CUtensorMap* map, const void* ptr, uint64_t rows, int d, int box_rows) {
   const auto encode = EncodeTiled();
@@ -60,13 +61,14 @@ template <typename T, int kD>
 cudaError_t Launch(PrefillParams p, const void* q, const void* k, const void* v, Schedule schedule,
                    cudaStream_t stream) {
   if (p.batch == 0 || p.kv_heads == 0 || p.rows == 0) return cudaSuccess;
+  constexpr Tiling kTiling = TilingFor(kD);
   p.m_blocks = (p.rows + kBlockM - 1) / kBlockM;
   CUtensorMap q_map, k_map, v_map;
   cudaError_t err = MakeMap<T>(&q_map, q, uint64_t(p.batch) * p.q_heads * p.q_rows, kD, kBlockM);
   if (err == cudaSuccess && p.kv_rows > 0) {
     const uint64_t kv_rows = uint64_t(p.batch) * p.kv_heads * p.kv_rows;
-    err = MakeMap<T>(&k_map, k, kv_rows, kD, kBlockN);
-    if (err == cudaSuccess) err = MakeMap<T>(&v_map, v, kv_rows, kD, kBlockN);
+    err = MakeMap<T>(&k_map, k, kv_rows, kD, kTiling.block_n);
+    if (err == cudaSuccess) err = MakeMap<T>(&v_map, v, kv_rows, kD, kTiling.block_n);
   } else {
     k_map = v_map = q_map;  // no keys: never read
   }

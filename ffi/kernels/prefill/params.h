@@ -33,13 +33,12 @@ struct PrefillParams {
   VariantParams variant;
 };
 
-// CTA tile: kBlockM packed query rows (two consumer warpgroups of 64) x kBlockN keys per step.
+// CTA tile: kBlockM packed query rows (two consumer warpgroups of 64) x a head size's key tile
+// (Tiling::block_n keys per step).
 inline constexpr int kBlockM = 128;
-inline constexpr int kBlockN = 128;
 inline constexpr int kConsumers = 2;             // consumer warpgroups
 inline constexpr int kThreads = 128 * (1 + kConsumers);  // + one producer warpgroup
-inline constexpr int kStages = 2;                // K / V shared-memory stages
-inline constexpr int kHeadDims[] = {64, 128};
+inline constexpr int kHeadDims[] = {64, 80, 96, 128, 256};
 
 // How the two consumer warpgroups order their work on a key tile (engine.cuh, Consume). All three
 // add in the same order: the same bits. Names for Python (_ffi.limits(), indexed by the value).
@@ -51,10 +50,38 @@ inline constexpr int kHeadDims[] = {64, 128};
 enum class Schedule : int { kSerial = 0, kOverlap = 1, kPingPong = 2 };
 inline constexpr const char* kScheduleNames[] = {"serial", "overlap", "pingpong"};
 
-// Shared memory of one CTA for head size d: Q, kStages x (K, V), 1 KB of alignment slack and the
-// barriers (all tiles are 128-byte-swizzled [rows][64] column blocks).
-constexpr int64_t SmemBytes(int d) {
-  return int64_t(2) * d * (kBlockM + 2 * kStages * kBlockN) + 1024 + 256;
+// The static tiling of one head size d, the one source of truth (engine.cuh's Smem and the kernels,
+// the launch, the handler's checks and _ffi.limits() all read it):
+//   padded:  the width of the shared-memory tiles and of O (a multiple of 64: whole 128-byte
+//            swizzled [rows][64] column blocks). 80 and 96 run in the 128-wide tiles: the TMA fills
+//            the columns past d with zeros, Q K^T runs only ceil(d / 16) k-steps, P V computes the
+//            128 columns (those past d are 0) and the epilogue writes d.
+//   block_n: keys per step (K / V tile rows, a multiple of 16). 256: 80 (FA3's choice for its
+//            hdim 256: a 64 x 256 f32 O is 128 registers a consumer thread, and 2 stages of 80-row
+//            K and V tiles with the 64 KB Q tile are 224 KB of the 227 KB a CTA may have).
+//   stages:  K / V shared-memory ring depth.
+//   schedule: the default of calls that name none (cuda.prefill_attention, the GQA route): pingpong
+//            (measured fastest at d128 on the H200); overlap at 256, FA3's choice there (no
+//            scheduler barrier at hdim > 128: the MMAs of a 64 x 80 x 256 step pair outlast the
+//            softmax, so the turn-taking only adds waits). Every schedule runs at every size.
+struct Tiling {
+  int padded, block_n, stages;
+  Schedule schedule;
+};
+constexpr Tiling TilingFor(int d) {
+  return d == 64                           ? Tiling{64, 128, 2, Schedule::kPingPong}
+         : d == 80 || d == 96 || d == 128 ? Tiling{128, 128, 2, Schedule::kPingPong}
+         : d == 256                       ? Tiling{256, 80, 2, Schedule::kOverlap}
+                                          : Tiling{0, 0, 0, Schedule::kSerial};  // not one of kHeadDims
 }
+
+// Shared memory of one CTA for head size d: Q, stages x (K, V), 1 KB of alignment slack and the
+// barriers (all tiles are 128-byte-swizzled [rows][64] column blocks of the padded width).
+constexpr int64_t SmemBytes(int d) {
+  return int64_t(2) * TilingFor(d).padded * (kBlockM + 2 * TilingFor(d).stages * TilingFor(d).block_n) + 1024 + 256;
+}
+// The most a CTA may have on sm_90 (227 KB).
+inline constexpr int64_t kMaxSmemBytes = 232448;
+static_assert(SmemBytes(256) <= kMaxSmemBytes && SmemBytes(128) <= kMaxSmemBytes, "a CTA's shared memory");
 
 }  // namespace joa::prefill

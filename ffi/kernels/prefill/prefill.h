@@ -17,7 +17,10 @@ template <typename T, int kD>
 cudaError_t Launch(PrefillParams p, const void* q, const void* k, const void* v, Schedule schedule,
                    cudaStream_t stream);
 
-#define JOA_PREFILL_INSTANCES(X) X(__half, 64) X(__half, 128) X(__nv_bfloat16, 64) X(__nv_bfloat16, 128)
+// One per kHeadDims entry and element type (params.h; the handler dispatches on the same list).
+#define JOA_PREFILL_INSTANCES(X)                                                                         \
+  X(__half, 64) X(__half, 80) X(__half, 96) X(__half, 128) X(__half, 256) X(__nv_bfloat16, 64)          \
+      X(__nv_bfloat16, 80) X(__nv_bfloat16, 96) X(__nv_bfloat16, 128) X(__nv_bfloat16, 256)
 #define JOA_PREFILL_DECLARE(T, D) \
   extern template cudaError_t Launch<T, D>(PrefillParams, const void*, const void*, const void*, Schedule, \
                                           cudaStream_t);
