@@ -1,7 +1,7 @@
 // The sm_90 pipeline primitives the Hopper engines share (the prefill engine, the GEMV slots, the
-// decode engine's producer warp): mbarriers with transaction counts, 1D bulk copies global ->
-// shared (cp.async.bulk, the TMA unit without a tensor map), the cluster barrier halves, named
-// barriers and the async-proxy fence. Raw PTX of sm_90 (not sm_90a-only): callers compile their
+// decode engine's producer warp): mbarriers with transaction counts, the multicast bulk copy
+// global -> shared (cp.async.bulk), the cluster barrier halves, named barriers and the async-proxy
+// fence. Raw PTX of sm_90 (not sm_90a-only): callers compile their
 // calls only for __CUDA_ARCH__ >= 900 (or sm_90a) and refuse or skip other GPUs.
 #pragma once
 
@@ -45,16 +45,6 @@ __device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
 }
 
 // --- bulk copies (cp.async.bulk, no tensor map) -------------------------------------------------
-
-// Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) from global memory to shared
-// memory at dst of this CTA, completing `bytes` on the barrier at offset `bar` (the copy's
-// transactions count against the barrier's expected bytes).
-__device__ __forceinline__ void BulkLoad(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar)
-      : "memory");
-}
 
 // Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) from global memory to the same
 // shared-memory offset `dst` in every CTA of the cluster named in `cta_mask`, completing `bytes` on
