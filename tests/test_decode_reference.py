@@ -231,3 +231,29 @@ def test_decode_attention_takes_the_switches_at_trace_time(monkeypatch, kv_bits)
     monkeypatch.setenv(cuda.CURSOR_LOADS_ENV, "0")
     cuda.decode_attention(q128, cache128, cache128, lens, None, None, *scales, scale=0.1, kv_bits=kv_bits)
     assert calls[-1][2]["cursor_loads"] is False
+
+
+@pytest.mark.parametrize("kv_bits", [0, 8])
+def test_decode_attention_takes_the_producer_switch_at_trace_time(monkeypatch, kv_bits):
+    """cuda.decode_attention resolves JOA_DECODE_PRODUCER when it is traced (off unless "1") and
+    hands the producer warp to the kernel call for float caches only; an explicit argument wins."""
+    calls = use_specs(monkeypatch)
+    b, hq, hkv, s, d, c = 8, 32, 8, 1, 128, 2304
+    q = jnp.zeros((b, hq, s, d), jnp.float16)
+    cache = jnp.zeros((b, hkv, c, d), jnp.int8 if kv_bits else jnp.float16)
+    scales = (jnp.ones((1,), jnp.float32),) * 2 if kv_bits else (None, None)
+    lens = jnp.full((b,), c, jnp.int32)
+
+    def producer(**kw):
+        cuda.decode_attention(q, cache, cache, lens, None, None, *scales, scale=0.1, kv_bits=kv_bits, **kw)
+        return calls[-1][2]["producer"]
+
+    monkeypatch.delenv(cuda.PRODUCER_ENV, raising=False)
+    assert cuda.decode_producer() is False and producer() is False
+    monkeypatch.setenv(cuda.PRODUCER_ENV, "1")
+    assert cuda.decode_producer() is True and producer() is (not kv_bits)
+    assert producer(producer=False) is False
+    monkeypatch.setenv(cuda.PRODUCER_ENV, "0")
+    assert producer() is False and producer(producer=True) is (not kv_bits)
+    # The switch leaves the cursor loads' own rule alone (the handler prefers the producer).
+    assert calls[-1][2]["cursor_loads"] is (not kv_bits)

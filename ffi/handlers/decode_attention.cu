@@ -7,7 +7,9 @@
 // (kv_bits 8: int8 caches [B, Hkv, C, D]; 4: uint8 [B, Hkv, C, D / 2], two values a byte; a scale
 // has 1 or Hkv * D elements; placeholders when kv_bits is 0); quant_regs: dequantise such a cache in
 // registers (engine_qregs.cuh) rather than tile by tile in shared memory; cursor_loads: copy a
-// float cache's tiles through per-thread row cursors (DenseCursorKv, kv_format.cuh; same bits)
+// float cache's tiles through per-thread row cursors (DenseCursorKv, kv_format.cuh; same bits);
+// producer: copy a float cache's tiles by a producer warp with bulk copies (DenseProducerKv; same
+// bits; sm_90 only, ignored on other GPUs)
 //   -> out [B, Hq, S, D], workspace f32 (sized by the plan: kernels/decode/plan.h).
 // Query row i sits at position kv_len[b] - S + i + pos_shift (pos_shift 0: bottom-right causal). Read-only on the caches.
 #include <algorithm>
@@ -89,9 +91,11 @@ inline std::string ConfigureKvQuant(DecodeParams& p, int64_t kv_bits, int64_t he
 // Points the partials at the workspace (checking its size) and launches the engine.
 // quant_regs: an int8 / int4 cache dequantised in registers (engine_qregs.cuh) instead of tile by
 // tile in shared memory; ignored for a dense cache. cursor_loads: LaunchOptions::cursor_loads.
+// producer: LaunchOptions::producer where the GPU is sm_90 (CC 9.0, whose sm_90a code has it);
+// ignored elsewhere, like the cursor loads where they do not apply: the bits are the same.
 inline ffi::Error LaunchDecode(DecodeParams& p, ffi::DataType dtype, int64_t head_dim, float* workspace,
                                int64_t workspace_elems, bool pdl, cudaStream_t stream, const char* op,
-                               bool quant_regs = false, bool cursor_loads = false) {
+                               bool quant_regs = false, bool cursor_loads = false, bool producer = false) {
   if (p.cluster > 1) {  // the in-cluster combine (cluster_combine.cuh): checked, no workspace
     int dev = 0, major = 0;
     cudaGetDevice(&dev);
@@ -112,8 +116,17 @@ inline ffi::Error LaunchDecode(DecodeParams& p, ffi::DataType dtype, int64_t hea
     p.part_lse = workspace + int64_t(p.batch) * p.kv_heads * p.splits * p.rows * head_dim;
   }
   if (p.batch == 0 || p.rows == 0) return ffi::Error::Success();
+  if (producer && p.kv_format == KvFormat::kDense) {  // a device attribute: no stream work
+    int dev = 0, major = 0, minor = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    producer = major == 9 && minor == 0;
+  } else {
+    producer = false;
+  }
   const LaunchOptions opt{p.variant.softcap > 0.f || p.variant.bias != nullptr, pdl, quant_regs,
-                          cursor_loads};
+                          cursor_loads, producer};
   cudaError_t err;
   switch (dtype) {
     case ffi::DataType::F16: err = LaunchHeadDim<__half>(int(head_dim), p, opt, stream); break;
@@ -138,7 +151,7 @@ ffi::Error DecodeAttentionImpl(cudaStream_t stream, AnyBuffer q, AnyBuffer k, An
                                float softcap, bool causal, int64_t left, int64_t right,
                                int64_t pos_shift, bool has_bias, bool has_sink, int64_t kv_bits,
                                int64_t split_rows, bool pdl, bool cluster, bool quant_regs,
-                               bool cursor_loads) {
+                               bool cursor_loads, bool producer) {
   constexpr const char* kOp = "decode_attention";
   auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
   if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4) {
@@ -180,7 +193,7 @@ ffi::Error DecodeAttentionImpl(cudaStream_t stream, AnyBuffer q, AnyBuffer k, An
   p.cluster = cluster && p.splits > 1 ? p.splits : 0;
   return decode::LaunchDecode(p, q.element_type(), qd[3], workspace->typed_data(),
                               int64_t(workspace->element_count()), pdl, stream, kOp, quant_regs,
-                              cursor_loads);
+                              cursor_loads, producer);
 }
 
 }  // namespace
@@ -212,5 +225,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JoaDecodeAttention, joa::DecodeAttentionImpl,
                                   .Attr<bool>("pdl")
                                   .Attr<bool>("cluster")
                                   .Attr<bool>("quant_regs")
-                                  .Attr<bool>("cursor_loads"),
+                                  .Attr<bool>("cursor_loads")
+                                  .Attr<bool>("producer"),
                               JOA_COMMAND_BUFFER_SAFE);

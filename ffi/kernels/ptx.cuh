@@ -41,6 +41,13 @@ __device__ __forceinline__ int LoadGlobalS32(const int* p) {
 
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 
+// Arrives on the mbarrier at shared address `bar` once every cp.async this thread has issued so far
+// has landed, without raising its expected count first (.noinc: the barrier's count includes this
+// arrival). The producer warp's way of completing a ring stage (decode engine.cuh).
+__device__ __forceinline__ void CpAsyncMbarArrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
 template <int kPending>
 __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));

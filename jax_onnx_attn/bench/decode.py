@@ -41,13 +41,15 @@ DONATE = os.environ.get("JOA_BENCH_DONATE", "1") != "0"
 #: caches it applies to. "ours[tiles]": an int8 / int4 cache dequantised tile by tile in shared
 #: memory (the path before the register one; --kv-bits 8 4 --impls ours ours[tiles]). "ours[fit]",
 #: "ours[cursor]", "ours[fit+cursor]": the "fit" plan policy and / or the cursor loads of a float
-#: cache (issue 15; --impls ours ours[fit] ours[cursor] ours[fit+cursor] jax-cudnn). None is in the
+#: cache (issue 15; --impls ours ours[fit] ours[cursor] ours[fit+cursor] jax-cudnn). "ours[producer]":
+#: a float cache's tiles copied by a producer warp (JOA_DECODE_PRODUCER; sm_90). None is in the
 #: default set.
 OURS_FORMS = {
     "ours[tiles]": (dict(quant_regs=False), "int"),
     "ours[fit]": (dict(plan_policy="fit"), "float"),
     "ours[cursor]": (dict(cursor_loads=True), "float"),
     "ours[fit+cursor]": (dict(plan_policy="fit", cursor_loads=True), "float"),
+    "ours[producer]": (dict(producer=True), "float"),
 }
 IMPLS = ("ours", "jax-xla", "jax-cudnn", "torch-flash", "torch-cudnn", *OURS_FORMS)
 ALT_IMPL = "ours[tiles]"

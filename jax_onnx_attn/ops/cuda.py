@@ -187,12 +187,25 @@ def decode_cursor_loads(head_dim: int) -> bool:
     return head_dim in CURSOR_LOADS_HEAD_DIMS
 
 
+#: The switch of the producer warp for float caches (DenseProducerKv, kv_format.cuh): "1" has one
+#: extra warp of each CTA issue the K / V copies into an mbarrier ring while the other warps only
+#: compute (sm_90; the handler ignores it on other GPUs, like the cursor loads where they do not
+#: apply). Off unless set (issue 15, docs/kernels.md "The decode engine"). The same bits either way.
+PRODUCER_ENV = "JOA_DECODE_PRODUCER"
+
+
+def decode_producer() -> bool:
+    """Whether decode_attention copies a float cache's tiles by a producer warp: the one place the
+    switch (JOA_DECODE_PRODUCER) is read, at trace time; off by default."""
+    return os.environ.get(PRODUCER_ENV) == "1"
+
+
 def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=None, v_scale=None,
                      *, scale: float, softcap: float = 0.0, causal: bool = True, left: int = -1,
                      right: int = -1, pos_shift: int = 0, kv_bits: int = 0,
                      split_rows: int | None = None, pdl: bool = True, cluster: bool | None = None,
                      quant_regs: bool | None = None, plan_policy: str | None = None,
-                     cursor_loads: bool | None = None):
+                     cursor_loads: bool | None = None, producer: bool | None = None):
     """q [B, Hq, S, D] f16/bf16, k_cache / v_cache [B, Hkv, C, D], kv_len int32 [B] -> [B, Hq, S, D].
 
     Semantics of `jax_onnx_attn.ops.reference.decode.decode_attention`. bias: None or
@@ -207,15 +220,20 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=
     planner sizes a cluster plan, one of DECODE_PLAN_POLICIES (None: `decode_plan_policy()`, the
     JOA_DECODE_PLAN switch). cursor_loads: copy a float cache's tiles through per-thread row
     cursors (None: `decode_cursor_loads(D)`: JOA_DECODE_CURSOR_LOADS, else D == 128; the same bits
-    either way); ignored for a quantised cache.
+    either way); ignored for a quantised cache. producer: copy a float cache's tiles by a producer
+    warp into an mbarrier ring (None: `decode_producer()`, JOA_DECODE_PRODUCER, off; the same bits;
+    sm_90 only, ignored on other GPUs and for a quantised cache; where it applies it takes the place
+    of the cursor loads).
     """
     quant_regs = decode_quant_regs() if quant_regs is None else bool(quant_regs)
     cursor_loads = decode_cursor_loads(q.shape[-1]) if cursor_loads is None else bool(cursor_loads)
+    producer = decode_producer() if producer is None else bool(producer)
     static = dict(scale=scale, softcap=softcap, causal=causal, left=left, right=right,
                   pos_shift=pos_shift, kv_bits=kv_bits, split_rows=split_rows, pdl=pdl,
                   cluster=cluster, quant_regs=bool(quant_regs and kv_bits),
                   plan_policy=plan_policy or decode_plan_policy(),
-                  cursor_loads=bool(cursor_loads and not kv_bits))
+                  cursor_loads=bool(cursor_loads and not kv_bits),
+                  producer=bool(producer and not kv_bits))
     return partitioning.DECODE_ATTENTION.apply(
         _decode_attention, (q, k_cache, v_cache, kv_len, bias, sink, k_scale, v_scale), static,
         pin=_per_example_plan)
@@ -232,7 +250,7 @@ def _per_example_plan(static, axis_size, q, k_cache, *rest) -> dict:
 
 def _decode_attention(q, k_cache, v_cache, kv_len, bias, sink, k_scale, v_scale, *, scale, softcap,
                       causal, left, right, pos_shift, kv_bits, split_rows, pdl, cluster,
-                      quant_regs=False, plan_policy=None, cursor_loads=False):
+                      quant_regs=False, plan_policy=None, cursor_loads=False, producer=False):
     b, hq, s, d = q.shape
     hkv, c = k_cache.shape[1], k_cache.shape[2]
     plan = decode_plan(b, hq, hkv, s, c, d, kv_bits, split_rows, cluster, policy=plan_policy)
@@ -251,7 +269,8 @@ def _decode_attention(q, k_cache, v_cache, kv_len, bias, sink, k_scale, v_scale,
                   causal=bool(causal), left=int(left), right=int(right), pos_shift=int(pos_shift),
                   has_bias=bias is not None, has_sink=sink is not None, kv_bits=int(kv_bits),
                   split_rows=plan["split_rows"], pdl=bool(pdl), cluster=plan["cluster"],
-                  quant_regs=bool(quant_regs), cursor_loads=bool(cursor_loads))
+                  quant_regs=bool(quant_regs), cursor_loads=bool(cursor_loads),
+                  producer=bool(producer))
     return out
 
 

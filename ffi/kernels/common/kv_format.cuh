@@ -13,6 +13,8 @@
 //   (the decode engine's DecodeSplitKernelQRegs, switched on by LaunchOptions::quant_regs).
 // DenseCursorKv<T>: DenseKv<T> whose rows are contiguous (row stride D, as decode_attention's
 //   caches are), copied through per-thread cursors (the decode engine's LaunchOptions::cursor_loads).
+// DenseProducerKv<T>: DenseCursorKv<T>'s copies issued by a producer warp into an mbarrier ring
+//   (sm_90; the decode engine's LaunchOptions::producer).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -62,6 +64,7 @@ struct DenseKv {
   static constexpr bool kQuantized = false;
   static constexpr bool kInRegs = false;
   static constexpr bool kCursor = false;
+  static constexpr bool kProducer = false;
   static constexpr int kBits = 8 * int(sizeof(T));
 };
 
@@ -74,12 +77,22 @@ struct DenseCursorKv : DenseKv<T> {
   static constexpr bool kCursor = true;
 };
 
+// A dense cache with contiguous rows whose tiles one producer warp (an extra warp of the CTA) copies
+// into a ring of stages guarded by mbarriers, while the other warps only compute (sm_90; the decode
+// engine's LaunchOptions::producer): the cursor loads' 16-byte copies by 32 lanes, landing on the
+// stage's barrier (cp.async.mbarrier.arrive), so the MMAs read the same tiles and give the same bits.
+template <typename T>
+struct DenseProducerKv : DenseKv<T> {
+  static constexpr bool kProducer = true;
+};
+
 template <typename T, int kBits_>
 struct QuantKv {
   using Layout = KvQuantLayout<kBits_ == 8 ? KvFormat::kInt8 : KvFormat::kInt4>;
   static constexpr bool kQuantized = true;
   static constexpr bool kInRegs = false;
   static constexpr bool kCursor = false;
+  static constexpr bool kProducer = false;
   static constexpr int kBits = kBits_;
 
   // Bytes of one cache row of kD values (rows are contiguous in the ring, unpadded: only the
@@ -186,6 +199,7 @@ struct QuantRegKv {
   static constexpr bool kQuantized = true;
   static constexpr bool kInRegs = true;
   static constexpr bool kCursor = false;
+  static constexpr bool kProducer = false;
   static constexpr int kBits = kBits_;
 
   template <int kD>

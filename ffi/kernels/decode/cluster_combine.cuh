@@ -26,7 +26,9 @@ namespace joa::decode {
 
 // Called by every thread of every CTA of the cluster after its partials are in s_part (rows
 // R = row0 + r < p.rows written, others ignored). Contains two cluster barriers: no thread may skip it.
-template <typename T, int kD, int kBlockM, int kThreads>
+// kThreads threads do the work; a CTA of kLaunchThreads > kThreads (the decode engine's producer
+// warp) has the others take the barriers only.
+template <typename T, int kD, int kBlockM, int kThreads, int kLaunchThreads = kThreads>
 __device__ __forceinline__ void ClusterCombine(const DecodeParams& p, float* s_part, int b, int kvh,
                                                int row0, int tid) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -64,7 +66,8 @@ __device__ __forceinline__ void ClusterCombine(const DecodeParams& p, float* s_p
 
   // The block's (row, 4 columns) outputs, dealt round-robin over the cluster's CTAs.
   constexpr int kD4 = kD / 4;
-  for (int idx = rank * kThreads + tid; idx < kBlockM * kD4; idx += n * kThreads) {
+  const int first = kLaunchThreads == kThreads || tid < kThreads ? rank * kThreads + tid : kBlockM * kD4;
+  for (int idx = first; idx < kBlockM * kD4; idx += n * kThreads) {
     const int r = idx / kD4, d = (idx % kD4) * 4;
     const int R = row0 + r;
     if (R >= p.rows) continue;

@@ -35,18 +35,37 @@
 #include "kernels/decode/params.h"
 #include "kernels/decode/plan.h"
 #include "kernels/ptx.cuh"
+#include "kernels/sm90_pipe.cuh"
 
 namespace joa::decode {
+
+// Whether this compilation pass emits sm_90 instructions (mbarrier.try_wait): false in the
+// sm_80 pass, where a producer-warp kernel (DenseProducerKv) is a trap the launcher never reaches.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+inline constexpr bool kSm90Pass = false;
+#else
+inline constexpr bool kSm90Pass = true;
+#endif
 
 // The tiling of one layout, as compile-time constants: the values of plan.h's MakeLayout (the one
 // definition, which the planner reads too) and the checks that they fit.
 template <typename T, int kD, int kWarpsM, int kWarpsN, class Kv = DenseKv<T>>
 struct EngineConfig {
   static_assert(kD % 16 == 0, "head dim must be a multiple of 16");
-  static constexpr Layout kLayout =
-      MakeLayout(kD, kWarpsM, kWarpsN, int(sizeof(T)), Kv::kQuantized ? Kv::kBits : 0, Kv::kInRegs);
-  static constexpr int kWarps = kLayout.warps;
-  static constexpr int kThreads = kLayout.threads;
+  static constexpr Layout kLayout = MakeLayout(kD, kWarpsM, kWarpsN, int(sizeof(T)),
+                                               Kv::kQuantized ? Kv::kBits : 0, Kv::kInRegs, Kv::kProducer);
+  static constexpr int kWarps = kLayout.warps;      // the warps that compute
+  static constexpr int kThreads = kLayout.threads;  // their threads
+  // With a producer warp (Kv::kProducer) the CTA has one warp more, warp kWarps, threads
+  // [kThreads, kLaunchThreads): it issues the ring's copies and takes part in the CTA barriers of
+  // the combine, nothing else.
+  static constexpr bool kProducer = kLayout.producer;
+  static constexpr int kLaunchThreads = kLayout.launch_threads;
+  static constexpr int kBarOffset = kLayout.bar_offset;
+  static_assert(!kProducer || kLayout.ctas_per_sm ==
+                                  MakeLayout(kD, kWarpsM, kWarpsN, int(sizeof(T)), 0, false, false).ctas_per_sm,
+                "a producer layout must keep the CTAs per SM the planner counted");
+  static_assert(!kProducer || kLayout.stages <= kMaxProducerStages, "the producer's barriers are reserved");
   static constexpr int kBlockM = kLayout.block_m;
   static constexpr int kTileN = kLayout.tile_n;
   static_assert(kBlockN % kTileN == 0, "split sizes must be whole tiles");
@@ -109,10 +128,12 @@ struct SplitStages {
   }
 
   // Q rows of the CTA: packed row R = g * S + i is q[b, kvh * G + g, i]; rows past M are zeros.
+  // kCopyThreads threads copy (tid < kCopyThreads).
+  template <int kCopyThreads = kThreads>
   static __device__ __forceinline__ void LoadQ(T* s_q, const DecodeParams& p, int b, int kvh, int row0,
                                                int tid) {
     constexpr int kTotal = kBlockM * Cfg::kVecs;
-    for (int c = tid; c < kTotal; c += kThreads) {
+    for (int c = tid; c < kTotal; c += kCopyThreads) {
       const int r = c / Cfg::kVecs, col = (c % Cfg::kVecs) * 8;
       const int R = row0 + r;
       const bool valid = R < p.rows;
@@ -169,31 +190,100 @@ struct SplitStages {
 
   // One [kTileN, kD] tile whose row 0 is at `tile` (contiguous rows) into dst (row stride kStride);
   // kTestRows: rows outside [valid_lo, valid_hi) become zeros and are not read (the copy points at
-  // row 0, which a tile always has in range).
-  template <bool kTestRows>
+  // row 0, which a tile always has in range). kCopyThreads threads copy (tid < kCopyThreads): the
+  // CTA's compute threads, or the 32 lanes of a producer warp.
+  template <bool kTestRows, int kCopyThreads = kThreads>
   static __device__ __forceinline__ void CopyTileByCursor(T* dst, const T* tile, int valid_lo, int valid_hi,
                                                           int tid) {
     constexpr int kVecs = kD / 8;
     constexpr int kTotal = kTileN * kVecs;
-    constexpr int kIters = (kTotal + kThreads - 1) / kThreads;
-    // Where a copy's row moves by whole rows from one to the next (kThreads a multiple of kVecs),
+    constexpr int kIters = (kTotal + kCopyThreads - 1) / kCopyThreads;
+    // Where a copy's row moves by whole rows from one to the next (kCopyThreads a multiple of kVecs),
     // its shared-memory address is the first one plus an immediate too.
-    constexpr int kRowStep = kThreads % kVecs == 0 ? kThreads / kVecs : 0;
+    constexpr int kRowStep = kCopyThreads % kVecs == 0 ? kCopyThreads / kVecs : 0;
     const T* mine = tile + 8 * tid;
     const uint32_t s_mine = ptx::SmemAddr(dst + (tid / kVecs) * kStride + (tid % kVecs) * 8);
 #pragma unroll
     for (int it = 0; it < kIters; ++it) {
-      const int c = tid + it * kThreads;
-      if (kTotal % kThreads == 0 || c < kTotal) {
+      const int c = tid + it * kCopyThreads;
+      if (kTotal % kCopyThreads == 0 || c < kTotal) {
         const int r = c / kVecs;
         const uint32_t s = kRowStep ? s_mine + uint32_t(it * kRowStep * kStride * sizeof(T))
                                     : ptx::SmemAddr(dst + r * kStride + (c % kVecs) * 8);
         if constexpr (kTestRows) {
           const bool valid = r >= valid_lo && r < valid_hi;
-          ptx::CpAsync16(s, valid ? mine + it * kThreads * 8 : tile, valid);
+          ptx::CpAsync16(s, valid ? mine + it * kCopyThreads * 8 : tile, valid);
         } else {
-          ptx::CpAsync16(s, mine + it * kThreads * 8, true);
+          ptx::CpAsync16(s, mine + it * kCopyThreads * 8, true);
         }
+      }
+    }
+  }
+
+  // --- load by a producer warp (Kv::kProducer; sm_90) ---------------------------------------------
+  //
+  // The producer warp issues the ring's copies: the same 16-byte cp.async copies as the compute
+  // warps' (zero fill outside the visible rows, rows contiguous: LoadKvTileByCursor's addressing),
+  // so the MMAs read the same tiles and give the same bits. Stage s is guarded by two mbarriers at
+  // the end of shared memory (Cfg::kBarOffset): full[s], which each producer lane arrives on once
+  // its copies of the stage have landed (cp.async.mbarrier.arrive.noinc: 32 arrivals a phase), and
+  // empty[s], which each compute warp arrives on once done with the stage (kWarps arrivals). Round
+  // k of stage s is phase k of both: the compute warps wait on full[s] with parity k & 1, the
+  // producer on empty[s] with parity (k & 1) ^ 1 (a fresh barrier passes parity 1 at once). Q has
+  // its own barrier (32 arrivals, one phase).
+  //
+  // Not bulk copies (cp.async.bulk, one a padded row): its operands are warp-uniform registers, so
+  // 32 lanes' rows compile to a loop of 32 single-lane issues (ELECT, R2UR, UBLKCP, BRA.U.ANY):
+  // ~1000 issue slots a 64-row tile against ~40 here (sm_90a SASS, d64 / d128).
+
+  static __device__ __forceinline__ uint32_t QFull(uint32_t bars) { return bars; }
+  static __device__ __forceinline__ uint32_t Full(uint32_t bars, int st) { return bars + 8 * (1 + st); }
+  static __device__ __forceinline__ uint32_t Empty(uint32_t bars, int st) {
+    return bars + 8 * (1 + kStages + st);
+  }
+
+  // One lane of the producer warp (lane 0) sets the barriers up; the CTA barrier that follows
+  // publishes them.
+  static __device__ __forceinline__ void InitBarriers(uint32_t bars) {
+    sm90::MbarInit(QFull(bars), 32);
+#pragma unroll
+    for (int st = 0; st < kStages; ++st) {
+      sm90::MbarInit(Full(bars, st), 32);
+      sm90::MbarInit(Empty(bars, st), Cfg::kWarps);
+    }
+    sm90::FenceBarrierInit();
+  }
+
+  // LoadQ by the producer warp's 32 lanes, landing on the Q barrier.
+  static __device__ __forceinline__ void ProduceQ(T* s_q, const DecodeParams& p, int b, int kvh, int row0,
+                                                  uint32_t bars, int lane) {
+    LoadQ<32>(s_q, p, b, kvh, row0, lane);
+    ptx::CpAsyncMbarArrive(QFull(bars));
+  }
+
+  // The split's KV tiles [t_begin, t_end) into the ring, in order, by the producer warp: for each,
+  // wait until the compute warps have released its stage, then LoadKvTileByCursor's copies by 32
+  // lanes, landing on the stage's full barrier.
+  static __device__ __forceinline__ void ProduceKv(const T* k_base, const T* v_base, T* s_kv, uint32_t bars,
+                                                   int t_begin, int t_end, int n_begin, int n_end, int lane) {
+    int st = 0;
+    uint32_t ph = 0;
+    for (int t = t_begin; t < t_end; ++t) {
+      const int n0 = t * kTileN;
+      const int64_t tile = int64_t(n0) * kD;
+      T* s_k = s_kv + (2 * st) * Cfg::kTileElems;
+      sm90::MbarWait(Empty(bars, st), ph ^ 1u);  // every compute warp is done with round k - 1
+      if (n0 >= n_begin && n0 + kTileN <= n_end) {
+        CopyTileByCursor<false, 32>(s_k, k_base + tile, 0, kTileN, lane);
+        CopyTileByCursor<false, 32>(s_k + Cfg::kTileElems, v_base + tile, 0, kTileN, lane);
+      } else {
+        CopyTileByCursor<true, 32>(s_k, k_base + tile, n_begin - n0, n_end - n0, lane);
+        CopyTileByCursor<true, 32>(s_k + Cfg::kTileElems, v_base + tile, n_begin - n0, n_end - n0, lane);
+      }
+      ptx::CpAsyncMbarArrive(Full(bars, st));
+      if (++st == kStages) {
+        st = 0;
+        ph ^= 1u;
       }
     }
   }
@@ -302,18 +392,20 @@ struct SplitStages {
     }
     ptx::CpAsyncWait<0>();
     __syncthreads();
-    float* w_o = s_o + warp * 16 * Cfg::kOStride;
+    if (!Cfg::kProducer || warp < Cfg::kWarps) {  // the producer warp only takes the barriers
+      float* w_o = s_o + warp * 16 * Cfg::kOStride;
 #pragma unroll
-    for (int dt = 0; dt < kD / 8; ++dt) {
-      const int col = dt * 8 + 2 * (lane & 3);
-      *reinterpret_cast<float2*>(w_o + (lane >> 2) * Cfg::kOStride + col) = make_float2(o[dt][0], o[dt][1]);
-      *reinterpret_cast<float2*>(w_o + ((lane >> 2) + 8) * Cfg::kOStride + col) = make_float2(o[dt][2], o[dt][3]);
-    }
-    if ((lane & 3) == 0) {
-      s_m[warp * 16 + (lane >> 2)] = m[0];
-      s_m[warp * 16 + (lane >> 2) + 8] = m[1];
-      s_l[warp * 16 + (lane >> 2)] = l[0];
-      s_l[warp * 16 + (lane >> 2) + 8] = l[1];
+      for (int dt = 0; dt < kD / 8; ++dt) {
+        const int col = dt * 8 + 2 * (lane & 3);
+        *reinterpret_cast<float2*>(w_o + (lane >> 2) * Cfg::kOStride + col) = make_float2(o[dt][0], o[dt][1]);
+        *reinterpret_cast<float2*>(w_o + ((lane >> 2) + 8) * Cfg::kOStride + col) = make_float2(o[dt][2], o[dt][3]);
+      }
+      if ((lane & 3) == 0) {
+        s_m[warp * 16 + (lane >> 2)] = m[0];
+        s_m[warp * 16 + (lane >> 2) + 8] = m[1];
+        s_l[warp * 16 + (lane >> 2)] = l[0];
+        s_l[warp * 16 + (lane >> 2) + 8] = l[1];
+      }
     }
     __syncthreads();
   }
@@ -367,10 +459,9 @@ struct SplitStages {
   }
 };
 
-template <typename T, int kD, int kWarpsM, int kWarpsN, class Variant, class Kv = DenseKv<T>>
-__global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
-                                  (EngineConfig<T, kD, kWarpsM, kWarpsN, Kv>::kCtasPerSm))
-    DecodeSplitKernel(const __grid_constant__ DecodeParams p) {
+// The body of DecodeSplitKernel (below), for every KV policy.
+template <typename T, int kD, int kWarpsM, int kWarpsN, class Variant, class Kv>
+__device__ __forceinline__ void DecodeSplitBody(const DecodeParams& p) {
   using Cfg = EngineConfig<T, kD, kWarpsM, kWarpsN, Kv>;
   using Stages = SplitStages<T, kD, kWarpsM, kWarpsN, Kv>;
   constexpr int kBlockM = Cfg::kBlockM, kStride = Cfg::kStride, kStages = Cfg::kStages;
@@ -389,15 +480,25 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp / kWarpsN, wn = warp % kWarpsN;
   const int row0 = mb * kBlockM;  // first packed row of the CTA
+  // With a producer warp (warp kWarps) the other warps only compute; without, every warp does both.
+  const bool producer_warp = Cfg::kProducer && warp == Cfg::kWarps;
+  [[maybe_unused]] const uint32_t bars = ptx::SmemAddr(smem + Cfg::kBarOffset);
 
   // The combine (if any) may be scheduled now; it waits for this grid to finish before reading.
   ptx::LaunchDependents();
 
   // load: Q, issued before kv_len is read (Q does not depend on it, and the two latencies overlap).
   // The cursor loads ask for kv_len first (a load the compiler keeps in place): its round trip then
-  // also covers Q's address arithmetic.
+  // also covers Q's address arithmetic. With a producer warp every warp asks for kv_len first, the
+  // producer's lane 0 sets up the ring's barriers, and after the CTA barrier that publishes them the
+  // producer copies Q.
   int kv_len_b;
-  if constexpr (Kv::kCursor) {
+  if constexpr (Cfg::kProducer) {
+    kv_len_b = ptx::LoadGlobalS32(p.kv_len + b);
+    if (producer_warp && lane == 0) Stages::InitBarriers(bars);
+    __syncthreads();
+    if (producer_warp) Stages::ProduceQ(s_q, p, b, kvh, row0, bars, lane);
+  } else if constexpr (Kv::kCursor) {
     kv_len_b = ptx::LoadGlobalS32(p.kv_len + b);
     Stages::LoadQ(s_q, p, b, kvh, row0, tid);
   } else {
@@ -417,6 +518,9 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
 
   const T* k_base = static_cast<const T*>(p.k) + b * p.k_stride_b + kvh * p.k_stride_h;
   const T* v_base = static_cast<const T*>(p.v) + b * p.v_stride_b + kvh * p.v_stride_h;
+  if constexpr (Cfg::kProducer) {
+    if (producer_warp) Stages::ProduceKv(k_base, v_base, s_kv, bars, t_begin, t_end, n_begin, n_end, lane);
+  }
   auto load_tile = [&](int t, int st) {
     if constexpr (Kv::kCursor) {
       Stages::LoadKvTileByCursor(t, st, k_base, v_base, s_kv, n_begin, n_end, tid);
@@ -444,11 +548,13 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
 
   // load, prologue: Q and the first kStages - 1 tiles; Q lands in the first commit group. The
   // scales are plain stores, visible after the first barrier of the loop.
-  if constexpr (Kv::kQuantized) Kv::template LoadScales<kD, kThreads>(s_scale, p.kv_scales, kvh, tid);
+  if constexpr (!Cfg::kProducer) {
+    if constexpr (Kv::kQuantized) Kv::template LoadScales<kD, kThreads>(s_scale, p.kv_scales, kvh, tid);
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (t_begin + s < t_end) load_tile(t_begin + s, s);
-    ptx::CpAsyncCommit();
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (t_begin + s < t_end) load_tile(t_begin + s, s);
+      ptx::CpAsyncCommit();
+    }
   }
 
   const uint32_t q_addr = ptx::SmemAddr(s_q + (wm * 16 + (lane & 15)) * kStride + (lane >> 4) * 8);
@@ -456,58 +562,81 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
   const int k_row = (lane & 7) + ((lane >> 4) << 3), k_col = ((lane >> 3) & 1) * 8;
   const int v_row = (lane & 7) + (((lane >> 3) & 1) << 3), v_col = (lane >> 4) * 8;
 
-  for (int t = t_begin; t < t_end; ++t) {
-    const int it = t - t_begin;
-    // load: tile t is in; every warp is done with the stage the next load overwrites.
-    ptx::CpAsyncWait<kStages - 2>();
-    __syncthreads();
-    {
-      const int tn = t + kStages - 1;
-      if (tn < t_end) load_tile(tn, (it + kStages - 1) % kStages);
-      ptx::CpAsyncCommit();
-    }
-    if constexpr (Kv::kQuantized) {
-      // Tile t's raw bytes -> the T tile pair at s_kv (free: the barrier above saw every warp
-      // finish tile t - 1); the second barrier publishes it.
-      Kv::template ConvertTile<kD, kTileN, kThreads, kStride>(
-          s_kv, s_ring + (it % kStages) * Cfg::kStageBytes, s_scale, n_begin - t * kTileN,
-          n_end - t * kTileN, tid);
-      __syncthreads();
-    }
-    if constexpr (Cfg::kQInRegs) {
-      if (it == 0) {
-#pragma unroll
-        for (int kk = 0; kk < kD / 16; ++kk) ptx::LdMatrixX4(qa[kk], q_addr + kk * 32);
-      }
-    }
-    const T* s_k = s_kv + (2 * (Kv::kQuantized ? 0 : it % kStages)) * Cfg::kTileElems;
-    const T* s_v = s_k + Cfg::kTileElems;
-    const int n0 = t * kTileN;
-    const bool full = n0 >= kb.full_lo && n0 + kTileN <= kb.full_hi;
-
-#pragma unroll
-    for (int ch = 0; ch < Cfg::kWarpN / kChunk; ++ch) {
-      const int c0 = wn * Cfg::kWarpN + ch * kChunk;  // first tile column of the chunk
-      float s[kChunk / 8][4];
-      Stages::Qk(s, qa, q_addr, s_k, c0, k_row, k_col);  // QK
-      // QK, masked: scores in the log2 domain, hidden keys -inf (the variant's rule; the bias is
-      // read only for visible keys). Inline, not a stage function: as a function the same code
-      // compiles to other (not measured) instructions, and the engine's PTX is held identical.
-#pragma unroll
-      for (int nt = 0; nt < kChunk / 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int j = n0 + c0 + nt * 8 + 2 * (lane & 3) + (e & 1);
-          const QueryRow<>& row = rows[e >> 1];
-          s[nt][e] = (full || var.Visible(row, j)) ? var.Score(s[nt][e], row, j) : -INFINITY;
+  if (!producer_warp) {
+    // With a producer warp: Q has landed (waited for even when the split has no tile, so that no
+    // copy is in flight when the CTA ends); stage st of round ph is the next tile's.
+    if constexpr (Cfg::kProducer) sm90::MbarWait(Stages::QFull(bars), 0u);
+    [[maybe_unused]] int st = 0;
+    [[maybe_unused]] uint32_t ph = 0;
+    for (int t = t_begin; t < t_end; ++t) {
+      const int it = t - t_begin;
+      if constexpr (Cfg::kProducer) {
+        // load: tile t is in (every producer lane's copies of it have landed).
+        sm90::MbarWait(Stages::Full(bars, st), ph);
+      } else {
+        // load: tile t is in; every warp is done with the stage the next load overwrites.
+        ptx::CpAsyncWait<kStages - 2>();
+        __syncthreads();
+        {
+          const int tn = t + kStages - 1;
+          if (tn < t_end) load_tile(tn, (it + kStages - 1) % kStages);
+          ptx::CpAsyncCommit();
+        }
+        if constexpr (Kv::kQuantized) {
+          // Tile t's raw bytes -> the T tile pair at s_kv (free: the barrier above saw every warp
+          // finish tile t - 1); the second barrier publishes it.
+          Kv::template ConvertTile<kD, kTileN, kThreads, kStride>(
+              s_kv, s_ring + (it % kStages) * Cfg::kStageBytes, s_scale, n_begin - t * kTileN,
+              n_end - t * kTileN, tid);
+          __syncthreads();
         }
       }
-      Stages::SoftmaxUpdate(s, m, l, o);  // softmax update
-      Stages::Pv(s, o, s_v, c0, v_row, v_col);  // PV
+      if constexpr (Cfg::kQInRegs) {
+        if (it == 0) {
+#pragma unroll
+          for (int kk = 0; kk < kD / 16; ++kk) ptx::LdMatrixX4(qa[kk], q_addr + kk * 32);
+        }
+      }
+      const int stage = Kv::kQuantized ? 0 : Cfg::kProducer ? st : it % kStages;
+      const T* s_k = s_kv + (2 * stage) * Cfg::kTileElems;
+      const T* s_v = s_k + Cfg::kTileElems;
+      const int n0 = t * kTileN;
+      const bool full = n0 >= kb.full_lo && n0 + kTileN <= kb.full_hi;
+
+#pragma unroll
+      for (int ch = 0; ch < Cfg::kWarpN / kChunk; ++ch) {
+        const int c0 = wn * Cfg::kWarpN + ch * kChunk;  // first tile column of the chunk
+        float s[kChunk / 8][4];
+        Stages::Qk(s, qa, q_addr, s_k, c0, k_row, k_col);  // QK
+        // QK, masked: scores in the log2 domain, hidden keys -inf (the variant's rule; the bias is
+        // read only for visible keys). Inline, not a stage function: as a function the same code
+        // compiles to other (not measured) instructions, and the engine's PTX is held identical.
+#pragma unroll
+        for (int nt = 0; nt < kChunk / 8; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int j = n0 + c0 + nt * 8 + 2 * (lane & 3) + (e & 1);
+            const QueryRow<>& row = rows[e >> 1];
+            s[nt][e] = (full || var.Visible(row, j)) ? var.Score(s[nt][e], row, j) : -INFINITY;
+          }
+        }
+        Stages::SoftmaxUpdate(s, m, l, o);  // softmax update
+        Stages::Pv(s, o, s_v, c0, v_row, v_col);  // PV
+      }
+      if constexpr (Cfg::kProducer) {
+        // load: this warp is done with the stage (its last ldmatrix has been issued by every lane).
+        __syncwarp();
+        if (lane == 0) sm90::MbarArrive(Stages::Empty(bars, st));
+        if (++st == kStages) {
+          st = 0;
+          ph ^= 1u;
+        }
+      }
     }
   }
 
-  // combine: the warps that share rows, then the CTA's output / partial, then the cluster.
+  // combine: the warps that share rows, then the CTA's output / partial, then the cluster. The
+  // producer warp takes the CTA and cluster barriers only.
   float* s_o = reinterpret_cast<float*>(smem + Cfg::kQBytes);  // [warp][16][kOStride]
   float* s_m = s_o + Cfg::kWarps * 16 * Cfg::kOStride;        // [warp][16]
   float* s_l = s_m + Cfg::kWarps * 16;                         // [warp][16]
@@ -516,9 +645,23 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
   const bool single = p.splits == 1;
   const bool in_cluster = Cfg::kClusterCombine && p.cluster > 1;
   float* s_part = reinterpret_cast<float*>(smem + Cfg::kQBytes + Cfg::kMergeBytes);
-  Stages::WriteSplit(p, s_o, s_m, s_l, s_part, single, in_cluster, b, kvh, split, row0, tid);
+  if (!producer_warp) {
+    Stages::WriteSplit(p, s_o, s_m, s_l, s_part, single, in_cluster, b, kvh, split, row0, tid);
+  }
   if constexpr (Cfg::kClusterCombine) {
-    if (in_cluster) ClusterCombine<T, kD, kBlockM, kThreads>(p, s_part, b, kvh, row0, tid);
+    constexpr int kLaunchThreads = Cfg::kLaunchThreads;
+    if (in_cluster) ClusterCombine<T, kD, kBlockM, kThreads, kLaunchThreads>(p, s_part, b, kvh, row0, tid);
+  }
+}
+
+template <typename T, int kD, int kWarpsM, int kWarpsN, class Variant, class Kv = DenseKv<T>>
+__global__ void __launch_bounds__(EngineConfig<T, kD, kWarpsM, kWarpsN, Kv>::kLaunchThreads,
+                                  (EngineConfig<T, kD, kWarpsM, kWarpsN, Kv>::kCtasPerSm))
+    DecodeSplitKernel(const __grid_constant__ DecodeParams p) {
+  if constexpr (Kv::kProducer && !kSm90Pass) {
+    __trap();  // the producer warp's copies need sm_90; the launcher takes it only there
+  } else {
+    DecodeSplitBody<T, kD, kWarpsM, kWarpsN, Variant, Kv>(p);
   }
 }
 

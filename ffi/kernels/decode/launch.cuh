@@ -49,7 +49,7 @@ cudaError_t LaunchLayout(DecodeParams p, bool pdl, cudaStream_t stream) {
     }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
-    cfg.blockDim = dim3(Cfg::kThreads);
+    cfg.blockDim = dim3(Cfg::kLaunchThreads);
     cfg.dynamicSmemBytes = Cfg::kSmemBytes;
     cfg.stream = stream;
     cudaLaunchAttribute attr[1];
@@ -61,7 +61,7 @@ cudaError_t LaunchLayout(DecodeParams p, bool pdl, cudaStream_t stream) {
     cfg.numAttrs = 1;
     return cudaLaunchKernelEx(&cfg, split_kernel, p);
   }
-  split_kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  split_kernel<<<grid, Cfg::kLaunchThreads, Cfg::kSmemBytes, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess || p.splits == 1) return err;
 
@@ -99,6 +99,15 @@ cudaError_t Launch(const DecodeParams& p, const LaunchOptions& opt, cudaStream_t
     }
   }
   if constexpr (kKv == KvFormat::kDense) {
+    // The caller has checked the GPU (sm_90); rows one after another, as for the cursor loads; and
+    // 16-row blocks only (kProducerBlockRows, plan.h).
+    const bool contiguous = p.k_stride_n == kD && p.v_stride_n == kD;
+    if (opt.producer && contiguous && BlockRows(p.rows) == kProducerBlockRows) {
+      using Kv = DenseProducerKv<T>;
+      constexpr int kWm = WarpsM(kProducerBlockRows), kWn = WarpsN(kProducerBlockRows);
+      return opt.logit_variant ? LaunchLayout<T, kD, kWm, kWn, LogitVariant, Kv>(p, opt.pdl, stream)
+                               : LaunchLayout<T, kD, kWm, kWn, MaskVariant, Kv>(p, opt.pdl, stream);
+    }
     if (opt.cursor_loads && p.k_stride_n == kD && p.v_stride_n == kD) {  // rows one after another
       using Kv = DenseCursorKv<T>;
       return opt.logit_variant ? LaunchVariant<T, kD, LogitVariant, Kv>(p, opt.pdl, stream)

@@ -63,6 +63,10 @@ struct LaunchOptions {
   // A dense cache copied through per-thread row cursors (DenseCursorKv, kv_format.cuh) where its
   // rows are contiguous; the same bits as without. Ignored for a quantised cache.
   bool cursor_loads = false;
+  // A dense cache copied by a producer warp with bulk copies into an mbarrier ring (DenseProducerKv,
+  // kv_format.cuh); the same bits as without. sm_90 only: the handler clears it on other GPUs.
+  // Ignored for a quantised cache; takes precedence over cursor_loads.
+  bool producer = false;
 };
 
 }  // namespace joa::decode

@@ -101,7 +101,24 @@ struct Layout {
   int stages, ctas_per_sm;
   int pipe_bytes, smem_bytes;
   bool cluster_combine;  // the in-cluster combine fits (16-row blocks only)
+  // A producer warp (DenseProducerKv): one more warp issues the ring's bulk copies; its mbarriers
+  // (Q full, then full / empty per stage, 8 bytes each) sit past everything else, at bar_offset.
+  bool producer;
+  int launch_threads;  // threads + 32 with a producer warp
+  int bar_offset, bar_bytes;
 };
+
+// The packed-row block whose layout takes a producer warp (LaunchOptions::producer): 16 rows, 1 x 4
+// compute warps, the decode layout (G * S <= 16). Its five warps a CTA at two CTAs per SM leave 168
+// registers a thread (three warps on one of the SM's four register files): enough for the 1 x 4
+// layout at every head dim (sm_90a, no spills), not for the others at d128 / d256 (8-116 bytes of
+// spills), which keep their own copies.
+inline constexpr int kProducerBlockRows = 16;
+
+// Most ring stages a producer-warp layout takes (its barriers are reserved for this many), and the
+// bytes of those barriers: Q full, then full and empty per stage, 8 bytes each, rounded to 16.
+inline constexpr int kMaxProducerStages = 16;
+inline constexpr int kProducerBarBytes = (8 * (1 + 2 * kMaxProducerStages) + 15) / 16 * 16;
 
 // Ring row pitches of a cache dequantised in registers (QuantRegKv, kv_format.cuh): the smallest
 // that keep its fragment loads free of bank conflicts. K int8: a lane quad reads 32 bytes of a row
@@ -119,9 +136,12 @@ constexpr int RegVPitch(int row_bytes) {
 }
 
 // kv_in_regs: a quantised cache dequantised in registers (DecodeSplitKernelQRegs): padded raw rows
-// in the ring, no converted tile pair.
+// in the ring, no converted tile pair. producer: a dense cache copied by a producer warp
+// (DenseProducerKv): the same tiles, CTAs per SM and stage size, its barriers reserved past the
+// rest, and every stage that fits (up to kMaxProducerStages): the producer keeps all of them in
+// flight, where the cp.async ring keeps all but one.
 constexpr Layout MakeLayout(int d, int warps_m, int warps_n, int elem_bytes, int kv_bits,
-                            bool kv_in_regs = false) {
+                            bool kv_in_regs = false, bool producer = false) {
   Layout l{};
   const bool quantized = kv_bits != 0;
   const bool in_regs = quantized && kv_in_regs;
@@ -148,22 +168,31 @@ constexpr Layout MakeLayout(int d, int warps_m, int warps_n, int elem_bytes, int
   l.conv_bytes = in_regs ? 2 * d * 4 : quantized ? 2 * l.tile_elems * elem_bytes + 2 * d * 4 : 0;
   l.ring_offset = l.q_bytes + l.conv_bytes;
   l.merge_bytes = l.warps * 16 * (l.o_stride + 2) * 4;
+  l.producer = producer && !quantized;
+  l.launch_threads = l.threads + (l.producer ? 32 : 0);
+  l.bar_bytes = l.producer ? kProducerBarBytes : 0;
   // Stages from the shared-memory budget: as many as fit two CTAs per SM, or one CTA when that
-  // keeps half again as many tiles in flight (or two do not fit).
-  const int fit2 = (kBudget2 - l.ring_offset) / l.stage_bytes;
-  const int fit1 = (kBudget1 - l.ring_offset) / l.stage_bytes;
+  // keeps half again as many tiles in flight (or two do not fit). The rule counts the consumer
+  // warps' threads: a producer layout has the CTAs per SM of the same layout without it (EngineConfig
+  // checks), so the planner's one answer serves both.
+  const int fit2 = (kBudget2 - l.ring_offset - l.bar_bytes) / l.stage_bytes;
+  const int fit1 = (kBudget1 - l.ring_offset - l.bar_bytes) / l.stage_bytes;
   const int stages2 = fit2 < 8 ? fit2 : 8;
   const int stages1 = fit1 < 8 ? fit1 : 8;
   const bool two = l.threads <= 128 && stages2 >= 2 && 3 * (stages2 - 1) >= stages1 - 1 &&
-                   l.q_bytes + l.merge_bytes <= kBudget2;
+                   l.q_bytes + l.merge_bytes + l.bar_bytes <= kBudget2;
   l.ctas_per_sm = two ? 2 : 1;
-  l.stages = two ? stages2 : stages1;
+  const int fit = two ? fit2 : fit1;
+  l.stages = l.producer ? (fit < kMaxProducerStages ? fit : kMaxProducerStages) : two ? stages2 : stages1;
   l.pipe_bytes = l.stages * l.stage_bytes;
   // The merge reuses everything past Q once the loop is done.
   l.smem_bytes = l.q_bytes + (l.conv_bytes + l.pipe_bytes > l.merge_bytes ? l.conv_bytes + l.pipe_bytes
                                                                            : l.merge_bytes);
   // The in-cluster combine keeps its partials after the merge area.
   l.cluster_combine = l.block_m == 16 && l.q_bytes + l.merge_bytes + ClusterPartFloats(l.block_m, d) * 4 <= l.smem_bytes;
+  // The producer's barriers last, where neither the merge nor the cluster partials reach.
+  l.bar_offset = l.producer ? (l.smem_bytes + 15) / 16 * 16 : l.smem_bytes;
+  l.smem_bytes = l.bar_offset + l.bar_bytes;
   return l;
 }
 
