@@ -11,7 +11,8 @@
 # 2) bench decode in one process: fp16, 32/8, q_len 1, B 8 / 1 x ctx 2048 / 2304 (the ~1B decoder's
 #    cache) / 4096 / 8192 x d 64 / 128 (16 cases, B=8 first), impls ours (the defaults: cursor loads
 #    at d128), ours[producer], jax-cudnn.
-# To $OUT (4 files): prepare.log, gpu_tests.log, decode_producer_ab.json, decode_producer_ab.txt.
+# To $OUT (5 files): prepare.log, gpu_tests.log, decode_producer_ab.json, decode_producer_ab_b32.json,
+# decode_producer_ab.txt.
 set -uo pipefail
 source "$(dirname "$0")/../device_prepare.sh"
 timeout 80 python3 -m pytest -m gpu -q -ra -n 4 --dist load -p no:cacheprovider \
@@ -20,3 +21,9 @@ python3 -m jax_onnx_attn.bench decode --dtypes fp16 --heads 32/8 --dims 64 128 -
   --ctx 2048 2304 4096 8192 --qlen 1 --impls ours "ours[producer]" jax-cudnn \
   --target-ms 30 --reps 5 --max-seconds 110 --out "$out/decode_producer_ab.json" 2>&1 \
   | grep -v "us/" | tail -24 | tee "$out/decode_producer_ab.txt"
+# 3) the large-batch cases where the whole-model grid has ours behind the JAX peer (~1B B=32 16k,
+#    ~8B B=8 8k): B 32 x 16k and B 8 x 8k, d 64 / 128 (bench/results/2026-12-02-0fccfd4-e2e-grid-*.json).
+python3 -m jax_onnx_attn.bench decode --dtypes fp16 --heads 32/8 --dims 64 128 --batch 32 \
+  --ctx 16384 --qlen 1 --impls ours "ours[producer]" jax-cudnn \
+  --target-ms 30 --reps 5 --max-seconds 45 --out "$out/decode_producer_ab_b32.json" 2>&1 \
+  | grep -v "us/" | tail -8 | tee -a "$out/decode_producer_ab.txt"
