@@ -1,10 +1,20 @@
 """The prefill benchmark harness on CPU: ours needs an sm_90 GPU (skipped, with the reason), the xla
-peer is timed, the JSON has the schema the figures read, and the figures read it as prefill."""
+peer is timed, the JSON has the schema the figures read, and the figures read it as prefill. Issue 14's
+cases: chunked prefill and ragged rows (their FLOPs, lengths, command line), the peers' skip reasons
+and notes, and an oracle: the jax-xla peer as the bench calls it (bottom-right mask, per-row lengths)
+against the engine's reference `ops.reference.prefill.prefill_attention`."""
 
+import argparse
 import json
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
 from jax_onnx_attn.bench import __main__ as bench_main
-from jax_onnx_attn.bench import plots
+from jax_onnx_attn.bench import plots, prefill
+from jax_onnx_attn.ops.reference.prefill import prefill_attention as reference
 
 
 def test_prefill_suite_times_the_xla_peer_and_writes_json(tmp_path, capsys):
@@ -28,16 +38,6 @@ def test_prefill_suite_times_the_xla_peer_and_writes_json(tmp_path, capsys):
 
 # --------------------------------------------------------------------------------------------------
 # Ragged rows, chunked prefill, the peers (issue 14)
-
-import argparse  # noqa: E402
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-
-from jax_onnx_attn.bench import prefill  # noqa: E402
-from jax_onnx_attn.ops.reference.prefill import prefill_attention as reference  # noqa: E402
 
 
 def _case(**kw):
@@ -104,7 +104,7 @@ def test_issue14_preset_and_parts():
     args = prefill.parse_args(["--issue14", "--part", "2/8"])
     assert args.seqlens[0] == 512 and args.seqlens[-1] == 32768 and args.tokens == 32768
     assert args.chunked == [(2048, 8192), (2048, 30720)] and args.part == (2, 8)
-    assert (args.target_ms, args.reps) == (30.0, 3) and "ours-overlap" not in args.impls
+    assert (args.target_ms, args.reps) == (30.0, 3) and args.impls == ["ours", *prefill.PEERS]
     # options given beside the preset win over its values
     mine = prefill.parse_args(["--issue14", "--dtypes", "fp16", "--reps", "5", "--impls", "jax-xla"])
     assert (mine.dtypes, mine.reps, mine.impls, mine.tokens) == (["fp16"], 5, ["jax-xla"], 32768)
@@ -116,6 +116,11 @@ def test_issue14_preset_and_parts():
     parts = [prefill.select_part(cases, (k, 8)) for k in range(1, 9)]
     assert sorted(map(id, sum(parts, []))) == sorted(map(id, cases))  # each case in one part
     assert parts[1][0] is cases[1] and max(map(len, parts)) - min(map(len, parts)) <= 1
+
+
+def test_ours_and_its_pinned_schedules():
+    assert prefill.parse_args([]).impls == ["ours", "ours-serial", "ours-overlap", *prefill.PEERS]
+    assert set(prefill.IMPLS) >= {"ours-pingpong", "jax-mosaic", "torch-flash", "torch-cudnn"}
 
 
 def test_skip_reasons_and_notes():

@@ -1,7 +1,9 @@
 """Prefill attention kernels: our Hopper prefill engine (`cuda.prefill_attention`) against
 `jax.nn.dot_product_attention` (implementation "cudnn" and "xla"), jax's Mosaic GPU flash attention
 (`jax.experimental.pallas.ops.gpu.attention_mgpu`) and torch SDPA (flash, cuDNN) on the same shapes,
-one process.
+one process. "ours" is the engine at its default consumer schedule (what the model path runs),
+"ours-serial" / "ours-overlap" / "ours-pingpong" with that schedule pinned (until 2026-12-02 the
+bench's "ours" was the serial schedule: bench/results/ files before then say "ours" for it).
 
 Cases (each causal and / or not, x GQA Hq/Hkv x head size D x bf16 / fp16):
 
@@ -40,14 +42,15 @@ query is donated (torch: one captured CUDA graph), dispatched M times; per-call 
 (M·K), the median of several samples. Our engine runs on sm_90 only.
 
 The issue-14 grid (--issue14: S 512 .. 32k with B·S = 32k, 32/8 and 64/8 heads, D 64 / 128 / 256,
-bf16 / fp16, causal and not, ragged at S 4k / 16k, chunked 2048:8192 and 2048:30720; 264 cases, about
-1380 measured (case, impl) pairs at 30 ms x 3 samples) should take about 40 minutes on an H200
-(an estimate, not a measurement: ~1 s of compilation / graph capture per pair plus its timed calls;
-each result's "started_s" gives the real pace). Options given beside --issue14 win over its values.
-Split it with --part K/N (cases K, K+N, ...; the figures merge the files), e.g. 12 parts of about
-3.5 minutes each, --max-seconds keeping a part inside a 4-minute call:
+bf16 / fp16, causal and not, ragged at S 4k / 16k, chunked 2048:8192 and 2048:30720; ours at its
+default schedule and the five peers; 264 cases, about 1120 measured (case, impl) pairs at 30 ms x 3
+samples) should take about 30 minutes on an H200 (an estimate, not a measurement: ~1 s of
+compilation / graph capture per pair plus its timed calls; each result's "started_s" gives the real
+pace). Options given beside --issue14 win over its values. Split it with --part K/N (cases K, K+N,
+...; the figures merge the files), e.g. 10 parts of about 3 minutes each, --max-seconds keeping a
+part inside a 4-minute call:
 
-    python -m jax_onnx_attn.bench prefill --issue14 --part 1/12 --max-seconds 200 --out FILE.json
+    python -m jax_onnx_attn.bench prefill --issue14 --part 1/10 --max-seconds 200 --out FILE.json
 
 JSON (--out): {"suite": "prefill", "env": ..., "args": ..., "results": [{batch, ctx, q_len,
 q_heads, kv_heads, head_dim, dtype, causal, kind ("self" | "ragged" | "chunked"), lengths (ragged:
@@ -67,21 +70,24 @@ import time
 from jax_onnx_attn.bench.decode import (_jax_dtype, _time_loop, _warm_up, add_timing_args, environment,
                                         run_cases, runnable_impls)
 
-#: "ours": the engine's serial consumer schedule; "ours-<schedule>": its others (cuda.prefill_attention).
-OURS_IMPLS = ("ours", "ours-overlap", "ours-pingpong")
+#: "ours": cuda.prefill_attention with its default consumer schedule (what the model path runs);
+#: "ours-<schedule>": that schedule pinned (cuda.PREFILL_SCHEDULES).
+OURS_IMPLS = ("ours", "ours-serial", "ours-overlap", "ours-pingpong")
 PEERS = ("jax-cudnn", "jax-xla", "jax-mosaic", "torch-flash", "torch-cudnn")
 IMPLS = OURS_IMPLS + PEERS
+#: The default --impls: ours, its other schedules (pingpong is the default one at D 128), the peers.
+DEFAULT_IMPLS = tuple(i for i in IMPLS if i != "ours-pingpong")
 MAX_LOGIT_BYTES = 8 << 30  # the xla implementation materialises [B, Hq, S, T] f32 logits
 #: jax-mosaic's TuningConfig: query rows per warpgroup, keys per stage (D 256: MOSAIC_BLOCK_KV_D256,
 #: so that the two float16 K / V stages fit in shared memory), stages.
 MOSAIC_BLOCK_Q, MOSAIC_BLOCK_KV, MOSAIC_BLOCK_KV_D256, MOSAIC_STAGES = 64, 128, 64, 2
 
 #: --issue14: the issue's full grid (see the module docstring; split it with --part), for the
-#: options the command line leaves at their defaults. Ours in its serial and pingpong schedules.
+#: options the command line leaves at their defaults. Ours at its default schedule only.
 ISSUE14 = dict(seqlens=[512, 1024, 2048, 4096, 8192, 16384, 32768], tokens=32768,
                heads=["32/8", "64/8"], dims=[64, 128, 256], dtypes=["bf16", "fp16"],
                causal=["causal", "noncausal"], ragged=[4096, 16384], chunked=["2048:8192", "2048:30720"],
-               impls=[i for i in IMPLS if i != "ours-overlap"], target_ms=30.0, reps=3)
+               impls=["ours", *PEERS], target_ms=30.0, reps=3)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,9 +304,12 @@ def jax_attention(case: Case, impl: str):
     if impl.startswith("ours"):
         from jax_onnx_attn.ops import cuda
 
+        pinned = impl.partition("-")[2]
+        schedule = dict(schedule=pinned) if pinned else {}
+
         def ours(q, k, v):
             return cuda.prefill_attention(q, k, v, q_lens, kv_lens, scale=scale, causal=case.causal,
-                                          schedule=impl.partition("-")[2] or "serial")
+                                          **schedule)
         return ours, "BHSD"
     if impl == "jax-mosaic":
         from jax.experimental.pallas.ops.gpu import attention_mgpu
@@ -440,15 +449,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="chunked prefill: S queries at the bottom right of T keys (e.g. 2048:30720)")
     ap.add_argument("--chunk-batch", type=int, default=None, help="B of the chunked cases "
                     "(default tokens // S)")
-    ap.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
+    ap.add_argument("--impls", nargs="+", default=list(DEFAULT_IMPLS), choices=IMPLS)
     ap.add_argument("--issue14", action="store_true",
                     help="issue 14's full grid (module docstring): the options not given take "
-                         "ISSUE14's values (--target-ms 30 --reps 3, impls less ours-overlap)")
+                         "ISSUE14's values (--target-ms 30 --reps 3, ours at its default schedule)")
     ap.add_argument("--part", default=None, metavar="K/N",
                     help="run cases K, K+N, K+2N, ... only (1 <= K <= N): a long grid in N calls")
+    add_timing_args(ap, calls=4, target_ms=100.0)
     ap.add_argument("--max-seconds", type=float, default=float("inf"),
                     help="stop starting new cases after this long (partial results are kept)")
-    add_timing_args(ap, calls=4, target_ms=100.0)
     args = ap.parse_args(argv)
     if args.issue14:
         given = _given_options(ap, argv)
@@ -478,6 +487,16 @@ def _given_options(ap: argparse.ArgumentParser, argv: list[str] | None) -> set[s
             action.default = default
 
 
+def _within(cases: list[Case], seconds: float):
+    """The cases, until `seconds` have passed since the first was handed out."""
+    start = time.perf_counter()
+    for case in cases:
+        if time.perf_counter() - start > seconds:
+            print(f"time budget reached: stopping before {case.label()}", flush=True)
+            return
+        yield case
+
+
 def select_part(cases: list, part: tuple[int, int] | None) -> list:
     """Cases K-1, K-1+N, ... of `cases` for part (K, N) (every case for None)."""
     if part is None:
@@ -495,7 +514,6 @@ def main(argv: list[str] | None = None) -> int:
         _warm_up(0.5)
     cases = select_part(default_cases(args), args.part)
     start = time.perf_counter()
-    budget = args.max_seconds
 
     def row(case):
         r = _row(case)
@@ -505,14 +523,7 @@ def main(argv: list[str] | None = None) -> int:
     def seconds(case, impl):
         return bench_case(case, impl, args.calls, args.target_ms / 1e3, args.reps)
 
-    def cut(cases):
-        for case in cases:
-            if time.perf_counter() - start > budget:
-                print(f"time budget reached: stopping before {case.label()}", flush=True)
-                return
-            yield case
-
-    run_cases(cut(cases), args, env, "prefill", row, seconds,
+    run_cases(_within(cases, args.max_seconds), args, env, "prefill", row, seconds,
               lambda case, sec: {"tflops": case.flops / sec / 1e12},
               lambda m: f"{m['us']:.0f}us/{m['tflops']:.0f}TF", _impl_skip, _impl_note)
     print(f"{len(cases)} cases planned, {time.perf_counter() - start:.0f} s", flush=True)
