@@ -6,6 +6,7 @@ against the engine's reference `ops.reference.prefill.prefill_attention`."""
 
 import argparse
 import json
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -226,3 +227,18 @@ def test_chunk_spec_parser():
     assert prefill.parse_chunk("2048:30720") == (2048, 30720)
     with pytest.raises(argparse.ArgumentTypeError):
         prefill.parse_chunk("0:5")
+
+
+def test_the_committed_run_reads_with_todays_names():
+    # 2026-12-01-4fae144-prefill.json named the serial schedule "ours"; the default (pingpong) is
+    # "ours" when read (plots.IMPL_ALIASES), so the figure's ours is what the model path runs.
+    path = plots.RESULTS_DIR / "2026-12-01-4fae144-prefill.json"
+    root = Path(__file__).resolve().parent.parent
+    recs = plots.load_files([root / path], ("prefill",))
+    ours, = plots.select(recs, impl="ours", batch=4, q_len=4096, causal=True)
+    serial, = plots.select(recs, impl="ours-serial", batch=4, q_len=4096, causal=True)
+    assert round(ours["tflops"]) == 488 and round(serial["tflops"]) == 458
+    assert not plots.select(recs, impl="ours-pingpong")
+    # the figures read bench/results/ and take this run for these cases (the older one is archived)
+    assert {r["source"] for r in plots.select(plots.load_results(root / plots.RESULTS_DIR), phase="prefill")} \
+        == {path.name}

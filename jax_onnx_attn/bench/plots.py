@@ -15,12 +15,13 @@ Input: every `*.json` in the results folder, each one run of `python -m jax_onnx
                   "impls": {"ours": {"us": 20.1, "gbs": 3338.0},       # per-call time (µs)
                             "jax-xla": {"skip": "error: ..."}, ...}}, ...]}
 
-Each measured impl of each case becomes one flat record (`load_results`): impl, phase, dtype
-(numpy name), batch, q_heads, kv_heads, head_dim, q_len, kv_len, causal, kv_bits, ragged (prefill
-rows of different lengths), time_s, tflops, gbps, intensity, gpu (the GPU's name), source (file
-name). Skipped impls are left out. Numbers only count measured side by side in one run, so a case (KEY_FIELDS less impl) takes all its records from one
-file: the latest (by name) that measured ours at it, else the latest that measured it at all; a peer
-measured only in an older run of that case is left out rather than set against a newer ours.
+Each measured impl of each case becomes one flat record (`load_results`; impls named as today, see
+IMPL_ALIASES): impl, phase, dtype (numpy name), batch, q_heads, kv_heads, head_dim, q_len, kv_len,
+causal, kv_bits, ragged (prefill rows of different lengths), time_s, tflops, gbps, intensity, gpu
+(the GPU's name), source (file name). Skipped impls are left out. Numbers only count measured side
+by side in one run, so a case (KEY_FIELDS less impl) takes all its records from one file: the latest
+(by name) that measured ours at it, else the latest that measured it at all; a peer measured only
+in an older run of that case is left out rather than set against a newer ours.
 Metrics, as DESIGN.md defines them:
 
 - TFLOP/s = 4·B·Hq·S·T·D / time (QKᵀ and PV), halved for causal prefill with S == T; where the
@@ -58,6 +59,10 @@ KEY_FIELDS = ("impl", "phase", "dtype", "batch", "q_heads", "kv_heads", "head_di
 REQUIRED = ("batch", "ctx", "q_len", "q_heads", "kv_heads", "head_dim", "dtype", "impls")
 #: Our own kernels' name in "impls"; every other impl is a peer.
 OURS = "ours"
+#: Results files whose impl names mean something else today: file name -> {name in the file: name
+#: read}. The prefill bench's "ours" was the engine's serial schedule until 2026-12-02, when it became
+#: the default schedule; in this run the default was already pingpong ("ours-pingpong").
+IMPL_ALIASES = {"2026-12-01-4fae144-prefill.json": {"ours": "ours-serial", "ours-pingpong": "ours"}}
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "bfloat16": "bfloat16",
            "float16": "float16", "float32": "float32"}
@@ -150,7 +155,7 @@ def _records(case: dict, suite: str | None, gpu: str | None, source: str) -> lis
     for impl, m in case["impls"].items():
         if "us" not in m:
             continue  # {"skip": why}: not measured
-        r = {**base, "impl": impl, "time_s": m["us"] * 1e-6}
+        r = {**base, "impl": IMPL_ALIASES.get(source, {}).get(impl, impl), "time_s": m["us"] * 1e-6}
         work = case.get("flops") or flops(r)  # the harness's count (ragged, chunked) when it gives one
         r["tflops"] = m.get("tflops", work / r["time_s"] / 1e12)
         r["gbps"] = m.get("gbs", kv_bytes(r) / r["time_s"] / 1e9)
