@@ -373,50 +373,64 @@ def bench_case(case: Case, impl: str, calls: int, target_s: float, reps: int) ->
         del k, v, state
 
 
-def bench_torch(case: Case, impl: str, calls: int, target_s: float, reps: int) -> float:
-    """Median seconds per call of torch SDPA ("torch-flash" / "torch-cudnn", BHSD, only that backend
-    allowed): `calls` dependent calls captured in one CUDA graph, replayed (bench.decode's timing)."""
-    import torch
+def torch_attention(case: Case, impl: str, device):
+    """fn(q, k, v) -> like q of "torch-flash" / "torch-cudnn" on `case` (BHSD torch tensors: q [B, Hq,
+    S, D], k / v [B, Hkv, T, D]): SDPA with only that backend allowed, enable_gqa when Hq != Hkv,
+    the bottom-right causal of a chunk as the module docstring says (a torch-cudnn mask made here,
+    once, on `device`). The bench's call; tools/probes/prefill_peers.sh checks it against the
+    reference."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    backend = {"torch-flash": SDPBackend.FLASH_ATTENTION, "torch-cudnn": SDPBackend.CUDNN_ATTENTION}[impl]
+    kw = dict(enable_gqa=True) if case.q_heads != case.kv_heads else {}
+    if case.causal and case.kind == "chunked":
+        from torch.nn.attention.bias import causal_lower_right
+        bias = causal_lower_right(case.seq, case.keys)
+        # torch-cudnn: the mask made once, outside any timed graph (CausalBias would materialise it
+        # in every call when flash is not allowed).
+        kw["attn_mask"] = bias if impl == "torch-flash" else bias._materialize(device)
+    else:
+        kw["is_causal"] = case.causal
+
+    def attn(q, k, v):
+        with sdpa_kernel([backend]):
+            return F.scaled_dot_product_attention(q, k, v, **kw)
+    return attn
+
+
+def bench_torch(case: Case, impl: str, calls: int, target_s: float, reps: int) -> float:
+    """Median seconds per call of torch SDPA (`torch_attention`, BHSD): `calls` dependent calls
+    captured in one CUDA graph, replayed (bench.decode's timing)."""
+    import torch
+
     b, s, t, hq, hkv, d = case.batch, case.seq, case.keys, case.q_heads, case.kv_heads, case.head_dim
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[case.dtype]
-    backend = {"torch-flash": SDPBackend.FLASH_ATTENTION, "torch-cudnn": SDPBackend.CUDNN_ATTENTION}[impl]
     g = torch.Generator(device="cuda").manual_seed(s + t + b)
     q0 = torch.randn(b, hq, s, d, dtype=dt, device="cuda", generator=g)
     k = torch.randn(b, hkv, t, d, dtype=dt, device="cuda", generator=g)
     v = torch.randn(b, hkv, t, d, dtype=dt, device="cuda", generator=g)
-    kw = dict(enable_gqa=True) if hq != hkv else {}
-    if case.causal and case.kind == "chunked":
-        from torch.nn.attention.bias import causal_lower_right
-        bias = causal_lower_right(s, t)
-        # torch-cudnn: the mask made once, outside the timed graph (CausalBias would materialise it
-        # in every call when flash is not allowed).
-        kw["attn_mask"] = bias if impl == "torch-flash" else bias._materialize(q0.device)
-    else:
-        kw["is_causal"] = case.causal
+    attn = torch_attention(case, impl, q0.device)
     try:
-        with sdpa_kernel([backend]):
-            def step(q):
-                for _ in range(calls):
-                    q = F.scaled_dot_product_attention(q, k, v, **kw)
-                return q
+        def step(q):
+            for _ in range(calls):
+                q = attn(q, k, v)
+            return q
 
-            static_q = q0.clone()
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                step(static_q)  # warm-up outside the graph (workspace, heuristics)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            # thread_local: jax's threads may free buffers while torch captures (bench.decode).
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                out = step(static_q)
-            del out
-            return _time_loop(graph.replay, torch.cuda.synchronize, calls, target_s, reps)
+        static_q = q0.clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            step(static_q)  # warm-up outside the graph (workspace, heuristics)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: jax's threads may free buffers while torch captures (bench.decode).
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            out = step(static_q)
+        del out
+        return _time_loop(graph.replay, torch.cuda.synchronize, calls, target_s, reps)
     finally:
-        del k, v, kw
+        del k, v, attn
         torch.cuda.empty_cache()
 
 
