@@ -132,10 +132,12 @@ def _time_loop(run: Callable[[], None], sync: Callable[[], None], calls: int, ta
 
 
 def measure_impls(impls, seconds_of: Callable[[str], float], metrics_of: Callable[[float], dict],
-                  skip_of: Callable[[str], str | None] = lambda impl: None) -> dict:
-    """{impl: {"us": ..., **metrics_of(seconds)} or {"skip": why}} for each impl of one case:
-    seconds_of(impl) times it, skip_of(impl) names a reason not to; an impl that raises is recorded
-    as a skip (a peer that cannot run a shape is a result, not a crash)."""
+                  skip_of: Callable[[str], str | None] = lambda impl: None,
+                  note_of: Callable[[str], str | None] = lambda impl: None) -> dict:
+    """{impl: {"us": ..., **metrics_of(seconds)[, "note": ...]} or {"skip": why}} for each impl of
+    one case: seconds_of(impl) times it, skip_of(impl) names a reason not to, note_of(impl) says how
+    it computed the case where that is not its plain call; an impl that raises is recorded as a skip
+    (a peer that cannot run a shape is a result, not a crash)."""
     out = {}
     for impl in impls:
         why = skip_of(impl)
@@ -145,6 +147,9 @@ def measure_impls(impls, seconds_of: Callable[[str], float], metrics_of: Callabl
         try:
             sec = seconds_of(impl)
             out[impl] = {"us": sec * 1e6, **metrics_of(sec)}
+            note = note_of(impl)
+            if note:
+                out[impl]["note"] = note
         except Exception as e:
             first = (str(e).splitlines() or [""])[0]
             out[impl] = {"skip": f"error: {type(e).__name__}: {first[:200]}"}
@@ -152,17 +157,19 @@ def measure_impls(impls, seconds_of: Callable[[str], float], metrics_of: Callabl
 
 
 def run_cases(cases, args, env: dict, suite: str, row_of: Callable, seconds_of: Callable,
-              metrics_of: Callable, fmt: Callable[[dict], str], skip_of: Callable | None = None) -> list:
+              metrics_of: Callable, fmt: Callable[[dict], str], skip_of: Callable | None = None,
+              note_of: Callable | None = None) -> list:
     """Time args.impls on each case in turn: row_of(case) -> the result's fields, seconds_of(case,
     impl) -> seconds per call, metrics_of(case, seconds) -> its figures, skip_of(case, impl) -> a
-    reason not to run. Prints one line a case (fmt(measurement) per impl) and rewrites args.out
-    after each case. Returns the results."""
+    reason not to run, note_of(case, impl) -> a note for its measurement (or None). Prints one line
+    a case (fmt(measurement) per impl) and rewrites args.out after each case. Returns the results."""
     results = []
     for case in cases:
         res = row_of(case)
         res["impls"] = measure_impls(args.impls, lambda impl: seconds_of(case, impl),
                                      lambda sec: metrics_of(case, sec),
-                                     (lambda impl: skip_of(case, impl)) if skip_of else (lambda impl: None))
+                                     (lambda impl: skip_of(case, impl)) if skip_of else (lambda impl: None),
+                                     (lambda impl: note_of(case, impl)) if note_of else (lambda impl: None))
         results.append(res)
         print(f"{res['label']:44s} " + "  ".join(
             f"{impl}={fmt(m)}" if "us" in m else f"{impl}={m['skip'][:60]}"

@@ -1,7 +1,9 @@
 """Figures from the benchmark JSON under bench/results/: speed against the peers and the roofline.
 
 Used by notebooks/04_performance.ipynb and by `python tools/plot_bench.py`, which regenerates
-docs/images/*.png from the committed JSON. matplotlib is imported lazily (the `notebooks` extra).
+docs/images/*.png from the committed JSON; `python -m jax_onnx_attn.bench.plots prefill FILE.json ...
+--out PNG` draws the prefill figure of chosen runs. matplotlib is imported lazily (the `notebooks`
+extra).
 
 Input: every `*.json` in the results folder, each one run of `python -m jax_onnx_attn.bench <suite>
 --out FILE` (the harness's schema):
@@ -13,15 +15,17 @@ Input: every `*.json` in the results folder, each one run of `python -m jax_onnx
                   "impls": {"ours": {"us": 20.1, "gbs": 3338.0},       # per-call time (µs)
                             "jax-xla": {"skip": "error: ..."}, ...}}, ...]}
 
-Each measured impl of each case becomes one flat record (`load_results`): impl, phase, dtype
-(numpy name), batch, q_heads, kv_heads, head_dim, q_len, kv_len, causal, kv_bits, time_s, tflops, gbps,
-intensity, gpu (the GPU's name), source (file name). Skipped impls are left out. Numbers only count
-measured side by side in one run, so a case (KEY_FIELDS less impl) takes all its records from one
-file: the latest (by name) that measured ours at it, else the latest that measured it at all; a peer
-measured only in an older run of that case is left out rather than set against a newer ours.
+Each measured impl of each case becomes one flat record (`load_results`; impls named as today, see
+IMPL_ALIASES): impl, phase, dtype (numpy name), batch, q_heads, kv_heads, head_dim, q_len, kv_len,
+causal, kv_bits, ragged (prefill rows of different lengths), time_s, tflops, gbps, intensity, gpu
+(the GPU's name), source (file name). Skipped impls are left out. Numbers only count measured side
+by side in one run, so a case (KEY_FIELDS less impl) takes all its records from one file: the latest
+(by name) that measured ours at it, else the latest that measured it at all; a peer measured only
+in an older run of that case is left out rather than set against a newer ours.
 Metrics, as DESIGN.md defines them:
 
-- TFLOP/s = 4·B·Hq·S·T·D / time (QKᵀ and PV), halved for causal prefill with S == T;
+- TFLOP/s = 4·B·Hq·S·T·D / time (QKᵀ and PV), halved for causal prefill with S == T; where the
+  harness gives a case's "flops" (ragged rows, chunked prefill: the visible pairs) that count;
 - effective GB/s = K + V bytes read / time = 2·B·Hkv·T·D·itemsize / time (the harness's "gbs" when
   it gives one);
 - arithmetic intensity (roofline x) = FLOPs / (Q + K + V + output bytes).
@@ -50,11 +54,15 @@ IMAGES_DIR = Path("docs/images")
 
 #: What identifies one measurement; without "impl", one case (whose records come from one run).
 KEY_FIELDS = ("impl", "phase", "dtype", "batch", "q_heads", "kv_heads", "head_dim", "q_len", "kv_len",
-              "causal", "kv_bits", "gpu")
+              "causal", "kv_bits", "ragged", "gpu")
 #: Fields every result of the harness carries.
 REQUIRED = ("batch", "ctx", "q_len", "q_heads", "kv_heads", "head_dim", "dtype", "impls")
 #: Our own kernels' name in "impls"; every other impl is a peer.
 OURS = "ours"
+#: Results files whose impl names mean something else today: file name -> {name in the file: name
+#: read}. The prefill bench's "ours" was the engine's serial schedule until 2026-12-02, when it became
+#: the default schedule; in this run the default was already pingpong ("ours-pingpong").
+IMPL_ALIASES = {"2026-12-01-4fae144-prefill.json": {"ours": "ours-serial", "ours-pingpong": "ours"}}
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "bfloat16": "bfloat16",
            "float16": "float16", "float32": "float32"}
@@ -141,14 +149,17 @@ def _records(case: dict, suite: str | None, gpu: str | None, source: str) -> lis
     # The decode suite runs bottom-right causal; a prefill suite says so per case (default causal).
     base["causal"] = bool(case.get("causal", True))
     base["kv_bits"] = int(case.get("kv_bits", 0))  # 8 / 4: an int8 / int4 cache (ours only)
+    # Prefill with right-padded rows of different lengths (its "flops" count the real lengths).
+    base["ragged"] = case.get("kind") == "ragged"
     out = []
     for impl, m in case["impls"].items():
         if "us" not in m:
             continue  # {"skip": why}: not measured
-        r = {**base, "impl": impl, "time_s": m["us"] * 1e-6}
-        r["tflops"] = m.get("tflops", flops(r) / r["time_s"] / 1e12)
+        r = {**base, "impl": IMPL_ALIASES.get(source, {}).get(impl, impl), "time_s": m["us"] * 1e-6}
+        work = case.get("flops") or flops(r)  # the harness's count (ragged, chunked) when it gives one
+        r["tflops"] = m.get("tflops", work / r["time_s"] / 1e12)
         r["gbps"] = m.get("gbs", kv_bytes(r) / r["time_s"] / 1e9)
-        r["intensity"] = flops(r) / io_bytes(r)
+        r["intensity"] = work / io_bytes(r)
         out.append(r)
     return out
 
@@ -166,9 +177,25 @@ def load_results(results_dir: str | Path = RESULTS_DIR, suites: Sequence[str | N
     JSON with such measurements. `suites=("gqa",), ours=STEP_OURS` reads the whole-step suite."""
     results_dir = Path(results_dir)
     files = sorted(results_dir.glob("*.json")) if results_dir.is_dir() else []
+    latest = load_files(files, suites, ours)
+    if not latest:
+        where = f"{results_dir}/ has no *.json" if not files else \
+            f"the {len(files)} JSON file(s) in {results_dir}/ hold no measurements"
+        raise NoResults(
+            f"no benchmark results to plot: {where}. Measure on the GPU machine with "
+            f"`python -m jax_onnx_attn.bench {next((x for x in suites if x), 'decode')} "
+            f"--out {RESULTS_DIR}/<name>.json`, "
+            f"commit the JSON, then run `python tools/plot_bench.py`.")
+    return latest
+
+
+def load_files(files: Sequence[str | Path], suites: Sequence[str | None] = KERNEL_SUITES,
+               ours: str = OURS) -> list[dict]:
+    """`load_results` on the given JSON files (in that order: a later file's run of a case replaces
+    an earlier one's); [] when they hold no measurements of `suites`."""
     case_fields = [f for f in KEY_FIELDS if f != "impl"]
     runs: dict[tuple, list[list[dict]]] = {}  # case -> its runs' records, oldest file first
-    for path in files:
+    for path in map(Path, files):
         doc = json.loads(path.read_text())
         if doc.get("suite") not in suites:
             continue
@@ -181,14 +208,6 @@ def load_results(results_dir: str | Path = RESULTS_DIR, suites: Sequence[str | N
     for case_runs in runs.values():
         with_ours = [recs for recs in case_runs if any(r["impl"] == ours for r in recs)]
         latest.extend((with_ours or case_runs)[-1])
-    if not latest:
-        where = f"{results_dir}/ has no *.json" if not files else \
-            f"the {len(files)} JSON file(s) in {results_dir}/ hold no measurements"
-        raise NoResults(
-            f"no benchmark results to plot: {where}. Measure on the GPU machine with "
-            f"`python -m jax_onnx_attn.bench {next((x for x in suites if x), 'decode')} "
-            f"--out {RESULTS_DIR}/<name>.json`, "
-            f"commit the JSON, then run `python tools/plot_bench.py`.")
     return latest
 
 
@@ -214,7 +233,7 @@ def _plt():
 
 
 #: Peers in a fixed colour order, so one peer has one colour in every panel.
-PEERS = ("jax-xla", "jax-cudnn", "torch-flash", "torch-cudnn", "reference")
+PEERS = ("jax-xla", "jax-cudnn", "torch-flash", "torch-cudnn", "reference", "jax-mosaic")
 
 
 def _style(impls: Iterable[str]) -> dict:
@@ -367,6 +386,94 @@ def plot_phase(records: Sequence[dict], phase: str, hardware: Hardware | None = 
         plot_vs_context(recs, phase, axes[0, col], hardware, batch=b, **where)
         if with_ratio:
             plot_ratio_vs_context(recs, phase, axes[1, col], batch=b, **where)
+    return fig
+
+
+def _tokens_label(n: int) -> str:
+    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
+
+
+def _prefill_extra_label(r: dict) -> str:
+    mask = "causal" if r["causal"] else "non-causal"
+    if r["ragged"]:
+        return f"ragged B={r['batch']} S={_tokens_label(r['q_len'])}\n{mask}"
+    return f"chunk {_tokens_label(r['q_len'])} on T={_tokens_label(r['kv_len'])}, B={r['batch']}\n{mask}"
+
+
+def plot_prefill(records: Sequence[dict], hardware: Hardware | None = None, **where):
+    """The prefill figure: TFLOP/s against the prompt length S (self-attention, every row full, B·S
+    held constant by the harness), one line per impl, a causal and a non-causal panel; when the
+    records hold ragged or chunked-prefill cases of the same problem, a third panel of bars for
+    them. `where` narrows the records (default: the most measured dtype / heads / head size).
+    Returns the Figure."""
+    _, plt = _plt()
+    recs = select(records, phase="prefill")
+    if recs and not where:
+        counts = Counter((r["dtype"], r["q_heads"], r["kv_heads"], r["head_dim"]) for r in recs)
+        where = dict(zip(("dtype", "q_heads", "kv_heads", "head_dim"), counts.most_common(1)[0][0]))
+    recs = select(recs, **where)
+    full = [r for r in recs if r["q_len"] == r["kv_len"] and not r["ragged"]]
+    extra = [r for r in recs if r not in full]
+    panels = 3 if extra else 2
+    fig, axes = plt.subplots(1, panels, figsize=(4.6 * panels, 3.8), squeeze=False, layout="constrained")
+    axes = axes[0]
+    style = _style({r["impl"] for r in recs})
+    # The engine's other schedules ("ours-overlap", ...): grey, dashed, beside ours in black.
+    for n, impl in enumerate(sorted(i for i in style if i.startswith(OURS + "-"))):
+        style[impl] = dict(color=("0.45", "0.65", "0.3")[n % 3], lw=1.2, ls=("--", ":", "-.")[n % 3],
+                           marker="o", ms=3)
+    limit = hardware.peak(where.get("dtype")) if hardware is not None else None
+    tokens = sorted({r["batch"] * r["q_len"] for r in full})
+    for ax, causal in zip(axes, (True, False)):
+        rows = [r for r in full if r["causal"] == causal]
+        ax.set_xscale("log", base=2)
+        per_row = f"; B = {_tokens_label(tokens[0])} / S" if len(tokens) == 1 else ""
+        ax.set_xlabel(f"prompt length S (= T){per_row}")
+        ax.set_ylabel("TFLOP/s")
+        ax.set_title("causal" if causal else "non-causal", fontsize=9)
+        ax.grid(True, which="major", alpha=0.3)
+        if limit:
+            ax.axhline(limit, color="crimson", ls="--", lw=1)
+            ax.text(0.01, limit, f" {hardware.name} dense peak: {limit:g}", color="crimson", fontsize=7,
+                    va="bottom", transform=ax.get_yaxis_transform())
+            ax.set_ylim(0, limit * 1.12)
+        if not rows:
+            ax.text(0.5, 0.5, "no results", ha="center", va="center", transform=ax.transAxes)
+            continue
+        for impl in style:
+            pts = sorted((r for r in rows if r["impl"] == impl), key=lambda r: r["q_len"])
+            if pts:
+                ax.plot([r["q_len"] for r in pts], [r["tflops"] for r in pts], label=impl, **style[impl])
+        xs = sorted({r["q_len"] for r in rows})
+        ax.set_xticks(xs, [_tokens_label(x) for x in xs])
+        ax.minorticks_off()
+        ax.legend(fontsize=7)
+    if extra:
+        ax = axes[2]
+        fields = ("ragged", "causal", "q_len", "kv_len", "batch")
+        cases = sorted({tuple(r[f] for f in fields) for r in extra}, key=lambda c: (c[0], not c[1], c[2], c[3]))
+        impls = [i for i in style if any(r["impl"] == i for r in extra)]
+        width = 0.8 / max(len(impls), 1)
+        labels, drawn = [], set()
+        for x, case in enumerate(cases):
+            for j, impl in enumerate(impls):
+                r = [r for r in extra if r["impl"] == impl and tuple(r[f] for f in fields) == case]
+                if r:
+                    ax.bar(x + (j - (len(impls) - 1) / 2) * width, r[0]["tflops"], width,
+                           color=style[impl]["color"], label=None if impl in drawn else impl)
+                    drawn.add(impl)
+            labels.append(_prefill_extra_label(dict(zip(fields, case))))
+        ax.legend(fontsize=7)
+        ax.set_xticks(range(len(cases)), labels, fontsize=7)
+        ax.set_ylabel("TFLOP/s (real lengths / visible pairs)")
+        ax.set_title("ragged rows, chunked prefill", fontsize=9)
+        ax.grid(True, axis="y", alpha=0.3)
+        if limit:
+            ax.set_ylim(0, limit * 1.12)
+    gpu = main_gpu(recs)
+    fig.suptitle(f"prefill attention{' on ' + gpu if gpu else ''}: {where.get('dtype')}, "
+                 f"Hq={where.get('q_heads')}/Hkv={where.get('kv_heads')}, D={where.get('head_dim')}",
+                 fontsize=10)
     return fig
 
 
@@ -540,9 +647,9 @@ def plot_e2e(records: Sequence[dict], phase: str = "decode", fig=None):
 def regenerate(results_dir: str | Path = RESULTS_DIR, images_dir: str | Path = IMAGES_DIR) -> list[Path]:
     """Write every figure as PNG into `images_dir` from the JSON in `results_dir`; returns the paths.
 
-    Figures (of the GPU with the most measurements): prefill_tflops.png and decode_gbps.png for the
-    phases measured (`plot_phase`), decode_gbps_s<S>.png for each longer query length of the decode
-    problem, roofline.png, gqa_step.png when the gqa suite was measured
+    Figures (of the GPU with the most measurements): prefill_tflops.png (`plot_prefill`) and
+    decode_gbps.png (`plot_phase`) for the phases measured, decode_gbps_s<S>.png for each longer
+    query length of the decode problem, roofline.png, gqa_step.png when the gqa suite was measured
     there (`plot_step_speedup`), and e2e_decode.png when the e2e suite was (`plot_e2e`, whole models
     on their most measured GPU). Raises NoResults when there are no kernel results to plot.
     """
@@ -561,9 +668,10 @@ def regenerate(results_dir: str | Path = RESULTS_DIR, images_dir: str | Path = I
         plt.close(fig)
         written.append(path)
 
-    for phase in ("prefill", "decode"):
-        if select(records, phase=phase):
-            save(plot_phase(records, phase, hw), f"{phase}_{_METRIC[phase][0]}.png")
+    if select(records, phase="prefill"):
+        save(plot_prefill(records, hw), "prefill_tflops.png")
+    if select(records, phase="decode"):
+        save(plot_phase(records, "decode", hw), "decode_gbps.png")
     # Decode with several query rows (speculative verify) on the same problem, one figure per S.
     where = problem(records, "decode")
     shape = {f: where[f] for f in SHAPE_FIELDS if f in where}
@@ -589,9 +697,43 @@ def regenerate(results_dir: str | Path = RESULTS_DIR, images_dir: str | Path = I
     return written
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m jax_onnx_attn.bench.plots prefill FILE.json ... [--out PNG]`: the prefill figure
+    (`plot_prefill`) of the given runs (a later file's run of a case replaces an earlier one's), on
+    their most measured GPU. Returns 0, or 1 when the files hold no prefill measurements."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m jax_onnx_attn.bench.plots",
+                                 description="One figure from chosen benchmark JSON files (all of "
+                                             "bench/results/: tools/plot_bench.py).")
+    ap.add_argument("figure", choices=["prefill"])
+    ap.add_argument("files", nargs="+", type=Path, help="bench JSON files (suite prefill)")
+    ap.add_argument("--out", type=Path, default=IMAGES_DIR / "prefill_tflops.png")
+    args = ap.parse_args(argv)
+    import matplotlib
+    matplotlib.use("Agg")
+    _, plt = _plt()
+    records = load_files(args.files, ("prefill",))
+    if not records:
+        print(f"no prefill measurements in {[str(f) for f in args.files]}", file=sys.stderr)
+        return 1
+    gpu = main_gpu(records)
+    fig = plot_prefill(select(records, gpu=gpu), hardware_for(gpu))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(args.out, dpi=80)
+    plt.close(fig)
+    print(f"wrote {args.out}")
+    return 0
+
+
 __all__ = ["Hardware", "H200", "HARDWARE", "NoResults", "RESULTS_DIR", "IMAGES_DIR", "OURS",
            "KERNEL_SUITES", "STEP_OURS", "plot_step_speedup",
            "KEY_FIELDS", "SHAPE_FIELDS", "load_results", "select", "main_gpu", "gpu_name",
            "hardware_for", "problem", "flops", "kv_bytes", "io_bytes", "plot_vs_context",
            "ratio_table", "plot_ratio_vs_context", "plot_phase", "plot_roofline", "regenerate",
-           "load_e2e", "plot_e2e", "E2E_KEY_FIELDS", "E2E_IMPLS"]
+           "load_e2e", "plot_e2e", "E2E_KEY_FIELDS", "E2E_IMPLS", "load_files", "plot_prefill", "main"]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
