@@ -124,6 +124,10 @@ NB_MODULE(_ffi, m) {
     decode["plan_gpcs"] = joa::decode::kPlanGpcs;
     decode["fit_max_tiles"] = joa::decode::kFitMaxTiles;
     decode["plan_sms"] = joa::decode::kPlanSms;
+    decode["wide_tile_n"] = joa::decode::kWideTileN;
+    nb::list wide_dims;
+    for (int d : joa::decode::kWideTileHeadDims) wide_dims.append(d);
+    decode["wide_tile_head_dims"] = wide_dims;
     nb::dict general;
     general["max_keys"] = joa::general::kMaxKeys;
     nb::list softmax;
@@ -162,7 +166,7 @@ NB_MODULE(_ffi, m) {
 
   m.def("decode_plan", [](int64_t batch, int64_t q_heads, int64_t kv_heads, int64_t q_len,
                           int64_t capacity, int head_dim, int kv_bits, bool cluster_capable,
-                          int64_t split_rows, int cluster, int policy) {
+                          int64_t split_rows, int cluster, int policy, bool tile128) {
     if (batch < 0 || q_len < 0 || capacity < 1 || kv_heads < 1 || q_heads % kv_heads != 0) {
       throw nb::value_error("decode_plan: shapes out of range");
     }
@@ -177,7 +181,7 @@ NB_MODULE(_ffi, m) {
                                                                                 : joa::KvFormat::kDense;
     const joa::decode::Plan p = joa::decode::MakePlan(batch, q_heads, kv_heads, q_len, capacity, head_dim,
                                                       format, cluster_capable, split_rows, cluster,
-                                                      joa::decode::PlanPolicy(policy));
+                                                      joa::decode::PlanPolicy(policy), tile128);
     nb::dict out;
     out["split_rows"] = p.split_rows;
     out["splits"] = p.splits;
@@ -185,12 +189,14 @@ NB_MODULE(_ffi, m) {
     out["workspace_elems"] = p.workspace_elems;
     out["block_rows"] = p.block_rows;
     out["ctas_per_sm"] = p.ctas_per_sm;
+    out["tile_rows"] = p.tile_rows;
     return out;
   }, nb::arg("batch"), nb::arg("q_heads"), nb::arg("kv_heads"), nb::arg("q_len"), nb::arg("capacity"),
      nb::arg("head_dim"), nb::arg("kv_bits") = 0, nb::arg("cluster_capable") = false,
-     nb::arg("split_rows") = 0, nb::arg("cluster") = -1, nb::arg("policy") = 0,
+     nb::arg("split_rows") = 0, nb::arg("cluster") = -1, nb::arg("policy") = 0, nb::arg("tile128") = false,
      "The decode engine's plan for a call of these static shapes (kernels/decode/plan.h): "
-     "split_rows 0 and cluster -1 let it choose; policy indexes limits()['decode']['plan_policies'].");
+     "split_rows 0 and cluster -1 let it choose; policy indexes limits()['decode']['plan_policies']; "
+     "tile128: the wide KV tile's plan where it applies (tile_rows says which tile the engine runs).");
 
   m.def("status_flags", []() {
     nb::dict flags;

@@ -257,3 +257,29 @@ def test_decode_attention_takes_the_producer_switch_at_trace_time(monkeypatch, k
     assert producer() is False and producer(producer=True) is (not kv_bits)
     # The switch leaves the cursor loads' own rule alone (the handler prefers the producer).
     assert calls[-1][2]["cursor_loads"] is (not kv_bits)
+
+
+@pytest.mark.parametrize("kv_bits", [0, 8])
+def test_decode_attention_takes_the_tile128_switch_at_trace_time(monkeypatch, kv_bits):
+    """cuda.decode_attention resolves JOA_DECODE_TILE128 when it is traced (off unless "1") and hands
+    the wide KV tile to the kernel call for float caches only; an explicit argument wins; the cursor
+    loads keep their own rule."""
+    calls = use_specs(monkeypatch)
+    b, hq, hkv, s, d, c = 8, 32, 8, 1, 64, 2304
+    q = jnp.zeros((b, hq, s, d), jnp.float16)
+    cache = jnp.zeros((b, hkv, c, d), jnp.int8 if kv_bits else jnp.float16)
+    scales = (jnp.ones((1,), jnp.float32),) * 2 if kv_bits else (None, None)
+    lens = jnp.full((b,), c, jnp.int32)
+
+    def tile128(**kw):
+        cuda.decode_attention(q, cache, cache, lens, None, None, *scales, scale=0.1, kv_bits=kv_bits, **kw)
+        return calls[-1][2]["tile128"]
+
+    monkeypatch.delenv(cuda.TILE128_ENV, raising=False)
+    assert cuda.decode_tile128() is False and tile128() is False
+    monkeypatch.setenv(cuda.TILE128_ENV, "1")
+    assert cuda.decode_tile128() is True and tile128() is (not kv_bits)
+    assert tile128(tile128=False) is False
+    assert calls[-1][2]["cursor_loads"] is False  # d64: the cursor loads' rule, untouched
+    monkeypatch.setenv(cuda.TILE128_ENV, "0")
+    assert tile128() is False and tile128(tile128=True) is (not kv_bits)

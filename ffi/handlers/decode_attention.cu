@@ -9,7 +9,9 @@
 // registers (engine_qregs.cuh) rather than tile by tile in shared memory; cursor_loads: copy a
 // float cache's tiles through per-thread row cursors (DenseCursorKv, kv_format.cuh; same bits);
 // producer: copy a float cache's tiles by a producer warp with bulk copies (DenseProducerKv; same
-// bits; sm_90 only, ignored on other GPUs)
+// bits; sm_90 only, ignored on other GPUs); tile128: the wide KV tile for a float cache's 16-row
+// blocks at head dims 64 / 128 whose splits are whole 128-row tiles (LaunchOptions::tile128; not the
+// default tile's bits; ignored elsewhere and where the producer runs)
 //   -> out [B, Hq, S, D], workspace f32 (sized by the plan: kernels/decode/plan.h).
 // Query row i sits at position kv_len[b] - S + i + pos_shift (pos_shift 0: bottom-right causal). Read-only on the caches.
 #include <algorithm>
@@ -95,7 +97,8 @@ inline std::string ConfigureKvQuant(DecodeParams& p, int64_t kv_bits, int64_t he
 // ignored elsewhere, like the cursor loads where they do not apply: the bits are the same.
 inline ffi::Error LaunchDecode(DecodeParams& p, ffi::DataType dtype, int64_t head_dim, float* workspace,
                                int64_t workspace_elems, bool pdl, cudaStream_t stream, const char* op,
-                               bool quant_regs = false, bool cursor_loads = false, bool producer = false) {
+                               bool quant_regs = false, bool cursor_loads = false, bool producer = false,
+                               bool tile128 = false) {
   if (p.cluster > 1) {  // the in-cluster combine (cluster_combine.cuh): checked, no workspace
     int dev = 0, major = 0;
     cudaGetDevice(&dev);
@@ -126,7 +129,7 @@ inline ffi::Error LaunchDecode(DecodeParams& p, ffi::DataType dtype, int64_t hea
     producer = false;
   }
   const LaunchOptions opt{p.variant.softcap > 0.f || p.variant.bias != nullptr, pdl, quant_regs,
-                          cursor_loads, producer};
+                          cursor_loads, producer, tile128};
   cudaError_t err;
   switch (dtype) {
     case ffi::DataType::F16: err = LaunchHeadDim<__half>(int(head_dim), p, opt, stream); break;
@@ -151,7 +154,7 @@ ffi::Error DecodeAttentionImpl(cudaStream_t stream, AnyBuffer q, AnyBuffer k, An
                                float softcap, bool causal, int64_t left, int64_t right,
                                int64_t pos_shift, bool has_bias, bool has_sink, int64_t kv_bits,
                                int64_t split_rows, bool pdl, bool cluster, bool quant_regs,
-                               bool cursor_loads, bool producer) {
+                               bool cursor_loads, bool producer, bool tile128) {
   constexpr const char* kOp = "decode_attention";
   auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
   if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4) {
@@ -193,7 +196,7 @@ ffi::Error DecodeAttentionImpl(cudaStream_t stream, AnyBuffer q, AnyBuffer k, An
   p.cluster = cluster && p.splits > 1 ? p.splits : 0;
   return decode::LaunchDecode(p, q.element_type(), qd[3], workspace->typed_data(),
                               int64_t(workspace->element_count()), pdl, stream, kOp, quant_regs,
-                              cursor_loads, producer);
+                              cursor_loads, producer, tile128);
 }
 
 }  // namespace
@@ -226,5 +229,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JoaDecodeAttention, joa::DecodeAttentionImpl,
                                   .Attr<bool>("cluster")
                                   .Attr<bool>("quant_regs")
                                   .Attr<bool>("cursor_loads")
-                                  .Attr<bool>("producer"),
+                                  .Attr<bool>("producer")
+                                  .Attr<bool>("tile128"),
                               JOA_COMMAND_BUFFER_SAFE);

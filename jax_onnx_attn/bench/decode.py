@@ -42,14 +42,18 @@ DONATE = os.environ.get("JOA_BENCH_DONATE", "1") != "0"
 #: memory (the path before the register one; --kv-bits 8 4 --impls ours ours[tiles]). "ours[fit]",
 #: "ours[cursor]", "ours[fit+cursor]": the "fit" plan policy and / or the cursor loads of a float
 #: cache (issue 15; --impls ours ours[fit] ours[cursor] ours[fit+cursor] jax-cudnn). "ours[producer]":
-#: a float cache's tiles copied by a producer warp (JOA_DECODE_PRODUCER; sm_90). None is in the
-#: default set.
+#: a float cache's tiles copied by a producer warp (JOA_DECODE_PRODUCER; sm_90). "ours[tile128]":
+#: a float cache streamed in 128-row KV tiles (JOA_DECODE_TILE128; 16-row blocks at d64 / d128), its
+#: copies by the cursor-loads rule (strided at d64); "ours[tile128+cursor]": with the cursor loads.
+#: None is in the default set.
 OURS_FORMS = {
     "ours[tiles]": (dict(quant_regs=False), "int"),
     "ours[fit]": (dict(plan_policy="fit"), "float"),
     "ours[cursor]": (dict(cursor_loads=True), "float"),
     "ours[fit+cursor]": (dict(plan_policy="fit", cursor_loads=True), "float"),
     "ours[producer]": (dict(producer=True), "float"),
+    "ours[tile128]": (dict(tile128=True), "float"),
+    "ours[tile128+cursor]": (dict(tile128=True, cursor_loads=True), "float"),
 }
 IMPLS = ("ours", "jax-xla", "jax-cudnn", "torch-flash", "torch-cudnn", *OURS_FORMS)
 ALT_IMPL = "ours[tiles]"

@@ -106,34 +106,38 @@ def decode_plan_policy() -> str | None:
 
 def decode_plan(batch: int, q_heads: int, kv_heads: int, q_len: int, capacity: int, head_dim: int,
                 kv_bits: int = 0, split_rows: int | None = None, cluster: bool | None = None,
-                cluster_capable: bool | None = None, policy: str | None = None) -> dict:
+                cluster_capable: bool | None = None, policy: str | None = None,
+                tile128: bool = False) -> dict:
     """The decode engine's plan for a call (ffi/kernels/decode/plan.h, through `_ffi.decode_plan`): a
     pure function of static shapes, so one call shape always gets the same bits.
 
-    Returns {split_rows, splits, cluster, workspace_elems, block_rows, ctas_per_sm}. split_rows /
-    cluster override the planner (None: it chooses; it offers a cluster only with split_rows None,
-    a float cache and a GPU that runs clusters, `cluster_capable`, None: this process's GPU).
-    policy: how a cluster plan is sized, one of DECODE_PLAN_POLICIES (None: `decode_plan_policy()`;
-    an unknown name raises ValueError).
+    Returns {split_rows, splits, cluster, workspace_elems, block_rows, ctas_per_sm, tile_rows}.
+    split_rows / cluster override the planner (None: it chooses; it offers a cluster only with
+    split_rows None, a float cache and a GPU that runs clusters, `cluster_capable`, None: this
+    process's GPU). policy: how a cluster plan is sized, one of DECODE_PLAN_POLICIES (None:
+    `decode_plan_policy()`; an unknown name raises ValueError). tile128: the plan of the wide KV tile
+    (`decode_tile128`; where it applies its splits are whole 128-row tiles, tile_rows 128).
     """
     if cluster_capable is None:
         cluster_capable = _cluster_capable()
     return _decode_plan(int(batch), int(q_heads), int(kv_heads), int(q_len), int(capacity),
                         int(head_dim), int(kv_bits), int(split_rows or 0),
                         -1 if cluster is None else int(bool(cluster)), bool(cluster_capable),
-                        policy or decode_plan_policy())
+                        policy or decode_plan_policy(), bool(tile128))
 
 
 @functools.cache
 def _decode_plan(batch, q_heads, kv_heads, q_len, capacity, head_dim, kv_bits, split_rows, cluster,
-                 cluster_capable, policy) -> dict:
+                 cluster_capable, policy, tile128=False) -> dict:
     policies = __getattr__("DECODE_PLAN_POLICIES")
     if policy is not None and policy not in policies:
         raise ValueError(f"decode plan policy {policy!r} ({PLAN_POLICY_ENV}): must be one of {policies}")
+    # The keyword only when set: the plan without it is the same in every build of the extension.
+    wide = dict(tile128=True) if tile128 else {}
     return _extension.decode_plan(
         batch=batch, q_heads=q_heads, kv_heads=kv_heads, q_len=q_len, capacity=capacity,
         head_dim=head_dim, kv_bits=kv_bits, cluster_capable=cluster_capable, split_rows=split_rows,
-        cluster=cluster, policy=0 if policy is None else policies.index(policy))
+        cluster=cluster, policy=0 if policy is None else policies.index(policy), **wide)
 
 
 def decode_split_rows(batch: int, kv_heads: int, rows: int, capacity: int, head_dim: int,
@@ -200,12 +204,27 @@ def decode_producer() -> bool:
     return os.environ.get(PRODUCER_ENV) == "1"
 
 
+#: The switch of the wide KV tile for float caches (LaunchOptions::tile128, WideTileKv, plan.h
+#: kWideTileN): "1" streams a 16-row block's (G * S <= 16) K / V in 128-row tiles, each of the 4
+#: warps taking 32 columns in one softmax update, at head dims 64 and 128 (others keep their tiles),
+#: and plans its splits in whole 128-row tiles. Off unless set (issue 15 / 12, docs/kernels.md "The
+#: decode engine"). Not the default tile's bits: one softmax update a 128 rows instead of a 64.
+TILE128_ENV = "JOA_DECODE_TILE128"
+
+
+def decode_tile128() -> bool:
+    """Whether decode_attention streams a float cache in the wide (128-row) KV tile: the one place
+    the switch (JOA_DECODE_TILE128) is read, at trace time; off by default."""
+    return os.environ.get(TILE128_ENV) == "1"
+
+
 def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=None, v_scale=None,
                      *, scale: float, softcap: float = 0.0, causal: bool = True, left: int = -1,
                      right: int = -1, pos_shift: int = 0, kv_bits: int = 0,
                      split_rows: int | None = None, pdl: bool = True, cluster: bool | None = None,
                      quant_regs: bool | None = None, plan_policy: str | None = None,
-                     cursor_loads: bool | None = None, producer: bool | None = None):
+                     cursor_loads: bool | None = None, producer: bool | None = None,
+                     tile128: bool | None = None):
     """q [B, Hq, S, D] f16/bf16, k_cache / v_cache [B, Hkv, C, D], kv_len int32 [B] -> [B, Hq, S, D].
 
     Semantics of `jax_onnx_attn.ops.reference.decode.decode_attention`. bias: None or
@@ -223,9 +242,13 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=
     either way); ignored for a quantised cache. producer: copy a float cache's tiles by a producer
     warp into an mbarrier ring (None: `decode_producer()`, JOA_DECODE_PRODUCER, off; the same bits;
     sm_90 only, ignored on other GPUs and for a quantised cache; where it applies it takes the place
-    of the cursor loads).
+    of the cursor loads). tile128: stream a float cache in 128-row KV tiles where that applies
+    (16-row blocks at head dims 64 / 128; None: `decode_tile128()`, JOA_DECODE_TILE128, off; not the
+    default tile's bits, the plan's splits are whole 128-row tiles; with the cursor loads where they
+    apply; ignored for a quantised cache and where the producer warp runs).
     """
     quant_regs = decode_quant_regs() if quant_regs is None else bool(quant_regs)
+    tile128 = decode_tile128() if tile128 is None else bool(tile128)
     cursor_loads = decode_cursor_loads(q.shape[-1]) if cursor_loads is None else bool(cursor_loads)
     producer = decode_producer() if producer is None else bool(producer)
     static = dict(scale=scale, softcap=softcap, causal=causal, left=left, right=right,
@@ -233,7 +256,8 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=
                   cluster=cluster, quant_regs=bool(quant_regs and kv_bits),
                   plan_policy=plan_policy or decode_plan_policy(),
                   cursor_loads=bool(cursor_loads and not kv_bits),
-                  producer=bool(producer and not kv_bits))
+                  producer=bool(producer and not kv_bits),
+                  tile128=bool(tile128 and not kv_bits))
     return partitioning.DECODE_ATTENTION.apply(
         _decode_attention, (q, k_cache, v_cache, kv_len, bias, sink, k_scale, v_scale), static,
         pin=_per_example_plan)
@@ -244,16 +268,19 @@ def _per_example_plan(static, axis_size, q, k_cache, *rest) -> dict:
     so the same bits, as the per-example loop."""
     b, hq, s, d = q.shape
     plan = decode_plan(b, hq, k_cache.shape[1], s, k_cache.shape[2], d, static["kv_bits"],
-                       static["split_rows"], static["cluster"], policy=static["plan_policy"])
+                       static["split_rows"], static["cluster"], policy=static["plan_policy"],
+                       tile128=static.get("tile128", False))
     return dict(split_rows=plan["split_rows"], cluster=plan["cluster"])
 
 
 def _decode_attention(q, k_cache, v_cache, kv_len, bias, sink, k_scale, v_scale, *, scale, softcap,
                       causal, left, right, pos_shift, kv_bits, split_rows, pdl, cluster,
-                      quant_regs=False, plan_policy=None, cursor_loads=False, producer=False):
+                      quant_regs=False, plan_policy=None, cursor_loads=False, producer=False,
+                      tile128=False):
     b, hq, s, d = q.shape
     hkv, c = k_cache.shape[1], k_cache.shape[2]
-    plan = decode_plan(b, hq, hkv, s, c, d, kv_bits, split_rows, cluster, policy=plan_policy)
+    plan = decode_plan(b, hq, hkv, s, c, d, kv_bits, split_rows, cluster, policy=plan_policy,
+                       tile128=tile128)
     ws = plan["workspace_elems"]
     placeholder = jnp.zeros((1,), jnp.float32)
     call = jax.ffi.ffi_call(
@@ -270,7 +297,7 @@ def _decode_attention(q, k_cache, v_cache, kv_len, bias, sink, k_scale, v_scale,
                   has_bias=bias is not None, has_sink=sink is not None, kv_bits=int(kv_bits),
                   split_rows=plan["split_rows"], pdl=bool(pdl), cluster=plan["cluster"],
                   quant_regs=bool(quant_regs), cursor_loads=bool(cursor_loads),
-                  producer=bool(producer))
+                  producer=bool(producer), tile128=bool(tile128))
     return out
 
 

@@ -15,6 +15,9 @@
 //   caches are), copied through per-thread cursors (the decode engine's LaunchOptions::cursor_loads).
 // DenseProducerKv<T>: DenseCursorKv<T>'s copies issued by a producer warp into an mbarrier ring
 //   (sm_90; the decode engine's LaunchOptions::producer).
+// WideTileKv<Kv>: DenseKv<T> or DenseCursorKv<T> in the decode engine's wide KV tile (kTileRows =
+//   plan.h's kWideTileN rows a stage; LaunchOptions::tile128). Every other policy has kTileRows 0:
+//   the layout's default tile.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -66,6 +69,7 @@ struct DenseKv {
   static constexpr bool kCursor = false;
   static constexpr bool kProducer = false;
   static constexpr int kBits = 8 * int(sizeof(T));
+  static constexpr int kTileRows = 0;  // the layout's default KV tile (MakeLayout)
 };
 
 // A dense cache whose rows are contiguous holds a KV tile as one block of rows * D values, so a
@@ -86,6 +90,16 @@ struct DenseProducerKv : DenseKv<T> {
   static constexpr bool kProducer = true;
 };
 
+// A float cache (DenseKv<T> or DenseCursorKv<T>: Kv's copies) streamed in KV tiles of kTileRows_
+// rows instead of the layout's default (the decode engine's wide tile, plan.h kWideTileN: each of
+// the 1 x 4 layout's warps takes 32 columns of a 128-row tile in one softmax chunk, so the CTA
+// barrier, the softmax reductions and the O rescale come once a 128 rows, not once a 64).
+template <class Kv, int kTileRows_>
+struct WideTileKv : Kv {
+  static_assert(!Kv::kQuantized && !Kv::kProducer, "the wide tile takes the cp.async ring of a float cache");
+  static constexpr int kTileRows = kTileRows_;
+};
+
 template <typename T, int kBits_>
 struct QuantKv {
   using Layout = KvQuantLayout<kBits_ == 8 ? KvFormat::kInt8 : KvFormat::kInt4>;
@@ -94,6 +108,7 @@ struct QuantKv {
   static constexpr bool kCursor = false;
   static constexpr bool kProducer = false;
   static constexpr int kBits = kBits_;
+  static constexpr int kTileRows = 0;
 
   // Bytes of one cache row of kD values (rows are contiguous in the ring, unpadded: only the
   // convert step reads them, with conflict-free consecutive accesses).
@@ -201,6 +216,7 @@ struct QuantRegKv {
   static constexpr bool kCursor = false;
   static constexpr bool kProducer = false;
   static constexpr int kBits = kBits_;
+  static constexpr int kTileRows = 0;
 
   template <int kD>
   static constexpr int RowBytes() { return Layout::template RowBytes<kD>(); }

@@ -53,7 +53,8 @@ template <typename T, int kD, int kWarpsM, int kWarpsN, class Kv = DenseKv<T>>
 struct EngineConfig {
   static_assert(kD % 16 == 0, "head dim must be a multiple of 16");
   static constexpr Layout kLayout = MakeLayout(kD, kWarpsM, kWarpsN, int(sizeof(T)),
-                                               Kv::kQuantized ? Kv::kBits : 0, Kv::kInRegs, Kv::kProducer);
+                                               Kv::kQuantized ? Kv::kBits : 0, Kv::kInRegs, Kv::kProducer,
+                                               Kv::kTileRows);
   static constexpr int kWarps = kLayout.warps;      // the warps that compute
   static constexpr int kThreads = kLayout.threads;  // their threads
   // With a producer warp (Kv::kProducer) the CTA has one warp more, warp kWarps, threads
@@ -68,7 +69,9 @@ struct EngineConfig {
   static_assert(!kProducer || kLayout.stages <= kMaxProducerStages, "the producer's barriers are reserved");
   static constexpr int kBlockM = kLayout.block_m;
   static constexpr int kTileN = kLayout.tile_n;
-  static_assert(kBlockN % kTileN == 0, "split sizes must be whole tiles");
+  // The planner's splits of this layout are whole tiles (a wide tile: MakePlan's wide splits).
+  static_assert(SplitBlockRows(kLayout) % kTileN == 0, "split sizes must be whole tiles");
+  static_assert(Kv::kTileRows == 0 || (kWarpsM == 1 && kWarpsN == 4), "the wide tile is the 1 x 4 layout's");
   static constexpr int kWarpN = kLayout.warp_n;
   static_assert(kWarpN % 16 == 0, "a warp's KV slice must be whole k16 steps of P V");
   static constexpr int kChunk = kLayout.chunk;

@@ -108,6 +108,28 @@ cudaError_t Launch(const DecodeParams& p, const LaunchOptions& opt, cudaStream_t
       return opt.logit_variant ? LaunchLayout<T, kD, kWm, kWn, LogitVariant, Kv>(p, opt.pdl, stream)
                                : LaunchLayout<T, kD, kWm, kWn, MaskVariant, Kv>(p, opt.pdl, stream);
     }
+    // The wide tile: 16-row blocks at the head dims it is compiled for, splits of whole wide tiles
+    // (the rule of plan.h's MakePlan, which the plan's tile_rows reports). Its copies follow the
+    // cursor-loads switch, except at d128, which takes the cursor copies only (the strided ones of
+    // a 128-row tile need more than 255 registers there) and keeps its default tile for a cache
+    // whose rows are not contiguous (never from decode_attention's handler).
+    if constexpr (WideTile(16, kD, KvFormat::kDense, true)) {
+      constexpr bool kStridedWide = kD < 128;
+      if (opt.tile128 && WideTile(p.rows, kD, KvFormat::kDense, true) && p.split_rows % kWideTileN == 0 &&
+          (kStridedWide || contiguous)) {
+        constexpr int kWm = WarpsM(16), kWn = WarpsN(16);
+        if (contiguous && (opt.cursor_loads || !kStridedWide)) {
+          using Kv = WideTileKv<DenseCursorKv<T>, kWideTileN>;
+          return opt.logit_variant ? LaunchLayout<T, kD, kWm, kWn, LogitVariant, Kv>(p, opt.pdl, stream)
+                                   : LaunchLayout<T, kD, kWm, kWn, MaskVariant, Kv>(p, opt.pdl, stream);
+        }
+        if constexpr (kStridedWide) {
+          using Kv = WideTileKv<DenseKv<T>, kWideTileN>;
+          return opt.logit_variant ? LaunchLayout<T, kD, kWm, kWn, LogitVariant, Kv>(p, opt.pdl, stream)
+                                   : LaunchLayout<T, kD, kWm, kWn, MaskVariant, Kv>(p, opt.pdl, stream);
+        }
+      }
+    }
     if (opt.cursor_loads && p.k_stride_n == kD && p.v_stride_n == kD) {  // rows one after another
       using Kv = DenseCursorKv<T>;
       return opt.logit_variant ? LaunchVariant<T, kD, LogitVariant, Kv>(p, opt.pdl, stream)

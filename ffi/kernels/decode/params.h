@@ -67,6 +67,11 @@ struct LaunchOptions {
   // kv_format.cuh); the same bits as without. sm_90 only: the handler clears it on other GPUs.
   // Ignored for a quantised cache; takes precedence over cursor_loads.
   bool producer = false;
+  // The wide KV tile (plan.h kWideTileN rows a stage, WideTileKv): a float cache's 16-row blocks at
+  // the head dims of kWideTileHeadDims whose splits are whole wide tiles (MakePlan's rule, which
+  // sizes them so); with the cursor loads where those apply. Not the same bits as the default tile
+  // (one softmax update a 128 rows). Ignored elsewhere, and where the producer warp runs.
+  bool tile128 = false;
 };
 
 }  // namespace joa::decode

@@ -16,8 +16,14 @@
 
 namespace joa::decode {
 
-// Split sizes are multiples of this many KV rows (and so of every engine tile size).
+// Split sizes are multiples of this many KV rows (and so of every default engine tile size; a
+// wide-tile layout's splits are whole wide tiles: SplitBlockRows).
 inline constexpr int kBlockN = 64;
+// The wide KV tile (issue 15 / 12; LaunchOptions::tile128, JOA_DECODE_TILE128): 128 rows a stage
+// for the 16-row block (1 x 4 warps, 32 columns a warp in one softmax chunk) of a float cache, at
+// the head dims of kWideTileHeadDims; every other layout keeps its 64 / 32-row tile.
+inline constexpr int kWideTileN = 128;
+inline constexpr int kWideTileHeadDims[] = {64, 128};
 // Most splits a call may have (DecodeCombineKernel's per-warp weights in shared memory).
 inline constexpr int kMaxSplits = 256;
 // Most splits combined inside one thread-block cluster (cluster_combine.cuh). Clusters over 8 CTAs
@@ -82,11 +88,22 @@ constexpr int WarpsN(int block_rows) { return block_rows == 16 ? 4 : block_rows 
 // [block_m, kMaxClusterSplits].
 constexpr int ClusterPartFloats(int block_m, int d) { return block_m * d + block_m + block_m * kMaxClusterSplits; }
 
+// Whether a call of `rows` packed rows, head dim d and cache format takes the wide KV tile when
+// asked (tile128): a 16-row block (1 x 4 warps) of a float cache at a head dim of kWideTileHeadDims.
+constexpr bool WideTile(int64_t rows, int d, KvFormat format, bool tile128) {
+  if (!tile128 || format != KvFormat::kDense || BlockRows(rows) != 16) return false;
+  for (int x : kWideTileHeadDims) {
+    if (x == d) return true;
+  }
+  return false;
+}
+
 // The static tiling of one engine layout: head dim d, kWarpsM x kWarpsN warps, elements of
 // elem_bytes (Q and the tiles the MMAs read), a cache of kv_bits per value (0: dense elements).
 struct Layout {
   int warps, threads, block_m;
-  int tile_n;       // KV rows per stage: 64 when several warps split a tile, else 32
+  int tile_n;       // KV rows per stage: 64 when several warps split a tile, else 32 (or the
+                    // tile_n MakeLayout is given: kWideTileN)
   int warp_n;       // KV columns of a tile per warp
   int chunk;        // columns per softmax update
   bool q_in_regs;   // Q fragments in registers (up to d128; re-read from shared memory at d256)
@@ -139,9 +156,12 @@ constexpr int RegVPitch(int row_bytes) {
 // in the ring, no converted tile pair. producer: a dense cache copied by a producer warp
 // (DenseProducerKv): the same tiles, CTAs per SM and stage size, its barriers reserved past the
 // rest, and every stage that fits (up to kMaxProducerStages): the producer keeps all of them in
-// flight, where the cp.async ring keeps all but one.
+// flight, where the cp.async ring keeps all but one. tile_n: 0 for the default tile, or the KV
+// rows of a stage (kWideTileN for the wide tile: a float cache's 1 x 4 layout; the stage rule below
+// then keeps 2 CTAs per SM with fewer stages where two stages fit, d64: 3 stages, else 1 CTA per SM,
+// d128: 3 stages).
 constexpr Layout MakeLayout(int d, int warps_m, int warps_n, int elem_bytes, int kv_bits,
-                            bool kv_in_regs = false, bool producer = false) {
+                            bool kv_in_regs = false, bool producer = false, int tile_n = 0) {
   Layout l{};
   const bool quantized = kv_bits != 0;
   const bool in_regs = quantized && kv_in_regs;
@@ -150,7 +170,7 @@ constexpr Layout MakeLayout(int d, int warps_m, int warps_n, int elem_bytes, int
   l.block_m = 16 * warps_m;
   // Small stages when one warp takes a whole tile, so that more of them fit: decode is bound by
   // the KV bytes in flight.
-  l.tile_n = warps_n > 1 ? 64 : 32;
+  l.tile_n = tile_n > 0 ? tile_n : warps_n > 1 ? 64 : 32;
   l.warp_n = l.tile_n / warps_n;
   l.chunk = l.warp_n < 32 ? l.warp_n : 32;
   // At d256 Q in registers would push the O accumulators (128 registers) into spills.
@@ -196,11 +216,17 @@ constexpr Layout MakeLayout(int d, int warps_m, int warps_n, int elem_bytes, int
   return l;
 }
 
-// The layout the launcher picks for `rows` packed rows (16-bit Q, the engine's only element types).
-constexpr Layout LayoutFor(int64_t rows, int d, KvFormat format) {
+// The layout the launcher picks for `rows` packed rows (16-bit Q, the engine's only element types);
+// tile128: the wide tile where it applies (WideTile).
+constexpr Layout LayoutFor(int64_t rows, int d, KvFormat format, bool tile128 = false) {
   const int block = BlockRows(rows);
-  return MakeLayout(d, WarpsM(block), WarpsN(block), 2, KvBits(format));
+  return MakeLayout(d, WarpsM(block), WarpsN(block), 2, KvBits(format), false, false,
+                    WideTile(rows, d, format, tile128) ? kWideTileN : 0);
 }
+
+// KV rows of which a layout's split sizes are multiples: kBlockN, or its tile where that is wider
+// (a split is whole tiles: a tile's rows past the split would be read as keys).
+constexpr int SplitBlockRows(const Layout& l) { return l.tile_n > kBlockN ? l.tile_n : kBlockN; }
 
 // f32 elements of the workspace: normalised partial outputs [B, Hkv, splits, M, D] then their
 // log2-sum-exps [B, Hkv, splits, M]; nothing with one split or a cluster combine.
@@ -212,12 +238,14 @@ constexpr int64_t WorkspaceElems(int64_t batch, int64_t kv_heads, int64_t splits
 // one split (no combine); otherwise the fewest splits whose wave efficiency is within 85% of the
 // best (the FA3 heuristic), each split a whole number of tiles.
 inline int64_t SplitRows(int64_t batch, int64_t kv_heads, int64_t rows, int64_t capacity, int d,
-                         KvFormat format) {
+                         KvFormat format, bool tile128 = false) {
   const int block = BlockRows(rows);
+  const Layout l = LayoutFor(rows, d, format, tile128);
+  const int64_t block_n = SplitBlockRows(l);
   const int64_t ctas = batch * kv_heads * ((rows + block - 1) / block);
-  const int64_t tiles = std::max<int64_t>(1, (capacity + kBlockN - 1) / kBlockN);
-  const int64_t slots = int64_t(kPlanSms) * LayoutFor(rows, d, format).ctas_per_sm;
-  if (double(ctas) >= 0.8 * double(slots)) return tiles * kBlockN;
+  const int64_t tiles = std::max<int64_t>(1, (capacity + block_n - 1) / block_n);
+  const int64_t slots = int64_t(kPlanSms) * l.ctas_per_sm;
+  if (double(ctas) >= 0.8 * double(slots)) return tiles * block_n;
   auto efficiency = [&](int64_t n) {
     const int64_t work = ctas * n;
     return double(work) / double(((work + slots - 1) / slots) * slots);
@@ -236,30 +264,35 @@ inline int64_t SplitRows(int64_t batch, int64_t kv_heads, int64_t rows, int64_t 
       chosen = per_split;
     }
   }
-  return chosen * kBlockN;
+  return chosen * block_n;
 }
 
 // KV rows per split when the splits should combine inside a thread-block cluster, or 0: for 16-row
 // blocks (decode at small batch) of a layout that has the cluster combine, the first of
 // kClusterPlans whose cluster (capped by the tiles and, by `policy`, by the CTA slots of this layout
-// or by one wave of clusters) cuts the context into splits short enough.
+// or by one wave of clusters) cuts the context into splits short enough. A wide-tile layout counts
+// its splits in its tiles (SplitBlockRows) and the rungs' limits in the same rows (kBlockN-row
+// tiles: 2 / 4 / 8 of them are 1 / 2 / 4 wide tiles).
 inline int64_t ClusterSplitRows(int64_t batch, int64_t kv_heads, int64_t rows, int64_t capacity, int d,
-                                KvFormat format, PlanPolicy policy = PlanPolicy::kLadder) {
-  const Layout l = LayoutFor(rows, d, format);
+                                KvFormat format, PlanPolicy policy = PlanPolicy::kLadder,
+                                bool tile128 = false) {
+  const Layout l = LayoutFor(rows, d, format, tile128);
   if (l.block_m != 16 || !l.cluster_combine) return 0;
+  const int64_t block_n = SplitBlockRows(l);
+  const int64_t per = block_n / kBlockN;  // kBlockN-row tiles a split block
   const int64_t ctas = std::max<int64_t>(batch * kv_heads, 1);
-  const int64_t tiles = std::max<int64_t>(1, (capacity + kBlockN - 1) / kBlockN);
+  const int64_t tiles = std::max<int64_t>(1, (capacity + block_n - 1) / block_n);
   const int64_t slots = int64_t(kPlanSms) * l.ctas_per_sm;
   for (const ClusterPlan& plan : kClusterPlans) {
     int64_t n = std::min<int64_t>({plan.size, tiles, slots / ctas});
-    int64_t max_tiles = plan.max_tiles;
+    int64_t max_tiles = std::max<int64_t>(1, plan.max_tiles / per);
     if (policy == PlanPolicy::kFit) {
       const int64_t whole = std::min<int64_t>(plan.size, tiles);
       n = whole;
       while (n >= 2 && ctas * n > ClusterWaveCtas(slots, n)) --n;
-      if (n < whole) max_tiles = kFitMaxTiles;
+      if (n < whole) max_tiles = kFitMaxTiles / per;
     }
-    if (n >= 2 && (tiles + n - 1) / n <= max_tiles) return (tiles + n - 1) / n * kBlockN;
+    if (n >= 2 && (tiles + n - 1) / n <= max_tiles) return (tiles + n - 1) / n * block_n;
   }
   return 0;
 }
@@ -272,32 +305,39 @@ struct Plan {
   int64_t workspace_elems;  // f32 elements of the workspace output (>= 1: XLA wants a buffer)
   int block_rows;
   int ctas_per_sm;
+  int tile_rows;  // KV rows of the engine's tile for this call (128: the wide tile)
 };
 
 // split_rows: 0 lets the planner choose, else a positive multiple of kBlockN (the caller checks).
 // cluster: -1 lets the planner choose (only with split_rows 0: cluster plans are measured for
 // dense caches on GPUs that run clusters), 0 never, 1 whenever there are several splits.
-// policy: how a chosen cluster plan is sized (PlanPolicy).
+// policy: how a chosen cluster plan is sized (PlanPolicy). tile128: the wide KV tile where it
+// applies (WideTile; LaunchOptions::tile128): the planner's splits are then whole 128-row tiles and
+// its CTA slots those of the wide layout; a given split_rows that is not whole wide tiles keeps the
+// default tile (tile_rows says which the engine runs; the handler applies the same rule).
 inline Plan MakePlan(int64_t batch, int64_t q_heads, int64_t kv_heads, int64_t q_len, int64_t capacity,
                      int d, KvFormat format, bool cluster_capable, int64_t split_rows, int cluster,
-                     PlanPolicy policy = PlanPolicy::kLadder) {
+                     PlanPolicy policy = PlanPolicy::kLadder, bool tile128 = false) {
   const int64_t rows = (q_heads / std::max<int64_t>(kv_heads, 1)) * q_len;
   bool use_cluster = cluster == 1;
   if (cluster < 0) {
     const int64_t cluster_rows = split_rows == 0 && format == KvFormat::kDense && cluster_capable
-                                     ? ClusterSplitRows(batch, kv_heads, rows, capacity, d, format, policy)
+                                     ? ClusterSplitRows(batch, kv_heads, rows, capacity, d, format, policy, tile128)
                                      : 0;
     use_cluster = cluster_rows > 0;
     if (use_cluster) split_rows = cluster_rows;
   }
-  if (split_rows == 0) split_rows = SplitRows(batch, kv_heads, rows, capacity, d, format);
+  if (split_rows == 0) split_rows = SplitRows(batch, kv_heads, rows, capacity, d, format, tile128);
+  const bool wide = WideTile(rows, d, format, tile128) && split_rows % kWideTileN == 0;
   Plan p{};
   p.split_rows = split_rows;
   p.splits = (capacity + split_rows - 1) / split_rows;
   p.cluster = use_cluster && p.splits > 1;
   p.workspace_elems = p.cluster ? 1 : std::max<int64_t>(1, WorkspaceElems(batch, kv_heads, p.splits, rows, d));
   p.block_rows = BlockRows(rows);
-  p.ctas_per_sm = LayoutFor(rows, d, format).ctas_per_sm;
+  const Layout l = LayoutFor(rows, d, format, wide);
+  p.ctas_per_sm = l.ctas_per_sm;
+  p.tile_rows = l.tile_n;
   return p;
 }
 
