@@ -133,6 +133,19 @@ def test_ours_and_its_pinned_schedules():
     assert set(prefill.IMPLS) >= {"ours-pingpong", "jax-mosaic", "torch-flash", "torch-cudnn"}
 
 
+def test_tuned_schedules_are_opt_in_impls():
+    """The tuned pingpong kernels (params.h kScheduleSpecs) are impls "ours-<schedule>" the bench
+    accepts but does not run by default; their schedule names are the extension's."""
+    assert prefill.TUNED_IMPLS == ("ours-pingpong-fold", "ours-pingpong-lazy", "ours-pingpong-fold-lazy",
+                                   "ours-pingpong-n176", "ours-pingpong-fold-lazy-n176")
+    assert not set(prefill.TUNED_IMPLS) & set(prefill.DEFAULT_IMPLS)
+    assert prefill.parse_args(["--impls", "ours", *prefill.TUNED_IMPLS]).impls == ["ours", *prefill.TUNED_IMPLS]
+    from jax_onnx_attn import _extension
+    if _extension._ffi is not None:
+        from jax_onnx_attn.ops import cuda
+        assert {i.partition("-")[2] for i in prefill.TUNED_IMPLS} <= set(cuda.PREFILL_SCHEDULES)
+
+
 def test_skip_reasons_and_notes():
     skip, note = prefill._impl_skip, prefill._impl_note
     fp16 = dict(dtype="fp16")

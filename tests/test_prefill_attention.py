@@ -180,7 +180,9 @@ needs_limits = pytest.mark.skipif(_extension._ffi is None, reason="extension not
 def test_head_dims_and_schedules_come_from_the_extension():
     limits = _extension.limits()["prefill"]
     assert cuda.PREFILL_HEAD_DIMS == tuple(limits["head_dims"]) == (64, 80, 96, 128, 256)
-    assert cuda.PREFILL_SCHEDULES == tuple(limits["schedules"]) == ("serial", "overlap", "pingpong")
+    assert cuda.PREFILL_SCHEDULES == tuple(limits["schedules"]) == (
+        "serial", "overlap", "pingpong", "pingpong-fold", "pingpong-lazy", "pingpong-fold-lazy", "pingpong-n176",
+        "pingpong-fold-lazy-n176")
 
 
 @needs_limits

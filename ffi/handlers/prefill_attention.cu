@@ -6,8 +6,9 @@
 // [0, S] / [0, T]) -> y [B, Hq, S, D]. Query row i < q_len[b] sits at position
 // kv_len[b] - q_len[b] + i (bottom-right aligned); rows past q_len[b] and rows that see no key
 // are 0. left / right (>= 0; -1: unbounded): local windows, key j hidden from a row at position p
-// when p - j > left or j - p > right (the decode engine's rule). schedule: the consumers' order of
-// work, prefill::Schedule (all give the same bits). sink f32 [Hq] (a placeholder when has_sink is
+// when p - j > left or j - p > right (the decode engine's rule). schedule: an index of
+// prefill::kScheduleNames / kScheduleSpecs, the consumers' order of work (the three plain schedules
+// give the same bits) and its tuning (params.h Tune). sink f32 [Hq] (a placeholder when has_sink is
 // false): a per-query-head extra logit in the softmax's max and denominator, no value row.
 // softcap > 0: logits x -> softcap * tanh(x / softcap) before the mask (0: off).
 // Read-only on q, k, v; no workspace.
@@ -37,7 +38,7 @@ inline std::string Configure(PrefillParams& p, int64_t batch, int64_t q_heads, i
   if (kv_heads <= 0 || q_heads % kv_heads != 0) return "query heads must be a multiple of KV heads";
   constexpr int64_t kMaxRows = int64_t(1) << 31;
   // TMA row coordinates and the engine's row arithmetic are 32-bit.
-  if (batch * q_heads * q_rows >= kMaxRows || batch * kv_heads * kv_rows + TilingFor(int(head_dim)).block_n >= kMaxRows) {
+  if (batch * q_heads * q_rows >= kMaxRows || batch * kv_heads * kv_rows + kMaxBlockN >= kMaxRows) {
     return "more than 2^31 query or key rows";
   }
   const int64_t rows = (q_heads / kv_heads) * q_rows;
@@ -55,7 +56,7 @@ inline std::string Configure(PrefillParams& p, int64_t batch, int64_t q_heads, i
 }
 
 inline ffi::Error LaunchPrefill(const PrefillParams& p, ffi::DataType dtype, const void* q, const void* k,
-                                const void* v, Schedule schedule, cudaStream_t stream, const char* op) {
+                                const void* v, ScheduleSpec schedule, cudaStream_t stream, const char* op) {
   if (p.batch == 0 || p.rows == 0) return ffi::Error::Success();
   int dev = 0, major = 0, minor = 0;
   cudaGetDevice(&dev);
@@ -120,8 +121,9 @@ ffi::Error PrefillAttentionImpl(cudaStream_t stream, AnyBuffer q, AnyBuffer k, A
   if (yd.size() != 4 || yd[0] != qd[0] || yd[1] != qd[1] || yd[2] != qd[2] || yd[3] != qd[3]) {
     return InvalidArgument("prefill_attention: y must be [B, Hq, S, D]");
   }
-  if (schedule < 0 || schedule > int64_t(prefill::Schedule::kPingPong)) {
-    return InvalidArgument("prefill_attention: schedule must be 0 (serial), 1 (overlap) or 2 (pingpong)");
+  if (schedule < 0 || schedule >= prefill::kNumSchedules) {
+    return InvalidArgument("prefill_attention: schedule must index prefill::kScheduleNames (0 serial, 1 overlap, "
+                           "2 pingpong, 3.. tuned pingpong), got " + std::to_string(schedule));
   }
   prefill::PrefillParams p{};
   std::string err =
@@ -132,7 +134,7 @@ ffi::Error PrefillAttentionImpl(cudaStream_t stream, AnyBuffer q, AnyBuffer k, A
   p.q_len = q_len.typed_data();
   p.kv_len = kv_len.typed_data();
   return prefill::LaunchPrefill(p, q.element_type(), q.untyped_data(), k.untyped_data(), v.untyped_data(),
-                                prefill::Schedule(schedule), stream, kOp);
+                                prefill::kScheduleSpecs[schedule], stream, kOp);
 }
 
 }  // namespace

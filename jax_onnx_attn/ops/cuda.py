@@ -422,7 +422,12 @@ def prefill_attention(q, k, v, q_len, kv_len, sink=None, *, scale: float, causal
     softmax: FA3's intra-warpgroup pipelining), "pingpong" ("overlap", the two warpgroups taking
     turns at the tensor cores); None: the head size's default, PREFILL_TILING[D]["schedule"]
     ("pingpong", the fastest at D 128 on the H200; "overlap" at D 256, FA3's choice there); all
-    add in the same order, so they give the same bits. Raises
+    add in the same order, so they give the same bits. The tuned pingpong schedules (opt-in, for
+    A/B runs; docs/kernels.md): "pingpong-fold" (the scale folded into the exp2's FFMA: other bits),
+    "pingpong-lazy" (the O rescale skipped where no row's max moved: pingpong's bits),
+    "pingpong-fold-lazy", "pingpong-n176" (176-key tiles: other bits) and
+    "pingpong-fold-lazy-n176"; they are compiled for D 128 without sinks / softcap and scale > 0,
+    and run plain "pingpong" anywhere else. Raises
     TypeError / ValueError "prefill_attention: <input>: <rule>" at trace time.
     """
     _check_prefill(q, k, v, q_len, kv_len)

@@ -408,3 +408,100 @@ _LOOP = textwrap.dedent("""
 @needs_sm90
 def test_prefill_loop_in_a_command_buffer(tmp_path):
     command_buffer.assert_captured(_LOOP, "prefill_attention", tmp_path)
+
+
+# --- tuned pingpong kernels (params.h Tune; opt-in schedules for A/B runs) ---------------------------
+# Every test name here carries "tuned" (-k tuned). "-lazy" keeps its base's bits (it only skips
+# multiplies by exactly 1); "-fold" (one FFMA per element) and "-n176" (176-key tiles: other row-sum
+# order) change bits, so they are held to the spec's tolerance and to their own bits run to run.
+
+TUNED = ("pingpong-fold", "pingpong-lazy", "pingpong-fold-lazy", "pingpong-n176", "pingpong-fold-lazy-n176")
+#: The tuned schedule whose bits each must equal (lazy: its base without the skip).
+SAME_BITS_AS = {"pingpong-lazy": "pingpong", "pingpong-fold-lazy": "pingpong-fold"}
+
+
+def _check_tuned(q, k, v, q_len, kv_len, sink=None, *, causal, scale=None, **variant):
+    """Every tuned schedule against the spec; the lazy ones bit for bit against their base."""
+    scale = float(scale if scale is not None else q.shape[-1] ** -0.5)
+    want = _reference(q, k, v, q_len, kv_len, sink, scale=scale, causal=causal, **variant)
+    got = {name: np.asarray(_engine(q, k, v, q_len, kv_len, sink, scale=scale, causal=causal, schedule=name,
+                                    **variant))
+           for name in ("pingpong", *TUNED)}
+    for name, y in got.items():
+        assert y.shape == q.shape and y.dtype == q.dtype
+        assert_close(y, want, q.dtype, err_msg=name)
+    for name, base in SAME_BITS_AS.items():
+        assert np.array_equal(got[name], got[base], equal_nan=True), (name, base)
+    return got
+
+
+def test_tuned_schedules_are_the_extensions():
+    assert set(TUNED) <= set(cuda.PREFILL_SCHEDULES)
+
+
+@needs_sm90
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f16", "bf16"])
+@pytest.mark.parametrize("s", [1, 63, 1000, 2048])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
+def test_tuned_values(causal, s, dtype):
+    """D 128, GQA group 4, ragged lengths, NaN keys past kv_len; T = S + 37 ends mid-tile for both
+    128- and 176-key tiles."""
+    hkv, group, t = 2, 4, s + 37
+    args = _inputs(s * 29 + 5, 3, hkv * group, hkv, s, t, 128, dtype, *_ragged(s, t))
+    _check_tuned(*args, causal=causal)
+
+
+@needs_sm90
+@pytest.mark.parametrize("causal,left,right", [(True, 0, -1), (True, 300, -1), (False, 200, 70),
+                                               (False, -1, 129)], ids=lambda x: str(x))
+def test_tuned_local_windows(causal, left, right):
+    s, t = 700, 900
+    args = _inputs(11 * (left + 1) + right, 3, 8, 2, s, t, 128, BF16, *_ragged(s, t))
+    _check_tuned(*args, causal=causal, left=left, right=right)
+
+
+@needs_sm90
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
+def test_tuned_length_edge_cases_and_tiles_crossing_heads(causal):
+    """q_len 0, kv_len 0, q_len > kv_len, clamped and negative lengths; S = 45 (a CTA spans heads)."""
+    s, t = 200, 300
+    args = _inputs(7, 6, 8, 2, s, t, 128, BF16, [0, 150, 200, 999, -4, 200], [300, 0, 90, 5000, 300, -1])
+    for name, y in _check_tuned(*args, causal=causal).items():
+        y = y.astype(np.float32)
+        assert not y[0].any() and not y[1].any() and not y[4].any() and not y[5].any(), name
+    _check_tuned(*_inputs(11, 2, 16, 2, 45, 45, 128, np.float16, [45, 30], [45, 40]), causal=causal)
+
+
+@needs_sm90
+def test_tuned_fall_back_to_pingpong_elsewhere():
+    """Where no tuned kernel is compiled (sinks, softcap, D 64 / 256, scale <= 0) a tuned schedule
+    runs plain pingpong: the same bits."""
+    s, t = 300, 400
+    f16 = _inputs(21, 2, 8, 2, s, t, 128, np.float16, *_ragged(s, t, 2))
+    cases = [(f16, dict(causal=True), _sinks(8, 2)), (f16, dict(causal=False, softcap=5.0), None),
+             (f16, dict(causal=True, scale=-0.05), None),
+             (_inputs(22, 2, 8, 2, s, t, 64, BF16, *_ragged(s, t, 2)), dict(causal=True), None),
+             (_inputs(23, 2, 8, 2, s, t, 256, BF16, *_ragged(s, t, 2)), dict(causal=False), None)]
+    for args, kw, sink in cases:
+        kw.setdefault("scale", args[0].shape[-1] ** -0.5)
+        base = np.asarray(_engine(*args, sink, schedule="pingpong", **kw))
+        for name in TUNED:
+            assert np.array_equal(base, np.asarray(_engine(*args, sink, schedule=name, **kw)), equal_nan=True), \
+                (name, args[0].shape, kw, sink is not None)
+
+
+@needs_sm90
+@pytest.mark.parametrize("schedule", TUNED)
+def test_tuned_zero_queries_and_one_hot_keys(schedule):
+    """P V alone (q = 0: the mean of the visible V rows), then Q K^T alone (one-hot keys), for the
+    176-key tiles' descriptors (K's column blocks 22 KB apart, V's leading byte offset 22 KB)."""
+    _zero_queries(schedule, 128)
+    _one_hot_keys(schedule, 128, 128, 256)
+    _one_hot_keys(schedule, 128, 200, 600)
+
+
+@needs_sm90
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
+@pytest.mark.parametrize("schedule", TUNED)
+def test_tuned_bitwise_repeatable_and_batch_invariant(causal, schedule):
+    _bitwise_repeatable(causal, schedule, 128)

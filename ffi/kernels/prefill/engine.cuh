@@ -23,6 +23,7 @@
 #include <cuda.h>  // CUtensorMap
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/common/variant.cuh"
 #include "kernels/prefill/params.h"
@@ -43,6 +44,11 @@ template <class V>
 inline constexpr bool kHasSink = false;
 template <class B>
 inline constexpr bool kHasSink<WithSink<B>> = true;
+
+// Whether a variant's Score is the plain scale (MaskVariant, with or without sinks): what
+// kTuneFold (params.h) folds into the exp2 argument. Other variants ignore the fold bit.
+template <class V>
+inline constexpr bool kPlainScore = std::is_same_v<V, MaskVariant> || std::is_same_v<V, WithSink<MaskVariant>>;
 
 // What one CTA does: its packed rows [r0, r0 + kBlockM) of the M rows of its (b, kvh), the valid
 // lengths of its batch row, and the key tiles [n_begin, n_end) it visits; tiles inside
@@ -84,10 +90,10 @@ __device__ __forceinline__ CtaWork PlanCta(const PrefillParams& p, const Variant
 }
 
 // The shared-memory plan of one CTA (byte offsets from the 1024-aligned base) and the head size's
-// static tiling (params.h TilingFor: the one source of truth).
-template <int kD>
+// static tiling (params.h TilingFor: the one source of truth; TunedTiling under kTuneWideN).
+template <int kD, int kTune = kTuneNone>
 struct Smem {
-  static constexpr Tiling kTiling = TilingFor(kD);
+  static constexpr Tiling kTiling = TunedTiling(kD, kTune);
   static_assert(kTiling.padded > 0 && kD % 16 == 0, "a head size of kHeadDims");
   static constexpr int kPadded = kTiling.padded;   // tile and O width (d <= kPadded)
   static constexpr int kBlockN = kTiling.block_n;  // keys per step
@@ -111,14 +117,14 @@ struct Smem {
   static constexpr int KEmpty(int s) { return kBars + 8 * (1 + 2 * kStages + s); }
   static constexpr int VEmpty(int s) { return kBars + 8 * (1 + 3 * kStages + s); }
   static constexpr int kEnd = kBars + 8 * (1 + 4 * kStages);
-  static_assert(kEnd + 1024 <= SmemBytes(kD), "SmemBytes(d) must cover the plan");
+  static_assert(kEnd + 1024 <= SmemBytes(kD, kTune), "SmemBytes(d) must cover the plan");
 };
 
-template <typename T, int kD, class Variant>
+template <typename T, int kD, class Variant, int kTune = kTuneNone>
 __device__ __forceinline__ void Produce(const CUtensorMap& q_map, const CUtensorMap& k_map,
                                         const CUtensorMap& v_map, uint32_t base, const CtaWork& w,
                                         int bh, const PrefillParams& p) {
-  using L = Smem<kD>;
+  using L = Smem<kD, kTune>;
   sm90::PrefetchTensorMap(&q_map);
   sm90::PrefetchTensorMap(&k_map);
   sm90::PrefetchTensorMap(&v_map);
@@ -163,9 +169,13 @@ __device__ __forceinline__ void Produce(const CUtensorMap& q_map, const CUtensor
 // The steps of one consumer warpgroup on one key tile. Accumulator layout (wgmma m64nN, f32): this
 // thread holds rows lane / 4 (+ 8) of its warp's 16 and, per 8 columns c8, columns
 // 8 * c8 + 2 * (lane % 4) + {0, 1}: element e is row half (e / 2) % 2, column (e / 4) * 8 + ...
-template <typename T, int kD, class Variant>
+template <typename T, int kD, class Variant, int kTune = kTuneNone>
 struct ConsumerSteps {
-  using L = Smem<kD>;
+  using L = Smem<kD, kTune>;
+  // kTuneFold / kTuneLazy (params.h): the raw scores' max and one FFMA per element; the O rescale
+  // skipped when the warp's rows kept their max.
+  static constexpr bool kFold = (kTune & kTuneFold) != 0 && kPlainScore<Variant>;
+  static constexpr bool kLazy = (kTune & kTuneLazy) != 0;
   static constexpr int kChunks = L::kChunks;
   static constexpr int kBlockN = L::kBlockN;
   static constexpr int kKSteps = kBlockN / 16;  // P V k-steps
@@ -208,16 +218,26 @@ struct ConsumerSteps {
   // column c and one select. Unmasked tiles do no per-element integer work at all. The row max runs
   // as four independent chains per row (max is exact, so the order does not change any bit) instead
   // of one chain of 32 dependent max.NaN.
+  //
+  // kFold: sc, m and the max are raw Q K^T scores (scale_log2 > 0, so the max commutes with the
+  // scaling); alpha = ex2((m_old - m_new) * scale_log2) (exactly 1 when the max stays) and
+  // P = ex2(fma(s, scale_log2, -m_new * scale_log2)), FA3's softmax. m stays raw: the epilogue
+  // scales it where it needs the log2 domain (sinks).
   template <bool kMasked>
   static __device__ __forceinline__ void Softmax(float (&sc)[kSc], float (&m)[2], float (&l)[2], float (&alpha)[2],
                                                  const Variant& var, const QueryRow<int> (&row)[2], int jq,
-                                                 const int (&lo)[2], const int (&hi)[2]) {
+                                                 const int (&lo)[2], const int (&hi)[2], float scale_log2) {
     float mx[2][4];
 #pragma unroll
     for (int e = 0; e < kSc; ++e) {
       const int h = (e / 2) % 2;
       const int c = (e / 4) * 8 + e % 2;  // column within the tile, less 2 * quad
-      float x = var.Score(sc[e], row[h], jq + c);
+      float x;
+      if constexpr (kFold) {
+        x = sc[e];
+      } else {
+        x = var.Score(sc[e], row[h], jq + c);
+      }
       if constexpr (kMasked) x = (c >= lo[h] && c < hi[h]) ? x : -INFINITY;
       sc[e] = x;
       // Elements e of row h: e % 4 in {2h, 2h + 1}; chain k takes e / 4 = k (mod 2) and e % 2.
@@ -233,7 +253,12 @@ struct ConsumerSteps {
       mh = ptx::MaxNan(mh, __shfl_xor_sync(0xffffffffu, mh, 2));
       // A row with no visible key yet is shifted by 0: exp2(-inf) = 0, never NaN.
       shift[h] = mh == -INFINITY ? 0.f : mh;
-      alpha[h] = ptx::Exp2(m[h] - shift[h]);
+      if constexpr (kFold) {
+        alpha[h] = ptx::Exp2(__fmul_rn(__fsub_rn(m[h], shift[h]), scale_log2));
+        shift[h] = -__fmul_rn(shift[h], scale_log2);  // the FFMA's addend
+      } else {
+        alpha[h] = ptx::Exp2(m[h] - shift[h]);
+      }
       m[h] = mh;
       l[h] = __fmul_rn(l[h], alpha[h]);
     }
@@ -242,7 +267,11 @@ struct ConsumerSteps {
 #pragma unroll
     for (int e = 0; e < kSc; ++e) {
       const int h = (e / 2) % 2;
-      sc[e] = ptx::Exp2(__fsub_rn(sc[e], shift[h]));
+      if constexpr (kFold) {
+        sc[e] = ptx::Exp2(__fmaf_rn(sc[e], scale_log2, shift[h]));
+      } else {
+        sc[e] = ptx::Exp2(__fsub_rn(sc[e], shift[h]));
+      }
       l[h] = __fadd_rn(l[h], sc[e]);
     }
   }
@@ -252,13 +281,14 @@ struct ConsumerSteps {
   static __device__ __forceinline__ void SoftmaxTile(float (&sc)[kSc], float (&m)[2], float (&l)[2],
                                                      float (&alpha)[2], const Variant& var,
                                                      const QueryRow<int> (&row)[2], int j0, bool masked, int quad,
-                                                     const int (&span_lo)[2], const int (&span_hi)[2]) {
+                                                     const int (&span_lo)[2], const int (&span_hi)[2],
+                                                     float scale_log2) {
     const int jq = j0 + 2 * quad;  // this thread's first key of the tile
     if (masked) {
       const int lo[2] = {span_lo[0] - j0, span_lo[1] - j0}, hi[2] = {span_hi[0] - j0, span_hi[1] - j0};
-      Softmax<true>(sc, m, l, alpha, var, row, jq, lo, hi);
+      Softmax<true>(sc, m, l, alpha, var, row, jq, lo, hi, scale_log2);
     } else {
-      Softmax<false>(sc, m, l, alpha, var, row, jq, span_lo, span_hi);
+      Softmax<false>(sc, m, l, alpha, var, row, jq, span_lo, span_hi, scale_log2);
     }
   }
 
@@ -269,6 +299,11 @@ struct ConsumerSteps {
     for (int t = 0; t < kKSteps; ++t) {
 #pragma unroll
       for (int a = 0; a < 4; ++a) pa[t][a] = ptx::Pack2<T>(sc[8 * t + 2 * a], sc[8 * t + 2 * a + 1]);
+    }
+    if constexpr (kLazy) {
+      // x * 1 is exact: skipping the rescale when no row of the warp moved its max keeps the bits.
+      // alpha != 1 is true for NaN too (NaN rows still poison O, as without the skip).
+      if (!__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) return;
     }
 #pragma unroll
     for (int e = 0; e < kO; ++e) o[e] = __fmul_rn(o[e], alpha[(e / 2) % 2]);
@@ -309,11 +344,13 @@ __device__ __forceinline__ void PassTurn(int wg) {
 // n_tiles + 1 times (prologue, n_tiles - 1 loop steps, epilogue), warpgroup 0 first; warpgroup 1
 // passes the first turn at the start and no turn after its last issue, so every barrier phase
 // sees 128 syncs and 128 arrivals.
-template <typename T, int kD, class Variant, Schedule kSchedule>
+template <typename T, int kD, class Variant, Schedule kSchedule, int kTune = kTuneNone>
 __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const CtaWork& w, const Variant& var,
                                         int wg, int bh, const PrefillParams& p) {
-  using L = Smem<kD>;
-  using Step = ConsumerSteps<T, kD, Variant>;
+  using L = Smem<kD, kTune>;
+  using Step = ConsumerSteps<T, kD, Variant, kTune>;
+  // kTuneFold's factor (MaskVariant's scale_log2; unused without the fold).
+  const float scale_log2 = p.variant.scale * kLog2e;
   constexpr int kChunks = L::kChunks;
   const int tid = threadIdx.x % 128;
   const int warp = tid / 32, lane = tid % 32;
@@ -358,7 +395,7 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
         sm90::WgmmaWait<0>();
         sm90::FenceOperands(sc);
         if (tid == 0) sm90::MbarArrive(base + L::KEmpty(s));  // this warpgroup is done with K slot s
-        Step::SoftmaxTile(sc, m, l, alpha, var, row, j0, masked(j0), quad, span_lo, span_hi);
+        Step::SoftmaxTile(sc, m, l, alpha, var, row, j0, masked(j0), quad, span_lo, span_hi, scale_log2);
         Step::PackAndRescale(sc, pa, o, alpha);
         sm90::MbarWait(base + L::VFull(s), phase(it));
         Step::ZeroTail(base_ptr + L::kV + s * L::kKVTileBytes, j0, w.kv_len, tid, wg);
@@ -382,7 +419,7 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
         sm90::WgmmaWait<0>();
         sm90::FenceOperands(sc);
         if (tid == 0) sm90::MbarArrive(base + L::KEmpty(0));
-        Step::SoftmaxTile(sc, m, l, alpha, var, row, j0, masked(j0), quad, span_lo, span_hi);
+        Step::SoftmaxTile(sc, m, l, alpha, var, row, j0, masked(j0), quad, span_lo, span_hi, scale_log2);
         Step::PackAndRescale(sc, pa, o, alpha);
       }
       for (int it = 1; it < n_tiles; ++it) {
@@ -398,7 +435,7 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
         sm90::WgmmaWait<1>();  // Q K^T done (groups complete in order); P V may still run
         sm90::FenceOperands(sc);
         if (tid == 0) sm90::MbarArrive(base + L::KEmpty(s));
-        Step::SoftmaxTile(sc, m, l, alpha, var, row, j0, masked(j0), quad, span_lo, span_hi);
+        Step::SoftmaxTile(sc, m, l, alpha, var, row, j0, masked(j0), quad, span_lo, span_hi, scale_log2);
         sm90::WgmmaWait<0>();  // P V done: pa and V slot prev are free
         sm90::FenceOperands(pa);
         sm90::FenceOperands(o);
@@ -439,9 +476,11 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
       // The query head of packed row r; rows past this KV head's M (never written) clamp to its last.
       const int head = (bh % p.kv_heads) * p.group + min(r[h] / p.q_rows, p.group - 1);
       const float sink = SinkLog2(p.variant.sink, head);
-      const float mx = ptx::MaxNan(m[h], sink);
+      // kTuneFold keeps m raw: to the log2 domain here (-inf and NaN stay so).
+      const float m_log2 = Step::kFold ? __fmul_rn(m[h], scale_log2) : m[h];
+      const float mx = ptx::MaxNan(m_log2, sink);
       const float m_use = mx == -INFINITY ? 0.f : mx;
-      num = ptx::Exp2(m[h] - m_use);
+      num = ptx::Exp2(m_log2 - m_use);
       l[h] = __fadd_rn(__fmul_rn(l[h], num), ptx::Exp2(sink - m_use));
     }
     const float inv = l[h] == 0.f ? 0.f : num / l[h];  // NaN stays NaN
@@ -474,12 +513,12 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
   }
 }
 
-template <typename T, int kD, class Variant, Schedule kSchedule>
+template <typename T, int kD, class Variant, Schedule kSchedule, int kTune = kTuneNone>
 __global__ void __launch_bounds__(kThreads, 1)
     PrefillKernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                   const __grid_constant__ CUtensorMap v_map, const PrefillParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using L = Smem<kD>;
+  using L = Smem<kD, kTune>;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = ptx::SmemAddr(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;  // the 128-byte swizzle repeats every 1024 bytes
@@ -513,10 +552,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     sm90::RegDealloc<24>();
-    if (threadIdx.x == 0 && w.n_end > w.n_begin) Produce<T, kD, Variant>(q_map, k_map, v_map, base, w, bh, p);
+    if (threadIdx.x == 0 && w.n_end > w.n_begin) Produce<T, kD, Variant, kTune>(q_map, k_map, v_map, base, w, bh, p);
   } else {
     sm90::RegAlloc<240>();
-    Consume<T, kD, Variant, kSchedule>(base, base_ptr, w, var, wg - 1, bh, p);
+    Consume<T, kD, Variant, kSchedule, kTune>(base, base_ptr, w, var, wg - 1, bh, p);
   }
 #else
   // Built for a GPU without wgmma / TMA: the handler refuses to launch there.

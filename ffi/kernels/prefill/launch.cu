@@ -1,7 +1,8 @@
 // Launch of the prefill engine: the TMA tensor maps (encoded on the host through the driver entry
 // point, no libcuda link), the shared-memory limit, the grid; instantiated for f16 / bf16 x head
 // size 64 / 80 / 96 / 128 / 256 (kHeadDims) x the three consumer schedules x the mask variant
-// (causal or not, windows, scale) or the softcap one, each with or without sinks.
+// (causal or not, windows, scale) or the softcap one, each with or without sinks; and the tuned
+// pingpong kernels (params.h kScheduleSpecs) at D 128 with the mask variant.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -55,13 +56,42 @@ auto PickKernel(Schedule schedule) {
                                           : PrefillKernel<T, kD, Variant, Schedule::kSerial>;
 }
 
+// The tuned pingpong kernel of a kScheduleSpecs tune (D 128, MaskVariant), or null for tune 0 and
+// anything not instantiated.
+template <typename T, int kD>
+auto PickTunedKernel(int tune) {
+  using K = decltype(&PrefillKernel<T, kD, MaskVariant, Schedule::kPingPong>);
+  K kernel = nullptr;
+  if constexpr (kD == 128) {
+    constexpr Schedule kP = Schedule::kPingPong;
+    switch (tune) {
+      case kTuneFold: kernel = PrefillKernel<T, kD, MaskVariant, kP, kTuneFold>; break;
+      case kTuneLazy: kernel = PrefillKernel<T, kD, MaskVariant, kP, kTuneLazy>; break;
+      case kTuneFold | kTuneLazy: kernel = PrefillKernel<T, kD, MaskVariant, kP, kTuneFold | kTuneLazy>; break;
+      case kTuneWideN: kernel = PrefillKernel<T, kD, MaskVariant, kP, kTuneWideN>; break;
+      case kTuneFold | kTuneLazy | kTuneWideN:
+        kernel = PrefillKernel<T, kD, MaskVariant, kP, kTuneFold | kTuneLazy | kTuneWideN>;
+        break;
+      default: break;
+    }
+  }
+  return kernel;
+}
+
 }  // namespace
 
 template <typename T, int kD>
-cudaError_t Launch(PrefillParams p, const void* q, const void* k, const void* v, Schedule schedule,
+cudaError_t Launch(PrefillParams p, const void* q, const void* k, const void* v, ScheduleSpec spec,
                    cudaStream_t stream) {
   if (p.batch == 0 || p.kv_heads == 0 || p.rows == 0) return cudaSuccess;
-  constexpr Tiling kTiling = TilingFor(kD);
+  const Schedule schedule = spec.base;
+  // Sinks (the epilogue adds them) and softcap (a tanhf per logit) have their own instantiations;
+  // without either, the plain MaskVariant kernels. A tune runs only where it is instantiated (D 128,
+  // MaskVariant) and, folding the scale, with scale > 0; anywhere else the base schedule's kernel.
+  const bool sink = p.variant.sink != nullptr, cap = p.variant.softcap > 0.f;
+  auto* tuned = sink || cap || !(p.variant.scale > 0.f) ? nullptr : PickTunedKernel<T, kD>(spec.tune);
+  const int tune = tuned != nullptr ? spec.tune : kTuneNone;
+  const Tiling kTiling = TunedTiling(kD, tune);
   p.m_blocks = (p.rows + kBlockM - 1) / kBlockM;
   CUtensorMap q_map, k_map, v_map;
   cudaError_t err = MakeMap<T>(&q_map, q, uint64_t(p.batch) * p.q_heads * p.q_rows, kD, kBlockM);
@@ -73,23 +103,22 @@ cudaError_t Launch(PrefillParams p, const void* q, const void* k, const void* v,
     k_map = v_map = q_map;  // no keys: never read
   }
   if (err != cudaSuccess) return err;
-  // Sinks (the epilogue adds them) and softcap (a tanhf per logit) have their own instantiations;
-  // without either, the plain MaskVariant kernels.
-  const bool sink = p.variant.sink != nullptr, cap = p.variant.softcap > 0.f;
-  auto* kernel = cap ? (sink ? PickKernel<T, kD, WithSink<CapVariant>>(schedule)
-                             : PickKernel<T, kD, CapVariant>(schedule))
-                     : (sink ? PickKernel<T, kD, WithSink<MaskVariant>>(schedule)
-                             : PickKernel<T, kD, MaskVariant>(schedule));
+  auto* kernel = tuned != nullptr ? tuned
+                 : cap           ? (sink ? PickKernel<T, kD, WithSink<CapVariant>>(schedule)
+                                         : PickKernel<T, kD, CapVariant>(schedule))
+                                 : (sink ? PickKernel<T, kD, WithSink<MaskVariant>>(schedule)
+                                         : PickKernel<T, kD, MaskVariant>(schedule));
+  const int64_t smem = SmemBytes(kD, tune);
   // A function attribute, not stream work: allowed while XLA captures the stream.
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(SmemBytes(kD)));
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   if (err != cudaSuccess) return err;
   const dim3 grid(unsigned(p.batch * p.kv_heads * p.m_blocks));  // < 2^31: the handler checks
-  kernel<<<grid, kThreads, SmemBytes(kD), stream>>>(q_map, k_map, v_map, p);
+  kernel<<<grid, kThreads, smem, stream>>>(q_map, k_map, v_map, p);
   return cudaGetLastError();
 }
 
 #define JOA_PREFILL_INSTANTIATE(T, D) \
-  template cudaError_t Launch<T, D>(PrefillParams, const void*, const void*, const void*, Schedule, cudaStream_t);
+  template cudaError_t Launch<T, D>(PrefillParams, const void*, const void*, const void*, ScheduleSpec, cudaStream_t);
 JOA_PREFILL_INSTANCES(JOA_PREFILL_INSTANTIATE)
 #undef JOA_PREFILL_INSTANTIATE
 

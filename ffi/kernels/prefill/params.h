@@ -48,7 +48,45 @@ inline constexpr int kHeadDims[] = {64, 80, 96, 128, 256};
 //   kPingPong: kOverlap, and the two warpgroups take turns to issue their tensor-core work, so one
 //              runs its softmax while the other's MMAs run (FA3's ping-pong, named barriers).
 enum class Schedule : int { kSerial = 0, kOverlap = 1, kPingPong = 2 };
-inline constexpr const char* kScheduleNames[] = {"serial", "overlap", "pingpong"};
+
+// Main-loop tunings (issue 14), bits of a kernel template parameter, opt-in through the named
+// schedules below so that the bench can A/B them in one process; the plain schedules (tune 0) are
+// the kernels as they were, instruction for instruction.
+//   kTuneFold:  the scale folded into the exp2 argument, FA3's way: the row max is taken on the raw
+//               Q K^T scores and P = ex2(s * scale_log2 - max * scale_log2) is one FFMA and one MUFU
+//               per element (was FMUL score, FSUB, MUFU). Changes bits (a fused multiply-add rounds
+//               once); needs scale > 0 (max commutes with the scaling), else the launch drops it.
+//   kTuneLazy:  the O rescale (64 FMUL a thread and tile at D 128) skipped when no row of the warp
+//               changed its max (every alpha exactly 1: x * 1 is exact), a warp vote and a uniform
+//               branch. Keeps the bits.
+//   kTuneWideN: 176 keys per step at D 128 (FA3's non-causal tile; 2 stages, 209 KB of shared
+//               memory): 11 / 8 of the work per softmax round, S / P 88 + 44 registers a thread.
+//               Keeps each element's arithmetic but changes the order of the row sums: other bits.
+// Instantiated at D 128 with the plain MaskVariant only; a tuned schedule called with another head
+// size, sinks or softcap runs its base schedule's kernel (same results, no tuning).
+enum Tune : int { kTuneNone = 0, kTuneFold = 1, kTuneLazy = 2, kTuneWideN = 4 };
+
+// The schedules callers name (the handler's `schedule` attribute is an index of this list; Python's
+// cuda.PREFILL_SCHEDULES reads the names through _ffi.limits()).
+struct ScheduleSpec {
+  Schedule base;
+  int tune;
+};
+inline constexpr ScheduleSpec kScheduleSpecs[] = {
+    {Schedule::kSerial, kTuneNone},
+    {Schedule::kOverlap, kTuneNone},
+    {Schedule::kPingPong, kTuneNone},
+    {Schedule::kPingPong, kTuneFold},
+    {Schedule::kPingPong, kTuneLazy},
+    {Schedule::kPingPong, kTuneFold | kTuneLazy},
+    {Schedule::kPingPong, kTuneWideN},
+    {Schedule::kPingPong, kTuneFold | kTuneLazy | kTuneWideN},
+};
+inline constexpr const char* kScheduleNames[] = {"serial",        "overlap",       "pingpong",
+                                                 "pingpong-fold", "pingpong-lazy", "pingpong-fold-lazy",
+                                                 "pingpong-n176", "pingpong-fold-lazy-n176"};
+inline constexpr int kNumSchedules = int(sizeof(kScheduleNames) / sizeof(kScheduleNames[0]));
+static_assert(sizeof(kScheduleSpecs) / sizeof(kScheduleSpecs[0]) == kNumSchedules, "one spec per name");
 
 // The static tiling of one head size d, the one source of truth (engine.cuh's Smem and the kernels,
 // the launch, the handler's checks and _ffi.limits() all read it):
@@ -75,13 +113,24 @@ constexpr Tiling TilingFor(int d) {
                                           : Tiling{0, 0, 0, Schedule::kSerial};  // not one of kHeadDims
 }
 
+// The tiling of head size d under a tune (kTuneWideN: 176 keys per step at D 128).
+constexpr Tiling TunedTiling(int d, int tune) {
+  return (tune & kTuneWideN) && d == 128 ? Tiling{128, 176, 2, Schedule::kPingPong} : TilingFor(d);
+}
+// The most keys per step of any tiling (the handler's row-range check).
+inline constexpr int kMaxBlockN = 176;
+
 // Shared memory of one CTA for head size d: Q, stages x (K, V), 1 KB of alignment slack and the
 // barriers (all tiles are 128-byte-swizzled [rows][64] column blocks of the padded width).
-constexpr int64_t SmemBytes(int d) {
-  return int64_t(2) * TilingFor(d).padded * (kBlockM + 2 * TilingFor(d).stages * TilingFor(d).block_n) + 1024 + 256;
+constexpr int64_t SmemBytes(int d, int tune = kTuneNone) {
+  return int64_t(2) * TunedTiling(d, tune).padded *
+             (kBlockM + 2 * TunedTiling(d, tune).stages * TunedTiling(d, tune).block_n) +
+         1024 + 256;
 }
 // The most a CTA may have on sm_90 (227 KB).
 inline constexpr int64_t kMaxSmemBytes = 232448;
-static_assert(SmemBytes(256) <= kMaxSmemBytes && SmemBytes(128) <= kMaxSmemBytes, "a CTA's shared memory");
+static_assert(SmemBytes(256) <= kMaxSmemBytes && SmemBytes(128) <= kMaxSmemBytes &&
+                  SmemBytes(128, kTuneWideN) <= kMaxSmemBytes,
+              "a CTA's shared memory");
 
 }  // namespace joa::prefill

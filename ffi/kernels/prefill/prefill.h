@@ -11,10 +11,10 @@ namespace joa::prefill {
 
 // Builds the tensor maps of q [B * Hq * S, D] and k / v [B * Hkv * T, D] (p's shapes) and launches
 // the engine on `stream` (nothing when there are no query rows). T: __half or __nv_bfloat16; kD:
-// one of kHeadDims; schedule: the consumers' order of work (params.h). Geometry from p's static
-// shapes only. p.m_blocks is filled here.
+// one of kHeadDims; spec: the consumers' order of work and its tuning (params.h kScheduleSpecs).
+// Geometry from p's static shapes only. p.m_blocks is filled here.
 template <typename T, int kD>
-cudaError_t Launch(PrefillParams p, const void* q, const void* k, const void* v, Schedule schedule,
+cudaError_t Launch(PrefillParams p, const void* q, const void* k, const void* v, ScheduleSpec spec,
                    cudaStream_t stream);
 
 // One per kHeadDims entry and element type (params.h; the handler dispatches on the same list).
@@ -22,7 +22,7 @@ cudaError_t Launch(PrefillParams p, const void* q, const void* k, const void* v,
   X(__half, 64) X(__half, 80) X(__half, 96) X(__half, 128) X(__half, 256) X(__nv_bfloat16, 64)          \
       X(__nv_bfloat16, 80) X(__nv_bfloat16, 96) X(__nv_bfloat16, 128) X(__nv_bfloat16, 256)
 #define JOA_PREFILL_DECLARE(T, D) \
-  extern template cudaError_t Launch<T, D>(PrefillParams, const void*, const void*, const void*, Schedule, \
+  extern template cudaError_t Launch<T, D>(PrefillParams, const void*, const void*, const void*, ScheduleSpec, \
                                           cudaStream_t);
 JOA_PREFILL_INSTANCES(JOA_PREFILL_DECLARE)
 #undef JOA_PREFILL_DECLARE
