@@ -349,7 +349,9 @@ def attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv
       opset: the ai.onnx opset of the model (>= 23); nonpad needs >= 24, windows >= 25.
       return_qk: also return the qk_matmul_output tensor.
       backend: "auto", "reference" or "cuda" (our kernels take steps of up to
-        `decode_paths.MAX_QUERY_ROWS` query rows in float32 / float16 / bfloat16).
+        `decode_paths.MAX_QUERY_ROWS` query rows in float32 / float16 / bfloat16, and longer
+        prompts the prefill engine computes exactly on sm_90:
+        `decode_paths.attention_prefill_route`).
 
     Fully masked query rows give 0 in y and in mode-3 qk (never NaN). Products accumulate in f32 for
     half types. Invalid inputs raise ValueError / TypeError at trace time.
@@ -394,7 +396,9 @@ def attention(Q, K, V, attn_mask=None, past_key=None, past_value=None, nonpad_kv
     cuda_fn, why = decode_paths.attention_cuda(
         attrs, return_qk=bool(return_qk), q=q,
         present_key=jax.ShapeDtypeStruct((b, hkv, total, k.shape[3]), k.dtype),
-        present_value=jax.ShapeDtypeStruct((b, hkv, total, v.shape[3]), v.dtype))
+        present_value=jax.ShapeDtypeStruct((b, hkv, total, v.shape[3]), v.dtype),
+        cache="past" if past_key is not None else "none" if nonpad_kv_seqlen is None else "nonpad",
+        new_rows=k.shape[2], has_mask=attn_mask is not None)
     y, present_key, present_value, qk = dispatch(
         _OP, backend, fn, cuda_fn, q, k, v, attn_mask, past_key, past_value, nonpad_kv_seqlen,
         unsupported=why, rule=partitioning.ATTENTION)
@@ -460,7 +464,9 @@ def attention_with_cache(Q, K, V, key_cache, value_cache, cache_lengths, attn_ma
     valid = jnp.where(written, cache_lengths + s, 0)
     fn = functools.partial(reference.attention, return_qk=bool(return_qk), **attrs)
     cuda_fn, why = decode_paths.attention_cuda(attrs, return_qk=bool(return_qk), q=q,
-                                               present_key=key_cache, present_value=value_cache)
+                                               present_key=key_cache, present_value=value_cache,
+                                               cache="nonpad", new_rows=s,
+                                               has_mask=attn_mask is not None)
     y, _, _, qk = dispatch(_OP, backend, fn, cuda_fn, q, key_cache, value_cache, attn_mask, None, None,
                            valid, unsupported=why, rule=partitioning.ATTENTION)
     new_lengths = jnp.where(written, cache_lengths + s, cache_lengths)

@@ -9,7 +9,9 @@ signature and results of the reference function the op dispatches to.
 Covered: decode and speculative verify steps (S <= MAX_QUERY_ROWS query rows). The engine takes
 float16 / bfloat16 with the head dims it is compiled for (cuda.DECODE_HEAD_DIMS, from the
 extension); ai.onnx Attention's other calls of that size (float32, mixed dtypes or head sizes,
-qk_matmul_output, a half softmax) take the general kernel.
+qk_matmul_output, a half softmax) take the general kernel. Prompts (more query rows) of both
+operators run on our Hopper prefill engine (sm_90) where it computes them exactly; GQA's fall back
+to cuDNN, then to the reference, ai.onnx Attention's to the reference.
 """
 
 from __future__ import annotations
@@ -28,17 +30,21 @@ from jax_onnx_attn.ops.dtypes import CUDA_FLOAT_DTYPES, HALF_DTYPES
 from jax_onnx_attn.ops.reference import kv_cache as kv_cache_reference
 from jax_onnx_attn.ops.reference.decode import visible_keys
 
-#: Query rows per step the decode engine takes; longer steps are prefill (the reference, until the
-#: prefill kernel exists).
+#: Query rows per step the decode engine takes; longer steps are prefill (the prefill routes below,
+#: or the reference).
 MAX_QUERY_ROWS = 64
 
 
 
 # --- ai.onnx Attention: ops.attention.attention and attention_with_cache ------------------------
 
-def attention_cuda(attrs: dict, *, return_qk: bool, q, present_key, present_value):
+def attention_cuda(attrs: dict, *, return_qk: bool, q, present_key, present_value,
+                   cache: str = "none", new_rows: int | None = None, has_mask: bool = False):
     """(cuda_fn, reason) for the dispatch of `reference.attention` by `attention` (the ONNX form,
     with or without past / nonpad_kv_seqlen) and by `attention_with_cache`.
+
+    A prompt (more than MAX_QUERY_ROWS query rows) runs on the prefill engine where it computes the
+    call exactly (`attention_prefill_route`), on the reference otherwise.
 
     A step of at most MAX_QUERY_ROWS query rows runs on the split-KV engine where it covers the call
     (`_engine_covers`) and on the general CUDA-core kernel otherwise: float32 / float16 / bfloat16,
@@ -53,9 +59,19 @@ def attention_cuda(attrs: dict, *, return_qk: bool, q, present_key, present_valu
       q: [B, Hq, S, D] (shape and dtype read).
       present_key, present_value: [B, Hkv, T, D] / [B, Hkv, T, Dv], the K and V the attention reads
         (past and new rows, or the whole cache); arrays or ShapeDtypeStructs (shapes and dtypes read).
+      cache, new_rows, has_mask: what the prefill route needs to place the query rows (the decode
+        kernels read it from the arguments): "none", "past" (P = T - new_rows) or "nonpad"
+        (nonpad_kv_seqlen given; attention_with_cache's form); L = new_rows K / V rows given
+        (None: T); whether attn_mask is given.
     """
     if q.shape[2] > MAX_QUERY_ROWS:
-        return None, f"more than {MAX_QUERY_ROWS} query rows (prefill) run on the reference backend"
+        fn, why = attention_prefill_route(attrs, return_qk=return_qk, q=q, present_key=present_key,
+                                          present_value=present_value, cache=cache,
+                                          new_rows=new_rows, has_mask=has_mask)
+        if fn is None:
+            why = (f"more than {MAX_QUERY_ROWS} query rows (prefill) run on the reference backend: "
+                   f"{why}")
+        return fn, why
     engine = _engine_covers(attrs, return_qk, q, present_key, present_value)
     if not engine:
         why = _general_unsupported(attrs, q, present_key, present_value)
@@ -381,7 +397,7 @@ PREFILL_ENGINE_ENV = "JOA_PREFILL_ENGINE"
 
 def prefill_engine_enabled() -> bool:
     """Whether GQA first prompts go to our prefill engine (JOA_PREFILL_ENGINE, "0" or "1", default
-    "1"; "0": cuDNN's route). Read at trace time, here only: a jit traced before a change keeps its
+    "1"; "0": cuDNN's route), and ai.onnx Attention prompts ("0": the reference). Read at trace time, here only: a jit traced before a change keeps its
     route. On the H200 the 1B fp16 prefill took 10.1 ms at 2k tokens (cuDNN's route 10.9) and 43.7
     at 8k (43.5; bench/results/2026-12-01-6d7d911-e2e-ab.json)."""
     value = os.environ.get(PREFILL_ENGINE_ENV, "1")
@@ -492,3 +508,99 @@ def _gqa_prefill_engine(query, key, value, past_key, past_value, seqlens_k, cos_
     y = jnp.where(ok[:, None, None, None], y, jnp.zeros_like(y))
     output = y.transpose(0, 2, 1, 3).reshape(b, s, n * d)
     return output, present_k, present_v, None, status
+
+
+# --- ai.onnx Attention prompts on the prefill engine ---------------------------------------------
+
+def attention_prefill_route(attrs: dict, *, return_qk: bool, q, present_key, present_value,
+                            cache: str = "none", new_rows: int | None = None,
+                            has_mask: bool = False):
+    """(cuda_fn, reason) for an ai.onnx Attention call of more than MAX_QUERY_ROWS query rows on our
+    prefill engine (`_attention_prefill`), where the engine computes it exactly: sm_90 with
+    JOA_PREFILL_ENGINE on, float16 / bfloat16 Q, K and V of one dtype, a head size of
+    cuda.PREFILL_HEAD_DIMS shared by V, no attn_mask, no qk output, a float32 softmax, and query
+    positions the engine's bottom-right rule can place (`_prefill_kv_rows`).
+
+    Arguments as in `attention_cuda`.
+    """
+    if not prefill_engine_available():
+        return None, "the prefill engine runs on sm_90 (H100 / H200) only"
+    if not prefill_engine_enabled():
+        return None, f"{PREFILL_ENGINE_ENV}=0 keeps prompts off the prefill engine"
+    softmax = attrs["softmax_dtype"]  # `is None`: numpy's dtype == None is float64
+    d = q.shape[-1]
+    kv_rows, position_why = _prefill_kv_rows(attrs, q.shape[2], present_key.shape[2], cache,
+                                             new_rows)
+    checks = (
+        (q.dtype not in HALF_DTYPES,
+         f"Q is {q.dtype}: the prefill engine takes float16 and bfloat16"),
+        (not present_key.dtype == q.dtype == present_value.dtype,
+         f"V is {present_value.dtype} and Q {q.dtype}: the prefill engine takes one dtype"),
+        (d not in cuda.PREFILL_HEAD_DIMS,
+         f"head size {d}: the prefill engine is compiled for {cuda.PREFILL_HEAD_DIMS}"),
+        (present_value.shape[-1] != d,
+         f"V's head size {present_value.shape[-1]} differs from Q's {d}: the prefill engine "
+         f"takes Dv = D"),
+        (return_qk, "qk_matmul_output: the prefill engine has no qk output"),
+        (softmax is not None and softmax != jnp.float32,
+         f"softmax_precision {softmax}: the prefill engine runs the softmax in float32"),
+        (has_mask, "attn_mask: the prefill engine takes no mask"),
+        (position_why, None),
+    )
+    return _route(checks, functools.partial(
+        _attention_prefill, scale=attrs["scale"], softcap=attrs["softcap"],
+        causal=attrs["is_causal"], left=attrs["left_window_size"],
+        right=attrs["right_window_size"], kv_rows=kv_rows))
+
+
+def _prefill_kv_rows(attrs, s: int, t: int, cache: str, new_rows: int | None):
+    """(kv_rows, None): the engine's kv_len (None: nonpad_kv_seqlen, per batch row) with q_len = S;
+    or (None, reason) where the engine cannot place the rows as the spec does.
+
+    The spec puts query row i at position i + offset (offset P with past, nonpad[b] - S with
+    nonpad, else 0) and lets it see keys j < T (j < nonpad[b]); the engine puts it at
+    kv_len - q_len + i and lets it see keys j < kv_len. With q_len = S:
+      - no causal and no window: positions do not matter; kv_len = T (nonpad[b]);
+      - nonpad: kv_len = nonpad[b] is the spec's offset + S and its key limit (bottom-right per
+        batch row; a nonpad[b] above T is clamped to T, as on the decode kernels);
+      - past / no cache: kv_len = offset + S, which is T when S = L (a prompt after a past, or a
+        plain S x S prompt). With S < L the keys [offset + S, T) that the engine then hides are
+        hidden by the spec only when no row sees past its own position (causal, or
+        right_window_size 0): then the rule is exact, top-left included (no cache: offset 0).
+        S > L would need kv_len > T.
+    """
+    causal, left, right = attrs["is_causal"], attrs["left_window_size"], attrs["right_window_size"]
+    if not causal and left < 0 and right < 0:
+        return (None if cache == "nonpad" else t), None
+    if cache == "nonpad":
+        return None, None
+    l = t if new_rows is None else new_rows
+    offset = t - l if cache == "past" else 0
+    if s == l or (s < l and (causal or right == 0)):
+        return offset + s, None
+    where = f"past {offset}" if cache == "past" else "no cache"
+    if s > l:
+        return None, (f"{s} query rows over {l} new keys ({where}): the prefill engine's "
+                      f"bottom-right positions cannot place them")
+    return None, (f"{s} query rows over {l} new keys ({where}) without causal or "
+                  f"right_window_size 0: the spec's rows see keys the prefill engine's "
+                  f"bottom-right rule would place past them")
+
+
+def _attention_prefill(q, k, v, attn_mask, past_key, past_value, nonpad, *, scale, softcap,
+                       causal, left, right, kv_rows):
+    """An ai.onnx Attention prompt on the prefill engine: present = concat(past, new) (new outputs:
+    an XLA concatenation), then one engine call over it, q_len = S and kv_len = kv_rows, or
+    nonpad_kv_seqlen (`_prefill_kv_rows`). Rows that see no key are 0, as the spec's fully masked
+    rows. -> (y, present_key, present_value, None), the reference's results without qk."""
+    if attn_mask is not None:
+        raise AssertionError("the Attention prefill route excludes attn_mask")
+    if past_key is not None:
+        k = jnp.concatenate([past_key, k], axis=2)
+        v = jnp.concatenate([past_value, v], axis=2)
+    b, s = q.shape[0], q.shape[2]
+    q_len = jnp.full((b,), s, jnp.int32)
+    kv_len = nonpad.astype(jnp.int32) if kv_rows is None else jnp.full((b,), kv_rows, jnp.int32)
+    y = cuda.prefill_attention(q, k, v, q_len, kv_len, None, scale=scale, softcap=softcap,
+                               causal=causal, left=left, right=right)
+    return y, k, v, None

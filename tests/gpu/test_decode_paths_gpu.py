@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from jax_onnx_attn import ops
+from jax_onnx_attn.ops import decode_paths
 from jax_onnx_attn.testing import assert_close, hlo_copies_of
 
 from gqa_decode_cases import gqa_inputs as _gqa_inputs
@@ -216,10 +217,15 @@ def test_attention_kernel_choice_and_uncovered_calls():
     assert targets() == {"decode_attention"}
     assert targets(return_qk=True) == {"general_attention"}
     assert targets(softmax_precision=16) == {"general_attention"}
-    # Prefill-sized steps stay on the reference: "auto" falls back, "cuda" says why.
+    # Prefill-sized steps: the prefill engine on sm_90 (decode_paths.attention_prefill_route), the
+    # reference elsewhere and for what the engine lacks (a mask): "auto" falls back, "cuda" says why.
     long = _attn_inputs(4, BF16, s=65)
     del long["attn_mask"]
     auto = jax.jit(lambda a: ops.attention_with_cache(**a))(long)
     assert auto.y.shape == (3, 16, 65, 128)
+    if decode_paths.prefill_engine_available() and decode_paths.prefill_engine_enabled():
+        hlo = jax.jit(lambda a: ops.attention_with_cache(**a)).lower(long).compile().as_text()
+        assert 'custom_call_target="jax_onnx_attn_prefill_attention"' in hlo
+        long = _attn_inputs(4, BF16, s=65, mask="bool")
     with pytest.raises(NotImplementedError, match="more than 64 query rows"):
         ops.attention_with_cache(**long, backend="cuda")
