@@ -1,9 +1,14 @@
 """Feature axes of the decode-engine GPU sweeps (dense and quantised caches share them)."""
 
+import functools
 import itertools
 
+import jax
 import ml_dtypes
 import numpy as np
+
+from jax_onnx_attn.ops import cuda
+from jax_onnx_attn.ops.decode import decode_attention
 
 BIASES = [None, "f32_full", "bool_b1s_short", "bf16_h1_long"]
 WINDOWS = [(-1, -1), (37, -1), (0, -1), (-1, 5), (20, 3)]
@@ -62,3 +67,36 @@ def quant_inputs(seed, bits, mode, b, hq, hkv, s, d, c, dtype, lens=None):
         if b > 2:
             lens[1] = min(s - 1, c)  # fewer keys than queries: early rows see nothing
     return rng, q, k, v, ks, vs, np.asarray(lens, np.int32)
+
+
+def dense_inputs(seed, b, hq, hkv, s, d, c, dtype, lens=None):
+    """(rng, q, k, v, lens) over float caches [B, Hkv, C, D]; cache rows past a batch row's length
+    hold NaN (nothing past kv_len may leak); lengths random with row 0 full, row 1 empty and row 2
+    shorter than S (early query rows see nothing)."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((b, hq, s, d)).astype(dtype)
+    k = rng.standard_normal((b, hkv, c, d)).astype(dtype)
+    v = rng.standard_normal((b, hkv, c, d)).astype(dtype)
+    if lens is None:
+        lens = rng.integers(0, c + 1, size=b)
+        lens[0] = c
+        if b > 2:
+            lens[1] = 0
+            lens[2] = min(s - 1, c)  # fewer keys than queries: early rows see nothing
+    lens = np.asarray(lens, np.int32)
+    for bi, n in enumerate(lens):
+        k[bi, :, max(n, 0):] = np.nan
+        v[bi, :, max(n, 0):] = np.nan
+    return rng, q, k, v, lens
+
+
+def engine(q, k, v, lens, bias=None, sink=None, **static):
+    """cuda.decode_attention jitted with `static` (options such as producer=, tile128=)."""
+    f = jax.jit(functools.partial(cuda.decode_attention, **static))
+    return np.asarray(f(q, k, v, lens, bias, sink))
+
+
+def reference(q, k, v, lens, bias=None, sink=None, **static):
+    """The reference backend of the same call."""
+    f = jax.jit(functools.partial(decode_attention, backend="reference", **static))
+    return np.asarray(f(q, k, v, lens, bias, sink))

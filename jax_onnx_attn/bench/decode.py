@@ -272,6 +272,26 @@ def bench_jax(case: Case, impl: str, target_s: float, reps: int) -> float:
         del ks, vs, state
 
 
+def time_torch_graph(step, q0, calls: int, target_s: float, reps: int) -> float:
+    """Median seconds per call of `step(q)` (`calls` dependent calls): run once on a side stream
+    (workspace, heuristics), captured in one CUDA graph, its replays timed by `_time_loop`."""
+    import torch
+
+    static_q = q0.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step(static_q)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    # thread_local: JAX's threads may free buffers (CUDA calls) while torch captures; in the
+    # default global mode that invalidates the capture (jax with preallocation off).
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        out = step(static_q)
+    del out
+    return _time_loop(graph.replay, torch.cuda.synchronize, calls, target_s, reps)
+
+
 def bench_torch(case: Case, impl: str, target_s: float, reps: int) -> float:
     """Median seconds per call of torch SDPA ("torch-flash" / "torch-cudnn"), BHSD, in a CUDA graph.
 
@@ -296,19 +316,7 @@ def bench_torch(case: Case, impl: str, target_s: float, reps: int) -> float:
                     q = F.scaled_dot_product_attention(q, ks[i % r], vs[i % r], enable_gqa=hq != hkv)
                 return q
 
-            static_q = q0.clone()
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                step(static_q)  # warm-up outside the graph (workspace, heuristics)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            # thread_local: JAX's threads may free buffers (CUDA calls) while torch captures; in
-            # the default global mode that invalidates the capture (jax with preallocation off).
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                out = step(static_q)
-            del out
-            return _time_loop(graph.replay, torch.cuda.synchronize, k_calls, target_s, reps)
+            return time_torch_graph(step, q0, k_calls, target_s, reps)
     finally:
         del ks, vs
         torch.cuda.empty_cache()

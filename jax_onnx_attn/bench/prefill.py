@@ -72,7 +72,7 @@ import sys
 import time
 
 from jax_onnx_attn.bench.decode import (_jax_dtype, _time_loop, _warm_up, add_timing_args, environment,
-                                        run_cases, runnable_impls)
+                                        run_cases, runnable_impls, time_torch_graph)
 
 #: "ours": cuda.prefill_attention with its default consumer schedule (what the model path runs);
 #: "ours-<schedule>": that schedule pinned (cuda.PREFILL_SCHEDULES).
@@ -426,18 +426,7 @@ def bench_torch(case: Case, impl: str, calls: int, target_s: float, reps: int) -
                 q = attn(q, k, v)
             return q
 
-        static_q = q0.clone()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            step(static_q)  # warm-up outside the graph (workspace, heuristics)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: jax's threads may free buffers while torch captures (bench.decode).
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            out = step(static_q)
-        del out
-        return _time_loop(graph.replay, torch.cuda.synchronize, calls, target_s, reps)
+        return time_torch_graph(step, q0, calls, target_s, reps)
     finally:
         del k, v, attn
         torch.cuda.empty_cache()

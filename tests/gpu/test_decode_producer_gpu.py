@@ -11,16 +11,12 @@ it (the same NaNs as the default), and a decode loop captured in a command buffe
 sm_90 the handler ignores the option, and these tests hold trivially.
 """
 
-import functools
 import textwrap
 
-import jax
 import ml_dtypes
 import numpy as np
 import pytest
 
-from jax_onnx_attn.ops import cuda
-from jax_onnx_attn.ops.decode import decode_attention
 from jax_onnx_attn.testing import assert_close
 
 import command_buffer
@@ -31,42 +27,13 @@ pytestmark = pytest.mark.gpu
 DTYPES = [np.float16, ml_dtypes.bfloat16]
 
 
-def _inputs(seed, b, hq, hkv, s, d, c, dtype, lens=None):
-    """q, k, v and ragged lengths; cache rows past a batch row's length hold NaN."""
-    rng = np.random.default_rng(seed)
-    q = rng.standard_normal((b, hq, s, d)).astype(dtype)
-    k = rng.standard_normal((b, hkv, c, d)).astype(dtype)
-    v = rng.standard_normal((b, hkv, c, d)).astype(dtype)
-    if lens is None:
-        lens = rng.integers(0, c + 1, size=b)
-        lens[0] = c
-        if b > 2:
-            lens[1] = 0
-            lens[2] = min(s - 1, c)  # fewer keys than queries: early rows see nothing
-    lens = np.asarray(lens, np.int32)
-    for bi, n in enumerate(lens):
-        k[bi, :, max(n, 0):] = np.nan
-        v[bi, :, max(n, 0):] = np.nan
-    return rng, q, k, v, lens
-
-
-def _call(q, k, v, lens, bias=None, sink=None, **static):
-    f = jax.jit(functools.partial(cuda.decode_attention, **static))
-    return np.asarray(f(q, k, v, lens, bias, sink))
-
-
 def _same_bits(q, k, v, lens, bias=None, sink=None, **static):
     """The producer's output, asserted bitwise equal to the engine's without it (its default copies:
     the cursor loads at d128, the strided ones otherwise; both fill the same tiles,
     test_decode_attention_gpu.py checks)."""
-    got = _call(q, k, v, lens, bias, sink, producer=True, **static)
-    np.testing.assert_array_equal(got, _call(q, k, v, lens, bias, sink, producer=False, **static))
+    got = decode_cases.engine(q, k, v, lens, bias, sink, producer=True, **static)
+    np.testing.assert_array_equal(got, decode_cases.engine(q, k, v, lens, bias, sink, producer=False, **static))
     return got
-
-
-def _reference(q, k, v, lens, bias=None, sink=None, **static):
-    f = jax.jit(functools.partial(decode_attention, backend="reference", **static))
-    return np.asarray(f(q, k, v, lens, bias, sink))
 
 
 # (Hq, Hkv, S): packed rows 4 and 16 (16-row blocks: the decode layout), 15, 64 (a 64-row block).
@@ -85,12 +52,12 @@ def test_producer_gives_the_same_bits(dtype, d, heads):
     blocks (4, 16, 15 packed rows here); the 64-row case checks the others keep their copies."""
     hq, hkv, s = heads
     c = 200 if d != 256 else 131
-    _, q, k, v, lens = _inputs(d + hq + s, 3, hq, hkv, s, d, c, dtype)
+    _, q, k, v, lens = decode_cases.dense_inputs(d + hq + s, 3, hq, hkv, s, d, c, dtype)
     scale = float(1 / np.sqrt(d))
     for split_rows, left in ((None, -1), (64, 37), (-(-c // 64) * 64, 37)):
         got = _same_bits(q, k, v, lens, scale=scale, causal=True, left=left, split_rows=split_rows)
         assert not np.isnan(got.astype(np.float32)).any(), "NaN past kv_len leaked"
-    assert_close(got, _reference(q, k, v, lens, scale=scale, causal=True, left=37), dtype)
+    assert_close(got, decode_cases.reference(q, k, v, lens, scale=scale, causal=True, left=37), dtype)
 
 
 # Issue 15's shapes: 32/8, q_len 1 and 4, B 1 and 8, the planner's plan (clusters at B=1, the combine
@@ -105,12 +72,12 @@ def test_producer_at_decode_shapes(case):
     NaN past kv_len: the default engine's bits and the reference's values."""
     b, d, c, s = case
     lens = [c, 0, 70, c - 1, 500, 1, 1500, c - 37][:b] if b > 1 else [c - 37]
-    _, q, k, v, lens = _inputs(b + d + c + s, b, 32, 8, s, d, c, np.float16, lens=lens)
+    _, q, k, v, lens = decode_cases.dense_inputs(b + d + c + s, b, 32, 8, s, d, c, np.float16, lens=lens)
     scale = float(1 / np.sqrt(d))
     got = _same_bits(q, k, v, lens, scale=scale)
     assert not np.isnan(got.astype(np.float32)).any()
-    assert_close(got, _reference(q, k, v, lens, scale=scale), np.float16)
-    np.testing.assert_array_equal(_call(q, k, v, lens, scale=scale, producer=True), got)  # repeatable
+    assert_close(got, decode_cases.reference(q, k, v, lens, scale=scale), np.float16)
+    np.testing.assert_array_equal(decode_cases.engine(q, k, v, lens, scale=scale, producer=True), got)  # repeatable
 
 
 @pytest.mark.parametrize("cluster", [True, False], ids=["cluster", "combine"])
@@ -119,7 +86,7 @@ def test_producer_with_every_feature(dtype, cluster):
     """The logit variant (softcap, an f32 bias), sinks, a window and pos_shift through the producer,
     its splits combined in a cluster or by the combine kernel: the default engine's bits."""
     hq, hkv, s, d, c = 8, 2, 3, 128, 700  # 12 packed rows: a 16-row block, as a cluster takes
-    rng, q, k, v, lens = _inputs(21, 3, hq, hkv, s, d, c, dtype)
+    rng, q, k, v, lens = decode_cases.dense_inputs(21, 3, hq, hkv, s, d, c, dtype)
     bias = decode_cases.bias("f32_full", rng, 3, hq, s, c)
     sink = rng.standard_normal(hq).astype(np.float32)
     _same_bits(q, k, v, lens, bias, sink, scale=0.09, softcap=20.0, causal=True, left=90, right=-1,
@@ -132,7 +99,7 @@ def test_producer_keeps_nan_and_inf_semantics(d):
     producer (docs/attention.md "NaN and Inf"); NaN past kv_len does not (never read), nor NaN keys
     before a window's start, in and before the tile the window cuts (hidden: -inf by a select)."""
     b, hq, hkv, s, c = 4, 32, 8, 1, 1000
-    _, q, k, v, lens = _inputs(d, b, hq, hkv, s, d, c, np.float16, lens=[1000, 700, 333, 64])
+    _, q, k, v, lens = decode_cases.dense_inputs(d, b, hq, hkv, s, d, c, np.float16, lens=[1000, 700, 333, 64])
     k[0, 1, 900] = np.nan        # a visible key: query heads 4-7 of batch row 0 become NaN
     v[1, 2, 600, 3] = np.inf     # a visible value: column 3 of query heads 8-11 of batch row 1
     k[2, :, :130] = np.nan       # batch row 2 (query at 332): visible without a window; with left

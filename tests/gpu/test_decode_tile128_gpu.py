@@ -22,7 +22,6 @@ import numpy as np
 import pytest
 
 from jax_onnx_attn.ops import cuda
-from jax_onnx_attn.ops.decode import decode_attention
 from jax_onnx_attn.testing import assert_close
 
 import command_buffer
@@ -33,40 +32,11 @@ pytestmark = pytest.mark.gpu
 DTYPES = [np.float16, ml_dtypes.bfloat16]
 
 
-def _inputs(seed, b, hq, hkv, s, d, c, dtype, lens=None):
-    """q, k, v and ragged lengths; cache rows past a batch row's length hold NaN."""
-    rng = np.random.default_rng(seed)
-    q = rng.standard_normal((b, hq, s, d)).astype(dtype)
-    k = rng.standard_normal((b, hkv, c, d)).astype(dtype)
-    v = rng.standard_normal((b, hkv, c, d)).astype(dtype)
-    if lens is None:
-        lens = rng.integers(0, c + 1, size=b)
-        lens[0] = c
-        if b > 2:
-            lens[1] = 0
-            lens[2] = min(s - 1, c)  # fewer keys than queries: early rows see nothing
-    lens = np.asarray(lens, np.int32)
-    for bi, n in enumerate(lens):
-        k[bi, :, max(n, 0):] = np.nan
-        v[bi, :, max(n, 0):] = np.nan
-    return rng, q, k, v, lens
-
-
-def _call(q, k, v, lens, bias=None, sink=None, **static):
-    f = jax.jit(functools.partial(cuda.decode_attention, **static))
-    return np.asarray(f(q, k, v, lens, bias, sink))
-
-
 def _wide(q, k, v, lens, bias=None, sink=None, **static):
     """The wide tile's output, asserted bitwise equal to a second run."""
-    got = _call(q, k, v, lens, bias, sink, tile128=True, **static)
-    np.testing.assert_array_equal(_call(q, k, v, lens, bias, sink, tile128=True, **static), got)
+    got = decode_cases.engine(q, k, v, lens, bias, sink, tile128=True, **static)
+    np.testing.assert_array_equal(decode_cases.engine(q, k, v, lens, bias, sink, tile128=True, **static), got)
     return got
-
-
-def _reference(q, k, v, lens, bias=None, sink=None, **static):
-    f = jax.jit(functools.partial(decode_attention, backend="reference", **static))
-    return np.asarray(f(q, k, v, lens, bias, sink))
 
 
 def _tile_rows(q, k, **kw):
@@ -88,7 +58,7 @@ def test_tile128_matches_the_reference(dtype, d, heads):
     the plan runs the wide tile."""
     hq, hkv, s = heads
     c = 200 if s == 1 else 333
-    _, q, k, v, lens = _inputs(d + hq + s, 3, hq, hkv, s, d, c, dtype)
+    _, q, k, v, lens = decode_cases.dense_inputs(d + hq + s, 3, hq, hkv, s, d, c, dtype)
     assert _tile_rows(q, k) == 128
     scale = float(1 / np.sqrt(d))
     for split_rows, cluster, left in ((None, None, -1), (128, False, 37), (256, True, -1),
@@ -96,7 +66,7 @@ def test_tile128_matches_the_reference(dtype, d, heads):
         got = _wide(q, k, v, lens, scale=scale, causal=True, left=left, split_rows=split_rows,
                     cluster=cluster)
         assert not np.isnan(got.astype(np.float32)).any(), "NaN past kv_len leaked"
-        assert_close(got, _reference(q, k, v, lens, scale=scale, causal=True, left=left), dtype,
+        assert_close(got, decode_cases.reference(q, k, v, lens, scale=scale, causal=True, left=left), dtype,
                      err_msg=f"split_rows={split_rows} cluster={cluster} left={left}")
 
 
@@ -115,12 +85,12 @@ def test_tile128_at_decode_shapes(case):
     b, d, c, s = case
     base = [c, 0, 70, c - 1, 500, 1, 1500, c - 37, 127, 129, 128, 255]
     lens = (base * 3)[:b] if b > 1 else [c - 37]
-    _, q, k, v, lens = _inputs(b + d + c + s, b, 32, 8, s, d, c, np.float16, lens=lens)
+    _, q, k, v, lens = decode_cases.dense_inputs(b + d + c + s, b, 32, 8, s, d, c, np.float16, lens=lens)
     assert _tile_rows(q, k) == 128
     scale = float(1 / np.sqrt(d))
     got = _wide(q, k, v, lens, scale=scale)
     assert not np.isnan(got.astype(np.float32)).any()
-    assert_close(got, _reference(q, k, v, lens, scale=scale), np.float16)
+    assert_close(got, decode_cases.reference(q, k, v, lens, scale=scale), np.float16)
 
 
 @pytest.mark.parametrize("cluster", [True, False], ids=["cluster", "combine"])
@@ -131,12 +101,12 @@ def test_tile128_with_every_feature(dtype, d, cluster):
     window and pos_shift through the wide tile, its 128-row splits combined in a cluster or by the
     combine kernel: the reference's values, repeatable bits."""
     hq, hkv, s, c = 8, 2, 3, 700  # 12 packed rows: a 16-row block, as a cluster takes
-    rng, q, k, v, lens = _inputs(21 + d, 3, hq, hkv, s, d, c, dtype)
+    rng, q, k, v, lens = decode_cases.dense_inputs(21 + d, 3, hq, hkv, s, d, c, dtype)
     bias = decode_cases.bias("f32_full", rng, 3, hq, s, c)
     sink = rng.standard_normal(hq).astype(np.float32)
     static = dict(scale=0.09, softcap=20.0, causal=True, left=190, right=-1, pos_shift=-2)
     got = _wide(q, k, v, lens, bias, sink, split_rows=128, cluster=cluster, **static)
-    assert_close(got, _reference(q, k, v, lens, bias, sink, **static), dtype)
+    assert_close(got, decode_cases.reference(q, k, v, lens, bias, sink, **static), dtype)
 
 
 @pytest.mark.parametrize("d", [64, 128])
@@ -145,7 +115,7 @@ def test_tile128_keeps_nan_and_inf_semantics(d):
     past kv_len does not (never read), nor NaN keys before a window's start, in and before the
     128-row tile the window cuts (hidden: -inf by a select)."""
     b, hq, hkv, s, c = 4, 32, 8, 1, 1000
-    _, q, k, v, lens = _inputs(d, b, hq, hkv, s, d, c, np.float16, lens=[1000, 700, 333, 64])
+    _, q, k, v, lens = decode_cases.dense_inputs(d, b, hq, hkv, s, d, c, np.float16, lens=[1000, 700, 333, 64])
     k[0, 1, 900] = np.nan        # a visible key: query heads 4-7 of batch row 0 become NaN
     v[1, 2, 600, 3] = np.inf     # a visible value: column 3 of query heads 8-11 of batch row 1
     k[2, :, :130] = np.nan       # batch row 2 (query at 332): visible without a window; with left
@@ -158,7 +128,7 @@ def test_tile128_keeps_nan_and_inf_semantics(d):
         assert np.isfinite(np.delete(got32[1], 3, axis=-1)).all()
         assert np.isnan(got32[2]).all() if left < 0 else np.isfinite(got32[2]).all()
         assert np.isfinite(got32[3]).all()
-        want = _reference(q, k, v, lens, scale=0.1, causal=True, left=left)
+        want = decode_cases.reference(q, k, v, lens, scale=0.1, causal=True, left=left)
         assert_close(got[3], want[3], np.float16)
 
 
@@ -168,7 +138,7 @@ def test_tile128_where_it_does_not_apply(case):
     int8 cache keep the default tile: tile128 changes no bit."""
     kind, d = case
     s = 16 if kind == "rows64" else 1
-    _, q, k, v, lens = _inputs(7 + d, 3, 32, 8, s, d, 500, np.float16)
+    _, q, k, v, lens = decode_cases.dense_inputs(7 + d, 3, 32, 8, s, d, 500, np.float16)
     static = dict(scale=0.1, split_rows=192 if kind == "split192" else None)
     if kind == "int8":
         rng = np.random.default_rng(1)
@@ -181,8 +151,8 @@ def test_tile128_where_it_does_not_apply(case):
         return
     if kind != "split192":
         assert _tile_rows(q, k) != 128
-    np.testing.assert_array_equal(_call(q, k, v, lens, tile128=True, **static),
-                                  _call(q, k, v, lens, tile128=False, **static))
+    np.testing.assert_array_equal(decode_cases.engine(q, k, v, lens, tile128=True, **static),
+                                  decode_cases.engine(q, k, v, lens, tile128=False, **static))
 
 
 # A decode loop (16 dependent attention calls, kv_len advancing on the device) run in a fresh process
