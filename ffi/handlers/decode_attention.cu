@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/device.h"
 #include "common/ffi.h"
 #include "common/variant.h"
 #include "kernels/decode/decode.h"
@@ -100,10 +101,7 @@ inline ffi::Error LaunchDecode(DecodeParams& p, ffi::DataType dtype, int64_t hea
                                bool quant_regs = false, bool cursor_loads = false, bool producer = false,
                                bool tile128 = false) {
   if (p.cluster > 1) {  // the in-cluster combine (cluster_combine.cuh): checked, no workspace
-    int dev = 0, major = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    if (major < 9) return InvalidArgument(std::string(op) + ": cluster combine needs sm_90 or newer");
+    if (CurrentComputeCapability().major < 9) return InvalidArgument(std::string(op) + ": cluster combine needs sm_90 or newer");
     if (p.splits > kMaxClusterSplits || BlockRows(p.rows) != 16) {
       return InvalidArgument(std::string(op) + ": cluster combine takes 2-" +
                              std::to_string(kMaxClusterSplits) + " splits of at most 16 packed rows");
@@ -119,14 +117,9 @@ inline ffi::Error LaunchDecode(DecodeParams& p, ffi::DataType dtype, int64_t hea
     p.part_lse = workspace + int64_t(p.batch) * p.kv_heads * p.splits * p.rows * head_dim;
   }
   if (p.batch == 0 || p.rows == 0) return ffi::Error::Success();
-  if (producer && p.kv_format == KvFormat::kDense) {  // a device attribute: no stream work
-    int dev = 0, major = 0, minor = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-    producer = major == 9 && minor == 0;
-  } else {
-    producer = false;
+  if (producer) {  // a device attribute: no stream work
+    const ComputeCapability cc = CurrentComputeCapability();
+    producer = p.kv_format == KvFormat::kDense && cc.major == 9 && cc.minor == 0;
   }
   const LaunchOptions opt{p.variant.softcap > 0.f || p.variant.bias != nullptr, pdl, quant_regs,
                           cursor_loads, producer, tile128};

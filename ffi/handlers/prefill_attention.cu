@@ -16,6 +16,7 @@
 #include <string>
 
 #include "common/ffi.h"
+#include "common/device.h"
 #include "common/variant.h"
 #include "kernels/prefill/params.h"
 #include "kernels/prefill/prefill.h"
@@ -58,11 +59,8 @@ inline std::string Configure(PrefillParams& p, int64_t batch, int64_t q_heads, i
 inline ffi::Error LaunchPrefill(const PrefillParams& p, ffi::DataType dtype, const void* q, const void* k,
                                 const void* v, ScheduleSpec schedule, cudaStream_t stream, const char* op) {
   if (p.batch == 0 || p.rows == 0) return ffi::Error::Success();
-  int dev = 0, major = 0, minor = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  if (major != 9 || minor != 0) {
+  const ComputeCapability cc = CurrentComputeCapability();
+  if (cc.major != 9 || cc.minor != 0) {
     return InvalidArgument(std::string(op) + ": the prefill engine runs on sm_90 (H100 / H200) only");
   }
   // The instance for the element type `t` stands for and the head size (one of kHeadDims, checked

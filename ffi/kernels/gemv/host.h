@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "common/device.h"
 #include "common/ffi.h"
 #include "kernels/gemv/gemv.h"
 #include "kernels/gemv/params.h"
@@ -13,12 +14,7 @@ namespace joa::gemv {
 
 // Whether the current device is sm_90+ (thread-block clusters, Hopper's shared memory). A device
 // property, the same on every call: the plan stays a function of static shapes on a given GPU.
-inline bool Sm90() {
-  int dev = 0, major = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
-  return major >= 9;
-}
+inline bool Sm90() { return CurrentComputeCapability().major >= 9; }
 
 // The launch of one dtype: the instantiation for (bits, plan.wide).
 template <typename T>
