@@ -149,7 +149,7 @@ NB_MODULE(_ffi, m) {
       one["padded"] = t.padded;
       one["block_n"] = t.block_n;
       one["stages"] = t.stages;
-      one["schedule"] = joa::prefill::kScheduleNames[int(t.schedule)];
+      one["schedule"] = joa::prefill::kScheduleNames[t.schedule];
       tiling[nb::int_(d)] = one;
     }
     prefill["tiling"] = tiling;

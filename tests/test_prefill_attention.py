@@ -193,7 +193,7 @@ def test_tiling_per_head_dim_comes_from_the_extension():
     for d, t in tiling.items():
         assert t["padded"] >= d and t["padded"] % 64 == 0 and t["block_n"] % 16 == 0 and t["stages"] >= 2
     assert tiling[80]["padded"] == tiling[96]["padded"] == 128
-    assert tiling[128] == {"padded": 128, "block_n": 128, "stages": 2, "schedule": "pingpong"}
+    assert tiling[128] == {"padded": 128, "block_n": 128, "stages": 2, "schedule": "pingpong-fold-lazy"}
     assert tiling[256] == {"padded": 256, "block_n": 80, "stages": 2, "schedule": "overlap"}
     assert {t["schedule"] for t in tiling.values()} <= set(cuda.PREFILL_SCHEDULES)
 

@@ -69,6 +69,7 @@ import os
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch shares the GPU
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import gc
@@ -789,12 +790,48 @@ def ours_name(devices: int) -> str:
     return "ours" if devices == 1 else f"ours-tp{devices}"
 
 
-def measured_impls(impls, devices) -> list[tuple[str, Callable]]:
-    """(name, measure function) per impl, ours once per device count of --devices."""
+def parse_ours_env(specs) -> list[tuple[str, dict]]:
+    """--ours-env NAME:VAR=VAL[,VAR=VAL] -> [(NAME, {VAR: VAL})]; ValueError names a bad spec."""
+    out = []
+    for spec in specs or ():
+        name, sep, rest = spec.partition(":")
+        pairs = [p.partition("=") for p in rest.split(",") if p]
+        if not sep or not name or not pairs or any(not var or not eq for var, eq, _ in pairs):
+            raise ValueError(f"--ours-env: expected NAME:VAR=VAL[,VAR=VAL], got {spec!r}")
+        out.append((name, {var: val for var, _, val in pairs}))
+    return out
+
+
+@contextlib.contextmanager
+def _environment(values: dict):
+    """os.environ with `values` set for the block (the switches ours reads at trace time)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _ours_with_env(values: dict):
+    def measure(*args, **kwargs):
+        with _environment(values):
+            return measure_ours(*args, **kwargs)
+    return measure
+
+
+def measured_impls(impls, devices, variants=()) -> list[tuple[str, Callable]]:
+    """(name, measure function) per impl, ours once per device count of --devices and once per
+    --ours-env variant (one device: "ours[NAME]")."""
     runs = []
     for impl in impls:
         if impl == "ours":
             runs += [(ours_name(n), functools.partial(measure_ours, devices=n)) for n in devices]
+            runs += [(f"ours[{name}]", _ours_with_env(values)) for name, values in variants]
         else:
             runs.append((impl, MEASURE[impl]))
     return runs
@@ -825,7 +862,7 @@ def run_case(g: Group, case: Case, args, env, impls, verify: bool) -> tuple[list
                               "gemm_peak_tflops": env["gemm_peak_tflops"], "impls": {}}
     verify_rec = {"model": g.config.name, "weights": case.weights, "batch": case.batch, "ctx": case.ctx,
                   "prompt_tokens": VERIFY_PROMPT, "tokens": {}} if verify else None
-    for impl, measure in measured_impls(impls, args.devices):
+    for impl, measure in measured_impls(impls, args.devices, parse_ours_env(args.ours_env)):
         skip = g.peer_skip.get(impl)
         if skip is None:
             try:
@@ -942,8 +979,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--progress", action="store_true", help="progress bars while making models")
     ap.add_argument("--trace-dir", default=None,
                     help="keep the profiled calls' perfetto traces here (trace-NN.json.gz, named in the JSON)")
+    ap.add_argument("--ours-env", nargs="+", default=[], metavar="NAME:VAR=VAL[,VAR=VAL]",
+                    help="also run ours with these environment settings while it traces and runs, "
+                         "reported as impl ours[NAME] (A/B of trace-time switches, e.g. "
+                         "pf24:JOA_L2_PREFETCH_MB=24)")
     ap.add_argument("--out", help="write the JSON results here")
     args = ap.parse_args(argv)
+    parse_ours_env(args.ours_env)  # a bad spec fails before any model is made
     global TRACE_DIR
     TRACE_DIR = args.trace_dir
     if args.max_seconds is None:

@@ -62,7 +62,10 @@ OURS = "ours"
 #: Results files whose impl names mean something else today: file name -> {name in the file: name
 #: read}. The prefill bench's "ours" was the engine's serial schedule until 2026-12-02, when it became
 #: the default schedule; in this run the default was already pingpong ("ours-pingpong").
-IMPL_ALIASES = {"2026-12-01-4fae144-prefill.json": {"ours": "ours-serial", "ours-pingpong": "ours"}}
+IMPL_ALIASES = {"2026-12-01-4fae144-prefill.json": {"ours": "ours-serial", "ours-pingpong": "ours"},
+                # measured when the default was pingpong; pingpong-fold-lazy is the D 128 default now
+                "2026-12-02-3edaea0-prefill-tuned.json": {"ours": "ours-pingpong",
+                                                          "ours-pingpong-fold-lazy": "ours"}}
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "bfloat16": "bfloat16",
            "float16": "float16", "float32": "float32"}

@@ -73,8 +73,9 @@ def _check(q, k, v, q_len, kv_len, sink=None, *, causal, scale=None, **variant):
 
 def _ragged(s, t, b=3):
     """Lengths of b batch rows: full, then shorter q and kv (T >= S on every row)."""
-    q_len = [s, max(s - 17, 1), max(s // 2, 1)][:b]
-    kv_len = [t, t - 5 if t - 5 >= q_len[1] else t, max(q_len[2] + 3, min(t, q_len[2] + 100))][:b]
+    q_len = [s, max(s - 17, 1), max(s // 2, 1)]
+    kv_len = [t, t - 5 if t - 5 >= q_len[1] else t, max(q_len[2] + 3, min(t, q_len[2] + 100))]
+    q_len, kv_len = q_len[:b], kv_len[:b]
     return q_len, kv_len
 
 

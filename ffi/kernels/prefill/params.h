@@ -98,24 +98,38 @@ static_assert(sizeof(kScheduleSpecs) / sizeof(kScheduleSpecs[0]) == kNumSchedule
 //            hdim 256: a 64 x 256 f32 O is 128 registers a consumer thread, and 2 stages of 80-row
 //            K and V tiles with the 64 KB Q tile are 224 KB of the 227 KB a CTA may have).
 //   stages:  K / V shared-memory ring depth.
-//   schedule: the default of calls that name none (cuda.prefill_attention, the GQA route): pingpong
-//            (measured fastest at d128 on the H200); overlap at 256, FA3's choice there (no
-//            scheduler barrier at hdim > 128: the MMAs of a 64 x 80 x 256 step pair outlast the
-//            softmax, so the turn-taking only adds waits). Every schedule runs at every size.
+//   schedule: the default of calls that name none (cuda.prefill_attention, the routes), an index of
+//            kScheduleSpecs: at 128 pingpong-fold-lazy (H200, bf16 32/8, B·S 16k: causal 4k 576 /
+//            16k 674 TFLOP/s against pingpong's 512 / 590, non-causal 649 / 643 against 559 / 566;
+//            bench/results/2026-12-02-3edaea0-prefill-tuned.json); pingpong at 64 / 80 / 96 (no
+//            tuned kernel there); overlap at 256, FA3's choice (no scheduler barrier at hdim > 128:
+//            the MMAs of a 64 x 80 x 256 step pair outlast the softmax, so the turn-taking only adds
+//            waits). Every schedule runs at every size.
 struct Tiling {
   int padded, block_n, stages;
-  Schedule schedule;
+  int schedule;
 };
-constexpr Tiling TilingFor(int d) {
-  return d == 64                           ? Tiling{64, 128, 2, Schedule::kPingPong}
-         : d == 80 || d == 96 || d == 128 ? Tiling{128, 128, 2, Schedule::kPingPong}
-         : d == 256                       ? Tiling{256, 80, 2, Schedule::kOverlap}
-                                          : Tiling{0, 0, 0, Schedule::kSerial};  // not one of kHeadDims
+// The index of (base, tune) in kScheduleSpecs.
+constexpr int ScheduleIndex(Schedule base, int tune) {
+  for (int i = 0; i < kNumSchedules; ++i) {
+    if (kScheduleSpecs[i].base == base && kScheduleSpecs[i].tune == tune) return i;
+  }
+  return -1;
 }
+constexpr Tiling TilingFor(int d) {
+  constexpr int kPingPong = ScheduleIndex(Schedule::kPingPong, kTuneNone);
+  return d == 64                ? Tiling{64, 128, 2, kPingPong}
+         : d == 80 || d == 96  ? Tiling{128, 128, 2, kPingPong}
+         : d == 128            ? Tiling{128, 128, 2, ScheduleIndex(Schedule::kPingPong, kTuneFold | kTuneLazy)}
+         : d == 256            ? Tiling{256, 80, 2, ScheduleIndex(Schedule::kOverlap, kTuneNone)}
+                               : Tiling{0, 0, 0, 0};  // not one of kHeadDims
+}
+static_assert(TilingFor(128).schedule >= 0 && TilingFor(256).schedule >= 0, "defaults name a schedule");
 
 // The tiling of head size d under a tune (kTuneWideN: 176 keys per step at D 128).
 constexpr Tiling TunedTiling(int d, int tune) {
-  return (tune & kTuneWideN) && d == 128 ? Tiling{128, 176, 2, Schedule::kPingPong} : TilingFor(d);
+  return (tune & kTuneWideN) && d == 128 ? Tiling{128, 176, 2, ScheduleIndex(Schedule::kPingPong, kTuneWideN)}
+                                         : TilingFor(d);
 }
 // The most keys per step of any tiling (the handler's row-range check).
 inline constexpr int kMaxBlockN = 176;
