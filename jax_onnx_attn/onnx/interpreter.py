@@ -103,11 +103,6 @@ class NodeContext:
         """The value named `name` in the current scope (None for "" or an unknown name)."""
         return self.env.get(name) if name else None
 
-    def next_projection_weights(self) -> list[str]:
-        """The weight inputs (w, scales, zero points; initializers) of the one fused `Linear` that
-        reads this node's output 0 as its x (an attention's output projection), else []."""
-        return self.interp.next_projection_weights(self.node)
-
 
 class Interpreter:
     """Runs a model's main graph (and subgraphs) for one set of input values.
@@ -129,7 +124,6 @@ class Interpreter:
                 if o:
                     self.producers[o] = node
         self._keys: dict[int, registry.OpKey] = {}
-        self._readers: dict[str, list] | None = None  # main-graph readers, made on first ask
         #: {node label: int32 status} while a run collects device statuses, else None.
         self.status_sink: dict | None = None
 
@@ -144,28 +138,6 @@ class Interpreter:
         if k is None:
             k = self._keys[id(node)] = registry.resolve(node.domain, node.op_type, self.opsets)
         return k
-
-    def next_projection_weights(self, node: onnx.NodeProto) -> list[str]:
-        """See `NodeContext.next_projection_weights`."""
-        graph = self.model.graph
-        if self._readers is None:
-            self._readers = {}
-            for n in registry.iter_nodes(graph):
-                for name in n.input:
-                    if name:
-                        self._readers.setdefault(name, []).append(n)
-            self._outputs = {o.name for o in graph.output}
-            self._initializers = {t.name for t in graph.initializer}
-        out = node.output[0] if node.output else ""
-        readers = self._readers.get(out, [])
-        if not out or out in self._outputs or len(readers) != 1:
-            return []
-        from jax_onnx_attn.onnx.fusion import JOA_DOMAIN
-
-        lin = readers[0]
-        if lin.op_type != "Linear" or lin.domain != JOA_DOMAIN or lin.input[0] != out:
-            return []
-        return [name for name in lin.input[1:4] if name and name in self._initializers]
 
     def run_graph(self, graph: onnx.GraphProto, env) -> list:
         """Run `graph`'s nodes in `env` (a dict or ChainMap, updated in place); return its outputs."""

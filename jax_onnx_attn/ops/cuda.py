@@ -486,13 +486,3 @@ def _prefill_attention(q, k, v, q_len, kv_len, sink=None, *, scale, causal, soft
                 scale=np.float32(scale), softcap=np.float32(softcap), causal=bool(causal),
                 left=int(left), right=int(right),
                 has_sink=sink is not None, schedule=__getattr__("PREFILL_SCHEDULES").index(schedule))
-
-
-# --- L2 prefetch (ffi/handlers/l2_prefetch.cu, kernels/prefetch/l2.cuh) ----------------------------
-
-def l2_prefetch(x, buffers, *, max_bytes: int, mode: int, ctas: int):
-    """x (aliased, unchanged) -> x, the first max_bytes of `buffers`' concatenation requested into L2.
-    Under vmap the unmapped buffers get a unit axis (`expand_dims`): the call does not read shapes."""
-    call = jax.ffi.ffi_call(target("l2_prefetch"), jax.ShapeDtypeStruct(x.shape, x.dtype),
-                            input_output_aliases={0: 0}, vmap_method="expand_dims")
-    return call(x, *buffers, max_bytes=int(max_bytes), mode=int(mode), ctas=int(ctas))

@@ -415,14 +415,6 @@ class DecoderSession:
         """(logits, cache, status int32 [B]) of one step; status 0 for a step without with_status.
         empty_cache: every row's cache_len is 0 (prefill): the step may skip the empty cache.
         last_logits: logits [B, 1, V] of each row's last new token (num_new - 1) only."""
-        if self.layout is not None:  # on a mesh: each device would need its shard's bytes
-            from jax_onnx_attn.ops import prefetch
-
-            with prefetch.disabled():
-                return self._run_step_here(params, ids, cache_len, num_new, cache, empty_cache, last_logits)
-        return self._run_step_here(params, ids, cache_len, num_new, cache, empty_cache, last_logits)
-
-    def _run_step_here(self, params, ids, cache_len, num_new, cache, empty_cache, last_logits):
         with_status = getattr(self.step, "with_status", None)
         fn = with_status if with_status is not None else self.step
         # A hand-written step need not know these; it then runs its general form.

@@ -16,7 +16,7 @@ import numpy as np
 
 from jax_onnx_attn import ops
 from jax_onnx_attn.onnx.registry import MS_DOMAIN, register
-from jax_onnx_attn.onnx.values import attribute_value, is_static, to_jax
+from jax_onnx_attn.onnx.values import attribute_value, to_jax
 from jax_onnx_attn.ops.reference.rotary import rotary_embedding
 
 ATTENTION_ATTRS = ("is_causal", "scale", "softcap", "q_num_heads", "kv_num_heads",
@@ -187,18 +187,6 @@ def run_attention(ctx, Q, K, V, attn_mask=None, past_key=None, past_value=None,
 register("Attention", 23, 24, 25)(run_attention)
 
 
-def _warm_next_projection(ctx, inputs):
-    """The inputs with the query passed through `ops.prefetch.l2_prefetch` of the weights of the
-    projection that reads the attention's output (a no-op unless a decode step on the kernels with a
-    budget: see that module)."""
-    weights = ctx.next_projection_weights()
-    if not weights or not inputs or inputs[0] is None or is_static(inputs[0]):
-        return inputs
-    from jax_onnx_attn.ops.prefetch import l2_prefetch
-
-    return (l2_prefetch(to_jax(inputs[0]), [to_jax(ctx.value(w)) for w in weights]), *inputs[1:])
-
-
 def run_gqa(ctx, inputs, *, shared_buffer: bool = False, overrides: dict | None = None,
             statuses: list | None = None, past_empty: bool = False):
     """com.microsoft GroupQueryAttention through `ops.group_query_attention`.
@@ -224,7 +212,6 @@ def run_gqa(ctx, inputs, *, shared_buffer: bool = False, overrides: dict | None 
     if len(inputs) > len(GQA_INPUTS):
         ctx.fail(f"has {len(inputs)} inputs; the supported schema has {len(GQA_INPUTS)}")
     attrs = {**known_attrs(ctx, GQA_ATTRS), **(overrides or {})}
-    inputs = _warm_next_projection(ctx, inputs)
     kwargs = {}
     for name, v in zip(GQA_INPUTS, inputs):
         if v is not None:
