@@ -170,3 +170,21 @@ def test_command_buffers_during_profiling_flag_only_where_xla_knows_it(tmp_path)
     # this machine's jax: its libraries are found and checked (a real answer either way)
     libraries = e2e._xla_libraries()
     assert libraries and all(lib.endswith(".so") for lib in libraries)
+
+
+def test_ours_env_variants_are_parsed_and_scoped():
+    import os
+
+    from jax_onnx_attn.bench import e2e as E
+
+    assert E.parse_ours_env(["pf:JOA_A=1,JOA_B=x", "rec:JOA_C=1"]) == [
+        ("pf", {"JOA_A": "1", "JOA_B": "x"}), ("rec", {"JOA_C": "1"})]
+    for bad in ("noname", ":JOA_A=1", "x:", "x:JOA_A", "x:=1"):
+        with pytest.raises(ValueError, match="--ours-env"):
+            E.parse_ours_env([bad])
+    names = [name for name, _ in E.measured_impls(["ours", "jax-peer"], [1], E.parse_ours_env(["pf:JOA_T=1"]))]
+    assert names == ["ours", "ours[pf]", "jax-peer"]
+    os.environ.pop("JOA_TEST_SCOPED", None)
+    with E._environment({"JOA_TEST_SCOPED": "1"}):
+        assert os.environ["JOA_TEST_SCOPED"] == "1"
+    assert "JOA_TEST_SCOPED" not in os.environ
