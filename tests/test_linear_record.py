@@ -20,18 +20,11 @@ from jax_onnx_attn.ops import cuda_matmul
 from jax_onnx_attn.ops.linear import (RECORD_BYTES, RECORD_K, RECORD_ROWS, RECORD_W_BYTES,
                                       interleave_gate_up_nbits)
 
+from nbits_cases import fusion_operands
+from nbits_cases import nbits_weights as _nbits
+
 needs_ext = pytest.mark.skipif(_ffi is None, reason="needs the compiled extension (plan.h)")
 FUSIONS = ["plain", "bias", "residual", "norm", "gated", "all"]
-
-
-def _nbits(n, k, block, zp, seed=0, dtype=np.float16):
-    """prepare_nbits' form: b_quant [n, kb, block / 2], scales [n, kb], zero points [n, kb] or None."""
-    rng = np.random.default_rng(seed + n + k + block)
-    kb = k // block
-    b_quant = rng.integers(0, 256, (n, kb, block // 2), dtype=np.uint8)
-    scales = (rng.uniform(0.5, 1.5, (n, kb)) / (16 * np.sqrt(k) / 4)).astype(dtype)
-    zeros = rng.integers(0, 16, (n, kb), dtype=np.uint8) if zp else None
-    return b_quant, scales, zeros
 
 
 def _dequant(b_quant, scales, zeros):
@@ -166,14 +159,8 @@ def test_reference_through_the_record_layout_equals_the_onnx_layout(fusion, zp, 
     rng = np.random.default_rng(5)
     for m in (1, 2, 33):  # M > 1: no record kernel (prefill), the reference in both
         x = jnp.asarray(rng.normal(size=(m, k)), dtype)
-        n_out = n // 2 if gated else n
-        kw = dict(k=k, n=n, bits=4, block_size=block, gated=gated, backend="reference")
-        if fusion in ("bias", "all"):
-            kw["bias"] = jnp.asarray(rng.normal(size=n), dtype)
-        if fusion in ("residual", "all"):
-            kw["residual"] = jnp.asarray(rng.normal(size=(m, n_out)), dtype)
-        if fusion in ("norm", "all"):
-            kw["norm_weight"] = jnp.asarray(1 + 0.1 * rng.normal(size=k), dtype)
+        static, arrays = fusion_operands(fusion, k, n, m, dtype, seed=6)
+        kw = dict(k=k, n=n, bits=4, block_size=block, backend="reference", **static, **arrays)
         want = ops.matmul_nbits(x, b_quant, scales, zeros, **kw)
         got = ops.matmul_nbits(x, rec, None, layout="record", **kw)
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

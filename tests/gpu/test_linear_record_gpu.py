@@ -15,7 +15,6 @@ loop captured in a command buffer; a session of batch 1 in the layout generating
 from __future__ import annotations
 
 import functools
-import math
 import textwrap
 
 import jax
@@ -29,6 +28,7 @@ from jax_onnx_attn.ops import cuda_matmul
 from jax_onnx_attn.testing import assert_close
 
 import command_buffer
+from nbits_cases import fusion_operands, nbits_weights
 
 pytestmark = pytest.mark.gpu
 
@@ -51,32 +51,12 @@ def _name(d):
 def _weights(k, n, block, zp, dtype, seed=0):
     """(x [1, K], the weight in the record layout on the device, the same in prepare_nbits' form
     with tiled scales / zero points (the slots kernel's input))."""
-    rng = np.random.default_rng(seed + k + n + block)
-    kb = k // block
-    b_quant = rng.integers(0, 256, (n, kb, block // 2), dtype=np.uint8)
-    scales = (rng.uniform(0.5, 1.5, (n, kb)) / (16 * math.sqrt(k) / 4)).astype(jnp.dtype(dtype))
-    zeros = rng.integers(0, 16, (n, kb), dtype=np.uint8) if zp else None
-    x = jnp.asarray(rng.normal(size=(1, k)), dtype)
+    b_quant, scales, zeros = nbits_weights(n, k, block, zp, seed, jnp.dtype(dtype))
+    x = jnp.asarray(np.random.default_rng(seed + 1).normal(size=(1, k)), dtype)
     rec = jnp.asarray(ops.to_record_layout(b_quant, scales, zeros))
     tiled = (jnp.asarray(b_quant), jnp.asarray(ops.tile_nbits_meta(scales)),
              None if zeros is None else jnp.asarray(ops.tile_nbits_meta(zeros)))
     return x, rec, tiled
-
-
-def _fusion(fusion, k, n, m, dtype, seed=0):
-    """The fusion's static arguments and operands (gated: the weight's rows are gate / up pairs)."""
-    rng = np.random.default_rng(seed + m)
-    gated = "gated" in fusion or fusion == "all"
-    n_out = n // 2 if gated else n
-    static, arrays = {"gated": gated}, {}
-    if "bias" in fusion or fusion == "all":
-        arrays["bias"] = jnp.asarray(rng.normal(size=n), dtype)
-    if fusion in ("residual", "all"):
-        arrays["residual"] = jnp.asarray(rng.normal(size=(m, n_out)), dtype)
-    if "norm" in fusion or fusion == "all":
-        arrays["norm_weight"] = jnp.asarray(1 + 0.1 * rng.normal(size=k), dtype)
-        static["norm_epsilon"] = 1e-5
-    return static, arrays
 
 
 @functools.cache
@@ -113,7 +93,7 @@ def test_record_kernel_is_the_slots_kernel_bit_for_bit(block, zp, dtype, monkeyp
     k, n = 1536, 9616
     x, rec, tiled = _weights(k, n, block, zp, dtype, seed=1)
     for fusion in FUSIONS:
-        static, arrays = _fusion(fusion, k, n, 1, dtype, seed=2)
+        static, arrays = fusion_operands(fusion, k, n, 1, dtype, seed=2)
         plan = cuda_matmul.gemv_plan(1, n, k, 4, static["gated"], "norm_weight" in arrays,
                                      block_size=block, record_layout=True)
         assert plan["error"] is None and plan["record_layout"] and plan["blocks"] > plan["grid"], plan
@@ -131,7 +111,7 @@ def test_decoder_shapes(shape, monkeypatch):
     for i in range(2):  # two of the (dtype, block, zero points) combos per shape, rotating
         dtype, block, zp = COMBOS[(SHAPES.index(shape) * 2 + i) % len(COMBOS)]
         x, rec, tiled = _weights(k, n, block, zp, dtype)
-        static, arrays = _fusion(fusion, k, n, 1, dtype, seed=3)
+        static, arrays = fusion_operands(fusion, k, n, 1, dtype, seed=3)
         kw = dict(k=k, n=n, bits=4, block_size=block, **static)
         got = np.asarray(_record_fn(**kw)(x, rec, **arrays))
         what = f"{name} {_name(dtype)} block={block} zp={zp}"
