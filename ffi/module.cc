@@ -136,6 +136,10 @@ NB_MODULE(_ffi, m) {
     nb::dict gemv;
     gemv["meta_tile_rows"] = joa::gemv::kMetaTileRows;
     gemv["rows_group"] = joa::gemv::kRowsGroup;
+    gemv["record_rows"] = joa::gemv::kRecordRows;
+    gemv["record_k"] = joa::gemv::kRecordK;
+    gemv["record_w_bytes"] = joa::gemv::kRecordWBytes;
+    gemv["record_bytes"] = joa::gemv::kRecordBytes;
     nb::dict prefill;
     nb::list prefill_dims;
     for (int d : joa::prefill::kHeadDims) prefill_dims.append(d);

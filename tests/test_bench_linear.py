@@ -40,3 +40,17 @@ def test_linear_suite_with_rows_plans_writes_json(tmp_path, capsys):
     assert all("skip" in impls[n] for n in impls if n != "xla-kn")
     assert doc["args"]["rows_plans"] == [[0, 8, 4, 2], [4, 8, 2, 0], [0, 8, 4, 2]]
     capsys.readouterr()
+
+
+def test_linear_suite_with_nbits_record_writes_json(tmp_path, capsys):
+    out = tmp_path / "linear.json"
+    rc = bench_main.main(["linear", "--shapes", "256x128", "--rows", "1", "--formats", "int4",
+                          "--impls", "ours", "xla-kn", "--nbits-record", "--target-ms", "1", "--reps", "1",
+                          "--out", str(out)])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    impls = doc["results"][0]["impls"]
+    assert list(impls) == ["ours", "xla-kn", "ours[record]"]
+    assert impls["xla-kn"]["us"] > 0 and "skip" in impls["ours[record]"]  # no GPU here
+    assert doc["args"]["nbits_record"] is True
+    capsys.readouterr()

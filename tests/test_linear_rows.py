@@ -20,17 +20,9 @@ from jax_onnx_attn._extension import _ffi
 from jax_onnx_attn.ops import cuda_matmul
 from jax_onnx_attn.ops.linear import ROWS_GROUP, interleave_gate_up_nbits
 
+from nbits_cases import nbits_weights as _weights
+
 needs_ext = pytest.mark.skipif(_ffi is None, reason="needs the compiled extension (plan.h)")
-
-
-def _weights(n, k, block, zp, seed=0, dtype=np.float16):
-    """prepare_nbits' form: b_quant [n, kb, block / 2], scales [n, kb], zero points [n, kb] or None."""
-    rng = np.random.default_rng(seed + n + k + block)
-    kb = k // block
-    b_quant = rng.integers(0, 256, (n, kb, block // 2), dtype=np.uint8)
-    scales = (rng.uniform(0.5, 1.5, (n, kb)) / (16 * np.sqrt(k) / 4)).astype(dtype)
-    zeros = rng.integers(0, 16, (n, kb), dtype=np.uint8) if zp else None
-    return b_quant, scales, zeros
 
 
 @pytest.mark.parametrize("n,k,block", [(8, 16, 16), (72, 256, 32), (200, 384, 128), (4096, 512, 128)])

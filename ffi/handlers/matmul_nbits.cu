@@ -9,7 +9,11 @@
 // (ffi/kernels/gemv/rows.cuh; jax_onnx_attn.ops.linear.pack_nbits_rows): b_quant uint8
 // [ceil(N / 64), K / 16, 512], scales and zero points [ceil(N / 64), k_blocks, 64]; N from y (and
 // gated); cluster / warps_n / depth / occupancy force that plan (0: planned; JOA_ROWS_OCC2=1 plans
-// occupancy by plan.h's proposed rule); wide and slots do not apply.
+// occupancy by plan.h's proposed rule); wide and slots do not apply. record_layout: one row of x
+// against 4-bit weights in the record layout (ffi/kernels/gemv/slots.cuh's RecordFormat;
+// jax_onnx_attn.ops.linear.to_record_layout): b_quant uint8 [N / 16, K / 256, 2432] holding W, scales
+// and zero points (scales and zero_points are placeholders, has_zero_points ignored); N from y (and
+// gated); on the slots kernel's plan (plan.h's MakeRecordPlan); the other plan attributes do not apply.
 #include <string>
 #include <utility>
 
@@ -87,13 +91,47 @@ ffi::Error RowsImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer b_quant, AnyBuff
                                  occupancy, pdl, stream, kOp);
 }
 
+ffi::Error RecordImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer b_quant, AnyBuffer scales, AnyBuffer zero_points,
+                      AnyBuffer bias, AnyBuffer residual,
+                      AnyBuffer norm_weight, AnyResult y, int64_t bits, int64_t block_size, bool has_bias,
+                      bool has_residual, bool has_norm, bool gated, float eps, bool pdl) {
+  constexpr const char* kOp = "matmul_nbits (record layout)";
+  const ffi::DataType dtype = x.element_type();
+  auto xd = x.dimensions(), bd = b_quant.dimensions(), yd = y->dimensions();
+  if (bits != 4) return InvalidArgument(std::string(kOp) + ": bits must be 4");
+  if (xd.size() != 2 || yd.size() != 2 || bd.size() != 3) {
+    return InvalidArgument(std::string(kOp) + ": x [1, K], b_quant [N / 16, K / 256, 2432], y [1, N_out]");
+  }
+  if (b_quant.element_type() != ffi::DataType::U8 || y->element_type() != dtype) {
+    return InvalidArgument(std::string(kOp) + ": b_quant must be uint8; y of x's dtype");
+  }
+  const int64_t m = xd[0], k = xd[1], n = gated ? 2 * yd[1] : yd[1];
+  if (m != 1 || yd[0] != 1) return InvalidArgument(std::string(kOp) + ": x and y must have one row");
+  if (k % gemv::kRecordK != 0 || n % gemv::kRecordRows != 0 || k > (int64_t(1) << 30) || n > (int64_t(1) << 30) ||
+      bd[0] != n / gemv::kRecordRows || bd[1] != k / gemv::kRecordK || bd[2] != gemv::kRecordBytes) {
+    return InvalidArgument(std::string(kOp) + ": b_quant must be uint8 [N / 16, K / 256, 2432] (N, K of y, x)");
+  }
+  if (block_size < 32 || block_size > (int64_t(1) << 20) || (block_size & (block_size - 1)) || k % block_size != 0) {
+    return InvalidArgument(std::string(kOp) + ": block_size must be a power of two >= 32 dividing K");
+  }
+  gemv::GemvParams p = Params(x, b_quant, scales, zero_points, y, n, yd[1], k / block_size, block_size, false, eps);
+  p.scales = nullptr;  // the records hold the scales and zero points
+  std::string err = gemv::ConfigureExtras(p, dtype, bias, residual, norm_weight, has_bias, has_residual, has_norm);
+  if (!err.empty()) return InvalidArgument(std::string(kOp) + ": " + err);
+  return gemv::RecordPlanAndLaunch(p, dtype, gemv::Fusion{gated, has_norm}, block_size, pdl, stream, kOp);
+}
+
 ffi::Error MatMulNBitsImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer b_quant, AnyBuffer scales,
                            AnyBuffer zero_points, AnyBuffer bias, AnyBuffer residual,
                            AnyBuffer norm_weight, AnyResult y, int64_t bits, int64_t block_size,
                            bool has_zero_points, bool has_bias, bool has_residual, bool has_norm,
                            bool gated, float eps, int64_t cluster, int64_t warps_k, bool wide,
                            bool pdl, bool slots, bool rows, int64_t warps_n, int64_t depth,
-                           int64_t occupancy) {
+                           int64_t occupancy, bool record_layout) {
+  if (record_layout) {
+    return RecordImpl(stream, x, b_quant, scales, zero_points, bias, residual, norm_weight, y, bits, block_size, has_bias, has_residual,
+                      has_norm, gated, eps, pdl);
+  }
   if (rows) {
     return RowsImpl(stream, x, b_quant, scales, zero_points, bias, residual, norm_weight, y, bits, block_size,
                     has_zero_points, has_bias, has_residual, has_norm, gated, eps, cluster, warps_n, depth,
@@ -147,7 +185,7 @@ template <class Binding>
 auto MatMulNBitsOperands(Binding binding) {
   return std::move(binding)
       .template Arg<joa::AnyBuffer>()  // x [M, K]
-      .template Arg<joa::AnyBuffer>()  // b_quant uint8 [N, k_blocks, blob]
+      .template Arg<joa::AnyBuffer>()  // b_quant uint8 [N, k_blocks, blob] (or a layout's: rows, record)
       .template Arg<joa::AnyBuffer>()  // scales [ceil(N / 16), k_blocks, 16]
       .template Arg<joa::AnyBuffer>()  // zero_points uint8, scales' shape (or placeholder)
       .template Arg<joa::AnyBuffer>()  // bias [N] (or placeholder)
@@ -170,7 +208,8 @@ auto MatMulNBitsOperands(Binding binding) {
       .template Attr<bool>("rows")
       .template Attr<int64_t>("warps_n")
       .template Attr<int64_t>("depth")
-      .template Attr<int64_t>("occupancy");
+      .template Attr<int64_t>("occupancy")
+      .template Attr<bool>("record_layout");
 }
 }  // namespace
 }  // namespace joa

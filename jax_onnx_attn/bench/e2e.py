@@ -426,7 +426,9 @@ class Group:
     weights: str
     config: object
     lowered: object = None
-    rows_lowered: object = None  # int4 weights in the rows layout (batch >= 2: nbits_layout_for)
+    # int4 weights in another layout a session of some batch loads (runtime.session.nbits_layout_for:
+    # "rows" for batch >= 2, "record" for batch 1 under JOA_GEMV_RECORD=1): {layout: lowered model}.
+    layout_lowered: dict = dataclasses.field(default_factory=dict)
     cost: object = None
     jax_peer: object = None
     torch_peer: object = None
@@ -436,7 +438,8 @@ class Group:
     def close(self):
         """Drop every device reference (peers first: torch holds DLPack views of the params)."""
         import jax
-        self.torch_peer = self.jax_peer = self.lowered = self.rows_lowered = None
+        self.torch_peer = self.jax_peer = self.lowered = None
+        self.layout_lowered = {}
         _free()
         jax.clear_caches()  # compiled functions close over the peers and sessions
 
@@ -568,17 +571,20 @@ def measure_ours(g: Group, case: Case, capacity: int, prefill: bool, verify: boo
     out = {}
     mesh = make_mesh(devices) if devices > 1 else None
     # The layout a session of this batch loads (runtime.session.nbits_layout_for): the group's
-    # lowering is shared by its batches, so the rows layout gets its own, made once for up to 32
-    # rows (the most the rows kernel takes; the same layouts on the llama shapes at any batch).
+    # lowering is shared by its batches, so another layout gets its own, made once: the rows layout
+    # for up to 32 rows (the most the rows kernel takes; the same layouts on the llama shapes at any
+    # batch), the record layout for one.
     import jax_onnx_attn
     from jax_onnx_attn.runtime.session import nbits_layout_for
 
     lowered = g.lowered
-    if g.weights == "int4" and nbits_layout_for(b, mesh) == "rows":
-        if g.rows_lowered is None:
-            g.rows_lowered = jax_onnx_attn.load(g.info["path"], nbits_layout="rows", decode_rows=32)
-        lowered = g.rows_lowered
-        out["nbits_layout"] = "rows"
+    layout = nbits_layout_for(b, mesh) if g.weights == "int4" else "onnx"
+    if layout != "onnx":
+        if layout not in g.layout_lowered:
+            extra = {"decode_rows": 32} if layout == "rows" else {}
+            g.layout_lowered[layout] = jax_onnx_attn.load(g.info["path"], nbits_layout=layout, **extra)
+        lowered = g.layout_lowered[layout]
+        out["nbits_layout"] = layout
     session = DecoderSession(lowered, max_length=capacity, batch=b, steps_per_call=k, mesh=mesh)
     compile_s = 0.0
     if verify:

@@ -9,6 +9,9 @@ both formats (one or two 16-byte pieces a lane per chunk): the first is "ours", 
 ("ours[wide]" / "ours[narrow]"). `--nbits-rows` also times int4 weights in the rows layout on the
 rows kernel (ffi/kernels/gemv/rows.cuh, `ops.to_rows_layout`) as the peer "ours[rows]", and
 `--rows-plans` forced plans of it ("ours[rows c,w,d]", with an occupancy "ours[rows c,w,d,o]");
+`--nbits-record` times int4 weights in the record layout (`ops.to_record_layout`) on the slots
+kernel's record reader (ffi/kernels/gemv/slots.cuh's RecordFormat; one row of x) as the peer
+"ours[record]", against "ours" (the slots kernel on the wide format at M = 1);
 `--block` sets the quantisation block.
 
 Timing: R calls, each on its own copy of the weight and its own x (R = at least 32, and enough
@@ -92,14 +95,14 @@ class Case:
         return f"K={self.k} N={self.n} M={self.m} {self.fmt}{block}"
 
 
-def _weights(case: Case, impl: str, seed: int = 0, rows: bool = False):
-    """The case's weight copies for a jax implementation, on the default device (rows: int4 in the
-    rows layout; one copy packed on the host, the others device copies of it)."""
+def _weights(case: Case, impl: str, seed: int = 0, rows: bool = False, record: bool = False):
+    """The case's weight copies for a jax implementation, on the default device (rows / record: int4
+    in the rows / record layout; one copy packed on the host, the others device copies of it)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
 
-    from jax_onnx_attn.ops.linear import tile_nbits_meta, to_rows_layout
+    from jax_onnx_attn.ops.linear import tile_nbits_meta, to_record_layout, to_rows_layout
 
     dt = jnp.bfloat16 if case.fmt == "bf16" else jnp.float16
     keys = jax.random.split(jax.random.PRNGKey(seed + case.k + case.n), case.rotations + 1)
@@ -114,8 +117,9 @@ def _weights(case: Case, impl: str, seed: int = 0, rows: bool = False):
         bq = jax.random.randint(a, (case.n, kb, case.block * case.bits // 8), 0, 256, jnp.int32).astype(jnp.uint8)
         s = (jax.random.uniform(b, (case.n, kb), jnp.float32, 0.5, 1.5) / (1 << case.bits)).astype(dt)
         z = jax.random.randint(c, (case.n, kb), 0, 1 << case.bits, jnp.int32).astype(jnp.uint8)
-        if rows:  # packing is host work (seconds for an LM head): once, then copies on the device
-            packed = tuple(jnp.asarray(a) for a in to_rows_layout(np.asarray(bq), np.asarray(s), np.asarray(z)))
+        if rows or record:  # packing is host work (seconds for an LM head): once, then device copies
+            pack = to_rows_layout if rows else lambda *w: (to_record_layout(*w),)
+            packed = tuple(jnp.asarray(a) for a in pack(np.asarray(bq), np.asarray(s), np.asarray(z)))
             return [packed] + [tuple(jnp.copy(a) for a in packed) for _ in range(case.rotations - 1)]
         if impl == "ours":  # the layout the loader stores for our kernels
             s, z = tile_nbits_meta(s), tile_nbits_meta(z)
@@ -124,10 +128,12 @@ def _weights(case: Case, impl: str, seed: int = 0, rows: bool = False):
 
 
 def bench_jax(case: Case, impl: str, target_s: float, reps: int, plan: tuple[int, int] = (0, 0),
-              wide: bool = False, rows: tuple[int, int, int, int] | None = None) -> float:
+              wide: bool = False, rows: tuple[int, int, int, int] | None = None,
+              record: bool = False) -> float:
     """Median seconds per call of "ours" (our kernels; plan = forced (cluster, warps_k), (0, 0) =
     the planner's; wide: the two-piece n-bit format; rows: int4 in the rows layout on the rows
-    kernel with forced (cluster, warps_n, depth, occupancy), zeros = planned), "xla-kn" (x @ w[K, N];
+    kernel with forced (cluster, warps_n, depth, occupancy), zeros = planned; record: int4 in the
+    record layout on the slots kernel's record reader), "xla-kn" (x @ w[K, N];
     n-bit: XLA dequantise + dot) or "xla-nk" (x @ w[N, K].T)."""
     import jax
     import jax.numpy as jnp
@@ -139,7 +145,7 @@ def bench_jax(case: Case, impl: str, target_s: float, reps: int, plan: tuple[int
     c = case.calls
     # One x per call too (the peers must not see equal calls).
     xs = jax.random.normal(jax.random.PRNGKey(1), (c, case.m, case.k), dt)
-    ws = _weights(case, impl, rows=rows is not None)
+    ws = _weights(case, impl, rows=rows is not None, record=record)
     if case.bits == 16:
         if impl == "ours":
             def call(x, w):
@@ -151,7 +157,10 @@ def bench_jax(case: Case, impl: str, target_s: float, reps: int, plan: tuple[int
             def call(x, w):
                 return x @ w.T
     else:
-        if rows is not None:
+        if record:
+            def call(x, w):
+                return cuda_matmul.matmul_nbits_record(x, *w, n=case.n, block_size=case.block)
+        elif rows is not None:
             def call(x, w):
                 return cuda_matmul.matmul_nbits_rows(x, *w, n=case.n, block_size=case.block,
                                                      cluster=rows[0], warps_n=rows[1], depth=rows[2],
@@ -215,11 +224,15 @@ def bench_torch(case: Case, target_s: float, reps: int) -> float:
 
 
 def _skip(case: Case, impl: str, gpu: bool, cuda_built: bool, wide: bool = False,
-          rows: tuple[int, int, int, int] | None = None) -> str | None:
+          rows: tuple[int, int, int, int] | None = None, record: bool = False) -> str | None:
     if impl == "ours":
         if not (gpu and cuda_built):
             return "no GPU / CUDA build"
         from jax_onnx_attn.ops import cuda_matmul
+        if record:
+            if case.bits != 4:
+                return "record layout: int4 only"
+            return cuda_matmul.record_unsupported(case.m, case.n, case.k, case.block, False, False)
         if rows is not None:
             if case.bits != 4:
                 return "rows layout: int4 only"
@@ -306,6 +319,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="forced plans of the rows kernel as CLUSTER,WARPS_N,DEPTH[,OCCUPANCY] "
                          "(0: planned; occupancy 1 or 2 CTAs an SM), peers 'ours[rows c,w,d]' / "
                          "'ours[rows c,w,d,o]' (implies --nbits-rows)")
+    ap.add_argument("--nbits-record", action="store_true",
+                    help="also time int4 in the record layout on the slots kernel's record reader "
+                         "(one row of x): peer 'ours[record]'")
     ap.add_argument("--target-ms", type=float, default=10.0, help="wall time per timing sample")
     ap.add_argument("--reps", type=int, default=3, help="timing samples (median reported)")
     ap.add_argument("--max-seconds", type=float, default=55.0,
@@ -347,18 +363,22 @@ def main(argv: list[str] | None = None) -> int:
                 if case.bits != 16:
                     res["plan_wide" if w else "plan_narrow"] = cuda_matmul.gemv_plan(
                         case.m, case.n, case.k, case.bits, False, wide=w)
+            if args.nbits_record and case.bits == 4:
+                res["plan_record"] = cuda_matmul.gemv_plan(case.m, case.n, case.k, 4, False,
+                                                           block_size=case.block, record_layout=True)
             if rows_plans and case.bits == 4:
                 res["plan_rows"] = cuda_matmul.gemv_plan(case.m, case.n, case.k, 4, False,
                                                          block_size=case.block, rows_layout=True)
-        runs = ([(impl, (0, 0), wides[0], None) for impl in args.impls]
-                + [("ours", p, wides[0], None) for p in plans]
-                + [("ours", (0, 0), w, None) for w in wides[1:]]
-                + [("ours", (0, 0), wides[0], r) for r in rows_plans])
-        for impl, plan, wide, rows in runs:
-            name = (rows_plan_name(rows) if rows is not None else
+        runs = ([(impl, (0, 0), wides[0], None, False) for impl in args.impls]
+                + [("ours", p, wides[0], None, False) for p in plans]
+                + [("ours", (0, 0), w, None, False) for w in wides[1:]]
+                + [("ours", (0, 0), wides[0], r, False) for r in rows_plans]
+                + ([("ours", (0, 0), wides[0], None, True)] if args.nbits_record else []))
+        for impl, plan, wide, rows, record in runs:
+            name = ("ours[record]" if record else rows_plan_name(rows) if rows is not None else
                     impl if plan == (0, 0) and wide == wides[0] else f"ours[c{plan[0]},wk{plan[1]}]"
                     if plan != (0, 0) else f"ours[{'wide' if wide else 'narrow'}]")
-            why = _skip(case, impl, gpu, cuda_built, wide, rows)
+            why = _skip(case, impl, gpu, cuda_built, wide, rows, record)
             if why is None and wide != wides[0] and case.bits == 16:
                 why = "dense: one format"
             if why is None and plan != (0, 0):
@@ -370,7 +390,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             try:
                 sec = (bench_torch(case, args.target_ms / 1e3, args.reps) if impl == "torch"
-                       else bench_jax(case, impl, args.target_ms / 1e3, args.reps, plan, wide, rows))
+                       else bench_jax(case, impl, args.target_ms / 1e3, args.reps, plan, wide, rows,
+                                      record))
                 res["impls"][name] = {"us": sec * 1e6, "gbs": case.bytes / sec / 1e9}
                 if rows is not None:  # what the forced fields resolved to (JOA_ROWS_OCC2 included)
                     res["impls"][name]["rows_plan"] = rows_plan_fields(case, rows)

@@ -19,7 +19,9 @@ into nodes of our own domain (`JOA_DOMAIN`) whose handlers call `jax_onnx_attn.o
    their RMSNorm prologue.
 5. Last, MatMulNBits weights take the kernels' layout: scales / zero points tiled
    (`ops.tile_nbits_meta`), or with nbits_layout="rows" 4-bit weights the rows kernel takes go
-   whole into the rows layout (`ops.to_rows_layout`; the node's attribute layout="rows").
+   whole into the rows layout (`ops.to_rows_layout`; the node's attribute layout="rows"), with
+   nbits_layout="record" those the slots kernel's record reader takes into the record layout
+   (`ops.to_record_layout`; layout="record").
 
 A builder decoder layer is then: Linear (norm + QKV), GroupQueryAttention, Linear (o + residual),
 Linear (norm + gate/up + SiLU·up), Linear (down + residual). Each rewrite keeps the math of the
@@ -123,7 +125,8 @@ def _get_input(node, what: str) -> str:
 
 def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
                  nbits: bool = True, nbits_layout: str = "onnx",
-                 decode_rows: int = 2) -> tuple[onnx.ModelProto, dict, FusionReport]:
+                 decode_rows: int = 2, float_map: dict | None = None
+                 ) -> tuple[onnx.ModelProto, dict, FusionReport]:
     """The rewrites of the module doc on `model` (local functions already inlined).
 
     Args:
@@ -136,7 +139,13 @@ def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
         4-bit weights whose shape the rows kernel takes at decode_rows rows of x (its plan) in the
         rows layout, for decode steps of 2..32 rows (`runtime.DecoderSession` of batch >= 2
         where the kernels run: `ops.cuda_matmul.rows_layout_enabled`); the others as "onnx".
-      decode_rows: the rows of x a decode step has (the session's batch).
+        "record": 4-bit weights whose shape the slots kernel's record reader takes (one row of x:
+        N % 16 == 0, K % 256 == 0, block_size >= 32, its plan) in the record layout, for decode
+        steps of one row (`runtime.DecoderSession` of batch 1 under
+        `ops.cuda_matmul.record_layout_enabled`); the others as "onnx".
+      decode_rows: the rows of x a decode step has (the session's batch; "rows" only).
+      float_map: {dtype: dtype} the loader casts float initializers by after the fusion
+        (`load(dtype=...)`): the record layout holds the scales' bits, so it takes them cast.
 
     Returns:
       (model, arrays, FusionReport).
@@ -350,10 +359,13 @@ def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
     # whole weight in the rows layout, last, so that the passes above see them row-major.
     tiled: dict[str, str] = {}
     rows: dict[tuple, tuple] = {}
+    records: dict[tuple, str] = {}
     for node in g.nodes:
         if node is None or node.op_type != "Linear" or not _attr(node, "bits"):
             continue
         if nbits_layout == "rows" and _rows_layout(node, arrays, rows, linear_ops, decode_rows):
+            continue
+        if nbits_layout == "record" and _record_layout(node, arrays, records, linear_ops, float_map or {}):
             continue
         for what in ("scales", "zero_points"):
             name = _get_input(node, what)
@@ -407,6 +419,35 @@ def _rows_layout(node, arrays, done: dict, linear_ops, decode_rows: int) -> bool
         if name:
             _set_input(node, what, name)
     node.attribute.append(helper.make_attribute("layout", "rows"))
+    return True
+
+
+def _record_layout(node, arrays, done: dict, linear_ops, float_map: dict) -> bool:
+    """Puts a fused 4-bit Linear's weight (W, scales and zero points) in the record layout when the
+    slots kernel's record reader takes its shape at one row of x (asked of its plan: without a
+    compiled extension that knows the layout nothing moves; a shape it refuses keeps the "onnx"
+    layout, decided here, never a wrong result). Scales are cast by float_map first (the loader casts
+    floats after the fusion; the records hold the scales' bits) and must then be 16-bit floats.
+    done: the weights already moved ({(b_quant, scales, zero_points): new names})."""
+    from jax_onnx_attn.ops import cuda_matmul
+
+    k, n, block = (int(_attr(node, a)) for a in ("K", "N", "block_size"))
+    key = tuple(_get_input(node, w) for w in ("w", "scales", "zero_points"))
+    scales = arrays[key[1]]
+    scales = scales.astype(float_map.get(scales.dtype, scales.dtype))
+    if (int(_attr(node, "bits")) != 4 or scales.ndim != 2 or scales.dtype.itemsize != 2
+            or cuda_matmul.record_unsupported(1, n, k, block, bool(_attr(node, "gated", 0)),
+                                              bool(_get_input(node, "norm_weight")))):
+        return False
+    if key not in done:
+        name = f"{key[0]}.record"
+        arrays[name] = linear_ops.to_record_layout(arrays[key[0]], scales,
+                                                   arrays[key[2]] if key[2] else None)
+        done[key] = name
+    _set_input(node, "w", done[key])
+    for what in ("scales", "zero_points"):
+        _set_input(node, what, "")
+    node.attribute.append(helper.make_attribute("layout", "record"))
     return True
 
 

@@ -507,8 +507,9 @@ def load(model, dtype=None, *, base_dir: str | os.PathLike | None = None,
         `ops.linear` / `ops.matmul_nbits` with their weights stored in the kernels' layouts, the
         SwiGLU, residual adds and RMSNorms folded into them). The math is the graph's; False
         runs the graph node by node as written.
-      nbits_layout: with fuse, "onnx" or "rows": 4-bit MatMulNBits weights in the rows kernel's
-        layout, for decode steps of decode_rows (2..32) rows of x (`onnx.fusion.fuse_decoder`);
+      nbits_layout: with fuse, "onnx", "rows": 4-bit MatMulNBits weights in the rows kernel's
+        layout, for decode steps of decode_rows (2..32) rows of x, or "record": in the record
+        layout of the slots kernel, for decode steps of one row (`onnx.fusion.fuse_decoder`);
         same results.
 
     Returns:
@@ -535,13 +536,14 @@ def load(model, dtype=None, *, base_dir: str | os.PathLike | None = None,
     for t in (t for g in registry.iter_graphs(model.graph) for t in g.initializer):
         arrays[t.name] = tensor_to_numpy(t, None if base_dir is None else str(base_dir))
     float_type = _primary_float(a for a in arrays.values() if not _is_static_initializer(a))
-    fusions = None
-    if fuse:
-        model, arrays, fusions = fuse_decoder(model, arrays, nbits=not int8_activations,
-                                              nbits_layout=nbits_layout, decode_rows=decode_rows)
     float_map = {}
     if dtype is not None and float_type is not None:
         float_map[float_type] = np.dtype(dtype)
+    fusions = None
+    if fuse:
+        model, arrays, fusions = fuse_decoder(model, arrays, nbits=not int8_activations,
+                                              nbits_layout=nbits_layout, decode_rows=decode_rows,
+                                              float_map=float_map)
     params, constants = {}, {}
     for name, arr in arrays.items():
         if _is_static_initializer(arr):

@@ -313,6 +313,8 @@ def _place(plan: TensorParallelPlan, node, role: str, packed_heads, params) -> s
     k = int(_attr(node, "K")) if bits else int(params[w].shape[1])
     if _attr(node, "layout") in ("rows", b"rows"):
         return "4-bit weights in the rows layout (ops.to_rows_layout) have no split yet"
+    if _attr(node, "layout") in ("record", b"record"):
+        return "4-bit weights in the record layout (ops.to_record_layout) have no split yet"
     # Piece sizes the kernels take: rows in multiples of 8 (16 when gated: a gate / up block pair),
     # K in whole quantisation blocks (and multiples of 8).
     if role == ROW:

@@ -30,6 +30,9 @@ DENSE_ROW_ENV = "JOA_GEMV_DENSE_ROW"
 #: The environment variable that stores 4-bit weights in the rows layout for decode sessions of
 #: batch >= 2 (`rows_layout_enabled`).
 ROWS_ENV = "JOA_GEMV_ROWS"
+#: The environment variable that stores 4-bit weights in the record layout for decode sessions of
+#: batch 1 (`record_layout_enabled`).
+RECORD_ENV = "JOA_GEMV_RECORD"
 
 
 def nbits_wide() -> bool:
@@ -87,6 +90,19 @@ def rows_layout_enabled() -> bool:
     return _switch(ROWS_ENV)
 
 
+def record_layout_enabled() -> bool:
+    """Whether a `DecoderSession` of batch 1 (one device) loads its 4-bit MatMulNBits weights in the
+    record layout (`ops.to_record_layout`), so that its decode steps' projections (one row of x)
+    run on the slots kernel reading records (ffi/kernels/gemv/slots.cuh's RecordFormat: a lane's
+    W, scales and zero points of a chunk in one record, addresses by pointer increments) instead of
+    the wide format with tiled metadata; the same bits. Off by default until the GPU has timed it
+    in the whole step (the probe tools/probes/gemv_lean_m1.cu: ~8B LM head 78.6-81 µs against 95,
+    gate-up 24.5 against 26.7; docs/kernels.md); a prompt then dequantises the weights out of the
+    layout each prefill, as the rows layout does. JOA_GEMV_RECORD=1 turns it on (read when the
+    session loads the model)."""
+    return _switch(RECORD_ENV, default="0")
+
+
 def _wide(bits: int, wide: bool | None) -> bool:
     """The format a call runs in: dense weights have one; n-bit ones follow `wide`, else the env."""
     if bits == DENSE_BITS:
@@ -114,7 +130,7 @@ def sm90() -> bool:
 def gemv_plan(rows: int, n_rows: int, k: int, bits: int, gated: bool, norm: bool = False,
               cluster: int = 0, warps_k: int = 0, wide: bool | None = None, block_size: int = 0,
               slots: bool = False, rows_layout: bool = False, warps_n: int = 0,
-              depth: int = 0, occupancy: int = 0) -> dict:
+              depth: int = 0, occupancy: int = 0, record_layout: bool = False) -> dict:
     """The engine's launch plan for x [rows, k] against a weight of n_rows rows of `bits`-bit
     elements (16: dense; 8, 4: MatMulNBits), with the RMS-norm prologue or not, as a dict (ffi/kernels/gemv/plan.h: grid, warp
     layout, cluster, ring stages, shared memory, the model's estimate in µs). 'error' is None when
@@ -126,18 +142,24 @@ def gemv_plan(rows: int, n_rows: int, k: int, bits: int, gated: bool, norm: bool
     kernel (ffi/kernels/gemv/rows.cuh; 'rows_layout' in the dict); cluster, warps_n, depth,
     occupancy > 0 force its K split, warps a CTA, W stages in flight a warp and the CTAs an SM its
     registers are capped for ('ctas_per_sm'; the extension plans occupancy by plan.h's proposed rule
-    under JOA_ROWS_OCC2=1, read once a process, as the handler does). Raises RuntimeError without
+    under JOA_ROWS_OCC2=1, read once a process, as the handler does). record_layout: one row of
+    4-bit weights in the record layout (`ops.linear.to_record_layout`) on the slots kernel reading
+    records ('record_layout' in the dict; the slots kernel's geometry). Raises RuntimeError without
     the compiled extension."""
     return _plan(int(rows), int(n_rows), int(k), int(bits), bool(gated), bool(norm), int(cluster),
                  int(warps_k), _wide(bits, wide) and not rows_layout, int(block_size), bool(slots),
-                 bool(rows_layout), int(warps_n), int(depth), int(occupancy))
+                 bool(rows_layout), int(warps_n), int(depth), int(occupancy), bool(record_layout))
 
 
 @functools.cache
 def _plan(rows, n_rows, k, bits, gated, norm, cluster, warps_k, wide, block_size, slots, rows_layout,
-          warps_n, depth, occupancy) -> dict:
+          warps_n, depth, occupancy, record_layout) -> dict:
     if _ffi is None or not hasattr(_ffi, "gemv_plan"):
         raise RuntimeError("the compiled extension jax_onnx_attn._ffi (with gemv_plan) is missing")
+    if record_layout:  # only an extension that knows the layout is asked about it
+        return dict(_ffi.gemv_plan(rows, n_rows, k, bits, gated, norm, sm90(), cluster, warps_k, wide,
+                                   block_size, slots, rows_layout, warps_n, depth, occupancy,
+                                   record_layout=True))
     return dict(_ffi.gemv_plan(rows, n_rows, k, bits, gated, norm, sm90(), cluster, warps_k, wide,
                                block_size, slots, rows_layout, warps_n, depth, occupancy))
 
@@ -170,6 +192,18 @@ def rows_unsupported(rows: int, n_rows: int, k: int, block_size: int, gated: boo
         plan = gemv_plan(rows, n_rows, k, 4, gated, norm, cluster, block_size=block_size,
                          rows_layout=True, warps_n=warps_n, depth=depth, occupancy=occupancy)
     except RuntimeError as e:
+        return str(e)
+    return plan["error"]
+
+
+def record_unsupported(rows: int, n_rows: int, k: int, block_size: int, gated: bool,
+                       norm: bool = False) -> str | None:
+    """Why the slots kernel does not take this call of 4-bit weights in the record layout (None
+    when it does): the plan's reason (ffi/kernels/gemv/plan.h's MakeRecordPlan: one row of x, N a
+    multiple of 16, K of 256, block_size a power of two >= 32, x's K in shared memory)."""
+    try:
+        plan = gemv_plan(rows, n_rows, k, 4, gated, norm, block_size=block_size, record_layout=True)
+    except (RuntimeError, TypeError) as e:  # TypeError: an extension built before the layout
         return str(e)
     return plan["error"]
 
@@ -295,13 +329,38 @@ def _matmul_nbits_rows(x, w, scales, zero_points, bias, residual, norm_weight, *
                        occupancy=occupancy)
 
 
+def matmul_nbits_record(x, rec, bias=None, residual=None, norm_weight=None, *, n: int, block_size: int,
+                        eps: float = 1e-6, gated: bool = False, pdl: bool = False):
+    """x [1, K] f16/bf16 against 4-bit weights in the record layout (`ops.linear.to_record_layout`):
+    rec uint8 [N / 16, K / 256, 2432] holding W, its scales (x's dtype) and zero points -> [1, N_out];
+    N = n W rows (2 N_out when gated).
+
+    Semantics of `jax_onnx_attn.ops.reference.linear.matmul_nbits` on the weights
+    `ops.linear.from_record_layout` gives back; the slots kernel's plan and sums (the same bits as
+    `matmul_nbits` on the same weight in the wide format with tiled metadata on the slots kernel).
+    Other arguments as `matmul_nbits`. Under vmap each example is its own call (the kernel takes one
+    row)."""
+    static = dict(n=n, block_size=block_size, eps=eps, gated=gated, pdl=pdl)
+    return partitioning.MATMUL_NBITS_RECORD.apply(
+        _matmul_nbits_record, (x, rec, bias, residual, norm_weight), static, pin=lambda *a: None)
+
+
+def _matmul_nbits_record(x, rec, bias, residual, norm_weight, *, n, block_size, eps, gated, pdl):
+    return _nbits_call(x, rec, None, None, bias, residual, norm_weight, n_out=n // 2 if gated else n,
+                       bits=4, block_size=block_size, eps=eps, gated=gated, pdl=pdl, cluster=0,
+                       warps_k=0, wide=True, slots=True, rows=False, warps_n=0, depth=0, occupancy=0,
+                       record_layout=True)
+
+
 def _nbits_call(x, w, scales, zero_points, bias, residual, norm_weight, *, n_out, bits, block_size, eps,
-                gated, pdl, cluster, warps_k, wide, slots, rows, warps_n, depth, occupancy):
+                gated, pdl, cluster, warps_k, wide, slots, rows, warps_n, depth, occupancy,
+                record_layout=False):
     """The matmul_nbits FFI call (ffi/handlers/matmul_nbits.cu): absent operands as placeholders
     with their has_* flags, every attribute as the handler binds it."""
     call = jax.ffi.ffi_call(target("matmul_nbits"), jax.ShapeDtypeStruct((x.shape[0], n_out), x.dtype))
     ph = _placeholder(x.dtype)
-    return call(x, w, scales, jnp.zeros((1,), jnp.uint8) if zero_points is None else zero_points,
+    return call(x, w, ph if scales is None else scales,
+                jnp.zeros((1,), jnp.uint8) if zero_points is None else zero_points,
                 ph if bias is None else bias, ph if residual is None else residual,
                 ph if norm_weight is None else norm_weight,
                 bits=int(bits), block_size=int(block_size), has_zero_points=zero_points is not None,
@@ -309,7 +368,7 @@ def _nbits_call(x, w, scales, zero_points, bias, residual, norm_weight, *, n_out
                 has_norm=norm_weight is not None, gated=bool(gated), eps=np.float32(eps),
                 cluster=int(cluster), warps_k=int(warps_k), wide=bool(wide), pdl=bool(pdl),
                 slots=bool(slots), rows=bool(rows), warps_n=int(warps_n), depth=int(depth),
-                occupancy=int(occupancy))
+                occupancy=int(occupancy), record_layout=bool(record_layout))
 
 
 def _placeholder(dtype):

@@ -33,9 +33,15 @@ NBITS = (4, 8)
 #: W rows per row group of the rows layout (`to_rows_layout`): a warp's four m16 MMA tiles in the
 #: rows kernel (ffi/kernels/gemv/plan.h's kRowsGroup; tests check that they agree).
 ROWS_GROUP = 64
+#: The record layout (`to_record_layout`): one record of RECORD_BYTES per (RECORD_ROWS-row tile,
+#: RECORD_K-element chunk of K): RECORD_W_BYTES of W, then 3 metadata words a lane (ffi/kernels/gemv/
+#: plan.h's kRecord*; tests check that they agree).
+RECORD_ROWS, RECORD_K, RECORD_W_BYTES = 16, 256, 2048
+RECORD_BYTES = RECORD_W_BYTES + 3 * 4 * 32
 #: The weight layouts `matmul_nbits` takes: "onnx" (`prepare_nbits`' form, scales / zero points
-#: row-major or tiled) and "rows" (`to_rows_layout`: 4-bit weights for the rows kernel, M >= 2).
-LAYOUTS = ("onnx", "rows")
+#: row-major or tiled), "rows" (`to_rows_layout`: 4-bit weights for the rows kernel, M >= 2) and
+#: "record" (`to_record_layout`: 4-bit weights for the slots kernel's record reader, M = 1).
+LAYOUTS = ("onnx", "rows", "record")
 
 
 def _xp(a):
@@ -188,6 +194,13 @@ def prepare_nbits(b_quant, scales, zero_points, *, k: int, n: int, bits: int, bl
     return (b_quant.reshape(n, k_blocks, blob), scales.reshape(n, k_blocks), zp)
 
 
+def _in_slabs(one_slab, count: int, slab: int) -> None:
+    """one_slab(i0) for i0 = 0, slab, 2 slab, ... < count, in threads: NumPy's copies release the GIL
+    (an ~8B model's weights take seconds, not a minute, on a 16-core host)."""
+    with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
+        list(pool.map(one_slab, range(0, count, slab)))
+
+
 def _rows_bytes(b):
     """The ONNX-order bytes of 64 G W rows, uint8 [G * 64, K / 2] (element k in bits 4 (k % 2) of
     byte k // 2) -> the rows layout's bytes [G, K / 16, 512]. Works on bytes, not nibbles: each
@@ -253,10 +266,7 @@ def to_rows_layout(b_quant, scales, zero_points):
             rows = np.concatenate([rows, np.zeros((pad, k // 2), np.uint8)])
         w[g0:g0 + slab] = _rows_bytes(rows)
 
-    # NumPy's copies release the GIL: slabs in threads (an ~8B model's weights take seconds, not a
-    # minute, on a 16-core host).
-    with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
-        list(pool.map(one_slab, range(0, groups, slab)))
+    _in_slabs(one_slab, groups, slab)
     zp = None if zero_points is None else np.ascontiguousarray(_rows_meta(zero_points, groups, np))
     return w, np.ascontiguousarray(_rows_meta(scales, groups, np)), zp
 
@@ -289,6 +299,147 @@ def pack_nbits_rows(b_quant, scales, zero_points, *, k: int, n: int, bits: int, 
         raise NotImplementedError(f"pack_nbits_rows: bits={bits}: the rows layout holds 4-bit weights")
     return to_rows_layout(*prepare_nbits(b_quant, scales, zero_points, k=k, n=n, bits=bits,
                                          block_size=block_size))
+
+
+def _record_slots(k: int, block_size: int):
+    """Per quantisation block b of a row: (its record's chunk, the slot s of the chunk whose scale
+    and zero point the record holds for it), as int arrays [K / block_size]. Slot s = 4 piece + t
+    spans chunk K offsets 128 piece + 32 t .. + 31 (slots.cuh's SlotK); a block (>= 32, a power of
+    two) holds at least one whole slot: its first one."""
+    k0 = np.arange(k // block_size) * block_size
+    off = k0 % RECORD_K
+    return k0 // RECORD_K, 4 * (off // 128) + (off % 128) // 32
+
+
+def to_record_layout(b_quant, scales, zero_points):
+    """4-bit MatMulNBits weights in `prepare_nbits`' form -> the record layout of the slots kernel's
+    record reader (ffi/kernels/gemv/slots.cuh's RecordFormat: one row of x), once at load. NumPy in,
+    NumPy out.
+
+    Per (16-row tile T, 256-element chunk c of K) one record of RECORD_BYTES (2432) bytes: exactly
+    the bytes lane L = 4 g + t of the warp streaming that tile loads for that chunk, in lane order,
+    so that every warp load is contiguous (512 bytes of W, 128 of metadata) and a lane's address is
+    one pointer advanced a record a chunk:
+      - W word j (h = j // 2, piece p = j % 2) of lane L at 512 j + 16 L: the 16 bytes of row
+        16 T + g + 8 h at K offsets 256 c + 32 t + 128 p .. + 31 (the wide format's piece, ONNX's
+        nibble order: element k in bits 4 (k % 2) of byte k // 2);
+      - metadata word m of lane L at 2048 + 128 m + 4 L: m = 0 / 1 the scales of row g + 8 m for the
+        lane's slots 2 t + e (e = 0 low 16 bits; scale bits of the scales' dtype), m = 2 the zero
+        points of rows g + 8 h, slots 2 t + e in byte 2 h + e (8 when absent: the same values).
+    Slot s covers K offsets 128 (s // 4) + 32 (s % 4) .. + 31 of the chunk; its scale is its block's.
+
+    Args:
+      b_quant: uint8 [N, k_blocks, block_size / 2]; N a multiple of 16, K = k_blocks * block_size a
+        multiple of 256, block_size a power of two >= 32 (raises NotImplementedError otherwise:
+        keep such weights in the "onnx" layout).
+      scales: [N, k_blocks] float16 or bfloat16 (row-major, not tiled).
+      zero_points: None (8) or uint8 [N, k_blocks], one value 0..15 a block.
+
+    Returns:
+      uint8 [N / 16, K / 256, 2432]. `from_record_layout` inverts it.
+    """
+    op = "to_record_layout"
+    b_quant, scales = np.asarray(b_quant), np.asarray(scales)
+    if b_quant.dtype != np.uint8 or b_quant.ndim != 3:
+        raise ValueError(f"{op}: b_quant must be uint8 [N, k_blocks, block_size / 2], got "
+                         f"{b_quant.dtype}{list(b_quant.shape)}")
+    n, kb, blob = b_quant.shape
+    block, k = 2 * blob, kb * blob * 2
+    if block < 32 or block & (block - 1):
+        raise NotImplementedError(f"{op}: b_quant: block_size={block} must be a power of two >= 32")
+    if k % RECORD_K or n % RECORD_ROWS:
+        raise NotImplementedError(f"{op}: b_quant: K={k} must be a multiple of {RECORD_K} and N={n} "
+                                  f"of {RECORD_ROWS}")
+    if scales.shape != (n, kb) or scales.dtype.itemsize != 2 or scales.dtype.kind not in "fV":
+        raise ValueError(f"{op}: scales must be float16 / bfloat16 [{n}, {kb}] (row-major), got "
+                         f"{scales.dtype}{list(scales.shape)}")
+    if zero_points is not None:
+        zero_points = np.asarray(zero_points)
+        if zero_points.dtype != np.uint8 or zero_points.shape != (n, kb) or (zero_points > 15).any():
+            raise ValueError(f"{op}: zero_points must be uint8 [{n}, {kb}] in 0..15, got "
+                             f"{zero_points.dtype}{list(zero_points.shape)}")
+    tiles, chunks = n // RECORD_ROWS, k // RECORD_K
+    # Per (chunk, lane t, e): the block of slot 2 t + e.
+    slot_k = 32 * (np.arange(8) % 4) + 128 * (np.arange(8) // 4)
+    blk = ((np.arange(chunks)[:, None] * RECORD_K + slot_k[None, :]) // block).reshape(chunks, 4, 2)
+    rec = np.empty((tiles, chunks, RECORD_BYTES), np.uint8)
+    scale_bits = scales.view(np.uint16)
+    slab = 256  # tiles a pass
+
+    def one_slab(t0):
+        t1 = min(tiles, t0 + slab)
+        r0, r1 = RECORD_ROWS * t0, RECORD_ROWS * t1
+        w = b_quant[r0:r1].reshape(t1 - t0, 2, 8, chunks, 2, 4, 16)    # T h g c p t byte
+        rec[t0:t1, :, :RECORD_W_BYTES] = w.transpose(0, 3, 1, 4, 2, 5, 6).reshape(t1 - t0, chunks, -1)
+        sc = scale_bits[r0:r1].reshape(t1 - t0, 2, 8, kb)[..., blk]    # T h g c t e
+        rec[t0:t1, :, RECORD_W_BYTES:RECORD_W_BYTES + 256] = (
+            np.ascontiguousarray(sc.transpose(0, 3, 1, 2, 4, 5)).astype("<u2").view(np.uint8)
+            .reshape(t1 - t0, chunks, 256))
+        if zero_points is None:
+            rec[t0:t1, :, RECORD_W_BYTES + 256:] = 8
+        else:
+            zp = zero_points[r0:r1].reshape(t1 - t0, 2, 8, kb)[..., blk]  # T h g c t e
+            rec[t0:t1, :, RECORD_W_BYTES + 256:] = zp.transpose(0, 3, 2, 4, 1, 5).reshape(t1 - t0, chunks, 128)
+
+    _in_slabs(one_slab, tiles, slab)
+    return rec
+
+
+def from_record_layout(rec, *, n: int, block_size: int, dtype):
+    """The inverse of `to_record_layout`: (b_quant uint8 [N, k_blocks, block_size / 2], scales
+    [N, k_blocks] of `dtype` (the scales' bits reinterpreted), zero_points uint8 [N, k_blocks]: 8
+    where the weight had none, the same values). NumPy or jax arrays (traceable: the reference
+    computes from it)."""
+    xp = _xp(rec)
+    tiles, chunks = rec.shape[0], rec.shape[1]
+    k = chunks * RECORD_K
+    w = rec[..., :RECORD_W_BYTES].reshape(tiles, chunks, 2, 2, 8, 4, 16)   # T c h p g t byte
+    b_quant = w.transpose(0, 2, 4, 1, 3, 5, 6).reshape(n, k // block_size, block_size // 2)
+    c, slot = _record_slots(k, block_size)
+    lo_hi = rec[..., RECORD_W_BYTES:RECORD_W_BYTES + 256].reshape(tiles, chunks, 2, 8, 4, 2, 2)
+    lo_hi = lo_hi.astype(xp.uint16)
+    bits = (lo_hi[..., 0] | (lo_hi[..., 1] << 8))[:, c, :, :, slot // 2, slot % 2]  # kb T h g
+    bits = bits.transpose(1, 2, 3, 0).reshape(n, -1)
+    scales = bits.view(dtype) if xp is np else jax.lax.bitcast_convert_type(bits, dtype)
+    zp = rec[..., RECORD_W_BYTES + 256:].reshape(tiles, chunks, 8, 4, 2, 2)  # T c g t h e
+    zp = zp[:, c, :, slot // 2, :, slot % 2].transpose(1, 3, 2, 0).reshape(n, -1)  # kb T g h
+    return b_quant, scales, zp
+
+
+def _matmul_nbits_record(x, rec, scales, zero_points, bias, residual, norm_weight, *, k, n, bits,
+                         block_size, eps, gated, backend, pdl):
+    """`matmul_nbits` with layout="record" (x, bits, block_size and k already checked)."""
+    op = "matmul_nbits"
+    if bits != 4:
+        raise NotImplementedError(f"{op}: layout='record' holds 4-bit weights, got bits={bits}")
+    if block_size < 32:
+        raise ValueError(f"{op}: layout='record' needs block_size >= 32, got {block_size}")
+    if k % RECORD_K or n % RECORD_ROWS:
+        raise ValueError(f"{op}: layout='record' needs K a multiple of {RECORD_K} and N of "
+                         f"{RECORD_ROWS}, got k={k}, n={n}")
+    want = (n // RECORD_ROWS, k // RECORD_K, RECORD_BYTES)
+    if rec.dtype != jnp.uint8 or tuple(rec.shape) != want:
+        raise ValueError(f"{op}: b_quant in the record layout must be uint8 {list(want)} "
+                         f"(to_record_layout), got {rec.dtype}{list(rec.shape)}")
+    if scales is not None or zero_points is not None:
+        raise ValueError(f"{op}: layout='record' holds the scales and zero points in b_quant: pass "
+                         "scales=None and zero_points=None")
+    n_out = _check_operands(op, x, n, "b_quant", gated, bias, residual, norm_weight)
+
+    def ref_fn(x2, rec, bias, norm_weight, r2):
+        b_quant, s, z = from_record_layout(rec, n=n, block_size=block_size, dtype=x2.dtype)
+        return reference.matmul_nbits(x2, b_quant, s, z, bias, r2, norm_weight, eps, gated, bits=bits,
+                                      block_size=block_size)
+
+    why = _kernel_unsupported(x, n, bits, gated, norm_weight is not None, block_size,
+                              backend=backend, record_layout=True)
+    cuda_fn = None
+    if why is None:
+        def cuda_fn(x2, rec, bias, norm_weight, r2):
+            return cuda_matmul.matmul_nbits_record(x2, rec, bias, r2, norm_weight, n=n,
+                                                   block_size=block_size, eps=eps, gated=gated,
+                                                   pdl=pdl)
+    return _run(op, backend, ref_fn, cuda_fn, why, x, (rec, bias, norm_weight), residual, n_out)
 
 
 def _matmul_nbits_rows(x, w, scales, zero_points, bias, residual, norm_weight, *, k, n, bits,
@@ -401,7 +552,7 @@ def kernel_formats() -> str:
 
 
 def _kernel_unsupported(x, n_rows, bits, gated, norm, block_size=0, backend="auto",
-                        wide=None, rows_layout=False) -> str | None:
+                        wide=None, rows_layout=False, record_layout=False) -> str | None:
     if jnp.dtype(x.dtype) not in HALF_DTYPES:
         return f"x is {x.dtype}: the kernels take float16 and bfloat16"
     formats = kernel_formats()
@@ -413,6 +564,9 @@ def _kernel_unsupported(x, n_rows, bits, gated, norm, block_size=0, backend="aut
         if m != 1 or not cuda_matmul.dense_row_enabled() or not _dense_row(n_rows, x.shape[-1], gated, norm):
             return (f"JOA_LINEAR_KERNELS={formats}: XLA's GEMM runs dense weights but for one row on "
                     "the dense row kernel")
+    if record_layout:
+        return cuda_matmul.record_unsupported(math.prod(x.shape[:-1]), n_rows, x.shape[-1], block_size,
+                                              gated, norm)
     if rows_layout:
         return cuda_matmul.rows_unsupported(math.prod(x.shape[:-1]), n_rows, x.shape[-1], block_size,
                                             gated, norm)
@@ -505,6 +659,11 @@ def matmul_nbits(x, b_quant, scales, zero_points=None, bias=None, *, k: int, n: 
         dtype, zero_points uint8 of that shape or None; run by the rows kernel (for 2..32 rows of x
         at decode; block sizes 32 and 128) and elsewhere (M > 32: prefill; other block sizes; CPU)
         by the reference on the weights `from_rows_layout` gives back (XLA gathers them each call).
+        Or "record": 4-bit weights in the record layout (`to_record_layout`): b_quant uint8
+        [N / 16, K / 256, 2432] holding W, scales (x's dtype) and zero points; scales and
+        zero_points None; block_size >= 32. One row of x runs on the slots kernel reading records
+        (the same bits as the "onnx" layout's slots kernel); every other call (M > 1: prefill;
+        CPU) on the reference over `from_record_layout`'s weights.
 
     Returns:
       [..., N_out] of x's dtype (N_out = N, or N / 2 when gated).
@@ -526,6 +685,10 @@ def matmul_nbits(x, b_quant, scales, zero_points=None, bias=None, *, k: int, n: 
     kb = k // block_size
     if layout not in LAYOUTS:
         raise ValueError(f"{op}: layout must be one of {LAYOUTS}, got {layout!r}")
+    if layout == "record":
+        return _matmul_nbits_record(x, b_quant, scales, zero_points, bias, residual, norm_weight, k=k,
+                                    n=n, bits=bits, block_size=block_size, eps=float(norm_epsilon),
+                                    gated=gated, backend=backend, pdl=pdl)
     if layout == "rows":
         return _matmul_nbits_rows(x, b_quant, scales, zero_points, bias, residual, norm_weight, k=k,
                                   n=n, bits=bits, block_size=block_size, eps=float(norm_epsilon),

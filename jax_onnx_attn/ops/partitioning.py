@@ -726,6 +726,13 @@ def _nbits_rows_layout(x, w, scales, zero_points=None, bias=None, residual=None,
                    None if norm_weight is None else "kw"), ("b o",))
 
 
+def _nbits_record_layout(x, rec, bias=None, residual=None, norm_weight=None, **static):
+    # The record layout (ops.linear.to_record_layout) holds W, scales and zero points per (16-row
+    # tile, 256-k chunk): rows and K stay whole (batch only) until a split by tiles is written.
+    return Layout(("b kw", "tiles chunks rec", None if bias is None else "nr",
+                   None if residual is None else "b o", None if norm_weight is None else "kw"), ("b o",))
+
+
 #: The linear target (and its spec reference.linear.linear): x [M, K], w [N, K], bias [N],
 #: residual [M, N_out], norm_weight [K] -> [M, N_out].
 LINEAR = Rule("linear", _linear_layout, per_shard=_partial_sums(2, 3), priority=_weight_first)
@@ -737,3 +744,6 @@ MATMUL_NBITS = Rule("matmul_nbits", _nbits_layout, per_shard=_partial_sums(4, 5)
 #: The matmul_nbits target with 4-bit weights in the rows layout: w [ceil(N / 64), K / 16, 512],
 #: scales / zero_points [ceil(N / 64), K / block, 64], the rest as MATMUL_NBITS; batch only.
 MATMUL_NBITS_ROWS = Rule("matmul_nbits (rows layout)", _nbits_rows_layout)
+#: The matmul_nbits target with 4-bit weights in the record layout: x [1, K], rec [N / 16, K / 256,
+#: 2432], bias, residual, norm_weight as MATMUL_NBITS; batch only.
+MATMUL_NBITS_RECORD = Rule("matmul_nbits (record layout)", _nbits_record_layout)

@@ -186,11 +186,16 @@ class GenerationResult:
 
 def nbits_layout_for(batch: int, mesh=None) -> str:
     """The MatMulNBits weight layout a session loads: "rows" for decode steps of 2+ rows on one
-    device when `cuda_matmul.rows_layout_enabled()` (the rows layout's partitioning is batch-only),
-    else "onnx"."""
+    device when `cuda_matmul.rows_layout_enabled()`, "record" for steps of one row on one device
+    when `cuda_matmul.record_layout_enabled()` (both layouts' partitioning is batch-only), else
+    "onnx"."""
     from jax_onnx_attn.ops import cuda_matmul
 
-    return "rows" if batch >= 2 and mesh is None and cuda_matmul.rows_layout_enabled() else "onnx"
+    if mesh is not None:
+        return "onnx"
+    if batch >= 2:
+        return "rows" if cuda_matmul.rows_layout_enabled() else "onnx"
+    return "record" if batch == 1 and cuda_matmul.record_layout_enabled() else "onnx"
 
 
 def _load(model, dtype, batch: int = 1, nbits_layout: str = "onnx"):
@@ -208,8 +213,10 @@ def _load(model, dtype, batch: int = 1, nbits_layout: str = "onnx"):
             from jax_onnx_attn.onnx import load
         except ImportError as e:
             raise RuntimeError(f"the ONNX lowering (jax_onnx_attn.onnx) cannot be imported: {e}") from e
-    rows = {} if nbits_layout == "onnx" else {"nbits_layout": nbits_layout, "decode_rows": batch}
-    return load(model, dtype=dtype, **rows)
+    layout = {} if nbits_layout == "onnx" else {"nbits_layout": nbits_layout}
+    if nbits_layout == "rows":
+        layout["decode_rows"] = batch
+    return load(model, dtype=dtype, **layout)
 
 
 def _takes(fn, name: str) -> bool:

@@ -32,6 +32,7 @@ from jax_onnx_attn.ops import cuda_matmul
 from jax_onnx_attn.testing import assert_close
 
 import command_buffer
+from nbits_cases import fusion_operands as _fusion
 
 pytestmark = pytest.mark.gpu
 
@@ -61,23 +62,6 @@ def _weights(k, n, block, zp, dtype, seed=0):
     rows = tuple(None if a is None else jnp.asarray(a) for a in ops.to_rows_layout(b_quant, scales, zeros))
     onnx = tuple(None if a is None else jnp.asarray(a) for a in (b_quant, scales, zeros))
     return x, rows, onnx
-
-
-def _fusion(fusion, k, n, m, dtype, seed=0):
-    """The fusion's static arguments and operands for m rows of x (gated: the weight's rows are
-    gate / up pairs)."""
-    rng = np.random.default_rng(seed + m)
-    gated = "gated" in fusion or fusion == "all"
-    n_out = n // 2 if gated else n
-    static, arrays = {"gated": gated}, {}
-    if fusion in ("bias", "all"):
-        arrays["bias"] = jnp.asarray(rng.normal(size=n), dtype)
-    if fusion in ("residual", "all"):
-        arrays["residual"] = jnp.asarray(rng.normal(size=(m, n_out)), dtype)
-    if "norm" in fusion or fusion == "all":
-        arrays["norm_weight"] = jnp.asarray(1 + 0.1 * rng.normal(size=k), dtype)
-        static["norm_epsilon"] = 1e-5
-    return static, arrays
 
 
 @functools.cache
@@ -253,7 +237,7 @@ def _poisoned(m, n, k, block, gated, dtype, rows, x):
         return f(x, w, s, z, ph, poison, ph, bits=4, block_size=block, has_zero_points=True,
                  has_bias=False, has_residual=False, has_norm=False, gated=gated, eps=np.float32(1e-6),
                  cluster=0, warps_k=0, wide=False, pdl=False, slots=False, rows=True, warps_n=0, depth=0,
-                 occupancy=0)
+                 occupancy=0, record_layout=False)
     return jax.jit(call)(x)
 
 

@@ -74,7 +74,7 @@ static cudaError_t Launch(Variant v, GemvParams p, const Plan& ring, const Plan&
       ApplyPlan(p, slots, false);
       return WithPolicies(f, [&](auto pol) {
         using P = decltype(pol);
-        return LaunchSlotsKernel<__half, typename P::Prologue, typename P::Epilogue>(p, slots, false, s);
+        return LaunchSlotsKernel<__half, SlotFormat<__half>, typename P::Prologue, typename P::Epilogue>(p, slots, false, s);
       });
   }
 }

@@ -43,4 +43,11 @@ cudaError_t LaunchRows(GemvParams p, const Plan& plan, Fusion fusion, bool pdl, 
 extern template cudaError_t LaunchRows<__half>(GemvParams, const Plan&, Fusion, bool, cudaStream_t);
 extern template cudaError_t LaunchRows<__nv_bfloat16>(GemvParams, const Plan&, Fusion, bool, cudaStream_t);
 
+// Launches the slots kernel (slots.cuh's RecordFormat) for one row of x against 4-bit weights in
+// the record layout with `plan` (MakeRecordPlan).
+template <typename T>
+cudaError_t LaunchRecord(GemvParams p, const Plan& plan, Fusion fusion, bool pdl, cudaStream_t stream);
+extern template cudaError_t LaunchRecord<__half>(GemvParams, const Plan&, Fusion, bool, cudaStream_t);
+extern template cudaError_t LaunchRecord<__nv_bfloat16>(GemvParams, const Plan&, Fusion, bool, cudaStream_t);
+
 }  // namespace joa::gemv

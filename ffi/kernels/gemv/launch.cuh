@@ -118,15 +118,29 @@ inline void ApplyPlan(GemvParams& p, const Plan& plan, bool pdl) {
 }
 
 // The slots kernel (one row, 4-bit wide weights; plan.slots): its fusion policies, shared memory,
-// the cluster that shares x, PDL.
-template <typename T, class Prologue, class Epilogue>
+// the cluster that shares x, PDL. Src: SlotFormat<T> (the wide format) or RecordFormat<T> (the
+// record layout, plan.record).
+template <typename T, class Src, class Prologue, class Epilogue>
 cudaError_t LaunchSlotsKernel(const GemvParams& p, const Plan& plan, bool pdl, cudaStream_t stream) {
   const int smem = SlotsSmemBytes(p, Prologue::kNorm);
   if (smem != plan.smem_bytes) return cudaErrorInvalidValue;  // plan.h and slots.cuh disagree
   // The default carveout: scales and zero points are read through L1 (a max-shared carveout made
   // the LM head 54 -> 66 us).
-  return LaunchPlanned(GemvSlotsKernel<T, Prologue, Epilogue, kSlotsDepth>, p, plan, smem,
+  return LaunchPlanned(GemvSlotsKernel<T, Src, Prologue, Epilogue, kSlotsDepth>, p, plan, smem,
                        /*max_shared=*/false, pdl, stream);
+}
+
+// The slots kernel on 4-bit weights in the record layout (plan.record: MakeRecordPlan); p.w the
+// records, p.scales / p.zeros unused (the records hold them).
+template <typename T>
+cudaError_t LaunchRecord(GemvParams p, const Plan& plan, Fusion fusion, bool pdl, cudaStream_t stream) {
+  if (!plan.record || !plan.slots) return cudaErrorInvalidValue;
+  ApplyPlan(p, plan, pdl);
+  return WithPolicies(fusion, [&](auto pol) {
+    using Pro = typename decltype(pol)::Prologue;
+    using Epi = typename decltype(pol)::Epilogue;
+    return LaunchSlotsKernel<T, RecordFormat<T>, Pro, Epi>(p, plan, pdl, stream);
+  });
 }
 
 
@@ -207,7 +221,10 @@ cudaError_t LaunchFormat(GemvParams p, const Plan& plan, Fusion fusion, bool pdl
     using Pro = typename decltype(pol)::Prologue;
     using Epi = typename decltype(pol)::Epilogue;
     if (plan.slots) {  // host.h plans the slots kernel for 4-bit wide weights only
-      if constexpr (kBits == 4 && kWide) return LaunchSlotsKernel<T, Pro, Epi>(p, plan, pdl, stream);
+      if constexpr (kBits == 4 && kWide) {
+        if (plan.record) return cudaErrorInvalidValue;  // LaunchRecord's
+        return LaunchSlotsKernel<T, SlotFormat<T>, Pro, Epi>(p, plan, pdl, stream);
+      }
       return cudaErrorInvalidValue;
     }
     if (plan.dense_row) {  // and the dense row kernel for dense weights only
@@ -225,6 +242,9 @@ cudaError_t LaunchFormat(GemvParams p, const Plan& plan, Fusion fusion, bool pdl
 #define JOA_GEMV_INSTANTIATE_ROWS(T) \
   template cudaError_t joa::gemv::LaunchRows<T>(joa::gemv::GemvParams, const joa::gemv::Plan&, joa::gemv::Fusion, \
                                                 bool, cudaStream_t);
+#define JOA_GEMV_INSTANTIATE_RECORD(T) \
+  template cudaError_t joa::gemv::LaunchRecord<T>(joa::gemv::GemvParams, const joa::gemv::Plan&, \
+                                                  joa::gemv::Fusion, bool, cudaStream_t);
 #define JOA_GEMV_INSTANTIATE(T, B, W)                                                            \
   template cudaError_t joa::gemv::LaunchFormat<T, B, W>(joa::gemv::GemvParams, const joa::gemv::Plan&, \
                                                         joa::gemv::Fusion, bool, cudaStream_t);

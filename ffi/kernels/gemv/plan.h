@@ -27,6 +27,15 @@ inline constexpr int kMinStages = 2, kMaxStages = 8;  // ring slots (chunks in f
 inline constexpr int kMaxCluster = 16;
 // Rows per tile of the n-bit scales / zero points ([ceil(N / 16), k_blocks, 16]: a warp's row tile).
 inline constexpr int kMetaTileRows = 16;
+// The record layout of one-row 4-bit weights (slots.cuh's RecordFormat,
+// jax_onnx_attn.ops.linear.to_record_layout): uint8 [N / kRecordRows, K / kRecordK, kRecordBytes],
+// one record per (16-row tile, 256-k chunk of the wide format): the chunk's W in lane order, then
+// the lanes' scales and zero points (3 words a lane).
+inline constexpr int kRecordRows = 16;
+inline constexpr int kRecordK = 256;
+inline constexpr int kRecordWBytes = kRecordRows * kRecordK / 2;  // 2048
+inline constexpr int kRecordMetaBytes = 3 * 4 * 32;                // 384
+inline constexpr int kRecordBytes = kRecordWBytes + kRecordMetaBytes;
 // CTA slots the planner fills: an H200's 132 SMs. A constant, not a device query, so one call
 // shape always gets the same plan, hence the same bits.
 inline constexpr int kPlanSms = 132;
@@ -133,6 +142,9 @@ struct Plan {
   // rows; x_bytes / red_bytes its x slice and partial sums (aliased), gamma_offset the norm's
   // statistics.
   bool rows = false;
+  // One row of 4-bit weights in the record layout (MakeRecordPlan): the slots kernel's plan (slots
+  // set too) reading records (slots.cuh's RecordFormat).
+  bool record = false;
   int m = 0, n_rows = 0, n_out = 0, k = 0, bits = 16, nt = 1;
   bool wide = false;     // n-bit weights in the two-piece format (FormatInfo)
   int quads = 2, lane_k = 16, chunk_k = 64, lane_stride = 8, quad_stride = 8, pieces = 2, piece_stride = 32;
@@ -357,6 +369,35 @@ inline Plan MakePlan(int64_t m, int64_t n_rows, int64_t k, int bits, bool gated,
                 std::string(sm90 ? "" : " below sm_90 (no clusters)") + ")");
   }
   return best;
+}
+
+// The plan of one row of x against 4-bit weights in the record layout: the slots kernel's plan
+// (the same geometry, so the same sums in the same order: the slots kernel's bits), with
+// plan.record set. The layout needs N % kRecordRows == 0 and K % kRecordK == 0 (whole records),
+// block_size a power of two >= 32 dividing K; M > 1 has no kernel (the caller runs the reference).
+inline Plan MakeRecordPlan(int64_t m, int64_t n_rows, int64_t k, int64_t block_size, bool gated, bool norm,
+                           bool sm90) {
+  Plan p;
+  auto fail = [&](const std::string& why) {
+    p = Plan{};
+    p.error = "record layout: " + why;
+    return p;
+  };
+  if (m != 1) return fail("one row of x only (the slots kernel), got " + std::to_string(m));
+  if (block_size < 32 || block_size > (int64_t(1) << 20) || (block_size & (block_size - 1))) {
+    return fail("block_size must be a power of two >= 32");
+  }
+  if (k < kRecordK || k % kRecordK != 0 || k % block_size != 0 || k > (int64_t(1) << 30)) {
+    return fail("K must be a positive multiple of " + std::to_string(kRecordK) + " and of block_size");
+  }
+  if (n_rows < kRecordRows || n_rows % kRecordRows != 0 || n_rows > (int64_t(1) << 30)) {
+    return fail("N must be a positive multiple of " + std::to_string(kRecordRows));
+  }
+  p = MakePlan(1, n_rows, k, 4, gated, norm, sm90, 0, 0, /*wide=*/true, block_size, /*slots=*/true);
+  if (!p.error.empty()) return fail(p.error);
+  if (!p.slots) return fail("the slots kernel's shared memory does not take x's K (" + std::to_string(k) + ")");
+  p.record = true;
+  return p;
 }
 
 // The rows layout (rows.cuh, jax_onnx_attn.ops.linear.pack_nbits_rows): 4-bit weights for 2..32

@@ -14,9 +14,12 @@ inline void BindPlan(nanobind::module_& m) {
   m.def("gemv_plan",
         [](int64_t rows, int64_t n_rows, int64_t k, int bits, bool gated, bool norm, bool sm90,
            int64_t cluster, int64_t warps_k, bool wide, int64_t block_size, bool slots, bool rows_layout,
-           int64_t warps_n, int64_t depth, int64_t occupancy) {
+           int64_t warps_n, int64_t depth, int64_t occupancy, bool record_layout) {
           Plan p;
-          if (rows_layout) {
+          if (record_layout) {
+            p = bits == 4 ? MakeRecordPlan(rows, n_rows, k, block_size, gated, norm, sm90) : Plan{};
+            if (bits != 4) p.error = "record layout: 4-bit weights only";
+          } else if (rows_layout) {
             p = bits == 4 ? MakeRowsPlan(rows, n_rows, k, block_size, gated, norm, sm90, cluster, warps_n, depth,
                                          occupancy, RowsOccupancy2Rule())
                           : Plan{};
@@ -40,12 +43,13 @@ inline void BindPlan(nanobind::module_& m) {
           d["slots"] = p.slots;
           d["dense_row"] = p.dense_row;
           d["rows_layout"] = p.rows;
+          d["record_layout"] = p.record;
           return d;
         },
         nb::arg("rows"), nb::arg("n_rows"), nb::arg("k"), nb::arg("bits"), nb::arg("gated"), nb::arg("norm"),
         nb::arg("sm90"), nb::arg("cluster") = 0, nb::arg("warps_k") = 0, nb::arg("wide") = false,
         nb::arg("block_size") = 0, nb::arg("slots") = false, nb::arg("rows_layout") = false,
-        nb::arg("warps_n") = 0, nb::arg("depth") = 0, nb::arg("occupancy") = 0,
+        nb::arg("warps_n") = 0, nb::arg("depth") = 0, nb::arg("occupancy") = 0, nb::arg("record_layout") = false,
         "The GEMV engine's launch plan for x [rows, k] and a weight of n_rows rows of `bits`-bit "
         "elements (16 dense, 8, 4), with the RMS-norm prologue or not, on an sm_90+ GPU (sm90) or an older one, "
         "n-bit weights in the two-piece format (wide) or not, their block_size, whether one row of "
@@ -53,7 +57,9 @@ inline void BindPlan(nanobind::module_& m) {
         "(slots), or for 4-bit weights in the rows layout (rows_layout: the rows kernel; cluster, warps_n, "
         "depth, occupancy > 0 force its K split, warps a CTA, W stages in flight a warp and CTAs an SM "
         "its registers are capped for ('ctas_per_sm'); JOA_ROWS_OCC2=1 plans occupancy by the proposed "
-        "rule, as the handler does): a dict of its fields, 'error' None when the engine takes it.");
+        "rule, as the handler does), or for one row of 4-bit weights in the record layout (record_layout: the "
+        "slots kernel reading records, 'record_layout' in the dict; block_size as for slots): a dict of its "
+        "fields, 'error' None when the engine takes it.");
 }
 
 }  // namespace joa::gemv

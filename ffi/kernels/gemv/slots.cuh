@@ -81,6 +81,18 @@ struct SlotFormat {
   // K offset (in the chunk) of slot s = 4 piece + t: lane t's piece.
   __device__ __forceinline__ static int SlotK(int s) { return kF.lane_stride * (s & 3) + kF.piece_stride * (s >> 2); }
 
+  // The weight-source policy of GemvSlotsKernel (RecordFormat is the other): the chunk type, a
+  // per-tile cursor the load loop enters at each tile's first chunk, the next chunk of that tile
+  // into registers, and the scale / zero point of (row g + 8 h, slot 2 t + e) out of a chunk.
+  using Chunk = SlotChunk;
+  using Cursor = int;  // the tile: this format recomputes each load's address and validity
+  __device__ __forceinline__ static Cursor Enter(const GemvParams&, int tile, int, int) { return tile; }
+  __device__ __forceinline__ static void Next(SlotChunk& ch, const GemvParams& p, Cursor& tile, int c, int lane) {
+    Load(ch, p, tile, c, lane);
+  }
+  __device__ __forceinline__ static uint32_t Scale(const SlotChunk& ch, int h, int e) { return ch.scale[h][e]; }
+  __device__ __forceinline__ static uint32_t Zero(const SlotChunk& ch, int h, int e) { return ch.zero[h][e]; }
+
   __device__ __forceinline__ static void Load(SlotChunk& ch, const GemvParams& p, int tile, int c, int lane) {
     const int g = lane >> 2, t = lane & 3;
     const int kk = c * kF.chunk_k + kF.lane_stride * t;
@@ -109,7 +121,8 @@ struct SlotFormat {
   }
 
   // A registers of quad q (piece q / 4, word q % 4): the magic-number halves of rows g, g + 8.
-  __device__ __forceinline__ static void Fragments(const SlotChunk& ch, int q, uint32_t (&a)[2][4]) {
+  template <class Chunk>
+  __device__ __forceinline__ static void Fragments(const Chunk& ch, int q, uint32_t (&a)[2][4]) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const uint4& w4 = ch.w[h][q >> 2];
@@ -122,6 +135,47 @@ struct SlotFormat {
       a[1][h] = pr[2];
       a[1][2 + h] = pr[3];
     }
+  }
+};
+
+// One chunk of a lane in the record layout: W as in SlotChunk; the scales of rows g, g + 8 (h) for
+// slots 2t, 2t + 1 as one word each (T bits, e = 0 low); the four zero points in one word (byte
+// 2 h + e).
+struct RecordChunk {
+  uint4 w[2][2];
+  uint32_t scale[2];
+  uint32_t zero;
+};
+
+// The record layout (plan.h's kRecord*, jax_onnx_attn.ops.linear.to_record_layout): one record of
+// kRecordBytes per (16-row tile, 256-k chunk), tile-major, holding exactly what the 32 lanes of a
+// warp load for that chunk, in lane order: W word j (row g + 8 (j / 2), piece j % 2 of SlotChunk)
+// of lane L at 512 j + 16 L, then metadata word m of lane L at kRecordWBytes + 128 m + 4 L (m 0 / 1:
+// the scales of row g + 8 m, m 2: the zero points, absent ones stored as 8). Every warp load is
+// 512 (W) or 128 (metadata) contiguous bytes, and a lane's addresses are one pointer advanced by a
+// record a chunk: no per-load address math or validity tests (N % 16 == 0 and K % 256 == 0, so
+// every record is whole). The same values as SlotFormat's, so the kernel's sums are the same bits.
+template <typename T>
+struct RecordFormat : SlotFormat<T> {
+  using Chunk = RecordChunk;
+  using Cursor = const uint8_t*;  // this lane's W word 0 in the next chunk's record
+  __device__ __forceinline__ static Cursor Enter(const GemvParams& p, int tile, int c_begin, int lane) {
+    return static_cast<const uint8_t*>(p.w) + (int64_t(tile) * p.kc + c_begin) * kRecordBytes + 16 * lane;
+  }
+  __device__ __forceinline__ static void Next(RecordChunk& ch, const GemvParams&, Cursor& r, int, int lane) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) ch.w[j >> 1][j & 1] = LoadStream16(r + 512 * j);
+    const uint8_t* m = r + (kRecordWBytes - 12 * lane);  // metadata word 0 of this lane
+    ch.scale[0] = __ldg(reinterpret_cast<const uint32_t*>(m));
+    ch.scale[1] = __ldg(reinterpret_cast<const uint32_t*>(m + 128));
+    ch.zero = __ldg(reinterpret_cast<const uint32_t*>(m + 256));
+    r += kRecordBytes;
+  }
+  __device__ __forceinline__ static uint32_t Scale(const RecordChunk& ch, int h, int e) {
+    return (ch.scale[h] >> (16 * e)) & 0xFFFFu;
+  }
+  __device__ __forceinline__ static uint32_t Zero(const RecordChunk& ch, int h, int e) {
+    return (ch.zero >> (8 * (2 * h + e))) & 0xFFu;
   }
 };
 
@@ -223,10 +277,12 @@ inline constexpr int kSlotsDepth = 2;
 // Accumulator chains a chunk's 16 MMAs are dealt over (probe: 1, 2, 4 chains: 2 best by ~1.5%).
 inline constexpr int kChains = 2;
 
-template <typename T, class Prologue, class Epilogue, int kDepth>
+// Src: where W and its scales / zero points come from, SlotFormat<T> (the wide format, tiled
+// metadata) or RecordFormat<T> (the record layout); everything else is the same kernel.
+template <typename T, class Src, class Prologue, class Epilogue, int kDepth>
 __global__ void __launch_bounds__(kThreads, 2) GemvSlotsKernel(const __grid_constant__ GemvParams p) {
-  using F = SlotFormat<T>;
-  using Weights = typename F::Weights;
+  using F = Src;
+  using Chunk = typename Src::Chunk;
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* s_x = smem;
   float* s_red = reinterpret_cast<float*>(smem + p.x_bytes);  // [2][kWarps][red_stride]
@@ -244,11 +300,13 @@ __global__ void __launch_bounds__(kThreads, 2) GemvSlotsKernel(const __grid_cons
   JOA_GEMV_MARK(0);
   ptx::LaunchDependents();
 
-  SlotChunk buf[kDepth];
+  Chunk buf[kDepth];
   int ld_step = 0, ld_it = 0, ld_j = 0;
-  auto load_next = [&](SlotChunk& dst) {
+  typename Src::Cursor cursor{};
+  auto load_next = [&](Chunk& dst) {
     if (ld_step < steps && c_begin + ld_j < p.kc) {
-      F::Load(dst, p, int(blockIdx.x) + ld_it * int(gridDim.x), c_begin + ld_j, lane);
+      if (ld_j == 0) cursor = Src::Enter(p, int(blockIdx.x) + ld_it * int(gridDim.x), c_begin, lane);
+      Src::Next(dst, p, cursor, c_begin + ld_j, lane);
     }
     ++ld_step;
     if (++ld_j == p.cpp) {
@@ -368,8 +426,8 @@ __global__ void __launch_bounds__(kThreads, 2) GemvSlotsKernel(const __grid_cons
           const float2 blk = s_piece[(c * F::kF.chunk_k + F::SlotK(2 * t + e)) >> 5];
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const float scale = ScaleToFloat<T>(buf[s].scale[h][e]);
-            const float zp = float(buf[s].zero[h][e]);
+            const float scale = ScaleToFloat<T>(Src::Scale(buf[s], h, e));
+            const float zp = float(Src::Zero(buf[s], h, e));
             tot[h] = __fmaf_rn(scale, acc[2 * h + e] - __fmaf_rn(zp, blk.y, blk.x), tot[h]);
           }
         }

@@ -168,7 +168,9 @@ def fused_linear(ctx, x, w, scales=None, zero_points=None, bias=None, residual=N
         [N, k_blocks, block_size·bits/8] when attribute bits > 0 (then scales and zero_points
         (None or uint8) [N, k_blocks] as `ops.prepare_nbits` returns them, or tiled
         [ceil(N/16), k_blocks, 16] as `ops.tile_nbits_meta` makes them at load); with attribute
-        layout="rows", all three in the rows layout (`ops.to_rows_layout`).
+        layout="rows", all three in the rows layout (`ops.to_rows_layout`); with layout="record",
+        w the record layout (`ops.to_record_layout`, W with its scales and zero points), scales
+        and zero_points absent.
       bias: [N] or None. residual: [..., N_out] or None. norm_weight: [K] or None (attribute
         norm_epsilon). Attribute gated=1: W's rows interleave gate and up (`ops.interleave_gate_up`)
         and y is [..., N/2].
