@@ -245,7 +245,11 @@ def test_record_plan_refusals():
 def test_record_switch(monkeypatch):
     from jax_onnx_attn.runtime.session import nbits_layout_for
 
+    from jax_onnx_attn._extension import cuda_usable
+
     monkeypatch.delenv(cuda_matmul.RECORD_ENV, raising=False)
+    assert cuda_matmul.record_layout_enabled() == cuda_usable()  # on where the kernels run
+    monkeypatch.setenv(cuda_matmul.RECORD_ENV, "0")
     assert not cuda_matmul.record_layout_enabled() and nbits_layout_for(1) == "onnx"
     monkeypatch.setenv(cuda_matmul.RECORD_ENV, "1")
     assert cuda_matmul.record_layout_enabled()
