@@ -100,3 +100,26 @@ def reference(q, k, v, lens, bias=None, sink=None, **static):
     """The reference backend of the same call."""
     f = jax.jit(functools.partial(decode_attention, backend="reference", **static))
     return np.asarray(f(q, k, v, lens, bias, sink))
+
+
+def nan_inf_inputs(d):
+    """(q, k, v, lens) of the NaN / Inf semantics check (docs/attention.md "NaN and Inf"): f16, B=4,
+    32/8 heads, S=1, capacity 1000, lengths 1000 / 700 / 333 / 64; a NaN key visible to query heads
+    4-7 of row 0, a +inf value in column 3 of heads 8-11 of row 1, NaN keys 0-129 of row 2 (visible
+    without a window; with left 200 its keys start at 132, inside the tile of rows 128-191 / 128-255),
+    NaN past every row's length."""
+    _, q, k, v, lens = dense_inputs(d, 4, 32, 8, 1, d, 1000, np.float16, lens=[1000, 700, 333, 64])
+    k[0, 1, 900] = np.nan
+    v[1, 2, 600, 3] = np.inf
+    k[2, :, :130] = np.nan
+    return q, k, v, lens
+
+
+def check_nan_inf(got, left):
+    """What `nan_inf_inputs` must give with scale 0.1, causal, window left `left` (-1: none)."""
+    got32 = np.asarray(got).astype(np.float32)
+    assert np.isnan(got32[0, 4:8]).all() and not np.isnan(got32[0, :4]).any()
+    assert not np.isfinite(got32[1, 8:12, :, 3]).any()
+    assert np.isfinite(np.delete(got32[1], 3, axis=-1)).all()
+    assert np.isnan(got32[2]).all() if left < 0 else np.isfinite(got32[2]).all()
+    assert np.isfinite(got32[3]).all()
