@@ -3,6 +3,8 @@
 # carried and loads, else builds the package there. Sets JOA_GIT_COMMIT for the bench JSON and
 # writes one file, $OUT/prepare.log (a device call returns at most 8 files).
 out=${OUT:-/tmp/joa-out}; mkdir -p "$out"
+# Already done in this call (a device script running another one): stay in the copy.
+if [ "${JOA_PREPARED:-}" = /tmp/joa ] && [ -d /tmp/joa ]; then cd /tmp/joa; return 0; fi
 [ -d .snap ] || { echo "no .snap/: run tools/snapshot.sh and carry .snap"; exit 1; }
 rm -rf /tmp/joa && cp -r .snap /tmp/joa && cd /tmp/joa
 export PYTHONUNBUFFERED=1 JOA_GIT_COMMIT=$(cat COMMIT) PYTHONPATH=/tmp/joa
@@ -21,3 +23,4 @@ else
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv >> "$log"
 python3 -c "import jax, jax_onnx_attn, json; print(jax.__version__, jax.devices()); print(json.dumps(jax_onnx_attn.build_info()))" | tee -a "$log"
+export JOA_PREPARED=/tmp/joa
