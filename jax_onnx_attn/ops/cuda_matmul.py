@@ -53,6 +53,16 @@ def _switch(name: str, default: str = "1") -> bool:
     return value == "1"
 
 
+def _switch_where_kernels_run(name: str) -> bool:
+    """A 0 / 1 environment switch whose default is whether the kernels run here (a CUDA build and a
+    GPU in this process): for weight layouts only the kernels read (the reference would unpack them
+    every call)."""
+    if name not in os.environ:
+        from jax_onnx_attn._extension import cuda_usable
+        return cuda_usable()
+    return _switch(name)
+
+
 def slots_enabled() -> bool:
     """Whether one row of x against 4-bit weights in the wide format (block_size >= 32) runs
     on the slots kernel (ffi/kernels/gemv/slots.cuh: scales applied once per 32-element piece in
@@ -84,10 +94,7 @@ def rows_layout_enabled() -> bool:
     1k tokens 31.3 ms against 29.2; bench/results/2026-12-02-8ad1b19-e2e-rows.json). Off without
     the kernels (the reference would unpack the layout every call). JOA_GEMV_ROWS=0 / 1 overrides
     (read when the session loads the model)."""
-    if ROWS_ENV not in os.environ:
-        from jax_onnx_attn._extension import cuda_usable
-        return cuda_usable()
-    return _switch(ROWS_ENV)
+    return _switch_where_kernels_run(ROWS_ENV)
 
 
 def record_layout_enabled() -> bool:
@@ -102,10 +109,7 @@ def record_layout_enabled() -> bool:
     dequantises the weights out of the layout each prefill, as the rows layout does (~8B int4 2k
     TTFT 54.5 ms against 52.2). Off without the kernels (the reference would unpack the layout every
     call). JOA_GEMV_RECORD=0 / 1 overrides (read when the session loads the model)."""
-    if RECORD_ENV not in os.environ:
-        from jax_onnx_attn._extension import cuda_usable
-        return cuda_usable()
-    return _switch(RECORD_ENV)
+    return _switch_where_kernels_run(RECORD_ENV)
 
 
 def _wide(bits: int, wide: bool | None) -> bool:
