@@ -45,15 +45,19 @@ DONATE = os.environ.get("JOA_BENCH_DONATE", "1") != "0"
 #: a float cache's tiles copied by a producer warp (JOA_DECODE_PRODUCER; sm_90). "ours[tile128]":
 #: a float cache streamed in 128-row KV tiles (JOA_DECODE_TILE128; 16-row blocks at d64 / d128), its
 #: copies by the cursor-loads rule (strided at d64); "ours[tile128+cursor]": with the cursor loads.
-#: None is in the default set.
+#: Those forms run the decode engine at any shape. "ours[decode-engine]" / "ours[prefill-engine]":
+#: a float cache's step on one engine (cuda.decode_engine picks for "ours"; issue 14's few-query
+#: steps). None is in the default set.
 OURS_FORMS = {
     "ours[tiles]": (dict(quant_regs=False), "int"),
-    "ours[fit]": (dict(plan_policy="fit"), "float"),
-    "ours[cursor]": (dict(cursor_loads=True), "float"),
-    "ours[fit+cursor]": (dict(plan_policy="fit", cursor_loads=True), "float"),
-    "ours[producer]": (dict(producer=True), "float"),
-    "ours[tile128]": (dict(tile128=True), "float"),
-    "ours[tile128+cursor]": (dict(tile128=True, cursor_loads=True), "float"),
+    "ours[fit]": (dict(plan_policy="fit", engine="decode"), "float"),
+    "ours[cursor]": (dict(cursor_loads=True, engine="decode"), "float"),
+    "ours[fit+cursor]": (dict(plan_policy="fit", cursor_loads=True, engine="decode"), "float"),
+    "ours[producer]": (dict(producer=True, engine="decode"), "float"),
+    "ours[tile128]": (dict(tile128=True, engine="decode"), "float"),
+    "ours[tile128+cursor]": (dict(tile128=True, cursor_loads=True, engine="decode"), "float"),
+    "ours[decode-engine]": (dict(engine="decode"), "float"),
+    "ours[prefill-engine]": (dict(engine="prefill"), "float"),
 }
 IMPLS = ("ours", "jax-xla", "jax-cudnn", "torch-flash", "torch-cudnn", *OURS_FORMS)
 ALT_IMPL = "ours[tiles]"

@@ -218,13 +218,56 @@ def decode_tile128() -> bool:
     return os.environ.get(TILE128_ENV) == "1"
 
 
+#: Few-query steps on the prefill engine (issue 14): a decode / verify step whose packed query rows
+#: (Hq / Hkv x S) fill the prefill engine's 128-row tiles well enough runs on it instead of the
+#: decode engine's ldmatrix layout (every warp of which re-reads each K / V tile). The rule
+#: (`decode_engine`) is a pure function of static shapes; JOA_DECODE_ENGINE ("decode" / "prefill")
+#: forces one for A/B runs. Measured on the H200: docs/kernels.md "Few-query steps".
+DECODE_ENGINE_ENV = "JOA_DECODE_ENGINE"
+DECODE_ENGINES = ("decode", "prefill")
+#: The fewest packed rows (Hq / Hkv x S) a step needs for the prefill engine.
+FEW_QUERY_MIN_ROWS = 64
+
+
+def decode_engine(batch: int, q_heads: int, kv_heads: int, q_len: int, capacity: int,
+                  head_dim: int) -> str:
+    """Which engine runs a decode step of these static shapes where both cover it: "prefill" for
+    steps of at least FEW_QUERY_MIN_ROWS packed rows, else "decode" (JOA_DECODE_ENGINE forces one;
+    read at trace time)."""
+    forced = os.environ.get(DECODE_ENGINE_ENV)
+    if forced:
+        if forced not in DECODE_ENGINES:
+            raise ValueError(f"{DECODE_ENGINE_ENV}={forced!r}: must be one of {DECODE_ENGINES}")
+        return forced
+    del batch, capacity, head_dim  # not in the rule (yet): see docs/kernels.md "Few-query steps"
+    return "prefill" if (q_heads // kv_heads) * q_len >= FEW_QUERY_MIN_ROWS else "decode"
+
+
+def _prefill_engine_refuses(q, bias, kv_bits, pos_shift, split_rows, cluster) -> str | None:
+    """Why a decode step cannot run on the prefill engine (None: it can)."""
+    if kv_bits:
+        return "a quantised cache (the prefill engine reads float caches)"
+    if bias is not None:
+        return "a bias (the prefill engine has none)"
+    if pos_shift:
+        return "pos_shift (the prefill engine places rows bottom-right)"
+    if split_rows is not None or cluster is not None:
+        return "split_rows / cluster name a decode-engine plan"
+    if q.shape[-1] not in __getattr__("PREFILL_HEAD_DIMS"):
+        return f"head size {q.shape[-1]} (the prefill engine has {__getattr__('PREFILL_HEAD_DIMS')})"
+    from jax_onnx_attn.ops.decode_paths import prefill_engine_available
+    if not prefill_engine_available():
+        return "the prefill engine runs on sm_90 only"
+    return None
+
+
 def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=None, v_scale=None,
                      *, scale: float, softcap: float = 0.0, causal: bool = True, left: int = -1,
                      right: int = -1, pos_shift: int = 0, kv_bits: int = 0,
                      split_rows: int | None = None, pdl: bool = True, cluster: bool | None = None,
                      quant_regs: bool | None = None, plan_policy: str | None = None,
                      cursor_loads: bool | None = None, producer: bool | None = None,
-                     tile128: bool | None = None):
+                     tile128: bool | None = None, engine: str | None = None):
     """q [B, Hq, S, D] f16/bf16, k_cache / v_cache [B, Hkv, C, D], kv_len int32 [B] -> [B, Hq, S, D].
 
     Semantics of `jax_onnx_attn.ops.reference.decode.decode_attention`. bias: None or
@@ -245,8 +288,23 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=
     of the cursor loads). tile128: stream a float cache in 128-row KV tiles where that applies
     (16-row blocks at head dims 64 / 128; None: `decode_tile128()`, JOA_DECODE_TILE128, off; not the
     default tile's bits, the plan's splits are whole 128-row tiles; with the cursor loads where they
-    apply; ignored for a quantised cache and where the producer warp runs).
+    apply; ignored for a quantised cache and where the producer warp runs). engine: "decode" (the
+    split-KV decode engine), "prefill" (the prefill engine, `prefill_attention` with q_len = S: the
+    same semantics; only a float cache without bias or pos_shift, sm_90) or None (`decode_engine`'s
+    rule where the prefill engine covers the call, else the decode engine). Naming "prefill" for a
+    call it does not cover raises ValueError.
     """
+    if engine is not None and engine not in DECODE_ENGINES:
+        raise ValueError(f"decode_attention: engine: must be one of {DECODE_ENGINES} or None, got {engine!r}")
+    b, hq, s, _ = q.shape
+    if engine != "decode":
+        why = _prefill_engine_refuses(q, bias, kv_bits, pos_shift, split_rows, cluster)
+        if engine == "prefill" and why:
+            raise ValueError(f"decode_attention: engine='prefill' does not cover this call: {why}")
+        if why is None and (engine == "prefill" or decode_engine(b, hq, k_cache.shape[1], s,
+                                                                 k_cache.shape[2], q.shape[-1]) == "prefill"):
+            return prefill_attention(q, k_cache, v_cache, jnp.full((b,), s, jnp.int32), kv_len, sink,
+                                     scale=scale, causal=causal, softcap=softcap, left=left, right=right)
     quant_regs = decode_quant_regs() if quant_regs is None else bool(quant_regs)
     tile128 = decode_tile128() if tile128 is None else bool(tile128)
     cursor_loads = decode_cursor_loads(q.shape[-1]) if cursor_loads is None else bool(cursor_loads)
