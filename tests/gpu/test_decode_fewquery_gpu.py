@@ -71,10 +71,11 @@ def test_long_context_bitwise_repeatable():
 
 
 def test_auto_rule_in_the_hlo():
-    """At G * S >= FEW_QUERY_MIN_ROWS the auto engine lowers to the prefill target, below it to the
-    decode target; a bias keeps the decode engine."""
+    """Where `cuda.decode_engine` says prefill (G * S >= FEW_QUERY_MIN_ROWS, B x Hkv >= 64 here) the
+    auto engine lowers to the prefill target, below it to the decode target; a bias keeps the
+    decode engine."""
     def targets(hq, s, bias=None):
-        _, q, k, v, lens = decode_cases.dense_inputs(1, 2, hq, 8, s, 128, 512, np.float16)
+        _, q, k, v, lens = decode_cases.dense_inputs(1, 8, hq, 8, s, 128, 512, np.float16)
         f = jax.jit(lambda q, k, v, lens: decode_attention(q, k, v, lens, bias, scale=0.1, backend="cuda"))
         hlo = f.lower(q, k, v, lens).as_text()
         return ("prefill_attention" in hlo, "decode_attention" in hlo)
@@ -83,3 +84,4 @@ def test_auto_rule_in_the_hlo():
     assert targets(32, rows // 4) == (True, False)
     assert targets(32, max(rows // 8, 1)) == (False, True)
     assert targets(32, rows // 4, bias=np.zeros((1, 1, 1, 512), np.float32)) == (False, True)
+    assert cuda.decode_engine(8, 32, 8, rows // 4, 512, 128) == "prefill"
