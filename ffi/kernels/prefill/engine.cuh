@@ -2,7 +2,7 @@
 //
 // One CTA computes kBlockM = 128 packed query rows of one (batch row, KV head) against the key
 // tiles its rows can see (the variant's Bounds), kBlockN keys per step (the head size's Tiling,
-// params.h: 128, or 80 at head size 256):
+// params.h: 128, or 80 at head size 256; the opt-in tunes' 176 at 128 and 192 at 64):
 //   - warpgroup 0, the producer (setmaxnreg down to 24 registers): one thread issues the bulk
 //     tensor copies (TMA) of the Q tile once and of K / V tiles into stages-deep rings of
 //     128-byte-swizzled shared memory, each completing on its mbarrier ("full"); it reuses a K or
@@ -90,11 +90,12 @@ __device__ __forceinline__ CtaWork PlanCta(const PrefillParams& p, const Variant
 }
 
 // The shared-memory plan of one CTA (byte offsets from the 1024-aligned base) and the head size's
-// static tiling (params.h TilingFor: the one source of truth; TunedTiling under kTuneWideN).
+// static tiling (params.h TilingFor: the one source of truth; TunedTiling under a tune's tiling bits).
 template <int kD, int kTune = kTuneNone>
 struct Smem {
   static constexpr Tiling kTiling = TunedTiling(kD, kTune);
   static_assert(kTiling.padded > 0 && kD % 16 == 0, "a head size of kHeadDims");
+  static_assert(TilingFits(kD, kTune), "params.h TilingFits: wgmma N, TMA box, shared memory, registers");
   static constexpr int kPadded = kTiling.padded;   // tile and O width (d <= kPadded)
   static constexpr int kBlockN = kTiling.block_n;  // keys per step
   static constexpr int kStages = kTiling.stages;   // K / V ring depth

@@ -56,15 +56,32 @@ enum class Schedule : int { kSerial = 0, kOverlap = 1, kPingPong = 2 };
 //               Q K^T scores and P = ex2(s * scale_log2 - max * scale_log2) is one FFMA and one MUFU
 //               per element (was FMUL score, FSUB, MUFU). Changes bits (a fused multiply-add rounds
 //               once); needs scale > 0 (max commutes with the scaling), else the launch drops it.
-//   kTuneLazy:  the O rescale (64 FMUL a thread and tile at D 128) skipped when no row of the warp
-//               changed its max (every alpha exactly 1: x * 1 is exact), a warp vote and a uniform
-//               branch. Keeps the bits.
+//   kTuneLazy:  the O rescale (64 FMUL a thread and tile at D 128, 32 at D 64) skipped when no row
+//               of the warp changed its max (every alpha exactly 1: x * 1 is exact), a warp vote and
+//               a uniform branch. Keeps the bits.
 //   kTuneWideN: 176 keys per step at D 128 (FA3's non-causal tile; 2 stages, 209 KB of shared
 //               memory): 11 / 8 of the work per softmax round, S / P 88 + 44 registers a thread.
 //               Keeps each element's arithmetic but changes the order of the row sums: other bits.
-// Instantiated at D 128 with the plain MaskVariant only; a tuned schedule called with another head
-// size, sinks or softcap runs its base schedule's kernel (same results, no tuning).
-enum Tune : int { kTuneNone = 0, kTuneFold = 1, kTuneLazy = 2, kTuneWideN = 4 };
+//   kTuneN192:  192 keys per step at D 64 (FA3's hdim-64 non-causal tile): a step at D 64 is half
+//               the tensor-core work of one at D 128 for the same softmax, so the fixed costs of a
+//               step (row-max shuffles, alphas, barrier waits, turns) weigh twice; 3 / 2 of the keys
+//               per step spreads them. S / P / O 96 + 48 + 32 registers a thread. Other bits (row-sum
+//               order).
+//   kTuneDeepKV: 4 K / V stages at D 64 instead of 2 (the plain D 64 tiling uses 80 of the 227 KB a
+//               CTA may have and one CTA runs per SM anyway: the registers): a D 64 step is short, so
+//               2 stages hide less of a load's latency. Keeps the bits (the ring's depth orders no
+//               arithmetic).
+// Each tune is compiled with the plain MaskVariant only, at the head sizes TuneCompiled names; a
+// tuned schedule called at another head size, with sinks or softcap runs its base schedule's kernel
+// (same results, no tuning).
+enum Tune : int { kTuneNone = 0, kTuneFold = 1, kTuneLazy = 2, kTuneWideN = 4, kTuneN192 = 8, kTuneDeepKV = 16 };
+
+// Whether the tuned kernel of `tune` is compiled at head size d: fold and lazy at D 64 and 128 (the
+// head sizes the bench's targets name), each tiling bit at the one head size it is sized for.
+constexpr bool TuneCompiled(int d, int tune) {
+  const bool tiling_fits = (!(tune & kTuneWideN) || d == 128) && (!(tune & (kTuneN192 | kTuneDeepKV)) || d == 64);
+  return tune != kTuneNone && (d == 64 || d == 128) && tiling_fits;
+}
 
 // The schedules callers name (the handler's `schedule` attribute is an index of this list; Python's
 // cuda.PREFILL_SCHEDULES reads the names through _ffi.limits()).
@@ -81,10 +98,16 @@ inline constexpr ScheduleSpec kScheduleSpecs[] = {
     {Schedule::kPingPong, kTuneFold | kTuneLazy},
     {Schedule::kPingPong, kTuneWideN},
     {Schedule::kPingPong, kTuneFold | kTuneLazy | kTuneWideN},
+    {Schedule::kPingPong, kTuneFold | kTuneLazy | kTuneDeepKV},
+    {Schedule::kPingPong, kTuneN192},
+    {Schedule::kPingPong, kTuneFold | kTuneLazy | kTuneN192},
+    {Schedule::kPingPong, kTuneFold | kTuneLazy | kTuneN192 | kTuneDeepKV},
 };
 inline constexpr const char* kScheduleNames[] = {"serial",        "overlap",       "pingpong",
                                                  "pingpong-fold", "pingpong-lazy", "pingpong-fold-lazy",
-                                                 "pingpong-n176", "pingpong-fold-lazy-n176"};
+                                                 "pingpong-n176", "pingpong-fold-lazy-n176",
+                                                 "pingpong-fold-lazy-s4", "pingpong-n192",
+                                                 "pingpong-fold-lazy-n192", "pingpong-fold-lazy-n192-s4"};
 inline constexpr int kNumSchedules = int(sizeof(kScheduleNames) / sizeof(kScheduleNames[0]));
 static_assert(sizeof(kScheduleSpecs) / sizeof(kScheduleSpecs[0]) == kNumSchedules, "one spec per name");
 
@@ -101,8 +124,9 @@ static_assert(sizeof(kScheduleSpecs) / sizeof(kScheduleSpecs[0]) == kNumSchedule
 //   schedule: the default of calls that name none (cuda.prefill_attention, the routes), an index of
 //            kScheduleSpecs: at 128 pingpong-fold-lazy (H200, bf16 32/8, B·S 16k: causal 4k 576 /
 //            16k 674 TFLOP/s against pingpong's 512 / 590, non-causal 649 / 643 against 559 / 566;
-//            bench/results/2026-12-02-3edaea0-prefill-tuned.json); pingpong at 64 / 80 / 96 (no
-//            tuned kernel there); overlap at 256, FA3's choice (no scheduler barrier at hdim > 128:
+//            bench/results/2026-12-02-3edaea0-prefill-tuned.json); pingpong at 64 (its tuned
+//            kernels, TunedTiling, are opt-in until measured) and at 80 / 96 (no tuned kernel
+//            there); overlap at 256, FA3's choice (no scheduler barrier at hdim > 128:
 //            the MMAs of a 64 x 80 x 256 step pair outlast the softmax, so the turn-taking only adds
 //            waits). Every schedule runs at every size.
 struct Tiling {
@@ -126,13 +150,19 @@ constexpr Tiling TilingFor(int d) {
 }
 static_assert(TilingFor(128).schedule >= 0 && TilingFor(256).schedule >= 0, "defaults name a schedule");
 
-// The tiling of head size d under a tune (kTuneWideN: 176 keys per step at D 128).
+// The tiling of head size d under a tune: its key tile and ring depth where the tune's tiling bits
+// apply (TuneCompiled), else TilingFor(d). The wide tiles are per head size: 176 keys at D 128
+// (kTuneWideN), 192 at D 64 (kTuneN192); kTuneDeepKV deepens D 64's ring to 4 stages (at 192 keys:
+// 16 KB of Q and 4 x 48 KB of K / V, 209 KB).
 constexpr Tiling TunedTiling(int d, int tune) {
-  return (tune & kTuneWideN) && d == 128 ? Tiling{128, 176, 2, ScheduleIndex(Schedule::kPingPong, kTuneWideN)}
-                                         : TilingFor(d);
+  const Tiling plain = TilingFor(d);
+  if (!TuneCompiled(d, tune)) return plain;
+  const int block_n = (tune & kTuneWideN) ? 176 : (tune & kTuneN192) ? 192 : plain.block_n;
+  const int stages = (tune & kTuneDeepKV) ? 4 : plain.stages;
+  return Tiling{plain.padded, block_n, stages, ScheduleIndex(Schedule::kPingPong, tune)};
 }
 // The most keys per step of any tiling (the handler's row-range check).
-inline constexpr int kMaxBlockN = 176;
+inline constexpr int kMaxBlockN = 192;
 
 // Shared memory of one CTA for head size d: Q, stages x (K, V), 1 KB of alignment slack and the
 // barriers (all tiles are 128-byte-swizzled [rows][64] column blocks of the padded width).
@@ -143,8 +173,26 @@ constexpr int64_t SmemBytes(int d, int tune = kTuneNone) {
 }
 // The most a CTA may have on sm_90 (227 KB).
 inline constexpr int64_t kMaxSmemBytes = 232448;
-static_assert(SmemBytes(256) <= kMaxSmemBytes && SmemBytes(128) <= kMaxSmemBytes &&
-                  SmemBytes(128, kTuneWideN) <= kMaxSmemBytes,
-              "a CTA's shared memory");
+
+// Every compiled tiling within the hardware's limits: a wgmma N and a TMA box row count (<= 256, a
+// multiple of 16: whole k-steps of P V), the shared memory, kMaxBlockN, and S + P + O of one
+// consumer thread (f32 S kBlockN / 2, packed P kBlockN / 4, f32 O padded / 2 registers) within 200
+// of its 240 registers (the 40 left: addresses, row state, spans; the largest, 196 at D 128 with
+// 176 keys, compiles without spills).
+constexpr bool TilingFits(int d, int tune) {
+  const Tiling t = TunedTiling(d, tune);
+  return t.block_n % 16 == 0 && t.block_n <= 256 && t.block_n <= kMaxBlockN && kBlockM <= 256 &&
+         SmemBytes(d, tune) <= kMaxSmemBytes && t.block_n / 2 + t.block_n / 4 + t.padded / 2 <= 200;
+}
+constexpr bool AllTilingsFit() {
+  for (int d : kHeadDims) {
+    if (!TilingFits(d, kTuneNone)) return false;
+    for (const ScheduleSpec& spec : kScheduleSpecs) {
+      if (!TilingFits(d, spec.tune)) return false;
+    }
+  }
+  return true;
+}
+static_assert(AllTilingsFit(), "a tiling past a wgmma / TMA / shared-memory / register limit");
 
 }  // namespace joa::prefill
