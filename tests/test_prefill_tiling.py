@@ -37,23 +37,25 @@ int main() {
       const int tune = kScheduleSpecs[i].tune;
       const Tiling t = TunedTiling(d, tune);
       std::printf("{\"kind\":\"tiling\",\"d\":%d,\"name\":\"%s\",\"compiled\":%d,\"padded\":%d,\"block_n\":%d,"
-                  "\"stages\":%d,\"smem\":%lld}\n",
-                  d, kScheduleNames[i], int(TuneCompiled(d, tune)), t.padded, t.block_n, t.stages,
-                  (long long)SmemBytes(d, tune));
+                  "\"stages\":%d,\"block_m\":%d,\"consumers\":%d,\"threads\":%d,\"regs\":%d,\"smem\":%lld}\n",
+                  d, kScheduleNames[i], int(TuneCompiled(d, tune)), t.padded, t.block_n, t.stages, t.block_m,
+                  Consumers(t), Threads(t), ConsumerRegisters(t), (long long)SmemBytes(d, tune));
     }
   }
-  std::printf("{\"kind\":\"limits\",\"max_block_n\":%d,\"max_smem\":%lld,\"block_m\":%d}\n", kMaxBlockN,
-              (long long)kMaxSmemBytes, kBlockM);
+  std::printf("{\"kind\":\"limits\",\"max_block_n\":%d,\"max_smem\":%lld,\"block_m\":%d,\"producer_regs\":%d}\n",
+              kMaxBlockN, (long long)kMaxSmemBytes, kBlockM, kProducerRegisters);
   return 0;
 }
 """
 
 OLD_SCHEDULES = ("serial", "overlap", "pingpong", "pingpong-fold", "pingpong-lazy", "pingpong-fold-lazy",
                  "pingpong-n176", "pingpong-fold-lazy-n176")
-D64_SCHEDULES = ("pingpong-fold-lazy-s4", "pingpong-n192", "pingpong-fold-lazy-n192", "pingpong-fold-lazy-n192-s4")
-#: (keys per step, stages) of each D 64 tiling (docs/kernels.md "D 64 tilings").
-D64_TILINGS = {"pingpong-fold-lazy-s4": (128, 4), "pingpong-n192": (192, 2), "pingpong-fold-lazy-n192": (192, 2),
-               "pingpong-fold-lazy-n192-s4": (192, 4)}
+D64_SCHEDULES = ("pingpong-fold-lazy-s4", "pingpong-n192", "pingpong-fold-lazy-n192", "pingpong-fold-lazy-n192-s4",
+                 "pingpong-fold-lazy-m192", "pingpong-fold-lazy-m192-s4")
+#: (keys per step, stages, query rows) of each D 64 tiling (docs/kernels.md "D 64 tilings").
+D64_TILINGS = {"pingpong-fold-lazy-s4": (128, 4, 128), "pingpong-n192": (192, 2, 128),
+               "pingpong-fold-lazy-n192": (192, 2, 128), "pingpong-fold-lazy-n192-s4": (192, 4, 128),
+               "pingpong-fold-lazy-m192": (128, 2, 192), "pingpong-fold-lazy-m192-s4": (128, 4, 192)}
 
 
 @pytest.fixture(scope="module")
@@ -97,12 +99,12 @@ def test_defaults_are_unchanged(probe):
 def test_d128_tunings_are_unchanged(probe):
     for name in OLD_SCHEDULES[3:]:
         t = _tiling(probe, 128, name)
-        assert t["compiled"] and t["stages"] == 2
+        assert t["compiled"] and t["stages"] == 2 and (t["block_m"], t["threads"], t["regs"]) == (128, 384, 240)
         assert t["block_n"] == (176 if name.endswith("n176") else 128), name
     assert _tiling(probe, 128, "pingpong-n176")["smem"] == 2 * 128 * (128 + 2 * 2 * 176) + 1280
     for name in D64_SCHEDULES:  # the D 64 tilings are not compiled at 128: plain pingpong there
         t = _tiling(probe, 128, name)
-        assert not t["compiled"] and (t["block_n"], t["stages"]) == (128, 2), name
+        assert not t["compiled"] and (t["block_n"], t["stages"], t["block_m"]) == (128, 2, 128), name
 
 
 def test_d64_tilings(probe):
@@ -114,11 +116,22 @@ def test_d64_tilings(probe):
     for name in ("pingpong-n176", "pingpong-fold-lazy-n176"):
         t = _tiling(probe, 64, name)
         assert not t["compiled"] and (t["block_n"], t["stages"]) == (128, 2), name
-    for name, (block_n, stages) in D64_TILINGS.items():
+    for name, (block_n, stages, block_m) in D64_TILINGS.items():
         t = _tiling(probe, 64, name)
-        assert t["compiled"] and (t["padded"], t["block_n"], t["stages"]) == (64, block_n, stages), name
-        assert t["smem"] == 2 * 64 * (128 + 2 * stages * block_n) + 1280
+        assert t["compiled"], name
+        assert (t["padded"], t["block_n"], t["stages"], t["block_m"]) == (64, block_n, stages, block_m), name
+        assert t["smem"] == 2 * 64 * (block_m + 2 * stages * block_n) + 1280
     assert _tiling(probe, 64, "pingpong-fold-lazy-n192-s4")["smem"] == 214272  # 209 KB
+
+
+def test_three_consumer_tiling(probe):
+    """kTuneM192: 192 query rows, three consumer warpgroups at 160 registers and a producer at 24
+    within the 64 K registers of an SM; every other tiling keeps two consumers at 240."""
+    (limits,) = probe["limits"]
+    for t in probe["tiling"]:
+        three = t["compiled"] and "m192" in t["name"]
+        assert (t["consumers"], t["threads"], t["regs"]) == ((3, 512, 160) if three else (2, 384, 240)), t
+        assert 128 * (limits["producer_regs"] + t["consumers"] * t["regs"]) <= 65536
 
 
 def test_no_tune_compiled_at_other_head_dims(probe):
@@ -129,10 +142,12 @@ def test_no_tune_compiled_at_other_head_dims(probe):
 
 def test_every_tiling_fits_the_hardware(probe):
     """wgmma N and TMA box rows <= 256 (and kMaxBlockN, the handler's row check), whole 16-key
-    k-steps, 227 KB of shared memory, S + P + O of a consumer thread within 200 registers."""
+    k-steps, query rows whole warpgroups, 227 KB of shared memory, S + P + O of a consumer thread
+    leaving 32 of its registers."""
     (limits,) = probe["limits"]
     for t in probe["tiling"]:
         assert t["block_n"] % 16 == 0 and t["block_n"] <= min(256, limits["max_block_n"]), t
+        assert t["block_m"] % 64 == 0 and t["block_m"] <= 256, t
         assert t["smem"] <= limits["max_smem"], t
-        assert t["block_n"] // 2 + t["block_n"] // 4 + t["padded"] // 2 <= 200, t
+        assert t["block_n"] // 2 + t["block_n"] // 4 + t["padded"] // 2 <= t["regs"] - 32, t
     assert limits["max_block_n"] == max(t["block_n"] for t in probe["tiling"]) == 192

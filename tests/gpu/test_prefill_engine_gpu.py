@@ -413,20 +413,25 @@ def test_prefill_loop_in_a_command_buffer(tmp_path):
 
 # --- tuned pingpong kernels (params.h Tune; opt-in schedules for A/B runs) ---------------------------
 # Every test name here carries "tuned" (-k tuned; the D 64 ones also "d64": -k "tuned and d64").
-# "-lazy" keeps its base's bits (it only skips multiplies by exactly 1) and "-s4" its 2-stage twin's
-# (the ring's depth orders no arithmetic); "-fold" (one FFMA per element), "-n176" / "-n192" (wider
-# key tiles: other row-sum order) change bits, so they are held to the spec's tolerance and to their
-# own bits run to run.
+# "-lazy" keeps its base's bits (it only skips multiplies by exactly 1), "-s4" its 2-stage twin's
+# (the ring's depth orders no arithmetic) and "-m192" its 128-row twin's (a row visits the same
+# 128-key tiles in the same order; the tiles a wider CTA adds are all hidden from it: P = 0, alpha 1);
+# "-fold" (one FFMA per element), "-n176" / "-n192" (wider key tiles: other row-sum order) change
+# bits, so they are held to the spec's tolerance and to their own bits run to run.
 
 #: The tuned schedules compiled at D 128 and at D 64 (params.h TuneCompiled); elsewhere, and for the
 #: other head size's tilings, a tuned name runs plain pingpong.
 TUNED = ("pingpong-fold", "pingpong-lazy", "pingpong-fold-lazy", "pingpong-n176", "pingpong-fold-lazy-n176")
 TUNED_D64 = ("pingpong-fold", "pingpong-lazy", "pingpong-fold-lazy", "pingpong-fold-lazy-s4", "pingpong-n192",
-             "pingpong-fold-lazy-n192", "pingpong-fold-lazy-n192-s4")
+             "pingpong-fold-lazy-n192", "pingpong-fold-lazy-n192-s4", "pingpong-fold-lazy-m192",
+             "pingpong-fold-lazy-m192-s4")
 ALL_TUNED = tuple(dict.fromkeys(TUNED + TUNED_D64))
-#: The tuned schedule whose bits each must equal (lazy: its base without the skip; -s4: 2 stages).
+#: The tuned schedule whose bits each must equal (lazy: its base without the skip; -s4: 2 stages;
+#: -m192: 128-row CTAs).
 SAME_BITS_AS = {"pingpong-lazy": "pingpong", "pingpong-fold-lazy": "pingpong-fold",
-                "pingpong-fold-lazy-s4": "pingpong-fold-lazy", "pingpong-fold-lazy-n192-s4": "pingpong-fold-lazy-n192"}
+                "pingpong-fold-lazy-s4": "pingpong-fold-lazy", "pingpong-fold-lazy-n192-s4": "pingpong-fold-lazy-n192",
+                "pingpong-fold-lazy-m192": "pingpong-fold-lazy",
+                "pingpong-fold-lazy-m192-s4": "pingpong-fold-lazy-m192"}
 
 
 def _check_tuned(q, k, v, q_len, kv_len, sink=None, *, causal, scale=None, schedules=TUNED, **variant):
@@ -521,7 +526,7 @@ def test_tuned_bitwise_repeatable_and_batch_invariant(causal, schedule):
     _bitwise_repeatable(causal, schedule, 128)
 
 
-# --- the D 64 tunings: fold / lazy on the plain tiling, 4 stages, 192-key tiles ---------------------
+# --- the D 64 tunings: fold / lazy on the plain tiling, 4 stages, 192-key tiles, 192-row CTAs --------
 
 @needs_sm90
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f16", "bf16"])
@@ -529,7 +534,9 @@ def test_tuned_bitwise_repeatable_and_batch_invariant(causal, schedule):
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
 def test_tuned_values_d64(causal, s, dtype):
     """GQA group 4, ragged lengths, NaN keys past kv_len; T = S + 37 ends mid-tile for both 128- and
-    192-key tiles (2085 = 10 x 192 + 165); S 2048 runs 11+ tiles per CTA, past every ring's depth."""
+    192-key tiles (2085 = 10 x 192 + 165); S 2048 runs 11+ tiles per CTA, past every ring's depth;
+    M = 4 S packed rows end mid-CTA for 192-row CTAs (S 1000: 4000 = 20 x 192 + 160) and 192-row
+    CTAs span two query heads."""
     hkv, group, t = 2, 4, s + 37
     args = _inputs(s * 23 + 9, 3, hkv * group, hkv, s, t, 64, dtype, *_ragged(s, t))
     _check_tuned(*args, causal=causal, schedules=TUNED_D64)
@@ -560,8 +567,8 @@ def test_tuned_local_windows_d64(causal, left, right):
 @needs_sm90
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
 def test_tuned_length_edge_cases_and_tiles_crossing_heads_d64(causal):
-    """q_len 0, kv_len 0, q_len > kv_len, clamped and negative lengths; S = 45 (a CTA spans heads,
-    the last 192-key tile reads past T into the next KV head's rows)."""
+    """q_len 0, kv_len 0, q_len > kv_len, clamped and negative lengths; S = 45 (a CTA spans heads: 8
+    of them in a 192-row CTA; the last 192-key tile reads past T into the next KV head's rows)."""
     s, t = 200, 300
     args = _inputs(8, 6, 8, 2, s, t, 64, BF16, [0, 150, 200, 999, -4, 200], [300, 0, 90, 5000, 300, -1])
     for name, y in _check_tuned(*args, causal=causal, schedules=TUNED_D64).items():
@@ -575,7 +582,8 @@ def test_tuned_length_edge_cases_and_tiles_crossing_heads_d64(causal):
 @pytest.mark.parametrize("schedule", TUNED_D64)
 def test_tuned_zero_queries_and_one_hot_keys_d64(schedule):
     """P V alone (q = 0), then Q K^T alone (one-hot keys; T = 600 = 3 x 192 + 24 ends mid-tile), for
-    the 192-key descriptors (K 24 KB a tile, P V 12 k-steps of m64n64k16) and the 4-stage ring."""
+    the 192-key descriptors (K 24 KB a tile, P V 12 k-steps of m64n64k16), the 4-stage ring and the
+    third consumer's Q rows (16 KB into the 24 KB Q tile)."""
     _zero_queries(schedule, 64)
     _one_hot_keys(schedule, 64, 64, 256)
     _one_hot_keys(schedule, 64, 200, 600)

@@ -88,9 +88,9 @@ cudaError_t Launch(PrefillParams p, const void* q, const void* k, const void* v,
   auto* tuned = sink || cap || !(p.variant.scale > 0.f) ? nullptr : PickTunedKernel<T, kD>(spec.tune);
   const int tune = tuned != nullptr ? spec.tune : kTuneNone;
   const Tiling kTiling = TunedTiling(kD, tune);
-  p.m_blocks = (p.rows + kBlockM - 1) / kBlockM;
+  p.m_blocks = (p.rows + kTiling.block_m - 1) / kTiling.block_m;
   CUtensorMap q_map, k_map, v_map;
-  cudaError_t err = MakeMap<T>(&q_map, q, uint64_t(p.batch) * p.q_heads * p.q_rows, kD, kBlockM);
+  cudaError_t err = MakeMap<T>(&q_map, q, uint64_t(p.batch) * p.q_heads * p.q_rows, kD, kTiling.block_m);
   if (err == cudaSuccess && p.kv_rows > 0) {
     const uint64_t kv_rows = uint64_t(p.batch) * p.kv_heads * p.kv_rows;
     err = MakeMap<T>(&k_map, k, kv_rows, kD, kTiling.block_n);
@@ -109,7 +109,7 @@ cudaError_t Launch(PrefillParams p, const void* q, const void* k, const void* v,
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   if (err != cudaSuccess) return err;
   const dim3 grid(unsigned(p.batch * p.kv_heads * p.m_blocks));  // < 2^31: the handler checks
-  kernel<<<grid, kThreads, smem, stream>>>(q_map, k_map, v_map, p);
+  kernel<<<grid, Threads(kTiling), smem, stream>>>(q_map, k_map, v_map, p);
   return cudaGetLastError();
 }
 
