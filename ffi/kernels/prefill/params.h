@@ -26,7 +26,7 @@ struct PrefillParams {
   int batch, q_heads, kv_heads, q_rows, kv_rows, head_dim;  // B, Hq, Hkv, S, T, D
   int group;  // G = Hq / Hkv
   int rows;   // M = G * S packed rows per KV head
-  int m_blocks;  // ceil(M / kBlockM)
+  int m_blocks;  // ceil(M / the tiling's block_m)
   // The variant: scale, causal, windows left / right (kernels/common/variant.cuh's MaskVariant reads
   // it), softcap (> 0: the CapVariant kernels) and sink (f32 [Hq] or null: engine.cuh's WithSink
   // kernels). pos_shift and bias are unused here.
