@@ -137,7 +137,10 @@ def test_tuned_schedules_are_opt_in_impls():
     """The tuned pingpong kernels (params.h kScheduleSpecs) are impls "ours-<schedule>" the bench
     accepts but does not run by default; their schedule names are the extension's."""
     assert prefill.TUNED_IMPLS == ("ours-pingpong-fold", "ours-pingpong-lazy", "ours-pingpong-fold-lazy",
-                                   "ours-pingpong-n176", "ours-pingpong-fold-lazy-n176")
+                                   "ours-pingpong-n176", "ours-pingpong-fold-lazy-n176", "ours-pingpong-fold-lazy-s4",
+                                   "ours-pingpong-n192", "ours-pingpong-fold-lazy-n192",
+                                   "ours-pingpong-fold-lazy-n192-s4", "ours-pingpong-fold-lazy-m192",
+                                   "ours-pingpong-fold-lazy-m192-s4")
     assert not set(prefill.TUNED_IMPLS) & set(prefill.DEFAULT_IMPLS)
     assert prefill.parse_args(["--impls", "ours", *prefill.TUNED_IMPLS]).impls == ["ours", *prefill.TUNED_IMPLS]
     from jax_onnx_attn import _extension

@@ -182,7 +182,8 @@ def test_head_dims_and_schedules_come_from_the_extension():
     assert cuda.PREFILL_HEAD_DIMS == tuple(limits["head_dims"]) == (64, 80, 96, 128, 256)
     assert cuda.PREFILL_SCHEDULES == tuple(limits["schedules"]) == (
         "serial", "overlap", "pingpong", "pingpong-fold", "pingpong-lazy", "pingpong-fold-lazy", "pingpong-n176",
-        "pingpong-fold-lazy-n176")
+        "pingpong-fold-lazy-n176", "pingpong-fold-lazy-s4", "pingpong-n192", "pingpong-fold-lazy-n192",
+        "pingpong-fold-lazy-n192-s4", "pingpong-fold-lazy-m192", "pingpong-fold-lazy-m192-s4")
 
 
 @needs_limits

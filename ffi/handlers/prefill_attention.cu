@@ -43,6 +43,7 @@ inline std::string Configure(PrefillParams& p, int64_t batch, int64_t q_heads, i
     return "more than 2^31 query or key rows";
   }
   const int64_t rows = (q_heads / kv_heads) * q_rows;
+  // kBlockM: the smallest CTA tile (kTuneM192's 192 rows make fewer CTAs).
   if (batch * kv_heads * ((rows + kBlockM - 1) / kBlockM) > int64_t(0x7fffffff)) return "too many query rows for the grid";
   p.batch = int(batch);
   p.q_heads = int(q_heads);

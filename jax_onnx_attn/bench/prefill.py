@@ -4,8 +4,9 @@
 one process. "ours" is the engine at its default consumer schedule (what the model path runs),
 "ours-serial" / "ours-overlap" / "ours-pingpong" with that schedule pinned (until 2026-12-02 the
 bench's "ours" was the serial schedule: bench/results/ files before then say "ours" for it);
-"ours-pingpong-fold" / "-lazy" / "-fold-lazy" / "-n176" / "-fold-lazy-n176" the tuned pingpong
-kernels (TUNED_IMPLS, opt-in: not in the default --impls).
+"ours-pingpong-fold" / "-lazy" / "-fold-lazy" / "-n176" / "-fold-lazy-n176" / "-fold-lazy-s4" /
+"-n192" / "-fold-lazy-n192" / "-fold-lazy-n192-s4" / "-fold-lazy-m192" / "-fold-lazy-m192-s4" the
+tuned pingpong kernels (TUNED_IMPLS, opt-in: not in the default --impls).
 
 Cases (each causal and / or not, x GQA Hq/Hkv x head size D x bf16 / fp16; `--dims`: any of
 cuda.PREFILL_HEAD_DIMS, 64 / 80 / 96 / 128 / 256, TFLOP/s counting D, not the padded 128-wide tile
@@ -79,9 +80,13 @@ from jax_onnx_attn.bench.decode import (_jax_dtype, _time_loop, _warm_up, add_ti
 OURS_IMPLS = ("ours", "ours-serial", "ours-overlap", "ours-pingpong")
 #: The tuned pingpong schedules (params.h Tune, docs/kernels.md "Main-loop tunings"), opt-in for A/B
 #: runs: -fold (the scale in the exp2's FFMA), -lazy (the O rescale skipped when no row's max moved),
-#: -n176 (176-key tiles); D 128 without sinks / softcap only (elsewhere they run plain pingpong).
+#: -n176 (176-key tiles, D 128), -s4 (4 K / V stages, D 64), -n192 (192-key tiles, D 64), -m192 (192-row
+#: CTAs, three consumer warpgroups, D 64); fold and lazy at D 64 and 128, without sinks / softcap only
+#: (elsewhere they run plain pingpong).
 TUNED_IMPLS = ("ours-pingpong-fold", "ours-pingpong-lazy", "ours-pingpong-fold-lazy", "ours-pingpong-n176",
-               "ours-pingpong-fold-lazy-n176")
+               "ours-pingpong-fold-lazy-n176", "ours-pingpong-fold-lazy-s4", "ours-pingpong-n192",
+               "ours-pingpong-fold-lazy-n192", "ours-pingpong-fold-lazy-n192-s4", "ours-pingpong-fold-lazy-m192",
+               "ours-pingpong-fold-lazy-m192-s4")
 PEERS = ("jax-cudnn", "jax-xla", "jax-mosaic", "torch-flash", "torch-cudnn")
 IMPLS = OURS_IMPLS + TUNED_IMPLS + PEERS
 #: The default --impls: ours, its other schedules (pingpong is the default one at D 128), the peers.

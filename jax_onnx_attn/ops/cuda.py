@@ -499,8 +499,13 @@ def prefill_attention(q, k, v, q_len, kv_len, sink=None, *, scale: float, causal
     A/B runs; docs/kernels.md): "pingpong-fold" (the scale folded into the exp2's FFMA: other bits),
     "pingpong-lazy" (the O rescale skipped where no row's max moved: pingpong's bits),
     "pingpong-fold-lazy", "pingpong-n176" (176-key tiles: other bits) and
-    "pingpong-fold-lazy-n176"; they are compiled for D 128 without sinks / softcap and scale > 0,
-    and run plain "pingpong" anywhere else. Raises
+    "pingpong-fold-lazy-n176" (D 128 only); the D 64 tilings "pingpong-fold-lazy-s4" (4 K / V
+    stages: "pingpong-fold-lazy"'s bits), "pingpong-n192", "pingpong-fold-lazy-n192" (192-key tiles:
+    other bits), "pingpong-fold-lazy-n192-s4" ("pingpong-fold-lazy-n192"'s bits),
+    "pingpong-fold-lazy-m192" / "-m192-s4" (192-row CTAs, three consumer warpgroups:
+    "pingpong-fold-lazy"'s bits). Fold and lazy
+    are compiled for D 64 and 128, each tiling for its head size, without sinks / softcap and with
+    scale > 0; a tuned name runs plain "pingpong" anywhere else. Raises
     TypeError / ValueError "prefill_attention: <input>: <rule>" at trace time.
     """
     _check_prefill(q, k, v, q_len, kv_len)

@@ -412,32 +412,47 @@ def test_prefill_loop_in_a_command_buffer(tmp_path):
 
 
 # --- tuned pingpong kernels (params.h Tune; opt-in schedules for A/B runs) ---------------------------
-# Every test name here carries "tuned" (-k tuned). "-lazy" keeps its base's bits (it only skips
-# multiplies by exactly 1); "-fold" (one FFMA per element) and "-n176" (176-key tiles: other row-sum
-# order) change bits, so they are held to the spec's tolerance and to their own bits run to run.
+# Every test name here carries "tuned" (-k tuned; the D 64 ones also "d64": -k "tuned and d64").
+# "-lazy" keeps its base's bits (it only skips multiplies by exactly 1), "-s4" its 2-stage twin's
+# (the ring's depth orders no arithmetic) and "-m192" its 128-row twin's (a row visits the same
+# 128-key tiles in the same order; the tiles a wider CTA adds are all hidden from it: P = 0, alpha 1);
+# "-fold" (one FFMA per element), "-n176" / "-n192" (wider key tiles: other row-sum order) change
+# bits, so they are held to the spec's tolerance and to their own bits run to run.
 
+#: The tuned schedules compiled at D 128 and at D 64 (params.h TuneCompiled); elsewhere, and for the
+#: other head size's tilings, a tuned name runs plain pingpong.
 TUNED = ("pingpong-fold", "pingpong-lazy", "pingpong-fold-lazy", "pingpong-n176", "pingpong-fold-lazy-n176")
-#: The tuned schedule whose bits each must equal (lazy: its base without the skip).
-SAME_BITS_AS = {"pingpong-lazy": "pingpong", "pingpong-fold-lazy": "pingpong-fold"}
+TUNED_D64 = ("pingpong-fold", "pingpong-lazy", "pingpong-fold-lazy", "pingpong-fold-lazy-s4", "pingpong-n192",
+             "pingpong-fold-lazy-n192", "pingpong-fold-lazy-n192-s4", "pingpong-fold-lazy-m192",
+             "pingpong-fold-lazy-m192-s4")
+ALL_TUNED = tuple(dict.fromkeys(TUNED + TUNED_D64))
+#: The tuned schedule whose bits each must equal (lazy: its base without the skip; -s4: 2 stages;
+#: -m192: 128-row CTAs).
+SAME_BITS_AS = {"pingpong-lazy": "pingpong", "pingpong-fold-lazy": "pingpong-fold",
+                "pingpong-fold-lazy-s4": "pingpong-fold-lazy", "pingpong-fold-lazy-n192-s4": "pingpong-fold-lazy-n192",
+                "pingpong-fold-lazy-m192": "pingpong-fold-lazy",
+                "pingpong-fold-lazy-m192-s4": "pingpong-fold-lazy-m192"}
 
 
-def _check_tuned(q, k, v, q_len, kv_len, sink=None, *, causal, scale=None, **variant):
-    """Every tuned schedule against the spec; the lazy ones bit for bit against their base."""
+def _check_tuned(q, k, v, q_len, kv_len, sink=None, *, causal, scale=None, schedules=TUNED, **variant):
+    """Every tuned schedule of `schedules` against the spec; those that keep a twin's bits bit for bit
+    against it."""
     scale = float(scale if scale is not None else q.shape[-1] ** -0.5)
     want = _reference(q, k, v, q_len, kv_len, sink, scale=scale, causal=causal, **variant)
     got = {name: np.asarray(_engine(q, k, v, q_len, kv_len, sink, scale=scale, causal=causal, schedule=name,
                                     **variant))
-           for name in ("pingpong", *TUNED)}
+           for name in ("pingpong", *schedules)}
     for name, y in got.items():
         assert y.shape == q.shape and y.dtype == q.dtype
         assert_close(y, want, q.dtype, err_msg=name)
     for name, base in SAME_BITS_AS.items():
-        assert np.array_equal(got[name], got[base], equal_nan=True), (name, base)
+        if name in got and base in got:
+            assert np.array_equal(got[name], got[base], equal_nan=True), (name, base)
     return got
 
 
 def test_tuned_schedules_are_the_extensions():
-    assert set(TUNED) <= set(cuda.PREFILL_SCHEDULES)
+    assert set(ALL_TUNED) <= set(cuda.PREFILL_SCHEDULES)
 
 
 @needs_sm90
@@ -475,18 +490,21 @@ def test_tuned_length_edge_cases_and_tiles_crossing_heads(causal):
 
 @needs_sm90
 def test_tuned_fall_back_to_pingpong_elsewhere():
-    """Where no tuned kernel is compiled (sinks, softcap, D 64 / 256, scale <= 0) a tuned schedule
-    runs plain pingpong: the same bits."""
+    """Where no tuned kernel is compiled (sinks, softcap, D 256, scale <= 0, the other head size's
+    tilings: n176 at D 64, s4 / n192 at D 128) a tuned schedule runs plain pingpong: the same bits."""
     s, t = 300, 400
     f16 = _inputs(21, 2, 8, 2, s, t, 128, np.float16, *_ragged(s, t, 2))
-    cases = [(f16, dict(causal=True), _sinks(8, 2)), (f16, dict(causal=False, softcap=5.0), None),
-             (f16, dict(causal=True, scale=-0.05), None),
-             (_inputs(22, 2, 8, 2, s, t, 64, BF16, *_ragged(s, t, 2)), dict(causal=True), None),
-             (_inputs(23, 2, 8, 2, s, t, 256, BF16, *_ragged(s, t, 2)), dict(causal=False), None)]
-    for args, kw, sink in cases:
+    d64 = _inputs(22, 2, 8, 2, s, t, 64, BF16, *_ragged(s, t, 2))
+    d64_only = tuple(n for n in TUNED_D64 if n not in TUNED)
+    cases = [(f16, dict(causal=True), _sinks(8, 2), ALL_TUNED), (f16, dict(causal=False, softcap=5.0), None, ALL_TUNED),
+             (f16, dict(causal=True, scale=-0.05), None, ALL_TUNED), (f16, dict(causal=True), None, d64_only),
+             (d64, dict(causal=True), None, tuple(n for n in TUNED if n not in TUNED_D64)),
+             (d64, dict(causal=False), _sinks(8, 4), ALL_TUNED), (d64, dict(causal=True, scale=-0.1), None, ALL_TUNED),
+             (_inputs(23, 2, 8, 2, s, t, 256, BF16, *_ragged(s, t, 2)), dict(causal=False), None, ALL_TUNED)]
+    for args, kw, sink, names in cases:
         kw.setdefault("scale", args[0].shape[-1] ** -0.5)
         base = np.asarray(_engine(*args, sink, schedule="pingpong", **kw))
-        for name in TUNED:
+        for name in names:
             assert np.array_equal(base, np.asarray(_engine(*args, sink, schedule=name, **kw)), equal_nan=True), \
                 (name, args[0].shape, kw, sink is not None)
 
@@ -506,3 +524,73 @@ def test_tuned_zero_queries_and_one_hot_keys(schedule):
 @pytest.mark.parametrize("schedule", TUNED)
 def test_tuned_bitwise_repeatable_and_batch_invariant(causal, schedule):
     _bitwise_repeatable(causal, schedule, 128)
+
+
+# --- the D 64 tunings: fold / lazy on the plain tiling, 4 stages, 192-key tiles, 192-row CTAs --------
+
+@needs_sm90
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f16", "bf16"])
+@pytest.mark.parametrize("s", [1, 63, 1000, 2048])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
+def test_tuned_values_d64(causal, s, dtype):
+    """GQA group 4, ragged lengths, NaN keys past kv_len; T = S + 37 ends mid-tile for both 128- and
+    192-key tiles (2085 = 10 x 192 + 165); S 2048 runs 11+ tiles per CTA, past every ring's depth;
+    M = 4 S packed rows end mid-CTA for 192-row CTAs (S 1000: 4000 = 20 x 192 + 160) and 192-row
+    CTAs span two query heads."""
+    hkv, group, t = 2, 4, s + 37
+    args = _inputs(s * 23 + 9, 3, hkv * group, hkv, s, t, 64, dtype, *_ragged(s, t))
+    _check_tuned(*args, causal=causal, schedules=TUNED_D64)
+
+
+@needs_sm90
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f16", "bf16"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
+def test_tuned_chunked_d64(causal, dtype):
+    """Chunked prefill: q_len < kv_len (the queries at the bottom right of a long cache), ragged:
+    rows of 256 / 200 / 130 queries on 2000 / 1531 / 700 keys (none a multiple of 128 or 192), GQA
+    group 8."""
+    s, t = 256, 2000
+    args = _inputs(31 + causal, 3, 16, 2, s, t, 64, dtype, [256, 200, 130], [2000, 1531, 700])
+    _check_tuned(*args, causal=causal, schedules=TUNED_D64)
+
+
+@needs_sm90
+@pytest.mark.parametrize("causal,left,right", [(True, 0, -1), (True, 191, -1), (True, 300, -1), (False, 192, 70),
+                                               (False, -1, 129)], ids=lambda x: str(x))
+def test_tuned_local_windows_d64(causal, left, right):
+    """Windows at the 192-key tile size (tiles skipped, unmasked inside every row's window)."""
+    s, t = 700, 900
+    args = _inputs(13 * (left + 1) + right, 3, 8, 2, s, t, 64, BF16, *_ragged(s, t))
+    _check_tuned(*args, causal=causal, left=left, right=right, schedules=TUNED_D64)
+
+
+@needs_sm90
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
+def test_tuned_length_edge_cases_and_tiles_crossing_heads_d64(causal):
+    """q_len 0, kv_len 0, q_len > kv_len, clamped and negative lengths; S = 45 (a CTA spans heads: 8
+    of them in a 192-row CTA; the last 192-key tile reads past T into the next KV head's rows)."""
+    s, t = 200, 300
+    args = _inputs(8, 6, 8, 2, s, t, 64, BF16, [0, 150, 200, 999, -4, 200], [300, 0, 90, 5000, 300, -1])
+    for name, y in _check_tuned(*args, causal=causal, schedules=TUNED_D64).items():
+        y = y.astype(np.float32)
+        assert not y[0].any() and not y[1].any() and not y[4].any() and not y[5].any(), name
+    _check_tuned(*_inputs(12, 2, 16, 2, 45, 45, 64, np.float16, [45, 30], [45, 40]), causal=causal,
+                 schedules=TUNED_D64)
+
+
+@needs_sm90
+@pytest.mark.parametrize("schedule", TUNED_D64)
+def test_tuned_zero_queries_and_one_hot_keys_d64(schedule):
+    """P V alone (q = 0), then Q K^T alone (one-hot keys; T = 600 = 3 x 192 + 24 ends mid-tile), for
+    the 192-key descriptors (K 24 KB a tile, P V 12 k-steps of m64n64k16), the 4-stage ring and the
+    third consumer's Q rows (16 KB into the 24 KB Q tile)."""
+    _zero_queries(schedule, 64)
+    _one_hot_keys(schedule, 64, 64, 256)
+    _one_hot_keys(schedule, 64, 200, 600)
+
+
+@needs_sm90
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
+@pytest.mark.parametrize("schedule", TUNED_D64)
+def test_tuned_bitwise_repeatable_and_batch_invariant_d64(causal, schedule):
+    _bitwise_repeatable(causal, schedule, 64)

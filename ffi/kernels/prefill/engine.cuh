@@ -1,16 +1,17 @@
 // The prefill engine: forward flash attention for sm_90a (H100 / H200).
 //
-// One CTA computes kBlockM = 128 packed query rows of one (batch row, KV head) against the key
-// tiles its rows can see (the variant's Bounds), kBlockN keys per step (the head size's Tiling,
-// params.h: 128, or 80 at head size 256):
+// One CTA computes kBlockM = 128 packed query rows (192 under kTuneM192) of one (batch row, KV
+// head) against the key tiles its rows can see (the variant's Bounds), kBlockN keys per step (the
+// head size's Tiling, params.h: 128, or 80 at head size 256; the opt-in tunes' 176 at 128, 192 at 64):
 //   - warpgroup 0, the producer (setmaxnreg down to 24 registers): one thread issues the bulk
 //     tensor copies (TMA) of the Q tile once and of K / V tiles into stages-deep rings of
 //     128-byte-swizzled shared memory, each completing on its mbarrier ("full"); it reuses a K or
-//     V slot once both consumers have released it ("empty", K and V apart).
-//   - warpgroups 1 and 2, the consumers (240 registers), 64 query rows each: S = Q K^T with
-//     wgmma (both operands in shared memory, K-major), the variant's mask and scale, online softmax
-//     in registers in the log2 domain (f32 row max / sum, exp2), P converted to f16 / bf16 in
-//     registers, O += P V with wgmma (P from registers, V MN-major in shared memory), f32 O.
+//     V slot once every consumer has released it ("empty", K and V apart).
+//   - warpgroups 1 and 2 (and 3 under kTuneM192), the consumers (240 registers; 160 with three),
+//     64 query rows each: S = Q K^T with wgmma (both operands in shared memory, K-major), the
+//     variant's mask and scale, online softmax in registers in the log2 domain (f32 row max / sum,
+//     exp2), P converted to f16 / bf16 in registers, O += P V with wgmma (P from registers, V
+//     MN-major in shared memory), f32 O.
 //   - the epilogue divides by the row sum, stages O in shared memory (the warpgroup's Q rows)
 //     and writes the valid rows with 16-byte stores.
 // No float atomics and no cross-CTA reduction: the bits depend on the static shapes only.
@@ -50,7 +51,7 @@ inline constexpr bool kHasSink<WithSink<B>> = true;
 template <class V>
 inline constexpr bool kPlainScore = std::is_same_v<V, MaskVariant> || std::is_same_v<V, WithSink<MaskVariant>>;
 
-// What one CTA does: its packed rows [r0, r0 + kBlockM) of the M rows of its (b, kvh), the valid
+// What one CTA does: its packed rows [r0, r0 + block_m) of the M rows of its (b, kvh), the valid
 // lengths of its batch row, and the key tiles [n_begin, n_end) it visits; tiles inside
 // [full_lo, full_hi) need no per-element mask.
 struct CtaWork {
@@ -58,7 +59,7 @@ struct CtaWork {
   int n_begin, n_end, full_lo, full_hi;
 };
 
-template <int kBlockN, class Variant>
+template <int kBlockM, int kBlockN, class Variant>
 __device__ __forceinline__ CtaWork PlanCta(const PrefillParams& p, const Variant& var, int m_block, int q_len,
                                            int kv_len) {
   CtaWork w;
@@ -90,14 +91,19 @@ __device__ __forceinline__ CtaWork PlanCta(const PrefillParams& p, const Variant
 }
 
 // The shared-memory plan of one CTA (byte offsets from the 1024-aligned base) and the head size's
-// static tiling (params.h TilingFor: the one source of truth; TunedTiling under kTuneWideN).
+// static tiling (params.h TilingFor: the one source of truth; TunedTiling under a tune's tiling bits).
 template <int kD, int kTune = kTuneNone>
 struct Smem {
   static constexpr Tiling kTiling = TunedTiling(kD, kTune);
   static_assert(kTiling.padded > 0 && kD % 16 == 0, "a head size of kHeadDims");
+  static_assert(TilingFits(kD, kTune), "params.h TilingFits: wgmma N, TMA box, shared memory, registers");
   static constexpr int kPadded = kTiling.padded;   // tile and O width (d <= kPadded)
   static constexpr int kBlockN = kTiling.block_n;  // keys per step
   static constexpr int kStages = kTiling.stages;   // K / V ring depth
+  static constexpr int kBlockM = kTiling.block_m;  // packed query rows
+  static constexpr int kConsumers = Consumers(kTiling);
+  static constexpr int kThreads = Threads(kTiling);
+  static constexpr int kConsumerRegisters = ConsumerRegisters(kTiling);
   static constexpr int kChunks = kPadded / 64;                // 64-column (128-byte) blocks of a row
   static constexpr int kQChunkBytes = kBlockM * 128;          // one column block of the Q tile
   static constexpr int kKVChunkBytes = kBlockN * 128;         // ... of a K or V tile
@@ -325,25 +331,30 @@ struct ConsumerSteps {
   }
 };
 
-// Ping-pong turns: consumer wg issues its tensor-core work between TakeTurn and PassTurn; barrier
-// kTurnBarrier + wg completes when wg syncs on it (128 threads) and the other arrives (128).
-inline constexpr int kTurnBarrier = 3;  // 1 and 2: ZeroTail's per-warpgroup barriers
+// Ping-pong turns, round robin over the kConsumers warpgroups: consumer wg issues its tensor-core
+// work between TakeTurn and PassTurn; barrier kTurnBarrier + wg completes when wg syncs on it (128
+// threads) and the warpgroup before it arrives (128).
+template <int kConsumers>
+inline constexpr int kTurnBarrier = 1 + kConsumers;  // 1 .. kConsumers: ZeroTail's per-warpgroup barriers
 
-template <Schedule kSchedule>
+template <Schedule kSchedule, int kConsumers>
 __device__ __forceinline__ void TakeTurn(int wg) {
-  if constexpr (kSchedule == Schedule::kPingPong) sm90::NamedBarrierSync(kTurnBarrier + wg, 256);
+  if constexpr (kSchedule == Schedule::kPingPong) sm90::NamedBarrierSync(kTurnBarrier<kConsumers> + wg, 256);
 }
 
-template <Schedule kSchedule>
+template <Schedule kSchedule, int kConsumers>
 __device__ __forceinline__ void PassTurn(int wg) {
-  if constexpr (kSchedule == Schedule::kPingPong) sm90::NamedBarrierArrive(kTurnBarrier + 1 - wg, 256);
+  if constexpr (kSchedule == Schedule::kPingPong) {
+    const int next = kConsumers == 2 ? 1 - wg : (wg + 1) % kConsumers;
+    sm90::NamedBarrierArrive(kTurnBarrier<kConsumers> + next, 256);
+  }
 }
 
-// One consumer warpgroup (wg 0 / 1): rows [64 * wg, 64 * wg + 64) of the CTA tile, in the order of
-// kSchedule (params.h). Both warpgroups visit the same n_tiles key tiles. Ping-pong: each issues
-// n_tiles + 1 times (prologue, n_tiles - 1 loop steps, epilogue), warpgroup 0 first; warpgroup 1
-// passes the first turn at the start and no turn after its last issue, so every barrier phase
-// sees 128 syncs and 128 arrivals.
+// One consumer warpgroup (wg 0 .. kConsumers - 1): rows [64 * wg, 64 * wg + 64) of the CTA tile, in
+// the order of kSchedule (params.h). All warpgroups visit the same n_tiles key tiles. Ping-pong: each
+// issues n_tiles + 1 times (prologue, n_tiles - 1 loop steps, epilogue), warpgroup 0 first, then
+// round robin; the last warpgroup passes the first turn (to warpgroup 0) at the start and no turn
+// after its last issue, so every barrier phase sees 128 syncs and 128 arrivals.
 template <typename T, int kD, class Variant, Schedule kSchedule, int kTune = kTuneNone>
 __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const CtaWork& w, const Variant& var,
                                         int wg, int bh, const PrefillParams& p) {
@@ -407,15 +418,15 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
         if (tid == 0) sm90::MbarArrive(base + L::VEmpty(s));  // ... and with V slot s
       }
     } else {
-      if (wg == 1) PassTurn<kSchedule>(wg);  // warpgroup 0 issues first
+      if (wg == L::kConsumers - 1) PassTurn<kSchedule, L::kConsumers>(wg);  // warpgroup 0 issues first
       // Prologue: S and P of the first tile.
       {
         const int j0 = w.n_begin * kBlockN;
         sm90::MbarWait(base + L::KFull(0), 0);
-        TakeTurn<kSchedule>(wg);
+        TakeTurn<kSchedule, L::kConsumers>(wg);
         sm90::WgmmaFence();
         Step::IssueQK(sc, q_base, base + L::kK);
-        PassTurn<kSchedule>(wg);
+        PassTurn<kSchedule, L::kConsumers>(wg);
         sm90::WgmmaWait<0>();
         sm90::FenceOperands(sc);
         if (tid == 0) sm90::MbarArrive(base + L::KEmpty(0));
@@ -427,11 +438,11 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
         sm90::MbarWait(base + L::KFull(s), phase(it));
         sm90::MbarWait(base + L::VFull(prev), phase(it - 1));  // only the last tile crosses kv_len
         sm90::FenceOperands(o);
-        TakeTurn<kSchedule>(wg);
+        TakeTurn<kSchedule, L::kConsumers>(wg);
         sm90::WgmmaFence();
         Step::IssueQK(sc, q_base, base + L::kK + s * L::kKVTileBytes);
         Step::IssuePV(o, pa, base + L::kV + prev * L::kKVTileBytes);
-        PassTurn<kSchedule>(wg);
+        PassTurn<kSchedule, L::kConsumers>(wg);
         sm90::WgmmaWait<1>();  // Q K^T done (groups complete in order); P V may still run
         sm90::FenceOperands(sc);
         if (tid == 0) sm90::MbarArrive(base + L::KEmpty(s));
@@ -447,10 +458,11 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
       sm90::MbarWait(base + L::VFull(s), phase(last));
       Step::ZeroTail(base_ptr + L::kV + s * L::kKVTileBytes, j0, w.kv_len, tid, wg);
       sm90::FenceOperands(o);
-      TakeTurn<kSchedule>(wg);
+      TakeTurn<kSchedule, L::kConsumers>(wg);
       sm90::WgmmaFence();
       Step::IssuePV(o, pa, base + L::kV + s * L::kKVTileBytes);
-      if (wg == 0) PassTurn<kSchedule>(wg);  // warpgroup 1's last issue passes no turn
+      // The last warpgroup's last issue passes no turn (written wg == 0 for two: their kernels as before).
+      if (L::kConsumers == 2 ? wg == 0 : wg != L::kConsumers - 1) PassTurn<kSchedule, L::kConsumers>(wg);
       sm90::WgmmaWait<0>();
       sm90::FenceOperands(pa);
       sm90::FenceOperands(o);
@@ -514,7 +526,7 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
 }
 
 template <typename T, int kD, class Variant, Schedule kSchedule, int kTune = kTuneNone>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(Smem<kD, kTune>::kThreads, 1)
     PrefillKernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                   const __grid_constant__ CUtensorMap v_map, const PrefillParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -534,7 +546,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int q_len = min(max(p.q_len[b], 0), p.q_rows);
   const int kv_len = min(max(p.kv_len[b], 0), p.kv_rows);
   const Variant var(p.variant, kv_len);
-  const CtaWork w = PlanCta<L::kBlockN>(p, var, m_block, q_len, kv_len);
+  const CtaWork w = PlanCta<L::kBlockM, L::kBlockN>(p, var, m_block, q_len, kv_len);
 
   if (threadIdx.x == 0) {
     sm90::MbarInit(base + L::QFull(), 1);
@@ -542,8 +554,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int s = 0; s < L::kStages; ++s) {
       sm90::MbarInit(base + L::KFull(s), 1);
       sm90::MbarInit(base + L::VFull(s), 1);
-      sm90::MbarInit(base + L::KEmpty(s), kConsumers);
-      sm90::MbarInit(base + L::VEmpty(s), kConsumers);
+      sm90::MbarInit(base + L::KEmpty(s), L::kConsumers);
+      sm90::MbarInit(base + L::VEmpty(s), L::kConsumers);
     }
     sm90::FenceBarrierInit();
   }
@@ -551,10 +563,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
-    sm90::RegDealloc<24>();
+    sm90::RegDealloc<kProducerRegisters>();
     if (threadIdx.x == 0 && w.n_end > w.n_begin) Produce<T, kD, Variant, kTune>(q_map, k_map, v_map, base, w, bh, p);
   } else {
-    sm90::RegAlloc<240>();
+    sm90::RegAlloc<L::kConsumerRegisters>();
     Consume<T, kD, Variant, kSchedule, kTune>(base, base_ptr, w, var, wg - 1, bh, p);
   }
 #else

@@ -2,7 +2,7 @@
 // point, no libcuda link), the shared-memory limit, the grid; instantiated for f16 / bf16 x head
 // size 64 / 80 / 96 / 128 / 256 (kHeadDims) x the three consumer schedules x the mask variant
 // (causal or not, windows, scale) or the softcap one, each with or without sinks; and the tuned
-// pingpong kernels (params.h kScheduleSpecs) at D 128 with the mask variant.
+// pingpong kernels (params.h kScheduleSpecs) with the mask variant at D 64 and 128 (TuneCompiled).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -56,26 +56,21 @@ auto PickKernel(Schedule schedule) {
                                           : PrefillKernel<T, kD, Variant, Schedule::kSerial>;
 }
 
-// The tuned pingpong kernel of a kScheduleSpecs tune (D 128, MaskVariant), or null for tune 0 and
-// anything not instantiated.
-template <typename T, int kD>
+// The tuned pingpong kernel of a kScheduleSpecs tune (MaskVariant, at the head sizes TuneCompiled
+// names), or null for tune 0 and anything not compiled. One kernel per spec of kScheduleSpecs from
+// spec kI on, so that a new name there is all a new tuned kernel needs.
+template <typename T, int kD, int kI = 0>
 auto PickTunedKernel(int tune) {
   using K = decltype(&PrefillKernel<T, kD, MaskVariant, Schedule::kPingPong>);
-  K kernel = nullptr;
-  if constexpr (kD == 128) {
-    constexpr Schedule kP = Schedule::kPingPong;
-    switch (tune) {
-      case kTuneFold: kernel = PrefillKernel<T, kD, MaskVariant, kP, kTuneFold>; break;
-      case kTuneLazy: kernel = PrefillKernel<T, kD, MaskVariant, kP, kTuneLazy>; break;
-      case kTuneFold | kTuneLazy: kernel = PrefillKernel<T, kD, MaskVariant, kP, kTuneFold | kTuneLazy>; break;
-      case kTuneWideN: kernel = PrefillKernel<T, kD, MaskVariant, kP, kTuneWideN>; break;
-      case kTuneFold | kTuneLazy | kTuneWideN:
-        kernel = PrefillKernel<T, kD, MaskVariant, kP, kTuneFold | kTuneLazy | kTuneWideN>;
-        break;
-      default: break;
+  if constexpr (kI == kNumSchedules) {
+    return K(nullptr);
+  } else {
+    constexpr ScheduleSpec kSpec = kScheduleSpecs[kI];
+    if constexpr (kSpec.base == Schedule::kPingPong && TuneCompiled(kD, kSpec.tune)) {
+      if (tune == kSpec.tune) return K(PrefillKernel<T, kD, MaskVariant, Schedule::kPingPong, kSpec.tune>);
     }
+    return PickTunedKernel<T, kD, kI + 1>(tune);
   }
-  return kernel;
 }
 
 }  // namespace
@@ -86,15 +81,16 @@ cudaError_t Launch(PrefillParams p, const void* q, const void* k, const void* v,
   if (p.batch == 0 || p.kv_heads == 0 || p.rows == 0) return cudaSuccess;
   const Schedule schedule = spec.base;
   // Sinks (the epilogue adds them) and softcap (a tanhf per logit) have their own instantiations;
-  // without either, the plain MaskVariant kernels. A tune runs only where it is instantiated (D 128,
-  // MaskVariant) and, folding the scale, with scale > 0; anywhere else the base schedule's kernel.
+  // without either, the plain MaskVariant kernels. A tune runs only where it is instantiated
+  // (TuneCompiled, MaskVariant) and, folding the scale, with scale > 0; anywhere else the base
+  // schedule's kernel.
   const bool sink = p.variant.sink != nullptr, cap = p.variant.softcap > 0.f;
   auto* tuned = sink || cap || !(p.variant.scale > 0.f) ? nullptr : PickTunedKernel<T, kD>(spec.tune);
   const int tune = tuned != nullptr ? spec.tune : kTuneNone;
   const Tiling kTiling = TunedTiling(kD, tune);
-  p.m_blocks = (p.rows + kBlockM - 1) / kBlockM;
+  p.m_blocks = (p.rows + kTiling.block_m - 1) / kTiling.block_m;
   CUtensorMap q_map, k_map, v_map;
-  cudaError_t err = MakeMap<T>(&q_map, q, uint64_t(p.batch) * p.q_heads * p.q_rows, kD, kBlockM);
+  cudaError_t err = MakeMap<T>(&q_map, q, uint64_t(p.batch) * p.q_heads * p.q_rows, kD, kTiling.block_m);
   if (err == cudaSuccess && p.kv_rows > 0) {
     const uint64_t kv_rows = uint64_t(p.batch) * p.kv_heads * p.kv_rows;
     err = MakeMap<T>(&k_map, k, kv_rows, kD, kTiling.block_n);
@@ -113,7 +109,7 @@ cudaError_t Launch(PrefillParams p, const void* q, const void* k, const void* v,
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   if (err != cudaSuccess) return err;
   const dim3 grid(unsigned(p.batch * p.kv_heads * p.m_blocks));  // < 2^31: the handler checks
-  kernel<<<grid, kThreads, smem, stream>>>(q_map, k_map, v_map, p);
+  kernel<<<grid, Threads(kTiling), smem, stream>>>(q_map, k_map, v_map, p);
   return cudaGetLastError();
 }
 
