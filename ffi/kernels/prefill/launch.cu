@@ -2,12 +2,14 @@
 // point, no libcuda link), the shared-memory limit, the grid; instantiated for f16 / bf16 x head
 // size 64 / 80 / 96 / 128 / 256 (kHeadDims) x the three consumer schedules x the mask variant
 // (causal or not, windows, scale) or the softcap one, each with or without sinks; and the tuned
-// pingpong kernels (params.h kScheduleSpecs) at D 128 with the mask variant.
+// pingpong kernels (params.h kScheduleSpecs) at D 128 with the mask variant. With split-KV
+// (p.splits > 1, plan.h) the same kernels run splits x the CTAs and combine.cuh's kernel follows.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
 #include <type_traits>
 
+#include "kernels/prefill/combine.cuh"
 #include "kernels/prefill/engine.cuh"
 #include "kernels/prefill/prefill.h"
 
@@ -112,9 +114,26 @@ cudaError_t Launch(PrefillParams p, const void* q, const void* k, const void* v,
   // A function attribute, not stream work: allowed while XLA captures the stream.
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   if (err != cudaSuccess) return err;
-  const dim3 grid(unsigned(p.batch * p.kv_heads * p.m_blocks));  // < 2^31: the handler checks
+  const dim3 grid(unsigned(p.batch * p.kv_heads * p.m_blocks * p.splits));  // < 2^31: the handler checks
   kernel<<<grid, kThreads, smem, stream>>>(q_map, k_map, v_map, p);
-  return cudaGetLastError();
+  err = cudaGetLastError();
+  if (err != cudaSuccess || p.splits == 1) return err;
+
+  // The combine, in the same stream, as a programmatic dependent launch (the decode combine's way):
+  // it may be scheduled while the split kernel's last CTAs run and waits (griddepcontrol.wait) for
+  // its partials. A launch attribute, no host sync: capturable into XLA's command buffers.
+  const int64_t rows = int64_t(p.batch) * p.kv_heads * p.rows;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned((rows + kCombineWarps - 1) / kCombineWarps));
+  cfg.blockDim = dim3(32 * kCombineWarps);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, PrefillCombineKernel<T, kD>, p);
 }
 
 #define JOA_PREFILL_INSTANTIATE(T, D) \
