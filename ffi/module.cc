@@ -165,6 +165,8 @@ NB_MODULE(_ffi, m) {
     prefill["max_splits"] = joa::prefill::kMaxSplits;
     prefill["plan_sms"] = joa::prefill::kPlanSms;
     prefill["split_min_tiles"] = joa::prefill::kSplitMinTiles;
+    prefill["split_full_percent"] = joa::prefill::kSplitFullPercent;
+    prefill["split_slack_percent"] = joa::prefill::kSplitSlackPercent;
     nb::dict out;
     out["decode"] = decode;
     out["general"] = general;
