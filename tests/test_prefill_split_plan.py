@@ -127,11 +127,30 @@ def test_bad_splits_name_the_input(splits):
 
 
 @needs_plan
+@pytest.mark.parametrize("schedule", ["serial", "pingpong-n176"])
+def test_split_kv_takes_the_default_schedule_only(monkeypatch, schedule):
+    """The split kernels are compiled for each head size's default schedule: splits > 1 with
+    another is refused at trace time (splits=1 is not: the unsplit engine runs every schedule)."""
+    use_specs(monkeypatch)
+    a = _args(d=128)
+    with pytest.raises(ValueError, match="prefill_attention: splits: split-KV runs the head size's default"):
+        jax.eval_shape(lambda **x: cuda.prefill_attention(**x, scale=0.1, causal=True, splits=2,
+                                                          schedule=schedule), **a)
+    jax.eval_shape(lambda **x: cuda.prefill_attention(**x, scale=0.1, causal=True, splits=1,
+                                                      schedule=schedule), **a)
+
+
+@needs_plan
 def test_splits_reach_the_call(monkeypatch):
-    """splits=None lowers with the plan's splits left to the implementation; a given one is kept."""
+    """splits=None lowers with the plan's splits left to the implementation, a named schedule with
+    1 (the engine as it runs unsplit); a given count is kept."""
     calls = use_specs(monkeypatch)
     jax.eval_shape(lambda **a: cuda.prefill_attention(**a, scale=0.1, causal=True), **_args())
     assert calls[-1][2]["splits"] is None
+    for name in ("serial", cuda.PREFILL_TILING[64]["schedule"]):
+        jax.eval_shape(lambda **a: cuda.prefill_attention(**a, scale=0.1, causal=True, schedule=name),
+                       **_args())
+        assert calls[-1][2]["splits"] == 1
     jax.eval_shape(lambda **a: cuda.prefill_attention(**a, scale=0.1, causal=True, splits=np.int32(3)),
                    **_args())
     assert calls[-1][2]["splits"] == 3

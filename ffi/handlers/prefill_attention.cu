@@ -12,7 +12,8 @@
 // false): a per-query-head extra logit in the softmax's max and denominator, no value row.
 // softcap > 0: logits x -> softcap * tanh(x / softcap) before the mask (0: off).
 // splits (1..prefill::kMaxSplits): split-KV, each CTA's key tiles cut into that many ranges whose
-// partials combine.cuh merges (Python passes kernels/prefill/plan.h's choice or an override);
+// partials combine.cuh merges (Python passes kernels/prefill/plan.h's choice or an override); > 1
+// only with the head size's default schedule (TilingFor(D).schedule: the split kernels');
 // workspace f32 (a result, discarded): plan.h WorkspaceElems elements at least when splits > 1.
 // Read-only on q, k, v.
 #include <cstdint>
@@ -153,6 +154,11 @@ ffi::Error PrefillAttentionImpl(cudaStream_t stream, AnyBuffer q, AnyBuffer k, A
   std::string err =
       prefill::Configure(p, qd[0], qd[1], qd[2], qd[3], kd[1], kd[2], scale, softcap, causal, left, right, splits);
   if (err.empty() && has_sink) err = SetSink(p.variant, sink, qd[1]);
+  if (err.empty() && splits > 1 && schedule != prefill::TilingFor(int(qd[3])).schedule) {
+    err = std::string("split-KV (splits > 1) runs the head size's default schedule ") +
+          prefill::kScheduleNames[prefill::TilingFor(int(qd[3])).schedule] + ", got " +
+          prefill::kScheduleNames[schedule];
+  }
   if (err.empty()) err = prefill::SetWorkspace(p, workspace->typed_data(), int64_t(workspace->element_count()));
   if (!err.empty()) return InvalidArgument(std::string(kOp) + ": " + err);
   p.y = y->untyped_data();

@@ -454,16 +454,20 @@ def prefill_attention(q, k, v, q_len, kv_len, sink=None, *, scale: float, causal
     "pingpong-fold-lazy-n176"; they are compiled for D 128 without sinks / softcap and scale > 0,
     and run plain "pingpong" anywhere else. splits: split-KV, each CTA's key tiles cut into that
     many ranges whose partial results a combine kernel merges in a fixed order (1..
-    PREFILL_MAX_SPLITS; None: `prefill_plan`'s choice for the call's static shapes, more than 1 only
-    where the (batch row, KV head, 128-row block) CTAs leave SMs idle: few-query calls; splits=1 is
-    the engine without split-KV). The bits depend on the splits, so on the shapes the plan sees; a
-    vmapped call keeps each example's plan. Raises TypeError / ValueError
-    "prefill_attention: <input>: <rule>" at trace time.
+    PREFILL_MAX_SPLITS; None: `prefill_plan`'s choice for the call's static shapes when no schedule
+    is named, more than 1 only where the (batch row, KV head, 128-row block) CTAs leave SMs idle:
+    few-query calls; with a named schedule 1; splits=1 is the engine without split-KV, its bits).
+    More than 1 runs the head size's default schedule only (the split kernels are compiled for it).
+    The bits depend on the splits, so on the shapes the plan sees; a vmapped call keeps each
+    example's plan. Raises TypeError / ValueError "prefill_attention: <input>: <rule>" at trace
+    time.
     """
     _check_prefill(q, k, v, q_len, kv_len)
     schedules = __getattr__("PREFILL_SCHEDULES")
+    default = __getattr__("PREFILL_TILING")[q.shape[3]]["schedule"]
+    named = schedule is not None
     if schedule is None:
-        schedule = __getattr__("PREFILL_TILING")[q.shape[3]]["schedule"]
+        schedule = default
     if schedule not in schedules:
         raise ValueError(f"prefill_attention: schedule: must be one of {schedules}, got {schedule!r}")
     for name, w in (("left", left), ("right", right)):
@@ -476,6 +480,13 @@ def prefill_attention(q, k, v, q_len, kv_len, sink=None, *, scale: float, causal
         if isinstance(splits, bool) or not isinstance(splits, (int, np.integer)) or not 1 <= splits <= most:
             raise ValueError(f"prefill_attention: splits: must be None (the plan) or an integer in "
                              f"1..{most}, got {splits!r}")
+        if splits > 1 and schedule != default:
+            raise ValueError(f"prefill_attention: splits: split-KV runs the head size's default schedule "
+                             f"{default!r} only (its kernels are compiled for it), got schedule={schedule!r}")
+    elif named:
+        # A named schedule pins the engine as it runs unsplit (A/B runs of schedules compare like
+        # with like; split kernels exist for the default schedule only): no plan.
+        splits = 1
     static = dict(scale=float(scale), causal=bool(causal), softcap=float(max(softcap, 0.0)),
                   left=int(left), right=int(right), schedule=schedule,
                   splits=None if splits is None else int(splits))

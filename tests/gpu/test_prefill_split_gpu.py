@@ -5,11 +5,12 @@ Forced splits 2 / 3 / 8 (and more splits than key tiles: empty splits) over caus
 few queries on a long cache (chunked prefill, decode / verify steps: the calls split-KV is for) and
 whole prompts (several M blocks, rows crossing heads), ragged lengths with kv_len 0 and q_len 0 rows
 and K / V past kv_len poisoned with NaN, windows, sinks (added once, in the combine), softcap,
-f16 / bf16, head sizes 64 / 128 (and 80 / 96 / 256 once each); every consumer schedule held to the
-same bits at a fixed split count; bitwise repeatability and batch invariance at a fixed split
-count; splits=1 equal to the default where the plan gives 1; the plan's own choice (splits=None)
-and a vmapped call keeping the per-example plan; a loop of split calls inside an XLA command
-buffer. Tolerances: jax_onnx_attn.testing.
+f16 / bf16, head sizes 64 / 128 (and 80 / 96 / 256 once each), the D 128 default's tuned split
+kernel and its plain fallback (scale <= 0); bitwise repeatability and batch invariance at a fixed
+split count; splits=1 equal to the default where the plan gives 1, and a named schedule running
+unsplit; the plan's own choice (splits=None) and a vmapped call keeping the per-example plan; a
+loop of split calls inside an XLA command buffer. Split-KV runs each head size's default schedule
+(the split kernels are compiled for it only). Tolerances: jax_onnx_attn.testing.
 
 Needs an sm_90 GPU (H100 / H200): elsewhere the engine refuses to launch and these tests skip.
 """
@@ -33,7 +34,6 @@ pytestmark = pytest.mark.gpu
 
 BF16 = ml_dtypes.bfloat16
 DTYPES = [np.float16, BF16]
-SCHEDULES = ("serial", "overlap", "pingpong")
 
 _reference = jax.jit(prefill_reference.prefill_attention,
                      static_argnames=("scale", "causal", "softcap", "left", "right"))
@@ -53,19 +53,15 @@ def _inputs(seed, b, hq, hkv, s, t, d, dtype, q_len, kv_len):
     return q, k, v, q_len, kv_len
 
 
-def _check(q, k, v, q_len, kv_len, sink=None, *, splits, causal, schedules=(None,), **variant):
-    """The engine at `splits` against the spec (and, given several schedules, the schedules against
-    each other: the split path adds in the same order in each). Returns the first's output."""
-    scale = float(q.shape[-1] ** -0.5)
+def _check(q, k, v, q_len, kv_len, sink=None, *, splits, causal, scale=None, **variant):
+    """The engine at `splits` (its default schedule) against the spec. Returns its output."""
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     want = _reference(q, k, v, q_len, kv_len, sink, scale=scale, causal=causal, **variant)
-    got = [np.asarray(_engine(q, k, v, q_len, kv_len, sink, scale=scale, causal=causal, schedule=name,
-                              splits=splits, **variant)) for name in schedules]
-    for name, y in zip(schedules, got):
-        assert y.shape == q.shape and y.dtype == q.dtype
-        assert_close(y, want, q.dtype, err_msg=f"splits={splits} schedule={name}")
-    for name, y in zip(schedules[1:], got[1:]):
-        assert np.array_equal(got[0], y, equal_nan=True), f"splits={splits}: {name} != {schedules[0]}"
-    return got[0]
+    got = np.asarray(_engine(q, k, v, q_len, kv_len, sink, scale=scale, causal=causal, splits=splits,
+                             **variant))
+    assert got.shape == q.shape and got.dtype == q.dtype
+    assert_close(got, want, q.dtype, err_msg=f"splits={splits}")
+    return got
 
 
 # Few queries on a long cache: rows 0 and 1 full / shorter, row 2 kv_len 0 (no key: 0), row 3
@@ -84,7 +80,7 @@ def test_few_queries_on_a_long_cache(causal, d, dtype, splits):
     tiles of 128, the last partial), ragged lengths incl. kv_len 0 and q_len 0."""
     s, t = 16, 3000
     args = _inputs(splits * 7 + d, 5, 8, 2, s, t, d, dtype, *_few_query_lengths(s, t))
-    got = _check(*args, splits=splits, causal=causal, schedules=SCHEDULES)
+    got = _check(*args, splits=splits, causal=causal)
     assert not got[2].astype(np.float32).any() and not got[3].astype(np.float32).any()
 
 
@@ -172,12 +168,26 @@ def test_head_dims_80_96_256(d, dtype):
 
 
 @needs_sm90
-@pytest.mark.parametrize("schedule", ["pingpong-fold-lazy", "pingpong-n176"])
-def test_tuned_schedules(schedule):
-    """The tuned kernels' split path (kTuneFold keeps the raw max: the lse scales it)."""
+def test_default_schedules_split_kernels():
+    """D 128's default is pingpong-fold-lazy: its split kernel keeps the raw max (kTuneFold), the
+    lse scales it; scale <= 0 takes the plain pingpong split kernel (the fold needs scale > 0)."""
     args = _inputs(11, 3, 8, 2, 16, 3000, 128, BF16, [16, 7, 16], [3000, 2100, 300])
     for splits in (2, 8):
-        _check(*args, splits=splits, causal=True, schedules=(schedule,))
+        _check(*args, splits=splits, causal=True)
+        _check(*args, splits=splits, causal=True, scale=-0.05)
+
+
+@needs_sm90
+def test_a_named_schedule_runs_unsplit():
+    """splits=None with a named schedule is the engine without split-KV (splits=1) on a shape the
+    plan would split."""
+    b, hq, hkv, s, t, d = 2, 32, 8, 16, 8192, 128
+    assert cuda.prefill_plan(b, hq, hkv, s, t, d, True)["splits"] > 1
+    args = _inputs(14, b, hq, hkv, s, t, d, BF16, [16, 11], [8192, 5000])
+    for name in ("serial", "pingpong", cuda.PREFILL_TILING[d]["schedule"]):
+        named = np.asarray(_engine(*args, scale=0.1, causal=True, schedule=name))
+        one = np.asarray(_engine(*args, scale=0.1, causal=True, schedule=name, splits=1))
+        assert np.array_equal(named, one, equal_nan=True), name
 
 
 @needs_sm90

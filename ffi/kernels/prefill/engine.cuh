@@ -13,10 +13,10 @@
 //     registers, O += P V with wgmma (P from registers, V MN-major in shared memory), f32 O.
 //   - the epilogue divides by the row sum, stages O in shared memory (the warpgroup's Q rows)
 //     and writes the valid rows with 16-byte stores.
-//   - split-KV (p.splits > 1, plan.h): the CTA visits only its split's share of those key tiles and
-//     writes an f32 partial O and its log-sum-exp to the workspace (SplitEpilogue); combine.cuh
-//     merges the splits into y in a fixed order. With one split the path is a uniform branch after
-//     the main loop, which is unchanged.
+//   - split-KV (kSplit kernels, p.splits > 1, plan.h): the CTA visits only its split's share of
+//     those key tiles and writes an f32 partial O and its log-sum-exp to the workspace
+//     (SplitEpilogue); combine.cuh merges the splits into y in a fixed order. A template
+//     parameter, so the kernels without it are unchanged.
 // No float atomics and no cross-CTA reduction: the bits depend on the static shapes only.
 //
 // Keys at or past kv_len may hold anything (NaN included): their logits are masked to -inf by a
@@ -63,7 +63,7 @@ struct CtaWork {
   int split;  // its key range of p.splits (0 without split-KV)
 };
 
-template <int kBlockN, class Variant>
+template <int kBlockN, bool kSplit, class Variant>
 __device__ __forceinline__ CtaWork PlanCta(const PrefillParams& p, const Variant& var, int m_block, int split,
                                            int q_len, int kv_len) {
   CtaWork w;
@@ -92,7 +92,7 @@ __device__ __forceinline__ CtaWork PlanCta(const PrefillParams& p, const Variant
       w.full_hi = k.full_hi;
     }
   }
-  if (p.splits > 1) {
+  if constexpr (kSplit) {
     // Split-KV: whole tiles, split s takes [n_begin + s * per, + per) of the visible range (FA3's
     // cut); the last splits may get fewer or none (an empty split writes lse = -inf). The masks are
     // absolute key positions (full_lo / full_hi, the rows' spans), so they hold in any split.
@@ -397,7 +397,7 @@ __device__ __forceinline__ void PassTurn(int wg) {
 // n_tiles + 1 times (prologue, n_tiles - 1 loop steps, epilogue), warpgroup 0 first; warpgroup 1
 // passes the first turn at the start and no turn after its last issue, so every barrier phase
 // sees 128 syncs and 128 arrivals.
-template <typename T, int kD, class Variant, Schedule kSchedule, int kTune = kTuneNone>
+template <typename T, int kD, class Variant, Schedule kSchedule, int kTune = kTuneNone, bool kSplit = false>
 __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const CtaWork& w, const Variant& var,
                                         int wg, int bh, const PrefillParams& p) {
   using L = Smem<kD, kTune>;
@@ -511,7 +511,7 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
     }
   }
 
-  if (p.splits > 1) {  // uniform over the grid: the split kernels' epilogue, then done
+  if constexpr (kSplit) {  // the split kernels' epilogue, then done
     SplitEpilogue<Step, kD>(o, m, l, r, w, bh, scale_log2, p);
     return;
   }
@@ -571,7 +571,25 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
   }
 }
 
-template <typename T, int kD, class Variant, Schedule kSchedule, int kTune = kTuneNone>
+// The CTA's (b * Hkv + kvh, M block, split) from its linear index (see PrefillKernel).
+struct CtaIndex {
+  int bh, m_block, split;
+};
+template <bool kSplit>
+__device__ __forceinline__ CtaIndex IndexCta(const PrefillParams& p) {
+  if constexpr (kSplit) {  // the splits of an M block next to each other
+    const int per_head = p.m_blocks * p.splits;
+    const int in_head = int(blockIdx.x % per_head);
+    return {int(blockIdx.x / per_head), p.m_blocks - 1 - in_head / p.splits, in_head % p.splits};
+  } else {
+    return {int(blockIdx.x / p.m_blocks), p.m_blocks - 1 - int(blockIdx.x % p.m_blocks), 0};
+  }
+}
+
+// kSplit: the split-KV kernel (p.splits > 1 CTAs per M block, SplitEpilogue; launch.cu runs it for
+// the head size's default schedule only); without it the kernel is the one before split-KV,
+// instruction for instruction.
+template <typename T, int kD, class Variant, Schedule kSchedule, int kTune = kTuneNone, bool kSplit = false>
 __global__ void __launch_bounds__(kThreads, 1)
     PrefillKernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                   const __grid_constant__ CUtensorMap v_map, const PrefillParams p) {
@@ -585,18 +603,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   // One linear grid, the M blocks of one (b, kvh) consecutive (FA3's order): the CTAs resident at
   // once share a few K / V heads, which stay in L2, instead of streaming one head each (B * Hkv
   // heads at once: 64 MB of K / V per wave at B * S = 16k, more than L2). Within a head the longest
-  // causal rows first, the splits of an M block next to each other (one split: the same indices as
-  // without split-KV).
-  const int per_head = p.m_blocks * p.splits;
-  const int bh = blockIdx.x / per_head;  // b * Hkv + kvh
-  const int in_head = int(blockIdx.x % per_head);
-  const int m_block = p.m_blocks - 1 - in_head / p.splits;
-  const int split = in_head % p.splits;
+  // causal rows first; split-KV kernels put the splits of an M block next to each other.
+  const CtaIndex idx = IndexCta<kSplit>(p);
+  const int bh = idx.bh;  // b * Hkv + kvh
+  const int m_block = idx.m_block;
   const int b = bh / p.kv_heads;
   const int q_len = min(max(p.q_len[b], 0), p.q_rows);
   const int kv_len = min(max(p.kv_len[b], 0), p.kv_rows);
   const Variant var(p.variant, kv_len);
-  const CtaWork w = PlanCta<L::kBlockN>(p, var, m_block, split, q_len, kv_len);
+  const CtaWork w = PlanCta<L::kBlockN, kSplit>(p, var, m_block, idx.split, q_len, kv_len);
 
   if (threadIdx.x == 0) {
     sm90::MbarInit(base + L::QFull(), 1);
@@ -617,7 +632,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0 && w.n_end > w.n_begin) Produce<T, kD, Variant, kTune>(q_map, k_map, v_map, base, w, bh, p);
   } else {
     sm90::RegAlloc<240>();
-    Consume<T, kD, Variant, kSchedule, kTune>(base, base_ptr, w, var, wg - 1, bh, p);
+    Consume<T, kD, Variant, kSchedule, kTune, kSplit>(base, base_ptr, w, var, wg - 1, bh, p);
   }
 #else
   // Built for a GPU without wgmma / TMA: the handler refuses to launch there.

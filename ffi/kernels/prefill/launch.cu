@@ -2,8 +2,9 @@
 // point, no libcuda link), the shared-memory limit, the grid; instantiated for f16 / bf16 x head
 // size 64 / 80 / 96 / 128 / 256 (kHeadDims) x the three consumer schedules x the mask variant
 // (causal or not, windows, scale) or the softcap one, each with or without sinks; and the tuned
-// pingpong kernels (params.h kScheduleSpecs) at D 128 with the mask variant. With split-KV
-// (p.splits > 1, plan.h) the same kernels run splits x the CTAs and combine.cuh's kernel follows.
+// pingpong kernels (params.h kScheduleSpecs) at D 128 with the mask variant. Split-KV (p.splits > 1,
+// plan.h): the kSplit kernels of each head size's default schedule (SplitKernel), then
+// combine.cuh's kernel.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -80,6 +81,23 @@ auto PickTunedKernel(int tune) {
   return kernel;
 }
 
+// The split-KV kernel (engine.cuh kSplit) of a variant: compiled for the head size's default
+// schedule only (TilingFor(kD).schedule, what calls that name no schedule run; the handler refuses
+// splits > 1 with another), with its tune where the unsplit launch would run it (the mask variant,
+// and scale > 0 under kTuneFold), else its base schedule. *tune: the tune of the kernel returned.
+template <typename T, int kD>
+auto PickSplitKernel(bool sink, bool cap, float scale, int* tune) {
+  constexpr ScheduleSpec kDefault = kScheduleSpecs[TilingFor(kD).schedule];
+  constexpr Schedule kBase = kDefault.base;
+  const bool tuned = !sink && !cap && (!(kDefault.tune & kTuneFold) || scale > 0.f);
+  *tune = tuned ? kDefault.tune : kTuneNone;
+  return cap ? (sink ? PrefillKernel<T, kD, WithSink<CapVariant>, kBase, kTuneNone, true>
+                     : PrefillKernel<T, kD, CapVariant, kBase, kTuneNone, true>)
+         : sink ? PrefillKernel<T, kD, WithSink<MaskVariant>, kBase, kTuneNone, true>
+         : tuned ? PrefillKernel<T, kD, MaskVariant, kBase, kDefault.tune, true>
+                 : PrefillKernel<T, kD, MaskVariant, kBase, kTuneNone, true>;
+}
+
 }  // namespace
 
 template <typename T, int kD>
@@ -91,8 +109,12 @@ cudaError_t Launch(PrefillParams p, const void* q, const void* k, const void* v,
   // without either, the plain MaskVariant kernels. A tune runs only where it is instantiated (D 128,
   // MaskVariant) and, folding the scale, with scale > 0; anywhere else the base schedule's kernel.
   const bool sink = p.variant.sink != nullptr, cap = p.variant.softcap > 0.f;
-  auto* tuned = sink || cap || !(p.variant.scale > 0.f) ? nullptr : PickTunedKernel<T, kD>(spec.tune);
-  const int tune = tuned != nullptr ? spec.tune : kTuneNone;
+  const bool split = p.splits > 1;
+  if (split && ScheduleIndex(spec.base, spec.tune) != TilingFor(kD).schedule) return cudaErrorInvalidValue;
+  int split_tune = kTuneNone;
+  auto* split_kernel = split ? PickSplitKernel<T, kD>(sink, cap, p.variant.scale, &split_tune) : nullptr;
+  auto* tuned = split || sink || cap || !(p.variant.scale > 0.f) ? nullptr : PickTunedKernel<T, kD>(spec.tune);
+  const int tune = split ? split_tune : tuned != nullptr ? spec.tune : kTuneNone;
   const Tiling kTiling = TunedTiling(kD, tune);
   p.m_blocks = (p.rows + kBlockM - 1) / kBlockM;
   CUtensorMap q_map, k_map, v_map;
@@ -105,7 +127,8 @@ cudaError_t Launch(PrefillParams p, const void* q, const void* k, const void* v,
     k_map = v_map = q_map;  // no keys: never read
   }
   if (err != cudaSuccess) return err;
-  auto* kernel = tuned != nullptr ? tuned
+  auto* kernel = split_kernel != nullptr ? split_kernel
+                 : tuned != nullptr ? tuned
                  : cap           ? (sink ? PickKernel<T, kD, WithSink<CapVariant>>(schedule)
                                          : PickKernel<T, kD, CapVariant>(schedule))
                                  : (sink ? PickKernel<T, kD, WithSink<MaskVariant>>(schedule)
