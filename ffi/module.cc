@@ -12,6 +12,7 @@
 #include "kernels/decode/plan.h"
 #include "kernels/general/params.h"
 #include "kernels/prefill/params.h"
+#include "kernels/prefill/plan.h"
 #if JOA_HAVE_FFI_RECORD
 #include "record/registry.h"
 #endif
@@ -160,6 +161,12 @@ NB_MODULE(_ffi, m) {
     nb::list schedules;
     for (const char* name : joa::prefill::kScheduleNames) schedules.append(name);
     prefill["schedules"] = schedules;
+    // Split-KV (kernels/prefill/plan.h).
+    prefill["max_splits"] = joa::prefill::kMaxSplits;
+    prefill["plan_sms"] = joa::prefill::kPlanSms;
+    prefill["split_min_tiles"] = joa::prefill::kSplitMinTiles;
+    prefill["split_full_percent"] = joa::prefill::kSplitFullPercent;
+    prefill["split_slack_percent"] = joa::prefill::kSplitSlackPercent;
     nb::dict out;
     out["decode"] = decode;
     out["general"] = general;
@@ -201,6 +208,30 @@ NB_MODULE(_ffi, m) {
      "The decode engine's plan for a call of these static shapes (kernels/decode/plan.h): "
      "split_rows 0 and cluster -1 let it choose; policy indexes limits()['decode']['plan_policies']; "
      "tile128: the wide KV tile's plan where it applies (tile_rows says which tile the engine runs).");
+
+  m.def("prefill_plan", [](int64_t batch, int64_t q_heads, int64_t kv_heads, int64_t q_rows, int64_t kv_rows,
+                           int head_dim, bool causal, int64_t left, int64_t right, int64_t splits) {
+    bool supported = false;
+    for (int d : joa::prefill::kHeadDims) supported = supported || d == head_dim;
+    if (batch < 0 || q_rows < 0 || kv_rows < 0 || kv_heads < 1 || q_heads % kv_heads != 0 || !supported) {
+      throw nb::value_error("prefill_plan: shapes out of range");
+    }
+    if (splits < 0 || splits > joa::prefill::kMaxSplits) {
+      throw nb::value_error("prefill_plan: splits must be 0 (plan it) or 1..limits()['prefill']['max_splits']");
+    }
+    const joa::prefill::SplitPlan p = joa::prefill::MakeSplitPlan(batch, q_heads, kv_heads, q_rows, kv_rows,
+                                                                  head_dim, causal, left, right, splits);
+    nb::dict out;
+    out["splits"] = p.splits;
+    out["ctas"] = p.ctas;
+    out["tiles"] = p.tiles;
+    out["workspace_elems"] = p.workspace_elems;
+    return out;
+  }, nb::arg("batch"), nb::arg("q_heads"), nb::arg("kv_heads"), nb::arg("q_rows"), nb::arg("kv_rows"),
+     nb::arg("head_dim"), nb::arg("causal") = true, nb::arg("left") = -1, nb::arg("right") = -1,
+     nb::arg("splits") = 0,
+     "The prefill engine's split-KV plan for a call of these static shapes (kernels/prefill/plan.h): "
+     "splits 0 lets it choose; {'splits', 'ctas', 'tiles', 'workspace_elems'}.");
 
   m.def("status_flags", []() {
     nb::dict flags;

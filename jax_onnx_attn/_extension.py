@@ -181,6 +181,19 @@ def decode_plan(**shapes) -> dict[str, Any]:
     return dict(_ffi.decode_plan(**shapes))
 
 
+def prefill_plan(**shapes) -> dict[str, Any]:
+    """The prefill engine's split-KV plan for a call (`_ffi.prefill_plan`,
+    ffi/kernels/prefill/plan.h): a pure function of static shapes. Raises RuntimeError without the
+    extension, or with one built before the plan existed (rebuild it: its prefill handler predates
+    the workspace result too)."""
+    if _ffi is None:
+        raise RuntimeError(f"no prefill plan: {_IMPORT_ERROR}")
+    if not hasattr(_ffi, "prefill_plan"):
+        raise RuntimeError("no prefill plan: the extension was built before split-KV prefill "
+                           "(ffi/kernels/prefill/plan.h); rebuild it")
+    return dict(_ffi.prefill_plan(**shapes))
+
+
 def target(name: str) -> str:
     """The registered FFI target name for a short kernel name; fails clearly if it is missing."""
     registered = register_targets()

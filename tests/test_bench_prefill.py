@@ -149,6 +149,23 @@ def test_tuned_schedules_are_opt_in_impls():
         assert {i.partition("-")[2] for i in prefill.TUNED_IMPLS} <= set(cuda.PREFILL_SCHEDULES)
 
 
+def test_nosplit_is_an_opt_in_impl(monkeypatch):
+    """"ours-nosplit" (split-KV off, splits=1) runs only when named and passes splits=1 and no
+    schedule; "ours" leaves the splits to the plan."""
+    assert prefill.SPLIT_IMPLS == ("ours-nosplit",) and "ours-nosplit" not in prefill.DEFAULT_IMPLS
+    assert prefill.parse_args(["--impls", "ours", "ours-nosplit"]).impls == ["ours", "ours-nosplit"]
+    from jax_onnx_attn.ops import cuda
+    seen = []
+    monkeypatch.setattr(cuda, "prefill_attention", lambda *a, **kw: seen.append(kw))
+    case = prefill.Case(batch=1, seq=16, q_heads=4, kv_heads=1, head_dim=64, dtype="bf16", causal=True,
+                        ctx=256)
+    for impl in ("ours", "ours-nosplit"):
+        fn, layout = prefill.jax_attention(case, impl)
+        fn(None, None, None)
+    assert "splits" not in seen[0] and "schedule" not in seen[0]
+    assert seen[1]["splits"] == 1 and "schedule" not in seen[1]
+
+
 def test_skip_reasons_and_notes():
     skip, note = prefill._impl_skip, prefill._impl_note
     fp16 = dict(dtype="fp16")

@@ -11,7 +11,11 @@
 // give the same bits) and its tuning (params.h Tune). sink f32 [Hq] (a placeholder when has_sink is
 // false): a per-query-head extra logit in the softmax's max and denominator, no value row.
 // softcap > 0: logits x -> softcap * tanh(x / softcap) before the mask (0: off).
-// Read-only on q, k, v; no workspace.
+// splits (1..prefill::kMaxSplits): split-KV, each CTA's key tiles cut into that many ranges whose
+// partials combine.cuh merges (Python passes kernels/prefill/plan.h's choice or an override); > 1
+// only with the head size's default schedule (TilingFor(D).schedule: the split kernels');
+// workspace f32 (a result, discarded): plan.h WorkspaceElems elements at least when splits > 1.
+// Read-only on q, k, v.
 #include <cstdint>
 #include <string>
 
@@ -19,6 +23,7 @@
 #include "common/device.h"
 #include "common/variant.h"
 #include "kernels/prefill/params.h"
+#include "kernels/prefill/plan.h"
 #include "kernels/prefill/prefill.h"
 
 // Host side: shapes and the variant into PrefillParams; the launch for the dtype and head size.
@@ -28,7 +33,7 @@ namespace joa::prefill {
 // lengths are the caller's). Returns an error message or "".
 inline std::string Configure(PrefillParams& p, int64_t batch, int64_t q_heads, int64_t q_rows, int64_t head_dim,
                              int64_t kv_heads, int64_t kv_rows, float scale, float softcap, bool causal,
-                             int64_t left, int64_t right) {
+                             int64_t left, int64_t right, int64_t splits) {
   bool supported = false;
   for (int d : kHeadDims) supported = supported || d == head_dim;
   if (!supported) {
@@ -42,9 +47,14 @@ inline std::string Configure(PrefillParams& p, int64_t batch, int64_t q_heads, i
   if (batch * q_heads * q_rows >= kMaxRows || batch * kv_heads * kv_rows + kMaxBlockN >= kMaxRows) {
     return "more than 2^31 query or key rows";
   }
+  if (splits < 1 || splits > kMaxSplits) {
+    return "splits must be 1.." + std::to_string(kMaxSplits) + ", got " + std::to_string(splits);
+  }
   const int64_t rows = (q_heads / kv_heads) * q_rows;
   // kBlockM: the smallest CTA tile (kTuneM192's 192 rows make fewer CTAs).
-  if (batch * kv_heads * ((rows + kBlockM - 1) / kBlockM) > int64_t(0x7fffffff)) return "too many query rows for the grid";
+  if (batch * kv_heads * ((rows + kBlockM - 1) / kBlockM) * splits > int64_t(0x7fffffff)) {
+    return "too many query rows for the grid";
+  }
   p.batch = int(batch);
   p.q_heads = int(q_heads);
   p.kv_heads = int(kv_heads);
@@ -54,6 +64,21 @@ inline std::string Configure(PrefillParams& p, int64_t batch, int64_t q_heads, i
   p.group = int(q_heads / kv_heads);
   p.rows = int(rows);
   p.variant = MakeVariant(VariantAttrs{scale, softcap > 0.f ? softcap : 0.f, causal, left, right, 0});
+  p.splits = int(splits);
+  p.part_o = p.part_lse = nullptr;
+  return "";
+}
+
+// Points the split partials at the workspace (checking its size against plan.h's layout).
+inline std::string SetWorkspace(PrefillParams& p, float* workspace, int64_t workspace_elems) {
+  const int64_t need = WorkspaceElems(p.batch, p.kv_heads, p.splits, p.rows, p.head_dim);
+  if (workspace_elems < need) {
+    return "workspace has " + std::to_string(workspace_elems) + " f32 elements, needs " + std::to_string(need);
+  }
+  if (p.splits > 1) {
+    p.part_o = workspace;
+    p.part_lse = workspace + int64_t(p.batch) * p.kv_heads * p.splits * p.rows * p.head_dim;
+  }
   return "";
 }
 
@@ -92,10 +117,12 @@ namespace joa {
 namespace {
 
 using F32Buffer = ffi::Buffer<ffi::F32>;
+using F32Result = ffi::Result<ffi::Buffer<ffi::F32>>;
 
 ffi::Error PrefillAttentionImpl(cudaStream_t stream, AnyBuffer q, AnyBuffer k, AnyBuffer v, Int32Buffer q_len,
-                                Int32Buffer kv_len, F32Buffer sink, AnyResult y, float scale, float softcap,
-                                bool causal, int64_t left, int64_t right, bool has_sink, int64_t schedule) {
+                                Int32Buffer kv_len, F32Buffer sink, AnyResult y, F32Result workspace, float scale,
+                                float softcap, bool causal, int64_t left, int64_t right, bool has_sink,
+                                int64_t schedule, int64_t splits) {
   constexpr const char* kOp = "prefill_attention";
   auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
   if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4) {
@@ -126,8 +153,14 @@ ffi::Error PrefillAttentionImpl(cudaStream_t stream, AnyBuffer q, AnyBuffer k, A
   }
   prefill::PrefillParams p{};
   std::string err =
-      prefill::Configure(p, qd[0], qd[1], qd[2], qd[3], kd[1], kd[2], scale, softcap, causal, left, right);
+      prefill::Configure(p, qd[0], qd[1], qd[2], qd[3], kd[1], kd[2], scale, softcap, causal, left, right, splits);
   if (err.empty() && has_sink) err = SetSink(p.variant, sink, qd[1]);
+  if (err.empty() && splits > 1 && schedule != prefill::TilingFor(int(qd[3])).schedule) {
+    err = std::string("split-KV (splits > 1) runs the head size's default schedule ") +
+          prefill::kScheduleNames[prefill::TilingFor(int(qd[3])).schedule] + ", got " +
+          prefill::kScheduleNames[schedule];
+  }
+  if (err.empty()) err = prefill::SetWorkspace(p, workspace->typed_data(), int64_t(workspace->element_count()));
   if (!err.empty()) return InvalidArgument(std::string(kOp) + ": " + err);
   p.y = y->untyped_data();
   p.q_len = q_len.typed_data();
@@ -149,11 +182,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JoaPrefillAttention, joa::PrefillAttentionImpl,
                                   .Arg<joa::Int32Buffer>()  // kv_len
                                   .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // sink (or placeholder)
                                   .Ret<joa::AnyBuffer>()    // y
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // workspace
                                   .Attr<float>("scale")
                                   .Attr<float>("softcap")
                                   .Attr<bool>("causal")
                                   .Attr<int64_t>("left")
                                   .Attr<int64_t>("right")
                                   .Attr<bool>("has_sink")
-                                  .Attr<int64_t>("schedule"),
+                                  .Attr<int64_t>("schedule")
+                                  .Attr<int64_t>("splits"),
                               JOA_COMMAND_BUFFER_SAFE);

@@ -71,6 +71,8 @@ _LIMITS = {
     "PREFILL_TILING": lambda lim: {int(d): dict(t) for d, t in lim["prefill"]["tiling"].items()},
     # The prefill engine's consumer schedules, indexed by its Schedule value.
     "PREFILL_SCHEDULES": lambda lim: tuple(lim["prefill"]["schedules"]),
+    # Most split-KV splits of one prefill call (ffi/kernels/prefill/plan.h kMaxSplits).
+    "PREFILL_MAX_SPLITS": lambda lim: lim["prefill"]["max_splits"],
 }
 
 
@@ -472,9 +474,32 @@ def _general_attention(q, k, v, kv_len, bias, *, scale, softcap, causal, left, r
 # GQA first prompts route here (ops/decode_paths.py `gqa_prefill_engine_route`; docs/kernels.md).
 
 
+def prefill_plan(batch: int, q_heads: int, kv_heads: int, q_rows: int, kv_rows: int, head_dim: int,
+                 causal: bool = True, left: int = -1, right: int = -1,
+                 splits: int | None = None) -> dict:
+    """The prefill engine's split-KV plan for a call (ffi/kernels/prefill/plan.h, through
+    `_ffi.prefill_plan`): a pure function of static shapes, so one call shape always gets the same
+    bits.
+
+    Returns {splits, ctas, tiles, workspace_elems}: the splits of each (batch row, KV head, M block)
+    CTA's key tiles, the CTAs before splitting, the key tiles the planner splits, and the f32
+    elements of the workspace result. splits overrides the planner (None: it chooses).
+    """
+    return _prefill_plan(int(batch), int(q_heads), int(kv_heads), int(q_rows), int(kv_rows),
+                         int(head_dim), bool(causal), int(left), int(right), int(splits or 0))
+
+
+@functools.cache
+def _prefill_plan(batch, q_heads, kv_heads, q_rows, kv_rows, head_dim, causal, left, right,
+                  splits) -> dict:
+    return _extension.prefill_plan(batch=batch, q_heads=q_heads, kv_heads=kv_heads, q_rows=q_rows,
+                                   kv_rows=kv_rows, head_dim=head_dim, causal=causal, left=left,
+                                   right=right, splits=splits)
+
+
 def prefill_attention(q, k, v, q_len, kv_len, sink=None, *, scale: float, causal: bool,
                       softcap: float = 0.0, left: int = -1, right: int = -1,
-                      schedule: str | None = None):
+                      schedule: str | None = None, splits: int | None = None):
     """q [B, Hq, S, D], k / v [B, Hkv, T, D] (float16 or bfloat16, one dtype; D in
     PREFILL_HEAD_DIMS; one whose PREFILL_TILING "padded" width is larger runs in those wider tiles,
     zero-filled past D; Hq a multiple of Hkv), q_len / kv_len integer [B] -> [B, Hq, S, D].
@@ -505,13 +530,22 @@ def prefill_attention(q, k, v, q_len, kv_len, sink=None, *, scale: float, causal
     "pingpong-fold-lazy-m192" / "-m192-s4" (192-row CTAs, three consumer warpgroups:
     "pingpong-fold-lazy"'s bits). Fold and lazy
     are compiled for D 64 and 128, each tiling for its head size, without sinks / softcap and with
-    scale > 0; a tuned name runs plain "pingpong" anywhere else. Raises
-    TypeError / ValueError "prefill_attention: <input>: <rule>" at trace time.
+    scale > 0; a tuned name runs plain "pingpong" anywhere else. splits: split-KV, each CTA's key
+    tiles cut into that many ranges whose partial results a combine kernel merges in a fixed order
+    (1.. PREFILL_MAX_SPLITS; None: `prefill_plan`'s choice for the call's static shapes when no
+    schedule is named, more than 1 only where the (batch row, KV head, row block) CTAs leave SMs
+    idle: few-query calls; with a named schedule 1; splits=1 is the engine without split-KV, its
+    bits). More than 1 runs the head size's default schedule only (the split kernels are compiled
+    for it). The bits depend on the splits, so on the shapes the plan sees; a vmapped call keeps
+    each example's plan. Raises TypeError / ValueError "prefill_attention: <input>: <rule>" at trace
+    time.
     """
     _check_prefill(q, k, v, q_len, kv_len)
     schedules = __getattr__("PREFILL_SCHEDULES")
+    default = __getattr__("PREFILL_TILING")[q.shape[3]]["schedule"]
+    named = schedule is not None
     if schedule is None:
-        schedule = __getattr__("PREFILL_TILING")[q.shape[3]]["schedule"]
+        schedule = default
     if schedule not in schedules:
         raise ValueError(f"prefill_attention: schedule: must be one of {schedules}, got {schedule!r}")
     for name, w in (("left", left), ("right", right)):
@@ -519,12 +553,35 @@ def prefill_attention(q, k, v, q_len, kv_len, sink=None, *, scale: float, causal
             raise ValueError(f"prefill_attention: {name}: must be -1 (unbounded) or >= 0, got {w}")
     if sink is not None and tuple(jnp.shape(sink)) != (q.shape[1],):
         raise ValueError(f"prefill_attention: sink: must be [Hq={q.shape[1]}], got {jnp.shape(sink)}")
+    if splits is not None:
+        most = __getattr__("PREFILL_MAX_SPLITS")
+        if isinstance(splits, bool) or not isinstance(splits, (int, np.integer)) or not 1 <= splits <= most:
+            raise ValueError(f"prefill_attention: splits: must be None (the plan) or an integer in "
+                             f"1..{most}, got {splits!r}")
+        if splits > 1 and schedule != default:
+            raise ValueError(f"prefill_attention: splits: split-KV runs the head size's default schedule "
+                             f"{default!r} only (its kernels are compiled for it), got schedule={schedule!r}")
+    elif named:
+        # A named schedule pins the engine as it runs unsplit (A/B runs of schedules compare like
+        # with like; split kernels exist for the default schedule only): no plan.
+        splits = 1
     static = dict(scale=float(scale), causal=bool(causal), softcap=float(max(softcap, 0.0)),
-                  left=int(left), right=int(right), schedule=schedule)
+                  left=int(left), right=int(right), schedule=schedule,
+                  splits=None if splits is None else int(splits))
     return partitioning.PREFILL_ATTENTION.apply(
         _prefill_attention, (q, k, v, jnp.asarray(q_len).astype(jnp.int32),
                              jnp.asarray(kv_len).astype(jnp.int32),
-                             None if sink is None else jnp.asarray(sink).astype(jnp.float32)), static)
+                             None if sink is None else jnp.asarray(sink).astype(jnp.float32)), static,
+        pin=_per_example_prefill_plan)
+
+
+def _per_example_prefill_plan(static, axis_size, q, k, *rest) -> dict:
+    """The splits of one example's call, kept by a call over folded examples (vmap): the same
+    splits, so the same bits, as the per-example loop."""
+    b, hq, s, d = q.shape
+    plan = prefill_plan(b, hq, k.shape[1], s, k.shape[2], d, static["causal"], static["left"],
+                        static["right"], static["splits"])
+    return dict(splits=plan["splits"])
 
 
 def _check_prefill(q, k, v, q_len, kv_len) -> None:
@@ -557,10 +614,18 @@ def _check_prefill(q, k, v, q_len, kv_len) -> None:
 
 
 def _prefill_attention(q, k, v, q_len, kv_len, sink=None, *, scale, causal, softcap, left, right,
-                       schedule):
-    call = jax.ffi.ffi_call(target("prefill_attention"), jax.ShapeDtypeStruct(q.shape, q.dtype))
+                       schedule, splits=None):
+    b, hq, s, d = q.shape
+    plan = prefill_plan(b, hq, k.shape[1], s, k.shape[2], d, causal, left, right, splits)
+    # The split partials' f32 workspace: a second result, discarded (XLA allocates it, so the
+    # handler allocates nothing and stays capturable in a command buffer).
+    call = jax.ffi.ffi_call(target("prefill_attention"),
+                            (jax.ShapeDtypeStruct(q.shape, q.dtype),
+                             jax.ShapeDtypeStruct((plan["workspace_elems"],), jnp.float32)))
     placeholder = jnp.zeros((1,), jnp.float32)
-    return call(q, k, v, q_len, kv_len, placeholder if sink is None else sink,
+    y, _ = call(q, k, v, q_len, kv_len, placeholder if sink is None else sink,
                 scale=np.float32(scale), softcap=np.float32(softcap), causal=bool(causal),
                 left=int(left), right=int(right),
-                has_sink=sink is not None, schedule=__getattr__("PREFILL_SCHEDULES").index(schedule))
+                has_sink=sink is not None, schedule=__getattr__("PREFILL_SCHEDULES").index(schedule),
+                splits=int(plan["splits"]))
+    return y

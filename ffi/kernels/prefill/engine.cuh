@@ -14,6 +14,10 @@
 //     MN-major in shared memory), f32 O.
 //   - the epilogue divides by the row sum, stages O in shared memory (the warpgroup's Q rows)
 //     and writes the valid rows with 16-byte stores.
+//   - split-KV (kSplit kernels, p.splits > 1, plan.h): the CTA visits only its split's share of
+//     those key tiles and writes an f32 partial O and its log-sum-exp to the workspace
+//     (SplitEpilogue); combine.cuh merges the splits into y in a fixed order. A template
+//     parameter, so the kernels without it are unchanged.
 // No float atomics and no cross-CTA reduction: the bits depend on the static shapes only.
 //
 // Keys at or past kv_len may hold anything (NaN included): their logits are masked to -inf by a
@@ -52,17 +56,19 @@ template <class V>
 inline constexpr bool kPlainScore = std::is_same_v<V, MaskVariant> || std::is_same_v<V, WithSink<MaskVariant>>;
 
 // What one CTA does: its packed rows [r0, r0 + block_m) of the M rows of its (b, kvh), the valid
-// lengths of its batch row, and the key tiles [n_begin, n_end) it visits; tiles inside
-// [full_lo, full_hi) need no per-element mask.
+// lengths of its batch row, and the key tiles [n_begin, n_end) it visits (its split's share of the
+// tiles its rows see); tiles inside [full_lo, full_hi) need no per-element mask.
 struct CtaWork {
   int r0, q_len, kv_len, shift;  // shift: position of query row i is shift + i
   int n_begin, n_end, full_lo, full_hi;
+  int split;  // its key range of p.splits (0 without split-KV)
 };
 
-template <int kBlockM, int kBlockN, class Variant>
-__device__ __forceinline__ CtaWork PlanCta(const PrefillParams& p, const Variant& var, int m_block, int q_len,
-                                           int kv_len) {
+template <int kBlockM, int kBlockN, bool kSplit, class Variant>
+__device__ __forceinline__ CtaWork PlanCta(const PrefillParams& p, const Variant& var, int m_block, int split,
+                                           int q_len, int kv_len) {
   CtaWork w;
+  w.split = split;
   const int s = p.q_rows;
   w.r0 = m_block * kBlockM;
   w.q_len = q_len;
@@ -86,6 +92,15 @@ __device__ __forceinline__ CtaWork PlanCta(const PrefillParams& p, const Variant
       w.full_lo = k.full_lo;
       w.full_hi = k.full_hi;
     }
+  }
+  if constexpr (kSplit) {
+    // Split-KV: whole tiles, split s takes [n_begin + s * per, + per) of the visible range (FA3's
+    // cut); the last splits may get fewer or none (an empty split writes lse = -inf). The masks are
+    // absolute key positions (full_lo / full_hi, the rows' spans), so they hold in any split.
+    const int per = (w.n_end - w.n_begin + p.splits - 1) / p.splits;
+    const int lo = min(w.n_begin + split * per, w.n_end);
+    w.n_end = min(lo + per, w.n_end);
+    w.n_begin = lo;
   }
   return w;
 }
@@ -331,6 +346,44 @@ struct ConsumerSteps {
   }
 };
 
+// The epilogue of a split (p.splits > 1): this thread's two rows' normalised f32 partial O (O / l)
+// and log2-sum-exp (m + log2 l, log2 domain: combine.cuh weighs splits by exp2(lse - max)) go to the
+// workspace, straight from the accumulator layout (a quad writes 32 contiguous bytes of a row, whole
+// sectors). Rows past q_len and rows this split saw no key of write lse = -inf and no O (the
+// combine never reads a partial of weight 0); a NaN max or sum stays NaN in lse and poisons the row
+// in the combine. No sink here: the combine adds it once. Rows past this KV head's M belong to
+// another (b, kvh) and are left alone.
+template <class Step, int kD>
+__device__ __forceinline__ void SplitEpilogue(const float (&o)[Step::kO], const float (&m)[2], float (&l)[2],
+                                              const int (&r)[2], const CtaWork& w, int bh, float scale_log2,
+                                              const PrefillParams& p) {
+  const int quad = threadIdx.x % 4;
+  const int64_t part_row0 = (int64_t(bh) * p.splits + w.split) * p.rows;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    if (r[h] >= p.rows) continue;
+    const bool live = r[h] % p.q_rows < w.q_len;
+    // kTuneFold keeps m raw: to the log2 domain here (-inf and NaN stay so).
+    const float m_log2 = Step::kFold ? __fmul_rn(m[h], scale_log2) : m[h];
+    const float lse = !live || l[h] == 0.f ? -INFINITY : m_log2 + log2f(l[h]);
+    if (quad == 0) p.part_lse[part_row0 + r[h]] = lse;
+    if (lse == -INFINITY) continue;
+    const float inv = 1.f / l[h];
+    float* dst = p.part_o + (part_row0 + r[h]) * kD + 2 * quad;
+#pragma unroll
+    for (int c = 0; c < Step::kChunks; ++c) {
+#pragma unroll
+      for (int n8 = 0; n8 < 8; ++n8) {
+        if (c * 64 + n8 * 8 >= kD) continue;  // a padded tile's columns past kD
+        const int e = 32 * c + n8 * 4 + 2 * h;
+        *reinterpret_cast<float2*>(dst + c * 64 + n8 * 8) = make_float2(o[e] * inv, o[e + 1] * inv);
+      }
+    }
+  }
+}
+
 // Ping-pong turns, round robin over the kConsumers warpgroups: consumer wg issues its tensor-core
 // work between TakeTurn and PassTurn; barrier kTurnBarrier + wg completes when wg syncs on it (128
 // threads) and the warpgroup before it arrives (128).
@@ -355,7 +408,7 @@ __device__ __forceinline__ void PassTurn(int wg) {
 // issues n_tiles + 1 times (prologue, n_tiles - 1 loop steps, epilogue), warpgroup 0 first, then
 // round robin; the last warpgroup passes the first turn (to warpgroup 0) at the start and no turn
 // after its last issue, so every barrier phase sees 128 syncs and 128 arrivals.
-template <typename T, int kD, class Variant, Schedule kSchedule, int kTune = kTuneNone>
+template <typename T, int kD, class Variant, Schedule kSchedule, int kTune = kTuneNone, bool kSplit = false>
 __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const CtaWork& w, const Variant& var,
                                         int wg, int bh, const PrefillParams& p) {
   using L = Smem<kD, kTune>;
@@ -470,6 +523,11 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
     }
   }
 
+  if constexpr (kSplit) {  // the split kernels' epilogue, then done
+    SplitEpilogue<Step, kD>(o, m, l, r, w, bh, scale_log2, p);
+    return;
+  }
+
   // Epilogue: O / rowsum, zeros for rows past q_len (and rows that saw no key: l = 0, O = 0; with a
   // sink too: the sink has no value row),
   // staged through this warpgroup's Q rows (free: all its wgmma groups are waited for) in the
@@ -525,7 +583,25 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
   }
 }
 
-template <typename T, int kD, class Variant, Schedule kSchedule, int kTune = kTuneNone>
+// The CTA's (b * Hkv + kvh, M block, split) from its linear index (see PrefillKernel).
+struct CtaIndex {
+  int bh, m_block, split;
+};
+template <bool kSplit>
+__device__ __forceinline__ CtaIndex IndexCta(const PrefillParams& p) {
+  if constexpr (kSplit) {  // the splits of an M block next to each other
+    const int per_head = p.m_blocks * p.splits;
+    const int in_head = int(blockIdx.x % per_head);
+    return {int(blockIdx.x / per_head), p.m_blocks - 1 - in_head / p.splits, in_head % p.splits};
+  } else {
+    return {int(blockIdx.x / p.m_blocks), p.m_blocks - 1 - int(blockIdx.x % p.m_blocks), 0};
+  }
+}
+
+// kSplit: the split-KV kernel (p.splits > 1 CTAs per M block, SplitEpilogue; launch.cu runs it for
+// the head size's default schedule only); without it the kernel is the one before split-KV,
+// instruction for instruction.
+template <typename T, int kD, class Variant, Schedule kSchedule, int kTune = kTuneNone, bool kSplit = false>
 __global__ void __launch_bounds__(Smem<kD, kTune>::kThreads, 1)
     PrefillKernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                   const __grid_constant__ CUtensorMap v_map, const PrefillParams p) {
@@ -539,14 +615,15 @@ __global__ void __launch_bounds__(Smem<kD, kTune>::kThreads, 1)
   // One linear grid, the M blocks of one (b, kvh) consecutive (FA3's order): the CTAs resident at
   // once share a few K / V heads, which stay in L2, instead of streaming one head each (B * Hkv
   // heads at once: 64 MB of K / V per wave at B * S = 16k, more than L2). Within a head the longest
-  // causal rows first.
-  const int bh = blockIdx.x / p.m_blocks;                         // b * Hkv + kvh
-  const int m_block = p.m_blocks - 1 - int(blockIdx.x % p.m_blocks);
+  // causal rows first; split-KV kernels put the splits of an M block next to each other.
+  const CtaIndex idx = IndexCta<kSplit>(p);
+  const int bh = idx.bh;  // b * Hkv + kvh
+  const int m_block = idx.m_block;
   const int b = bh / p.kv_heads;
   const int q_len = min(max(p.q_len[b], 0), p.q_rows);
   const int kv_len = min(max(p.kv_len[b], 0), p.kv_rows);
   const Variant var(p.variant, kv_len);
-  const CtaWork w = PlanCta<L::kBlockM, L::kBlockN>(p, var, m_block, q_len, kv_len);
+  const CtaWork w = PlanCta<L::kBlockM, L::kBlockN, kSplit>(p, var, m_block, idx.split, q_len, kv_len);
 
   if (threadIdx.x == 0) {
     sm90::MbarInit(base + L::QFull(), 1);
@@ -567,7 +644,7 @@ __global__ void __launch_bounds__(Smem<kD, kTune>::kThreads, 1)
     if (threadIdx.x == 0 && w.n_end > w.n_begin) Produce<T, kD, Variant, kTune>(q_map, k_map, v_map, base, w, bh, p);
   } else {
     sm90::RegAlloc<L::kConsumerRegisters>();
-    Consume<T, kD, Variant, kSchedule, kTune>(base, base_ptr, w, var, wg - 1, bh, p);
+    Consume<T, kD, Variant, kSchedule, kTune, kSplit>(base, base_ptr, w, var, wg - 1, bh, p);
   }
 #else
   // Built for a GPU without wgmma / TMA: the handler refuses to launch there.

@@ -3,11 +3,14 @@
 // size 64 / 80 / 96 / 128 / 256 (kHeadDims) x the three consumer schedules x the mask variant
 // (causal or not, windows, scale) or the softcap one, each with or without sinks; and the tuned
 // pingpong kernels (params.h kScheduleSpecs) with the mask variant at D 64 and 128 (TuneCompiled).
+// Split-KV (p.splits > 1, plan.h): the kSplit kernels of each head size's default schedule
+// (PickSplitKernel), then combine.cuh's kernel.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
 #include <type_traits>
 
+#include "kernels/prefill/combine.cuh"
 #include "kernels/prefill/engine.cuh"
 #include "kernels/prefill/prefill.h"
 
@@ -73,6 +76,23 @@ auto PickTunedKernel(int tune) {
   }
 }
 
+// The split-KV kernel (engine.cuh kSplit) of a variant: compiled for the head size's default
+// schedule only (TilingFor(kD).schedule, what calls that name no schedule run; the handler refuses
+// splits > 1 with another), with its tune where the unsplit launch would run it (the mask variant,
+// and scale > 0 under kTuneFold), else its base schedule. *tune: the tune of the kernel returned.
+template <typename T, int kD>
+auto PickSplitKernel(bool sink, bool cap, float scale, int* tune) {
+  constexpr ScheduleSpec kDefault = kScheduleSpecs[TilingFor(kD).schedule];
+  constexpr Schedule kBase = kDefault.base;
+  const bool tuned = !sink && !cap && (!(kDefault.tune & kTuneFold) || scale > 0.f);
+  *tune = tuned ? kDefault.tune : kTuneNone;
+  return cap ? (sink ? PrefillKernel<T, kD, WithSink<CapVariant>, kBase, kTuneNone, true>
+                     : PrefillKernel<T, kD, CapVariant, kBase, kTuneNone, true>)
+         : sink ? PrefillKernel<T, kD, WithSink<MaskVariant>, kBase, kTuneNone, true>
+         : tuned ? PrefillKernel<T, kD, MaskVariant, kBase, kDefault.tune, true>
+                 : PrefillKernel<T, kD, MaskVariant, kBase, kTuneNone, true>;
+}
+
 }  // namespace
 
 template <typename T, int kD>
@@ -85,8 +105,12 @@ cudaError_t Launch(PrefillParams p, const void* q, const void* k, const void* v,
   // (TuneCompiled, MaskVariant) and, folding the scale, with scale > 0; anywhere else the base
   // schedule's kernel.
   const bool sink = p.variant.sink != nullptr, cap = p.variant.softcap > 0.f;
-  auto* tuned = sink || cap || !(p.variant.scale > 0.f) ? nullptr : PickTunedKernel<T, kD>(spec.tune);
-  const int tune = tuned != nullptr ? spec.tune : kTuneNone;
+  const bool split = p.splits > 1;
+  if (split && ScheduleIndex(spec.base, spec.tune) != TilingFor(kD).schedule) return cudaErrorInvalidValue;
+  int split_tune = kTuneNone;
+  auto* split_kernel = split ? PickSplitKernel<T, kD>(sink, cap, p.variant.scale, &split_tune) : nullptr;
+  auto* tuned = split || sink || cap || !(p.variant.scale > 0.f) ? nullptr : PickTunedKernel<T, kD>(spec.tune);
+  const int tune = split ? split_tune : tuned != nullptr ? spec.tune : kTuneNone;
   const Tiling kTiling = TunedTiling(kD, tune);
   p.m_blocks = (p.rows + kTiling.block_m - 1) / kTiling.block_m;
   CUtensorMap q_map, k_map, v_map;
@@ -99,7 +123,8 @@ cudaError_t Launch(PrefillParams p, const void* q, const void* k, const void* v,
     k_map = v_map = q_map;  // no keys: never read
   }
   if (err != cudaSuccess) return err;
-  auto* kernel = tuned != nullptr ? tuned
+  auto* kernel = split_kernel != nullptr ? split_kernel
+                 : tuned != nullptr ? tuned
                  : cap           ? (sink ? PickKernel<T, kD, WithSink<CapVariant>>(schedule)
                                          : PickKernel<T, kD, CapVariant>(schedule))
                                  : (sink ? PickKernel<T, kD, WithSink<MaskVariant>>(schedule)
@@ -108,9 +133,26 @@ cudaError_t Launch(PrefillParams p, const void* q, const void* k, const void* v,
   // A function attribute, not stream work: allowed while XLA captures the stream.
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   if (err != cudaSuccess) return err;
-  const dim3 grid(unsigned(p.batch * p.kv_heads * p.m_blocks));  // < 2^31: the handler checks
+  const dim3 grid(unsigned(p.batch * p.kv_heads * p.m_blocks * p.splits));  // < 2^31: the handler checks
   kernel<<<grid, Threads(kTiling), smem, stream>>>(q_map, k_map, v_map, p);
-  return cudaGetLastError();
+  err = cudaGetLastError();
+  if (err != cudaSuccess || p.splits == 1) return err;
+
+  // The combine, in the same stream, as a programmatic dependent launch (the decode combine's way):
+  // it may be scheduled while the split kernel's last CTAs run and waits (griddepcontrol.wait) for
+  // its partials. A launch attribute, no host sync: capturable into XLA's command buffers.
+  const int64_t rows = int64_t(p.batch) * p.kv_heads * p.rows;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned((rows + kCombineWarps - 1) / kCombineWarps));
+  cfg.blockDim = dim3(32 * kCombineWarps);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, PrefillCombineKernel<T, kD>, p);
 }
 
 #define JOA_PREFILL_INSTANTIATE(T, D) \

@@ -31,6 +31,13 @@ struct PrefillParams {
   // it), softcap (> 0: the CapVariant kernels) and sink (f32 [Hq] or null: engine.cuh's WithSink
   // kernels). pos_shift and bias are unused here.
   VariantParams variant;
+  // Split-KV (plan.h): each (b, kvh, m-block)'s key tiles cut into `splits` fixed ranges, one CTA
+  // each. 1: the CTA writes y as it always did. > 1: it writes its rows' normalised f32 partial O
+  // and log2-sum-exp into part_o [B, Hkv, splits, M, D] / part_lse [B, Hkv, splits, M] (the
+  // workspace), and combine.cuh merges them into y.
+  int splits;
+  float* part_o;
+  float* part_lse;
 };
 
 // CTA tile: kBlockM packed query rows (two consumer warpgroups of 64) x a head size's key tile
