@@ -7,17 +7,15 @@ import pytest
 from jax_onnx_attn.ops import cuda
 
 
-def test_rule_by_packed_rows_and_ctas(monkeypatch):
+def test_rule_by_packed_rows(monkeypatch):
     monkeypatch.delenv(cuda.DECODE_ENGINE_ENV, raising=False)
     rows = cuda.FEW_QUERY_MIN_ROWS
     assert cuda.decode_engine(8, 32, 8, rows // 4, 32768, 128) == "prefill"
     assert cuda.decode_engine(8, 32, 8, rows // 4 - 1, 32768, 128) == "decode"
     assert cuda.decode_engine(1, 32, 8, 1, 4096, 128) == "decode"
-    assert cuda.decode_engine(1, 32, 8, 32, 32768, 128) == "decode"    # 8 CTAs
-    assert cuda.decode_engine(32, 32, 8, 16, 4096, 128) == "prefill"
-    assert cuda.decode_engine(8, 32, 8, 16, 32768, 64) == "decode"     # d64: 64 CTAs of 64 rows
-    assert cuda.decode_engine(8, 32, 8, 32, 32768, 64) == "prefill"    # a whole 128-row tile
-    assert cuda.decode_engine(32, 32, 8, 16, 32768, 64) == "prefill"
+    assert cuda.decode_engine(1, 32, 8, 16, 32768, 128) == "prefill"   # split-KV fills the GPU
+    assert cuda.decode_engine(8, 32, 8, 16, 32768, 64) == "prefill"
+    assert cuda.decode_engine(32, 64, 8, 4, 4096, 128) == "decode"     # 32 rows
 
 
 def test_switch_forces_and_checks(monkeypatch):

@@ -229,35 +229,25 @@ DECODE_ENGINE_ENV = "JOA_DECODE_ENGINE"
 DECODE_ENGINES = ("decode", "prefill")
 #: The fewest packed rows (Hq / Hkv x S) a step needs for the prefill engine.
 FEW_QUERY_MIN_ROWS = 64
-#: The fewest CTAs (B x Hkv x 128-row tiles) the prefill engine needs to beat the decode engine on a
-#: step: it has no split-KV, so a CTA streams its KV head's whole cache; at d64 a 64-row step needs
-#: twice as many (the decode engine's 64-row layout is cheaper there).
-FEW_QUERY_MIN_CTAS = 64
 
 
 def decode_engine(batch: int, q_heads: int, kv_heads: int, q_len: int, capacity: int,
                   head_dim: int) -> str:
     """Which engine runs a decode step of these static shapes where both cover it: "prefill" when
-    the step has at least FEW_QUERY_MIN_ROWS packed rows and fills at least FEW_QUERY_MIN_CTAS
-    CTAs (twice that at head dim 64 unless the rows fill a whole 128-row tile), else "decode";
-    JOA_DECODE_ENGINE forces one (read at trace time).
+    the step has at least FEW_QUERY_MIN_ROWS packed rows (its split-KV plan fills the GPU at any
+    batch), else "decode"; JOA_DECODE_ENGINE forces one (read at trace time).
 
-    Measured on an H100 (bf16 32/8, bench/results/2026-12-02-d280468-decode-fewquery-h100.json), µs
-    decode / prefill engine: d128 B=8 32k q_len 16 461 / 383, q_len 32 909 / 380; B=32 4k q_len 16
-    235 / 191; B=1 32k q_len 16 85 / 374 (8 CTAs: decode); d64 B=8 32k q_len 16 303 / 351 (decode),
-    q_len 32 642 / 352; q_len 4-8 (16-32 rows) within 0.84-1.6x either way (decode)."""
+    Measured on the H200 (bf16 32/8, µs decode / prefill engine with split-KV;
+    bench/results/2026-12-02-a7544ee-decode-fewquery.json): d128 q_len 16 (64 rows) B=1 4k 28.9 /
+    17.5, B=1 32k 83.8 / 45.2, B=8 32k 472.6 / 282.7; q_len 32 B=8 32k 947.6 / 286.3; d64 q_len 16
+    B=8 32k 309.3 / 189.6; q_len 4 (16 rows) mixed: B=1 4k 14.7 / 16.6, B=8 32k d64 152.3 / 188.2."""
     forced = os.environ.get(DECODE_ENGINE_ENV)
     if forced:
         if forced not in DECODE_ENGINES:
             raise ValueError(f"{DECODE_ENGINE_ENV}={forced!r}: must be one of {DECODE_ENGINES}")
         return forced
-    del capacity
-    rows = (q_heads // kv_heads) * q_len
-    if rows < FEW_QUERY_MIN_ROWS:
-        return "decode"
-    ctas = batch * kv_heads * -(-rows // 128)
-    need = FEW_QUERY_MIN_CTAS * (2 if head_dim <= 64 and rows < 128 else 1)
-    return "prefill" if ctas >= need else "decode"
+    del batch, capacity, head_dim
+    return "prefill" if (q_heads // kv_heads) * q_len >= FEW_QUERY_MIN_ROWS else "decode"
 
 
 def _prefill_engine_refuses(q, bias, kv_bits, pos_shift, split_rows, cluster) -> str | None:

@@ -71,9 +71,8 @@ def test_long_context_bitwise_repeatable():
 
 
 def test_auto_rule_in_the_hlo():
-    """Where `cuda.decode_engine` says prefill (G * S >= FEW_QUERY_MIN_ROWS, B x Hkv >= 64 here) the
-    auto engine lowers to the prefill target, below it to the decode target; a bias keeps the
-    decode engine."""
+    """Where `cuda.decode_engine` says prefill (G * S >= FEW_QUERY_MIN_ROWS) the auto engine lowers to
+    the prefill target, below it to the decode target; a bias keeps the decode engine."""
     def targets(hq, s, bias=None):
         _, q, k, v, lens = decode_cases.dense_inputs(1, 8, hq, 8, s, 128, 512, np.float16)
         f = jax.jit(lambda q, k, v, lens: decode_attention(q, k, v, lens, bias, scale=0.1, backend="cuda"))

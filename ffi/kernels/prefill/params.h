@@ -144,9 +144,12 @@ static_assert(sizeof(kScheduleSpecs) / sizeof(kScheduleSpecs[0]) == kNumSchedule
 //   schedule: the default of calls that name none (cuda.prefill_attention, the routes), an index of
 //            kScheduleSpecs: at 128 pingpong-fold-lazy (H200, bf16 32/8, B·S 16k: causal 4k 576 /
 //            16k 674 TFLOP/s against pingpong's 512 / 590, non-causal 649 / 643 against 559 / 566;
-//            bench/results/2026-12-02-3edaea0-prefill-tuned.json); pingpong at 64 (its tuned
-//            kernels, TunedTiling, are opt-in until measured) and at 80 / 96 (no tuned kernel
-//            there); overlap at 256, FA3's choice (no scheduler barrier at hdim > 128:
+//            bench/results/2026-12-02-3edaea0-prefill-tuned.json); at 64 pingpong-fold-lazy-m192-s4
+//            (192-row CTAs of three consumer warpgroups, 4 K / V stages; H200 bf16 32/8 B·S 16k:
+//            causal 4k 399 TFLOP/s against pingpong's 333, non-causal 4k 512 against 367, cuDNN
+//            411-436 / 459-480; bench/results/2026-12-02-a7544ee-prefill-d64.json; the padded /
+//            block_n / stages fields here stay the plain tiling's, TunedTiling gives the tune's);
+//            pingpong at 80 / 96 (no tuned kernel there); overlap at 256, FA3's choice (no scheduler barrier at hdim > 128:
 //            the MMAs of a 64 x 80 x 256 step pair outlast the softmax, so the turn-taking only adds
 //            waits). Every schedule runs at every size.
 struct Tiling {
@@ -169,7 +172,7 @@ constexpr int ScheduleIndex(Schedule base, int tune) {
 }
 constexpr Tiling TilingFor(int d) {
   constexpr int kPingPong = ScheduleIndex(Schedule::kPingPong, kTuneNone);
-  return d == 64                ? Tiling{64, 128, 2, kPingPong}
+  return d == 64                ? Tiling{64, 128, 2, ScheduleIndex(Schedule::kPingPong, kTuneFold | kTuneLazy | kTuneM192 | kTuneDeepKV)}
          : d == 80 || d == 96  ? Tiling{128, 128, 2, kPingPong}
          : d == 128            ? Tiling{128, 128, 2, ScheduleIndex(Schedule::kPingPong, kTuneFold | kTuneLazy)}
          : d == 256            ? Tiling{256, 80, 2, ScheduleIndex(Schedule::kOverlap, kTuneNone)}

@@ -77,8 +77,9 @@ inline SplitPlan MakeSplitPlan(int64_t batch, int64_t q_heads, int64_t kv_heads,
                                int d, bool causal, int64_t left, int64_t right, int64_t splits) {
   SplitPlan p{};
   const int64_t rows = (q_heads / std::max<int64_t>(kv_heads, 1)) * q_rows;
-  const int64_t block_m = DefaultTiling(d).block_m;
-  p.ctas = batch * kv_heads * ((rows + block_m - 1) / block_m);
+  // In 128-row blocks whatever the default's CTA rows (192 at D 64): a heuristic, and the Python
+  // mirror of the rule (tests/test_prefill_split_plan.py) counts the same.
+  p.ctas = batch * kv_heads * ((rows + kBlockM - 1) / kBlockM);
   p.tiles = std::max<int64_t>(1, VisibleTiles(q_rows, kv_rows, d, causal, left, right));
   if (splits <= 0) {
     splits = 1;
