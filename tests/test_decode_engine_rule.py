@@ -10,22 +10,21 @@ from jax_onnx_attn.ops import cuda
 def test_rule_by_packed_rows(monkeypatch):
     monkeypatch.delenv(cuda.DECODE_ENGINE_ENV, raising=False)
     rows = cuda.FEW_QUERY_MIN_ROWS
-    assert cuda.decode_engine(8, 32, 8, rows // 4, 32768, 128) == "prefill"
-    assert cuda.decode_engine(8, 32, 8, rows // 4 - 1, 32768, 128) == "decode"
-    assert cuda.decode_engine(1, 32, 8, 1, 4096, 128) == "decode"
-    assert cuda.decode_engine(1, 32, 8, 16, 32768, 128) == "prefill"   # split-KV fills the GPU
-    assert cuda.decode_engine(8, 32, 8, 16, 32768, 64) == "prefill"
-    assert cuda.decode_engine(32, 64, 8, 4, 4096, 128) == "decode"     # 32 rows
+    assert cuda.decode_engine(32, 8, rows // 4) == "prefill"
+    assert cuda.decode_engine(32, 8, rows // 4 - 1) == "decode"
+    assert cuda.decode_engine(32, 8, 1) == "decode"
+    assert cuda.decode_engine(8, 8, 64) == "prefill"    # G 1: 64 query rows
+    assert cuda.decode_engine(64, 8, 4) == "decode"     # 32 rows
 
 
 def test_switch_forces_and_checks(monkeypatch):
     monkeypatch.setenv(cuda.DECODE_ENGINE_ENV, "decode")
-    assert cuda.decode_engine(8, 64, 8, 64, 32768, 128) == "decode"
+    assert cuda.decode_engine(64, 8, 64) == "decode"
     monkeypatch.setenv(cuda.DECODE_ENGINE_ENV, "prefill")
-    assert cuda.decode_engine(1, 32, 8, 1, 4096, 128) == "prefill"
+    assert cuda.decode_engine(32, 8, 1) == "prefill"
     monkeypatch.setenv(cuda.DECODE_ENGINE_ENV, "fast")
     with pytest.raises(ValueError, match=cuda.DECODE_ENGINE_ENV):
-        cuda.decode_engine(1, 32, 8, 1, 4096, 128)
+        cuda.decode_engine(32, 8, 1)
 
 
 def test_engine_argument_errors():

@@ -231,8 +231,7 @@ DECODE_ENGINES = ("decode", "prefill")
 FEW_QUERY_MIN_ROWS = 64
 
 
-def decode_engine(batch: int, q_heads: int, kv_heads: int, q_len: int, capacity: int,
-                  head_dim: int) -> str:
+def decode_engine(q_heads: int, kv_heads: int, q_len: int) -> str:
     """Which engine runs a decode step of these static shapes where both cover it: "prefill" when
     the step has at least FEW_QUERY_MIN_ROWS packed rows (its split-KV plan fills the GPU at any
     batch), else "decode"; JOA_DECODE_ENGINE forces one (read at trace time).
@@ -246,7 +245,6 @@ def decode_engine(batch: int, q_heads: int, kv_heads: int, q_len: int, capacity:
         if forced not in DECODE_ENGINES:
             raise ValueError(f"{DECODE_ENGINE_ENV}={forced!r}: must be one of {DECODE_ENGINES}")
         return forced
-    del batch, capacity, head_dim
     return "prefill" if (q_heads // kv_heads) * q_len >= FEW_QUERY_MIN_ROWS else "decode"
 
 
@@ -308,8 +306,7 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=
         why = _prefill_engine_refuses(q, bias, kv_bits, pos_shift, split_rows, cluster)
         if engine == "prefill" and why:
             raise ValueError(f"decode_attention: engine='prefill' does not cover this call: {why}")
-        if why is None and (engine == "prefill" or decode_engine(b, hq, k_cache.shape[1], s,
-                                                                 k_cache.shape[2], q.shape[-1]) == "prefill"):
+        if why is None and (engine == "prefill" or decode_engine(hq, k_cache.shape[1], s) == "prefill"):
             return prefill_attention(q, k_cache, v_cache, jnp.full((b,), s, jnp.int32), kv_len, sink,
                                      scale=scale, causal=causal, softcap=softcap, left=left, right=right)
     quant_regs = decode_quant_regs() if quant_regs is None else bool(quant_regs)

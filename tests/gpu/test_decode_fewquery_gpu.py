@@ -83,4 +83,4 @@ def test_auto_rule_in_the_hlo():
     assert targets(32, rows // 4) == (True, False)
     assert targets(32, max(rows // 8, 1)) == (False, True)
     assert targets(32, rows // 4, bias=np.zeros((1, 1, 1, 512), np.float32)) == (False, True)
-    assert cuda.decode_engine(8, 32, 8, rows // 4, 512, 128) == "prefill"
+    assert cuda.decode_engine(32, 8, rows // 4) == "prefill"
