@@ -46,6 +46,40 @@ def loop_checks(target: str, same_bits_as: str | None = None) -> str:
     """)
 
 
+def prefill_loop(attn_kwargs: str, q_rows: int, kv_rows: int, q_len: tuple, kv_len: tuple) -> str:
+    """A loop script for `assert_captured(..., "prefill_attention", ...)`: 8 prefill calls under
+    jit (each query the previous output; bf16, B 2, 16 / 4 heads, D 128), `cuda.prefill_attention`
+    with `attn_kwargs` (Python source); the replay and the eager loop give the same bits."""
+    return textwrap.dedent(f"""
+        import functools, jax, jax.numpy as jnp, numpy as np
+        from jax_onnx_attn.ops import cuda
+
+        attn = functools.partial(cuda.prefill_attention, {attn_kwargs})
+        def steps(q, k, v, q_len, kv_len):
+            return jax.lax.fori_loop(0, 8, lambda i, q: attn(q, k, v, q_len, kv_len), q)
+
+        rng = np.random.default_rng(0)
+        q = jnp.asarray(rng.standard_normal((2, 16, {q_rows}, 128)), jnp.bfloat16)
+        k = jnp.asarray(rng.standard_normal((2, 4, {kv_rows}, 128)), jnp.bfloat16)
+        v = jnp.asarray(rng.standard_normal((2, 4, {kv_rows}, 128)), jnp.bfloat16)
+        q_len = jnp.array({list(q_len)}, jnp.int32)
+        kv_len = jnp.array({list(kv_len)}, jnp.int32)
+        f = jax.jit(steps)
+        hlo = f.lower(q, k, v, q_len, kv_len).compile().as_text()
+        names = [l.split("=")[0].strip().lstrip("%") for l in hlo.splitlines()
+                 if 'custom_call_target="jax_onnx_attn_prefill_attention"' in l]
+        print("CUSTOM_CALL_NAMES", *names)
+        got = f(q, k, v, q_len, kv_len)
+        got2 = f(q, k, v, q_len, kv_len)  # replay
+        want = q
+        for i in range(8):
+            want = attn(want, k, v, q_len, kv_len)
+        assert np.array_equal(np.asarray(got), np.asarray(got2))
+        assert np.array_equal(np.asarray(got), np.asarray(want)), float(jnp.abs(got - want).max())
+        print("LOOP_OK")
+    """)
+
+
 def assert_captured(script: str, target: str, tmp_path) -> None:
     dump = tmp_path / "xla_dump"
     env = dict(os.environ)

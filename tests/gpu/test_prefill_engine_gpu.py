@@ -17,7 +17,6 @@ Needs an sm_90 GPU (H100 / H200): elsewhere the engine refuses to launch and the
 """
 
 import functools
-import textwrap
 
 import jax
 import ml_dtypes
@@ -376,34 +375,8 @@ def test_bitwise_repeatable_and_batch_invariant_d256(schedule):
 
 # A loop of prefill calls (each query the previous output) under jit: XLA captures the custom call
 # into a command buffer and replays it. Runs in a fresh process so XLA_FLAGS apply.
-_LOOP = textwrap.dedent("""
-    import functools, jax, jax.numpy as jnp, numpy as np
-    from jax_onnx_attn.ops import cuda
+_LOOP = command_buffer.prefill_loop('scale=0.1, causal=True, schedule="pingpong"', 512, 640, (512, 300), (640, 500))
 
-    attn = functools.partial(cuda.prefill_attention, scale=0.1, causal=True, schedule="pingpong")
-    def steps(q, k, v, q_len, kv_len):
-        return jax.lax.fori_loop(0, 8, lambda i, q: attn(q, k, v, q_len, kv_len), q)
-
-    rng = np.random.default_rng(0)
-    q = jnp.asarray(rng.standard_normal((2, 16, 512, 128)), jnp.bfloat16)
-    k = jnp.asarray(rng.standard_normal((2, 4, 640, 128)), jnp.bfloat16)
-    v = jnp.asarray(rng.standard_normal((2, 4, 640, 128)), jnp.bfloat16)
-    q_len = jnp.array([512, 300], jnp.int32)
-    kv_len = jnp.array([640, 500], jnp.int32)
-    f = jax.jit(steps)
-    hlo = f.lower(q, k, v, q_len, kv_len).compile().as_text()
-    names = [l.split("=")[0].strip().lstrip("%") for l in hlo.splitlines()
-             if 'custom_call_target="jax_onnx_attn_prefill_attention"' in l]
-    print("CUSTOM_CALL_NAMES", *names)
-    got = f(q, k, v, q_len, kv_len)
-    got2 = f(q, k, v, q_len, kv_len)  # replay
-    want = q
-    for i in range(8):
-        want = attn(want, k, v, q_len, kv_len)
-    assert np.array_equal(np.asarray(got), np.asarray(got2))
-    assert np.array_equal(np.asarray(got), np.asarray(want)), float(jnp.abs(got - want).max())
-    print("LOOP_OK")
-""")
 
 
 @needs_sm90

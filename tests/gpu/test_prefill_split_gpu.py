@@ -16,7 +16,6 @@ Needs an sm_90 GPU (H100 / H200): elsewhere the engine refuses to launch and the
 """
 
 import functools
-import textwrap
 
 import jax
 import ml_dtypes
@@ -251,34 +250,8 @@ def test_vmap_keeps_the_per_example_plan():
 # A loop of split-KV calls (each query the previous output) under jit: XLA captures the custom call
 # (split kernel + PDL combine) into a command buffer and replays it. A fresh process, so XLA_FLAGS
 # apply.
-_LOOP = textwrap.dedent("""
-    import functools, jax, jax.numpy as jnp, numpy as np
-    from jax_onnx_attn.ops import cuda
+_LOOP = command_buffer.prefill_loop("scale=0.1, causal=True, splits=4", 16, 3000, (16, 9), (3000, 2100))
 
-    attn = functools.partial(cuda.prefill_attention, scale=0.1, causal=True, splits=4)
-    def steps(q, k, v, q_len, kv_len):
-        return jax.lax.fori_loop(0, 8, lambda i, q: attn(q, k, v, q_len, kv_len), q)
-
-    rng = np.random.default_rng(0)
-    q = jnp.asarray(rng.standard_normal((2, 16, 16, 128)), jnp.bfloat16)
-    k = jnp.asarray(rng.standard_normal((2, 4, 3000, 128)), jnp.bfloat16)
-    v = jnp.asarray(rng.standard_normal((2, 4, 3000, 128)), jnp.bfloat16)
-    q_len = jnp.array([16, 9], jnp.int32)
-    kv_len = jnp.array([3000, 2100], jnp.int32)
-    f = jax.jit(steps)
-    hlo = f.lower(q, k, v, q_len, kv_len).compile().as_text()
-    names = [l.split("=")[0].strip().lstrip("%") for l in hlo.splitlines()
-             if 'custom_call_target="jax_onnx_attn_prefill_attention"' in l]
-    print("CUSTOM_CALL_NAMES", *names)
-    got = f(q, k, v, q_len, kv_len)
-    got2 = f(q, k, v, q_len, kv_len)  # replay
-    want = q
-    for i in range(8):
-        want = attn(want, k, v, q_len, kv_len)
-    assert np.array_equal(np.asarray(got), np.asarray(got2))
-    assert np.array_equal(np.asarray(got), np.asarray(want)), float(jnp.abs(got - want).max())
-    print("LOOP_OK")
-""")
 
 
 @needs_sm90
