@@ -1,13 +1,10 @@
-// Merges the split partials of DecodeSplitKernel: for each packed row,
-//   M = max(max_s lse_s, sink), w_s = 2^(lse_s - M), out = sum_s w_s O_s / (sum_s w_s + 2^(sink - M)).
-// One warp per row; splits are summed in index order and the lane sums through a fixed shuffle
-// tree, so the result is bitwise reproducible. Splits that saw no key (lse = -inf) weigh 0 and their
-// (unwritten) partials are skipped. A NaN lse (a split poisoned by a NaN or +inf logit) or a NaN
-// sink makes M, and so the whole row, NaN: never the 0 of a row that saw no key.
+// Merges the split partials of DecodeSplitKernel, one warp per packed row: common/split_merge.cuh's
+// MergeSplitRow (the math, its determinism and NaN rules), the prefill combine's too.
 #pragma once
 
 #include <cstdint>
 
+#include "kernels/common/split_merge.cuh"
 #include "kernels/common/variant.cuh"
 #include "kernels/convert.cuh"
 #include "kernels/decode/params.h"
@@ -33,58 +30,9 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
   const int h = kvh * p.group + R / p.q_len, i = R % p.q_len;
   const int64_t first = bh * p.splits * p.rows + R;  // partial row of split 0; split s at + s * M
 
-  float mx = -INFINITY;
-  for (int s = lane; s < p.splits; s += 32) mx = ptx::MaxNan(mx, p.part_lse[first + int64_t(s) * p.rows]);
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) mx = ptx::MaxNan(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-  const float sink = SinkLog2(p.variant.sink, h);
-  mx = ptx::MaxNan(mx, sink);
-
   T* out = static_cast<T*>(p.out) + b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_s;
-  if (mx == -INFINITY) {  // no visible key in any split and no sink
-    for (int d = lane * 4; d < kD; d += 128) {
-      Vec4<T> y;
-      y.v[0] = y.v[1] = y.v[2] = y.v[3] = T(0.f);
-      *reinterpret_cast<Vec4<T>*>(out + d) = y;
-    }
-    return;
-  }
-  float sum = 0.f;
-  for (int s = lane; s < p.splits; s += 32) {
-    const float w = ptx::Exp2(p.part_lse[first + int64_t(s) * p.rows] - mx);
-    s_w[warp][s] = w;
-    sum += w;
-  }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-  if (sink != -INFINITY) sum += ptx::Exp2(sink - mx);
-  __syncwarp();
-  const float inv = sum == 0.f ? 0.f : 1.f / sum;  // NaN stays NaN
-  // Partials sit in L2 (just written): issue kUnroll independent loads before using any, so a row
-  // costs splits / kUnroll L2 round trips. Accumulation stays in split order.
-  constexpr int kUnroll = 16;
-  for (int d = lane * 4; d < kD; d += 128) {
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int s0 = 0; s0 < p.splits; s0 += kUnroll) {
-      float w[kUnroll];
-      float4 x[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int s = s0 + u;
-        w[u] = s < p.splits ? s_w[warp][s] : 0.f;
-        x[u] = w[u] != 0.f
-                   ? *reinterpret_cast<const float4*>(p.part_o + (first + int64_t(s) * p.rows) * kD + d)
-                   : make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        acc.x += w[u] * x[u].x; acc.y += w[u] * x[u].y; acc.z += w[u] * x[u].z; acc.w += w[u] * x[u].w;
-      }
-    }
-    Vec4<T> y;
-    y.v[0] = T(acc.x * inv); y.v[1] = T(acc.y * inv); y.v[2] = T(acc.z * inv); y.v[3] = T(acc.w * inv);
-    *reinterpret_cast<Vec4<T>*>(out + d) = y;
-  }
+  MergeSplitRow<T, kD, 16>(p.part_o, p.part_lse, first, p.rows, p.splits, SinkLog2(p.variant.sink, h), true,
+                           s_w[warp], lane, out);
 }
 
 }  // namespace joa::decode

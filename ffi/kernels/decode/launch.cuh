@@ -65,18 +65,8 @@ cudaError_t LaunchLayout(DecodeParams p, bool pdl, cudaStream_t stream) {
   err = cudaGetLastError();
   if (err != cudaSuccess || p.splits == 1) return err;
 
-  const int64_t rows = int64_t(p.batch) * p.kv_heads * p.rows;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned((rows + kCombineWarps - 1) / kCombineWarps));
-  cfg.blockDim = dim3(32 * kCombineWarps);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, DecodeCombineKernel<T, kD>, p);
+  return LaunchCombine(DecodeCombineKernel<T, kD>, p, int64_t(p.batch) * p.kv_heads * p.rows, kCombineWarps, pdl,
+                       stream);
 }
 
 template <typename T, int kD, class Variant, class Kv>

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/split_merge.cuh"
 #include "kernels/common/variant.cuh"
 #include "kernels/convert.cuh"
 #include "kernels/prefill/params.h"
@@ -39,51 +40,8 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
   // Packed row R of (b, kvh) is row i of query head h: y [B, Hq, S, D] row bh * M + R.
   T* out = static_cast<T*>(p.y) + (bh * p.rows + R) * kD;
 
-  float mx = -INFINITY, sink = -INFINITY;
-  if (i < q_len) {
-    for (int s = lane; s < p.splits; s += 32) mx = ptx::MaxNan(mx, p.part_lse[first + int64_t(s) * p.rows]);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) mx = ptx::MaxNan(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-    sink = SinkLog2(p.variant.sink, h);
-    mx = ptx::MaxNan(mx, sink);
-  }
-  if (mx == -INFINITY) {  // a row past q_len, or no visible key in any split and no sink
-    for (int d = lane * 4; d < kD; d += 128) StoreVec4(out + d, make_float4(0.f, 0.f, 0.f, 0.f));
-    return;
-  }
-  float sum = 0.f;
-  for (int s = lane; s < p.splits; s += 32) {
-    const float w = ptx::Exp2(p.part_lse[first + int64_t(s) * p.rows] - mx);
-    s_w[warp][s] = w;
-    sum += w;
-  }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-  if (sink != -INFINITY) sum += ptx::Exp2(sink - mx);
-  __syncwarp();
-  const float inv = sum == 0.f ? 0.f : 1.f / sum;  // NaN stays NaN
-  // Partials sit in L2 (just written): kUnroll independent loads before using any, so a row costs
-  // splits / kUnroll L2 round trips. Accumulation stays in split order.
-  constexpr int kUnroll = 8;
-  for (int d = lane * 4; d < kD; d += 128) {
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int s0 = 0; s0 < p.splits; s0 += kUnroll) {
-      float w[kUnroll];
-      float4 x[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int s = s0 + u;
-        w[u] = s < p.splits ? s_w[warp][s] : 0.f;
-        x[u] = w[u] != 0.f ? *reinterpret_cast<const float4*>(p.part_o + (first + int64_t(s) * p.rows) * kD + d)
-                           : make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        acc.x += w[u] * x[u].x; acc.y += w[u] * x[u].y; acc.z += w[u] * x[u].z; acc.w += w[u] * x[u].w;
-      }
-    }
-    StoreVec4(out + d, make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv));
-  }
+  MergeSplitRow<T, kD, 8>(p.part_o, p.part_lse, first, p.rows, p.splits, SinkLog2(p.variant.sink, h), i < q_len,
+                          s_w[warp], lane, out);
 }
 
 }  // namespace joa::prefill

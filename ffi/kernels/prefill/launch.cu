@@ -138,21 +138,9 @@ cudaError_t Launch(PrefillParams p, const void* q, const void* k, const void* v,
   err = cudaGetLastError();
   if (err != cudaSuccess || p.splits == 1) return err;
 
-  // The combine, in the same stream, as a programmatic dependent launch (the decode combine's way):
-  // it may be scheduled while the split kernel's last CTAs run and waits (griddepcontrol.wait) for
-  // its partials. A launch attribute, no host sync: capturable into XLA's command buffers.
-  const int64_t rows = int64_t(p.batch) * p.kv_heads * p.rows;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned((rows + kCombineWarps - 1) / kCombineWarps));
-  cfg.blockDim = dim3(32 * kCombineWarps);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, PrefillCombineKernel<T, kD>, p);
+  // The combine, in the same stream, as a programmatic dependent launch (the decode combine's way).
+  return LaunchCombine(PrefillCombineKernel<T, kD>, p, int64_t(p.batch) * p.kv_heads * p.rows, kCombineWarps,
+                       /*pdl=*/true, stream);
 }
 
 #define JOA_PREFILL_INSTANTIATE(T, D) \
