@@ -180,7 +180,8 @@ def gqa_cuda(config, *, query, key, past_key, query_seqlens, has_bias: bool = Fa
              has_sink: bool = False):
     """(cuda_fn, reason) for `group_query_attention`'s dispatch of `reference.group_query_attention`.
 
-    Covered: a decode / verify step (not a first prompt, no query_seqlens) on a shared fixed-capacity
+    Covered: a decode / verify step (not a first prompt, no query_seqlens; more than MAX_QUERY_ROWS
+    rows, e.g. a later prompt chunk, where the prefill engine takes them) on a shared fixed-capacity
     cache (shared_buffer=True) of the query's dtype or int8 / int4 (per-tensor or per-channel
     scales), packed or separate Q/K/V, rotary, q/k norm, local window, softcap, attention_bias,
     head_sink / smooth softmax.
@@ -209,11 +210,21 @@ def gqa_cuda(config, *, query, key, past_key, query_seqlens, has_bias: bool = Fa
         (c.qk_output != 0, "output_qk comes from the reference only"),
         (c.sliding_window_cache, "a sliding-window cache runs on the reference"),
         (c.local_window_size == 0, "local_window_size 0 (no visible key) runs on the reference"),
-        (s > MAX_QUERY_ROWS, f"more than {MAX_QUERY_ROWS} query rows run on the reference"),
+        (s > MAX_QUERY_ROWS and not _chunk_on_prefill_engine(c, query, has_bias),
+         f"more than {MAX_QUERY_ROWS} query rows on a filled cache run on the reference unless the "
+         "prefill engine takes them (sm_90, a float cache, a head size it has, no attention_bias)"),
         (past_key is not None and s > past_key.shape[2],
          "more query rows than the cache holds run on the reference"),
     )
     return _route(checks, functools.partial(_gqa_decode, config=c))
+
+
+def _chunk_on_prefill_engine(c, query, has_bias: bool) -> bool:
+    """Whether a step of more than MAX_QUERY_ROWS query rows on a filled cache (a later prompt chunk,
+    a long verify) runs on the prefill engine: gqa_prepare appends it, then the engine attends over
+    the cache from each row's position (the decode path with decode_attention(engine="prefill"))."""
+    return (prefill_engine_enabled() and prefill_engine_available() and not c.kv_bits and not has_bias
+            and jnp.dtype(query.dtype) in HALF_DTYPES and c.head_size in cuda.PREFILL_HEAD_DIMS)
 
 
 def _decode_kv_len(seqlens_k, s: int, capacity: int):
@@ -258,8 +269,10 @@ def _gqa_decode(query, key, value, past_key, past_value, seqlens_k, cos_cache, s
     if c.kv_bits:
         # The engine reads the quantised cache dequantised (keyword names to match its wrapper).
         dequant = dict(k_scale=k_scale, v_scale=v_scale, kv_bits=c.kv_bits)
+    # More rows than the decode engine takes: the prefill engine (gqa_cuda checked that it covers them).
+    engine = dict(engine="prefill") if s > MAX_QUERY_ROWS else {}
     y = cuda.decode_attention(q, present_k, present_v, kv_len, bias, sink, scale=c.scale,
-                              softcap=c.softcap, causal=c.causal, left=left, **dequant)
+                              softcap=c.softcap, causal=c.causal, left=left, **engine, **dequant)
     output = y.transpose(0, 2, 1, 3).reshape(b, s, n * c.head_size)
     return output, present_k, present_v, None, status
 

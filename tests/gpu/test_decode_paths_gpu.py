@@ -136,6 +136,24 @@ def test_gqa_decode_quantised_cache(bits, quant_type, s):
         assert diff.max() <= 1 and (diff > 0).mean() < 1e-3, name
 
 
+@pytest.mark.parametrize("s,window_softcap,extra,dtype", [
+    (100, (-1, 0.0), "none", BF16), (260, (-1, 0.0), "sink", F16), (100, (70, 0.0), "norm", BF16),
+    (130, (-1, 30.0), "smooth", F16)])
+def test_gqa_chunk_on_a_filled_cache(s, window_softcap, extra, dtype):
+    """More than MAX_QUERY_ROWS new rows on a filled cache (a later prompt chunk): gqa_prepare appends
+    them, the prefill engine attends from each row's position (rotary, windows, softcap, sinks, q/k
+    norm); the last batch row refused (status set, output 0)."""
+    assert s > decode_paths.MAX_QUERY_ROWS
+    window, softcap = window_softcap
+    inp = _gqa_inputs(s + window, dtype, s=s, cap=512, rotary=1, sink=extra == "sink", norm=extra == "norm")
+    arrays = {k: v for k, v in inp.items() if k != "total_sequence_length"}
+    attrs = dict(num_heads=16, kv_num_heads=4, local_window_size=window, softcap=softcap, do_rotary=1,
+                 smooth_softmax=1 if extra == "smooth" else -1)
+    lowered = _gqa_jit("cuda", total_sequence_length=inp["total_sequence_length"], **attrs).lower(arrays).as_text()
+    assert "jax_onnx_attn_prefill_attention" in lowered and "jax_onnx_attn_decode_attention" not in lowered
+    _gqa_compare(inp, **attrs)
+
+
 def test_gqa_uncovered_calls_fall_back_or_raise():
     inp = _gqa_inputs(2, BF16)
     arrays = {k: v for k, v in inp.items() if k != "total_sequence_length"}
