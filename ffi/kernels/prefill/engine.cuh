@@ -191,6 +191,7 @@ __device__ __forceinline__ void LoadTile(const CUtensorMap& q_map, const CUtenso
   }
 }
 
+// The one-tile kernels' producer: its tile's loads into the single Q buffer and a fresh ring.
 template <typename T, int kD, class Variant, int kTune = kTuneNone>
 __device__ __forceinline__ void Produce(const CUtensorMap& q_map, const CUtensorMap& k_map,
                                         const CUtensorMap& v_map, uint32_t base, const CtaWork& w,
@@ -425,9 +426,11 @@ __device__ __forceinline__ void PassTurn(int wg) {
 // after its last issue, so every barrier phase sees 128 syncs and 128 arrivals.
 // kPersistent (the persistent kernels, one call per tile of the CTA): the tile's Q sits q_off bytes
 // past L::kQ (its Q buffer; the caller waited for it) and its key tiles take the K / V ring from
-// iteration it0 on. Each call leaves the turn barriers as it found them (every phase complete, the
-// next tile starts with the last warpgroup's first pass) and ZeroTail's and the epilogue's
-// per-warpgroup barriers complete within the call.
+// iteration it0 on. The turns run round robin across the CTA's tiles: the last warpgroup passes
+// after its last issue too (to warpgroup 0's first issue of the next tile, so that issues while
+// the others finish their epilogues) and not at the start of a tile; RunPersistent makes the
+// CTA's first pass and takes the last one, so every phase still sees 128 syncs and 128 arrivals.
+// ZeroTail's and the epilogue's per-warpgroup barriers complete within the call.
 template <typename T, int kD, class Variant, Schedule kSchedule, int kTune = kTuneNone, bool kSplit = false,
           bool kPersistent = false>
 __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const CtaWork& w, const Variant& var,
@@ -492,7 +495,9 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
         if (tid == 0) sm90::MbarArrive(base + L::VEmpty(s));  // ... and with V slot s
       }
     } else {
-      if (wg == L::kConsumers - 1) PassTurn<kSchedule, L::kConsumers>(wg);  // warpgroup 0 issues first
+      if constexpr (!kPersistent) {
+        if (wg == L::kConsumers - 1) PassTurn<kSchedule, L::kConsumers>(wg);  // warpgroup 0 issues first
+      }
       // Prologue: S and P of the first tile.
       {
         const int j0 = w.n_begin * kBlockN, s = stage(0);
@@ -535,8 +540,11 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
       TakeTurn<kSchedule, L::kConsumers>(wg);
       sm90::WgmmaFence();
       Step::IssuePV(o, pa, base + L::kV + s * L::kKVTileBytes);
-      // The last warpgroup's last issue passes no turn (written wg == 0 for two: their kernels as before).
-      if (L::kConsumers == 2 ? wg == 0 : wg != L::kConsumers - 1) PassTurn<kSchedule, L::kConsumers>(wg);
+      // The last warpgroup's last issue passes no turn (written wg == 0 for two: their kernels as
+      // before), but in the persistent kernels.
+      if (kPersistent || (L::kConsumers == 2 ? wg == 0 : wg != L::kConsumers - 1)) {
+        PassTurn<kSchedule, L::kConsumers>(wg);
+      }
       sm90::WgmmaWait<0>();
       sm90::FenceOperands(pa);
       sm90::FenceOperands(o);
@@ -661,6 +669,9 @@ struct TilePlan {
 //   - q_empty[b]: kConsumers arrivals, one per consumer warpgroup once its epilogue's global stores
 //     have read the rows it staged in the buffer; the producer waits for it before reusing the buffer
 //     (use 0 passes at once: a fresh barrier's parity-1 wait).
+//   - the ping-pong turns run round robin across the tiles (Consume kPersistent): warpgroup 0
+//     issues tile i + 1's first Q K^T once the last warpgroup has issued tile i's last P V, while
+//     that one still runs its epilogue. Tiles without keys take no turn.
 template <typename T, int kD, class Variant, Schedule kSchedule, int kTune>
 __device__ __forceinline__ void RunPersistent(const CUtensorMap& q_map, const CUtensorMap& k_map,
                                               const CUtensorMap& v_map, uint32_t base, uint8_t* base_ptr,
@@ -709,6 +720,8 @@ __device__ __forceinline__ void RunPersistent(const CUtensorMap& q_map, const CU
   } else {
     sm90::RegAlloc<L::kConsumerRegisters>();
     const int cwg = wg - 1;
+    // The CTA's first turn (Consume: the turns run on across tiles); taken back after the loop.
+    if (cwg == L::kConsumers - 1) PassTurn<kSchedule, L::kConsumers>(cwg);
     int it0 = 0;
     for (int t = blockIdx.x, i = 0; t < tiles; t += gridDim.x, ++i) {
       const Plan plan(p, IndexTile(p, t));
@@ -723,6 +736,7 @@ __device__ __forceinline__ void RunPersistent(const CUtensorMap& q_map, const CU
       if (threadIdx.x % 128 == 0) sm90::MbarArrive(base + L::QEmpty(b));
       it0 += plan.w.n_end - plan.w.n_begin;
     }
+    if (cwg == 0) TakeTurn<kSchedule, L::kConsumers>(cwg);  // the last warpgroup's last pass
   }
 }
 
