@@ -331,7 +331,8 @@ def jax_attention(case: Case, impl: str):
         from jax_onnx_attn.ops import cuda
 
         pinned = impl.partition("-")[2]
-        schedule = (dict(splits=1) if impl in SPLIT_IMPLS else dict(persistent=impl == "ours-persistent") if impl in PERSISTENT_IMPLS
+        schedule = (dict(splits=1) if impl in SPLIT_IMPLS
+                    else dict(persistent=impl == "ours-persistent") if impl in PERSISTENT_IMPLS
                     else dict(schedule=pinned) if pinned else {})
 
         def ours(q, k, v):

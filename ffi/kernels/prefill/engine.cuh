@@ -627,7 +627,7 @@ __device__ __forceinline__ CtaIndex IndexCta(const PrefillParams& p) {
   }
 }
 
-// The persistent kernels' tile t (of B * Hkv * m_blocks; launch.cu PersistentGrid): a static order,
+// The persistent kernels' tile t (of B * Hkv * m_blocks; grid: launch.cu Launch): a static order,
 // longest first within sections of p.section_heads (b, kvh) heads (FA3's L2 swizzle: a section's K /
 // V fits in L2, so the tiles running at once share it): a section's tiles run M block by M block from
 // the last (a causal head's longest rows) down, the section's heads next to each other in each. The
