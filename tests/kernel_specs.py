@@ -49,7 +49,8 @@ def use_specs(monkeypatch) -> list:
                         spec("general", general_reference.general_attention))
     monkeypatch.setattr(cuda, "_gqa_prepare", spec("gqa_prepare", gqa_reference.prepare_step))
     monkeypatch.setattr(cuda, "_prefill_attention",
-                        spec("prefill", prefill_reference.prefill_attention, drop=("schedule", "splits")))
+                        spec("prefill", prefill_reference.prefill_attention,
+                             drop=("schedule", "splits", "persistent")))
     monkeypatch.setattr(cuda_matmul, "_linear",
                         spec("linear", _linear, drop=("pdl", "cluster", "warps_k", "slots")))
     monkeypatch.setattr(cuda_matmul, "_matmul_nbits",

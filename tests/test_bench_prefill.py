@@ -166,6 +166,26 @@ def test_nosplit_is_an_opt_in_impl(monkeypatch):
     assert seen[1]["splits"] == 1 and "schedule" not in seen[1]
 
 
+def test_persistent_is_an_opt_in_impl(monkeypatch):
+    """"ours-persistent" / "ours-nopersistent" run only when named and pass persistent=True / False
+    and no schedule or splits; "ours" leaves it to the switch."""
+    assert prefill.PERSISTENT_IMPLS == ("ours-persistent", "ours-nopersistent")
+    assert not set(prefill.PERSISTENT_IMPLS) & set(prefill.DEFAULT_IMPLS)
+    impls = ["ours", *prefill.PERSISTENT_IMPLS]
+    assert prefill.parse_args(["--impls", *impls]).impls == impls
+    from jax_onnx_attn.ops import cuda
+    seen = []
+    monkeypatch.setattr(cuda, "prefill_attention", lambda *a, **kw: seen.append(kw))
+    case = prefill.Case(batch=1, seq=16, q_heads=4, kv_heads=1, head_dim=64, dtype="bf16", causal=True,
+                        ctx=256)
+    for impl in impls:
+        fn, layout = prefill.jax_attention(case, impl)
+        fn(None, None, None)
+    assert "persistent" not in seen[0]
+    assert seen[1] == {"scale": seen[0]["scale"], "causal": True, "persistent": True}
+    assert seen[2] == {"scale": seen[0]["scale"], "causal": True, "persistent": False}
+
+
 def test_skip_reasons_and_notes():
     skip, note = prefill._impl_skip, prefill._impl_note
     fp16 = dict(dtype="fp16")

@@ -295,3 +295,30 @@ def test_unknown_schedule_is_refused():
     lens = np.full((1,), 4, np.int32)
     with pytest.raises(ValueError, match="prefill_attention: schedule: must be one of"):
         cuda.prefill_attention(q, k, k, lens, lens, scale=0.1, causal=True, schedule="fast")
+
+
+@needs_limits
+def test_wrapper_takes_the_persistent_switch_at_trace_time(monkeypatch):
+    """cuda.prefill_attention resolves JOA_PREFILL_PERSISTENT when it is traced (unset:
+    PREFILL_PERSISTENT_DEFAULT, "0" off, "1" on) and hands it to the kernel call as a bool; an
+    explicit argument wins."""
+    calls = use_specs(monkeypatch)
+    q = np.zeros((1, 2, 8, 64), np.float16)
+    k = np.zeros((1, 1, 8, 64), np.float16)
+    lens = np.full((1,), 8, np.int32)
+
+    def persistent(**kw):
+        jax.eval_shape(lambda q, k: cuda.prefill_attention(q, k, k, lens, lens, scale=0.1, causal=True, **kw),
+                       q, k)
+        return calls[-1][2]["persistent"]
+
+    monkeypatch.delenv(cuda.PREFILL_PERSISTENT_ENV, raising=False)
+    assert cuda.prefill_persistent() is cuda.PREFILL_PERSISTENT_DEFAULT
+    assert persistent() is cuda.PREFILL_PERSISTENT_DEFAULT
+    monkeypatch.setenv(cuda.PREFILL_PERSISTENT_ENV, "1")
+    assert cuda.prefill_persistent() is True and persistent() is True
+    assert persistent(persistent=False) is False
+    monkeypatch.setenv(cuda.PREFILL_PERSISTENT_ENV, "0")
+    assert persistent() is False and persistent(persistent=True) is True
+    # A named schedule or splits leave the switch as it is (the launch applies it where it can).
+    assert persistent(schedule="serial", persistent=True) is True

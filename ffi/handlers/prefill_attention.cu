@@ -15,6 +15,8 @@
 // partials combine.cuh merges (Python passes kernels/prefill/plan.h's choice or an override); > 1
 // only with the head size's default schedule (TilingFor(D).schedule: the split kernels');
 // workspace f32 (a result, discarded): plan.h WorkspaceElems elements at least when splits > 1.
+// persistent: one CTA an SM looping over the tiles where the call runs the head size's default
+// schedule unsplit and its tiling holds two Q tiles (prefill.h Launch), else ignored; the same bits.
 // Read-only on q, k, v.
 #include <cstdint>
 #include <string>
@@ -83,7 +85,8 @@ inline std::string SetWorkspace(PrefillParams& p, float* workspace, int64_t work
 }
 
 inline ffi::Error LaunchPrefill(const PrefillParams& p, ffi::DataType dtype, const void* q, const void* k,
-                                const void* v, ScheduleSpec schedule, cudaStream_t stream, const char* op) {
+                                const void* v, ScheduleSpec schedule, bool persistent, cudaStream_t stream,
+                                const char* op) {
   if (p.batch == 0 || p.rows == 0) return ffi::Error::Success();
   const ComputeCapability cc = CurrentComputeCapability();
   if (cc.major != 9 || cc.minor != 0) {
@@ -94,11 +97,11 @@ inline ffi::Error LaunchPrefill(const PrefillParams& p, ffi::DataType dtype, con
   auto launch = [&](auto t) {
     using T = decltype(t);
     switch (p.head_dim) {
-      case 64: return Launch<T, 64>(p, q, k, v, schedule, stream);
-      case 80: return Launch<T, 80>(p, q, k, v, schedule, stream);
-      case 96: return Launch<T, 96>(p, q, k, v, schedule, stream);
-      case 128: return Launch<T, 128>(p, q, k, v, schedule, stream);
-      case 256: return Launch<T, 256>(p, q, k, v, schedule, stream);
+      case 64: return Launch<T, 64>(p, q, k, v, schedule, persistent, stream);
+      case 80: return Launch<T, 80>(p, q, k, v, schedule, persistent, stream);
+      case 96: return Launch<T, 96>(p, q, k, v, schedule, persistent, stream);
+      case 128: return Launch<T, 128>(p, q, k, v, schedule, persistent, stream);
+      case 256: return Launch<T, 256>(p, q, k, v, schedule, persistent, stream);
       default: return cudaErrorInvalidValue;
     }
   };
@@ -122,7 +125,7 @@ using F32Result = ffi::Result<ffi::Buffer<ffi::F32>>;
 ffi::Error PrefillAttentionImpl(cudaStream_t stream, AnyBuffer q, AnyBuffer k, AnyBuffer v, Int32Buffer q_len,
                                 Int32Buffer kv_len, F32Buffer sink, AnyResult y, F32Result workspace, float scale,
                                 float softcap, bool causal, int64_t left, int64_t right, bool has_sink,
-                                int64_t schedule, int64_t splits) {
+                                int64_t schedule, int64_t splits, bool persistent) {
   constexpr const char* kOp = "prefill_attention";
   auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
   if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4) {
@@ -166,7 +169,7 @@ ffi::Error PrefillAttentionImpl(cudaStream_t stream, AnyBuffer q, AnyBuffer k, A
   p.q_len = q_len.typed_data();
   p.kv_len = kv_len.typed_data();
   return prefill::LaunchPrefill(p, q.element_type(), q.untyped_data(), k.untyped_data(), v.untyped_data(),
-                                prefill::kScheduleSpecs[schedule], stream, kOp);
+                                prefill::kScheduleSpecs[schedule], persistent, stream, kOp);
 }
 
 }  // namespace
@@ -190,5 +193,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JoaPrefillAttention, joa::PrefillAttentionImpl,
                                   .Attr<int64_t>("right")
                                   .Attr<bool>("has_sink")
                                   .Attr<int64_t>("schedule")
-                                  .Attr<int64_t>("splits"),
+                                  .Attr<int64_t>("splits")
+                                  .Attr<bool>("persistent"),
                               JOA_COMMAND_BUFFER_SAFE);

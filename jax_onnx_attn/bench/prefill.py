@@ -8,7 +8,10 @@ bench's "ours" was the serial schedule: bench/results/ files before then say "ou
 "-n192" / "-fold-lazy-n192" / "-fold-lazy-n192-s4" / "-fold-lazy-m192" / "-fold-lazy-m192-s4" the
 tuned pingpong kernels (TUNED_IMPLS, opt-in: not in the default --impls); "ours-nosplit" the engine
 with split-KV off (splits=1: the engine before split-KV; SPLIT_IMPLS, opt-in), to A/B the split plan
-against it.
+against it; "ours-persistent" / "ours-nopersistent" the engine with its persistent kernels on / off
+(persistent=True: one CTA an SM looping over the tiles; False: one tile a CTA; PERSISTENT_IMPLS,
+opt-in), to A/B them whatever "ours" takes (JOA_PREFILL_PERSISTENT, else
+cuda.PREFILL_PERSISTENT_DEFAULT).
 
 Cases (each causal and / or not, x GQA Hq/Hkv x head size D x bf16 / fp16; `--dims`: any of
 cuda.PREFILL_HEAD_DIMS, 64 / 80 / 96 / 128 / 256, TFLOP/s counting D, not the padded 128-wide tile
@@ -92,10 +95,14 @@ TUNED_IMPLS = ("ours-pingpong-fold", "ours-pingpong-lazy", "ours-pingpong-fold-l
 #: Ours at its default schedule with split-KV off (splits=1, ffi/kernels/prefill/plan.h), opt-in: "ours"
 #: takes the plan's splits, so the pair measures what split-KV gives few-query calls.
 SPLIT_IMPLS = ("ours-nosplit",)
+#: Ours at its default schedule with the persistent kernels on / off (persistent=True / False,
+#: engine.cuh RunPersistent), opt-in: the same bits, so the pair measures the persistent tile loop.
+PERSISTENT_IMPLS = ("ours-persistent", "ours-nopersistent")
 PEERS = ("jax-cudnn", "jax-xla", "jax-mosaic", "torch-flash", "torch-cudnn")
-IMPLS = OURS_IMPLS + TUNED_IMPLS + SPLIT_IMPLS + PEERS
+IMPLS = OURS_IMPLS + TUNED_IMPLS + SPLIT_IMPLS + PERSISTENT_IMPLS + PEERS
 #: The default --impls: ours, its other schedules (pingpong is the default one at D 128), the peers.
-DEFAULT_IMPLS = tuple(i for i in IMPLS if i != "ours-pingpong" and i not in TUNED_IMPLS + SPLIT_IMPLS)
+DEFAULT_IMPLS = tuple(i for i in IMPLS
+                      if i != "ours-pingpong" and i not in TUNED_IMPLS + SPLIT_IMPLS + PERSISTENT_IMPLS)
 MAX_LOGIT_BYTES = 8 << 30  # the xla implementation materialises [B, Hq, S, T] f32 logits
 #: jax-mosaic's TuningConfig: query rows per warpgroup, keys per stage (D 256: MOSAIC_BLOCK_KV_D256,
 #: so that the two float16 K / V stages fit in shared memory), stages.
@@ -324,7 +331,9 @@ def jax_attention(case: Case, impl: str):
         from jax_onnx_attn.ops import cuda
 
         pinned = impl.partition("-")[2]
-        schedule = dict(splits=1) if impl in SPLIT_IMPLS else dict(schedule=pinned) if pinned else {}
+        schedule = (dict(splits=1) if impl in SPLIT_IMPLS
+                    else dict(persistent=impl == "ours-persistent") if impl in PERSISTENT_IMPLS
+                    else dict(schedule=pinned) if pinned else {})
 
         def ours(q, k, v):
             return cuda.prefill_attention(q, k, v, q_lens, kv_lens, scale=scale, causal=case.causal,

@@ -461,6 +461,24 @@ def _general_attention(q, k, v, kv_len, bias, *, scale, softcap, causal, left, r
 # GQA first prompts route here (ops/decode_paths.py `gqa_prefill_engine_route`; docs/kernels.md).
 
 
+#: The switch of the prefill engine's persistent kernels (engine.cuh RunPersistent): "1" runs one CTA
+#: an SM, each looping over its share of the (batch row, KV head, row block) tiles in a static
+#: longest-first order and loading the next tile's Q and first K / V tiles while it finishes this
+#: one; "0" one CTA a tile. Applies to the head size's default schedule unsplit where its tiling
+#: holds two Q tiles (D 64 / 80 / 96 / 128; the launch ignores it elsewhere). The same bits either
+#: way (issue 14, docs/kernels.md "The prefill engine").
+PREFILL_PERSISTENT_ENV = "JOA_PREFILL_PERSISTENT"
+#: What calls get with the switch unset.
+PREFILL_PERSISTENT_DEFAULT = False
+
+
+def prefill_persistent() -> bool:
+    """Whether prefill_attention runs the persistent kernels: the one place the switch
+    (JOA_PREFILL_PERSISTENT) is read, at trace time; PREFILL_PERSISTENT_DEFAULT when unset."""
+    forced = os.environ.get(PREFILL_PERSISTENT_ENV)
+    return PREFILL_PERSISTENT_DEFAULT if forced is None or forced == "" else forced == "1"
+
+
 def prefill_plan(batch: int, q_heads: int, kv_heads: int, q_rows: int, kv_rows: int, head_dim: int,
                  causal: bool = True, left: int = -1, right: int = -1,
                  splits: int | None = None) -> dict:
@@ -486,7 +504,8 @@ def _prefill_plan(batch, q_heads, kv_heads, q_rows, kv_rows, head_dim, causal, l
 
 def prefill_attention(q, k, v, q_len, kv_len, sink=None, *, scale: float, causal: bool,
                       softcap: float = 0.0, left: int = -1, right: int = -1,
-                      schedule: str | None = None, splits: int | None = None):
+                      schedule: str | None = None, splits: int | None = None,
+                      persistent: bool | None = None):
     """q [B, Hq, S, D], k / v [B, Hkv, T, D] (float16 or bfloat16, one dtype; D in
     PREFILL_HEAD_DIMS; one whose PREFILL_TILING "padded" width is larger runs in those wider tiles,
     zero-filled past D; Hq a multiple of Hkv), q_len / kv_len integer [B] -> [B, Hq, S, D].
@@ -524,7 +543,10 @@ def prefill_attention(q, k, v, q_len, kv_len, sink=None, *, scale: float, causal
     idle: few-query calls; with a named schedule 1; splits=1 is the engine without split-KV, its
     bits). More than 1 runs the head size's default schedule only (the split kernels are compiled
     for it). The bits depend on the splits, so on the shapes the plan sees; a vmapped call keeps
-    each example's plan. Raises TypeError / ValueError "prefill_attention: <input>: <rule>" at trace
+    each example's plan. persistent: one CTA an SM looping over the row-block tiles (None:
+    `prefill_persistent()`, the JOA_PREFILL_PERSISTENT switch); it applies where the call runs the
+    head size's default schedule unsplit at D 64 / 80 / 96 / 128 and is ignored elsewhere; the same
+    bits either way. Raises TypeError / ValueError "prefill_attention: <input>: <rule>" at trace
     time.
     """
     _check_prefill(q, k, v, q_len, kv_len)
@@ -554,7 +576,8 @@ def prefill_attention(q, k, v, q_len, kv_len, sink=None, *, scale: float, causal
         splits = 1
     static = dict(scale=float(scale), causal=bool(causal), softcap=float(max(softcap, 0.0)),
                   left=int(left), right=int(right), schedule=schedule,
-                  splits=None if splits is None else int(splits))
+                  splits=None if splits is None else int(splits),
+                  persistent=prefill_persistent() if persistent is None else bool(persistent))
     return partitioning.PREFILL_ATTENTION.apply(
         _prefill_attention, (q, k, v, jnp.asarray(q_len).astype(jnp.int32),
                              jnp.asarray(kv_len).astype(jnp.int32),
@@ -601,7 +624,7 @@ def _check_prefill(q, k, v, q_len, kv_len) -> None:
 
 
 def _prefill_attention(q, k, v, q_len, kv_len, sink=None, *, scale, causal, softcap, left, right,
-                       schedule, splits=None):
+                       schedule, splits=None, persistent=False):
     b, hq, s, d = q.shape
     plan = prefill_plan(b, hq, k.shape[1], s, k.shape[2], d, causal, left, right, splits)
     # The split partials' f32 workspace: a second result, discarded (XLA allocates it, so the
@@ -614,5 +637,5 @@ def _prefill_attention(q, k, v, q_len, kv_len, sink=None, *, scale, causal, soft
                 scale=np.float32(scale), softcap=np.float32(softcap), causal=bool(causal),
                 left=int(left), right=int(right),
                 has_sink=sink is not None, schedule=__getattr__("PREFILL_SCHEDULES").index(schedule),
-                splits=int(plan["splits"]))
+                splits=int(plan["splits"]), persistent=bool(persistent))
     return y

@@ -107,11 +107,14 @@ __device__ __forceinline__ CtaWork PlanCta(const PrefillParams& p, const Variant
 
 // The shared-memory plan of one CTA (byte offsets from the 1024-aligned base) and the head size's
 // static tiling (params.h TilingFor: the one source of truth; TunedTiling under a tune's tiling bits).
-template <int kD, int kTune = kTuneNone>
+// kQBuffers: 1, or 2 in the persistent kernels (a CTA loads its next tile's Q while it finishes this
+// one's); the one-buffer plan is the layout the other kernels always had.
+template <int kD, int kTune = kTuneNone, int kQBuffers = 1>
 struct Smem {
   static constexpr Tiling kTiling = TunedTiling(kD, kTune);
   static_assert(kTiling.padded > 0 && kD % 16 == 0, "a head size of kHeadDims");
   static_assert(TilingFits(kD, kTune), "params.h TilingFits: wgmma N, TMA box, shared memory, registers");
+  static_assert(kQBuffers == 1 || (kQBuffers == 2 && PersistentFits(kD, kTune)), "params.h PersistentFits");
   static constexpr int kPadded = kTiling.padded;   // tile and O width (d <= kPadded)
   static constexpr int kBlockN = kTiling.block_n;  // keys per step
   static constexpr int kStages = kTiling.stages;   // K / V ring depth
@@ -125,43 +128,44 @@ struct Smem {
   static_assert(kKVChunkBytes % 1024 == 0 && kBlockN % 16 == 0, "whole swizzle atoms and k-steps");
   static constexpr int kQTileBytes = kChunks * kQChunkBytes;
   static constexpr int kKVTileBytes = kChunks * kKVChunkBytes;
-  static constexpr int kQ = 0;
-  static constexpr int kK = kQ + kQTileBytes;
+  static constexpr int kQ = 0;  // Q buffer b at kQ + b * kQTileBytes
+  static constexpr int kK = kQ + kQBuffers * kQTileBytes;
   static constexpr int kV = kK + kStages * kKVTileBytes;
   static constexpr int kBars = kV + kStages * kKVTileBytes;
-  // Barriers (8 bytes each): q_full, k_full[kStages], v_full[kStages], k_empty[kStages],
-  // v_empty[kStages]. K and V slots are released apart: a K slot as soon as Q K^T has read it (the
-  // overlapped schedules read V of a tile one step later).
-  static constexpr int QFull() { return kBars; }
-  static constexpr int KFull(int s) { return kBars + 8 * (1 + s); }
-  static constexpr int VFull(int s) { return kBars + 8 * (1 + kStages + s); }
-  static constexpr int KEmpty(int s) { return kBars + 8 * (1 + 2 * kStages + s); }
-  static constexpr int VEmpty(int s) { return kBars + 8 * (1 + 3 * kStages + s); }
-  static constexpr int kEnd = kBars + 8 * (1 + 4 * kStages);
-  static_assert(kEnd + 1024 <= SmemBytes(kD, kTune), "SmemBytes(d) must cover the plan");
+  // Barriers (8 bytes each): q_full[kQBuffers], k_full[kStages], v_full[kStages], k_empty[kStages],
+  // v_empty[kStages], then q_empty[kQBuffers] with two Q buffers (one buffer is loaded once: no
+  // q_empty, the offsets as before). K and V slots are released apart: a K slot as soon as Q K^T
+  // has read it (the overlapped schedules read V of a tile one step later).
+  static constexpr int QFull(int b = 0) { return kBars + 8 * b; }
+  static constexpr int KFull(int s) { return kBars + 8 * (kQBuffers + s); }
+  static constexpr int VFull(int s) { return kBars + 8 * (kQBuffers + kStages + s); }
+  static constexpr int KEmpty(int s) { return kBars + 8 * (kQBuffers + 2 * kStages + s); }
+  static constexpr int VEmpty(int s) { return kBars + 8 * (kQBuffers + 3 * kStages + s); }
+  static constexpr int QEmpty(int b) { return kBars + 8 * (kQBuffers + 4 * kStages + b); }
+  static constexpr int kEnd = kBars + 8 * (kQBuffers + 4 * kStages + (kQBuffers > 1 ? kQBuffers : 0));
+  static_assert(kEnd + 1024 <= SmemBytes(kD, kTune, kQBuffers), "SmemBytes(d) must cover the plan");
 };
 
-template <typename T, int kD, class Variant, int kTune = kTuneNone>
-__device__ __forceinline__ void Produce(const CUtensorMap& q_map, const CUtensorMap& k_map,
-                                        const CUtensorMap& v_map, uint32_t base, const CtaWork& w,
-                                        int bh, const PrefillParams& p) {
-  using L = Smem<kD, kTune>;
-  sm90::PrefetchTensorMap(&q_map);
-  sm90::PrefetchTensorMap(&k_map);
-  sm90::PrefetchTensorMap(&v_map);
+// The loads of one CTA tile (thread 0 of the producer warpgroup): its Q tile into the Q buffer at
+// q_dst, completing on q_full, then its K / V tiles through the ring from ring iteration it0 on (the
+// persistent kernels' ring and its barrier phases run on across a CTA's tiles; 0 otherwise).
+template <class L>
+__device__ __forceinline__ void LoadTile(const CUtensorMap& q_map, const CUtensorMap& k_map, const CUtensorMap& v_map,
+                                         uint32_t base, const CtaWork& w, int bh, const PrefillParams& p,
+                                         uint32_t q_dst, uint32_t q_full, int it0) {
   const int q_row = bh * p.rows + w.r0;  // < 2^31: checked by the handler
-  sm90::MbarArriveExpectTx(base + L::QFull(), L::kQTileBytes);
+  sm90::MbarArriveExpectTx(q_full, L::kQTileBytes);
 #pragma unroll
   for (int c = 0; c < L::kChunks; ++c) {
-    sm90::TmaLoad2D(base + L::kQ + c * L::kQChunkBytes, &q_map, c * 64, q_row, base + L::QFull());
+    sm90::TmaLoad2D(q_dst + c * L::kQChunkBytes, &q_map, c * 64, q_row, q_full);
   }
   // K runs one tile ahead of V (FA3's order): the overlapped schedules need K of tile n + 1 and V of
   // tile n together, and a K slot frees early (after Q K^T) while a V slot frees only after P V, so
   // K n + 1 is not queued behind the wait for V n's slot. The serial schedule needs K n, then V n:
   // K n + 1 waits for K n - 1's slot, released before V n - 1 is ever waited for, so no cycle.
   auto load_k = [&](int it) {
-    const int s = it % L::kStages;
-    sm90::MbarWait(base + L::KEmpty(s), ((it / L::kStages) & 1) ^ 1);
+    const int s = (it0 + it) % L::kStages;
+    sm90::MbarWait(base + L::KEmpty(s), (((it0 + it) / L::kStages) & 1) ^ 1);
     sm90::MbarArriveExpectTx(base + L::KFull(s), L::kKVTileBytes);
 #pragma unroll
     for (int c = 0; c < L::kChunks; ++c) {
@@ -170,8 +174,8 @@ __device__ __forceinline__ void Produce(const CUtensorMap& q_map, const CUtensor
     }
   };
   auto load_v = [&](int it) {
-    const int s = it % L::kStages;
-    sm90::MbarWait(base + L::VEmpty(s), ((it / L::kStages) & 1) ^ 1);
+    const int s = (it0 + it) % L::kStages;
+    sm90::MbarWait(base + L::VEmpty(s), (((it0 + it) / L::kStages) & 1) ^ 1);
     sm90::MbarArriveExpectTx(base + L::VFull(s), L::kKVTileBytes);
 #pragma unroll
     for (int c = 0; c < L::kChunks; ++c) {
@@ -185,6 +189,18 @@ __device__ __forceinline__ void Produce(const CUtensorMap& q_map, const CUtensor
     if (it + 1 < n_tiles) load_k(it + 1);
     load_v(it);
   }
+}
+
+// The one-tile kernels' producer: its tile's loads into the single Q buffer and a fresh ring.
+template <typename T, int kD, class Variant, int kTune = kTuneNone>
+__device__ __forceinline__ void Produce(const CUtensorMap& q_map, const CUtensorMap& k_map,
+                                        const CUtensorMap& v_map, uint32_t base, const CtaWork& w,
+                                        int bh, const PrefillParams& p) {
+  using L = Smem<kD, kTune>;
+  sm90::PrefetchTensorMap(&q_map);
+  sm90::PrefetchTensorMap(&k_map);
+  sm90::PrefetchTensorMap(&v_map);
+  LoadTile<L>(q_map, k_map, v_map, base, w, bh, p, base + L::kQ, base + L::QFull(), 0);
 }
 
 // The steps of one consumer warpgroup on one key tile. Accumulator layout (wgmma m64nN, f32): this
@@ -408,10 +424,18 @@ __device__ __forceinline__ void PassTurn(int wg) {
 // issues n_tiles + 1 times (prologue, n_tiles - 1 loop steps, epilogue), warpgroup 0 first, then
 // round robin; the last warpgroup passes the first turn (to warpgroup 0) at the start and no turn
 // after its last issue, so every barrier phase sees 128 syncs and 128 arrivals.
-template <typename T, int kD, class Variant, Schedule kSchedule, int kTune = kTuneNone, bool kSplit = false>
+// kPersistent (the persistent kernels, one call per tile of the CTA): the tile's Q sits q_off bytes
+// past L::kQ (its Q buffer; the caller waited for it) and its key tiles take the K / V ring from
+// iteration it0 on. The turns run round robin across the CTA's tiles: the last warpgroup passes
+// after its last issue too (to warpgroup 0's first issue of the next tile, so that issues while
+// the others finish their epilogues) and not at the start of a tile; RunPersistent makes the
+// CTA's first pass and takes the last one, so every phase still sees 128 syncs and 128 arrivals.
+// ZeroTail's and the epilogue's per-warpgroup barriers complete within the call.
+template <typename T, int kD, class Variant, Schedule kSchedule, int kTune = kTuneNone, bool kSplit = false,
+          bool kPersistent = false>
 __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const CtaWork& w, const Variant& var,
-                                        int wg, int bh, const PrefillParams& p) {
-  using L = Smem<kD, kTune>;
+                                        int wg, int bh, const PrefillParams& p, uint32_t q_off = 0, int it0 = 0) {
+  using L = Smem<kD, kTune, kPersistent ? 2 : 1>;
   using Step = ConsumerSteps<T, kD, Variant, kTune>;
   // kTuneFold's factor (MaskVariant's scale_log2; unused without the fold).
   const float scale_log2 = p.variant.scale * kLog2e;
@@ -443,10 +467,10 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
 
   const int n_tiles = w.n_end - w.n_begin;
   if (n_tiles > 0) {
-    sm90::MbarWait(base + L::QFull(), 0);
-    const uint32_t q_base = base + L::kQ + wg * 64 * 128;  // this warpgroup's 64 rows
-    auto stage = [](int it) { return it % kStages; };
-    auto phase = [](int it) { return uint32_t(it / kStages) & 1; };
+    if constexpr (!kPersistent) sm90::MbarWait(base + L::QFull(), 0);
+    const uint32_t q_base = base + L::kQ + q_off + wg * 64 * 128;  // this warpgroup's 64 rows
+    auto stage = [it0](int it) { return (it0 + it) % kStages; };
+    auto phase = [it0](int it) { return uint32_t((it0 + it) / kStages) & 1; };
     auto masked = [&](int j0) { return !(j0 >= w.full_lo && j0 + kBlockN <= w.full_hi); };
     float sc[Step::kSc], alpha[2];
     uint32_t pa[Step::kKSteps][4];
@@ -471,18 +495,20 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
         if (tid == 0) sm90::MbarArrive(base + L::VEmpty(s));  // ... and with V slot s
       }
     } else {
-      if (wg == L::kConsumers - 1) PassTurn<kSchedule, L::kConsumers>(wg);  // warpgroup 0 issues first
+      if constexpr (!kPersistent) {
+        if (wg == L::kConsumers - 1) PassTurn<kSchedule, L::kConsumers>(wg);  // warpgroup 0 issues first
+      }
       // Prologue: S and P of the first tile.
       {
-        const int j0 = w.n_begin * kBlockN;
-        sm90::MbarWait(base + L::KFull(0), 0);
+        const int j0 = w.n_begin * kBlockN, s = stage(0);
+        sm90::MbarWait(base + L::KFull(s), phase(0));
         TakeTurn<kSchedule, L::kConsumers>(wg);
         sm90::WgmmaFence();
-        Step::IssueQK(sc, q_base, base + L::kK);
+        Step::IssueQK(sc, q_base, base + L::kK + s * L::kKVTileBytes);
         PassTurn<kSchedule, L::kConsumers>(wg);
         sm90::WgmmaWait<0>();
         sm90::FenceOperands(sc);
-        if (tid == 0) sm90::MbarArrive(base + L::KEmpty(0));
+        if (tid == 0) sm90::MbarArrive(base + L::KEmpty(s));
         Step::SoftmaxTile(sc, m, l, alpha, var, row, j0, masked(j0), quad, span_lo, span_hi, scale_log2);
         Step::PackAndRescale(sc, pa, o, alpha);
       }
@@ -514,8 +540,11 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
       TakeTurn<kSchedule, L::kConsumers>(wg);
       sm90::WgmmaFence();
       Step::IssuePV(o, pa, base + L::kV + s * L::kKVTileBytes);
-      // The last warpgroup's last issue passes no turn (written wg == 0 for two: their kernels as before).
-      if (L::kConsumers == 2 ? wg == 0 : wg != L::kConsumers - 1) PassTurn<kSchedule, L::kConsumers>(wg);
+      // The last warpgroup's last issue passes no turn (written wg == 0 for two: their kernels as
+      // before), but in the persistent kernels.
+      if (kPersistent || (L::kConsumers == 2 ? wg == 0 : wg != L::kConsumers - 1)) {
+        PassTurn<kSchedule, L::kConsumers>(wg);
+      }
       sm90::WgmmaWait<0>();
       sm90::FenceOperands(pa);
       sm90::FenceOperands(o);
@@ -533,7 +562,7 @@ __device__ __forceinline__ void Consume(uint32_t base, uint8_t* base_ptr, const 
   // staged through this warpgroup's Q rows (free: all its wgmma groups are waited for) in the
   // 128-byte-swizzled [rows][64] layout, so that a warp's 16-byte global stores cover whole rows.
   // Rows past this KV head's M rows belong to another CTA and are left alone.
-  uint8_t* staged = base_ptr + L::kQ + wg * 64 * 128;
+  uint8_t* staged = base_ptr + L::kQ + q_off + wg * 64 * 128;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
@@ -598,19 +627,140 @@ __device__ __forceinline__ CtaIndex IndexCta(const PrefillParams& p) {
   }
 }
 
+// The persistent kernels' tile t (of B * Hkv * m_blocks; grid: launch.cu Launch): a static order,
+// longest first within sections of p.section_heads (b, kvh) heads (FA3's L2 swizzle: a section's K /
+// V fits in L2, so the tiles running at once share it): a section's tiles run M block by M block from
+// the last (a causal head's longest rows) down, the section's heads next to each other in each. The
+// last section may be narrower. Depends on static shapes only.
+__device__ __forceinline__ CtaIndex IndexTile(const PrefillParams& p, int t) {
+  const int heads = p.batch * p.kv_heads;
+  const int section = t / (p.section_heads * p.m_blocks);  // section_heads <= heads: no overflow
+  const int head0 = section * p.section_heads;
+  const int width = min(p.section_heads, heads - head0);
+  const int in_section = t - head0 * p.m_blocks;
+  return {head0 + in_section % width, p.m_blocks - 1 - in_section / width, 0};
+}
+
+// What a tile's rows see: its batch row's clamped lengths, the variant of them and the CtaWork (the
+// one-tile kernel's steps, PrefillKernel).
+template <int kBlockM, int kBlockN, bool kSplit, class Variant>
+struct TilePlan {
+  int bh, q_len, kv_len;
+  Variant var;
+  CtaWork w;
+  __device__ __forceinline__ TilePlan(const PrefillParams& p, const CtaIndex& idx)
+      : bh(idx.bh),
+        q_len(min(max(p.q_len[idx.bh / p.kv_heads], 0), p.q_rows)),
+        kv_len(min(max(p.kv_len[idx.bh / p.kv_heads], 0), p.kv_rows)),
+        var(p.variant, kv_len),
+        w(PlanCta<kBlockM, kBlockN, kSplit>(p, var, idx.m_block, idx.split, q_len, kv_len)) {}
+};
+
+// The persistent kernel's body (PrefillKernel kPersistent, non-split): CTA c runs tiles c, c + grid,
+// c + 2 grid, ... of IndexTile's order, each exactly as the one-tile kernel runs it (the same bits).
+// What overlaps: the producer loads the next tile's Q into the other Q buffer and streams its first K /
+// V tiles as soon as ring slots free, while the consumers finish this tile (the last P V, the
+// epilogue); the barriers are initialised once. The i-th tile of a CTA uses Q buffer i % 2 (use
+// i / 2 of it) and the ring from iteration it0 = the key tiles of the CTA's tiles before it; the
+// producer and the consumers count both identically.
+//   - q_full[b]: one arrival (the producer's, with the Q tile's bytes; a tile whose rows see no key
+//     loads nothing and arrives plainly), one phase per use; the consumers wait for every tile, so
+//     the phases stay in step whatever n_tiles is.
+//   - q_empty[b]: kConsumers arrivals, one per consumer warpgroup once its epilogue's global stores
+//     have read the rows it staged in the buffer; the producer waits for it before reusing the buffer
+//     (use 0 passes at once: a fresh barrier's parity-1 wait).
+//   - the ping-pong turns run round robin across the tiles (Consume kPersistent): warpgroup 0
+//     issues tile i + 1's first Q K^T once the last warpgroup has issued tile i's last P V, while
+//     that one still runs its epilogue. Tiles without keys take no turn.
+template <typename T, int kD, class Variant, Schedule kSchedule, int kTune>
+__device__ __forceinline__ void RunPersistent(const CUtensorMap& q_map, const CUtensorMap& k_map,
+                                              const CUtensorMap& v_map, uint32_t base, uint8_t* base_ptr,
+                                              const PrefillParams& p) {
+  using L = Smem<kD, kTune, 2>;
+  using Plan = TilePlan<L::kBlockM, L::kBlockN, false, Variant>;
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      sm90::MbarInit(base + L::QFull(b), 1);
+      sm90::MbarInit(base + L::QEmpty(b), L::kConsumers);
+    }
+#pragma unroll
+    for (int s = 0; s < L::kStages; ++s) {
+      sm90::MbarInit(base + L::KFull(s), 1);
+      sm90::MbarInit(base + L::VFull(s), 1);
+      sm90::MbarInit(base + L::KEmpty(s), L::kConsumers);
+      sm90::MbarInit(base + L::VEmpty(s), L::kConsumers);
+    }
+    sm90::FenceBarrierInit();
+  }
+  __syncthreads();
+
+  const int tiles = p.batch * p.kv_heads * p.m_blocks;  // < 2^31: the handler checks
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    sm90::RegDealloc<kProducerRegisters>();
+    if (threadIdx.x != 0) return;
+    sm90::PrefetchTensorMap(&q_map);
+    sm90::PrefetchTensorMap(&k_map);
+    sm90::PrefetchTensorMap(&v_map);
+    int it0 = 0;
+    for (int t = blockIdx.x, i = 0; t < tiles; t += gridDim.x, ++i) {
+      const Plan plan(p, IndexTile(p, t));
+      const int b = i % 2;
+      sm90::MbarWait(base + L::QEmpty(b), ((i / 2) & 1) ^ 1);
+      const int n_tiles = plan.w.n_end - plan.w.n_begin;
+      if (n_tiles > 0) {
+        LoadTile<L>(q_map, k_map, v_map, base, plan.w, plan.bh, p, base + L::kQ + b * L::kQTileBytes,
+                    base + L::QFull(b), it0);
+      } else {
+        sm90::MbarArrive(base + L::QFull(b));
+      }
+      it0 += n_tiles;
+    }
+  } else {
+    sm90::RegAlloc<L::kConsumerRegisters>();
+    const int cwg = wg - 1;
+    // The CTA's first turn (Consume: the turns run on across tiles); taken back after the loop.
+    if (cwg == L::kConsumers - 1) PassTurn<kSchedule, L::kConsumers>(cwg);
+    int it0 = 0;
+    for (int t = blockIdx.x, i = 0; t < tiles; t += gridDim.x, ++i) {
+      const Plan plan(p, IndexTile(p, t));
+      const int b = i % 2;
+      sm90::MbarWait(base + L::QFull(b), (i / 2) & 1);
+      Consume<T, kD, Variant, kSchedule, kTune, false, true>(base, base_ptr, plan.w, plan.var, cwg, plan.bh, p,
+                                                             b * L::kQTileBytes, it0);
+      // The epilogue read its staged rows back (generic proxy) before the producer's next TMA (async
+      // proxy) writes the buffer: fence, then the warpgroup's last reads, then one release.
+      sm90::FenceProxyAsync();
+      sm90::NamedBarrierSync(1 + cwg, 128);
+      if (threadIdx.x % 128 == 0) sm90::MbarArrive(base + L::QEmpty(b));
+      it0 += plan.w.n_end - plan.w.n_begin;
+    }
+    if (cwg == 0) TakeTurn<kSchedule, L::kConsumers>(cwg);  // the last warpgroup's last pass
+  }
+}
+
 // kSplit: the split-KV kernel (p.splits > 1 CTAs per M block, SplitEpilogue; launch.cu runs it for
 // the head size's default schedule only); without it the kernel is the one before split-KV,
 // instruction for instruction.
-template <typename T, int kD, class Variant, Schedule kSchedule, int kTune = kTuneNone, bool kSplit = false>
+// kPersistent: the persistent kernel (RunPersistent; not with kSplit, and only where the tiling holds
+// two Q tiles, params.h PersistentFits).
+template <typename T, int kD, class Variant, Schedule kSchedule, int kTune = kTuneNone, bool kSplit = false,
+          bool kPersistent = false>
 __global__ void __launch_bounds__(Smem<kD, kTune>::kThreads, 1)
     PrefillKernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                   const __grid_constant__ CUtensorMap v_map, const PrefillParams p) {
+  static_assert(!(kSplit && kPersistent), "split-KV kernels are one tile a CTA");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = Smem<kD, kTune>;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = ptx::SmemAddr(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;  // the 128-byte swizzle repeats every 1024 bytes
   uint8_t* base_ptr = smem_raw + (base - raw);
+  if constexpr (kPersistent) {
+    RunPersistent<T, kD, Variant, kSchedule, kTune>(q_map, k_map, v_map, base, base_ptr, p);
+    return;
+  }
 
   // One linear grid, the M blocks of one (b, kvh) consecutive (FA3's order): the CTAs resident at
   // once share a few K / V heads, which stay in L2, instead of streaming one head each (B * Hkv

@@ -4,10 +4,13 @@
 // (causal or not, windows, scale) or the softcap one, each with or without sinks; and the tuned
 // pingpong kernels (params.h kScheduleSpecs) with the mask variant at D 64 and 128 (TuneCompiled).
 // Split-KV (p.splits > 1, plan.h): the kSplit kernels of each head size's default schedule
-// (PickSplitKernel), then combine.cuh's kernel.
+// (PickDefaultKernel), then combine.cuh's kernel. Persistent (the launch option): the kPersistent
+// kernels of the same default schedules where the tiling holds two Q tiles, one CTA an SM.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <algorithm>
+#include <atomic>
 #include <type_traits>
 
 #include "kernels/prefill/combine.cuh"
@@ -76,43 +79,80 @@ auto PickTunedKernel(int tune) {
   }
 }
 
-// The split-KV kernel (engine.cuh kSplit) of a variant: compiled for the head size's default
-// schedule only (TilingFor(kD).schedule, what calls that name no schedule run; the handler refuses
-// splits > 1 with another), with its tune where the unsplit launch would run it (the mask variant,
-// and scale > 0 under kTuneFold), else its base schedule. *tune: the tune of the kernel returned.
-template <typename T, int kD>
-auto PickSplitKernel(bool sink, bool cap, float scale, int* tune) {
+// The kernel of a variant at the head size's default schedule (TilingFor(kD).schedule, what calls
+// that name no schedule run), with its tune where the plain launch would run it (the mask variant,
+// and scale > 0 under kTuneFold), else its base schedule: the split-KV kernels (engine.cuh kSplit;
+// the handler refuses splits > 1 with another schedule) and the persistent ones (kPersistent; where
+// the tiling holds two Q tiles, PersistentTune). *tune: the tune of the kernel returned.
+template <typename T, int kD, bool kSplit, bool kPersistent>
+auto PickDefaultKernel(bool sink, bool cap, float scale, int* tune) {
   constexpr ScheduleSpec kDefault = kScheduleSpecs[TilingFor(kD).schedule];
   constexpr Schedule kBase = kDefault.base;
   const bool tuned = !sink && !cap && (!(kDefault.tune & kTuneFold) || scale > 0.f);
   *tune = tuned ? kDefault.tune : kTuneNone;
-  return cap ? (sink ? PrefillKernel<T, kD, WithSink<CapVariant>, kBase, kTuneNone, true>
-                     : PrefillKernel<T, kD, CapVariant, kBase, kTuneNone, true>)
-         : sink ? PrefillKernel<T, kD, WithSink<MaskVariant>, kBase, kTuneNone, true>
-         : tuned ? PrefillKernel<T, kD, MaskVariant, kBase, kDefault.tune, true>
-                 : PrefillKernel<T, kD, MaskVariant, kBase, kTuneNone, true>;
+  return cap ? (sink ? PrefillKernel<T, kD, WithSink<CapVariant>, kBase, kTuneNone, kSplit, kPersistent>
+                     : PrefillKernel<T, kD, CapVariant, kBase, kTuneNone, kSplit, kPersistent>)
+         : sink ? PrefillKernel<T, kD, WithSink<MaskVariant>, kBase, kTuneNone, kSplit, kPersistent>
+         : tuned ? PrefillKernel<T, kD, MaskVariant, kBase, kDefault.tune, kSplit, kPersistent>
+                 : PrefillKernel<T, kD, MaskVariant, kBase, kTuneNone, kSplit, kPersistent>;
+}
+
+// Whether head size kD has persistent kernels: its default schedule's tilings (tuned and plain) hold
+// two Q tiles (params.h PersistentFits).
+template <int kD>
+inline constexpr bool kPersistentCompiled =
+    PersistentFits(kD, kScheduleSpecs[TilingFor(kD).schedule].tune) && PersistentFits(kD, kTuneNone);
+
+// The SMs of the current device (the persistent grid), looked up once per device: a device
+// attribute, not stream work, so it may run while XLA captures the stream.
+int SmCount() {
+  static std::atomic<int> cached[64] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  if (dev < 0 || dev >= 64) {
+    int n = 0;
+    return cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess ? n : 0;
+  }
+  int n = cached[dev].load(std::memory_order_relaxed);
+  if (n == 0 && cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess) {
+    cached[dev].store(n, std::memory_order_relaxed);
+  }
+  return n;
 }
 
 }  // namespace
 
 template <typename T, int kD>
 cudaError_t Launch(PrefillParams p, const void* q, const void* k, const void* v, ScheduleSpec spec,
-                   cudaStream_t stream) {
+                   bool persistent, cudaStream_t stream) {
   if (p.batch == 0 || p.kv_heads == 0 || p.rows == 0) return cudaSuccess;
   const Schedule schedule = spec.base;
   // Sinks (the epilogue adds them) and softcap (a tanhf per logit) have their own instantiations;
   // without either, the plain MaskVariant kernels. A tune runs only where it is instantiated
   // (TuneCompiled, MaskVariant) and, folding the scale, with scale > 0; anywhere else the base
-  // schedule's kernel.
+  // schedule's kernel. Persistent: the default schedule's kernels, unsplit, where compiled; any other
+  // call runs one tile a CTA (the same bits).
   const bool sink = p.variant.sink != nullptr, cap = p.variant.softcap > 0.f;
   const bool split = p.splits > 1;
-  if (split && ScheduleIndex(spec.base, spec.tune) != TilingFor(kD).schedule) return cudaErrorInvalidValue;
-  int split_tune = kTuneNone;
-  auto* split_kernel = split ? PickSplitKernel<T, kD>(sink, cap, p.variant.scale, &split_tune) : nullptr;
-  auto* tuned = split || sink || cap || !(p.variant.scale > 0.f) ? nullptr : PickTunedKernel<T, kD>(spec.tune);
-  const int tune = split ? split_tune : tuned != nullptr ? spec.tune : kTuneNone;
+  const bool is_default = ScheduleIndex(spec.base, spec.tune) == TilingFor(kD).schedule;
+  if (split && !is_default) return cudaErrorInvalidValue;
+  int default_tune = kTuneNone;
+  using K = decltype(&PrefillKernel<T, kD, MaskVariant, Schedule::kPingPong>);
+  K default_kernel = nullptr;
+  const int sms = persistent && !split && is_default && kPersistentCompiled<kD> ? SmCount() : 0;
+  if (split) {
+    default_kernel = PickDefaultKernel<T, kD, true, false>(sink, cap, p.variant.scale, &default_tune);
+  } else if (sms > 0) {
+    if constexpr (kPersistentCompiled<kD>) {
+      default_kernel = PickDefaultKernel<T, kD, false, true>(sink, cap, p.variant.scale, &default_tune);
+    }
+  }
+  auto* tuned = default_kernel != nullptr || sink || cap || !(p.variant.scale > 0.f)
+                    ? nullptr : PickTunedKernel<T, kD>(spec.tune);
+  const int tune = default_kernel != nullptr ? default_tune : tuned != nullptr ? spec.tune : kTuneNone;
   const Tiling kTiling = TunedTiling(kD, tune);
   p.m_blocks = (p.rows + kTiling.block_m - 1) / kTiling.block_m;
+  p.section_heads = PersistentSectionHeads(int64_t(p.batch) * p.kv_heads, p.kv_rows, kD, int(sizeof(T)));
   CUtensorMap q_map, k_map, v_map;
   cudaError_t err = MakeMap<T>(&q_map, q, uint64_t(p.batch) * p.q_heads * p.q_rows, kD, kTiling.block_m);
   if (err == cudaSuccess && p.kv_rows > 0) {
@@ -123,17 +163,21 @@ cudaError_t Launch(PrefillParams p, const void* q, const void* k, const void* v,
     k_map = v_map = q_map;  // no keys: never read
   }
   if (err != cudaSuccess) return err;
-  auto* kernel = split_kernel != nullptr ? split_kernel
+  auto* kernel = default_kernel != nullptr ? default_kernel
                  : tuned != nullptr ? tuned
                  : cap           ? (sink ? PickKernel<T, kD, WithSink<CapVariant>>(schedule)
                                          : PickKernel<T, kD, CapVariant>(schedule))
                                  : (sink ? PickKernel<T, kD, WithSink<MaskVariant>>(schedule)
                                          : PickKernel<T, kD, MaskVariant>(schedule));
-  const int64_t smem = SmemBytes(kD, tune);
+  const bool persistent_kernel = sms > 0 && default_kernel != nullptr;
+  const int64_t smem = SmemBytes(kD, tune, persistent_kernel ? 2 : 1);
   // A function attribute, not stream work: allowed while XLA captures the stream.
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   if (err != cudaSuccess) return err;
-  const dim3 grid(unsigned(p.batch * p.kv_heads * p.m_blocks * p.splits));  // < 2^31: the handler checks
+  // One CTA a tile (< 2^31: the handler checks), or persistent: one CTA an SM (the kernels' 1 CTA an
+  // SM: registers and shared memory), each looping over its share of the tiles.
+  const int64_t tiles = int64_t(p.batch) * p.kv_heads * p.m_blocks * p.splits;
+  const dim3 grid(unsigned(persistent_kernel ? std::min<int64_t>(tiles, sms) : tiles));
   kernel<<<grid, Threads(kTiling), smem, stream>>>(q_map, k_map, v_map, p);
   err = cudaGetLastError();
   if (err != cudaSuccess || p.splits == 1) return err;
@@ -144,7 +188,8 @@ cudaError_t Launch(PrefillParams p, const void* q, const void* k, const void* v,
 }
 
 #define JOA_PREFILL_INSTANTIATE(T, D) \
-  template cudaError_t Launch<T, D>(PrefillParams, const void*, const void*, const void*, ScheduleSpec, cudaStream_t);
+  template cudaError_t Launch<T, D>(PrefillParams, const void*, const void*, const void*, ScheduleSpec, bool, \
+                                    cudaStream_t);
 JOA_PREFILL_INSTANCES(JOA_PREFILL_INSTANTIATE)
 #undef JOA_PREFILL_INSTANTIATE
 

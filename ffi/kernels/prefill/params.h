@@ -38,6 +38,8 @@ struct PrefillParams {
   int splits;
   float* part_o;
   float* part_lse;
+  // The persistent kernels' tile order (engine.cuh IndexTile): heads a section (PersistentSectionHeads).
+  int section_heads;
 };
 
 // CTA tile: kBlockM packed query rows (two consumer warpgroups of 64) x a head size's key tile
@@ -195,12 +197,12 @@ constexpr Tiling TunedTiling(int d, int tune) {
 // The most keys per step of any tiling (the handler's row-range check).
 inline constexpr int kMaxBlockN = 192;
 
-// Shared memory of one CTA for head size d: Q, stages x (K, V), 1 KB of alignment slack and the
-// barriers (all tiles are 128-byte-swizzled [rows][64] column blocks of the padded width).
-constexpr int64_t SmemBytes(int d, int tune = kTuneNone) {
-  return int64_t(2) * TunedTiling(d, tune).padded *
-             (TunedTiling(d, tune).block_m + 2 * TunedTiling(d, tune).stages * TunedTiling(d, tune).block_n) +
-         1024 + 256;
+// Shared memory of one CTA for head size d: q_buffers x Q (2 in the persistent kernels), stages x
+// (K, V), 1 KB of alignment slack and the barriers (all tiles are 128-byte-swizzled [rows][64]
+// column blocks of the padded width).
+constexpr int64_t SmemBytes(int d, int tune = kTuneNone, int q_buffers = 1) {
+  const Tiling t = TunedTiling(d, tune);
+  return int64_t(2) * t.padded * (q_buffers * t.block_m + 2 * t.stages * t.block_n) + 1024 + 256;
 }
 // The most a CTA may have on sm_90 (227 KB).
 inline constexpr int64_t kMaxSmemBytes = 232448;
@@ -229,5 +231,23 @@ constexpr bool AllTilingsFit() {
   return true;
 }
 static_assert(AllTilingsFit(), "a tiling past a wgmma / TMA / shared-memory / register limit");
+
+// The persistent kernels (engine.cuh RunPersistent: one CTA an SM loops over the tiles, loading the
+// next tile's Q into a second buffer while it finishes this one) need a tiling that holds two Q
+// tiles. Of the default tilings: D 64 (m192-s4, 177 KB), 80, 96 and 128 (193 KB) do; D 256 (64 KB
+// of Q beside 160 KB of K / V) and D 128's n176 do not; those run one tile a CTA.
+constexpr bool PersistentFits(int d, int tune) {
+  return TilingFits(d, tune) && SmemBytes(d, tune, 2) <= kMaxSmemBytes;
+}
+
+// The persistent order's sections (engine.cuh IndexTile): as many (b, kvh) heads as keep their K and
+// V within kPersistentL2Bytes (FA3's 32 MB of the H100 / H200's 50 / 60 MB L2), at least 1, at most
+// all. A function of static shapes.
+inline constexpr int64_t kPersistentL2Bytes = int64_t(32) << 20;
+constexpr int PersistentSectionHeads(int64_t heads, int64_t kv_rows, int d, int elem_bytes) {
+  const int64_t per_head = 2 * kv_rows * d * elem_bytes;
+  const int64_t fit = per_head > 0 ? kPersistentL2Bytes / per_head : heads;
+  return int(fit < 1 ? 1 : fit > heads ? heads : fit);
+}
 
 }  // namespace joa::prefill
