@@ -299,9 +299,9 @@ def test_unknown_schedule_is_refused():
 
 @needs_limits
 def test_wrapper_takes_the_persistent_switch_at_trace_time(monkeypatch):
-    """cuda.prefill_attention resolves JOA_PREFILL_PERSISTENT when it is traced (unset:
-    PREFILL_PERSISTENT_DEFAULT, "0" off, "1" on) and hands it to the kernel call as a bool; an
-    explicit argument wins."""
+    """cuda.prefill_attention resolves JOA_PREFILL_PERSISTENT when it is traced (unset: persistent
+    over at most PREFILL_PERSISTENT_MAX_KEYS key rows; "0" off, "1" on) and hands it to the kernel
+    call as a bool; an explicit argument wins."""
     calls = use_specs(monkeypatch)
     q = np.zeros((1, 2, 8, 64), np.float16)
     k = np.zeros((1, 1, 8, 64), np.float16)
@@ -313,10 +313,14 @@ def test_wrapper_takes_the_persistent_switch_at_trace_time(monkeypatch):
         return calls[-1][2]["persistent"]
 
     monkeypatch.delenv(cuda.PREFILL_PERSISTENT_ENV, raising=False)
-    assert cuda.prefill_persistent() is cuda.PREFILL_PERSISTENT_DEFAULT
-    assert persistent() is cuda.PREFILL_PERSISTENT_DEFAULT
+    most = cuda.PREFILL_PERSISTENT_MAX_KEYS
+    assert cuda.prefill_persistent(most) is True and cuda.prefill_persistent(most + 1) is False
+    assert persistent() is True  # 8 key rows
+    long_k = np.zeros((1, 1, most + 128, 64), np.float16)
+    jax.eval_shape(lambda q, k: cuda.prefill_attention(q, k, k, lens, lens, scale=0.1, causal=True), q, long_k)
+    assert calls[-1][2]["persistent"] is False
     monkeypatch.setenv(cuda.PREFILL_PERSISTENT_ENV, "1")
-    assert cuda.prefill_persistent() is True and persistent() is True
+    assert cuda.prefill_persistent(most + 1) is True and persistent() is True
     assert persistent(persistent=False) is False
     monkeypatch.setenv(cuda.PREFILL_PERSISTENT_ENV, "0")
     assert persistent() is False and persistent(persistent=True) is True

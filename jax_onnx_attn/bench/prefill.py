@@ -10,8 +10,8 @@ tuned pingpong kernels (TUNED_IMPLS, opt-in: not in the default --impls); "ours-
 with split-KV off (splits=1: the engine before split-KV; SPLIT_IMPLS, opt-in), to A/B the split plan
 against it; "ours-persistent" / "ours-nopersistent" the engine with its persistent kernels on / off
 (persistent=True: one CTA an SM looping over the tiles; False: one tile a CTA; PERSISTENT_IMPLS,
-opt-in), to A/B them whatever "ours" takes (JOA_PREFILL_PERSISTENT, else
-cuda.PREFILL_PERSISTENT_DEFAULT).
+opt-in), to A/B them whatever "ours" takes (JOA_PREFILL_PERSISTENT, else persistent over at
+most cuda.PREFILL_PERSISTENT_MAX_KEYS key rows).
 
 Cases (each causal and / or not, x GQA Hq/Hkv x head size D x bf16 / fp16; `--dims`: any of
 cuda.PREFILL_HEAD_DIMS, 64 / 80 / 96 / 128 / 256, TFLOP/s counting D, not the padded 128-wide tile

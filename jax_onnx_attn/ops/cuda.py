@@ -468,15 +468,25 @@ def _general_attention(q, k, v, kv_len, bias, *, scale, softcap, causal, left, r
 #: holds two Q tiles (D 64 / 80 / 96 / 128; the launch ignores it elsewhere). The same bits either
 #: way (issue 14, docs/kernels.md "The prefill engine").
 PREFILL_PERSISTENT_ENV = "JOA_PREFILL_PERSISTENT"
-#: What calls get with the switch unset.
-PREFILL_PERSISTENT_DEFAULT = False
+#: With the switch unset, calls over at most this many key rows (T, a static shape) run persistent:
+#: there a CTA's fixed cost (Q load, pipeline fill, epilogue: ~3 key tiles' worth) is a large share
+#: of its few key tiles and the loop overlaps it with the neighbouring tile. Measured on the H200
+#: (session 20, bf16 32/8, B·S 16k, `bench/results/2026-12-03-e28a101-prefill-persistent.json`),
+#: TFLOP/s one tile a CTA -> persistent: D 128 causal 1k 392 -> 438 (jax cuDNN 415), 2k 503 -> 513,
+#: 4k 591 -> 573, 16k 664 -> 631; non-causal 1k 549 = 549, 2k 604 -> 599; D 64 causal 1k 229 -> 273,
+#: non-causal 1k 391 -> 438. Past 2k the static tile order balances causal rows worse than the
+#: hardware's CTA scheduler does.
+PREFILL_PERSISTENT_MAX_KEYS = 2048
 
 
-def prefill_persistent() -> bool:
-    """Whether prefill_attention runs the persistent kernels: the one place the switch
-    (JOA_PREFILL_PERSISTENT) is read, at trace time; PREFILL_PERSISTENT_DEFAULT when unset."""
+def prefill_persistent(kv_rows: int) -> bool:
+    """Whether prefill_attention over kv_rows key rows runs the persistent kernels: the one place
+    the switch (JOA_PREFILL_PERSISTENT: "1" on, "0" off) and the default rule (kv_rows <=
+    PREFILL_PERSISTENT_MAX_KEYS) are read, at trace time."""
     forced = os.environ.get(PREFILL_PERSISTENT_ENV)
-    return PREFILL_PERSISTENT_DEFAULT if forced is None or forced == "" else forced == "1"
+    if forced is None or forced == "":
+        return int(kv_rows) <= PREFILL_PERSISTENT_MAX_KEYS
+    return forced == "1"
 
 
 def prefill_plan(batch: int, q_heads: int, kv_heads: int, q_rows: int, kv_rows: int, head_dim: int,
@@ -544,7 +554,7 @@ def prefill_attention(q, k, v, q_len, kv_len, sink=None, *, scale: float, causal
     bits). More than 1 runs the head size's default schedule only (the split kernels are compiled
     for it). The bits depend on the splits, so on the shapes the plan sees; a vmapped call keeps
     each example's plan. persistent: one CTA an SM looping over the row-block tiles (None:
-    `prefill_persistent()`, the JOA_PREFILL_PERSISTENT switch); it applies where the call runs the
+    `prefill_persistent(T)`: JOA_PREFILL_PERSISTENT, else T <= PREFILL_PERSISTENT_MAX_KEYS); it applies where the call runs the
     head size's default schedule unsplit at D 64 / 80 / 96 / 128 and is ignored elsewhere; the same
     bits either way. Raises TypeError / ValueError "prefill_attention: <input>: <rule>" at trace
     time.
@@ -577,7 +587,7 @@ def prefill_attention(q, k, v, q_len, kv_len, sink=None, *, scale: float, causal
     static = dict(scale=float(scale), causal=bool(causal), softcap=float(max(softcap, 0.0)),
                   left=int(left), right=int(right), schedule=schedule,
                   splits=None if splits is None else int(splits),
-                  persistent=prefill_persistent() if persistent is None else bool(persistent))
+                  persistent=prefill_persistent(k.shape[2]) if persistent is None else bool(persistent))
     return partitioning.PREFILL_ATTENTION.apply(
         _prefill_attention, (q, k, v, jnp.asarray(q_len).astype(jnp.int32),
                              jnp.asarray(kv_len).astype(jnp.int32),
