@@ -23,6 +23,20 @@ def _other_gpu() -> bool:
 needs_sm90 = pytest.mark.skipif(_other_gpu(), reason="the prefill engine runs on sm_90 (H100 / H200) only")
 
 
+def engine_inputs(seed, b, hq, hkv, s, t, d, dtype, q_len, kv_len):
+    """q [B, Hq, S, D], k / v [B, Hkv, T, D] of random values, keys past each row's kv_len NaN (garbage
+    the engine must skip), and the lengths as int32."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((b, hq, s, d)).astype(dtype)
+    k = rng.standard_normal((b, hkv, t, d)).astype(dtype)
+    v = rng.standard_normal((b, hkv, t, d)).astype(dtype)
+    q_len, kv_len = np.asarray(q_len, np.int32), np.asarray(kv_len, np.int32)
+    for bi, n in enumerate(kv_len):
+        k[bi, :, max(int(n), 0):] = np.nan
+        v[bi, :, max(int(n), 0):] = np.nan
+    return q, k, v, q_len, kv_len
+
+
 def gqa_prompt(seed, dtype, *, b, s, n, hkv, d, cap, seqlens, packed):
     """GroupQueryAttention inputs of a prompt: packed or separate Q/K/V [B, S, ...], random caches
     [B, Hkv, C, D] (rows past the prompt hold garbage), seqlens_k, rotary caches for C positions."""

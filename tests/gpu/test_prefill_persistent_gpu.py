@@ -28,7 +28,7 @@ from jax_onnx_attn.ops.reference import prefill as prefill_reference
 from jax_onnx_attn.testing import assert_close
 
 import command_buffer
-from prefill_cases import needs_sm90
+from prefill_cases import engine_inputs as _inputs, needs_sm90
 
 pytestmark = pytest.mark.gpu
 
@@ -39,18 +39,6 @@ _reference = jax.jit(prefill_reference.prefill_attention,
 _engine = jax.jit(cuda.prefill_attention,
                   static_argnames=("scale", "causal", "softcap", "left", "right", "schedule", "splits",
                                    "persistent"))
-
-
-def _inputs(seed, b, hq, hkv, s, t, d, dtype, q_len, kv_len):
-    rng = np.random.default_rng(seed)
-    q = rng.standard_normal((b, hq, s, d)).astype(dtype)
-    k = rng.standard_normal((b, hkv, t, d)).astype(dtype)
-    v = rng.standard_normal((b, hkv, t, d)).astype(dtype)
-    q_len, kv_len = np.asarray(q_len, np.int32), np.asarray(kv_len, np.int32)
-    for bi, n in enumerate(kv_len):  # keys past the valid length hold garbage the engine must skip
-        k[bi, :, max(int(n), 0):] = np.nan
-        v[bi, :, max(int(n), 0):] = np.nan
-    return q, k, v, q_len, kv_len
 
 
 def _check(q, k, v, q_len, kv_len, sink=None, *, causal, scale=None, **variant):

@@ -627,6 +627,29 @@ __device__ __forceinline__ CtaIndex IndexCta(const PrefillParams& p) {
   }
 }
 
+// The CTA's mbarriers, initialised once by thread 0 and published to the CTA: q_full (one arrival,
+// the producer's) and, with two Q buffers, q_empty (one a consumer warpgroup) per buffer, then the
+// ring's full / empty pairs (Smem's barrier plan).
+template <class L, int kQBuffers>
+__device__ __forceinline__ void InitBarriers(uint32_t base) {
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int b = 0; b < kQBuffers; ++b) {
+      sm90::MbarInit(base + L::QFull(b), 1);
+      if constexpr (kQBuffers > 1) sm90::MbarInit(base + L::QEmpty(b), L::kConsumers);
+    }
+#pragma unroll
+    for (int s = 0; s < L::kStages; ++s) {
+      sm90::MbarInit(base + L::KFull(s), 1);
+      sm90::MbarInit(base + L::VFull(s), 1);
+      sm90::MbarInit(base + L::KEmpty(s), L::kConsumers);
+      sm90::MbarInit(base + L::VEmpty(s), L::kConsumers);
+    }
+    sm90::FenceBarrierInit();
+  }
+  __syncthreads();
+}
+
 // The persistent kernels' tile t (of B * Hkv * m_blocks; grid: launch.cu Launch): a static order,
 // longest first within sections of p.section_heads (b, kvh) heads (FA3's L2 swizzle: a section's K /
 // V fits in L2, so the tiles running at once share it): a section's tiles run M block by M block from
@@ -678,22 +701,7 @@ __device__ __forceinline__ void RunPersistent(const CUtensorMap& q_map, const CU
                                               const PrefillParams& p) {
   using L = Smem<kD, kTune, 2>;
   using Plan = TilePlan<L::kBlockM, L::kBlockN, false, Variant>;
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int b = 0; b < 2; ++b) {
-      sm90::MbarInit(base + L::QFull(b), 1);
-      sm90::MbarInit(base + L::QEmpty(b), L::kConsumers);
-    }
-#pragma unroll
-    for (int s = 0; s < L::kStages; ++s) {
-      sm90::MbarInit(base + L::KFull(s), 1);
-      sm90::MbarInit(base + L::VFull(s), 1);
-      sm90::MbarInit(base + L::KEmpty(s), L::kConsumers);
-      sm90::MbarInit(base + L::VEmpty(s), L::kConsumers);
-    }
-    sm90::FenceBarrierInit();
-  }
-  __syncthreads();
+  InitBarriers<L, 2>(base);
 
   const int tiles = p.batch * p.kv_heads * p.m_blocks;  // < 2^31: the handler checks
   const int wg = threadIdx.x / 128;
@@ -775,18 +783,7 @@ __global__ void __launch_bounds__(Smem<kD, kTune>::kThreads, 1)
   const Variant var(p.variant, kv_len);
   const CtaWork w = PlanCta<L::kBlockM, L::kBlockN, kSplit>(p, var, m_block, idx.split, q_len, kv_len);
 
-  if (threadIdx.x == 0) {
-    sm90::MbarInit(base + L::QFull(), 1);
-#pragma unroll
-    for (int s = 0; s < L::kStages; ++s) {
-      sm90::MbarInit(base + L::KFull(s), 1);
-      sm90::MbarInit(base + L::VFull(s), 1);
-      sm90::MbarInit(base + L::KEmpty(s), L::kConsumers);
-      sm90::MbarInit(base + L::VEmpty(s), L::kConsumers);
-    }
-    sm90::FenceBarrierInit();
-  }
-  __syncthreads();
+  InitBarriers<L, 1>(base);
 
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
