@@ -21,4 +21,15 @@ inline ComputeCapability CurrentComputeCapability() {
   return cc;
 }
 
+// The current device's SMs (the prefill engine's persistent grid), 0 when it cannot be queried: a
+// device attribute like the above, not stream work, so it may run while XLA captures the stream.
+inline int CurrentSmCount() {
+  int dev = 0, n = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    return 0;
+  }
+  return n;
+}
+
 }  // namespace joa

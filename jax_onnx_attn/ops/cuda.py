@@ -554,9 +554,9 @@ def prefill_attention(q, k, v, q_len, kv_len, sink=None, *, scale: float, causal
     bits). More than 1 runs the head size's default schedule only (the split kernels are compiled
     for it). The bits depend on the splits, so on the shapes the plan sees; a vmapped call keeps
     each example's plan. persistent: one CTA an SM looping over the row-block tiles (None:
-    `prefill_persistent(T)`: JOA_PREFILL_PERSISTENT, else T <= PREFILL_PERSISTENT_MAX_KEYS); it applies where the call runs the
-    head size's default schedule unsplit at D 64 / 80 / 96 / 128 and is ignored elsewhere; the same
-    bits either way. Raises TypeError / ValueError "prefill_attention: <input>: <rule>" at trace
+    `prefill_persistent(T)`: JOA_PREFILL_PERSISTENT, else T <= PREFILL_PERSISTENT_MAX_KEYS); it
+    applies where the call runs the head size's default schedule unsplit at D 64 / 80 / 96 / 128 and
+    is ignored elsewhere; the same bits either way. Raises TypeError / ValueError "prefill_attention: <input>: <rule>" at trace
     time.
     """
     _check_prefill(q, k, v, q_len, kv_len)

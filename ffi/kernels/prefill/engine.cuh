@@ -651,15 +651,15 @@ __device__ __forceinline__ void InitBarriers(uint32_t base) {
 }
 
 // The persistent kernels' tile t (of B * Hkv * m_blocks; grid: launch.cu Launch): a static order,
-// longest first within sections of p.section_heads (b, kvh) heads (FA3's L2 swizzle: a section's K /
-// V fits in L2, so the tiles running at once share it): a section's tiles run M block by M block from
-// the last (a causal head's longest rows) down, the section's heads next to each other in each. The
-// last section may be narrower. Depends on static shapes only.
-__device__ __forceinline__ CtaIndex IndexTile(const PrefillParams& p, int t) {
+// longest first within sections of section_heads (b, kvh) heads (params.h PersistentSectionHeads,
+// FA3's L2 swizzle: a section's K / V fits in L2, so the tiles running at once share it): a section's
+// tiles run M block by M block from the last (a causal head's longest rows) down, the section's heads
+// next to each other in each. The last section may be narrower. Depends on static shapes only.
+__device__ __forceinline__ CtaIndex IndexTile(const PrefillParams& p, int section_heads, int t) {
   const int heads = p.batch * p.kv_heads;
-  const int section = t / (p.section_heads * p.m_blocks);  // section_heads <= heads: no overflow
-  const int head0 = section * p.section_heads;
-  const int width = min(p.section_heads, heads - head0);
+  const int section = t / (section_heads * p.m_blocks);  // section_heads <= heads: no overflow
+  const int head0 = section * section_heads;
+  const int width = min(section_heads, heads - head0);
   const int in_section = t - head0 * p.m_blocks;
   return {head0 + in_section % width, p.m_blocks - 1 - in_section / width, 0};
 }
@@ -701,6 +701,7 @@ __device__ __forceinline__ void RunPersistent(const CUtensorMap& q_map, const CU
                                               const PrefillParams& p) {
   using L = Smem<kD, kTune, 2>;
   using Plan = TilePlan<L::kBlockM, L::kBlockN, false, Variant>;
+  const int section_heads = PersistentSectionHeads(int64_t(p.batch) * p.kv_heads, p.kv_rows, kD, int(sizeof(T)));
   InitBarriers<L, 2>(base);
 
   const int tiles = p.batch * p.kv_heads * p.m_blocks;  // < 2^31: the handler checks
@@ -713,7 +714,7 @@ __device__ __forceinline__ void RunPersistent(const CUtensorMap& q_map, const CU
     sm90::PrefetchTensorMap(&v_map);
     int it0 = 0;
     for (int t = blockIdx.x, i = 0; t < tiles; t += gridDim.x, ++i) {
-      const Plan plan(p, IndexTile(p, t));
+      const Plan plan(p, IndexTile(p, section_heads, t));
       const int b = i % 2;
       sm90::MbarWait(base + L::QEmpty(b), ((i / 2) & 1) ^ 1);
       const int n_tiles = plan.w.n_end - plan.w.n_begin;
@@ -732,7 +733,7 @@ __device__ __forceinline__ void RunPersistent(const CUtensorMap& q_map, const CU
     if (cwg == L::kConsumers - 1) PassTurn<kSchedule, L::kConsumers>(cwg);
     int it0 = 0;
     for (int t = blockIdx.x, i = 0; t < tiles; t += gridDim.x, ++i) {
-      const Plan plan(p, IndexTile(p, t));
+      const Plan plan(p, IndexTile(p, section_heads, t));
       const int b = i % 2;
       sm90::MbarWait(base + L::QFull(b), (i / 2) & 1);
       Consume<T, kD, Variant, kSchedule, kTune, false, true>(base, base_ptr, plan.w, plan.var, cwg, plan.bh, p,

@@ -10,9 +10,9 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
-#include <atomic>
 #include <type_traits>
 
+#include "common/device.h"
 #include "kernels/prefill/combine.cuh"
 #include "kernels/prefill/engine.cuh"
 #include "kernels/prefill/prefill.h"
@@ -103,23 +103,6 @@ template <int kD>
 inline constexpr bool kPersistentCompiled =
     PersistentFits(kD, kScheduleSpecs[TilingFor(kD).schedule].tune) && PersistentFits(kD, kTuneNone);
 
-// The SMs of the current device (the persistent grid), looked up once per device: a device
-// attribute, not stream work, so it may run while XLA captures the stream.
-int SmCount() {
-  static std::atomic<int> cached[64] = {};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
-  if (dev < 0 || dev >= 64) {
-    int n = 0;
-    return cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess ? n : 0;
-  }
-  int n = cached[dev].load(std::memory_order_relaxed);
-  if (n == 0 && cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess) {
-    cached[dev].store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
-
 }  // namespace
 
 template <typename T, int kD>
@@ -139,7 +122,7 @@ cudaError_t Launch(PrefillParams p, const void* q, const void* k, const void* v,
   int default_tune = kTuneNone;
   using K = decltype(&PrefillKernel<T, kD, MaskVariant, Schedule::kPingPong>);
   K default_kernel = nullptr;
-  const int sms = persistent && !split && is_default && kPersistentCompiled<kD> ? SmCount() : 0;
+  const int sms = persistent && !split && is_default && kPersistentCompiled<kD> ? CurrentSmCount() : 0;
   if (split) {
     default_kernel = PickDefaultKernel<T, kD, true, false>(sink, cap, p.variant.scale, &default_tune);
   } else if (sms > 0) {
@@ -152,7 +135,6 @@ cudaError_t Launch(PrefillParams p, const void* q, const void* k, const void* v,
   const int tune = default_kernel != nullptr ? default_tune : tuned != nullptr ? spec.tune : kTuneNone;
   const Tiling kTiling = TunedTiling(kD, tune);
   p.m_blocks = (p.rows + kTiling.block_m - 1) / kTiling.block_m;
-  p.section_heads = PersistentSectionHeads(int64_t(p.batch) * p.kv_heads, p.kv_rows, kD, int(sizeof(T)));
   CUtensorMap q_map, k_map, v_map;
   cudaError_t err = MakeMap<T>(&q_map, q, uint64_t(p.batch) * p.q_heads * p.q_rows, kD, kTiling.block_m);
   if (err == cudaSuccess && p.kv_rows > 0) {

@@ -38,8 +38,6 @@ struct PrefillParams {
   int splits;
   float* part_o;
   float* part_lse;
-  // The persistent kernels' tile order (engine.cuh IndexTile): heads a section (PersistentSectionHeads).
-  int section_heads;
 };
 
 // CTA tile: kBlockM packed query rows (two consumer warpgroups of 64) x a head size's key tile

@@ -15,7 +15,7 @@ namespace joa::prefill {
 // persistent: one CTA an SM looping over the tiles (engine.cuh RunPersistent) where the call runs
 // the head size's default schedule unsplit and its tiling holds two Q tiles (params.h
 // PersistentFits), else one tile a CTA; the same bits either way. Geometry from p's static shapes
-// and the device's SM count only. p.m_blocks and p.section_heads are filled here.
+// and the device's SM count only. p.m_blocks is filled here.
 template <typename T, int kD>
 cudaError_t Launch(PrefillParams p, const void* q, const void* k, const void* v, ScheduleSpec spec,
                    bool persistent, cudaStream_t stream);
