@@ -1,0 +1,90 @@
+"""Device time of the int4 rows kernel (ffi/kernels/gemv/rows.cuh) per call, from jax.profiler's
+kernel events (not wall time / calls, which carries the harness's per-call overhead at small
+shapes), with XLA's fp16 dot on a dense weight of the same shape beside it:
+    python tools/probes/rows_kernel_times.py OUT.json
+Shapes: the ~1B decoder's projections (qkv, o, gate-up, down, LM head) at M 8 and 32; plans:
+the planner's and the forced ones of PLANS ((cluster, warps_n, depth)). Command buffers off, so
+each call is a plain stream launch the profiler sees."""
+
+import json
+import os
+import sys
+import tempfile
+
+os.environ.setdefault("XLA_FLAGS", "--xla_gpu_enable_command_buffer=")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from jax_onnx_attn.bench.e2e import device_kernel_events, read_trace  # noqa: E402
+from jax_onnx_attn.ops import cuda_matmul  # noqa: E402
+from jax_onnx_attn.ops.linear import to_rows_layout  # noqa: E402
+
+SHAPES = [(2048, 3072), (2048, 2048), (2048, 16384), (8192, 2048), (2048, 128256)]
+PLANS = [(0, 0, 0), (8, 4, 4), (4, 4, 4), (8, 2, 4), (2, 4, 4), (1, 8, 2)]
+COPIES, BLOCK = 8, 32
+
+
+def kernel_us(fn, args, word):
+    """Median device µs of the kernels whose name holds `word`, over a traced run of fn(*args)."""
+    fn(*args).block_until_ready()
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d):
+            for _ in range(3):
+                fn(*args).block_until_ready()
+        kernels, _ = device_kernel_events(read_trace(d))
+    durs = [float(e["dur"]) for e in kernels or [] if word in str(e.get("name", ""))]
+    return (float(np.median(durs)), len(durs)) if durs else (None, 0)
+
+
+def kernel_table(fn, args):
+    """{kernel name[:60]: [median µs, count]} of a traced run of fn(*args), the 3 longest by total."""
+    fn(*args).block_until_ready()
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d):
+            for _ in range(3):
+                fn(*args).block_until_ready()
+        kernels, _ = device_kernel_events(read_trace(d))
+    by = {}
+    for e in kernels or []:
+        by.setdefault(str(e.get("name", ""))[:60], []).append(float(e["dur"]))
+    top = sorted(by.items(), key=lambda kv: -sum(kv[1]))[:3]
+    return {name: [float(np.median(v)), len(v)] for name, v in top}
+
+
+def main():
+    out = []
+    rng = np.random.default_rng(0)
+    for k, n in SHAPES:
+        bq = rng.integers(0, 256, (n, k // BLOCK, BLOCK // 2), dtype=np.uint8)
+        s = (rng.uniform(0.5, 1.5, (n, k // BLOCK)) / 16).astype(np.float16)
+        z = rng.integers(0, 16, (n, k // BLOCK), dtype=np.uint8)
+        packed = tuple(jnp.asarray(t) for t in to_rows_layout(bq, s, z))
+        copies = [packed] + [tuple(jnp.copy(t) for t in packed) for _ in range(COPIES - 1)]
+        dense = [jnp.asarray(rng.standard_normal((n, k), np.float32) / 64, jnp.float16) for _ in range(2)]
+        for m in (8, 32):
+            x = jnp.asarray(rng.standard_normal((m, k)), jnp.float16)
+            row = {"k": k, "n": n, "m": m, "w_bytes": int(sum(t.nbytes for t in packed))}
+            for plan in PLANS:
+                c, w, d = plan
+                p = cuda_matmul.gemv_plan(m, n, k, 4, False, c, block_size=BLOCK, rows_layout=True, warps_n=w, depth=d)
+                name = "planned" if plan == (0, 0, 0) else f"c{c},w{w},d{d}"
+                if p["error"]:
+                    row[name] = {"skip": p["error"][:80]}
+                    continue
+                fn = jax.jit(lambda x, ws, c=c, w=w, d=d: [cuda_matmul.matmul_nbits_rows(
+                    x, *t, n=n, block_size=BLOCK, cluster=c, warps_n=w, depth=d) for t in ws])
+                us, cnt = kernel_us(lambda x, ws: jnp.stack([o[0, :8] for o in fn(x, ws)]), (x, copies), "GemvRows")
+                row[name] = {"us": us, "kernels": cnt, "tb_s": row["w_bytes"] / us / 1e6 if us else None,
+                             "plan": {f: p[f] for f in ("cluster", "warps_n", "stages", "grid", "ctas_per_sm")}}
+            fd = jax.jit(lambda x, ws: jnp.stack([(x @ t.T)[0, :8] for t in ws]))
+            row["xla-fp16"] = kernel_table(fd, (x, dense))
+            print(json.dumps(row), flush=True)
+            out.append(row)
+        del copies, dense
+    json.dump(out, open(sys.argv[1], "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
