@@ -163,15 +163,16 @@ cudaError_t LaunchDenseRowKernel(const GemvParams& p, const Plan& plan, bool pdl
 template <typename T, class Prologue, class Epilogue, int kNT, int kDS, int kSPB>
 cudaError_t LaunchRowsOccupancy(const GemvParams& p, const Plan& plan, bool pdl, cudaStream_t stream) {
   const int threads = 32 * plan.warps_n;
-  // The default carveout, as the one-row kernels: W goes straight into registers.
+  // The max-shared carveout: W goes through the warps' rings in shared memory (cp.async.cg, not
+  // through L1), x is read from shared memory too.
   if (plan.ctas_per_sm == 1) {
     return LaunchPlanned(GemvRowsKernel<T, kNT, kDS, kSPB, 1, Prologue, Epilogue>, p, plan,
-                         int(plan.smem_bytes), /*max_shared=*/false, pdl, stream, threads);
+                         int(plan.smem_bytes), /*max_shared=*/true, pdl, stream, threads);
   }
   if constexpr (RowsOccupancy2Fits(kNT, kDS, kSPB * kRowsStageK)) {
     if (plan.ctas_per_sm == 2) {
       return LaunchPlanned(GemvRowsKernel<T, kNT, kDS, kSPB, 2, Prologue, Epilogue>, p, plan,
-                           int(plan.smem_bytes), /*max_shared=*/false, pdl, stream, threads);
+                           int(plan.smem_bytes), /*max_shared=*/true, pdl, stream, threads);
     }
   }
   return cudaErrorInvalidValue;

@@ -402,9 +402,14 @@ inline Plan MakeRecordPlan(int64_t m, int64_t n_rows, int64_t k, int64_t block_s
 
 // The rows layout (rows.cuh, jax_onnx_attn.ops.linear.pack_nbits_rows): 4-bit weights for 2..32
 // rows of x. A warp owns a row group of kRowsGroup W rows (four m16 tiles) and streams its K range
-// straight into registers, kRowsStageK elements (1 KB of W) a stage.
+// through a ring in shared memory, kRowsStageK elements (1 KB of W) a stage.
 inline constexpr int kRowsGroup = 64;
 inline constexpr int kRowsStageK = 32;
+// A ring stage: W (1 KB), each lane's 16 bytes of scales and 8 of zero points (a lane reads only
+// what it copied). The ring holds RowsRingPairs(depth) pairs of stages a warp (cp.async groups of a
+// pair, at most 7 pending).
+inline constexpr int kRowsRingStageBytes = 1024 + 32 * 16 + 32 * 8;
+inline constexpr int RowsRingPairs(int depth) { return 2 * depth; }
 // Row groups (warps) a CTA may take (W stages a warp keeps in flight: 2 or 4, RowsPlannedDepth).
 inline constexpr int kRowsWarps[4] = {8, 4, 2, 1};
 // Occupancy: the CTAs of kThreads an SM the kernel's registers are capped for (Plan::ctas_per_sm,
@@ -459,15 +464,17 @@ inline constexpr int64_t kRowsWarpBytes = 32 * 1024;
 inline constexpr int kRowsMaxWarps = 1024;
 
 // Shared memory of the rows kernel: x's K slice in fragment order (16 bytes per x row of an n8
-// tile per 8 k), aliased after the stream by the partial sums [8 nt][64 warps_n + 8] f32; then,
-// with the norm, the threads' sums of squares and per-x-row sums and inverse RMS.
+// tile per 8 k), then the warps' W rings (depth p.stages), both aliased after the stream by the
+// partial sums [8 nt][64 warps_n + 8] f32; then, with the norm, the threads' sums of squares and
+// per-x-row sums and inverse RMS (written while the rings fill: not aliased).
 inline void RowsSmem(Plan& p) {
   const int64_t x = int64_t(p.k / p.cluster) * p.nt * 16;
   const int64_t part = int64_t(8) * p.nt * (p.rows_block + 8) * 4;
+  const int64_t rings = int64_t(p.warps_n) * RowsRingPairs(p.stages) * 2 * kRowsRingStageBytes;
   p.x_bytes = Align16(x);
   p.red_bytes = Align16(part);
-  p.gamma_offset = std::max(p.x_bytes, p.red_bytes);
-  p.ring_offset = p.gamma_offset;
+  p.ring_offset = p.x_bytes;
+  p.gamma_offset = std::max(p.x_bytes + rings, p.red_bytes);
   p.smem_bytes = p.gamma_offset + (p.norm ? (int64_t(32) * p.warps_n + 2 * kMaxM) * 4 : 0);
 }
 
@@ -536,14 +543,19 @@ inline Plan MakeRowsPlan(int64_t m, int64_t n_rows, int64_t k, int64_t block_siz
       p.groups = p.blocks;
       p.grid = p.blocks * s;
       p.waves = 1;
-      RowsSmem(p);
+      // The depth sizes the rings (shared memory), and the occupancy the depth: the planned
+      // occupancy's depth first, then occupancy 1's where two CTAs an SM do not fit.
+      auto sized = [&](int occupancy) {
+        p.ctas_per_sm = occupancy;
+        p.stages = force_depth > 0 ? int(force_depth) : RowsPlannedDepth(rw, occupancy);
+        RowsSmem(p);
+        return occupancy == 1 || p.smem_bytes <= budget_two;
+      };
+      const int want = force_occupancy > 0 ? int(force_occupancy)
+                                           : RowsPlannedOccupancy(rw, nt, block_size, true, occupancy2_rule);
+      if (!sized(want) && (force_occupancy > 0 || !sized(1))) continue;
       // A cluster of 16 needs CTAs that share SMs (16 one-CTA SMs in a GPC: not guaranteed).
       if (p.smem_bytes > budget || (s > 8 && p.smem_bytes > budget_two)) continue;
-      const bool fits_two = p.smem_bytes <= budget_two;
-      p.ctas_per_sm = force_occupancy > 0 ? int(force_occupancy)
-                                          : RowsPlannedOccupancy(rw, nt, block_size, fits_two, occupancy2_rule);
-      if (p.ctas_per_sm == 2 && !fits_two) continue;
-      p.stages = force_depth > 0 ? int(force_depth) : RowsPlannedDepth(rw, p.ctas_per_sm);
       const bool full = p.grid >= kRowsMinCtas && int64_t(p.grid) * rw >= want_warps;
       bool better;
       if (!found) {

@@ -4,7 +4,7 @@
 //
 // Why: the ring kernel (kernel.cuh) stages all of x per CTA (64 KB at M = 8, K = 4096), which caps
 // its occupancy and ring depth: 0.12-0.5 of a weights-only stream at M = 8..32. Here each CTA stages
-// only its cluster rank's K slice of x, and W goes straight from HBM into registers.
+// only its cluster rank's K slice of x, and each warp streams its W through a ring of its own.
 //
 // Layout (plan.h's kRowsGroup, kRowsStageK):
 // - W (uint8 [ceil(N / 64), K / 16, 512]): a warp owns a row group of 64 W rows (four m16 tiles i).
@@ -29,7 +29,8 @@
 // rank of the cluster's `cluster` CTAs, which split K. x's slice is staged once per CTA in B
 // fragment order (a 16-byte shared load per lane per n8 tile gives two k16 steps), rows past M
 // zeros; with the RMS-norm prologue each CTA sums its slice's squares and the cluster adds the CTAs'
-// sums in rank order. Each warp keeps `stages` (plan) stages of W in flight in registers. The
+// sums in rank order. Each warp keeps up to 2 RowsRingPairs(depth) - 2 stages of W in flight in its
+// ring in shared memory (a stage: W 1 KB, then each lane's scales and zero points). The
 // cluster's partial sums are added through distributed shared memory in rank order (deterministic,
 // no atomics): partials into the CTA's shared memory (aliasing x), cluster barrier, rank r adds
 // its 1 / cluster of the block's rows over ranks 0..cluster-1 and applies the epilogue, barrier.
@@ -63,12 +64,6 @@ __device__ __forceinline__ uint32_t Fma2(uint32_t a, uint32_t b, uint32_t c) {
   return d;
 }
 
-__device__ __forceinline__ uint2 LoadStream8(const void* p) {
-  uint2 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
-  return v;
-}
-
 __device__ __forceinline__ uint32_t Word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
@@ -93,15 +88,8 @@ struct RowsDequant {
 
 };
 
-// One stage of a lane: W of k16 steps 0, 1 and, with the stage that starts a block, its metadata.
-struct RowsStage {
-  uint4 w[2];
-  uint4 sc;
-  uint2 zr;
-};
-
-// NT n8 tiles of x rows, DS stages in flight a warp, SPB stages a block (1: bs 32, 4: bs 128),
-// OCC the CTAs of kThreads an SM its registers are capped for (plan.ctas_per_sm; 2: 128 a thread).
+// NT n8 tiles of x rows, DS the plan's depth (a warp's ring holds RowsRingPairs(DS) pairs of
+// stages), SPB stages a block (1: bs 32, 4: bs 128), OCC the CTAs of kThreads an SM its registers are capped for (plan.ctas_per_sm; 2: 128 a thread).
 // Occupancy 1 states no minimum: with `.minnctapersm 1` ptxas took up to 142 registers at 2 stages,
 // M <= 16, where it takes 126-128 without (one CTA an SM instead of two).
 template <typename T, int NT, int DS, int SPB, int OCC, class Prologue, class Epilogue>
@@ -122,28 +110,38 @@ __global__ void __launch_bounds__(kThreads, OCC > 1 ? OCC : 0) GemvRowsKernel(co
   ptx::LaunchDependents();
 
   // W first (a parameter: no kernel of the program writes it), then x after the previous kernel.
-  const uint4* wp = static_cast<const uint4*>(p.w) + (int64_t(rg) * (p.k / 16) + k0 / 16) * 32 + lane;
+  // W and its block metadata go through the warp's ring in shared memory (cp.async, one copy group
+  // a pair of stages), so the bytes in flight are the ring's, not the registers': with W loaded
+  // straight into registers (2-4 KB a warp) the ~1B shapes ran at 0.2-0.9 TB/s (ncu, H200: one warp
+  // a scheduler, a third of its cycles on the loads). Each lane copies, and later reads, only its
+  // own 16-byte pieces (W words, its row's scales and zero points), so the ring needs no barrier:
+  // cp.async.wait_group of the lane's own groups is the whole handshake.
+  constexpr int kPairs = RowsRingPairs(DS);
+  unsigned char* ring = smem + p.ring_offset + int64_t(warp) * kPairs * 2 * kRowsRingStageBytes;
+  const uint4* wsrc = static_cast<const uint4*>(p.w) + (int64_t(rg) * (p.k / 16) + k0 / 16) * 32 + lane;
   const int64_t meta0 = (int64_t(rg) * p.k_blocks + (k0 >> p.block_shift)) * 8 + g;
-  int ld = 0;
-  auto load = [&](RowsStage& st, bool block_start) {
-    if (live && ld < stages) {
-      st.w[0] = LoadStream16(wp);
-      st.w[1] = LoadStream16(wp + 32);
-      wp += 64;
-      if (block_start) {
-        const int64_t at = meta0 + int64_t(ld / SPB) * 8;
-        st.sc = LoadStream16(static_cast<const uint4*>(p.scales) + at);
-        st.zr = p.zeros != nullptr ? LoadStream8(reinterpret_cast<const uint2*>(p.zeros) + at)
-                                   : make_uint2(0x08080808u, 0x08080808u);
+  const int pairs = (stages + 1) / 2;
+  auto issue = [&](int pr) {  // the copies of stage pair pr into its ring slot, one group
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int st = 2 * pr + h;
+      if (live && st < stages) {
+        const uint32_t at = ptx::SmemAddr(ring + ((pr % kPairs) * 2 + h) * kRowsRingStageBytes) + 16 * lane;
+        ptx::CpAsync16(at, wsrc + int64_t(st) * 64, true);
+        ptx::CpAsync16(at + 512, wsrc + int64_t(st) * 64 + 32, true);
+        if (st % SPB == 0) {
+          const int64_t m = meta0 + int64_t(st / SPB) * 8;
+          ptx::CpAsync16(at + 1024, static_cast<const uint4*>(p.scales) + m, true);
+          if (p.zeros != nullptr) {
+            ptx::CpAsync8(at + 1536 - 8 * lane, reinterpret_cast<const uint2*>(p.zeros) + m, true);
+          }
+        }
       }
     }
-    ++ld;
+    ptx::CpAsyncCommit();
   };
-  // Whether stage st (= st0 + s, st0 % DS == 0) starts a block: at compile time where DS % SPB == 0.
-  auto starts = [&](int s, int st) { return (DS % SPB == 0) ? (s % SPB == 0) : (st % SPB == 0); };
-  RowsStage buf[DS];
 #pragma unroll
-  for (int s = 0; s < DS; ++s) load(buf[s], starts(s, s));
+  for (int pr = 0; pr < kPairs - 1; ++pr) issue(pr);
 
   ptx::WaitForPrimary();  // x, gamma, bias, residual may come from the previous kernel
 
@@ -245,49 +243,55 @@ __global__ void __launch_bounds__(kThreads, OCC > 1 ? OCC : 0) GemvRowsKernel(co
   uint32_t s2[4][2], z2[4][2];
 
   const uint4* xs = s_x + lane;
-  if (live) {
-    for (int st0 = 0; st0 < stages; st0 += DS) {
+  for (int pr = 0; pr < pairs; ++pr) {
+    issue(pr + kPairs - 1);  // into the slot pair pr - 1 left: this lane's reads of it are done
+    ptx::CpAsyncWait<kPairs - 1>();
+    if (!live) continue;
 #pragma unroll
-      for (int s = 0; s < DS; ++s) {
-        const int st = st0 + s;
-        if (st >= stages) break;
-        RowsStage& cur = buf[s];
-        if (starts(s, st)) {
+    for (int h = 0; h < 2; ++h) {
+      const int st = 2 * pr + h;
+      if (st >= stages) break;
+      const unsigned char* at = ring + ((pr % kPairs) * 2 + h) * kRowsRingStageBytes + 16 * lane;
+      const uint4 w0 = *reinterpret_cast<const uint4*>(at);
+      const uint4 w1 = *reinterpret_cast<const uint4*>(at + 512);
+      if (st % SPB == 0) {
+        const uint4 sc = *reinterpret_cast<const uint4*>(at + 1024);
+        const uint2 zr = p.zeros != nullptr ? *reinterpret_cast<const uint2*>(at + 1536 - 8 * lane)
+                                            : make_uint2(0x08080808u, 0x08080808u);
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const uint32_t sw = Word(cur.sc, i);
-            const uint32_t zw = i < 2 ? cur.zr.x : cur.zr.y;
+        for (int i = 0; i < 4; ++i) {
+          const uint32_t sw = Word(sc, i);
+          const uint32_t zw = i < 2 ? zr.x : zr.y;
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              s2[i][h] = Prmt(sw, sw, h ? 0x3232u : 0x1010u);
-              z2[i][h] = D::Add(zw, h, (2 * i + h) & 3);
-            }
+          for (int hh = 0; hh < 2; ++hh) {
+            s2[i][hh] = Prmt(sw, sw, hh ? 0x3232u : 0x1010u);
+            z2[i][hh] = D::Add(zw, hh, (2 * i + hh) & 3);
           }
         }
-        uint4 xb[NT];
+      }
+      uint4 xb[NT];
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) xb[nt] = xs[(st * NT + nt) * 32];
+      for (int nt = 0; nt < NT; ++nt) xb[nt] = xs[(st * NT + nt) * 32];
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
+      for (int j = 0; j < 2; ++j) {
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            uint32_t a[4];  // (row g, k 2t..), (row g + 8), (row g, k + 8), (row g + 8, k + 8)
-            MagicNibbles<T>(Word(cur.w[j], i), a);
+        for (int i = 0; i < 4; ++i) {
+          uint32_t a[4];  // (row g, k 2t..), (row g + 8), (row g, k + 8), (row g + 8, k + 8)
+          MagicNibbles<T>(Word(j ? w1 : w0, i), a);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int h = e & 1;
-              a[e] = Fma2<T>(Fma2<T>(a[e], D::Mul(h), z2[i][h]), s2[i][h], D::kNegZero);
-            }
+          for (int e = 0; e < 4; ++e) {
+            const int hh = e & 1;
+            a[e] = Fma2<T>(Fma2<T>(a[e], D::Mul(hh), z2[i][hh]), s2[i][hh], D::kNegZero);
+          }
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-              ptx::Mma16816Free<T>(acc[i][nt], a, j ? xb[nt].z : xb[nt].x, j ? xb[nt].w : xb[nt].y);
-            }
+          for (int nt = 0; nt < NT; ++nt) {
+            ptx::Mma16816Free<T>(acc[i][nt], a, j ? xb[nt].z : xb[nt].x, j ? xb[nt].w : xb[nt].y);
           }
         }
-        load(cur, starts(s, st + DS));  // stage st + DS into the registers just consumed
       }
     }
   }
+  ptx::CpAsyncWait<0>();  // no copy outlives the loop: the partials below alias x and the rings
 
   // Partial sums [8 NT x rows][64 warps_n + 8] f32 over x's area (rows contiguous: 16-byte reads in
   // the reduction; the + 8 spreads the stores over the banks), then the cluster's fixed-order sum.
