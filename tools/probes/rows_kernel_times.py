@@ -22,7 +22,7 @@ from jax_onnx_attn.ops import cuda_matmul  # noqa: E402
 from jax_onnx_attn.ops.linear import to_rows_layout  # noqa: E402
 
 SHAPES = [(2048, 3072), (2048, 2048), (2048, 16384), (8192, 2048), (2048, 128256)]
-PLANS = [(0, 0, 0)] + [(c, w, d) for c in (1, 2, 4, 8, 16) for w in (2, 4, 8) for d in (2, 4)]
+PLANS = [(0, 0, 0)] + [(c, w, d) for c in (1, 2, 4, 8) for w in (4, 8) for d in (2, 4)]
 COPIES, BLOCK = 4, 32
 
 

@@ -543,19 +543,23 @@ inline Plan MakeRowsPlan(int64_t m, int64_t n_rows, int64_t k, int64_t block_siz
       p.groups = p.blocks;
       p.grid = p.blocks * s;
       p.waves = 1;
-      // The depth sizes the rings (shared memory), and the occupancy the depth: the planned
-      // occupancy's depth first, then occupancy 1's where two CTAs an SM do not fit.
-      auto sized = [&](int occupancy) {
-        p.ctas_per_sm = occupancy;
-        p.stages = force_depth > 0 ? int(force_depth) : RowsPlannedDepth(rw, occupancy);
-        RowsSmem(p);
-        return occupancy == 1 || p.smem_bytes <= budget_two;
-      };
+      // The depth sizes the rings (shared memory) and the occupancy the depth. Tried in order: the
+      // planned occupancy at its depth, occupancy 1 at its depth, occupancy 1 at depth 2 (forced
+      // values stay); the first whose shared memory fits. A cluster of 16 needs CTAs that share
+      // SMs (16 one-CTA SMs in a GPC: not guaranteed), so it must fit twice an SM.
       const int want = force_occupancy > 0 ? int(force_occupancy)
                                            : RowsPlannedOccupancy(rw, nt, block_size, true, occupancy2_rule);
-      if (!sized(want) && (force_occupancy > 0 || !sized(1))) continue;
-      // A cluster of 16 needs CTAs that share SMs (16 one-CTA SMs in a GPC: not guaranteed).
-      if (p.smem_bytes > budget || (s > 8 && p.smem_bytes > budget_two)) continue;
+      const int tries[3][2] = {{want, RowsPlannedDepth(rw, want)}, {1, RowsPlannedDepth(rw, 1)}, {1, 2}};
+      bool fits = false;
+      for (const auto& [occupancy, depth] : tries) {
+        if (force_occupancy > 0 && occupancy != force_occupancy) continue;
+        p.ctas_per_sm = occupancy;
+        p.stages = force_depth > 0 ? int(force_depth) : depth;
+        RowsSmem(p);
+        fits = p.smem_bytes <= (occupancy == 2 || s > 8 ? budget_two : budget);
+        if (fits) break;
+      }
+      if (!fits) continue;
       const bool full = p.grid >= kRowsMinCtas && int64_t(p.grid) * rw >= want_warps;
       bool better;
       if (!found) {
