@@ -5,11 +5,6 @@ trace-time refusals, and the rows kernel's plan (plan.h's MakeRowsPlan)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import jax.numpy as jnp
 import numpy as np
@@ -165,10 +160,10 @@ def test_rows_group_agrees_with_the_kernel():
     assert _ffi.limits()["gemv"]["rows_group"] == ROWS_GROUP
 
 
-# (K, N, gated, norm) -> (warps_n, cluster) the plan takes at M = 8: the H200 sweep's best measured
-# layouts on the ~8B shapes (plan.h's kRows* targets).
-PLANNED = {(4096, 4096, False, False): (4, 8), (4096, 6144, False, True): (4, 8),
-           (4096, 28672, True, True): (8, 4), (14336, 4096, False, False): (8, 16),
+# (K, N, gated, norm) -> (warps_n, cluster) the plan takes at M = 8 on the ~8B shapes (plan.h's kRows*
+# targets and RowsPreferredWarps: 4-warp CTAs, 8 for the LM head's many row groups).
+PLANNED = {(4096, 4096, False, False): (4, 4), (4096, 6144, False, True): (4, 4),
+           (4096, 28672, True, True): (4, 4), (14336, 4096, False, False): (4, 16),
            (4096, 128256, False, True): (8, 1)}
 
 
@@ -180,15 +175,28 @@ def test_rows_plan_on_the_8b_shapes(shape):
         plan = cuda_matmul.gemv_plan(8, n, k, 4, gated, norm, block_size=block, rows_layout=True)
         assert plan["error"] is None and plan["rows_layout"]
         assert (plan["warps_n"], plan["cluster"]) == PLANNED[shape]
-        # 8-warp CTAs keep 2 stages in flight (128 registers: two CTAs an SM), 4-warp ones 4; the
-        # planned occupancy is 1 (JOA_ROWS_OCC2 unset: test_rows_occupancy_rule_switch).
-        assert plan["stages"] == (2 if plan["warps_n"] == 8 else 4)
-        assert plan["ctas_per_sm"] == 1
+        # A ring of depth 2 a warp (depth 4 was never faster on the H200), occupancy 1.
+        assert (plan["stages"], plan["ctas_per_sm"]) == (2, 1)
     for m in (2, 16, 32):
         plan = cuda_matmul.gemv_plan(m, n, k, 4, gated, norm, block_size=128, rows_layout=True)
         assert plan["error"] is None
         assert plan["smem_bytes"] <= 232448 and plan["nt"] == (1 if m <= 8 else 2 if m <= 16 else 4)
         assert k % (plan["cluster"] * 128) == 0 and 64 * plan["warps_n"] // plan["cluster"] >= 16
+
+
+# (K, N, M) -> (warps_n, cluster): the fastest forced layout of session 21's H200 sweep of the ring
+# kernel on the ~1B shapes (block 32; tools/probes/rows_kernel_times.py), which the planner takes.
+FASTEST_1B = {(2048, 3072, 8): (4, 8), (2048, 3072, 32): (4, 8), (2048, 2048, 8): (4, 8),
+              (2048, 2048, 32): (4, 8), (2048, 16384, 8): (4, 2), (2048, 16384, 32): (4, 2),
+              (8192, 2048, 32): (4, 8), (2048, 128256, 32): (8, 2)}
+
+
+@needs_ext
+@pytest.mark.parametrize("case", list(FASTEST_1B), ids=str)
+def test_rows_plan_takes_the_fastest_measured_1b_layouts(case):
+    k, n, m = case
+    plan = cuda_matmul.gemv_plan(m, n, k, 4, False, block_size=32, rows_layout=True)
+    assert plan["error"] is None and (plan["warps_n"], plan["cluster"], plan["stages"]) == (*FASTEST_1B[case], 2)
 
 
 @needs_ext
@@ -212,24 +220,24 @@ def test_rows_plan_occupancy_overrides():
     def plan(m=8, n=4096, k=4096, block=128, **kw):
         return cuda_matmul.gemv_plan(m, n, k, 4, False, block_size=block, rows_layout=True, **kw)
     planned = plan()
-    assert planned["ctas_per_sm"] == 1
-    # Occupancy 2 plans 4 stages (the point of the 128-register cap) on the planner's layout where
-    # its shared memory fits twice an SM; a forced depth stays.
+    assert (planned["ctas_per_sm"], planned["stages"]) == (1, 2)
+    # Occupancy 2 on the planner's layout where its shared memory fits twice an SM (x's slice and
+    # the 4-warp rings of depth 2); depth 4's rings do not.
     two = plan(occupancy=2)
-    assert (two["ctas_per_sm"], two["stages"]) == (2, 4)
+    assert (two["ctas_per_sm"], two["stages"]) == (2, 2)
     assert (two["cluster"], two["warps_n"]) == (planned["cluster"], planned["warps_n"])
     assert two["smem_bytes"] <= 115712
-    assert plan(occupancy=2, depth=2)["stages"] == 2
-    assert (plan(occupancy=1)["ctas_per_sm"], plan(occupancy=1)["stages"]) == (1, planned["stages"])
-    forced = plan(cluster=1, warps_n=8, depth=4, occupancy=2)
-    assert (forced["cluster"], forced["warps_n"], forced["stages"], forced["ctas_per_sm"]) == (1, 8, 4, 2)
+    assert "twice an SM (occupancy 2)" in plan(occupancy=2, depth=4)["error"]
+    assert (plan(occupancy=1)["ctas_per_sm"], plan(occupancy=1)["stages"]) == (1, 2)
+    forced = plan(cluster=2, warps_n=4, depth=2, occupancy=2)
+    assert (forced["cluster"], forced["warps_n"], forced["stages"], forced["ctas_per_sm"]) == (2, 4, 2, 2)
     assert "occupancy must be" in plan(occupancy=3)["error"]
     assert "occupancy must be" in plan(occupancy=-1)["error"]
     # Where the kernel would spill under 128 registers (plan.h's RowsOccupancy2Fits): M > 16, and
     # M 9-16 at 4 stages of block-32 W.
     assert "occupancy 2" in plan(m=32, occupancy=2)["error"]
-    assert "occupancy 2" in plan(m=16, block=32, occupancy=2)["error"]
-    assert plan(m=16, block=32, occupancy=2, depth=2)["error"] is None
+    assert "occupancy 2" in plan(m=16, block=32, occupancy=2, depth=4)["error"]
+    assert plan(m=16, block=32, occupancy=2)["error"] is None
     assert plan(m=16, block=128, occupancy=2)["error"] is None
     assert plan(m=32, occupancy=1)["error"] is None
     # x's slice twice an SM: M = 8, K = 8192 in one CTA takes 128 KB (one CTA an SM only).
@@ -239,55 +247,6 @@ def test_rows_plan_occupancy_overrides():
     assert wide["error"] is None and wide["cluster"] > 1 and wide["smem_bytes"] <= 115712
     assert cuda_matmul.rows_unsupported(8, 4096, 4096, 128, False, occupancy=2) is None
     assert "occupancy 2" in cuda_matmul.rows_unsupported(32, 4096, 4096, 128, False, occupancy=2)
-
-
-_RULE_PLANS = textwrap.dedent("""
-    import json, sys
-    from jax_onnx_attn.ops import cuda_matmul
-    out = {}
-    for k, n, gated, norm in json.loads(sys.argv[1]):
-        for m in (8, 16, 32):
-            for block in (32, 128):
-                p = cuda_matmul.gemv_plan(m, n, k, 4, gated, norm, block_size=block, rows_layout=True)
-                out[f"{k} {n} {gated} {norm} {m} {block}"] = [p["error"], p["cluster"], p["warps_n"],
-                                                              p["stages"], p["ctas_per_sm"], p["smem_bytes"]]
-    print(json.dumps(out))
-""")
-
-
-def _plans_under(env_value):
-    """The rows plans of the ~8B shapes in a fresh process (the switch is read once a process)."""
-    env = {k: v for k, v in os.environ.items() if k != "JOA_ROWS_OCC2"}
-    if env_value is not None:
-        env["JOA_ROWS_OCC2"] = env_value
-    done = subprocess.run([sys.executable, "-c", _RULE_PLANS, json.dumps(list(PLANNED))], env=env,
-                          capture_output=True, text=True, timeout=300, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-@needs_ext
-def test_rows_occupancy_rule_switch():
-    # JOA_ROWS_OCC2=1 (plan.h's proposed rule): the same layouts (K split and warps: the same bits),
-    # 8-warp CTAs at occupancy 2 and its 4 stages wherever that plan is taken (shared memory twice an
-    # SM, registers: this process's forced plan says), everything else as planned without it.
-    default, rule = _plans_under(None), _plans_under("1")
-    assert _plans_under("0") == default
-    changed = 0
-    for key, (err, cluster, warps_n, stages, occupancy, _) in rule.items():
-        d_err, d_cluster, d_warps_n, d_stages, d_occupancy, _ = default[key]
-        assert err is None and d_err is None and d_occupancy == 1
-        assert (cluster, warps_n) == (d_cluster, d_warps_n), key
-        k, n, gated, norm, m, block = key.split()
-        two = cuda_matmul.gemv_plan(int(m), int(n), int(k), 4, gated == "True", norm == "True", cluster,
-                                    block_size=int(block), rows_layout=True, warps_n=warps_n, occupancy=2)
-        if warps_n == 8 and two["error"] is None:
-            assert (occupancy, stages) == (2, 4), key
-            changed += 1
-        else:
-            assert (occupancy, stages) == (1, d_stages), key
-    # gate-up, down, LM head at M = 8 (both blocks), gate-up and down at M = 16 with block 128 (the
-    # LM head's 128 KB x slice fits once an SM); never M = 32.
-    assert changed == 8 and not any(rule[key][4] == 2 for key in rule if key.split()[4] == "32")
 
 
 @needs_ext

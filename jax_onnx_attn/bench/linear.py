@@ -393,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
                        else bench_jax(case, impl, args.target_ms / 1e3, args.reps, plan, wide, rows,
                                       record))
                 res["impls"][name] = {"us": sec * 1e6, "gbs": case.bytes / sec / 1e9}
-                if rows is not None:  # what the forced fields resolved to (JOA_ROWS_OCC2 included)
+                if rows is not None:  # what the forced fields resolved to
                     res["impls"][name]["rows_plan"] = rows_plan_fields(case, rows)
             except Exception as e:  # a peer that cannot run a shape is a result, not a crash
                 res["impls"][name] = {"skip": f"error: {type(e).__name__}: {str(e).splitlines()[0][:200]}"}

@@ -150,11 +150,9 @@ def gemv_plan(rows: int, n_rows: int, k: int, bits: int, gated: bool, norm: bool
     does). rows_layout: 4-bit weights in the rows layout (`ops.linear.to_rows_layout`) on the rows
     kernel (ffi/kernels/gemv/rows.cuh; 'rows_layout' in the dict); cluster, warps_n, depth,
     occupancy > 0 force its K split, warps a CTA, W stages in flight a warp and the CTAs an SM its
-    registers are capped for ('ctas_per_sm'; the extension plans occupancy by plan.h's proposed rule
-    under JOA_ROWS_OCC2=1, read once a process, as the handler does). record_layout: one row of
-    4-bit weights in the record layout (`ops.linear.to_record_layout`) on the slots kernel reading
-    records ('record_layout' in the dict; the slots kernel's geometry). Raises RuntimeError without
-    the compiled extension."""
+    registers are capped for ('ctas_per_sm'). record_layout: one row of 4-bit weights in the record
+    layout (`ops.linear.to_record_layout`) on the slots kernel reading records ('record_layout' in
+    the dict; the slots kernel's geometry). Raises RuntimeError without the compiled extension."""
     return _plan(int(rows), int(n_rows), int(k), int(bits), bool(gated), bool(norm), int(cluster),
                  int(warps_k), _wide(bits, wide) and not rows_layout, int(block_size), bool(slots),
                  bool(rows_layout), int(warps_n), int(depth), int(occupancy), bool(record_layout))

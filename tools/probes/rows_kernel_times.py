@@ -1,9 +1,9 @@
 """Device time of the int4 rows kernel (ffi/kernels/gemv/rows.cuh) per call, from jax.profiler's
 kernel events (not wall time / calls, which carries the harness's per-call overhead at small
 shapes), with XLA's fp16 dot on a dense weight of the same shape beside it:
-    python tools/probes/rows_kernel_times.py OUT.json
+    python tools/probes/rows_kernel_times.py OUT.json [planned]
 Shapes: the ~1B decoder's projections (qkv, o, gate-up, down, LM head) at M 8 and 32; plans:
-the planner's and the forced ones of PLANS ((cluster, warps_n, depth)). Command buffers off, so
+the planner's and the forced ones of PLANS ((cluster, warps_n, depth)); "planned": the planner's only. Command buffers off, so
 each call is a plain stream launch the profiler sees."""
 
 import json
@@ -42,6 +42,7 @@ def kernel_table(fn, args):
 
 
 def main():
+    plans = PLANS[:1] if sys.argv[2:] == ["planned"] else PLANS
     out = []
     rng = np.random.default_rng(0)
     for k, n in SHAPES:
@@ -55,7 +56,7 @@ def main():
             x = jnp.asarray(rng.standard_normal((m, k)), jnp.float16)
             row = {"k": k, "n": n, "m": m, "w_bytes": int(sum(t.nbytes for t in packed))}
             fns = []
-            for plan in PLANS:
+            for plan in plans:
                 c, w, d = plan
                 p = cuda_matmul.gemv_plan(m, n, k, 4, False, c, block_size=BLOCK, rows_layout=True, warps_n=w, depth=d)
                 name = "planned" if plan == (0, 0, 0) else f"c{c},w{w},d{d}"

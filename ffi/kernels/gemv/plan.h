@@ -410,7 +410,7 @@ inline constexpr int kRowsStageK = 32;
 // pair, at most 7 pending).
 inline constexpr int kRowsRingStageBytes = 1024 + 32 * 16 + 32 * 8;
 inline constexpr int RowsRingPairs(int depth) { return 2 * depth; }
-// Row groups (warps) a CTA may take (W stages a warp keeps in flight: 2 or 4, RowsPlannedDepth).
+// Row groups (warps) a CTA may take (the planner takes 8 or 4: RowsPreferredWarps).
 inline constexpr int kRowsWarps[4] = {8, 4, 2, 1};
 // Occupancy: the CTAs of kThreads an SM the kernel's registers are capped for (Plan::ctas_per_sm,
 // rows.cuh's __launch_bounds__(kThreads, 2): 128 registers a thread), with shared memory for as many.
@@ -420,47 +420,26 @@ inline constexpr int kRowsWarps[4] = {8, 4, 2, 1};
 inline constexpr bool RowsOccupancy2Fits(int nt, int depth, int64_t block_size) {
   return nt == 1 || (nt == 2 && (depth == 2 || block_size == 128));
 }
-// Planned depth. With x staged four items a thread, 4 stages took ~145-170 registers at M <= 8 (2
-// stages 128): a CTA of 8 warps (256 threads) fit once an SM at 4 and twice at 2, and on the H200
-// (M = 8, ~8B shapes, bench/results/2026-12-02-f1acc96-linear-rows.json) 8-warp layouts ran faster
-// at 2 (gate-up 31.5 -> 24.8 us at block 128, 35.9 -> 29.1 at 32; down 32.1 -> 23.4; LM head 94.3 ->
-// 85.8), 4-warp ones at 4 (o 10.5 vs 11.4, qkv 11.3 vs 12.2: one CTA an SM either way). x is now
-// staged two items a thread at 4 stages (rows.cuh: 98-128 registers at M <= 8, occupancy 1 too),
-// which the H200 has not timed yet (tools/probes/rows_occ_ab.sh's "c0,w8,d4,o1"). Occupancy 2 plans
-// 4 stages, its point: the probe kernel (tools/probes/gemv_int4_rows.cu) ran 4 stages in 128
-// registers, two CTAs an SM, gate-up / down / LM head in 22.3 / 19.9 / 80.4 us.
-inline constexpr int kRowsOccupancy2Depth = 4;
-inline constexpr int RowsPlannedDepth(int warps_n, int occupancy) {
-  return occupancy > 1 ? kRowsOccupancy2Depth : warps_n >= 8 ? 2 : 4;
-}
-// Planned occupancy: 1, until the H200 has compared. The proposed rule (occupancy2_rule, the
-// JOA_ROWS_OCC2=1 switch: RowsOccupancy2Rule): 8-warp CTAs at occupancy 2 and its depth where shared
-// memory and registers allow (4-warp CTAs of ~150 registers already fit several an SM).
-inline constexpr int RowsPlannedOccupancy(int warps_n, int nt, int64_t block_size, bool fits_two_smem,
-                                          bool occupancy2_rule) {
-  return occupancy2_rule && warps_n >= 8 && fits_two_smem &&
-                 RowsOccupancy2Fits(nt, kRowsOccupancy2Depth, block_size)
-             ? 2
-             : 1;
-}
-// JOA_ROWS_OCC2=1: whether the planner takes the proposed occupancy rule (an A/B switch for the
-// device, read once a process; the handler and gemv_plan both pass it to MakeRowsPlan, so Python
-// sees the plan that runs).
-inline bool RowsOccupancy2Rule() {
-  static const bool on = [] {
-    const char* v = std::getenv("JOA_ROWS_OCC2");
-    return v != nullptr && std::string(v) == "1";
-  }();
-  return on;
-}
-// The planner's targets (H200 sweep of tools/probes/gemv_int4_rows.cu at M = 8, 2026-12-02): a CTA
-// for (nearly) every SM, and enough warps streaming that each has at most kRowsWarpBytes of W
-// (capped at kRowsMaxWarps). Among the layouts that reach both it takes the fewest K splits
-// (each adds a cluster's reduction and a smaller x slice per CTA), then the most warps a CTA. On
-// the ~8B shapes this picks the sweep's best measured layouts: o / qkv 4 warps x 8 splits (8.8 /
-// 9.8 us against 14.6 / 15.3 at 8 x 16), gate-up 8 x 4, down 8 x 16, the LM head 8 x 1.
-inline constexpr int kRowsMinCtas = 128;
-inline constexpr int64_t kRowsWarpBytes = 32 * 1024;
+// Planned depth: 2 (a ring of 4 pairs of stages a warp, up to 6 KB of W in flight), at either
+// occupancy. On the H200 (session 21, tools/probes/rows_kernel_times.py, ~1B shapes at M 8 / 32)
+// depth 4 was never faster and took 1.1-2.3x as long where its bigger rings left fewer CTAs an SM
+// (the LM head); its rings do not fit twice an SM.
+inline constexpr int kRowsPlannedDepth = 2;
+// Warps a CTA the planner prefers: 4, and 8 for weights of many row groups (at least two waves of
+// 4-warp CTAs without a K split: the LM head). Same sweep: 4-warp CTAs ran the qkv / o / gate-up
+// / down shapes 1.2-1.5x faster than 8-warp ones at their best splits; the LM head at M = 32 ran
+// 113.6 us on 8 warps x 2 splits against 141.4 on 4 x 1 (x's 128 KB slice leaves one CTA an SM).
+inline int RowsPreferredWarps(int64_t groups) { return CeilDiv(groups, 4) >= 264 ? 8 : 4; }
+// The planner's targets: at least kRowsMinCtas CTAs, and enough warps streaming that each has at
+// most kRowsWarpBytes of W (capped at kRowsMaxWarps). Among the layouts of the preferred warps a CTA
+// (RowsPreferredWarps) that reach both it takes the fewest K splits (each adds a cluster's
+// reduction and a smaller x slice per CTA), then the most warps a CTA. On the ~1B shapes (session
+// 21's sweep of the ring kernel, M 8 / 32, µs planned / best forced) this takes the best measured
+// layouts: qkv / o 4 warps x 8 splits (7.4 / 6.9 at M 8, 11.6 / 10.7 at M 32; the targets of
+// 128 CTAs and 32 KB a warp took 4 x 16: 8.5 / 8.4, 17.4 / 17.2), gate-up 4 x 2 (13.5 / 21.9; 4 x 1,
+// 64 CTAs: 20.6 / 34.5), down 4 x 8, the LM head 8 x 1 (M 8) and 8 x 2 (M 32).
+inline constexpr int kRowsMinCtas = 64;
+inline constexpr int64_t kRowsWarpBytes = 48 * 1024;
 inline constexpr int kRowsMaxWarps = 1024;
 
 // Shared memory of the rows kernel: x's K slice in fragment order (16 bytes per x row of an n8
@@ -480,12 +459,12 @@ inline void RowsSmem(Plan& p) {
 
 // The plan of y[m, n_out] = x[m, k] W^T for 4-bit weights in the rows layout (block_size 32 or
 // 128). force_cluster / force_warps_n / force_depth / force_occupancy > 0 fix that choice (sweeps);
-// occupancy2_rule: plan occupancy by the proposed rule (RowsPlannedOccupancy). The occupancy and
+// Planned occupancy: 1 (forced 2 caps a thread at 128 registers). The occupancy and
 // depth change no bits (the same sums in the same order). Below sm_90: no clusters (one CTA takes
 // all of K).
 inline Plan MakeRowsPlan(int64_t m, int64_t n_rows, int64_t k, int64_t block_size, bool gated, bool norm,
                          bool sm90, int64_t force_cluster = 0, int64_t force_warps_n = 0,
-                         int64_t force_depth = 0, int64_t force_occupancy = 0, bool occupancy2_rule = false) {
+                         int64_t force_depth = 0, int64_t force_occupancy = 0) {
   Plan best;
   auto fail = [&](const std::string& why) {
     best.error = "rows layout: " + why;
@@ -510,7 +489,7 @@ inline Plan MakeRowsPlan(int64_t m, int64_t n_rows, int64_t k, int64_t block_siz
   if (force_cluster > 1 && !sm90) return fail("thread-block clusters need sm_90 or newer");
   const int nt = TilesM(m);
   if (force_occupancy == 2 &&
-      !RowsOccupancy2Fits(nt, force_depth > 0 ? int(force_depth) : kRowsOccupancy2Depth, block_size)) {
+      !RowsOccupancy2Fits(nt, force_depth > 0 ? int(force_depth) : kRowsPlannedDepth, block_size)) {
     return fail("occupancy 2 (128 registers a thread) takes M <= 8, or M <= 16 with block_size 128 or depth 2");
   }
   const int64_t groups = CeilDiv(n_rows, kRowsGroup);
@@ -518,6 +497,7 @@ inline Plan MakeRowsPlan(int64_t m, int64_t n_rows, int64_t k, int64_t block_siz
   const int64_t want_warps = std::max<int64_t>(1, std::min<int64_t>(kRowsMaxWarps, w_bytes / kRowsWarpBytes));
   const int64_t budget = sm90 ? kSmemOnePerSm : kSmemOnePerSm80;
   const int64_t budget_two = sm90 ? kSmemTwoPerSm : kSmemTwoPerSm80;
+  const int preferred_warps = RowsPreferredWarps(groups);
   bool found = false;
   bool best_full = false;
   for (int rw : kRowsWarps) {
@@ -543,27 +523,18 @@ inline Plan MakeRowsPlan(int64_t m, int64_t n_rows, int64_t k, int64_t block_siz
       p.groups = p.blocks;
       p.grid = p.blocks * s;
       p.waves = 1;
-      // The depth sizes the rings (shared memory) and the occupancy the depth. Tried in order: the
-      // planned occupancy at its depth, occupancy 1 at its depth, occupancy 1 at depth 2 (forced
-      // values stay); the first whose shared memory fits. A cluster of 16 needs CTAs that share
-      // SMs (16 one-CTA SMs in a GPC: not guaranteed), so it must fit twice an SM.
-      const int want = force_occupancy > 0 ? int(force_occupancy)
-                                           : RowsPlannedOccupancy(rw, nt, block_size, true, occupancy2_rule);
-      const int tries[3][2] = {{want, RowsPlannedDepth(rw, want)}, {1, RowsPlannedDepth(rw, 1)}, {1, 2}};
-      bool fits = false;
-      for (const auto& [occupancy, depth] : tries) {
-        if (force_occupancy > 0 && occupancy != force_occupancy) continue;
-        p.ctas_per_sm = occupancy;
-        p.stages = force_depth > 0 ? int(force_depth) : depth;
-        RowsSmem(p);
-        fits = p.smem_bytes <= (occupancy == 2 || s > 8 ? budget_two : budget);
-        if (fits) break;
-      }
-      if (!fits) continue;
+      // The depth sizes the rings (shared memory). A cluster of 16 needs CTAs that share SMs (16
+      // one-CTA SMs in a GPC: not guaranteed), so it must fit twice an SM, as occupancy 2 must.
+      p.ctas_per_sm = force_occupancy > 0 ? int(force_occupancy) : 1;
+      p.stages = force_depth > 0 ? int(force_depth) : kRowsPlannedDepth;
+      RowsSmem(p);
+      if (p.smem_bytes > (p.ctas_per_sm == 2 || s > 8 ? budget_two : budget)) continue;
       const bool full = p.grid >= kRowsMinCtas && int64_t(p.grid) * rw >= want_warps;
       bool better;
       if (!found) {
         better = true;
+      } else if ((rw == preferred_warps) != (best.warps_n == preferred_warps)) {
+        better = rw == preferred_warps;
       } else if (full != best_full) {
         better = full;
       } else if (full) {
@@ -582,7 +553,7 @@ inline Plan MakeRowsPlan(int64_t m, int64_t n_rows, int64_t k, int64_t block_siz
   if (!found) {
     return fail("no layout fits (K " + std::to_string(k) + " with block_size " + std::to_string(block_size) +
                 (force_cluster > 0 ? ", cluster " + std::to_string(force_cluster) : std::string()) +
-                ": x's K slice must fit in shared memory" +
+                ": x's K slice and the warps' W rings must fit in shared memory" +
                 (force_occupancy == 2 ? std::string(" twice an SM (occupancy 2)") : std::string()) +
                 " and the cluster must divide K into whole blocks)");
   }

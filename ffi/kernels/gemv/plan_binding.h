@@ -21,7 +21,7 @@ inline void BindPlan(nanobind::module_& m) {
             if (bits != 4) p.error = "record layout: 4-bit weights only";
           } else if (rows_layout) {
             p = bits == 4 ? MakeRowsPlan(rows, n_rows, k, block_size, gated, norm, sm90, cluster, warps_n, depth,
-                                         occupancy, RowsOccupancy2Rule())
+                                         occupancy)
                           : Plan{};
             if (bits != 4) p.error = "rows layout: 4-bit weights only";
           } else {
@@ -56,8 +56,7 @@ inline void BindPlan(nanobind::module_& m) {
         "4-bit wide weights may take the slots kernel and one row of dense weights the dense row kernel "
         "(slots), or for 4-bit weights in the rows layout (rows_layout: the rows kernel; cluster, warps_n, "
         "depth, occupancy > 0 force its K split, warps a CTA, W stages in flight a warp and CTAs an SM "
-        "its registers are capped for ('ctas_per_sm'); JOA_ROWS_OCC2=1 plans occupancy by the proposed "
-        "rule, as the handler does), or for one row of 4-bit weights in the record layout (record_layout: the "
+        "its registers are capped for ('ctas_per_sm')), or for one row of 4-bit weights in the record layout (record_layout: the "
         "slots kernel reading records, 'record_layout' in the dict; block_size as for slots): a dict of its "
         "fields, 'error' None when the engine takes it.");
 }

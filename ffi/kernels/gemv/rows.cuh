@@ -149,12 +149,9 @@ __global__ void __launch_bounds__(kThreads, OCC > 1 ? OCC : 0) GemvRowsKernel(co
   // of lanes (g = m % 8, t = 0..3) of n8 tile m / 8, unit t = pairs {t, t + 4, t + 8, t + 12} of the
   // item (pair j = elements 2 j, 2 j + 1). threads % (8 NT) == 0, so a thread's items share x row m.
   uint4* s_x = reinterpret_cast<uint4*>(smem);
-  // Items a thread loads before it stores them (16 registers each). With 4 W stages in flight this
-  // pass was the kernel's register peak: 2 items instead of 4 took 4 stages at M <= 8 from 143-172
-  // registers to 98-128, at M 9-16 with block 128 from 147-169 to 128 (ptxas -v, sm_90a: two CTAs
-  // an SM instead of one), which also lets occupancy 2 compile without spills. With 2 stages they
-  // save nothing that counts (126-128 either way), and 4 keep a thread with 4 items (the LM head's
-  // one-CTA slice at M <= 8) at one L2 round trip.
+  // Items a thread loads before it stores them (16 registers each): 4 keep a thread with 4 items
+  // (the LM head's one-CTA slice at M <= 8) at one L2 round trip; 2 at depth 4, a choice from when W
+  // stages sat in registers (this pass was then the register peak).
   constexpr int kBatch = DS > 2 ? 2 : 4;
   const int items = stages * 8 * NT;
   float ss = 0.f;  // the norm's sum of squares of this thread's items
