@@ -1,10 +1,11 @@
 """Device time of the int4 rows kernel (ffi/kernels/gemv/rows.cuh) per call, from jax.profiler's
 kernel events (not wall time / calls, which carries the harness's per-call overhead at small
 shapes), with XLA's fp16 dot on a dense weight of the same shape beside it:
-    python tools/probes/rows_kernel_times.py OUT.json [planned]
-Shapes: the ~1B decoder's projections (qkv, o, gate-up, down, LM head) at M 8 and 32; plans:
-the planner's and the forced ones of PLANS ((cluster, warps_n, depth)); "planned": the planner's only. Command buffers off, so
-each call is a plain stream launch the profiler sees."""
+    python tools/probes/rows_kernel_times.py OUT.json [planned] [8b]
+Shapes: the ~1B (or, with "8b", the ~8B) decoder's projections (qkv, o, gate-up, down, LM head) at
+M 8 and 32; plans: the planner's and the forced ones of PLANS ((cluster, warps_n, depth)), or with
+"planned" the planner's only. Command buffers off, so each call is a plain stream launch the
+profiler sees."""
 
 import json
 import os
@@ -22,6 +23,7 @@ from jax_onnx_attn.ops import cuda_matmul  # noqa: E402
 from jax_onnx_attn.ops.linear import to_rows_layout  # noqa: E402
 
 SHAPES = [(2048, 3072), (2048, 2048), (2048, 16384), (8192, 2048), (2048, 128256)]
+SHAPES_8B = [(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096), (4096, 128256)]
 PLANS = [(0, 0, 0)] + [(c, w, d) for c in (1, 2, 4, 8) for w in (4, 8) for d in (2, 4)]
 COPIES, BLOCK = 4, 32
 
@@ -42,10 +44,11 @@ def kernel_table(fn, args):
 
 
 def main():
-    plans = PLANS[:1] if sys.argv[2:] == ["planned"] else PLANS
+    plans = PLANS[:1] if "planned" in sys.argv[2:] else PLANS
+    shapes = SHAPES_8B if "8b" in sys.argv[2:] else SHAPES
     out = []
     rng = np.random.default_rng(0)
-    for k, n in SHAPES:
+    for k, n in shapes:
         bq = rng.integers(0, 256, (n, k // BLOCK, BLOCK // 2), dtype=np.uint8)
         s = (rng.uniform(0.5, 1.5, (n, k // BLOCK)) / 16).astype(np.float16)
         z = rng.integers(0, 16, (n, k // BLOCK), dtype=np.uint8)
