@@ -9,8 +9,7 @@
 // (ffi/kernels/gemv/rows.cuh; jax_onnx_attn.ops.linear.pack_nbits_rows): b_quant uint8
 // [ceil(N / 64), K / 16, 512], scales and zero points [ceil(N / 64), k_blocks, 64]; N from y (and
 // gated); cluster / warps_n / depth / occupancy force that plan (0: planned); wide and slots do not
-// apply. record_layout: one row of x
-// against 4-bit weights in the record layout (ffi/kernels/gemv/slots.cuh's RecordFormat;
+// apply. record_layout: one row of x against 4-bit weights in the record layout (ffi/kernels/gemv/slots.cuh's RecordFormat;
 // jax_onnx_attn.ops.linear.to_record_layout): b_quant uint8 [N / 16, K / 256, 2432] holding W, scales
 // and zero points (scales and zero_points are placeholders, has_zero_points ignored); N from y (and
 // gated); on the slots kernel's plan (plan.h's MakeRecordPlan); the other plan attributes do not apply.

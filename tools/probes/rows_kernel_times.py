@@ -43,16 +43,22 @@ def kernel_table(fn, args):
     return {name: [float(np.median(v)), len(v)] for name, v in top}
 
 
+def rows_weights(k, n, rng):
+    """Random int4 weights of a (K, N) projection (block 32, zero points) in the rows layout, on
+    the device: (w, scales, zero_points)."""
+    bq = rng.integers(0, 256, (n, k // BLOCK, BLOCK // 2), dtype=np.uint8)
+    s = (rng.uniform(0.5, 1.5, (n, k // BLOCK)) / 16).astype(np.float16)
+    z = rng.integers(0, 16, (n, k // BLOCK), dtype=np.uint8)
+    return tuple(jnp.asarray(t) for t in to_rows_layout(bq, s, z))
+
+
 def main():
     plans = PLANS[:1] if "planned" in sys.argv[2:] else PLANS
     shapes = SHAPES_8B if "8b" in sys.argv[2:] else SHAPES
     out = []
     rng = np.random.default_rng(0)
     for k, n in shapes:
-        bq = rng.integers(0, 256, (n, k // BLOCK, BLOCK // 2), dtype=np.uint8)
-        s = (rng.uniform(0.5, 1.5, (n, k // BLOCK)) / 16).astype(np.float16)
-        z = rng.integers(0, 16, (n, k // BLOCK), dtype=np.uint8)
-        packed = tuple(jnp.asarray(t) for t in to_rows_layout(bq, s, z))
+        packed = rows_weights(k, n, rng)
         copies = [packed] + [tuple(jnp.copy(t) for t in packed) for _ in range(COPIES - 1)]
         dense = [jnp.asarray(rng.standard_normal((n, k), np.float32) / 64, jnp.float16) for _ in range(2)]
         for m in (8, 32):

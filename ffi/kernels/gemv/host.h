@@ -60,9 +60,8 @@ inline ffi::Error PlanAndLaunch(GemvParams& p, ffi::DataType dtype, int bits, Fu
   });
 }
 
-// Plans the rows kernel (MakeRowsPlan) for p's shape and
-// launches it: 4-bit weights in the rows layout. cluster / warps_n / depth / occupancy > 0 force the
-// plan's choice.
+// Plans the rows kernel (MakeRowsPlan) for p's shape and launches it: 4-bit weights in the rows
+// layout. cluster / warps_n / depth / occupancy > 0 force the plan's choice.
 inline ffi::Error RowsPlanAndLaunch(GemvParams& p, ffi::DataType dtype, Fusion fusion, int64_t block_size,
                                     int64_t cluster, int64_t warps_n, int64_t depth, int64_t occupancy,
                                     bool pdl, cudaStream_t stream, const char* op) {

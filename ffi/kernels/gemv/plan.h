@@ -458,10 +458,9 @@ inline void RowsSmem(Plan& p) {
 }
 
 // The plan of y[m, n_out] = x[m, k] W^T for 4-bit weights in the rows layout (block_size 32 or
-// 128). force_cluster / force_warps_n / force_depth / force_occupancy > 0 fix that choice (sweeps);
-// Planned occupancy: 1 (forced 2 caps a thread at 128 registers). The occupancy and
-// depth change no bits (the same sums in the same order). Below sm_90: no clusters (one CTA takes
-// all of K).
+// 128). force_cluster / force_warps_n / force_depth / force_occupancy > 0 fix that choice (sweeps).
+// Planned occupancy: 1 (a forced 2 caps a thread at 128 registers). The occupancy and depth change
+// no bits (the same sums in the same order). Below sm_90: no clusters (one CTA takes all of K).
 inline Plan MakeRowsPlan(int64_t m, int64_t n_rows, int64_t k, int64_t block_size, bool gated, bool norm,
                          bool sm90, int64_t force_cluster = 0, int64_t force_warps_n = 0,
                          int64_t force_depth = 0, int64_t force_occupancy = 0) {
