@@ -288,7 +288,7 @@ def test_partitioning_rule_folds_vmap_into_the_batch():
 def test_vmap_pins_the_per_example_rows_plan():
     # A vmapped rows-kernel call folds the examples into its rows with the per-example plan's K split,
     # warps, depth and occupancy (the same sums, the same bits), or runs one call per example past 32
-    # rows, past what a forced occupancy 2 takes, or where the norm prologue's grouping would change.
+    # rows or past what a forced occupancy 2 takes.
     import jax
 
     static = dict(n=4096, block_size=128, eps=1e-6, gated=False, pdl=False, cluster=0, warps_n=0, depth=0,
@@ -302,9 +302,8 @@ def test_vmap_pins_the_per_example_rows_plan():
     two = {**static, "occupancy": 2}
     assert cuda_matmul._rows_pin(two, 2, x, w, None, None, None, None, None)["occupancy"] == 2  # 16 rows
     assert cuda_matmul._rows_pin(two, 4, x, w, None, None, None, None, None) is None  # 32 rows
-    # With the norm prologue only while the folded rows keep the example's n8 tiles of x (its sums
-    # of squares group a row's items by the tiles).
+    # With the norm prologue too: its sums of squares do not depend on a row's n8 tile of x.
     gamma = jax.ShapeDtypeStruct((4096,), jnp.float16)
-    assert cuda_matmul._rows_pin(static, 2, x, w, None, None, None, None, gamma) is None  # 8 -> 16 rows
-    x2 = jax.ShapeDtypeStruct((2, 4096), jnp.float16)
-    assert cuda_matmul._rows_pin(static, 4, x2, w, None, None, None, None, gamma) is not None  # 2 -> 8
+    assert cuda_matmul._rows_pin(static, 2, x, w, None, None, None, None, gamma) is not None  # 8 -> 16
+    x3 = jax.ShapeDtypeStruct((3, 4096), jnp.float16)
+    assert cuda_matmul._rows_pin(static, 4, x3, w, None, None, None, None, gamma) is not None  # 3 -> 12

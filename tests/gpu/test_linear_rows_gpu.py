@@ -222,17 +222,20 @@ def test_bitwise_repeatable_and_pdl_invariant():
 
 def test_vmap_folds_with_the_same_bits():
     # A vmapped call folds the examples into the kernel's rows with the per-example plan pinned
-    # (cuda_matmul._rows_pin): each example's outputs are those of its own call, bit for bit; past
-    # 32 rows, or where the norm prologue's n8 tiles of x would change (8 -> 16 rows), it runs one
-    # call per example; 4 examples of 2 rows fold into one tile.
+    # (cuda_matmul._rows_pin): each example's outputs are those of its own call, bit for bit, with
+    # the RMS-norm prologue too wherever a row lands among the n8 tiles (2 -> 8, 3 -> 12 rows across
+    # a tile edge, 8 -> 16); past 32 rows it runs one call per example.
     k, n = 4096, 6144
     x, rows, _ = _weights(k, n, 128, True, jnp.float16, seed=5)
     gamma = jnp.full((k,), 1.5, jnp.float16)
     f = _fn("cuda", "rows", k=k, n=n, bits=4, block_size=128)
     x = jnp.concatenate([x, x[::-1]])  # 64 rows: 4 examples of 16 fold past 32 rows
-    for examples, m in ((4, 2), (2, 8), (4, 16)):
+    for examples, m in ((4, 2), (4, 3), (2, 8), (4, 16)):
         xs = x[:examples * m].reshape(examples, m, k)
-        got = np.asarray(jax.jit(jax.vmap(lambda x: f(x, *rows, norm_weight=gamma)))(xs))
+        folded = jax.jit(jax.vmap(lambda x: f(x, *rows, norm_weight=gamma)))
+        if examples * m <= 32:  # one call on the folded rows
+            assert f"f16[{examples * m},{k}]" in folded.lower(xs).compile().as_text()
+        got = np.asarray(folded(xs))
         for i in range(examples):
             np.testing.assert_array_equal(got[i], np.asarray(f(xs[i], *rows, norm_weight=gamma)))
 

@@ -154,7 +154,6 @@ __global__ void __launch_bounds__(kThreads, OCC > 1 ? OCC : 0) GemvRowsKernel(co
   // stages sat in registers (this pass was then the register peak).
   constexpr int kBatch = DS > 2 ? 2 : 4;
   const int items = stages * 8 * NT;
-  float ss = 0.f;  // the norm's sum of squares of this thread's items
   for (int base = tid; base < items; base += kBatch * threads) {
     uint4 xv[kBatch][4];
 #pragma unroll
@@ -174,7 +173,6 @@ __global__ void __launch_bounds__(kThreads, OCC > 1 ? OCC : 0) GemvRowsKernel(co
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         w[4 * u] = xv[b][u].x, w[4 * u + 1] = xv[b][u].y, w[4 * u + 2] = xv[b][u].z, w[4 * u + 3] = xv[b][u].w;
-        if constexpr (Prologue::kNorm) ss = AddSquares8<T>(xv[b][u], ss);
       }
       uint4* dst = s_x + (c * NT + m / 8) * 32 + (m % 8) * 4;
       // Lanes m and m + 1 write 64 bytes apart: rotating the unit order by m spreads eight lanes'
@@ -190,16 +188,35 @@ __global__ void __launch_bounds__(kThreads, OCC > 1 ? OCC : 0) GemvRowsKernel(co
     }
   }
   if constexpr (Prologue::kNorm) {
-    // Per x row: the threads' sums in thread order, the cluster's CTAs in rank order (every CTA
-    // gets the same bits); then x <- round(x r gamma) in place, each thread on its own items.
-    float* s_tss = reinterpret_cast<float*>(smem + p.gamma_offset);  // [threads]
-    float* s_row = s_tss + threads;                                   // [kMaxM] this CTA's sums
+    // Per x row m: sums of squares in an order that does not depend on NT, so an example's rows
+    // folded with others (vmap) keep their bits: thread tid sums row m = 8 nt + tid % 8 of each
+    // n8 tile nt over chunks c = tid / 8 (mod threads / 8) in order (read back from the fragment
+    // order into x's element order), the threads' sums add in thread order, the cluster's CTAs in
+    // rank order (every CTA gets the same bits). At NT = 1 this is the order the sums had when
+    // they were taken as x was loaded. Then x <- round(x r gamma) in place, each thread on its
+    // own items.
+    float* s_tss = reinterpret_cast<float*>(smem + p.gamma_offset);  // [NT][threads]
+    float* s_row = s_tss + NT * threads;                              // [kMaxM] this CTA's sums
     float* s_inv = s_row + kMaxM;                                     // [kMaxM] inverse RMS
-    s_tss[tid] = ss;
+    __syncthreads();  // x's slice is staged
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      float ss = 0.f;
+      for (int c = tid >> 3; c < stages; c += threads >> 3) {
+        const uint4* src = s_x + (c * NT + nt) * 32 + (tid & 7) * 4;
+        const uint4 u0 = src[0], u1 = src[1], u2 = src[2], u3 = src[3];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {  // x's 16-byte piece r: word r of each unit
+          ss = AddSquares8<T>(make_uint4(Word(u0, r), Word(u1, r), Word(u2, r), Word(u3, r)), ss);
+        }
+      }
+      s_tss[nt * threads + tid] = ss;
+    }
     __syncthreads();
     if (tid < 8 * NT) {
+      const float* part = s_tss + (tid >> 3) * threads;
       float sum = 0.f;
-      for (int i = tid; i < threads; i += 8 * NT) sum += s_tss[i];
+      for (int i = tid & 7; i < threads; i += 8) sum += part[i];
       s_row[tid] = sum;
     }
     ClusterSync(S);
