@@ -50,6 +50,11 @@
 #include "kernels/gemv/weights.cuh"
 #include "kernels/ptx.cuh"
 
+// Probes (tools/probes/gemv_int4_rows.cu) define JOA_GEMV_MARK(phase) to time the kernel's phases.
+#ifndef JOA_GEMV_MARK
+#define JOA_GEMV_MARK(phase)
+#endif
+
 namespace joa::gemv {
 
 // d = a * b + c on T pairs, one rounding.
@@ -107,6 +112,7 @@ __global__ void __launch_bounds__(kThreads, OCC > 1 ? OCC : 0) GemvRowsKernel(co
   const int ks = p.k / S, k0 = rank * ks, stages = ks / kRowsStageK;
   const bool live = rg < rgs;
 
+  JOA_GEMV_MARK(0);
   ptx::LaunchDependents();
 
   // W first (a parameter: no kernel of the program writes it), then x after the previous kernel.
@@ -142,6 +148,7 @@ __global__ void __launch_bounds__(kThreads, OCC > 1 ? OCC : 0) GemvRowsKernel(co
   };
 #pragma unroll
   for (int pr = 0; pr < kPairs - 1; ++pr) issue(pr);
+  JOA_GEMV_MARK(1);
 
   ptx::WaitForPrimary();  // x, gamma, bias, residual may come from the previous kernel
 
@@ -187,6 +194,7 @@ __global__ void __launch_bounds__(kThreads, OCC > 1 ? OCC : 0) GemvRowsKernel(co
       }
     }
   }
+  JOA_GEMV_MARK(2);
   if constexpr (Prologue::kNorm) {
     // Per x row m: sums of squares in an order that does not depend on NT, so an example's rows
     // folded with others (vmap) keep their bits: thread tid sums row m = 8 nt + tid % 8 of each
@@ -245,6 +253,7 @@ __global__ void __launch_bounds__(kThreads, OCC > 1 ? OCC : 0) GemvRowsKernel(co
     }
   }
   __syncthreads();
+  JOA_GEMV_MARK(3);
 
   float acc[4][NT][4];
 #pragma unroll
@@ -306,6 +315,7 @@ __global__ void __launch_bounds__(kThreads, OCC > 1 ? OCC : 0) GemvRowsKernel(co
     }
   }
   ptx::CpAsyncWait<0>();  // no copy outlives the loop: the partials below alias x and the rings
+  JOA_GEMV_MARK(4);
 
   // Partial sums [8 NT x rows][64 warps_n + 8] f32 over x's area (rows contiguous: 16-byte reads in
   // the reduction; the + 8 spreads the stores over the banks), then the cluster's fixed-order sum.
@@ -322,6 +332,7 @@ __global__ void __launch_bounds__(kThreads, OCC > 1 ? OCC : 0) GemvRowsKernel(co
         part[(8 * nt + 2 * t + (e & 1)) * pstride + row] = acc[i][nt][e];
       }
   ClusterSync(S);
+  JOA_GEMV_MARK(5);
   // Rank r finishes W rows [r rows / S, (r + 1) rows / S) of the block (16-row multiples: whole
   // gate / up pairs), in units of 8 outputs of one x row.
   const int per = rows / S;
@@ -354,7 +365,9 @@ __global__ void __launch_bounds__(kThreads, OCC > 1 ? OCC : 0) GemvRowsKernel(co
       v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
     });
   }
+  JOA_GEMV_MARK(7);
   ClusterSync(S);  // no CTA leaves while others read its partials
+  JOA_GEMV_MARK(6);
 }
 
 }  // namespace joa::gemv
