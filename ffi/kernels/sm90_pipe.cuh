@@ -1,6 +1,7 @@
 // The sm_90 pipeline primitives the Hopper engines share (the prefill engine, the GEMV slots, the
-// decode engine's producer warp): mbarriers with transaction counts, the multicast bulk copy
-// global -> shared (cp.async.bulk), the cluster barrier halves, named barriers and the async-proxy
+// decode engine's producer warp, the GEMV rows kernel's reduction): mbarriers with transaction
+// counts, the multicast bulk copy global -> shared and the shared -> another CTA's shared copy
+// (cp.async.bulk), the cluster barrier halves, named barriers and the async-proxy
 // fence. Raw PTX of sm_90 (not sm_90a-only): callers compile their
 // calls only for __CUDA_ARCH__ >= 900 (or sm_90a) and refuse or skip other GPUs.
 #pragma once
@@ -54,6 +55,24 @@ __device__ __forceinline__ void BulkLoadMulticast(uint32_t dst, const void* src,
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar), "h"(cta_mask)
+      : "memory");
+}
+
+// The shared::cluster address of the shared-memory address `addr` (this CTA's) in CTA `rank`.
+__device__ __forceinline__ uint32_t MapShared(uint32_t addr, int rank) {
+  uint32_t out;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(addr), "r"(rank));
+  return out;
+}
+
+// Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) from this CTA's shared memory
+// `src` to `dst` in another CTA of the cluster (MapShared addresses), completing `bytes` on that
+// CTA's barrier `bar` (a MapShared address). The source must stay until the copy has read it: the
+// receiver's barrier is the only completion.
+__device__ __forceinline__ void BulkCopyToCluster(uint32_t dst, uint32_t src, uint32_t bytes, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+      "r"(src), "r"(bytes), "r"(bar)
       : "memory");
 }
 

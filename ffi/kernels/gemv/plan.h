@@ -444,18 +444,19 @@ inline constexpr int kRowsMaxWarps = 1024;
 
 // Shared memory of the rows kernel: x's K slice in fragment order (16 bytes per x row of an n8
 // tile per 8 k), then the warps' W rings (depth p.stages), both aliased after the stream by the
-// partial sums [8 nt][64 warps_n + 8] f32; then, with the norm, the threads' sums of squares and
-// per-x-row sums and inverse RMS ([nt][threads] + 2 kMaxM f32, written while the rings fill: not
-// aliased).
+// partial sums [cluster][8 nt][64 warps_n / cluster + 4] f32 and, with a cluster, those received
+// (the same shape); then, with the norm, the threads' sums of squares and per-x-row sums and
+// inverse RMS ([nt][threads] + 2 kMaxM f32, written while the rings fill: not aliased); then the
+// mbarrier the received partial sums complete on (16 bytes).
 inline void RowsSmem(Plan& p) {
   const int64_t x = int64_t(p.k / p.cluster) * p.nt * 16;
-  const int64_t part = int64_t(8) * p.nt * (p.rows_block + 8) * 4;
+  const int64_t part = int64_t(p.cluster > 1 ? 2 : 1) * p.cluster * 8 * p.nt * (p.rows_block / p.cluster + 4) * 4;
   const int64_t rings = int64_t(p.warps_n) * RowsRingPairs(p.stages) * 2 * kRowsRingStageBytes;
   p.x_bytes = Align16(x);
   p.red_bytes = Align16(part);
   p.ring_offset = p.x_bytes;
   p.gamma_offset = std::max(p.x_bytes + rings, p.red_bytes);
-  p.smem_bytes = p.gamma_offset + (p.norm ? (int64_t(32) * p.warps_n * p.nt + 2 * kMaxM) * 4 : 0);
+  p.smem_bytes = p.gamma_offset + (p.norm ? (int64_t(32) * p.warps_n * p.nt + 2 * kMaxM) * 4 : 0) + 16;
 }
 
 // The plan of y[m, n_out] = x[m, k] W^T for 4-bit weights in the rows layout (block_size 32 or

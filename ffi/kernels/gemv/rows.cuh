@@ -31,9 +31,11 @@
 // zeros; with the RMS-norm prologue each CTA sums its slice's squares and the cluster adds the CTAs'
 // sums in rank order. Each warp keeps up to 2 RowsRingPairs(depth) - 2 stages of W in flight in its
 // ring in shared memory (a stage: W 1 KB, then each lane's scales and zero points). The
-// cluster's partial sums are added through distributed shared memory in rank order (deterministic,
-// no atomics): partials into the CTA's shared memory (aliasing x), cluster barrier, rank r adds
-// its 1 / cluster of the block's rows over ranks 0..cluster-1 and applies the epilogue, barrier.
+// cluster's partial sums are added in rank order (deterministic, no atomics): each CTA writes its
+// partials into its shared memory (over x and the rings) grouped by the rank that finishes them,
+// cluster barrier, then pushes each rank its group with one bulk copy (shared -> that rank's
+// shared memory, completing on its mbarrier); rank r adds its 1 / cluster of the block's rows over
+// ranks 0..cluster-1 from local shared memory and applies the epilogue.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -49,6 +51,7 @@
 #include "kernels/gemv/stage.cuh"
 #include "kernels/gemv/weights.cuh"
 #include "kernels/ptx.cuh"
+#include "kernels/sm90_pipe.cuh"
 
 // Probes (tools/probes/gemv_int4_rows.cu) define JOA_GEMV_MARK(phase) to time the kernel's phases.
 #ifndef JOA_GEMV_MARK
@@ -94,11 +97,14 @@ struct RowsDequant {
 };
 
 // NT n8 tiles of x rows, DS the plan's depth (a warp's ring holds RowsRingPairs(DS) pairs of
-// stages), SPB stages a block (1: bs 32, 4: bs 128), OCC the CTAs of kThreads an SM its registers are capped for (plan.ctas_per_sm; 2: 128 a thread).
-// Occupancy 1 states no minimum: with `.minnctapersm 1` ptxas took up to 142 registers at 2 stages,
-// M <= 16, where it takes 126-128 without (one CTA an SM instead of two).
+// stages), SPB stages a block (1: bs 32, 4: bs 128), OCC the CTAs of kThreads an SM its registers
+// are capped for (plan.ctas_per_sm; 2: 128 a thread). Occupancy 1 states no minimum below M = 25:
+// with `.minnctapersm 1` ptxas took up to 142 registers at 2 stages, M <= 16, where it takes 126-128
+// without (one CTA an SM instead of two). At NT = 4 and at depth 4 it states 1: without, ptxas
+// held 128 (64 at M <= 8, depth 4, block 128) and spilled 4-8 bytes; with, 80-150, no spills (x's
+// slice or the rings leave one CTA an SM there anyway).
 template <typename T, int NT, int DS, int SPB, int OCC, class Prologue, class Epilogue>
-__global__ void __launch_bounds__(kThreads, OCC > 1 ? OCC : 0) GemvRowsKernel(const __grid_constant__ GemvParams p) {
+__global__ void __launch_bounds__(kThreads, OCC > 1 ? OCC : NT == 4 || DS > 2 ? 1 : 0) GemvRowsKernel(const __grid_constant__ GemvParams p) {
   using D = RowsDequant<T>;
   extern __shared__ __align__(16) unsigned char smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -114,6 +120,16 @@ __global__ void __launch_bounds__(kThreads, OCC > 1 ? OCC : 0) GemvRowsKernel(co
 
   JOA_GEMV_MARK(0);
   ptx::LaunchDependents();
+  // The barrier the other ranks' partial sums complete on (after the loop), expecting all of them.
+  [[maybe_unused]] const uint32_t bar =
+      ptx::SmemAddr(smem + p.gamma_offset + (Prologue::kNorm ? (threads * NT + 2 * kMaxM) * 4 : 0));
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (S > 1 && tid == 0) {
+    sm90::MbarInit(bar, 1);
+    sm90::FenceBarrierInit();
+    sm90::MbarArriveExpectTx(bar, uint32_t((S - 1) * p.m * (p.rows_block / S + 4) * 4));
+  }
+#endif
 
   // W first (a parameter: no kernel of the program writes it), then x after the previous kernel.
   // W and its block metadata go through the warp's ring in shared memory (cp.async, one copy group
@@ -317,56 +333,69 @@ __global__ void __launch_bounds__(kThreads, OCC > 1 ? OCC : 0) GemvRowsKernel(co
   ptx::CpAsyncWait<0>();  // no copy outlives the loop: the partials below alias x and the rings
   JOA_GEMV_MARK(4);
 
-  // Partial sums [8 NT x rows][64 warps_n + 8] f32 over x's area (rows contiguous: 16-byte reads in
-  // the reduction; the + 8 spreads the stores over the banks), then the cluster's fixed-order sum.
+  // Partial sums, over x's area and the rings: this CTA's [S][8 NT][P] f32, slot q holding the W
+  // rows that rank q finishes ([q per, (q + 1) per) of the block, 16-row multiples: whole gate / up
+  // pairs; P = per + 4 spreads the stores over the banks), then with a cluster the slots the other
+  // ranks send this one (recv, the same shape, slot q from rank q).
   __syncthreads();
+  const int rows = p.rows_block, per = rows / S, P = per + 4, slot = 8 * NT * P;
   float* part = reinterpret_cast<float*>(smem);
-  const int rows = p.rows_block, pstride = rows + 8;
+  [[maybe_unused]] const float* recv = part + S * slot;
 #pragma unroll
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < 4; ++i) {
+    const int base = warp * kRowsGroup + 16 * i, q = base / per;
+    float* dst = part + q * slot + base - q * per + g;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = warp * kRowsGroup + 16 * i + g + 8 * (e >> 1);
-        part[(8 * nt + 2 * t + (e & 1)) * pstride + row] = acc[i][nt][e];
-      }
-  ClusterSync(S);
-  JOA_GEMV_MARK(5);
-  // Rank r finishes W rows [r rows / S, (r + 1) rows / S) of the block (16-row multiples: whole
-  // gate / up pairs), in units of 8 outputs of one x row.
-  const int per = rows / S;
+      for (int e = 0; e < 4; ++e) dst[(8 * nt + 2 * t + (e & 1)) * P + 8 * (e >> 1)] = acc[i][nt][e];
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (S > 1) {
+    // Each rank pushes slot q to rank q (one bulk copy of its p.m rows, completing on q's barrier)
+    // instead of every rank pulling S slices through distributed shared memory (a chain of remote
+    // loads: 2-4 us a call at M 8-32, H200 timeline probe). The barrier before the copies: every
+    // rank's loop is done (recv lies over its x and rings) and its barrier initialised.
+    sm90::FenceProxyAsync();  // the partials, written by the threads, before the copies read them
+    ClusterSync(S);
+    JOA_GEMV_MARK(5);
+    for (int j = tid; j < S - 1; j += threads) {
+      const int q = (rank + 1 + j) % S;
+      sm90::BulkCopyToCluster(sm90::MapShared(ptx::SmemAddr(recv + rank * slot), q), ptx::SmemAddr(part + q * slot),
+                              uint32_t(p.m * P * 4), sm90::MapShared(bar, q));
+    }
+    sm90::MbarWait(bar, 0);
+    // This rank has all it receives; once every rank has said so (the wait before the end), no copy
+    // still reads this CTA's partials.
+    sm90::ClusterArriveRelaxed();
+  } else {
+    __syncthreads();
+  }
+#else
+  __syncthreads();
+#endif
+  // Rank r finishes its slot's rows in units of 8 outputs of one x row: the ranks' partial sums
+  // added in rank order (every CTA's own from part, the others' from recv).
   const int units = Epilogue::OutCols(per) / 8;
   const int oc0 = Epilogue::OutCols(rank * per);
   for (int idx = tid; idx < p.m * units; idx += threads) {
     const int m = idx / units, oc = oc0 + 8 * (idx % units);
     Epilogue::template Apply<T>(p, m, rb, oc, [&](int r0, float (&v)[8]) {
-      const float* at = part + m * pstride + r0;
+      const int at = m * P + r0 - rank * per;
       float4 lo = make_float4(0.f, 0.f, 0.f, 0.f), hi = lo;
-      for (int q0 = 0; q0 < S; q0 += 4) {  // 4 ranks' loads in flight, added in rank order
-        float4 a[4], b[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int q = q0 + j;
-          if (q < S) {
-            const float4* src = reinterpret_cast<const float4*>(q == rank ? at : RemoteShared(at, q));
-            a[j] = src[0];
-            b[j] = src[1];
-          }
-        }
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          if (q0 + j < S) {
-            lo.x += a[j].x, lo.y += a[j].y, lo.z += a[j].z, lo.w += a[j].w;
-            hi.x += b[j].x, hi.y += b[j].y, hi.z += b[j].z, hi.w += b[j].w;
-          }
-        }
+      for (int q = 0; q < S; ++q) {
+        const float4* src = reinterpret_cast<const float4*>((q == rank ? part + rank * slot : recv + q * slot) + at);
+        const float4 a = src[0], b = src[1];
+        lo.x += a.x, lo.y += a.y, lo.z += a.z, lo.w += a.w;
+        hi.x += b.x, hi.y += b.y, hi.z += b.z, hi.w += b.w;
       }
       v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
     });
   }
   JOA_GEMV_MARK(7);
-  ClusterSync(S);  // no CTA leaves while others read its partials
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (S > 1) sm90::ClusterWait();
+#endif
   JOA_GEMV_MARK(6);
 }
 
