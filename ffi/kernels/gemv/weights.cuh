@@ -44,6 +44,16 @@ __device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool va
                : "memory");
 }
 
+// Always-valid copies for whole records (slots.cuh's RecordFormat ring): 16 bytes bypassing L1
+// with no L2 prefetch hint (a warp's copy reads 512 contiguous bytes: whole lines), and 4 bytes
+// (cp.async takes sizes under 16 through L1 only).
+__device__ __forceinline__ void CpAsyncStream16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void CpAsync4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
+}
+
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
 // Waits until at most n (0..7, warp-uniform) of this thread's newest copy groups are pending.
