@@ -277,11 +277,15 @@ def test_session_of_batch_one_in_the_record_layout(monkeypatch):
 RINGS = (None, 0, 2, 3, 4)  # None: the plan's
 
 
-def _ring_call(x, rec, arrays, *, n, block, ring, pdl=False, **static):
-    eps = static.get("norm_epsilon", 1e-6)
-    f = jax.jit(lambda x, rec, **a: cuda_matmul.matmul_nbits_record(
+@functools.cache
+def _ring_fn(n, block, ring, eps, gated, pdl):
+    return jax.jit(lambda x, rec, **a: cuda_matmul.matmul_nbits_record(
         x, rec, a.get("bias"), a.get("residual"), a.get("norm_weight"), n=n, block_size=block, eps=eps,
-        gated=static["gated"], pdl=pdl, ring=ring))
+        gated=gated, pdl=pdl, ring=ring))
+
+
+def _ring_call(x, rec, arrays, *, n, block, ring, pdl=False, **static):
+    f = _ring_fn(n, block, ring, static.get("norm_epsilon", 1e-6), static["gated"], pdl)
     return np.asarray(f(x, rec, **arrays))
 
 
