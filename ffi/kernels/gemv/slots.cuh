@@ -171,19 +171,18 @@ struct RecordFormat : SlotFormat<T> {
     ch.zero = __ldg(reinterpret_cast<const uint32_t*>(m + 256));
     r += kRecordBytes;
   }
-  // The ring path (GemvSlotsKernel's kRing > 0): Issue copies this lane's pieces of the record at
-  // r (its cursor) into the ring slot at shared address `slot`, at the offsets they have in the
-  // record (four 16-byte W words, L1 bypassed; three 4-byte metadata words, which cp.async takes
-  // through L1 only), and advances r a record; Read takes them back into a chunk. A lane copies
-  // and reads only its own bytes, so the copy group's wait is the whole handshake (no barrier).
+  // The ring path (GemvSlotsKernel's kRing > 0): Issue copies the record at r (this lane's cursor)
+  // into the ring slot at shared address `slot`, every byte at its offset in the record, and
+  // advances r a record: lane L its four 16-byte W words (512 j + 16 L), lanes 0..23 the 384
+  // metadata bytes (2048 + 16 L: the same offset from the cursor), all 16-byte copies bypassing L1
+  // (4-byte copies would go through L1, which the max-shared carveout leaves small). Read takes a
+  // lane's chunk back: its W words (its own copies) and metadata words (other lanes' copies: the
+  // kernel's __syncwarp after the copy group's wait orders them).
   __device__ __forceinline__ static void Issue(uint32_t slot, Cursor& r, int lane) {
     const uint32_t w = slot + 16 * lane;
 #pragma unroll
     for (int j = 0; j < 4; ++j) CpAsyncStream16(w + 512 * j, r + 512 * j);
-    const uint8_t* m = r + (kRecordWBytes - 12 * lane);  // metadata word 0 of this lane
-    const uint32_t ms = slot + kRecordWBytes + 4 * lane;
-#pragma unroll
-    for (int mm = 0; mm < 3; ++mm) CpAsync4(ms + 128 * mm, m + 128 * mm);
+    if (lane < kRecordMetaBytes / 16) CpAsyncStream16(w + kRecordWBytes, r + kRecordWBytes);
     r += kRecordBytes;
   }
   __device__ __forceinline__ static void Read(RecordChunk& ch, const unsigned char* slot, int lane) {
@@ -313,17 +312,19 @@ inline constexpr int kChains = 2;
 // the ~8B gate-up: DRAM 66% busy, long-scoreboard the top stall). kRing > 0 (RecordFormat only;
 // plan.ring) streams each warp's records through a ring of kRing slots of its own in shared
 // memory (the rows kernel's technique): kRing - 1 records in flight while it computes on one, and
-// across the per-tile barrier. Per-lane cp.async rather than one bulk (TMA) copy a record: a lane
-// copies its own 4 + 3 pieces (the register path's 4 + 3 loads, as many instructions) and reads
-// back only those, so the copy group's wait is the whole handshake (no mbarrier a slot with its
-// phase, no __syncwarp before a slot's refill: a bulk copy by one lane would need both), and the
-// same code runs on sm_80. The bytes and their order are the register path's: the same bits.
+// across the per-tile barrier. Per-lane cp.async (RecordFormat::Issue) rather than one bulk (TMA)
+// copy a record: five 16-byte copies a lane (the register path issued seven loads), the handshake
+// a step is the copy group's wait and one __syncwarp (a lane reads metadata words other lanes
+// copied; the same __syncwarp orders every lane's reads of a slot before its refill), with no
+// mbarrier a slot and its phase to track (which one lane's bulk copy needs, besides the
+// __syncwarp), and the same code runs on sm_80. The bytes and their order are the register
+// path's: the same bits.
 template <typename T, class Src, class Prologue, class Epilogue, int kDepth, int kRing = 0>
 __global__ void __launch_bounds__(kThreads, 2) GemvSlotsKernel(const __grid_constant__ GemvParams p) {
   using F = Src;
   using Chunk = typename Src::Chunk;
-  static_assert(kRing == 0 || (kRing >= 2 && kRing <= 7 && std::is_same_v<Src, RecordFormat<T>>),
-                "a W ring of 2..7 slots (cp.async.wait_group takes 0..7 pending groups) reads records");
+  static_assert(kRing == 0 || (kRing >= 2 && kRing <= 8 && std::is_same_v<Src, RecordFormat<T>>),
+                "a W ring of 2..8 slots (its waits take 0..7 pending groups) reads records");
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* s_x = smem;
   float* s_red = reinterpret_cast<float*>(smem + p.x_bytes);  // [2][kWarps][red_stride]
@@ -515,10 +516,11 @@ __global__ void __launch_bounds__(kThreads, 2) GemvSlotsKernel(const __grid_cons
     const unsigned char* ring = smem + ring_base;
     int ring_out = 0;  // byte offset of step i's slot
     for (int i = 0; i < steps; ++i) {
-      // Step i + kRing - 1 into the slot step i - 1 was read from (this lane's reads of it ended in
-      // registers the step consumed), then step i's copies (this lane's) landed.
+      // Step i's copies (this lane's) landed; after the __syncwarp every lane's have, and every
+      // lane has read step i - 1's slot, which then takes step i + kRing - 1.
+      CpAsyncWaitPending(kRing - 2);
+      __syncwarp();
       issue_next();
-      CpAsyncWaitPending(kRing - 1);
       const int c = c_begin + j;
       if (c < p.kc) {
         Chunk ch;

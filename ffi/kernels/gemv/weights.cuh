@@ -44,14 +44,10 @@ __device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool va
                : "memory");
 }
 
-// Always-valid copies for whole records (slots.cuh's RecordFormat ring): 16 bytes bypassing L1
-// with no L2 prefetch hint (a warp's copy reads 512 contiguous bytes: whole lines), and 4 bytes
-// (cp.async takes sizes under 16 through L1 only).
+// An always-valid 16-byte copy for whole records (slots.cuh's RecordFormat ring): L1 bypassed, no
+// L2 prefetch hint (a warp's copy reads whole lines: 512 or 384 contiguous bytes).
 __device__ __forceinline__ void CpAsyncStream16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void CpAsync4(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
 }
 
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
