@@ -207,6 +207,49 @@ def test_record_layout_refusals_name_the_input():
         ops.to_record_layout(b_quant, scales, zeros + 16)
 
 
+@pytest.mark.parametrize("ring", [2, 3, 4])
+def test_record_ring_copies_each_record_whole_and_reads_what_the_register_path_loads(ring):
+    # The ring path (slots.cuh's RecordFormat::Issue / Read, GemvSlotsKernel's kRing): a warp's 32
+    # lanes copy a record into a slot of its ring (lane L the 16 bytes at 512 j + 16 L of its W, lanes
+    # 0..23 the 16 at 2048 + 16 L: the metadata) kRing - 1 steps ahead, every byte exactly once; each
+    # lane then reads its chunk back from the slot: what the register path's Next loads.
+    n, k, block = 32, 2048, 64
+    rec = ops.to_record_layout(*_nbits(n, k, block, True, seed=9))
+    walk = _RecordWalk(rec)
+    kc, cpp = k // RECORD_K, 2
+    slots = np.zeros((ring, RECORD_BYTES), np.uint8)
+    for warp in range(kc // cpp):
+        steps = [(tile, warp * cpp + j) for tile in range(n // 16) for j in range(cpp)]
+        for i in range(-(ring - 1), len(steps)):
+            fill = i + ring - 1  # the step this one issues, into the slot step i - 1 read
+            if fill < len(steps):
+                tile, c = steps[fill]
+                slot = slots[fill % ring]
+                slot[:] = 0xEE
+                written = np.zeros(RECORD_BYTES, np.int64)
+                for lane in range(32):
+                    cursor = walk.enter(tile, c, lane)
+                    meta = lane < (RECORD_BYTES - RECORD_W_BYTES) // 16  # lanes 0..23
+                    offsets = [512 * j for j in range(4)] + ([RECORD_W_BYTES] if meta else [])
+                    for off in offsets:
+                        dst = 16 * lane + off
+                        slot[dst:dst + 16] = walk.flat[cursor + off:][:16]
+                        written[dst:dst + 16] += 1
+                assert (written == 1).all(), (tile, c)
+                np.testing.assert_array_equal(slot, walk.flat[walk.enter(tile, c, 0):][:RECORD_BYTES])
+            if i < 0:
+                continue
+            tile, c = steps[i]
+            for lane in range(32):
+                # Read: the slot at the lane's offsets in the record, as the walk reads the record.
+                got = _RecordWalk(slots[i % ring][None, None]).next(16 * lane, lane)[0]
+                want = walk.next(walk.enter(tile, c, lane), lane)[0]
+                for h in range(2):
+                    for pc in range(2):
+                        np.testing.assert_array_equal(got[0][h][pc], want[0][h][pc])
+                assert got[1:] == want[1:], (tile, c, lane)
+
+
 @needs_ext
 def test_record_constants_agree_with_the_kernel():
     gemv = _ffi.limits()["gemv"]
