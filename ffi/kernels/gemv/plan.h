@@ -377,10 +377,16 @@ inline Plan MakePlan(int64_t m, int64_t n_rows, int64_t k, int bits, bool gated,
 // The record path's W ring (slots.cuh): a warp copies its next records into a ring of `ring`
 // slots of kRecordBytes in shared memory (cp.async) and keeps ring - 1 of them in flight while it
 // computes on one; the launch instantiates rings of kRecordRingMin..kRecordRingMax slots. Planned:
-// the deepest ring up to kRecordRingPlanned that still lets two CTAs share an SM (the slots
-// kernel's occupancy), else none (W straight into registers, about one record in flight a warp).
+// none (kRecordRingPlanned 0: W straight into registers). Measured on the H200 (session 22,
+// bench/results/2026-12-03-99a34a4-record-ring.json, µs device time, ring 0 / 2 / 4): ~8B gate-up
+// 20.8 / 21.9 / 24.0, LM head 79.9 / 86.1 / 90.2, qkv 6.7 / 7.1 / 7.7, down 13.2 / 13.8 / -, ~1B LM
+// head 42.5 / 45.0 / 46.2; only the ~1B down (6.1 / 6.0 / 5.9) gained. The deeper rings took more
+// of the shared memory the two CTAs an SM share and added a copy group and __syncwarp a step; the
+// register path's ~1 record in flight was not the limit the ncu stall reasons suggested. The knob
+// stays for sweeps (ring=2..4); a planned ring r > 0 would take the deepest ring up to r that lets
+// two CTAs share an SM.
 inline constexpr int kRecordRingMin = 2, kRecordRingMax = 4;
-inline constexpr int kRecordRingPlanned = 4;
+inline constexpr int kRecordRingPlanned = 0;
 inline constexpr int64_t RecordRingBytes(int ring) { return int64_t(kWarps) * ring * kRecordBytes; }
 
 // The plan of one row of x against 4-bit weights in the record layout: the slots kernel's plan
