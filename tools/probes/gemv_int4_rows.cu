@@ -42,24 +42,7 @@
 // first W copies issued, 2 x staged, 3 the norm done and the CTA barrier passed (main loop starts),
 // 4 the main loop done (every copy landed), 5 the partials written and the cluster barrier passed,
 // 7 the cluster's partial sums added and stored, 6 the last cluster barrier passed (end).
-__device__ long long g_marks[2][8];
-__device__ unsigned long long g_start_min, g_start_max, g_end_min, g_end_max;
-__device__ __forceinline__ unsigned long long GlobalTimer() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
-}
-#define JOA_GEMV_MARK(phase)                                                   \
-  do {                                                                         \
-    if (blockIdx.x == 0 && (threadIdx.x == 0 || threadIdx.x == blockDim.x - 32)) \
-      g_marks[threadIdx.x != 0][phase] = clock64();                             \
-    if (threadIdx.x == 0 && ((phase) == 0 || (phase) == 6)) {                  \
-      const unsigned long long gt = GlobalTimer();                             \
-      atomicMin((phase) == 0 ? &g_start_min : &g_end_min, gt);                 \
-      atomicMax((phase) == 0 ? &g_start_max : &g_end_max, gt);                 \
-    }                                                                          \
-  } while (0)
-
+#include "phase_marks.h"  // before the kernels: defines JOA_GEMV_MARK
 #include "graph_chain.h"
 #include "kernels/gemv/launch.cuh"  // the rows kernel and its launch
 #include "probe_util.h"
@@ -248,26 +231,8 @@ int main() {
           return cudaGetLastError();
         }, &t_stream));
         CK(time(launch, &t_rows));
-        {  // the timeline of one launch on copy L - 1 (cold in L2 after the timed chain's last copies)
-          const unsigned long long init[4] = {~0ull, 0ull, ~0ull, 0ull};
-          CK(cudaMemcpyToSymbol(g_start_min, &init[0], 8));
-          CK(cudaMemcpyToSymbol(g_start_max, &init[1], 8));
-          CK(cudaMemcpyToSymbol(g_end_min, &init[2], 8));
-          CK(cudaMemcpyToSymbol(g_end_max, &init[3], 8));
-          CK(launch(L > 2 ? L / 2 : 0, s));
-          CK(cudaStreamSynchronize(s));
-          long long mk[2][8];
-          unsigned long long sm0, sm1, em0, em1;
-          CK(cudaMemcpyFromSymbol(mk, g_marks, sizeof(mk)));
-          CK(cudaMemcpyFromSymbol(&sm0, g_start_min, 8));
-          CK(cudaMemcpyFromSymbol(&sm1, g_start_max, 8));
-          CK(cudaMemcpyFromSymbol(&em0, g_end_min, 8));
-          CK(cudaMemcpyFromSymbol(&em1, g_end_max, 8));
-          printf("  timeline: CTA 0 cycles from its start, warp 0 / last:");
-          for (int ph : {1, 2, 3, 4, 5, 7, 6}) printf(" m%d %lld/%lld", ph, mk[0][ph] - mk[0][0], mk[1][ph] - mk[1][0]);
-          printf("; CTA starts spread %.2f us, ends %.2f..%.2f us after the first start\n", (sm1 - sm0) * 1e-3,
-                 (em0 - sm0) * 1e-3, (em1 - sm0) * 1e-3);
-        }
+        // The timeline of one launch on a copy cold in L2 after the timed chain's last ones.
+        CK(PrintTimeline("  timeline:", {1, 2, 3, 4, 5, 7, 6}, [&] { return launch(L > 2 ? L / 2 : 0, s); }, s));
         const double kbytes = total * 1e-3;
         printf("%-34s M %2d bs %3d DS %d RW %d S %2d grid %4d smem %6lld  stream %8.2f (%4.0f)  "
                "rows %8.2f "

@@ -17,27 +17,10 @@
 #include <string>
 #include <vector>
 
-__device__ long long g_marks[2][8];
-__device__ unsigned long long g_start_min, g_start_max, g_end_min, g_end_max;
-__device__ __forceinline__ unsigned long long GlobalTimer() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
-}
-// CTA 0's threads 0 (warp 0) and 224 (warp 7) record clock64 at each mark (marks 4 and 5 repeat per
-// chunk / tile: the last one stays); thread 0 of every CTA its globaltimer at start (0) and end (6).
+// The slots kernel's timeline (phase_marks.h; marks 4 and 5 repeat per chunk / tile).
 // Marks: 1 W requested, 2 x landed, 3 x staged, 4 a chunk done, 5 a tile's epilogue done, 6 end,
 // 7 the cluster's barrier handshake done (before W is requested).
-#define JOA_GEMV_MARK(phase)                                                  \
-  do {                                                                        \
-    if (blockIdx.x == 0 && (threadIdx.x == 0 || threadIdx.x == 224))           \
-      g_marks[threadIdx.x != 0][phase] = clock64();                            \
-    if (threadIdx.x == 0 && ((phase) == 0 || (phase) == 6)) {                 \
-      const unsigned long long gt = GlobalTimer();                            \
-      atomicMin((phase) == 0 ? &g_start_min : &g_end_min, gt);                \
-      atomicMax((phase) == 0 ? &g_start_max : &g_end_max, gt);                \
-    }                                                                         \
-  } while (0)
+#include "phase_marks.h"  // before the kernels: defines JOA_GEMV_MARK
 
 // Every CTA reading its own copy of x and gamma (the cost of all reading one vector from L2): build
 // both files with `-include xcopy.h`, a header that defines stage.cuh's hook as
@@ -146,25 +129,9 @@ int main() {
         worst = std::max(worst, std::isnan(d) ? 1e30f : d);
       }
       {  // the slots kernel's timeline on weight 1 (not in L2 from the check)
-        const unsigned long long init[4] = {~0ull, 0ull, ~0ull, 0ull};
-        CK(cudaMemcpyToSymbol(g_start_min, &init[0], 8));
-        CK(cudaMemcpyToSymbol(g_start_max, &init[1], 8));
-        CK(cudaMemcpyToSymbol(g_end_min, &init[2], 8));
-        CK(cudaMemcpyToSymbol(g_end_max, &init[3], 8));
-        CK(Launch(kSlots, ps[1], ring, slots, f, s));
-        CK(cudaStreamSynchronize(s));
-        long long marks[2][8];
-        unsigned long long sm0, sm1, em0, em1;
-        CK(cudaMemcpyFromSymbol(marks, g_marks, sizeof(marks)));
-        CK(cudaMemcpyFromSymbol(&sm0, g_start_min, 8));
-        CK(cudaMemcpyFromSymbol(&sm1, g_start_max, 8));
-        CK(cudaMemcpyFromSymbol(&em0, g_end_min, 8));
-        CK(cudaMemcpyFromSymbol(&em1, g_end_max, 8));
-        printf("  slots timeline (grid %d, cluster %d), CTA 0 cycles from its start, warp 0 / 7:", slots.grid,
-               slots.cluster);
-        for (int ph = 1; ph < 8; ++ph) printf(" m%d %lld/%lld", ph, marks[0][ph] - marks[0][0], marks[1][ph] - marks[1][0]);
-        printf("; CTA starts spread %.2f us, ends %.2f..%.2f us after the first start\n", (sm1 - sm0) * 1e-3,
-               (em0 - sm0) * 1e-3, (em1 - sm0) * 1e-3);
+        char label[96];
+        snprintf(label, sizeof label, "  slots timeline (grid %d, cluster %d),", slots.grid, slots.cluster);
+        CK(PrintTimeline(label, {1, 2, 3, 4, 5, 6, 7}, [&] { return Launch(kSlots, ps[1], ring, slots, f, s); }, s));
       }
     }
     printf("%-32s", sh.name);
