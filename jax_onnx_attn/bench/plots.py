@@ -200,7 +200,7 @@ def load_files(files: Sequence[str | Path], suites: Sequence[str | None] = KERNE
     runs: dict[tuple, list[list[dict]]] = {}  # case -> its runs' records, oldest file first
     for path in map(Path, files):
         doc = json.loads(path.read_text())
-        if doc.get("suite") not in suites:
+        if not isinstance(doc, dict) or doc.get("suite") not in suites:  # e.g. a probe's bare list
             continue
         gpu = gpu_name(doc.get("env", {}))
         for case in doc.get("results", []):

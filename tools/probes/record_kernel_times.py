@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 from jax_onnx_attn.bench.e2e import device_kernel_events, read_trace  # noqa: E402
 from jax_onnx_attn.ops import cuda_matmul  # noqa: E402
 from jax_onnx_attn.ops.linear import to_record_layout  # noqa: E402
-from rows_kernel_times import SHAPES, SHAPES_8B, kernel_table  # this folder: on sys.path as a script  # noqa: E402
+from rows_kernel_times import SHAPES, SHAPES_8B, kernel_table, write_results  # this folder: on sys.path as a script  # noqa: E402
 
 COPIES, BLOCK = 4, 32
 # (name, ring): None is the plan's.
@@ -94,7 +94,9 @@ def main():
         print(json.dumps(row), flush=True)
         out.append(row)
         del copies
-    json.dump(out, open(sys.argv[1], "w"), indent=1)
+    write_results(sys.argv[1], "record-kernel-times", "tools/probes/record_kernel_times.py " + " ".join(args) +
+                  ": profiler device time per call of the int4 slots kernel's record reader (M 1, block 32, zero"
+                  " points, fp16 x): ring 0, the plan's ring, forced rings 2-4; same_bits: equal to ring 0", out)
     bad = [(r["k"], r["n"], name) for r in out for name, _ in PATHS if r[name].get("same_bits") is False]
     if bad:
         raise SystemExit(f"rings that did not give ring 0's bits: {bad}")

@@ -43,6 +43,14 @@ def kernel_table(fn, args):
     return {name: [float(np.median(v)), len(v)] for name, v in top}
 
 
+def write_results(path, suite, what, rows):
+    """rows as bench/results/ holds a probe's run: a document with its suite, commit, GPU and what
+    was measured (tools/plot_bench.py reads only the suites it plots)."""
+    doc = {"suite": suite, "commit": os.environ.get("JOA_GIT_COMMIT", "unknown"),
+           "gpu": jax.devices()[0].device_kind, "jax": jax.__version__, "what": what, "results": rows}
+    json.dump(doc, open(path, "w"), indent=1)
+
+
 def rows_weights(k, n, rng):
     """Random int4 weights of a (K, N) projection (block 32, zero points) in the rows layout, on
     the device: (w, scales, zero_points)."""
@@ -98,7 +106,9 @@ def main():
             print(json.dumps(row), flush=True)
             out.append(row)
         del copies, dense
-    json.dump(out, open(sys.argv[1], "w"), indent=1)
+    write_results(sys.argv[1], "rows-kernel-times", "tools/probes/rows_kernel_times.py " + " ".join(sys.argv[2:]) +
+                  ": profiler device time per call of the int4 rows kernel (block 32, fp16 x), planned and forced"
+                  " layouts; xla-fp16: XLA's dot on a dense fp16 weight of the same shape", out)
 
 
 if __name__ == "__main__":
