@@ -141,9 +141,6 @@ NB_MODULE(_ffi, m) {
     gemv["record_k"] = joa::gemv::kRecordK;
     gemv["record_w_bytes"] = joa::gemv::kRecordWBytes;
     gemv["record_bytes"] = joa::gemv::kRecordBytes;
-    gemv["record_ring_min"] = joa::gemv::kRecordRingMin;
-    gemv["record_ring_max"] = joa::gemv::kRecordRingMax;
-    gemv["record_ring_planned"] = joa::gemv::kRecordRingPlanned;
     nb::dict prefill;
     nb::list prefill_dims;
     for (int d : joa::prefill::kHeadDims) prefill_dims.append(d);

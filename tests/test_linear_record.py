@@ -8,8 +8,6 @@ lowered model in the layout and the session's switch."""
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -207,49 +205,6 @@ def test_record_layout_refusals_name_the_input():
         ops.to_record_layout(b_quant, scales, zeros + 16)
 
 
-@pytest.mark.parametrize("ring", [2, 3, 4])
-def test_record_ring_copies_each_record_whole_and_reads_what_the_register_path_loads(ring):
-    # The ring path (slots.cuh's RecordFormat::Issue / Read, GemvSlotsKernel's kRing): a warp's 32
-    # lanes copy a record into a slot of its ring (lane L the 16 bytes at 512 j + 16 L of its W, lanes
-    # 0..23 the 16 at 2048 + 16 L: the metadata) kRing - 1 steps ahead, every byte exactly once; each
-    # lane then reads its chunk back from the slot: what the register path's Next loads.
-    n, k, block = 32, 2048, 64
-    rec = ops.to_record_layout(*_nbits(n, k, block, True, seed=9))
-    walk = _RecordWalk(rec)
-    kc, cpp = k // RECORD_K, 2
-    slots = np.zeros((ring, RECORD_BYTES), np.uint8)
-    for warp in range(kc // cpp):
-        steps = [(tile, warp * cpp + j) for tile in range(n // 16) for j in range(cpp)]
-        for i in range(-(ring - 1), len(steps)):
-            fill = i + ring - 1  # the step this one issues, into the slot step i - 1 read
-            if fill < len(steps):
-                tile, c = steps[fill]
-                slot = slots[fill % ring]
-                slot[:] = 0xEE
-                written = np.zeros(RECORD_BYTES, np.int64)
-                for lane in range(32):
-                    cursor = walk.enter(tile, c, lane)
-                    meta = lane < (RECORD_BYTES - RECORD_W_BYTES) // 16  # lanes 0..23
-                    offsets = [512 * j for j in range(4)] + ([RECORD_W_BYTES] if meta else [])
-                    for off in offsets:
-                        dst = 16 * lane + off
-                        slot[dst:dst + 16] = walk.flat[cursor + off:][:16]
-                        written[dst:dst + 16] += 1
-                assert (written == 1).all(), (tile, c)
-                np.testing.assert_array_equal(slot, walk.flat[walk.enter(tile, c, 0):][:RECORD_BYTES])
-            if i < 0:
-                continue
-            tile, c = steps[i]
-            for lane in range(32):
-                # Read: the slot at the lane's offsets in the record, as the walk reads the record.
-                got = _RecordWalk(slots[i % ring][None, None]).next(16 * lane, lane)[0]
-                want = walk.next(walk.enter(tile, c, lane), lane)[0]
-                for h in range(2):
-                    for pc in range(2):
-                        np.testing.assert_array_equal(got[0][h][pc], want[0][h][pc])
-                assert got[1:] == want[1:], (tile, c, lane)
-
-
 @needs_ext
 def test_record_constants_agree_with_the_kernel():
     gemv = _ffi.limits()["gemv"]
@@ -266,86 +221,12 @@ SHAPES_1B_8B = [(2048, 2048, False, False), (2048, 3072, False, True), (2048, 16
 @needs_ext
 @pytest.mark.parametrize("block", [32, 128])
 def test_record_plan_is_the_slots_plan(block):
-    # The record reader runs the slots kernel's geometry: the same plan, hence the same sums; its W
-    # ring (none for the slots kernel) only adds shared memory.
+    # The record reader runs the slots kernel's geometry: the same plan, hence the same sums.
     for k, n, gated, norm in SHAPES_1B_8B:
         slots = cuda_matmul.gemv_plan(1, n, k, 4, gated, norm, wide=True, block_size=block, slots=True)
         rec = cuda_matmul.gemv_plan(1, n, k, 4, gated, norm, block_size=block, record_layout=True)
         assert slots["slots"] and rec["slots"] and rec["record_layout"] and not slots["record_layout"]
-        assert slots["ring"] == 0 and rec["smem_bytes"] == slots["smem_bytes"] + _ring_bytes(rec["ring"])
-        assert {**rec, "record_layout": False, "ring": 0, "smem_bytes": slots["smem_bytes"]} == slots, (k, n)
-
-
-def _ring_bytes(ring):
-    """Shared memory of the record path's W rings: 8 warps x ring records."""
-    return 8 * ring * RECORD_BYTES
-
-
-# Two CTAs an SM on sm_90 (plan.h's kSmemTwoPerSm) / sm_80 (kSmemTwoPerSm80).
-TWO_PER_SM = {True: 115712, False: 82944}
-
-
-@needs_ext
-def test_record_ring_constants():
-    gemv = _ffi.limits()["gemv"]
-    assert (gemv["record_ring_min"], gemv["record_ring_max"], gemv["record_ring_planned"]) == (2, 4, 0)
-
-
-@needs_ext
-@pytest.mark.parametrize("sm90", [True, False], ids=["sm90", "sm80"])
-def test_record_ring_planned_none_and_forced_where_two_ctas_fit_an_sm(sm90, monkeypatch):
-    # Planned: no ring (W in registers: rings 2-4 measured slower on the H200, session 22); forced
-    # 0 / 2..4 take that ring where two CTAs still share an SM and are refused where not.
-    monkeypatch.setattr(cuda_matmul, "sm90", lambda: sm90)
-    cuda_matmul._plan.cache_clear()
-    try:
-        for block in (32, 128):
-            for k, n, gated, norm in SHAPES_1B_8B:
-                plan = functools.partial(cuda_matmul.gemv_plan, 1, n, k, 4, gated, norm, block_size=block,
-                                         record_layout=True)
-                planned, none = plan(), plan(ring=0)
-                if planned["error"]:  # x's K does not fit the slots kernel here (sm_80's smaller budget)
-                    assert not sm90 and none["error"] == planned["error"], (k, n)
-                    continue
-                assert none["error"] is None and none["ring"] == 0
-                base = none["smem_bytes"]
-                fits = [r for r in (2, 3, 4) if base + _ring_bytes(r) <= TWO_PER_SM[sm90]]
-                assert planned == none, (k, n, block, planned["ring"])
-                for r in (2, 3, 4):
-                    forced = plan(ring=r)
-                    if r in fits:
-                        assert forced["error"] is None and forced["ring"] == r
-                        assert forced["smem_bytes"] == base + _ring_bytes(r)
-                    else:
-                        assert f"ring {r} needs {base + _ring_bytes(r)} bytes" in forced["error"], forced["error"]
-                        assert f"at K {k}" in forced["error"] and "two CTAs an SM" in forced["error"]
-    finally:
-        cuda_matmul._plan.cache_clear()
-
-
-@needs_ext
-def test_record_ring_on_the_decoder_shapes():
-    # What the planner picks at block 32 (the ~1B / ~8B projections, their fusions): no ring (the
-    # H200 ran rings 2-4 slower on all but the ~1B down projection, session 22); the deepest ring
-    # that fits two CTAs an SM is 4, or 2 at the ~8B down projection (K 14336: x and its multicast
-    # copy take 62 KB a CTA).
-    picks, deepest = {}, {}
-    for k, n, gated, norm in SHAPES_1B_8B:
-        plan = functools.partial(cuda_matmul.gemv_plan, 1, n, k, 4, gated, norm, block_size=32, record_layout=True)
-        picks[(k, n)] = plan()["ring"]
-        deepest[(k, n)] = max([r for r in (2, 3, 4) if plan(ring=r)["error"] is None], default=0)
-    assert set(picks.values()) == {0}, picks
-    assert deepest == {(2048, 2048): 4, (2048, 3072): 4, (2048, 16384): 4, (8192, 2048): 4, (2048, 128256): 4,
-                       (4096, 4096): 4, (4096, 6144): 4, (4096, 28672): 4, (14336, 4096): 2,
-                       (4096, 128256): 4}, deepest
-
-
-@needs_ext
-@pytest.mark.parametrize("ring", [1, 5, -2, 8])
-def test_record_ring_refusals_name_the_value(ring):
-    why = cuda_matmul.record_unsupported(1, 4096, 4096, 32, False, ring=ring)
-    assert why == ("record layout: ring must be -1 (planned), 0 (W in registers) or 2 to 4 slots a warp, "
-                   f"got {ring}"), why
+        assert {**rec, "record_layout": False} == slots, (k, n)
 
 
 @needs_ext

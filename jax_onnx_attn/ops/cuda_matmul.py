@@ -139,8 +139,7 @@ def sm90() -> bool:
 def gemv_plan(rows: int, n_rows: int, k: int, bits: int, gated: bool, norm: bool = False,
               cluster: int = 0, warps_k: int = 0, wide: bool | None = None, block_size: int = 0,
               slots: bool = False, rows_layout: bool = False, warps_n: int = 0,
-              depth: int = 0, occupancy: int = 0, record_layout: bool = False,
-              ring: int | None = None) -> dict:
+              depth: int = 0, occupancy: int = 0, record_layout: bool = False) -> dict:
     """The engine's launch plan for x [rows, k] against a weight of n_rows rows of `bits`-bit
     elements (16: dense; 8, 4: MatMulNBits), with the RMS-norm prologue or not, as a dict (ffi/kernels/gemv/plan.h: grid, warp
     layout, cluster, ring stages, shared memory, the model's estimate in µs). 'error' is None when
@@ -153,29 +152,21 @@ def gemv_plan(rows: int, n_rows: int, k: int, bits: int, gated: bool, norm: bool
     occupancy > 0 force its K split, warps a CTA, W stages in flight a warp and the CTAs an SM its
     registers are capped for ('ctas_per_sm'). record_layout: one row of 4-bit weights in the record
     layout (`ops.linear.to_record_layout`) on the slots kernel reading records ('record_layout' in
-    the dict; the slots kernel's geometry); ring: its W ring ('ring' in the dict: slots a warp, 0
-    for W straight into registers), None planned, 0 none, 2..4 forced (`matmul_nbits_record`).
-    Raises RuntimeError without the compiled extension."""
+    the dict; the slots kernel's geometry). Raises RuntimeError without the compiled extension."""
     return _plan(int(rows), int(n_rows), int(k), int(bits), bool(gated), bool(norm), int(cluster),
                  int(warps_k), _wide(bits, wide) and not rows_layout, int(block_size), bool(slots),
-                 bool(rows_layout), int(warps_n), int(depth), int(occupancy), bool(record_layout),
-                 _ring(ring))
-
-
-def _ring(ring: int | None) -> int:
-    """The record path's ring as the plan and the handler take it: -1 planned (None), else as given."""
-    return -1 if ring is None else int(ring)
+                 bool(rows_layout), int(warps_n), int(depth), int(occupancy), bool(record_layout))
 
 
 @functools.cache
 def _plan(rows, n_rows, k, bits, gated, norm, cluster, warps_k, wide, block_size, slots, rows_layout,
-          warps_n, depth, occupancy, record_layout, ring=-1) -> dict:
+          warps_n, depth, occupancy, record_layout) -> dict:
     if _ffi is None or not hasattr(_ffi, "gemv_plan"):
         raise RuntimeError("the compiled extension jax_onnx_attn._ffi (with gemv_plan) is missing")
     if record_layout:  # only an extension that knows the layout is asked about it
         return dict(_ffi.gemv_plan(rows, n_rows, k, bits, gated, norm, sm90(), cluster, warps_k, wide,
                                    block_size, slots, rows_layout, warps_n, depth, occupancy,
-                                   record_layout=True, ring=ring))
+                                   record_layout=True))
     return dict(_ffi.gemv_plan(rows, n_rows, k, bits, gated, norm, sm90(), cluster, warps_k, wide,
                                block_size, slots, rows_layout, warps_n, depth, occupancy))
 
@@ -213,14 +204,12 @@ def rows_unsupported(rows: int, n_rows: int, k: int, block_size: int, gated: boo
 
 
 def record_unsupported(rows: int, n_rows: int, k: int, block_size: int, gated: bool,
-                       norm: bool = False, ring: int | None = None) -> str | None:
+                       norm: bool = False) -> str | None:
     """Why the slots kernel does not take this call of 4-bit weights in the record layout (None
     when it does): the plan's reason (ffi/kernels/gemv/plan.h's MakeRecordPlan: one row of x, N a
-    multiple of 16, K of 256, block_size a power of two >= 32, x's K in shared memory, a forced
-    W ring of 0 or 2..4 slots that leaves two CTAs an SM)."""
+    multiple of 16, K of 256, block_size a power of two >= 32, x's K in shared memory)."""
     try:
-        plan = gemv_plan(rows, n_rows, k, 4, gated, norm, block_size=block_size, record_layout=True,
-                         ring=ring)
+        plan = gemv_plan(rows, n_rows, k, 4, gated, norm, block_size=block_size, record_layout=True)
     except (RuntimeError, TypeError) as e:  # TypeError: an extension built before the layout
         return str(e)
     return plan["error"]
@@ -351,8 +340,7 @@ def _matmul_nbits_rows(x, w, scales, zero_points, bias, residual, norm_weight, *
 
 
 def matmul_nbits_record(x, rec, bias=None, residual=None, norm_weight=None, *, n: int, block_size: int,
-                        eps: float = 1e-6, gated: bool = False, pdl: bool = False,
-                        ring: int | None = None):
+                        eps: float = 1e-6, gated: bool = False, pdl: bool = False):
     """x [1, K] f16/bf16 against 4-bit weights in the record layout (`ops.linear.to_record_layout`):
     rec uint8 [N / 16, K / 256, 2432] holding W, its scales (x's dtype) and zero points -> [1, N_out];
     N = n W rows (2 N_out when gated).
@@ -360,26 +348,23 @@ def matmul_nbits_record(x, rec, bias=None, residual=None, norm_weight=None, *, n
     Semantics of `jax_onnx_attn.ops.reference.linear.matmul_nbits` on the weights
     `ops.linear.from_record_layout` gives back; the slots kernel's plan and sums (the same bits as
     `matmul_nbits` on the same weight in the wide format with tiled metadata on the slots kernel).
-    ring: the kernel's W ring (ffi/kernels/gemv/slots.cuh): None the plan's ('ring' of
-    `gemv_plan(..., record_layout=True)`), 0 W straight into registers, 2..4 that many records a warp
-    in shared memory (refused where two CTAs an SM would not fit); the same bits every way.
     Other arguments as `matmul_nbits`. Under vmap each example is its own call (the kernel takes one
     row)."""
-    static = dict(n=n, block_size=block_size, eps=eps, gated=gated, pdl=pdl, ring=_ring(ring))
+    static = dict(n=n, block_size=block_size, eps=eps, gated=gated, pdl=pdl)
     return partitioning.MATMUL_NBITS_RECORD.apply(
         _matmul_nbits_record, (x, rec, bias, residual, norm_weight), static, pin=lambda *a: None)
 
 
-def _matmul_nbits_record(x, rec, bias, residual, norm_weight, *, n, block_size, eps, gated, pdl, ring):
+def _matmul_nbits_record(x, rec, bias, residual, norm_weight, *, n, block_size, eps, gated, pdl):
     return _nbits_call(x, rec, None, None, bias, residual, norm_weight, n_out=n // 2 if gated else n,
                        bits=4, block_size=block_size, eps=eps, gated=gated, pdl=pdl, cluster=0,
                        warps_k=0, wide=True, slots=True, rows=False, warps_n=0, depth=0, occupancy=0,
-                       record_layout=True, ring=ring)
+                       record_layout=True)
 
 
 def _nbits_call(x, w, scales, zero_points, bias, residual, norm_weight, *, n_out, bits, block_size, eps,
                 gated, pdl, cluster, warps_k, wide, slots, rows, warps_n, depth, occupancy,
-                record_layout=False, ring=-1):
+                record_layout=False):
     """The matmul_nbits FFI call (ffi/handlers/matmul_nbits.cu): absent operands as placeholders
     with their has_* flags, every attribute as the handler binds it."""
     call = jax.ffi.ffi_call(target("matmul_nbits"), jax.ShapeDtypeStruct((x.shape[0], n_out), x.dtype))
@@ -393,7 +378,7 @@ def _nbits_call(x, w, scales, zero_points, bias, residual, norm_weight, *, n_out
                 has_norm=norm_weight is not None, gated=bool(gated), eps=np.float32(eps),
                 cluster=int(cluster), warps_k=int(warps_k), wide=bool(wide), pdl=bool(pdl),
                 slots=bool(slots), rows=bool(rows), warps_n=int(warps_n), depth=int(depth),
-                occupancy=int(occupancy), record_layout=bool(record_layout), ring=int(ring))
+                occupancy=int(occupancy), record_layout=bool(record_layout))
 
 
 def _placeholder(dtype):

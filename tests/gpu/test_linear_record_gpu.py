@@ -119,9 +119,9 @@ def test_decoder_shapes(shape, monkeypatch):
         _check(got, _reference(x, tiled, arrays, **kw), dtype, what)
 
 
-def _poisoned(n, k, block, gated, dtype, rec, x, ring=-1):
+def _poisoned(n, k, block, gated, dtype, rec, x):
     """The handler with y aliased to a NaN-filled buffer in the residual slot (unused), so every
-    element the kernel does not write stays NaN (ring: the W ring, -1 planned)."""
+    element the kernel does not write stays NaN."""
     n_out = n // 2 if gated else n
     ph = jnp.zeros((1,), dtype)
 
@@ -132,7 +132,7 @@ def _poisoned(n, k, block, gated, dtype, rec, x, ring=-1):
         return f(x, rec, ph, jnp.zeros((1,), jnp.uint8), ph, poison, ph, bits=4, block_size=block,
                  has_zero_points=False, has_bias=False, has_residual=False, has_norm=False, gated=gated,
                  eps=np.float32(1e-6), cluster=0, warps_k=0, wide=True, pdl=False, slots=True, rows=False,
-                 warps_n=0, depth=0, occupancy=0, record_layout=True, ring=ring)
+                 warps_n=0, depth=0, occupancy=0, record_layout=True)
     return jax.jit(call)(x)
 
 
@@ -184,7 +184,7 @@ def test_handler_refusals_name_the_input():
         return f(x, rec, ph, jnp.zeros((1,), jnp.uint8), ph, ph, ph, bits=4, block_size=block_size,
                  has_zero_points=False, has_bias=False, has_residual=False, has_norm=False, gated=False,
                  eps=np.float32(1e-6), cluster=0, warps_k=0, wide=True, pdl=False, slots=True, rows=False,
-                 warps_n=0, depth=0, occupancy=0, record_layout=True, ring=-1)
+                 warps_n=0, depth=0, occupancy=0, record_layout=True)
     for args, match in (((x, rec[:, :1]), "b_quant must be uint8"), ((x, rec, n + 16), "b_quant must be uint8"),
                         ((jnp.concatenate([x, x]), rec), "one row"),
                         ((x, rec, n, 16), "block_size must be a power of two >= 32")):
@@ -212,10 +212,9 @@ def test_auto_backend_takes_the_record_kernel_for_one_row_only():
 # 10 MB as a constant computes a wrong unpack (0.2-0.45 of the output's max; passed as an argument it
 # is exact, and so is the CPU: tools/probes/record_ref_diag.py, session 18). Sessions pass their
 # weights as arguments.
-_LOOP_WEIGHTS = """
+_LOOP = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     from jax_onnx_attn import ops
-    from jax_onnx_attn.ops import cuda_matmul
 
     k, i, block = 2048, 4096, 128
     rng = np.random.default_rng(0)
@@ -228,15 +227,7 @@ _LOOP_WEIGHTS = """
     (up, up_wide), (down, down_wide) = weights(2 * i, k), weights(k, i)
     gamma = jnp.ones((k,), jnp.bfloat16)
     x0 = jnp.asarray(rng.normal(size=(1, k)), jnp.bfloat16)
-"""
-# The loop's body, after `steps(x, impl, pdl)` has defined its projection proj(x, w, wide, **kw).
-_LOOP_BODY = """
-        def body(_, x):
-            h = proj(x, up, up_wide, k=k, n=2 * i, bits=4, block_size=block, norm_weight=gamma, gated=True)
-            return proj(h, down, down_wide, k=i, n=k, bits=4, block_size=block, residual=x)
-        return jax.lax.fori_loop(0, 8, body, x)
-"""
-_LOOP = textwrap.dedent(_LOOP_WEIGHTS + """
+
     def steps(x, impl, pdl):  # "cuda": the record layout; "slots": the wide format; "reference": raw
         def proj(x, w, wide, **kw):
             if impl == "reference":
@@ -244,7 +235,11 @@ _LOOP = textwrap.dedent(_LOOP_WEIGHTS + """
             if impl == "cuda":
                 return ops.matmul_nbits(x, w, None, backend="cuda", pdl=pdl, layout="record", **kw)
             return ops.matmul_nbits(x, *wide, backend="cuda", pdl=pdl, wide=True, **kw)
-""" + _LOOP_BODY) + command_buffer.loop_checks("matmul_nbits", same_bits_as="slots")
+        def body(_, x):
+            h = proj(x, up, up_wide, k=k, n=2 * i, bits=4, block_size=block, norm_weight=gamma, gated=True)
+            return proj(h, down, down_wide, k=i, n=k, bits=4, block_size=block, residual=x)
+        return jax.lax.fori_loop(0, 8, body, x)
+""") + command_buffer.loop_checks("matmul_nbits", same_bits_as="slots")
 
 
 def test_loop_is_captured_in_a_command_buffer(tmp_path):
@@ -269,134 +264,3 @@ def test_session_of_batch_one_in_the_record_layout(monkeypatch):
     layouts = [a.s for n in session.lowered.model.graph.node for a in n.attribute if a.name == "layout"]
     assert layouts and set(layouts) == {b"record"}
     assert session.generate(prompts, max_new_tokens=16).tokens == plain.tokens
-
-
-# --- The W ring (plan.h's MakeRecordPlan ring; slots.cuh's kRing): each warp streams its records
-# through shared memory instead of registers. Only where the bytes come from changes, so every ring
-# is held bit for bit to the register path (ring 0) and the register path to the reference.
-RINGS = (None, 0, 2, 3, 4)  # None: the plan's
-
-
-@functools.cache
-def _ring_fn(n, block, ring, eps, gated, pdl):
-    return jax.jit(lambda x, rec, **a: cuda_matmul.matmul_nbits_record(
-        x, rec, a.get("bias"), a.get("residual"), a.get("norm_weight"), n=n, block_size=block, eps=eps,
-        gated=gated, pdl=pdl, ring=ring))
-
-
-def _ring_call(x, rec, arrays, *, n, block, ring, pdl=False, **static):
-    f = _ring_fn(n, block, ring, static.get("norm_epsilon", 1e-6), static["gated"], pdl)
-    return np.asarray(f(x, rec, **arrays))
-
-
-def _fitting_rings(k, n, block, static, arrays):
-    """The rings the plan takes for this call (a forced one that would not fit two CTAs an SM is
-    refused: test_ring_refusals), each with the plan's choice for None."""
-    norm = "norm_weight" in arrays
-    out = []
-    for ring in RINGS:
-        plan = cuda_matmul.gemv_plan(1, n, k, 4, static["gated"], norm, block_size=block,
-                                     record_layout=True, ring=ring)
-        if plan["error"] is None:
-            out.append((ring, plan["ring"]))
-    return out
-
-
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: s[0])
-def test_ring_decoder_shapes_are_the_register_path_bit_for_bit(shape):
-    # The ~1B / ~8B projections with their decoder fusion, f16 and bf16: every ring that fits equals
-    # ring 0 bit for bit, and ring 0 the reference within the dtype's tolerance.
-    name, k, n, fusion = shape
-    for i in range(2):  # two of the (dtype, block, zero points) combos per shape, rotating
-        dtype, block, zp = COMBOS[(SHAPES.index(shape) * 2 + i) % len(COMBOS)]
-        x, rec, tiled = _weights(k, n, block, zp, dtype)
-        static, arrays = fusion_operands(fusion, k, n, 1, dtype, seed=3)
-        rings = _fitting_rings(k, n, block, static, arrays)
-        assert (0, 0) in rings and len(rings) >= 2, (name, rings)  # the planned ring, or 0, and 0
-        base = _ring_call(x, rec, arrays, n=n, block=block, ring=0, **static)
-        what = f"{name} {_name(dtype)} block={block} zp={zp}"
-        _check(base, _reference(x, tiled, arrays, k=k, n=n, bits=4, block_size=block, **static), dtype, what)
-        for ring, planned in rings:
-            got = _ring_call(x, rec, arrays, n=n, block=block, ring=ring, **static)
-            np.testing.assert_array_equal(got, base, err_msg=f"{what} ring={ring} (plan {planned})")
-
-
-@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16], ids=_name)
-@pytest.mark.parametrize("block", [32, 128, 512])
-def test_ring_fusions_are_the_register_path_bit_for_bit(block, dtype):
-    # K = 1536: 6 chunks, so warps 6 and 7 have none (their ring steps commit empty groups); N =
-    # 9616: 601 tiles, more than the CTAs (a warp's ring runs on across tiles and their barriers).
-    # Every fusion, every ring: ring 0's bits; ring 0 within the reference's tolerance (no bias).
-    k, n = 1536, 9616
-    x, rec, tiled = _weights(k, n, block, True, dtype, seed=1)
-    for fusion in FUSIONS:
-        static, arrays = fusion_operands(fusion, k, n, 1, dtype, seed=2)
-        rings = _fitting_rings(k, n, block, static, arrays)
-        assert [r for r, _ in rings] == list(RINGS), rings  # all fit at this K
-        base = _ring_call(x, rec, arrays, n=n, block=block, ring=0, **static)
-        what = f"{fusion} block={block}"
-        if "bias" not in arrays:
-            _check(base, _reference(x, tiled, arrays, k=k, n=n, bits=4, block_size=block, **static), dtype, what)
-        for ring, _ in rings:
-            np.testing.assert_array_equal(_ring_call(x, rec, arrays, n=n, block=block, ring=ring, **static),
-                                          base, err_msg=f"{what} ring={ring}")
-
-
-def test_ring_repeatable_pdl_invariant_and_writes_every_element():
-    # Repeats and PDL (W requested before the previous kernel ends) give the same bits on each ring;
-    # with y aliased to NaNs every element is written (gated and not).
-    for k, n, block, norm in ((4096, 6144, 128, True), (14336, 4096, 32, False), (2048, 16384, 32, True)):
-        x, rec, _ = _weights(k, n, block, True, jnp.float16, seed=4)
-        arrays = {"norm_weight": jnp.ones((k,), jnp.float16)} if norm else {}
-        static = {"gated": False}
-        base = _ring_call(x, rec, arrays, n=n, block=block, ring=0, **static)
-        for ring, _ in _fitting_rings(k, n, block, static, arrays):
-            first = _ring_call(x, rec, arrays, n=n, block=block, ring=ring, **static)
-            np.testing.assert_array_equal(first, base, err_msg=f"K={k} ring={ring}")
-            for _ in range(3):
-                np.testing.assert_array_equal(_ring_call(x, rec, arrays, n=n, block=block, ring=ring, **static),
-                                              first, err_msg=f"K={k} ring={ring} repeat")
-            np.testing.assert_array_equal(
-                _ring_call(x, rec, arrays, n=n, block=block, ring=ring, pdl=True, **static), first,
-                err_msg=f"K={k} ring={ring} pdl")
-    dtype = jnp.bfloat16
-    for gated in (False, True):
-        for k, n, block in ((2048, 4112, 32), (256, 16, 256)):
-            x, rec, _ = _weights(k, n, block, True, dtype, seed=3)
-            want = np.asarray(_poisoned(n, k, block, gated, dtype, rec, x, ring=0))
-            for ring in (2, 3, 4):
-                got = np.asarray(_poisoned(n, k, block, gated, dtype, rec, x, ring=ring))
-                assert np.isfinite(got).all(), f"K={k} N={n} gated={gated} ring={ring}: elements not written"
-                np.testing.assert_array_equal(got, want, err_msg=f"K={k} N={n} gated={gated} ring={ring}")
-
-
-def test_ring_refusals_name_the_value():
-    k, n, block = 512, 64, 32
-    x, rec, _ = _weights(k, n, block, False, jnp.float16)
-    for ring, match in ((1, "ring must be -1 .planned., 0 .W in registers. or 2 to 4 slots a warp, got 1"),
-                        (5, "got 5"), (-2, "got -2")):
-        with pytest.raises(Exception, match=match):
-            _ring_call(x, rec, {}, n=n, block=block, ring=ring, gated=False)
-    # x's K (14336) with the norm does not fit the slots kernel at all; without it a ring of 4 does
-    # not fit two CTAs an SM.
-    k, n = 14336, 256
-    x, rec, _ = _weights(k, n, block, False, jnp.float16)
-    with pytest.raises(Exception, match="ring 4 needs .* bytes of shared memory a CTA at K 14336"):
-        _ring_call(x, rec, {}, n=n, block=block, ring=4, gated=False)
-
-
-# The decode-like loop above on a forced ring (3 records a warp), captured in a command buffer: the
-# bits of the register path (ring 0) in the same loop, replays and PDL off alike.
-_RING_LOOP = textwrap.dedent(_LOOP_WEIGHTS + """
-    def steps(x, impl, pdl):  # "cuda": ring 3; "registers": ring 0; "reference": the raw weights
-        def proj(x, w, wide, **kw):
-            if impl == "reference":
-                return ops.matmul_nbits(x, *wide, backend="reference", wide=True, **kw)
-            return cuda_matmul.matmul_nbits_record(
-                x, w, kw.get("bias"), kw.get("residual"), kw.get("norm_weight"), n=kw["n"], block_size=block,
-                gated=kw.get("gated", False), pdl=pdl, ring=3 if impl == "cuda" else 0)
-""" + _LOOP_BODY) + command_buffer.loop_checks("matmul_nbits", same_bits_as="registers")
-
-
-def test_ring_loop_is_captured_in_a_command_buffer(tmp_path):
-    command_buffer.assert_captured(_RING_LOOP, "matmul_nbits", tmp_path)

@@ -1,8 +1,7 @@
 """One int4 projection at M = 1 on the slots kernel's record reader (ffi/kernels/gemv/slots.cuh), run a
 few times, for Nsight Compute (tools/probes/s22_a.sh):
-    python tools/probes/record_ncu_case.py K N [RING]
-Weights of record_kernel_times.record_weights (block 32, zero points, fp16 x). RING: the kernel's W
-ring (0: registers, 2..4 records a warp; absent: the plan's)."""
+    python tools/probes/record_ncu_case.py K N
+Weights of record_kernel_times.record_weights (block 32, zero points, fp16 x)."""
 
 import sys
 
@@ -14,13 +13,12 @@ from jax_onnx_attn.ops import cuda_matmul
 from record_kernel_times import BLOCK, record_weights  # this folder: on sys.path when run as a script
 
 k, n = (int(a) for a in sys.argv[1:3])
-ring = int(sys.argv[3]) if len(sys.argv) > 3 else None
 rng = np.random.default_rng(0)
 rec = record_weights(k, n, rng)
 x = jnp.asarray(rng.standard_normal((1, k)), jnp.float16)
-fn = jax.jit(lambda x, r: cuda_matmul.matmul_nbits_record(x, r, n=n, block_size=BLOCK, ring=ring))
-print(cuda_matmul.gemv_plan(1, n, k, 4, False, block_size=BLOCK, record_layout=True, ring=ring))
+fn = jax.jit(lambda x, r: cuda_matmul.matmul_nbits_record(x, r, n=n, block_size=BLOCK))
+print(cuda_matmul.gemv_plan(1, n, k, 4, False, block_size=BLOCK, record_layout=True))
 for _ in range(4):
     y = fn(x, rec)
 y.block_until_ready()
-print("record", k, n, "ring", ring, "ok")
+print("record", k, n, "ok")

@@ -72,11 +72,10 @@ inline ffi::Error RowsPlanAndLaunch(GemvParams& p, ffi::DataType dtype, Fusion f
   });
 }
 
-// Plans the slots kernel on the record layout (MakeRecordPlan) for p's shape and launches it; ring:
-// -1 the planned W ring, 0 none (registers), 2..4 that many slots a warp.
+// Plans the slots kernel on the record layout (MakeRecordPlan) for p's shape and launches it.
 inline ffi::Error RecordPlanAndLaunch(GemvParams& p, ffi::DataType dtype, Fusion fusion, int64_t block_size,
-                                      int64_t ring, bool pdl, cudaStream_t stream, const char* op) {
-  const Plan plan = MakeRecordPlan(p.m, p.n_rows, p.k, block_size, fusion.gated, fusion.norm, Sm90(), ring);
+                                      bool pdl, cudaStream_t stream, const char* op) {
+  const Plan plan = MakeRecordPlan(p.m, p.n_rows, p.k, block_size, fusion.gated, fusion.norm, Sm90());
   return LaunchChecked(p, plan, dtype, op, [&](auto t) {
     return LaunchRecord<decltype(t)>(p, plan, fusion, pdl, stream);
   });

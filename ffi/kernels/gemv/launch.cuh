@@ -122,30 +122,12 @@ inline void ApplyPlan(GemvParams& p, const Plan& plan, bool pdl) {
 // record layout, plan.record).
 template <typename T, class Src, class Prologue, class Epilogue>
 cudaError_t LaunchSlotsKernel(const GemvParams& p, const Plan& plan, bool pdl, cudaStream_t stream) {
-  const int smem = SlotsSmemBytes(p, Prologue::kNorm) + int(RecordRingBytes(plan.ring));
+  const int smem = SlotsSmemBytes(p, Prologue::kNorm);
   if (smem != plan.smem_bytes) return cudaErrorInvalidValue;  // plan.h and slots.cuh disagree
-  if (plan.ring == 0) {
-    // The default carveout: scales and zero points are read through L1 (a max-shared carveout made
-    // the LM head 54 -> 66 us).
-    return LaunchPlanned(GemvSlotsKernel<T, Src, Prologue, Epilogue, kSlotsDepth>, p, plan, smem,
-                         /*max_shared=*/false, pdl, stream);
-  }
-  if constexpr (std::is_same_v<Src, RecordFormat<T>>) {
-    // The W ring (plan.ring slots a warp, plan.h's kRecordRingMin..kRecordRingMax): the max-shared
-    // carveout, as the rows kernel's ring (two CTAs' rings an SM; W and its metadata reach shared
-    // memory by cp.async, x by the multicast, nothing is reread through L1).
-    static_assert(kRecordRingMin == 2 && kRecordRingMax == 4, "the rings instantiated below");
-    switch (plan.ring) {
-      case 2: return LaunchPlanned(GemvSlotsKernel<T, Src, Prologue, Epilogue, kSlotsDepth, 2>, p, plan, smem,
-                                   /*max_shared=*/true, pdl, stream);
-      case 3: return LaunchPlanned(GemvSlotsKernel<T, Src, Prologue, Epilogue, kSlotsDepth, 3>, p, plan, smem,
-                                   /*max_shared=*/true, pdl, stream);
-      case 4: return LaunchPlanned(GemvSlotsKernel<T, Src, Prologue, Epilogue, kSlotsDepth, 4>, p, plan, smem,
-                                   /*max_shared=*/true, pdl, stream);
-      default: break;
-    }
-  }
-  return cudaErrorInvalidValue;  // a ring only for records, of the sizes above
+  // The default carveout: scales and zero points are read through L1 (a max-shared carveout made
+  // the LM head 54 -> 66 us).
+  return LaunchPlanned(GemvSlotsKernel<T, Src, Prologue, Epilogue, kSlotsDepth>, p, plan, smem,
+                       /*max_shared=*/false, pdl, stream);
 }
 
 // The slots kernel on 4-bit weights in the record layout (plan.record: MakeRecordPlan); p.w the

@@ -145,9 +145,6 @@ struct Plan {
   // One row of 4-bit weights in the record layout (MakeRecordPlan): the slots kernel's plan (slots
   // set too) reading records (slots.cuh's RecordFormat).
   bool record = false;
-  // The record path's W ring: slots (records) a warp streams through shared memory (slots.cuh's
-  // ring path; counted in smem_bytes), 0: W straight into registers (the slots kernel's own path).
-  int ring = 0;
   int m = 0, n_rows = 0, n_out = 0, k = 0, bits = 16, nt = 1;
   bool wide = false;     // n-bit weights in the two-piece format (FormatInfo)
   int quads = 2, lane_k = 16, chunk_k = 64, lane_stride = 8, quad_stride = 8, pieces = 2, piece_stride = 32;
@@ -374,30 +371,12 @@ inline Plan MakePlan(int64_t m, int64_t n_rows, int64_t k, int bits, bool gated,
   return best;
 }
 
-// The record path's W ring (slots.cuh): a warp copies its next records into a ring of `ring`
-// slots of kRecordBytes in shared memory (cp.async) and keeps ring - 1 of them in flight while it
-// computes on one; the launch instantiates rings of kRecordRingMin..kRecordRingMax slots. Planned:
-// none (kRecordRingPlanned 0: W straight into registers). Measured on the H200 (session 22,
-// bench/results/2026-12-03-99a34a4-record-ring.json, µs device time, ring 0 / 2 / 4): ~8B gate-up
-// 20.8 / 21.9 / 24.0, LM head 79.9 / 86.1 / 90.2, qkv 6.7 / 7.1 / 7.7, down 13.2 / 13.8 / -, ~1B LM
-// head 42.5 / 45.0 / 46.2; only the ~1B down (6.1 / 6.0 / 5.9) gained. The deeper rings took more
-// of the shared memory the two CTAs an SM share and added a copy group and __syncwarp a step; the
-// register path's ~1 record in flight was not the limit the ncu stall reasons suggested. The knob
-// stays for sweeps (ring=2..4); a planned ring r > 0 would take the deepest ring up to r that lets
-// two CTAs share an SM.
-inline constexpr int kRecordRingMin = 2, kRecordRingMax = 4;
-inline constexpr int kRecordRingPlanned = 0;
-inline constexpr int64_t RecordRingBytes(int ring) { return int64_t(kWarps) * ring * kRecordBytes; }
-
 // The plan of one row of x against 4-bit weights in the record layout: the slots kernel's plan
 // (the same geometry, so the same sums in the same order: the slots kernel's bits), with
 // plan.record set. The layout needs N % kRecordRows == 0 and K % kRecordK == 0 (whole records),
 // block_size a power of two >= 32 dividing K; M > 1 has no kernel (the caller runs the reference).
-// force_ring: -1 plans the W ring (plan.ring, above), 0 keeps W in registers, kRecordRingMin ..
-// kRecordRingMax forces that ring (refused where two CTAs an SM would not fit). The ring changes no
-// bits: only where each record's bytes come from.
 inline Plan MakeRecordPlan(int64_t m, int64_t n_rows, int64_t k, int64_t block_size, bool gated, bool norm,
-                           bool sm90, int64_t force_ring = -1) {
+                           bool sm90) {
   Plan p;
   auto fail = [&](const std::string& why) {
     p = Plan{};
@@ -414,29 +393,10 @@ inline Plan MakeRecordPlan(int64_t m, int64_t n_rows, int64_t k, int64_t block_s
   if (n_rows < kRecordRows || n_rows % kRecordRows != 0 || n_rows > (int64_t(1) << 30)) {
     return fail("N must be a positive multiple of " + std::to_string(kRecordRows));
   }
-  if (force_ring != -1 && force_ring != 0 && (force_ring < kRecordRingMin || force_ring > kRecordRingMax)) {
-    return fail("ring must be -1 (planned), 0 (W in registers) or " + std::to_string(kRecordRingMin) + " to " +
-                std::to_string(kRecordRingMax) + " slots a warp, got " + std::to_string(force_ring));
-  }
   p = MakePlan(1, n_rows, k, 4, gated, norm, sm90, 0, 0, /*wide=*/true, block_size, /*slots=*/true);
   if (!p.error.empty()) return fail(p.error);
   if (!p.slots) return fail("the slots kernel's shared memory does not take x's K (" + std::to_string(k) + ")");
   p.record = true;
-  const int64_t budget = sm90 ? kSmemTwoPerSm : kSmemTwoPerSm80;
-  if (force_ring > 0) {
-    if (p.smem_bytes + RecordRingBytes(int(force_ring)) > budget) {
-      return fail("ring " + std::to_string(force_ring) + " needs " +
-                  std::to_string(p.smem_bytes + RecordRingBytes(int(force_ring))) +
-                  " bytes of shared memory a CTA at K " + std::to_string(k) + (norm ? " with the norm" : "") +
-                  ", more than two CTAs an SM take (" + std::to_string(budget) + "; a smaller ring, 0 or -1)");
-    }
-    p.ring = int(force_ring);
-  } else if (force_ring < 0) {
-    for (int r = kRecordRingPlanned; r >= kRecordRingMin && p.ring == 0; --r) {
-      if (p.smem_bytes + RecordRingBytes(r) <= budget) p.ring = r;
-    }
-  }
-  p.smem_bytes += RecordRingBytes(p.ring);
   return p;
 }
 

@@ -14,10 +14,10 @@ inline void BindPlan(nanobind::module_& m) {
   m.def("gemv_plan",
         [](int64_t rows, int64_t n_rows, int64_t k, int bits, bool gated, bool norm, bool sm90,
            int64_t cluster, int64_t warps_k, bool wide, int64_t block_size, bool slots, bool rows_layout,
-           int64_t warps_n, int64_t depth, int64_t occupancy, bool record_layout, int64_t ring) {
+           int64_t warps_n, int64_t depth, int64_t occupancy, bool record_layout) {
           Plan p;
           if (record_layout) {
-            p = bits == 4 ? MakeRecordPlan(rows, n_rows, k, block_size, gated, norm, sm90, ring) : Plan{};
+            p = bits == 4 ? MakeRecordPlan(rows, n_rows, k, block_size, gated, norm, sm90) : Plan{};
             if (bits != 4) p.error = "record layout: 4-bit weights only";
           } else if (rows_layout) {
             p = bits == 4 ? MakeRowsPlan(rows, n_rows, k, block_size, gated, norm, sm90, cluster, warps_n, depth,
@@ -44,14 +44,12 @@ inline void BindPlan(nanobind::module_& m) {
           d["dense_row"] = p.dense_row;
           d["rows_layout"] = p.rows;
           d["record_layout"] = p.record;
-          d["ring"] = p.ring;
           return d;
         },
         nb::arg("rows"), nb::arg("n_rows"), nb::arg("k"), nb::arg("bits"), nb::arg("gated"), nb::arg("norm"),
         nb::arg("sm90"), nb::arg("cluster") = 0, nb::arg("warps_k") = 0, nb::arg("wide") = false,
         nb::arg("block_size") = 0, nb::arg("slots") = false, nb::arg("rows_layout") = false,
         nb::arg("warps_n") = 0, nb::arg("depth") = 0, nb::arg("occupancy") = 0, nb::arg("record_layout") = false,
-        nb::arg("ring") = -1,
         "The GEMV engine's launch plan for x [rows, k] and a weight of n_rows rows of `bits`-bit "
         "elements (16 dense, 8, 4), with the RMS-norm prologue or not, on an sm_90+ GPU (sm90) or an older one, "
         "n-bit weights in the two-piece format (wide) or not, their block_size, whether one row of "
@@ -59,8 +57,7 @@ inline void BindPlan(nanobind::module_& m) {
         "(slots), or for 4-bit weights in the rows layout (rows_layout: the rows kernel; cluster, warps_n, "
         "depth, occupancy > 0 force its K split, warps a CTA, W stages in flight a warp and CTAs an SM "
         "its registers are capped for ('ctas_per_sm')), or for one row of 4-bit weights in the record layout (record_layout: the "
-        "slots kernel reading records, 'record_layout' in the dict; block_size as for slots; ring: its W ring, "
-        "-1 planned, 0 none (W in registers), 2..4 slots a warp, 'ring' in the dict): a dict of its "
+        "slots kernel reading records, 'record_layout' in the dict; block_size as for slots): a dict of its "
         "fields, 'error' None when the engine takes it.");
 }
 

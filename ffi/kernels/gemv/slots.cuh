@@ -171,29 +171,6 @@ struct RecordFormat : SlotFormat<T> {
     ch.zero = __ldg(reinterpret_cast<const uint32_t*>(m + 256));
     r += kRecordBytes;
   }
-  // The ring path (GemvSlotsKernel's kRing > 0): Issue copies the record at r (this lane's cursor)
-  // into the ring slot at shared address `slot`, every byte at its offset in the record, and
-  // advances r a record: lane L its four 16-byte W words (512 j + 16 L), lanes 0..23 the 384
-  // metadata bytes (2048 + 16 L: the same offset from the cursor), all 16-byte copies bypassing L1
-  // (4-byte copies would go through L1, which the max-shared carveout leaves small). Read takes a
-  // lane's chunk back: its W words (its own copies) and metadata words (other lanes' copies: the
-  // kernel's __syncwarp after the copy group's wait orders them).
-  __device__ __forceinline__ static void Issue(uint32_t slot, Cursor& r, int lane) {
-    const uint32_t w = slot + 16 * lane;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) CpAsyncStream16(w + 512 * j, r + 512 * j);
-    if (lane < kRecordMetaBytes / 16) CpAsyncStream16(w + kRecordWBytes, r + kRecordWBytes);
-    r += kRecordBytes;
-  }
-  __device__ __forceinline__ static void Read(RecordChunk& ch, const unsigned char* slot, int lane) {
-    const unsigned char* w = slot + 16 * lane;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) ch.w[j >> 1][j & 1] = *reinterpret_cast<const uint4*>(w + 512 * j);
-    const unsigned char* m = slot + kRecordWBytes + 4 * lane;
-    ch.scale[0] = *reinterpret_cast<const uint32_t*>(m);
-    ch.scale[1] = *reinterpret_cast<const uint32_t*>(m + 128);
-    ch.zero = *reinterpret_cast<const uint32_t*>(m + 256);
-  }
   __device__ __forceinline__ static uint32_t Scale(const RecordChunk& ch, int h, int e) {
     return (ch.scale[h] >> (16 * e)) & 0xFFFFu;
   }
@@ -232,12 +209,11 @@ __device__ __forceinline__ void SlotsStageIssue(const GemvParams& p, unsigned ch
 // differ in bits 2-3 (the quad), summed by a butterfly over those (a fixed order). Ends with the
 // units written but not yet visible to other threads: the caller synchronises.
 // raw_x / raw_g: x and gamma as they are in memory (the cluster's multicast landed them), read
-// at k(u); null: the units were copied in place by SlotsStageIssue, `newer` copy groups (W's
-// ring) committed after theirs.
+// at k(u); null: the units were copied in place by SlotsStageIssue.
 template <typename T, class Prologue>
 __device__ __forceinline__ void SlotsStageFinish(const GemvParams& p, unsigned char* smem, float* s_wsum,
                                                  float2* s_piece, int tid, const unsigned char* raw_x,
-                                                 const unsigned char* raw_g, int newer = 0) {
+                                                 const unsigned char* raw_g) {
   using F = SlotFormat<T>;
   const int units = p.kc * 32;  // a multiple of 32: whole warps
   const int lane = tid & 31, warp = tid >> 5;
@@ -251,7 +227,7 @@ __device__ __forceinline__ void SlotsStageFinish(const GemvParams& p, unsigned c
     const int k = SlotUnitK(u);
     return k < p.k ? *reinterpret_cast<const uint4*>(raw_g + int64_t(k) * 2) : make_uint4(0, 0, 0, 0);
   };
-  if (raw_x == nullptr) CpAsyncWaitPending(newer);
+  if (raw_x == nullptr) CpAsyncWaitPending(0);
   float r = 0.f;
   if constexpr (Prologue::kNorm) {
     float ss = 0.f;
@@ -294,8 +270,6 @@ __host__ __device__ inline int SlotsBarrierOffset(const GemvParams& p, bool norm
   return SlotsRawOffset(p) + p.kc * 512 * (norm ? 2 : 1);
 }
 __host__ __device__ inline int SlotsSmemBytes(const GemvParams& p, bool norm) { return SlotsBarrierOffset(p, norm) + 16; }
-// The record path's W rings (kRing > 0) follow: warp w's kRing slots of kRecordBytes at
-// SlotsSmemBytes + w kRing kRecordBytes (plan.h's RecordRingBytes).
 
 // Chunks a warp has in flight (registers): 2 and 3 measured alike on the ~1B shapes, 4 slower
 // (each warp's extra loads wait to issue behind the SM's requests in flight).
@@ -305,26 +279,10 @@ inline constexpr int kChains = 2;
 
 // Src: where W and its scales / zero points come from, SlotFormat<T> (the wide format, tiled
 // metadata) or RecordFormat<T> (the record layout); everything else is the same kernel.
-//
-// kRing: 0 loads W straight into registers, kDepth chunks ahead: a warp issues a chunk's loads
-// only once the registers they fill are free, so while it computes one chunk about one more is in
-// flight (16 warps an SM x 2432 bytes: ~39 KB an SM, ~3.4 TB/s at ~1.5 us of loaded latency; ncu on
-// the ~8B gate-up: DRAM 66% busy, long-scoreboard the top stall). kRing > 0 (RecordFormat only;
-// plan.ring) streams each warp's records through a ring of kRing slots of its own in shared
-// memory (the rows kernel's technique): kRing - 1 records in flight while it computes on one, and
-// across the per-tile barrier. Per-lane cp.async (RecordFormat::Issue) rather than one bulk (TMA)
-// copy a record: five 16-byte copies a lane (the register path issued seven loads), the handshake
-// a step is the copy group's wait and one __syncwarp (a lane reads metadata words other lanes
-// copied; the same __syncwarp orders every lane's reads of a slot before its refill), with no
-// mbarrier a slot and its phase to track (which one lane's bulk copy needs, besides the
-// __syncwarp), and the same code runs on sm_80. The bytes and their order are the register
-// path's: the same bits.
-template <typename T, class Src, class Prologue, class Epilogue, int kDepth, int kRing = 0>
+template <typename T, class Src, class Prologue, class Epilogue, int kDepth>
 __global__ void __launch_bounds__(kThreads, 2) GemvSlotsKernel(const __grid_constant__ GemvParams p) {
   using F = Src;
   using Chunk = typename Src::Chunk;
-  static_assert(kRing == 0 || (kRing >= 2 && kRing <= 8 && std::is_same_v<Src, RecordFormat<T>>),
-                "a W ring of 2..8 slots (its waits take 0..7 pending groups) reads records");
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* s_x = smem;
   float* s_red = reinterpret_cast<float*>(smem + p.x_bytes);  // [2][kWarps][red_stride]
@@ -342,32 +300,18 @@ __global__ void __launch_bounds__(kThreads, 2) GemvSlotsKernel(const __grid_cons
   JOA_GEMV_MARK(0);
   ptx::LaunchDependents();
 
-  // The load walk: step ld_step is chunk c_begin + ld_j of the warp's ld_it-th tile; fetch(c) runs
-  // for the chunks that exist, the cursor entered at each tile's first chunk.
+  Chunk buf[kDepth];
   int ld_step = 0, ld_it = 0, ld_j = 0;
   typename Src::Cursor cursor{};
-  auto advance = [&](auto&& fetch) {
+  auto load_next = [&](Chunk& dst) {
     if (ld_step < steps && c_begin + ld_j < p.kc) {
       if (ld_j == 0) cursor = Src::Enter(p, int(blockIdx.x) + ld_it * int(gridDim.x), c_begin, lane);
-      fetch(c_begin + ld_j);
+      Src::Next(dst, p, cursor, c_begin + ld_j, lane);
     }
     ++ld_step;
     if (++ld_j == p.cpp) {
       ld_j = 0;
       ++ld_it;
-    }
-  };
-  Chunk buf[kRing > 0 ? 1 : kDepth];
-  auto load_next = [&](Chunk& dst) { advance([&](int c) { Src::Next(dst, p, cursor, c, lane); }); };
-  // The ring: this warp's kRing slots; ring_in the byte offset of the slot the next issue fills.
-  const int ring_base = SlotsSmemBytes(p, Prologue::kNorm) + wk * kRing * kRecordBytes;
-  int ring_in = 0;
-  auto issue_next = [&]() {
-    if constexpr (kRing > 0) {
-      const uint32_t slot = SmemAddr(smem + ring_base + ring_in);
-      advance([&](int) { Src::Issue(slot, cursor, lane); });
-      CpAsyncCommit();  // one group a step, empty past the warp's chunks: the waits count steps
-      ring_in = ring_in + kRecordBytes == kRing * kRecordBytes ? 0 : ring_in + kRecordBytes;
     }
   };
   // With a cluster (sm_90), each CTA asks L2 for 1/cluster of x (and gamma) and multicasts it to
@@ -417,13 +361,8 @@ __global__ void __launch_bounds__(kThreads, 2) GemvSlotsKernel(const __grid_cons
     ptx::WaitForPrimary();
     SlotsStageIssue<T, Prologue>(p, smem, tid);
   }
-  if constexpr (kRing > 0) {
 #pragma unroll
-    for (int s = 0; s < kRing - 1; ++s) issue_next();
-  } else {
-#pragma unroll
-    for (int s = 0; s < kDepth; ++s) load_next(buf[s]);
-  }
+  for (int s = 0; s < kDepth; ++s) load_next(buf[s]);
   JOA_GEMV_MARK(1);
   if (!multicast && !p.x_first) {
     ptx::WaitForPrimary();  // x, gamma, bias, residual may come from the previous kernel
@@ -439,8 +378,7 @@ __global__ void __launch_bounds__(kThreads, 2) GemvSlotsKernel(const __grid_cons
   }
 #endif
   JOA_GEMV_MARK(2);
-  // x's own copy group (no multicast) is older than the ring's first kRing - 1 when it went first.
-  SlotsStageFinish<T, Prologue>(p, smem, s_red, s_piece, tid, raw_x, raw_g, kRing > 0 && p.x_first ? kRing - 1 : 0);
+  SlotsStageFinish<T, Prologue>(p, smem, s_red, s_piece, tid, raw_x, raw_g);
   __syncthreads();
   JOA_GEMV_MARK(3);
 
@@ -457,92 +395,65 @@ __global__ void __launch_bounds__(kThreads, 2) GemvSlotsKernel(const __grid_cons
   const int rs = p.red_stride;
   float tot[2] = {0.f, 0.f};  // rows g, g + 8
   int j = 0, it = 0;
-  // Chunk c of the current tile into the rows' totals.
-  auto consume = [&](const Chunk& ch, int c) {
-    // kChains accumulator chains (quad q in chain q % kChains), summed in a fixed order: the MMAs of
-    // one chain each wait for the one before.
-    float part[kChains][4] = {};
+  for (int i0 = 0; i0 < steps; i0 += kDepth) {
 #pragma unroll
-    for (int q = 0; q < F::kF.quads; ++q) {
-      uint32_t a[2][4];
-      F::Fragments(ch, q, a);
-      const int pc = q >> 2;
-      const uint4 xv = *reinterpret_cast<const uint4*>(x_base[pc] + c * x_step[pc] + 64 * (q & 3) + 256 * pc);
-      ptx::Mma16816Free<T>(part[q % kChains], a[0], xv.x, xv.y);
-      ptx::Mma16816Free<T>(part[q % kChains], a[1], xv.z, xv.w);
-    }
-    float acc[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      acc[i] = part[0][i];
-#pragma unroll
-      for (int chn = 1; chn < kChains; ++chn) acc[i] += part[chn][i];
-    }
-    // Columns 2t + e of rows g (acc[e]) and g + 8 (acc[2 + e]): one piece each.
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const float2 blk = s_piece[(c * F::kF.chunk_k + F::SlotK(2 * t + e)) >> 5];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float scale = ScaleToFloat<T>(Src::Scale(ch, h, e));
-        const float zp = float(Src::Zero(ch, h, e));
-        tot[h] = __fmaf_rn(scale, acc[2 * h + e] - __fmaf_rn(zp, blk.y, blk.x), tot[h]);
-      }
-    }
-  };
-  // After each step: at the end of a tile, the four lanes of a row sum their slots (fixed order),
-  // lane t = 0 writes the warp's partial sums; the epilogue's threads add the warps in order.
-  auto end_step = [&]() {
-    if (++j < p.cpp) return;
-    j = 0;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      tot[h] += __shfl_xor_sync(0xffffffffu, tot[h], 1);
-      tot[h] += __shfl_xor_sync(0xffffffffu, tot[h], 2);
-    }
-    const int tile = int(blockIdx.x) + it * int(gridDim.x);
-    float* red = s_red + (it & 1) * kWarps * rs;
-    ++it;
-    if (t == 0) {
-      red[wk * rs + g] = tot[0];
-      red[wk * rs + g + 8] = tot[1];
-    }
-    tot[0] = tot[1] = 0.f;
-    __syncthreads();
-    OneRowTileEpilogue<T, Epilogue>(p, tile, red, rs, tid);
-    JOA_GEMV_MARK(5);
-  };
-  if constexpr (kRing > 0) {
-    const unsigned char* ring = smem + ring_base;
-    int ring_out = 0;  // byte offset of step i's slot
-    for (int i = 0; i < steps; ++i) {
-      // Step i's copies (this lane's) landed; after the __syncwarp every lane's have, and every
-      // lane has read step i - 1's slot, which then takes step i + kRing - 1.
-      CpAsyncWaitPending(kRing - 2);
-      __syncwarp();
-      issue_next();
+    for (int s = 0; s < kDepth; ++s) {
+      if (i0 + s >= steps) break;
       const int c = c_begin + j;
       if (c < p.kc) {
-        Chunk ch;
-        Src::Read(ch, ring + ring_out, lane);
-        consume(ch, c);
-      }
-      ring_out = ring_out + kRecordBytes == kRing * kRecordBytes ? 0 : ring_out + kRecordBytes;
-      JOA_GEMV_MARK(4);
-      end_step();
-    }
-    CpAsyncWaitPending(0);  // the groups left are empty (past the warp's steps): none outlives the CTA
-  } else {
-    for (int i0 = 0; i0 < steps; i0 += kDepth) {
+        // kChains accumulator chains (quad q in chain q % kChains), summed in a fixed order: the
+        // MMAs of one chain each wait for the one before.
+        float part[kChains][4] = {};
 #pragma unroll
-      for (int s = 0; s < kDepth; ++s) {
-        if (i0 + s >= steps) break;
-        const int c = c_begin + j;
-        if (c < p.kc) consume(buf[s], c);
-        JOA_GEMV_MARK(4);
-        load_next(buf[s]);  // step i + kDepth into the registers just consumed
-        end_step();
+        for (int q = 0; q < F::kF.quads; ++q) {
+          uint32_t a[2][4];
+          F::Fragments(buf[s], q, a);
+          const int pc = q >> 2;
+          const uint4 xv = *reinterpret_cast<const uint4*>(x_base[pc] + c * x_step[pc] + 64 * (q & 3) + 256 * pc);
+          ptx::Mma16816Free<T>(part[q % kChains], a[0], xv.x, xv.y);
+          ptx::Mma16816Free<T>(part[q % kChains], a[1], xv.z, xv.w);
+        }
+        float acc[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          acc[i] = part[0][i];
+#pragma unroll
+          for (int ch = 1; ch < kChains; ++ch) acc[i] += part[ch][i];
+        }
+        // Columns 2t + e of rows g (acc[e]) and g + 8 (acc[2 + e]): one piece each.
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float2 blk = s_piece[(c * F::kF.chunk_k + F::SlotK(2 * t + e)) >> 5];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float scale = ScaleToFloat<T>(Src::Scale(buf[s], h, e));
+            const float zp = float(Src::Zero(buf[s], h, e));
+            tot[h] = __fmaf_rn(scale, acc[2 * h + e] - __fmaf_rn(zp, blk.y, blk.x), tot[h]);
+          }
+        }
       }
+      JOA_GEMV_MARK(4);
+      load_next(buf[s]);  // step i + kDepth into the registers just consumed
+      if (++j < p.cpp) continue;
+      j = 0;
+      // End of a tile: the four lanes of a row sum their slots (fixed order), lane t = 0 writes the
+      // warp's partial sums; the epilogue's threads add the warps in order.
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        tot[h] += __shfl_xor_sync(0xffffffffu, tot[h], 1);
+        tot[h] += __shfl_xor_sync(0xffffffffu, tot[h], 2);
+      }
+      const int tile = int(blockIdx.x) + it * int(gridDim.x);
+      float* red = s_red + (it & 1) * kWarps * rs;
+      ++it;
+      if (t == 0) {
+        red[wk * rs + g] = tot[0];
+        red[wk * rs + g + 8] = tot[1];
+      }
+      tot[0] = tot[1] = 0.f;
+      __syncthreads();
+      OneRowTileEpilogue<T, Epilogue>(p, tile, red, rs, tid);
+      JOA_GEMV_MARK(5);
     }
   }
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // the multicast: sm_90a

@@ -44,12 +44,6 @@ __device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool va
                : "memory");
 }
 
-// An always-valid 16-byte copy for whole records (slots.cuh's RecordFormat ring): L1 bypassed, no
-// L2 prefetch hint (a warp's copy reads whole lines: 512 or 384 contiguous bytes).
-__device__ __forceinline__ void CpAsyncStream16(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
 // Waits until at most n (0..7, warp-uniform) of this thread's newest copy groups are pending.
