@@ -442,21 +442,43 @@ inline constexpr int kRowsMinCtas = 64;
 inline constexpr int64_t kRowsWarpBytes = 48 * 1024;
 inline constexpr int kRowsMaxWarps = 1024;
 
+// The rows kernel's partial sums (rows.cuh, after the stream, over x's area and the rings): a CTA
+// writes [cluster][8 nt][RowsPartPitch] f32, slot q holding the RowsPartRows W rows of its block
+// that rank q finishes (16-row multiples: whole gate / up pairs; the 4 floats of padding spread the
+// stores over the banks); with a cluster it then receives the same shape, slot q from rank q, on an
+// mbarrier past the norm's statistics. One definition for the plan and the kernel (constexpr: both
+// sides; rows.cuh builds with --expt-relaxed-constexpr).
+constexpr int RowsPartRows(int rows_block, int cluster) { return rows_block / cluster; }
+constexpr int RowsPartPitch(int rows_block, int cluster) { return RowsPartRows(rows_block, cluster) + 4; }
+constexpr int RowsPartSlotFloats(int rows_block, int cluster, int nt) {
+  return 8 * nt * RowsPartPitch(rows_block, cluster);
+}
+// Bytes a rank receives from the others: cluster - 1 slots of m rows.
+constexpr uint32_t RowsRecvBytes(int m, int rows_block, int cluster) {
+  return uint32_t(cluster - 1) * uint32_t(m) * uint32_t(RowsPartPitch(rows_block, cluster)) * 4u;
+}
+// The norm's statistics: each thread's sums of squares [nt][threads], then per x row its sum and
+// inverse RMS (2 kMaxM f32).
+constexpr int64_t RowsNormBytes(int threads, int nt) { return (int64_t(threads) * nt + 2 * kMaxM) * 4; }
+// The received partials' mbarrier: past the norm's statistics (at gamma_offset).
+constexpr int64_t RowsBarrierOffset(int64_t gamma_offset, bool norm, int threads, int nt) {
+  return gamma_offset + (norm ? RowsNormBytes(threads, nt) : 0);
+}
+
 // Shared memory of the rows kernel: x's K slice in fragment order (16 bytes per x row of an n8
 // tile per 8 k), then the warps' W rings (depth p.stages), both aliased after the stream by the
-// partial sums [cluster][8 nt][64 warps_n / cluster + 4] f32 and, with a cluster, those received
-// (the same shape); then, with the norm, the threads' sums of squares and per-x-row sums and
-// inverse RMS ([nt][threads] + 2 kMaxM f32, written while the rings fill: not aliased); then the
-// mbarrier the received partial sums complete on (16 bytes).
+// partial sums and, with a cluster, those received (RowsPartSlotFloats: not aliased); then, with the
+// norm, its statistics (written while the rings fill: not aliased); then the mbarrier the received
+// partial sums complete on (16 bytes).
 inline void RowsSmem(Plan& p) {
   const int64_t x = int64_t(p.k / p.cluster) * p.nt * 16;
-  const int64_t part = int64_t(p.cluster > 1 ? 2 : 1) * p.cluster * 8 * p.nt * (p.rows_block / p.cluster + 4) * 4;
+  const int64_t part = int64_t(p.cluster > 1 ? 2 : 1) * p.cluster * RowsPartSlotFloats(p.rows_block, p.cluster, p.nt) * 4;
   const int64_t rings = int64_t(p.warps_n) * RowsRingPairs(p.stages) * 2 * kRowsRingStageBytes;
   p.x_bytes = Align16(x);
   p.red_bytes = Align16(part);
   p.ring_offset = p.x_bytes;
   p.gamma_offset = std::max(p.x_bytes + rings, p.red_bytes);
-  p.smem_bytes = p.gamma_offset + (p.norm ? (int64_t(32) * p.warps_n * p.nt + 2 * kMaxM) * 4 : 0) + 16;
+  p.smem_bytes = RowsBarrierOffset(p.gamma_offset, p.norm, 32 * p.warps_n, p.nt) + 16;
 }
 
 // The plan of y[m, n_out] = x[m, k] W^T for 4-bit weights in the rows layout (block_size 32 or

@@ -121,13 +121,12 @@ __global__ void __launch_bounds__(kThreads, OCC > 1 ? OCC : NT == 4 || DS > 2 ? 
   JOA_GEMV_MARK(0);
   ptx::LaunchDependents();
   // The barrier the other ranks' partial sums complete on (after the loop), expecting all of them.
-  [[maybe_unused]] const uint32_t bar =
-      ptx::SmemAddr(smem + p.gamma_offset + (Prologue::kNorm ? (threads * NT + 2 * kMaxM) * 4 : 0));
+  [[maybe_unused]] const uint32_t bar = ptx::SmemAddr(smem + RowsBarrierOffset(p.gamma_offset, Prologue::kNorm, threads, NT));
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (S > 1 && tid == 0) {
     sm90::MbarInit(bar, 1);
     sm90::FenceBarrierInit();
-    sm90::MbarArriveExpectTx(bar, uint32_t((S - 1) * p.m * (p.rows_block / S + 4) * 4));
+    sm90::MbarArriveExpectTx(bar, RowsRecvBytes(p.m, p.rows_block, S));
   }
 #endif
 
@@ -333,12 +332,12 @@ __global__ void __launch_bounds__(kThreads, OCC > 1 ? OCC : NT == 4 || DS > 2 ? 
   ptx::CpAsyncWait<0>();  // no copy outlives the loop: the partials below alias x and the rings
   JOA_GEMV_MARK(4);
 
-  // Partial sums, over x's area and the rings: this CTA's [S][8 NT][P] f32, slot q holding the W
-  // rows that rank q finishes ([q per, (q + 1) per) of the block, 16-row multiples: whole gate / up
-  // pairs; P = per + 4 spreads the stores over the banks), then with a cluster the slots the other
-  // ranks send this one (recv, the same shape, slot q from rank q).
+  // Partial sums, over x's area and the rings (plan.h's RowsPart*): this CTA's [S][8 NT][P] f32,
+  // slot q holding rows [q per, (q + 1) per) of the block, which rank q finishes; then with a
+  // cluster the slots the other ranks send this one (recv, the same shape, slot q from rank q).
   __syncthreads();
-  const int rows = p.rows_block, per = rows / S, P = per + 4, slot = 8 * NT * P;
+  const int per = RowsPartRows(p.rows_block, S), P = RowsPartPitch(p.rows_block, S);
+  const int slot = RowsPartSlotFloats(p.rows_block, S, NT);
   float* part = reinterpret_cast<float*>(smem);
   [[maybe_unused]] const float* recv = part + S * slot;
 #pragma unroll
