@@ -1,10 +1,10 @@
 """Device time of the int4 rows kernel (ffi/kernels/gemv/rows.cuh) per call, from jax.profiler's
 kernel events (not wall time / calls, which carries the harness's per-call overhead at small
 shapes), with XLA's fp16 dot on a dense weight of the same shape beside it:
-    python tools/probes/rows_kernel_times.py OUT.json [planned] [8b]
+    python tools/probes/rows_kernel_times.py OUT.json [planned] [8b] [d2] [m16]
 Shapes: the ~1B (or, with "8b", the ~8B) decoder's projections (qkv, o, gate-up, down, LM head) at
-M 8 and 32; plans: the planner's and the forced ones of PLANS ((cluster, warps_n, depth)), or with
-"planned" the planner's only. Command buffers off, so each call is a plain stream launch the
+M 8 and 32 (with "m16" also 16); plans: the planner's and the forced ones of PLANS ((cluster,
+warps_n, depth)), with "d2" only those of depth 2, with "planned" the planner's only. Command buffers off, so each call is a plain stream launch the
 profiler sees."""
 
 import json
@@ -24,7 +24,7 @@ from jax_onnx_attn.ops.linear import to_rows_layout  # noqa: E402
 
 SHAPES = [(2048, 3072), (2048, 2048), (2048, 16384), (8192, 2048), (2048, 128256)]
 SHAPES_8B = [(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096), (4096, 128256)]
-PLANS = [(0, 0, 0)] + [(c, w, d) for c in (1, 2, 4, 8) for w in (4, 8) for d in (2, 4)]
+PLANS = [(0, 0, 0)] + [(c, w, d) for c in (1, 2, 4, 8, 16) for w in (4, 8) for d in (2, 4)]
 COPIES, BLOCK = 4, 32
 
 
@@ -62,6 +62,9 @@ def rows_weights(k, n, rng):
 
 def main():
     plans = PLANS[:1] if "planned" in sys.argv[2:] else PLANS
+    if "d2" in sys.argv[2:]:
+        plans = [pl for pl in plans if pl[2] in (0, 2)]
+    ms = (8, 16, 32) if "m16" in sys.argv[2:] else (8, 32)
     shapes = SHAPES_8B if "8b" in sys.argv[2:] else SHAPES
     out = []
     rng = np.random.default_rng(0)
@@ -69,7 +72,7 @@ def main():
         packed = rows_weights(k, n, rng)
         copies = [packed] + [tuple(jnp.copy(t) for t in packed) for _ in range(COPIES - 1)]
         dense = [jnp.asarray(rng.standard_normal((n, k), np.float32) / 64, jnp.float16) for _ in range(2)]
-        for m in (8, 32):
+        for m in ms:
             x = jnp.asarray(rng.standard_normal((m, k)), jnp.float16)
             row = {"k": k, "n": n, "m": m, "w_bytes": int(sum(t.nbytes for t in packed))}
             fns = []
