@@ -78,7 +78,8 @@ def main():
             fns = []
             for plan in plans:
                 c, w, d = plan
-                p = cuda_matmul.gemv_plan(m, n, k, 4, False, c, block_size=BLOCK, rows_layout=True, warps_n=w, depth=d)
+                p = cuda_matmul.gemv_plan(m, n, k, 4, False, cluster=c, block_size=BLOCK, rows_layout=True, warps_n=w,
+                                          depth=d)
                 name = "planned" if plan == (0, 0, 0) else f"c{c},w{w},d{d}"
                 if p["error"]:
                     row[name] = {"skip": p["error"][:80]}

@@ -425,22 +425,33 @@ inline constexpr bool RowsOccupancy2Fits(int nt, int depth, int64_t block_size) 
 // depth 4 was never faster and took 1.1-2.3x as long where its bigger rings left fewer CTAs an SM
 // (the LM head); its rings do not fit twice an SM.
 inline constexpr int kRowsPlannedDepth = 2;
-// Warps a CTA the planner prefers: 4, and 8 for weights of many row groups (at least two waves of
-// 4-warp CTAs without a K split: the LM head). Same sweep: 4-warp CTAs ran the qkv / o / gate-up
-// / down shapes 1.2-1.5x faster than 8-warp ones at their best splits; the LM head at M = 32 ran
-// 113.6 us on 8 warps x 2 splits against 141.4 on 4 x 1 (x's 128 KB slice leaves one CTA an SM).
-inline int RowsPreferredWarps(int64_t groups) { return CeilDiv(groups, 4) >= 264 ? 8 : 4; }
+// Warps a CTA the planner prefers: 4, and 8 for weights of many row groups: at least two waves of
+// 4-warp CTAs without a K split (the LM head), or at M > 16 at least kRowsWideM32Ctas of them
+// (the ~8B gate-up). Why (H200, session 23, bench/results/2026-12-03-9ccd21c-rows-sweep-{1b,8b}.json,
+// µs at M 32): the ~8B gate-up (448 row groups) ran 55.8 on 8 warps x 4 splits against 68.0 on
+// 4 x 2 and 76.7 on 4 x 4; the ~1B gate-up (256 groups) 20.8 on 4 x 2 against 27.1 on 8 x 2; the LM
+// heads 113.1 (8 x 2, ~1B) and 243.9 (8 x 4, ~8B). At M <= 16 and below those sizes 4-warp CTAs
+// were as fast or faster.
+inline constexpr int64_t kRowsWideM32Ctas = 96;
+inline int RowsPreferredWarps(int64_t groups, int64_t m) {
+  const int64_t ctas4 = CeilDiv(groups, 4);
+  return ctas4 >= 2 * kPlanSms || (m > 16 && ctas4 >= kRowsWideM32Ctas) ? 8 : 4;
+}
 // The planner's targets: at least kRowsMinCtas CTAs, and enough warps streaming that each has at
-// most kRowsWarpBytes of W (capped at kRowsMaxWarps). Among the layouts of the preferred warps a CTA
-// (RowsPreferredWarps) that reach both it takes the fewest K splits (each adds a cluster's
-// reduction and a smaller x slice per CTA), then the most warps a CTA. On the ~1B shapes (session
-// 21's sweep of the ring kernel, M 8 / 32, µs planned / best forced) this takes the best measured
-// layouts: qkv / o 4 warps x 8 splits (7.4 / 6.9 at M 8, 11.6 / 10.7 at M 32; the targets of
-// 128 CTAs and 32 KB a warp took 4 x 16: 8.5 / 8.4, 17.4 / 17.2), gate-up 4 x 2 (13.5 / 21.9; 4 x 1,
-// 64 CTAs: 20.6 / 34.5), down 4 x 8, the LM head 8 x 1 (M 8) and 8 x 2 (M 32).
-inline constexpr int kRowsMinCtas = 64;
-inline constexpr int64_t kRowsWarpBytes = 48 * 1024;
-inline constexpr int kRowsMaxWarps = 1024;
+// most kRowsWarpBytes of W (capped at kRowsMaxWarps), with no K split below kRowsMinSliceK
+// elements a CTA. Among the layouts of the preferred warps a CTA (RowsPreferredWarps) that reach
+// both it takes the fewest K splits (each adds a cluster's reduction and another CTA's start),
+// then the most warps a CTA. Fitted to session 23's H200 sweep (tools/probes/rows_kernel_times.py
+// d2, after the pushed reduction: clusters 1-16 x 4 / 8 warps, ~1B and ~8B projections at M 8 /
+// 32, block 32): on those 20 cases it takes the fastest measured layout or one within 1% (sum of
+// the 20 best 815.7 µs, planned 816.7; the earlier targets of 64 CTAs, 48 KB and 1024 warps:
+// 851.3). Where they moved: ~8B qkv / o 4 x 8 (11.3 / 10.3 µs at M 8, 17.9 / 16.5 at M 32; they
+// took 4 x 4: 12.4 / 11.7, 19.7 / 19.0), ~8B gate-up 4 x 2 at M 8 (30.3; 4 x 4: 32.9). The slice
+// floor keeps the ~1B qkv / o (K 2048) at 8 splits: 16 ran 6-28% slower.
+inline constexpr int kRowsMinCtas = 128;
+inline constexpr int64_t kRowsWarpBytes = 32 * 1024;
+inline constexpr int kRowsMaxWarps = 768;
+inline constexpr int64_t kRowsMinSliceK = 256;
 
 // The rows kernel's partial sums (rows.cuh, after the stream, over x's area and the rings): a CTA
 // writes [cluster][8 nt][RowsPartPitch] f32, slot q holding the RowsPartRows W rows of its block
@@ -520,7 +531,7 @@ inline Plan MakeRowsPlan(int64_t m, int64_t n_rows, int64_t k, int64_t block_siz
   const int64_t want_warps = std::max<int64_t>(1, std::min<int64_t>(kRowsMaxWarps, w_bytes / kRowsWarpBytes));
   const int64_t budget = sm90 ? kSmemOnePerSm : kSmemOnePerSm80;
   const int64_t budget_two = sm90 ? kSmemTwoPerSm : kSmemTwoPerSm80;
-  const int preferred_warps = RowsPreferredWarps(groups);
+  const int preferred_warps = RowsPreferredWarps(groups, m);
   bool found = false;
   bool best_full = false;
   for (int rw : kRowsWarps) {
@@ -529,6 +540,7 @@ inline Plan MakeRowsPlan(int64_t m, int64_t n_rows, int64_t k, int64_t block_siz
       if (force_cluster > 0 && s != force_cluster) continue;
       // Each rank finishes 64 rw / s rows of the CTA's block: whole gate / up pairs of 8.
       if (k % (s * block_size) != 0 || kRowsGroup * rw / s < 16) continue;
+      if (force_cluster == 0 && s > 1 && k / s < kRowsMinSliceK) continue;  // planned splits only
       Plan p;
       p.rows = true;
       p.m = int(m);
