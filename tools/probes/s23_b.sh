@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Session 23, second call (~9 min): the rows planner re-fitted. 1) GPU tests: the rows file, every
+# output written; 2) the ~1B (ctx 1k) and ~8B (ctx 2k) int4 decoders at B 8 / 32 beside the JAX peer;
+# 3) the planned rows layouts' device time per call (~1B, ~8B); 4) where the ~8B int4 B=8 step goes
+# (ours, profiled: kernels by device time).
+# To $OUT: prepare.log, tests.log, e2e_1b.json, e2e_8b.json, rows_1b.json, rows_8b.json, profile.json, run.log.
+set -uo pipefail
+source "$(dirname "$0")/../device_prepare.sh"
+T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
+{
+el tests
+timeout 120 python3 -m pytest -m gpu -q -ra -n 8 --dist load -p no:cacheprovider tests/gpu/test_linear_rows_gpu.py \
+  tests/gpu/test_linear_gpu.py::test_every_output_element_is_written > "$out/tests.log" 2>&1
+echo "tests rc $?"; tail -2 "$out/tests.log"; grep -E "^(FAILED|ERROR)" "$out/tests.log" | head -12
+el e2e
+timeout 90 python3 -m jax_onnx_attn.bench e2e --models 1b --weights int4 --batch 8 32 --ctx 1024 \
+  --phases decode --impls ours jax-peer --profile none --max-seconds 80 --models-dir /tmp/models \
+  --out "$out/e2e_1b.json" 2>&1 | grep -v Warning | grep "decode\|total"
+timeout 170 python3 -m jax_onnx_attn.bench e2e --models 8b --weights int4 --batch 8 32 --ctx 2048 \
+  --phases decode --impls ours jax-peer --profile none --max-seconds 160 --models-dir /tmp/models \
+  --out "$out/e2e_8b.json" 2>&1 | grep -v Warning | grep "decode\|total"
+el profile
+timeout 100 python3 -m jax_onnx_attn.bench e2e --models 8b --weights int4 --batch 8 --ctx 2048 \
+  --phases decode --impls ours --profile all --no-verify --max-seconds 90 --models-dir /tmp/models \
+  --out "$out/profile.json" 2>&1 | grep -v Warning | tail -2
+el rows
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
+timeout 60 python3 tools/probes/rows_kernel_times.py "$out/rows_1b.json" planned 2>&1 | tail -1 | cut -c1-200
+timeout 80 python3 tools/probes/rows_kernel_times.py "$out/rows_8b.json" planned 8b 2>&1 | tail -1 | cut -c1-200
+el done
+} 2>&1 | tee "$out/run.log"
