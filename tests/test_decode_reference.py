@@ -200,32 +200,6 @@ def test_plan_policy_comes_from_the_environment(monkeypatch):
         _plan(8, 2048, 64, None)
 
 
-def test_default_plan_policy_takes_fit_where_the_ladder_needs_the_combine_kernel(monkeypatch):
-    """Calls that name no policy (and no JOA_DECODE_PLAN) take "fit" at head dim 128 where the
-    ladder would merge its splits in the combine kernel and fit makes one cluster launch of splits of
-    at most FIT_DEFAULT_MAX_ROWS rows (cuda._default_plan_policy); the ladder everywhere else."""
-    monkeypatch.delenv(cuda.PLAN_POLICY_ENV, raising=False)
-
-    def plan(b, c, d, policy=None, **kw):
-        p = cuda.decode_plan(b, 32, 8, 1, c, d, cluster_capable=True, policy=policy, **kw)
-        return p["splits"], p["split_rows"], p["cluster"]
-    # The ~8B decoder at B=8, ctx 2k: the ladder's 4 x 576 + combine kernel -> 3 x 768 in clusters.
-    assert plan(8, 2304, 128, "ladder") == (4, 576, False)
-    assert plan(8, 2304, 128) == plan(8, 2304, 128, "fit") == (3, 768, True)
-    # Fit's splits over 1024 rows (B=8 4k: 42.9 -> 44.6 µs on the H200), d64, clusters anyway, B=1,
-    # a forced split or cluster, a GPU without clusters: the ladder.
-    assert plan(8, 4352, 128) == plan(8, 4352, 128, "ladder") != plan(8, 4352, 128, "fit")
-    for b, c, d in ((8, 2304, 64), (8, 1280, 128), (1, 2304, 128), (32, 16640, 128)):
-        assert plan(b, c, d) == plan(b, c, d, "ladder"), (b, c, d)
-    assert plan(8, 2304, 128, split_rows=576) == plan(8, 2304, 128, "ladder", split_rows=576)
-    assert plan(8, 2304, 128, cluster=False) == (4, 576, False)
-    no_clusters = cuda.decode_plan(8, 32, 8, 1, 2304, 128, cluster_capable=False)
-    assert (no_clusters["splits"], no_clusters["cluster"]) == (4, False)
-    # The switch still wins.
-    monkeypatch.setenv(cuda.PLAN_POLICY_ENV, "ladder")
-    assert plan(8, 2304, 128) == (4, 576, False)
-
-
 @pytest.mark.parametrize("kv_bits", [0, 8])
 def test_decode_attention_takes_the_switches_at_trace_time(monkeypatch, kv_bits):
     """cuda.decode_attention resolves JOA_DECODE_PLAN and JOA_DECODE_CURSOR_LOADS when it is traced

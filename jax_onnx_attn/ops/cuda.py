@@ -100,35 +100,10 @@ PLAN_POLICY_ENV = "JOA_DECODE_PLAN"
 
 
 def decode_plan_policy() -> str | None:
-    """The plan policy of decode calls that name none: JOA_DECODE_PLAN, or None when unset (then
-    `decode_plan` takes the default rule, `_default_plan_policy`). The one place the switch is
-    read, at trace time; the plan checks the name."""
+    """The plan policy of decode calls that name none: JOA_DECODE_PLAN, or None when unset (the
+    planner's default, the first of DECODE_PLAN_POLICIES). The one place the switch is read, at
+    trace time; the plan checks the name."""
     return os.environ.get(PLAN_POLICY_ENV) or None
-
-
-#: The default rule between the plan policies (calls that name none and no JOA_DECODE_PLAN): at these
-#: head dims, where the ladder would split a float cache into splits merged by the combine kernel,
-#: take "fit" if it makes one cluster launch of splits of at most FIT_DEFAULT_MAX_ROWS rows. Measured
-#: on the H200: the ~8B int4 decoder, B=8 ctx 2k (capacity 2304, d128: ladder 4 x 576 + the combine
-#: kernel, fit 3 x 768 in 3-CTA clusters) 3.857 -> 3.683 ms a step
-#: (bench/results/2026-12-03-ec8525c-e2e-8b-int4.json, -fit.json); in isolation (session 15,
-#: 2026-12-02-42c28fd-decode-b8-ab.json) d128 B=8 2k 36.4 -> 25.9 µs but 4k (fit's splits 1472
-#: rows) 42.9 -> 44.6, and the ~1B decoder (d64) at capacity 2304 no faster (1.330 / 1.345 ms).
-FIT_DEFAULT_HEAD_DIMS = (128,)
-FIT_DEFAULT_MAX_ROWS = 1024
-
-
-def _default_plan_policy(batch, q_heads, kv_heads, q_len, capacity, head_dim, kv_bits, split_rows, cluster,
-                         cluster_capable, tile128) -> str | None:
-    """The policy of a call that names none (None: the planner's default, the ladder)."""
-    if head_dim not in FIT_DEFAULT_HEAD_DIMS or kv_bits or split_rows or cluster != -1 or tile128:
-        return None
-    args = (batch, q_heads, kv_heads, q_len, capacity, head_dim, kv_bits, 0, -1, cluster_capable)
-    ladder = _decode_plan(*args, None)
-    if ladder["cluster"] or ladder["splits"] < 2:
-        return None
-    fit = _decode_plan(*args, "fit")
-    return "fit" if fit["cluster"] and fit["split_rows"] <= FIT_DEFAULT_MAX_ROWS else None
 
 
 def decode_plan(batch: int, q_heads: int, kv_heads: int, q_len: int, capacity: int, head_dim: int,
@@ -142,16 +117,15 @@ def decode_plan(batch: int, q_heads: int, kv_heads: int, q_len: int, capacity: i
     split_rows / cluster override the planner (None: it chooses; it offers a cluster only with
     split_rows None, a float cache and a GPU that runs clusters, `cluster_capable`, None: this
     process's GPU). policy: how a cluster plan is sized, one of DECODE_PLAN_POLICIES (None:
-    `decode_plan_policy()`, and when that is unset the default rule, FIT_DEFAULT_HEAD_DIMS; an
-    unknown name raises ValueError). tile128: the plan of the wide KV tile
+    `decode_plan_policy()`; an unknown name raises ValueError). tile128: the plan of the wide KV tile
     (`decode_tile128`; where it applies its splits are whole 128-row tiles, tile_rows 128).
     """
     if cluster_capable is None:
         cluster_capable = _cluster_capable()
-    args = (int(batch), int(q_heads), int(kv_heads), int(q_len), int(capacity), int(head_dim), int(kv_bits),
-            int(split_rows or 0), -1 if cluster is None else int(bool(cluster)), bool(cluster_capable))
-    policy = policy or decode_plan_policy() or _default_plan_policy(*args, bool(tile128))
-    return _decode_plan(*args, policy, bool(tile128))
+    return _decode_plan(int(batch), int(q_heads), int(kv_heads), int(q_len), int(capacity),
+                        int(head_dim), int(kv_bits), int(split_rows or 0),
+                        -1 if cluster is None else int(bool(cluster)), bool(cluster_capable),
+                        policy or decode_plan_policy(), bool(tile128))
 
 
 @functools.cache
