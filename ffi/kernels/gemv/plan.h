@@ -430,8 +430,8 @@ inline constexpr int kRowsPlannedDepth = 2;
 // (the ~8B gate-up). Why (H200, session 23, bench/results/2026-12-03-9ccd21c-rows-sweep-{1b,8b}.json,
 // µs at M 32): the ~8B gate-up (448 row groups) ran 55.8 on 8 warps x 4 splits against 68.0 on
 // 4 x 2 and 76.7 on 4 x 4; the ~1B gate-up (256 groups) 20.8 on 4 x 2 against 27.1 on 8 x 2; the LM
-// heads 113.1 (8 x 2, ~1B) and 243.9 (8 x 4, ~8B). At M <= 16 and below those sizes 4-warp CTAs
-// were as fast or faster.
+// heads 113.1 (8 x 2, ~1B) and 243.9 (8 x 4, ~8B). At M 8, and at M 32 below those sizes, 4-warp
+// CTAs were as fast (within 1%) or faster; M 9-16 was not swept and takes the M 8 rule.
 inline constexpr int64_t kRowsWideM32Ctas = 96;
 inline int RowsPreferredWarps(int64_t groups, int64_t m) {
   const int64_t ctas4 = CeilDiv(groups, 4);
