@@ -82,6 +82,18 @@ def test_peers_compute_the_same_model(run):
             assert "torch not installed" in torch_tokens["skip"] or "MatMulNBits" in torch_tokens["skip"]
 
 
+def test_every_batch_size_is_verified(tmp_path):
+    """Each batch size's first case checks the greedy tokens (a batch size picks its own kernels):
+    at B = 1 and 2 ours and the JAX peer agree on every step."""
+    out = tmp_path / "e2e.json"
+    assert e2e.main([*ARGS[:2], "--batch", "1", "2", *ARGS[4:], "--weights", "fp16", "--impls", "ours", "jax-peer",
+                     "--phases", "decode", "--profile", "none", "--models-dir", str(tmp_path), "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert [v["batch"] for v in doc["verify"]] == [1, 2]
+    for v in doc["verify"]:
+        assert v["equal"] == {"jax-peer": True} and len(v["tokens"]["ours"]) == 1 + STEPS, v
+
+
 def test_budget_skips_with_a_reason(tmp_path):
     out = tmp_path / "e2e.json"
     assert e2e.main([*ARGS, "--weights", "fp16", "--max-seconds", "0", "--models-dir", str(tmp_path),

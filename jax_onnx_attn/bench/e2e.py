@@ -50,9 +50,10 @@ With --profile-command-buffers the traced calls keep XLA's command buffers
 profiled executable's thunks one by one): the trace then shows the step as it runs untraced, e.g.
 the FFI record stage's kernel nodes and their programmatic-dependent-launch overlap.
 
-Verification: on the first B=1 case of each group, the greedy tokens of ours
-(`generate`) and of each peer for the same 16-token prompt, 1 + K tokens, are recorded side by side
-(`verify` in the JSON, with the number of leading tokens that agree).
+Verification: on the first case of each batch size in each group (a batch size picks its own
+kernels: at int4 the record layout at B=1, the rows layout above), the greedy tokens of ours
+(`generate`) and of each peer for the same 16-token prompt in every row, 1 + K tokens of row 0,
+are recorded side by side (`verify` in the JSON, with the number of leading tokens that agree).
 
 Budget: --max-seconds bounds the whole run (model making included); each (model, weights) group
 gets a share of what is left when it starts, in proportion to 1 + its weights' GB / 4 (it is not opened when less than OPEN_S_PER_GB
@@ -1068,18 +1069,18 @@ def main(argv: list[str] | None = None) -> int:
         models[f"{key[0]}/{key[1]}"] = g.info
         print(f"   made in {g.info['build_s']:.1f} s, lowered in {g.info['load_s']:.1f} s; "
               f"peers: {g.peer_skip or 'all'}", flush=True)
-        verified = not args.verify
+        verified = set()  # the batch sizes whose tokens were checked in this group
         last_case_s = 0.0  # a case is not started when the previous one's time would overrun
         for i, case in enumerate(fits):
             now = time.perf_counter()
             if i and (now + last_case_s > share_end or now + last_case_s - start > args.max_seconds):
                 skipped.append({**dataclasses.asdict(case), "why": "time budget"})
                 continue
-            do_verify = not verified and case.batch == 1
+            do_verify = args.verify and case.batch not in verified
             t0 = time.perf_counter()
             recs, ver = run_case(g, case, args, env, impls, do_verify)
             if ver is not None:
-                verified = True
+                verified.add(case.batch)
                 verify.append(ver)
                 print(f"   verify: leading tokens equal to ours {ver['agree_with_ours']} of {1 + args.steps}",
                       flush=True)
