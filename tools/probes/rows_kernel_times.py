@@ -1,10 +1,11 @@
 """Device time of the int4 rows kernel (ffi/kernels/gemv/rows.cuh) per call, from jax.profiler's
 kernel events (not wall time / calls, which carries the harness's per-call overhead at small
 shapes), with XLA's fp16 dot on a dense weight of the same shape beside it:
-    python tools/probes/rows_kernel_times.py OUT.json [planned] [8b] [d2] [m16]
+    python tools/probes/rows_kernel_times.py OUT.json [planned] [8b] [d2] [m16] [w2]
 Shapes: the ~1B (or, with "8b", the ~8B) decoder's projections (qkv, o, gate-up, down, LM head) at
 M 8 and 32 (with "m16" also 16); plans: the planner's and the forced ones of PLANS ((cluster,
-warps_n, depth)), with "d2" only those of depth 2, with "planned" the planner's only. Command
+warps_n, depth)), with "d2" only those of depth 2, with "w2" also 2-warp CTAs, with "planned" the
+planner's only. Command
 buffers off, so each call is a plain stream launch the profiler sees."""
 
 import json
@@ -62,6 +63,8 @@ def rows_weights(k, n, rng):
 
 def main():
     plans = PLANS[:1] if "planned" in sys.argv[2:] else PLANS
+    if "w2" in sys.argv[2:] and "planned" not in sys.argv[2:]:
+        plans = plans + [(c, 2, d) for c in (1, 2, 4, 8, 16) for d in (2, 4)]
     if "d2" in sys.argv[2:]:
         plans = [pl for pl in plans if pl[2] in (0, 2)]
     ms = (8, 16, 32) if "m16" in sys.argv[2:] else (8, 32)

@@ -30,7 +30,7 @@
 // fragment order (a 16-byte shared load per lane per n8 tile gives two k16 steps), rows past M
 // zeros; with the RMS-norm prologue each CTA sums its slice's squares and the cluster adds the CTAs'
 // sums in rank order. Each warp keeps up to 2 RowsRingPairs(depth) - 2 stages of W in flight in its
-// ring in shared memory (a stage: W 1 KB, then each lane's scales and zero points). The
+// ring in shared memory (a stage: W 1 KB, then the row group's scales and zero points of a block). The
 // cluster's partial sums are added in rank order (deterministic, no atomics): each CTA writes its
 // partials into its shared memory (over x and the rings) grouped by the rank that finishes them,
 // cluster barrier, then pushes each rank its group with one bulk copy (shared -> that rank's
@@ -135,8 +135,10 @@ __global__ void __launch_bounds__(kThreads, OCC > 1 ? OCC : NT == 4 || DS > 2 ? 
   // a pair of stages), so the bytes in flight are the ring's, not the registers': with W loaded
   // straight into registers (2-4 KB a warp) the ~1B shapes ran at 0.2-0.9 TB/s (ncu, H200: one warp
   // a scheduler, a third of its cycles on the loads). Each lane copies, and later reads, only its
-  // own 16-byte pieces (W words, its row's scales and zero points), so the ring needs no barrier:
-  // cp.async.wait_group of the lane's own groups is the whole handshake.
+  // own 16-byte pieces of W; a stage's block metadata is copied once per g (plan.h's
+  // kRowsStageScales / kRowsStageZeros) and read by g's four lanes, so the loop's handshake is
+  // cp.async.wait_group of the lane's own groups, then a warp barrier (and one before a slot is
+  // refilled: its metadata may still be read by the other lanes).
   constexpr int kPairs = RowsRingPairs(DS);
   unsigned char* ring = smem + p.ring_offset + int64_t(warp) * kPairs * 2 * kRowsRingStageBytes;
   const uint4* wsrc = static_cast<const uint4*>(p.w) + (int64_t(rg) * (p.k / 16) + k0 / 16) * 32 + lane;
@@ -147,14 +149,14 @@ __global__ void __launch_bounds__(kThreads, OCC > 1 ? OCC : NT == 4 || DS > 2 ? 
     for (int h = 0; h < 2; ++h) {
       const int st = 2 * pr + h;
       if (live && st < stages) {
-        const uint32_t at = ptx::SmemAddr(ring + ((pr % kPairs) * 2 + h) * kRowsRingStageBytes) + 16 * lane;
-        ptx::CpAsync16(at, wsrc + int64_t(st) * 64, true);
-        ptx::CpAsync16(at + 512, wsrc + int64_t(st) * 64 + 32, true);
+        const uint32_t stage = ptx::SmemAddr(ring + ((pr % kPairs) * 2 + h) * kRowsRingStageBytes);
+        ptx::CpAsync16(stage + 16 * lane, wsrc + int64_t(st) * 64, true);
+        ptx::CpAsync16(stage + 16 * lane + 512, wsrc + int64_t(st) * 64 + 32, true);
         if (st % SPB == 0) {
           const int64_t m = meta0 + int64_t(st / SPB) * 8;
-          ptx::CpAsync16(at + 1024, static_cast<const uint4*>(p.scales) + m, true);
-          if (p.zeros != nullptr) {
-            ptx::CpAsync8(at + 1536 - 8 * lane, reinterpret_cast<const uint2*>(p.zeros) + m, true);
+          if (t == 0) ptx::CpAsync16(stage + kRowsStageScales + 16 * g, static_cast<const uint4*>(p.scales) + m, true);
+          if (t == 1 && p.zeros != nullptr) {
+            ptx::CpAsync8(stage + kRowsStageZeros + 8 * g, reinterpret_cast<const uint2*>(p.zeros) + m, true);
           }
         }
       }
@@ -282,19 +284,21 @@ __global__ void __launch_bounds__(kThreads, OCC > 1 ? OCC : NT == 4 || DS > 2 ? 
 
   const uint4* xs = s_x + lane;
   for (int pr = 0; pr < pairs; ++pr) {
-    issue(pr + kPairs - 1);  // into the slot pair pr - 1 left: this lane's reads of it are done
+    __syncwarp();            // every lane's reads of slot pair pr - 1 (its metadata) are done
+    issue(pr + kPairs - 1);  // into the slot pair pr - 1 left
     ptx::CpAsyncWait<kPairs - 1>();
+    __syncwarp();            // pair pr's metadata, copied by lanes (g, 0) / (g, 1), is visible
     if (!live) continue;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int st = 2 * pr + h;
       if (st >= stages) break;
-      const unsigned char* at = ring + ((pr % kPairs) * 2 + h) * kRowsRingStageBytes + 16 * lane;
-      const uint4 w0 = *reinterpret_cast<const uint4*>(at);
-      const uint4 w1 = *reinterpret_cast<const uint4*>(at + 512);
+      const unsigned char* stage = ring + ((pr % kPairs) * 2 + h) * kRowsRingStageBytes;
+      const uint4 w0 = *reinterpret_cast<const uint4*>(stage + 16 * lane);
+      const uint4 w1 = *reinterpret_cast<const uint4*>(stage + 16 * lane + 512);
       if (st % SPB == 0) {
-        const uint4 sc = *reinterpret_cast<const uint4*>(at + 1024);
-        const uint2 zr = p.zeros != nullptr ? *reinterpret_cast<const uint2*>(at + 1536 - 8 * lane)
+        const uint4 sc = *reinterpret_cast<const uint4*>(stage + kRowsStageScales + 16 * g);
+        const uint2 zr = p.zeros != nullptr ? *reinterpret_cast<const uint2*>(stage + kRowsStageZeros + 8 * g)
                                             : make_uint2(0x08080808u, 0x08080808u);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
