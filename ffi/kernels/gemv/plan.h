@@ -431,23 +431,28 @@ inline constexpr bool RowsOccupancy2Fits(int nt, int depth, int64_t block_size) 
 // depth 4 was never faster and took 1.1-2.3x as long where its bigger rings left fewer CTAs an SM
 // (the LM head); its rings do not fit twice an SM.
 inline constexpr int kRowsPlannedDepth = 2;
-// Warps a CTA the planner prefers: 4, and 8 for weights of many row groups: at least two waves of
-// 4-warp CTAs without a K split (the LM head), or at M > 16 at least kRowsWideM32Ctas of them
-// (the ~8B gate-up). Why (H200, session 23, bench/results/2026-12-03-9ccd21c-rows-sweep-{1b,8b}.json,
-// µs at M 32): the ~8B gate-up (448 row groups) ran 55.8 on 8 warps x 4 splits against 68.0 on
-// 4 x 2 and 76.7 on 4 x 4; the ~1B gate-up (256 groups) 20.8 on 4 x 2 against 27.1 on 8 x 2; the LM
-// heads 113.1 (8 x 2, ~1B) and 243.9 (8 x 4, ~8B). At M 8, and at M 32 below those sizes, 4-warp
-// CTAs were as fast (within 1%) or faster; M 9-16 was not swept and takes the M 8 rule.
-inline constexpr int64_t kRowsWideM32Ctas = 96;
-inline int RowsPreferredWarps(int64_t groups, int64_t m) {
-  const int64_t ctas4 = CeilDiv(groups, 4);
-  return ctas4 >= 2 * kPlanSms || (m > 16 && ctas4 >= kRowsWideM32Ctas) ? 8 : 4;
-}
-// The planner's targets: at least kRowsMinCtas CTAs, and enough warps streaming that each has at
-// most kRowsWarpBytes of W (capped at kRowsMaxWarps), with no K split below kRowsMinSliceK
-// elements a CTA. Among the layouts of the preferred warps a CTA (RowsPreferredWarps) that reach
-// both it takes the fewest K splits (each adds a cluster's reduction and another CTA's start),
-// then the most warps a CTA. Fitted to session 23's H200 sweep (tools/probes/rows_kernel_times.py
+// Warps a CTA the planner prefers: 4, and 8 for weights of at least kRowsWideCtas4 4-warp CTAs' row
+// groups (the ~8B gate-up, the LM heads), which then split K into slices of at most kRowsWideSliceK
+// with at least kRowsWideMinCtas CTAs. Why (H200, session 24, 1280-byte ring stages,
+// bench/results/2026-12-03-c97125e-rows-sweep-{1b,8b}.json, µs at M 8 / 32): the ~8B gate-up (448
+// row groups) 27.8 / 47.5 on 8 warps x 2 splits against 29.2 / 68.0 on 4 x 2 and 27.4 / 54.1 on
+// 8 x 4; the ~8B LM head 91.6 / 183.9 on 8 x 2 against 100.5 / 234.8 on 8 x 4 (8 x 1: 98.8 at M 8);
+// the ~1B LM head (K 2048) 47.7 / 95.6 on 8 x 1 against 51.1 / 108.6 on 8 x 2; the ~1B gate-up (256
+// groups) 12.1 / 20.4 on 4 x 2 against 15.5 / 26.4 on 8 x 2. Where x's slice is big (M 32) a
+// 2048-long slice leaves one CTA an SM, and 112 such CTAs beat 224 in two waves.
+inline constexpr int64_t kRowsWideCtas4 = 96;
+inline constexpr int64_t kRowsWideSliceK = 2048;
+inline constexpr int kRowsWideMinCtas = 96;
+inline int RowsPreferredWarps(int64_t groups) { return CeilDiv(groups, 4) >= kRowsWideCtas4 ? 8 : 4; }
+// The planner's targets for 4-warp CTAs: at least kRowsMinCtas CTAs, and enough warps streaming
+// that each has at most kRowsWarpBytes of W (capped at kRowsMaxWarps), with no K split below
+// kRowsMinSliceK elements a CTA (8-warp CTAs: RowsPreferredWarps' targets). Among the layouts of the
+// preferred warps a CTA that reach them it takes the fewest K splits (each adds a cluster's
+// reduction and another CTA's start), then the most warps a CTA. On session 24's sweep (the
+// 1280-byte ring stages, c97125e, above; 2-warp CTAs never won) it takes the fastest measured
+// layout or one within 2% on all 20 cases: sum 695.2 µs against 694.1 for the fastest and 710.4
+// for session 23's rule on the same kernel (816.7 before the smaller stages). The 4-warp targets were
+// fitted to session 23's H200 sweep (tools/probes/rows_kernel_times.py
 // d2, after the pushed reduction: clusters 1-16 x 4 / 8 warps, ~1B and ~8B projections at M 8 /
 // 32, block 32): on those 20 cases it takes the fastest measured layout or one within 1% (sum of
 // the 20 best 815.7 µs, planned 816.7; the earlier targets of 64 CTAs, 48 KB and 1024 warps:
@@ -537,7 +542,7 @@ inline Plan MakeRowsPlan(int64_t m, int64_t n_rows, int64_t k, int64_t block_siz
   const int64_t want_warps = std::max<int64_t>(1, std::min<int64_t>(kRowsMaxWarps, w_bytes / kRowsWarpBytes));
   const int64_t budget = sm90 ? kSmemOnePerSm : kSmemOnePerSm80;
   const int64_t budget_two = sm90 ? kSmemTwoPerSm : kSmemTwoPerSm80;
-  const int preferred_warps = RowsPreferredWarps(groups, m);
+  const int preferred_warps = RowsPreferredWarps(groups);
   bool found = false;
   bool best_full = false;
   for (int rw : kRowsWarps) {
@@ -570,7 +575,9 @@ inline Plan MakeRowsPlan(int64_t m, int64_t n_rows, int64_t k, int64_t block_siz
       p.stages = force_depth > 0 ? int(force_depth) : kRowsPlannedDepth;
       RowsSmem(p);
       if (p.smem_bytes > (p.ctas_per_sm == 2 || s > 8 ? budget_two : budget)) continue;
-      const bool full = p.grid >= kRowsMinCtas && int64_t(p.grid) * rw >= want_warps;
+      const bool full = rw == 8 && preferred_warps == 8
+                            ? k / s <= kRowsWideSliceK && p.grid >= kRowsWideMinCtas
+                            : p.grid >= kRowsMinCtas && int64_t(p.grid) * rw >= want_warps;
       bool better;
       if (!found) {
         better = true;
