@@ -104,7 +104,7 @@ def _wide_applies(hq, hkv, s, d, bits):
 
 def test_wide_tile_layouts(probe):
     """The 1 x 4 layout's wide tile: 128 rows, 32 columns a warp in one softmax chunk; d64 keeps two
-    CTAs per SM with 3 stages, d128 (two stages of 68 KB do not fit beside another CTA) runs one CTA
+    CTAs per SM with 3 stages, d128 (two stages of 64 KB do not fit beside another CTA) runs one CTA
     per SM with 3 stages; both fit the budget and keep the in-cluster combine. Other head dims have
     no wide tile, and the default tiles are today's (64 rows, 16 columns a warp)."""
     layouts, _ = probe()
@@ -117,8 +117,10 @@ def test_wide_tile_layouts(probe):
         assert (w["tile_n"], w["warp_n"], w["chunk"]) == (128, 32, 32)
         assert w["cluster_combine"] == 1
         assert w["smem"] <= (115712 if w["ctas_per_sm"] == 2 else 232448)
-    assert (w64["ctas_per_sm"], w64["stages"], w64["stage_bytes"]) == (2, 3, 2 * 128 * 72 * 2)
-    assert (w128["ctas_per_sm"], w128["stages"], w128["stage_bytes"]) == (1, 3, 2 * 128 * 136 * 2)
+    # Rows of whole 128-byte lines are swizzled, not padded (plan.h Layout::swizzle): K + V tiles of
+    # 128 x d values a stage.
+    assert (w64["ctas_per_sm"], w64["stages"], w64["stage_bytes"]) == (2, 3, 2 * 128 * 64 * 2)
+    assert (w128["ctas_per_sm"], w128["stages"], w128["stage_bytes"]) == (1, 3, 2 * 128 * 128 * 2)
     # The default layouts the wide tile sits beside: d64 6 stages, d128 3, both two CTAs per SM.
     assert (by[64, 0]["stages"], by[64, 0]["ctas_per_sm"]) == (6, 2)
     assert (by[128, 0]["stages"], by[128, 0]["ctas_per_sm"]) == (3, 2)

@@ -140,10 +140,11 @@ struct QuantKv {
   }
 
   // Converts a landed ring stage (src: K rows then V rows) into the T tile pair at dst (K, then V
-  // kRows * kStride elements on; row stride kStride, as a dense stage). Rows outside
+  // kRows * kStride elements on; row stride kStride, the 16-byte chunks of row r XOR-ed with r % 8
+  // where kSwizzle: a dense stage's layout, the decode engine's TileElem). Rows outside
   // [valid_lo, valid_hi) become zeros, as the dense loads zero-fill them. A thread keeps one
   // 8-column slice (so its 16 scales are read once) and walks the rows.
-  template <int kD, int kRows, int kThreads, int kStride>
+  template <int kD, int kRows, int kThreads, int kStride, bool kSwizzle>
   static __device__ __forceinline__ void ConvertTile(T* dst, const unsigned char* src,
                                                      const float* s_scale, int valid_lo,
                                                      int valid_hi, int tid) {
@@ -163,14 +164,14 @@ struct QuantKv {
       sc[0] = s_lo.x; sc[1] = s_lo.y; sc[2] = s_lo.z; sc[3] = s_lo.w;
       sc[4] = s_hi.x; sc[5] = s_hi.y; sc[6] = s_hi.z; sc[7] = s_hi.w;
       const unsigned char* s = src + kv * kRows * RowBytes<kD>() + slice * kSliceBytes;
-      T* d = dst + kv * kRows * kStride + slice * 8;
+      T* d = dst + kv * kRows * kStride;
 #pragma unroll
       for (int i = 0; i < kIters; ++i) {
         const int r = r0 + i * kRowStep;
         if (kRows % kRowStep == 0 || r < kRows) {
           uint4 y = make_uint4(0u, 0u, 0u, 0u);
           if (r >= valid_lo && r < valid_hi) y = Dequant8(s + r * RowBytes<kD>(), sc);
-          *reinterpret_cast<uint4*>(d + r * kStride) = y;
+          *reinterpret_cast<uint4*>(d + r * kStride + 8 * TileChunk(kSwizzle, r, slice)) = y;
         }
       }
     }

@@ -38,6 +38,14 @@ constexpr int KvBits(KvFormat f) { return f == KvFormat::kInt8 ? 8 : f == KvForm
 // Elements of a cache row of d values: d for a dense cache, d * bits / 8 bytes when quantised.
 constexpr int64_t KvRowElems(int64_t d, KvFormat f) { return f == KvFormat::kDense ? d : d * KvBits(f) / 8; }
 
+// Where logical 16-byte chunk `chunk` of row `row` of a K / V tile in shared memory lives: with
+// `swizzle` (rows of whole 128-byte lines: the decode engine's Layout::swizzle) the chunks of a row
+// are XOR-ed with row % 8, so the 8 rows an ldmatrix reads at one chunk land in 8 different 16-byte
+// bank groups and each 32-byte sector a copy brings stays in one 32-byte unit; else unchanged (rows
+// padded by 16 bytes do the first). The one definition: the engine's copies and reads, the
+// quantised tiles' conversion (kv_format.cuh) and tests/test_decode_tile_swizzle.py.
+constexpr int TileChunk(bool swizzle, int row, int chunk) { return swizzle ? chunk ^ (row & 7) : chunk; }
+
 // The f32 dequantisation scales of a quantised cache: one element, or [Hkv, D] when *_per_channel.
 struct KvScales {
   const float* k;

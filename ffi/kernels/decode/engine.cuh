@@ -76,7 +76,12 @@ struct EngineConfig {
   static_assert(kWarpN % 16 == 0, "a warp's KV slice must be whole k16 steps of P V");
   static constexpr int kChunk = kLayout.chunk;
   static constexpr bool kQInRegs = kLayout.q_in_regs;
-  static constexpr int kStride = kLayout.stride;
+  static constexpr int kStride = kLayout.stride;  // Q
+  // K / V tiles: rows of kTileStride, 16-byte chunks XOR-swizzled by row % 8 where kSwizzle
+  // (plan.h's Layout::swizzle; SplitStages::TileElem).
+  static constexpr bool kSwizzle = kLayout.swizzle;
+  static constexpr int kTileStride = kLayout.tile_stride;
+  static_assert(!kSwizzle || kD % 64 == 0, "the swizzle permutes whole 128-byte lines");
   static constexpr int kOStride = kLayout.o_stride;
   static constexpr int kVecs = kD / 8;  // 16-byte vectors per row
   static constexpr int kQBytes = kLayout.q_bytes;
@@ -109,8 +114,19 @@ struct SplitStages {
 
   // --- load ------------------------------------------------------------------------------------
 
-  // Copies rows [0, kRows) of a [kRows, kD] tile whose row i is at src + i * row_stride into shared
-  // memory with row stride kStride; rows outside [valid_lo, valid_hi) become zeros.
+  // The element offset of 16-byte chunk `chunk` of row `row` in a K / V tile: rows kTileStride
+  // apart, and where Cfg::kSwizzle the chunks of a row XOR-ed with row % 8, so that the 8 rows an
+  // ldmatrix reads at one chunk land in 8 different 16-byte bank groups and a copy's 32-byte
+  // sectors stay whole (plan.h's Layout::swizzle).
+  static __device__ __forceinline__ int TileChunk(int row, int chunk) {
+    return joa::TileChunk(Cfg::kSwizzle, row, chunk);
+  }
+  static __device__ __forceinline__ int TileElem(int row, int chunk) {
+    return row * Cfg::kTileStride + 8 * TileChunk(row, chunk);
+  }
+
+  // Copies rows [0, kRows) of a [kRows, kD] tile whose row i is at src + i * row_stride into the
+  // tile layout at dst (TileElem); rows outside [valid_lo, valid_hi) become zeros.
   template <int kRows>
   static __device__ __forceinline__ void LoadRows(T* dst, const T* src, int64_t row_stride, int valid_lo,
                                                   int valid_hi, int tid) {
@@ -125,7 +141,7 @@ struct SplitStages {
         const int col = (c % kVecs) * 8;
         const bool valid = r >= valid_lo && r < valid_hi;
         const T* g = valid ? src + r * row_stride + col : src;
-        ptx::CpAsync16(ptx::SmemAddr(dst + r * kStride + col), g, valid);
+        ptx::CpAsync16(ptx::SmemAddr(dst + TileElem(r, c % kVecs)), g, valid);
       }
     }
   }
@@ -191,7 +207,7 @@ struct SplitStages {
     }
   }
 
-  // One [kTileN, kD] tile whose row 0 is at `tile` (contiguous rows) into dst (row stride kStride);
+  // One [kTileN, kD] tile whose row 0 is at `tile` (contiguous rows) into dst (TileElem's layout);
   // kTestRows: rows outside [valid_lo, valid_hi) become zeros and are not read (the copy points at
   // row 0, which a tile always has in range). kCopyThreads threads copy (tid < kCopyThreads): the
   // CTA's compute threads, or the 32 lanes of a producer warp.
@@ -202,17 +218,19 @@ struct SplitStages {
     constexpr int kTotal = kTileN * kVecs;
     constexpr int kIters = (kTotal + kCopyThreads - 1) / kCopyThreads;
     // Where a copy's row moves by whole rows from one to the next (kCopyThreads a multiple of kVecs),
-    // its shared-memory address is the first one plus an immediate too.
-    constexpr int kRowStep = kCopyThreads % kVecs == 0 ? kCopyThreads / kVecs : 0;
+    // and by whole swizzle periods (8 rows) where the tile is swizzled, its shared-memory address is
+    // the first one plus an immediate too.
+    constexpr int kStep = kCopyThreads % kVecs == 0 ? kCopyThreads / kVecs : 0;
+    constexpr int kRowStep = Cfg::kSwizzle && kStep % 8 != 0 ? 0 : kStep;
     const T* mine = tile + 8 * tid;
-    const uint32_t s_mine = ptx::SmemAddr(dst + (tid / kVecs) * kStride + (tid % kVecs) * 8);
+    const uint32_t s_mine = ptx::SmemAddr(dst + TileElem(tid / kVecs, tid % kVecs));
 #pragma unroll
     for (int it = 0; it < kIters; ++it) {
       const int c = tid + it * kCopyThreads;
       if (kTotal % kCopyThreads == 0 || c < kTotal) {
         const int r = c / kVecs;
-        const uint32_t s = kRowStep ? s_mine + uint32_t(it * kRowStep * kStride * sizeof(T))
-                                    : ptx::SmemAddr(dst + r * kStride + (c % kVecs) * 8);
+        const uint32_t s = kRowStep ? s_mine + uint32_t(it * kRowStep * Cfg::kTileStride * sizeof(T))
+                                    : ptx::SmemAddr(dst + TileElem(r, c % kVecs));
         if constexpr (kTestRows) {
           const bool valid = r >= valid_lo && r < valid_hi;
           ptx::CpAsync16(s, valid ? mine + it * kCopyThreads * 8 : tile, valid);
@@ -293,11 +311,22 @@ struct SplitStages {
 
   // --- QK ----------------------------------------------------------------------------------------
 
-  // s = Q K^T for the kChunk tile columns from c0 (k_lane: this lane's ldmatrix offset into the K
-  // tile). Q comes from registers (qa) or, at d256, from shared memory at q_addr.
+  // A lane's ldmatrix offsets into a K or V tile (bytes), for 16-byte chunk pairs 2 r + b (r < 4)
+  // of its row `row` (b = col / 8: the lane's half of a k16 step) in TileElem's layout. Chunk pair
+  // 2 kk + b lies at 128 (kk / 4) bytes past pair 2 (kk % 4) + b: the swizzle XORs a row's chunks
+  // with row % 8 < 8, so it permutes within each 8-chunk (128-byte) line; rows a multiple of 8 on
+  // keep the phase. So a tile's reads are these four registers plus immediates.
+  static __device__ __forceinline__ void LaneOffsets(uint32_t (&off)[4], int row, int col) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) off[r] = uint32_t(TileElem(row, 2 * r + (col >> 3)) * sizeof(T));
+  }
+
+  // s = Q K^T for the kChunk tile columns from c0 (a multiple of 8; k_off: the lane's LaneOffsets
+  // in the K tile). Q comes from registers (qa) or, at d256, from shared memory at q_addr.
   template <int kQRegs>
   static __device__ __forceinline__ void Qk(Scores& s, const uint32_t (&qa)[kQRegs][4], uint32_t q_addr,
-                                            const T* s_k, int c0, int k_row, int k_col) {
+                                            const T* s_k, int c0, const uint32_t (&k_off)[4]) {
+    const uint32_t k_base = ptx::SmemAddr(s_k + c0 * Cfg::kTileStride);
 #pragma unroll
     for (int nt = 0; nt < kChunk / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
     // Fully unrolled with Q in registers; at d256 (Q from shared memory) partly, which keeps the
@@ -314,7 +343,8 @@ struct SplitStages {
 #pragma unroll
       for (int np = 0; np < kChunk / 16; ++np) {
         uint32_t bk[4];
-        ptx::LdMatrixX4(bk, ptx::SmemAddr(s_k + (c0 + np * 16 + k_row) * kStride + kk * 16 + k_col));
+        ptx::LdMatrixX4(bk, k_base + k_off[kk % 4] +
+                                uint32_t((np * 16 * Cfg::kTileStride + 64 * (kk / 4)) * sizeof(T)));
         ptx::Mma16816<T>(s[2 * np], a, bk[0], bk[1]);
         ptx::Mma16816<T>(s[2 * np + 1], a, bk[2], bk[3]);
       }
@@ -360,21 +390,22 @@ struct SplitStages {
 
   // --- PV ----------------------------------------------------------------------------------------
 
-  // O += P V: two adjacent n8 score tiles form the A operand of one k16 step (v_lane: this lane's
-  // ldmatrix offset into the transposed V tile).
-  static __device__ __forceinline__ void Pv(const Scores& s, Out& o, const T* s_v, int c0, int v_row,
-                                            int v_col) {
+  // O += P V: two adjacent n8 score tiles form the A operand of one k16 step (v_off: the lane's
+  // LaneOffsets in the V tile, read transposed).
+  static __device__ __forceinline__ void Pv(const Scores& s, Out& o, const T* s_v, int c0,
+                                            const uint32_t (&v_off)[4]) {
+    const uint32_t v_base = ptx::SmemAddr(s_v + c0 * Cfg::kTileStride);
 #pragma unroll
     for (int kc = 0; kc < kChunk / 16; ++kc) {
       const uint32_t pa[4] = {ptx::Pack2<T>(s[2 * kc][0], s[2 * kc][1]),
                               ptx::Pack2<T>(s[2 * kc][2], s[2 * kc][3]),
                               ptx::Pack2<T>(s[2 * kc + 1][0], s[2 * kc + 1][1]),
                               ptx::Pack2<T>(s[2 * kc + 1][2], s[2 * kc + 1][3])};
-      const uint32_t v_addr = ptx::SmemAddr(s_v + (c0 + kc * 16 + v_row) * kStride + v_col);
 #pragma unroll
       for (int dp = 0; dp < kD / 16; ++dp) {
         uint32_t bv[4];
-        ptx::LdMatrixX4Trans(bv, v_addr + dp * 32);
+        ptx::LdMatrixX4Trans(bv, v_base + v_off[dp % 4] +
+                                     uint32_t((kc * 16 * Cfg::kTileStride + 64 * (dp / 4)) * sizeof(T)));
         ptx::Mma16816<T>(o[2 * dp], pa, bv[0], bv[1]);
         ptx::Mma16816<T>(o[2 * dp + 1], pa, bv[2], bv[3]);
       }
@@ -564,6 +595,9 @@ __device__ __forceinline__ void DecodeSplitBody(const DecodeParams& p) {
   // ldmatrix lane offsets: K tiles as the col-major B of Q K^T, V tiles transposed for P V.
   const int k_row = (lane & 7) + ((lane >> 4) << 3), k_col = ((lane >> 3) & 1) * 8;
   const int v_row = (lane & 7) + (((lane >> 3) & 1) << 3), v_col = (lane >> 4) * 8;
+  uint32_t k_off[4], v_off[4];
+  Stages::LaneOffsets(k_off, k_row, k_col);
+  Stages::LaneOffsets(v_off, v_row, v_col);
 
   if (!producer_warp) {
     // With a producer warp: Q has landed (waited for even when the split has no tile, so that no
@@ -588,7 +622,7 @@ __device__ __forceinline__ void DecodeSplitBody(const DecodeParams& p) {
         if constexpr (Kv::kQuantized) {
           // Tile t's raw bytes -> the T tile pair at s_kv (free: the barrier above saw every warp
           // finish tile t - 1); the second barrier publishes it.
-          Kv::template ConvertTile<kD, kTileN, kThreads, kStride>(
+          Kv::template ConvertTile<kD, kTileN, kThreads, Cfg::kTileStride, Cfg::kSwizzle>(
               s_kv, s_ring + (it % kStages) * Cfg::kStageBytes, s_scale, n_begin - t * kTileN,
               n_end - t * kTileN, tid);
           __syncthreads();
@@ -610,7 +644,7 @@ __device__ __forceinline__ void DecodeSplitBody(const DecodeParams& p) {
       for (int ch = 0; ch < Cfg::kWarpN / kChunk; ++ch) {
         const int c0 = wn * Cfg::kWarpN + ch * kChunk;  // first tile column of the chunk
         float s[kChunk / 8][4];
-        Stages::Qk(s, qa, q_addr, s_k, c0, k_row, k_col);  // QK
+        Stages::Qk(s, qa, q_addr, s_k, c0, k_off);  // QK
         // QK, masked: scores in the log2 domain, hidden keys -inf (the variant's rule; the bias is
         // read only for visible keys). Inline, not a stage function: as a function the same code
         // compiles to other (not measured) instructions, and the engine's PTX is held identical.
@@ -624,7 +658,7 @@ __device__ __forceinline__ void DecodeSplitBody(const DecodeParams& p) {
           }
         }
         Stages::SoftmaxUpdate(s, m, l, o);  // softmax update
-        Stages::Pv(s, o, s_v, c0, v_row, v_col);  // PV
+        Stages::Pv(s, o, s_v, c0, v_off);  // PV
       }
       if constexpr (Cfg::kProducer) {
         // load: this warp is done with the stage (its last ldmatrix has been issued by every lane).
