@@ -72,10 +72,20 @@ def test_plot_e2e_draws_every_case(results_dir):
 
     matplotlib.use("Agg")
     fig = plots.plot_e2e(plots.load_e2e(results_dir))
-    top, bottom = fig.axes
-    assert len(top.patches) == sum(len(v[1]) for v in CASES.values())
-    assert [t.get_text() for t in bottom.get_xticklabels()] == [
-        "8b fp16\nB=1 T=8k", "1b fp16\nB=1 T=2k", "1b int4\nB=8 T=2k"]
+    # One panel per (model, weights), two a row: tokens/s above the fraction of the bound.
+    assert [sub.get_suptitle() for sub in fig.subfigs[:3]] == [
+        "~8B fp16 (llama-3.1-8b)", "~1B fp16 (llama-3.2-1b)", "~1B int4 (llama-3.2-1b)"]
+    axes = fig.axes
+    assert len(axes) == 6
+    tops, bottoms = axes[0::2], axes[1::2]
+    assert [len(top.patches) for top in tops] == [3, 3, 2]  # a bar per impl measured at each case
+    assert [[t.get_text() for t in ax.get_xticklabels()] for ax in bottoms] == [["B=1 T=8k"], ["B=1 T=2k"],
+                                                                              ["B=8 T=2k"]]
+    assert [t.get_text() for t in axes[0].get_legend().get_texts()] == ["ours", "jax-peer", "torch-peer"]
+    # An A/B form of ours joins the figure only when asked.
+    variant = [dict(r, impl="ours[ab]") for r in plots.select(plots.load_e2e(results_dir), impl="ours")]
+    assert len(plots.plot_e2e(plots.load_e2e(results_dir) + variant).axes[0].patches) == 3
+    assert len(plots.plot_e2e(plots.load_e2e(results_dir) + variant, variants=True).axes[0].patches) == 4
     empty = plots.plot_e2e([], "prefill")
     assert "no e2e prefill results" in empty.axes[0].texts[0].get_text()
 

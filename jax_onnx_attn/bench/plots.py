@@ -600,50 +600,64 @@ def _ctx_label(t: int) -> str:
     return f"{t // 1024}k" if t % 1024 == 0 else str(t)
 
 
-def plot_e2e(records: Sequence[dict], phase: str = "decode", fig=None):
-    """Whole-model speed per case, ours beside each peer: tokens/s on top (log scale), the fraction
-    of the bandwidth bound (decode) or of the measured GEMM peak (prefill) below, one group of bars
-    per (model, weights, B, T). Returns the Figure."""
+def plot_e2e(records: Sequence[dict], phase: str = "decode", fig=None, variants: bool = False):
+    """Whole-model speed per case, ours beside each peer: one panel per (model, weights), two per
+    row, each with tokens/s on top (log scale) and the fraction of the bandwidth bound (decode) or
+    of the measured GEMM peak (prefill) below, one group of bars per (B, T). `variants`: also the
+    A/B forms of ours that some runs measured ("ours[...]"); left out by default so the figure
+    stays readable. Returns the Figure."""
     _, plt = _plt()
-    recs = select(records, phase=phase)
+    recs = [r for r in select(records, phase=phase) if variants or r["impl"] in E2E_IMPLS]
     cases = sorted({(r["model"], r["weights"], r["batch"], r["ctx"]) for r in recs})
+    groups = sorted({(m, w) for m, w, _, _ in cases})
     impls = [i for i in E2E_IMPLS if any(r["impl"] == i for r in recs)] + \
         sorted({r["impl"] for r in recs} - set(E2E_IMPLS))
+    ncols = 2 if len(groups) > 1 else 1
+    nrows = max(1, -(-len(groups) // ncols))
+    per_row = [sum(sum(1 for c in cases if c[:2] == g) for g in groups[i * ncols:(i + 1) * ncols])
+               for i in range(nrows)]
     if fig is None:
-        fig = plt.figure(figsize=(max(6.0, 0.55 * len(cases) * max(len(impls), 1) + 2), 6),
-                         layout="constrained")
-    top, bottom = fig.subplots(2, 1, sharex=True)
+        width = max(6.0, 0.3 * max(per_row or [0]) * max(len(impls), 1) + 2.5 * ncols)
+        fig = plt.figure(figsize=(width, 4.2 * nrows), layout="constrained")
+    if not cases:
+        top = fig.subplots(2, 1, sharex=True)[0]
+        top.text(0.5, 0.5, f"no e2e {phase} results yet", ha="center", va="center", transform=top.transAxes)
+        return fig
     colors = {"ours": "black", "jax-peer": "tab:blue", "torch-peer": "tab:orange"}
     width = 0.8 / max(len(impls), 1)
-    for j, impl in enumerate(impls):
-        xs, tps, fr = [], [], []
-        for x, case in enumerate(cases):
-            r = select(recs, impl=impl, model=case[0], weights=case[1], batch=case[2], ctx=case[3])
-            if r:
-                xs.append(x + (j - (len(impls) - 1) / 2) * width)
-                tps.append(r[0]["tokens_per_s"])
-                fr.append(r[0]["frac"] or 0.0)
-        kw = dict(width=width, color=colors.get(impl), label=impl)
-        top.bar(xs, tps, **kw)
-        bottom.bar(xs, fr, **kw)
-    top.set_yscale("log")
-    top.set_ylabel("tokens/s")
     metric = "fraction of the bandwidth bound" if phase == "decode" else "fraction of the GEMM peak"
-    bottom.set_ylabel(metric)
-    bottom.axhline(1.0, color="crimson", lw=1, ls="--")
-    bottom.set_xticks(range(len(cases)), [f"{m.split('-')[-1] if m.startswith('llama') else m} {w}\n"
-                                          f"B={b} T={_ctx_label(t)}" for m, w, b, t in cases],
-                      fontsize=7)
-    for ax in (top, bottom):
-        ax.grid(True, axis="y", which="both", alpha=0.3)
-    if cases:
-        top.legend(fontsize=8)
-        gpu = main_gpu(recs)
-        top.set_title(f"whole-model {phase}{' on ' + gpu if gpu else ''}: ours vs a hand-written JAX "
-                      "decoder and torch on the same weights", fontsize=9)
-    else:
-        top.text(0.5, 0.5, f"no e2e {phase} results yet", ha="center", va="center",
-                 transform=top.transAxes)
+    panels = np.atleast_1d(fig.subfigures(nrows, ncols, squeeze=False)).ravel()
+    for sub, (model, weights) in zip(panels, groups):
+        own = [c for c in cases if c[:2] == (model, weights)]
+        top, bottom = sub.subplots(2, 1, sharex=True)
+        for j, impl in enumerate(impls):
+            xs, tps, fr = [], [], []
+            for x, case in enumerate(own):
+                r = select(recs, impl=impl, model=model, weights=weights, batch=case[2], ctx=case[3])
+                if r:
+                    xs.append(x + (j - (len(impls) - 1) / 2) * width)
+                    tps.append(r[0]["tokens_per_s"])
+                    fr.append(r[0]["frac"] or 0.0)
+            kw = dict(width=width, color=colors.get(impl, f"C{j + 3}"), label=impl)
+            top.bar(xs, tps, **kw)
+            bottom.bar(xs, fr, **kw)
+        top.set_yscale("log")
+        top.set_ylabel("tokens/s")
+        bottom.set_ylabel(metric, fontsize=8)
+        bottom.set_ylim(0, 1.05)
+        bottom.axhline(1.0, color="crimson", lw=1, ls="--")
+        bottom.set_xticks(range(len(own)), [f"B={b} T={_ctx_label(t)}" for _, _, b, t in own], fontsize=8)
+        for ax in (top, bottom):
+            ax.grid(True, axis="y", which="both", alpha=0.3)
+        name = model.split("-")[-1] if model.startswith("llama") else model
+        sub.suptitle(f"~{name.upper()} {weights} ({model})", fontsize=10)
+    # Handles drawn here: a panel without an impl's bars would give its legend entry no color.
+    from matplotlib.patches import Patch
+    fig.axes[0].legend(handles=[Patch(color=colors.get(i, f"C{k + 3}"), label=i) for k, i in enumerate(impls)],
+                       fontsize=8)
+    gpu = main_gpu(recs)
+    fig.suptitle(f"whole-model {phase}{' on ' + gpu if gpu else ''}: ours vs a hand-written JAX decoder "
+                 "and torch on the same weights", fontsize=11)
     return fig
 
 
