@@ -171,7 +171,7 @@ struct QuantKv {
         if (kRows % kRowStep == 0 || r < kRows) {
           uint4 y = make_uint4(0u, 0u, 0u, 0u);
           if (r >= valid_lo && r < valid_hi) y = Dequant8(s + r * RowBytes<kD>(), sc);
-          *reinterpret_cast<uint4*>(d + r * kStride + 8 * TileChunk(kSwizzle, r, slice)) = y;
+          *reinterpret_cast<uint4*>(d + TileElem(kSwizzle, kStride, r, slice)) = y;
         }
       }
     }

@@ -45,6 +45,10 @@ constexpr int64_t KvRowElems(int64_t d, KvFormat f) { return f == KvFormat::kDen
 // padded by 16 bytes do the first). The one definition: the engine's copies and reads, the
 // quantised tiles' conversion (kv_format.cuh) and tests/test_decode_tile_swizzle.py.
 constexpr int TileChunk(bool swizzle, int row, int chunk) { return swizzle ? chunk ^ (row & 7) : chunk; }
+// The element offset of that chunk in a tile whose rows are `stride` elements apart.
+constexpr int TileElem(bool swizzle, int stride, int row, int chunk) {
+  return row * stride + 8 * TileChunk(swizzle, row, chunk);
+}
 
 // The f32 dequantisation scales of a quantised cache: one element, or [Hkv, D] when *_per_channel.
 struct KvScales {

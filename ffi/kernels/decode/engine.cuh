@@ -114,15 +114,10 @@ struct SplitStages {
 
   // --- load ------------------------------------------------------------------------------------
 
-  // The element offset of 16-byte chunk `chunk` of row `row` in a K / V tile: rows kTileStride
-  // apart, and where Cfg::kSwizzle the chunks of a row XOR-ed with row % 8, so that the 8 rows an
-  // ldmatrix reads at one chunk land in 8 different 16-byte bank groups and a copy's 32-byte
-  // sectors stay whole (plan.h's Layout::swizzle).
-  static __device__ __forceinline__ int TileChunk(int row, int chunk) {
-    return joa::TileChunk(Cfg::kSwizzle, row, chunk);
-  }
+  // The element offset of 16-byte chunk `chunk` of row `row` in this layout's K / V tiles
+  // (params.h's TileElem: rows kTileStride apart, swizzled where Cfg::kSwizzle).
   static __device__ __forceinline__ int TileElem(int row, int chunk) {
-    return row * Cfg::kTileStride + 8 * TileChunk(row, chunk);
+    return joa::TileElem(Cfg::kSwizzle, Cfg::kTileStride, row, chunk);
   }
 
   // Copies rows [0, kRows) of a [kRows, kD] tile whose row i is at src + i * row_stride into the
