@@ -10,18 +10,12 @@ it. The extension's export of the same plan is checked when the extension has it
 
 import itertools
 import json
-import pathlib
-import shutil
 import subprocess
-import textwrap
 
 import pytest
 
+from host_plan import HEAD_DIMS, compile_program
 from jax_onnx_attn import _extension
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-HEAD_DIMS = (64, 80, 96, 128, 256)
-CXX = shutil.which("g++") or shutil.which("clang++")
 
 # (batch, q_heads, kv_heads, q_len, capacity) of the plans compared: decode steps of the decoders
 # (32/8 and 16/4, q_len 1 and 4), a 64-row block (32/8 q_len 16), ragged capacities (not whole 64- or
@@ -68,26 +62,9 @@ int main() {
 """
 
 
-def _binary(tmp: pathlib.Path) -> pathlib.Path:
-    gen = tmp / "generated" / "kernels" / "decode"
-    gen.mkdir(parents=True, exist_ok=True)
-    (gen / "instances.h").write_text(textwrap.dedent(f"""\
-        #pragma once
-        #define JOA_DECODE_HEAD_DIMS {", ".join(map(str, HEAD_DIMS))}
-        """))
-    src = tmp / "plan_probe.cc"
-    src.write_text(_PROGRAM)
-    exe = tmp / "plan_probe"
-    subprocess.run([CXX, "-std=c++17", "-O1", "-I", str(ROOT / "ffi"), "-I", str(tmp / "generated"),
-                    str(src), "-o", str(exe)], check=True, capture_output=True, text=True)
-    return exe
-
-
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
-    if CXX is None:
-        pytest.skip("no host C++ compiler")
-    exe = _binary(tmp_path_factory.mktemp("plan"))
+    exe = compile_program(tmp_path_factory.mktemp("plan"), _PROGRAM)
 
     def run(queries=()):
         stdin = "".join(" ".join(str(int(x)) for x in q) + "\n" for q in queries)

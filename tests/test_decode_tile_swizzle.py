@@ -11,16 +11,11 @@ brings lands in one aligned 32-byte unit of shared memory: the property the padd
 """
 
 import json
-import pathlib
-import shutil
 import subprocess
-import textwrap
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-HEAD_DIMS = (64, 80, 96, 128, 256)
-CXX = shutil.which("g++") or shutil.which("clang++")
+from host_plan import HEAD_DIMS, compile_program
 
 _PROGRAM = r"""
 #include <cstdio>
@@ -60,19 +55,7 @@ int main() {
 
 @pytest.fixture(scope="module")
 def layouts(tmp_path_factory):
-    if CXX is None:
-        pytest.skip("no host C++ compiler")
-    tmp = tmp_path_factory.mktemp("swizzle")
-    gen = tmp / "generated" / "kernels" / "decode"
-    gen.mkdir(parents=True)
-    (gen / "instances.h").write_text(textwrap.dedent(f"""\
-        #pragma once
-        #define JOA_DECODE_HEAD_DIMS {", ".join(map(str, HEAD_DIMS))}
-        """))
-    src, exe = tmp / "swizzle_probe.cc", tmp / "swizzle_probe"
-    src.write_text(_PROGRAM)
-    subprocess.run([CXX, "-std=c++17", "-O1", "-I", str(ROOT / "ffi"), "-I", str(tmp / "generated"),
-                    str(src), "-o", str(exe)], check=True, capture_output=True, text=True)
+    exe = compile_program(tmp_path_factory.mktemp("swizzle"), _PROGRAM, "swizzle_probe")
     out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
     return [json.loads(line) for line in out.splitlines()]
 

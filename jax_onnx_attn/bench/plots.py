@@ -626,7 +626,7 @@ def plot_e2e(records: Sequence[dict], phase: str = "decode", fig=None, variants:
     colors = {"ours": "black", "jax-peer": "tab:blue", "torch-peer": "tab:orange"}
     width = 0.8 / max(len(impls), 1)
     metric = "fraction of the bandwidth bound" if phase == "decode" else "fraction of the GEMM peak"
-    panels = np.atleast_1d(fig.subfigures(nrows, ncols, squeeze=False)).ravel()
+    panels = fig.subfigures(nrows, ncols, squeeze=False).ravel()
     for sub, (model, weights) in zip(panels, groups):
         own = [c for c in cases if c[:2] == (model, weights)]
         top, bottom = sub.subplots(2, 1, sharex=True)

@@ -5,8 +5,7 @@ shapes), with XLA's fp16 dot on a dense weight of the same shape beside it:
 Shapes: the ~1B (or, with "8b", the ~8B) decoder's projections (qkv, o, gate-up, down, LM head) at
 M 8 and 32 (with "m16" also 16); plans: the planner's and the forced ones of PLANS ((cluster,
 warps_n, depth)), with "d2" only those of depth 2, with "w2" also 2-warp CTAs, with "planned" the
-planner's only. Command
-buffers off, so each call is a plain stream launch the profiler sees."""
+planner's only. Command buffers off, so each call is a plain stream launch the profiler sees."""
 
 import json
 import os
