@@ -9,6 +9,7 @@
 
 #include "common/launch.h"
 #include "kernels/gemv/dense_row.cuh"
+#include "kernels/gemv/dense_rows.cuh"
 #include "kernels/gemv/epilogue.cuh"
 #include "kernels/gemv/gemv.h"
 #include "kernels/gemv/kernel.cuh"
@@ -157,6 +158,25 @@ cudaError_t LaunchDenseRowKernel(const GemvParams& p, const Plan& plan, bool pdl
                        /*max_shared=*/false, pdl, stream);
 }
 
+// The dense rows kernel (2..32 rows, dense weights; plan.dense_rows), for the plan's n8 tiles.
+// The max-shared carveout: all of x is in shared memory (up to 227 KB); W bypasses L1.
+template <typename T, class Prologue, class Epilogue>
+cudaError_t LaunchDenseRowsKernel(const GemvParams& p, const Plan& plan, bool pdl, cudaStream_t stream) {
+  const int smem = int(DenseRowsSmemBytes(p.m, p.k));
+  if (smem != plan.smem_bytes) return cudaErrorInvalidValue;  // plan.h's and the launch's shapes disagree
+  switch (plan.nt) {
+    case 1:
+      return LaunchPlanned(GemvDenseRowsKernel<T, 1, Prologue, Epilogue, kDenseRowDepth>, p, plan, smem,
+                           /*max_shared=*/true, pdl, stream);
+    case 2:
+      return LaunchPlanned(GemvDenseRowsKernel<T, 2, Prologue, Epilogue, kDenseRowDepth>, p, plan, smem,
+                           /*max_shared=*/true, pdl, stream);
+    default:
+      return LaunchPlanned(GemvDenseRowsKernel<T, 4, Prologue, Epilogue, kDenseRowDepth>, p, plan, smem,
+                           /*max_shared=*/true, pdl, stream);
+  }
+}
+
 // The rows kernel (4-bit weights in the rows layout; plan.rows): the instantiation for the plan's
 // n8 tiles, W stages in flight, stages a quantisation block (block_size 32 or 128) and occupancy
 // (only where plan.h's RowsOccupancy2Fits: the plan takes no other).
@@ -228,8 +248,11 @@ cudaError_t LaunchFormat(GemvParams p, const Plan& plan, Fusion fusion, bool pdl
       }
       return cudaErrorInvalidValue;
     }
-    if (plan.dense_row) {  // and the dense row kernel for dense weights only
-      if constexpr (kBits == 16) return LaunchDenseRowKernel<T, Pro, Epi>(p, plan, pdl, stream);
+    if (plan.dense_row || plan.dense_rows) {  // and the dense row(s) kernels for dense weights only
+      if constexpr (kBits == 16) {
+        return plan.dense_row ? LaunchDenseRowKernel<T, Pro, Epi>(p, plan, pdl, stream)
+                              : LaunchDenseRowsKernel<T, Pro, Epi>(p, plan, pdl, stream);
+      }
       return cudaErrorInvalidValue;
     }
     return LaunchTiles<T, Weights, Pro, Epi>(p, plan, pdl, stream);
