@@ -724,6 +724,59 @@ def test_dense_rows_kernel_index_maps_give_x_w(m):
     np.testing.assert_array_equal(red.sum(axis=0)[:, :16], x.astype(np.float64) @ w.astype(np.float64).T)
 
 
+@pytest.mark.parametrize("m", [2, 5, 8, 13, 32])
+def test_dense_rows_kernel_full_line_maps_give_x_w(m):
+    """dense_rows.cuh's full-line maps (kFull): the dense row kernel's loads (rows g/2 + {0, 8, 4,
+    12}, 16 bytes at k = 64 s + 32 (g & 1) + 8 t), B column c of n8 tile nt = x row 4 nt + c / 2's
+    k-slice c & 1 (zeros past M), and the row sums C[g][2 t + (g & 1)] + lane g ^ 1's into
+    red[w][m][row]: the warps' sums are exactly x W^T."""
+    dtype = np.float16
+    k = 1024
+    rng = np.random.default_rng(2)
+    w = rng.integers(-8, 8, (16, k)).astype(dtype)
+    x = rng.integers(-8, 8, (m, k)).astype(dtype)
+    tiles = -(-m // 4)
+    tiles = 1 if tiles == 1 else 2 if tiles == 2 else 4 if tiles <= 4 else 8
+    staged = np.zeros(((k // 32) * m * 4, 8), dtype)
+    for mm in range(m):
+        for j in range(k // 8):
+            staged[((j >> 2) * m + mm) * 4 + (j & 3)] = x[mm, 8 * j:8 * j + 8]
+    warps, nsteps = 8, k // 512
+    red = np.zeros((warps, m, 20))
+    for wk in range(warps):
+        acc = np.zeros((tiles, 2, 32, 4))
+        for j in range(nsteps):
+            words = []  # per lane: rows g/2 + {0, 8, 4, 12}
+            for lane in range(32):
+                g, t = lane >> 2, lane & 3
+                at = (wk * nsteps + j) * 64 + 32 * (g & 1) + 8 * t
+                words.append([_words(w[(g >> 1) + r, at:at + 8].tobytes()) for r in (0, 8, 4, 12)])
+            for nt in range(tiles):
+                xw = []
+                for lane in range(32):
+                    g, t = lane >> 2, lane & 3
+                    row = 4 * nt + (g >> 1)
+                    piece = wk * nsteps * 2 + (g & 1) + 2 * j
+                    xw.append(_words(staged[(piece * m + row) * 4 + t].tobytes()) if row < m else [0] * 4)
+                for rg in range(2):
+                    for i0, i1 in ((0, 1), (2, 3)):
+                        a = [[words[ln][2 * rg][i0], words[ln][2 * rg + 1][i0], words[ln][2 * rg][i1],
+                              words[ln][2 * rg + 1][i1]] for ln in range(32)]
+                        _mma(acc[nt, rg], a, [xw[ln][i0] for ln in range(32)], [xw[ln][i1] for ln in range(32)],
+                             dtype)
+        for nt in range(tiles):
+            for rg in range(2):
+                for h in range(2):
+                    g = np.arange(32) >> 2
+                    v = np.where(g & 1, acc[nt, rg, :, 2 * h + 1], acc[nt, rg, :, 2 * h])
+                    v = v + v[np.arange(32) ^ 4]  # __shfl_xor_sync(v, 4)
+                    for lane in range(32):
+                        gg, t = lane >> 2, lane & 3
+                        if gg & 1 == 0 and 4 * nt + t < m:
+                            red[wk, 4 * nt + t, (gg >> 1) + 4 * rg + 8 * h] = v[lane]
+    np.testing.assert_array_equal(red.sum(axis=0)[:, :16], x.astype(np.float64) @ w.astype(np.float64).T)
+
+
 def _quad_k(plan, q):
     """plan.h's QuadK: the K offset of quad q of a lane from the lane's first element."""
     per_piece = plan["quads"] // plan["pieces"]

@@ -1,9 +1,10 @@
 """Device time per call of dense half projections at decode's 8-32 rows of x: the dense rows kernel
-(ffi/kernels/gemv/dense_rows.cuh), the ring kernel (JOA_GEMV_DENSE_ROWS=0) and XLA's dot, from
+(ffi/kernels/gemv/dense_rows.cuh; its load map and carveout variants, session 25's knobs), the ring
+kernel (JOA_GEMV_DENSE_ROWS=0) and XLA's dot, from
 jax.profiler's kernel events (median of the calls), on the ~1B and ~8B decoders' projection shapes:
     python tools/probes/dense_rows_times.py OUT.json [m8]
-Each call reads a different copy of W (>= 256 MB of copies: no shape stays in the 50 MB L2). With
-"m8" only M 8. Command buffers off, so each call is a plain stream launch the profiler sees."""
+Each call reads a different copy of W (>= 256 MB of copies: no shape stays in the 50 MB L2). M 8 and
+32 (with "m8" only 8). Command buffers off, so each call is a plain stream launch the profiler sees."""
 
 import json
 import os
@@ -47,7 +48,7 @@ def device_us(fn, args, match, calls):
 
 
 def main():
-    ms = (8,) if "m8" in sys.argv[2:] else (8, 16, 32)
+    ms = (8,) if "m8" in sys.argv[2:] else (8, 32)
     rng = np.random.default_rng(0)
     out = []
     for k, n, what in SHAPES:
@@ -60,15 +61,26 @@ def main():
             row = {"what": what, "k": k, "n": n, "m": m, "w_bytes": w_bytes, "copies": copies,
                    "plan": {f: v for f, v in cuda_matmul.gemv_plan(m, n, k, 16, False, slots=True).items()
                             if f in ("dense_rows", "ctas_per_sm", "grid", "smem_bytes", "error")}}
-            for impl, env, match in (("dense-rows", "1", ("GemvDenseRows",)), ("ring", "0", ("GemvKernel",)),
-                                     ("xla", None, None)):
+            # A different x for each copy of W: XLA would otherwise fuse the dots sharing x into one
+            # over the concatenated weights (a copy of every W a call).
+            xs = [x * jnp.float16(1 + i / 64) for i in range(copies)]
+            impls = [(f"dense-rows[{loads},{carve}]", "1", ("GemvDenseRows",), loads, carve)
+                     for loads in ("half", "full") for carve in ("max", "fit", "default")]
+            impls += [("ring", "0", ("GemvKernel",), None, None), ("xla", None, None, None, None)]
+            ours = {}  # one trace per JOA_GEMV_DENSE_ROWS (read at trace time); the knobs per launch
+            for impl, env, match, loads, carve in impls:
                 if env is not None:
                     os.environ[cuda_matmul.DENSE_ROWS_ENV] = env
-                    fn = jax.jit(lambda x, ws: jnp.stack([cuda_matmul.linear(x, t)[0, :8] for t in ws]))
+                    if loads is not None:  # read by the launch (ffi/kernels/gemv/launch.cuh), per call
+                        os.environ["JOA_DENSE_ROWS_LOADS"], os.environ["JOA_DENSE_ROWS_CARVEOUT"] = loads, carve
+                    if env not in ours:
+                        ours[env] = jax.jit(lambda xs, ws: jnp.stack([cuda_matmul.linear(x, t).sum(0)
+                                                                     for x, t in zip(xs, ws)]))
+                    fn = ours[env]
                 else:
-                    fn = jax.jit(lambda x, ws: jnp.stack([(x @ t.T)[0, :8] for t in ws]))
+                    fn = jax.jit(lambda xs, ws: jnp.stack([(x @ t.T).sum(0) for x, t in zip(xs, ws)]))
                 try:
-                    us, kernels = device_us(fn, (x, ws), match, copies)
+                    us, kernels = device_us(fn, (xs, ws), match, copies)
                 except Exception as e:  # a shape a kernel refuses is a result
                     row[impl] = {"skip": f"{type(e).__name__}: {str(e)[:120]}"}
                     continue
@@ -77,7 +89,8 @@ def main():
                               for kk, v in row.items() if kk != "plan"}), flush=True)
             out.append(row)
         del ws, w0
-    os.environ.pop(cuda_matmul.DENSE_ROWS_ENV, None)
+    for var in (cuda_matmul.DENSE_ROWS_ENV, "JOA_DENSE_ROWS_LOADS", "JOA_DENSE_ROWS_CARVEOUT"):
+        os.environ.pop(var, None)
     doc = {"suite": "dense-rows-times", "commit": os.environ.get("JOA_GIT_COMMIT", "unknown"),
            "gpu": jax.devices()[0].device_kind, "jax": jax.__version__,
            "what": "tools/probes/dense_rows_times.py " + " ".join(sys.argv[2:]) + ": profiler device time per call "

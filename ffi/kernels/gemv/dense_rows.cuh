@@ -35,8 +35,12 @@ namespace joa::gemv {
 
 // NT n8 tiles of x rows (M <= 8 NT). Needs K % (64 kWarps) == 0 and N % 16 == 0 (DenseRowsLayout).
 // Two CTAs an SM below NT 4 (128 registers a thread), one at NT 4 (its 32 accumulators).
-template <typename T, int NT, class Prologue, class Epilogue, int kDepth>
-__global__ void __launch_bounds__(kThreads, NT == 4 ? 1 : 2) GemvDenseRowsKernel(const __grid_constant__ GemvParams p) {
+// kFull (an experiment, session 25): the dense row kernel's loads (8 lanes a 128-byte line: rows
+// g/2 + {0, 8, 4, 12} at k = 64 s + 32 (g & 1) + 8 t), MMA row g holding k-slice g & 1 of its W
+// row, so B column c is (x row 4 nt + c / 2, slice c & 1): NT = ceil(M / 4) tiles, twice the MMAs,
+// and a row's sum C[g][2 t + (g & 1)] + the same of lane g ^ 1.
+template <typename T, int NT, class Prologue, class Epilogue, int kDepth, bool kFull = false>
+__global__ void __launch_bounds__(kThreads, (kFull ? NT > 4 : NT == 4) ? 1 : 2) GemvDenseRowsKernel(const __grid_constant__ GemvParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int M = p.m, K = p.k;
   uint4* s_x = reinterpret_cast<uint4*>(smem);
@@ -51,7 +55,8 @@ __global__ void __launch_bounds__(kThreads, NT == 4 ? 1 : 2) GemvDenseRowsKernel
   const int tiles = (p.blocks - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x);
   const int steps = tiles * nsteps;
   const int64_t row_bytes = int64_t(K) * 2;
-  const int64_t lane_off = int64_t(g) * row_bytes + (int64_t(wk) * nsteps * 64 + 8 * t) * 2;
+  const int64_t lane_off = kFull ? int64_t(g >> 1) * row_bytes + (int64_t(wk) * nsteps * 64 + 32 * (g & 1) + 8 * t) * 2
+                                 : int64_t(g) * row_bytes + (int64_t(wk) * nsteps * 64 + 8 * t) * 2;
 
   ptx::LaunchDependents();
 
@@ -65,10 +70,17 @@ __global__ void __launch_bounds__(kThreads, NT == 4 ? 1 : 2) GemvDenseRowsKernel
         const int tile = int(blockIdx.x) + ld_it * int(gridDim.x);
         wp = static_cast<const uint8_t*>(p.w) + int64_t(tile) * 16 * row_bytes + lane_off;
       }
-      st.w[0] = LoadStream16(wp);
-      st.w[1] = LoadStream16(wp + 8 * row_bytes);
-      st.w[2] = LoadStream16(wp + 64);
-      st.w[3] = LoadStream16(wp + 8 * row_bytes + 64);
+      if constexpr (kFull) {
+        st.w[0] = LoadStream16(wp);
+        st.w[1] = LoadStream16(wp + 8 * row_bytes);
+        st.w[2] = LoadStream16(wp + 4 * row_bytes);
+        st.w[3] = LoadStream16(wp + 12 * row_bytes);
+      } else {
+        st.w[0] = LoadStream16(wp);
+        st.w[1] = LoadStream16(wp + 8 * row_bytes);
+        st.w[2] = LoadStream16(wp + 64);
+        st.w[3] = LoadStream16(wp + 8 * row_bytes + 64);
+      }
       wp += 128;
     }
     ++ld_step;
@@ -118,8 +130,9 @@ __global__ void __launch_bounds__(kThreads, NT == 4 ? 1 : 2) GemvDenseRowsKernel
   int xstep[NT];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
-    const int m = 8 * nt + g;
-    xb[nt] = m < M ? s_x + (wk * nsteps * 2 * M + m) * 4 + t : s_zero;
+    const int m = kFull ? 4 * nt + (g >> 1) : 8 * nt + g;
+    const int piece0 = wk * nsteps * 2 + (kFull ? (g & 1) : 0);
+    xb[nt] = m < M ? s_x + (piece0 * M + m) * 4 + t : s_zero;
     xstep[nt] = m < M ? 4 * M : 0;  // units from one 32-k piece to the next
   }
 
@@ -130,16 +143,16 @@ __global__ void __launch_bounds__(kThreads, NT == 4 ? 1 : 2) GemvDenseRowsKernel
     for (int s = 0; s < kDepth; ++s) {
       if (i0 + s >= steps) break;
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
+      for (int c = 0; c < 2; ++c) {  // kFull: c is the row group rg (rows g/2 + 4 rg, + 8)
         const uint4& lo = buf[s].w[2 * c];
         const uint4& hi = buf[s].w[2 * c + 1];
         const uint32_t a0[4] = {lo.x, hi.x, lo.y, hi.y};
         const uint32_t a1[4] = {lo.z, hi.z, lo.w, hi.w};
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-          const uint4 xv = xb[nt][(2 * j + c) * xstep[nt]];
-          ptx::Mma16816Free<T>(acc[nt][0], a0, xv.x, xv.y);
-          ptx::Mma16816Free<T>(acc[nt][1], a1, xv.z, xv.w);
+          const uint4 xv = xb[nt][(kFull ? 2 * j : 2 * j + c) * xstep[nt]];
+          ptx::Mma16816Free<T>(acc[nt][kFull ? c : 0], a0, xv.x, xv.y);
+          ptx::Mma16816Free<T>(acc[nt][kFull ? c : 1], a1, xv.z, xv.w);
         }
       }
       load_next(buf[s]);  // step i + kDepth into the registers just consumed
@@ -151,13 +164,32 @@ __global__ void __launch_bounds__(kThreads, NT == 4 ? 1 : 2) GemvDenseRowsKernel
       float* red = s_red + (it & 1) * kWarps * M * kDenseRowsRedStride;
       const int tile = int(blockIdx.x) + it * int(gridDim.x);
       ++it;
+      if constexpr (kFull) {
+        // Lane (g, t): C[g][2 t + (g & 1)] is W row g/2 + 4 rg (+ 8 h) over k-slice g & 1 against x
+        // row 4 nt + t; lane g ^ 1 (lane ^ 4) holds the other slice.
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
+        for (int nt = 0; nt < NT; ++nt) {
+          const int m = 4 * nt + t;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int m = 8 * nt + 2 * t + (e & 1);
-          if (m < M) red[(wk * M + m) * kDenseRowsRedStride + g + 8 * (e >> 1)] = acc[nt][0][e] + acc[nt][1][e];
-          acc[nt][0][e] = acc[nt][1][e] = 0.f;
+          for (int rg = 0; rg < 2; ++rg) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              float v = (g & 1) ? acc[nt][rg][2 * h + 1] : acc[nt][rg][2 * h];
+              v += __shfl_xor_sync(0xffffffffu, v, 4);
+              if ((g & 1) == 0 && m < M) red[(wk * M + m) * kDenseRowsRedStride + (g >> 1) + 4 * rg + 8 * h] = v;
+              acc[nt][rg][2 * h] = acc[nt][rg][2 * h + 1] = 0.f;
+            }
+          }
+        }
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int m = 8 * nt + 2 * t + (e & 1);
+            if (m < M) red[(wk * M + m) * kDenseRowsRedStride + g + 8 * (e >> 1)] = acc[nt][0][e] + acc[nt][1][e];
+            acc[nt][0][e] = acc[nt][1][e] = 0.f;
+          }
         }
       }
       __syncthreads();
