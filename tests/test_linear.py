@@ -465,55 +465,15 @@ def test_plan_takes_the_dense_row_kernel_for_one_row_of_dense_weights():
             # x, a zero unit, two sets of 8 warps' 16 partial row sums, the norm's warp sums.
             assert p["smem_bytes"] == 2 * k + 16 + 2 * 8 * 16 * 4 + 8 * 4 <= 115712
             assert p == _plan(1, n, k, 16, gated, norm, slots=True)
-    # Anything else keeps the ring kernel: K not a multiple of 512, N not of 16, a forced layout,
-    # the switch off, n-bit weights (more rows: the dense rows kernel, below).
-    for args, kw in (((1, 2048, 2304, 16, False), {}),
+    # Anything else keeps the ring kernel: more rows, K not a multiple of 512, N not of 16, a
+    # forced layout, the switch off, n-bit weights.
+    for args, kw in (((2, 2048, 2048, 16, False), {}), ((1, 2048, 2304, 16, False), {}),
                      ((1, 2056, 2048, 16, False), {}), ((1, 2048, 2048, 16, False), dict(cluster=1)),
                      ((1, 2048, 2048, 16, False), dict(warps_k=8)),
                      ((1, 2048, 2048, 4, False), dict(wide=True, block_size=32))):
         p = _plan(*args, slots=True, **kw)
         assert p["error"] is None and not p["dense_row"], (args, kw)
     assert not _plan(1, 2048, 2048, 16, False)["dense_row"]
-
-
-def test_plan_takes_the_dense_rows_kernel_where_all_of_x_fits():
-    # 2..32 rows of dense weights: the dense rows kernel (dense_rows.cuh) where x, a zero unit, two
-    # sets of the 8 warps' [M][20] f32 partial sums and 32 inverse RMS fit one CTA's shared memory;
-    # two CTAs an SM where they fit twice and M <= 16 (the kernel's register cap at NT <= 2).
-    taken = 0
-    for k, n in MODEL_SHAPES:
-        for m in (2, 3, 8, 9, 16, 17, 32):
-            for gated, norm in ((False, False), (True, True)):
-                p = _plan(m, n, k, 16, gated, norm, slots=True)
-                smem = m * k * 2 + 16 + 2 * 8 * m * 20 * 4 + 4 * 32
-                assert p["error"] is None and not p["dense_row"], p
-                if smem > 232448:  # ~8B down at M 8, K 4096 at M 32: the ring kernel
-                    assert not p["dense_rows"], (m, k, n)
-                    continue
-                taken += 1
-                assert p["dense_rows"] and p["smem_bytes"] == smem, (m, k, n, p)
-                ctas = 2 if smem <= 115712 and m <= 16 else 1
-                assert p["ctas_per_sm"] == ctas and p["grid"] == min(n // 16, 132 * ctas), (m, k, n, p)
-                assert p["warps_k"] == 8 and p["rows_block"] == 16 and p["cluster"] == 1
-                assert p["nt"] == (1 if m <= 8 else 2 if m <= 16 else 4)
-    assert taken > 100
-    # Not without the switch (slots), with a forced layout, or K / N off the kernel's steps.
-    for args, kw in (((8, 2048, 2048, 16, False), {}), ((8, 2048, 2048, 16, False), dict(slots=True, cluster=1)),
-                     ((8, 2048, 2304, 16, False), dict(slots=True)), ((8, 2056, 2048, 16, False), dict(slots=True))):
-        assert not _plan(*args, **kw).get("dense_rows"), (args, kw)
-
-
-def test_dense_rows_are_chosen_by_the_environment_default_on(monkeypatch):
-    monkeypatch.delenv(cuda_matmul.DENSE_ROWS_ENV, raising=False)
-    assert cuda_matmul.dense_rows_enabled() and cuda_matmul.one_row_kernels(8)
-    monkeypatch.setenv(cuda_matmul.DENSE_ROWS_ENV, "0")
-    assert not cuda_matmul.one_row_kernels(8)
-    monkeypatch.setenv(cuda_matmul.DENSE_ROW_ENV, "0")
-    monkeypatch.setenv(cuda_matmul.DENSE_ROWS_ENV, "1")
-    assert cuda_matmul.one_row_kernels(2) and not cuda_matmul.one_row_kernels(1)
-    monkeypatch.setenv(cuda_matmul.DENSE_ROWS_ENV, "yes")
-    with pytest.raises(ValueError, match=cuda_matmul.DENSE_ROWS_ENV):
-        cuda_matmul.dense_rows_enabled()
 
 
 # --- NumPy emulation of the kernel's index maps --------------------------------------------------
@@ -671,110 +631,6 @@ def test_dense_row_kernel_index_maps_give_x_w(k):
                 for lane in range(0, 32, 8):  # t == 0, g even
                     red[wk, (lane >> 3) + 4 * rg + 8 * h] = v[lane]
     np.testing.assert_array_equal(red.sum(axis=0), w.astype(np.float64) @ x.astype(np.float64))
-
-
-@pytest.mark.parametrize("m", [2, 8, 11, 32])
-def test_dense_rows_kernel_index_maps_give_x_w(m):
-    """ffi/kernels/gemv/dense_rows.cuh's maps, one tile, on the register words: each warp's loads
-    (rows g and g + 8, 16 bytes at k = 64 s + 32 c + 8 t), the words as A fragments (x, y / z, w),
-    the B units from x staged as [K / 32][M][32] (lane (g, t) of n8 tile nt: row 8 nt + g's unit
-    t of the 32-k piece, zeros past M), and the C fragments' slots in red[w][m][row]: the warps'
-    sums are exactly x W^T."""
-    dtype = np.float16
-    k = 1024
-    rng = np.random.default_rng(1)
-    w = rng.integers(-8, 8, (16, k)).astype(dtype)
-    x = rng.integers(-8, 8, (m, k)).astype(dtype)
-    nt_tiles = 1 if m <= 8 else 2 if m <= 16 else 4
-    units = k // 8
-    staged = np.zeros(((k // 32) * m * 4, 8), dtype)  # x_at(m, j) = ((j / 4) M + m) 4 + j % 4
-    for mm in range(m):
-        for j in range(units):
-            staged[((j >> 2) * m + mm) * 4 + (j & 3)] = x[mm, 8 * j:8 * j + 8]
-    warps, nsteps = 8, k // 512
-    red = np.zeros((warps, m, 20))
-    for wk in range(warps):
-        acc = np.zeros((nt_tiles, 2, 32, 4))
-        for j in range(nsteps):
-            for c in range(2):
-                lo, hi = [], []
-                for lane in range(32):
-                    g, t = lane >> 2, lane & 3
-                    at = (wk * nsteps + j) * 64 + 32 * c + 8 * t
-                    lo.append(_words(w[g, at:at + 8].tobytes()))
-                    hi.append(_words(w[g + 8, at:at + 8].tobytes()))
-                for nt in range(nt_tiles):
-                    xw = []
-                    for lane in range(32):
-                        g, t = lane >> 2, lane & 3
-                        row = 8 * nt + g
-                        unit = ((wk * nsteps * 2 * m + row) * 4 + t + (2 * j + c) * 4 * m) if row < m else None
-                        xw.append(_words(staged[unit].tobytes()) if unit is not None else [0] * 4)
-                    for chain, (i0, i1) in enumerate(((0, 1), (2, 3))):
-                        a = [[lo[ln][i0], hi[ln][i0], lo[ln][i1], hi[ln][i1]] for ln in range(32)]
-                        _mma(acc[nt, chain], a, [xw[ln][i0] for ln in range(32)],
-                             [xw[ln][i1] for ln in range(32)], dtype)
-        for nt in range(nt_tiles):
-            for lane in range(32):
-                g, t = lane >> 2, lane & 3
-                for e in range(4):
-                    row_x = 8 * nt + 2 * t + (e & 1)
-                    if row_x < m:
-                        red[wk, row_x, g + 8 * (e >> 1)] = acc[nt, 0, lane, e] + acc[nt, 1, lane, e]
-    np.testing.assert_array_equal(red.sum(axis=0)[:, :16], x.astype(np.float64) @ w.astype(np.float64).T)
-
-
-@pytest.mark.parametrize("m", [2, 5, 8, 13, 32])
-def test_dense_rows_kernel_full_line_maps_give_x_w(m):
-    """dense_rows.cuh's full-line maps (kFull): the dense row kernel's loads (rows g/2 + {0, 8, 4,
-    12}, 16 bytes at k = 64 s + 32 (g & 1) + 8 t), B column c of n8 tile nt = x row 4 nt + c / 2's
-    k-slice c & 1 (zeros past M), and the row sums C[g][2 t + (g & 1)] + lane g ^ 1's into
-    red[w][m][row]: the warps' sums are exactly x W^T."""
-    dtype = np.float16
-    k = 1024
-    rng = np.random.default_rng(2)
-    w = rng.integers(-8, 8, (16, k)).astype(dtype)
-    x = rng.integers(-8, 8, (m, k)).astype(dtype)
-    tiles = -(-m // 4)
-    tiles = 1 if tiles == 1 else 2 if tiles == 2 else 4 if tiles <= 4 else 8
-    staged = np.zeros(((k // 32) * m * 4, 8), dtype)
-    for mm in range(m):
-        for j in range(k // 8):
-            staged[((j >> 2) * m + mm) * 4 + (j & 3)] = x[mm, 8 * j:8 * j + 8]
-    warps, nsteps = 8, k // 512
-    red = np.zeros((warps, m, 20))
-    for wk in range(warps):
-        acc = np.zeros((tiles, 2, 32, 4))
-        for j in range(nsteps):
-            words = []  # per lane: rows g/2 + {0, 8, 4, 12}
-            for lane in range(32):
-                g, t = lane >> 2, lane & 3
-                at = (wk * nsteps + j) * 64 + 32 * (g & 1) + 8 * t
-                words.append([_words(w[(g >> 1) + r, at:at + 8].tobytes()) for r in (0, 8, 4, 12)])
-            for nt in range(tiles):
-                xw = []
-                for lane in range(32):
-                    g, t = lane >> 2, lane & 3
-                    row = 4 * nt + (g >> 1)
-                    piece = wk * nsteps * 2 + (g & 1) + 2 * j
-                    xw.append(_words(staged[(piece * m + row) * 4 + t].tobytes()) if row < m else [0] * 4)
-                for rg in range(2):
-                    for i0, i1 in ((0, 1), (2, 3)):
-                        a = [[words[ln][2 * rg][i0], words[ln][2 * rg + 1][i0], words[ln][2 * rg][i1],
-                              words[ln][2 * rg + 1][i1]] for ln in range(32)]
-                        _mma(acc[nt, rg], a, [xw[ln][i0] for ln in range(32)], [xw[ln][i1] for ln in range(32)],
-                             dtype)
-        for nt in range(tiles):
-            for rg in range(2):
-                for h in range(2):
-                    g = np.arange(32) >> 2
-                    v = np.where(g & 1, acc[nt, rg, :, 2 * h + 1], acc[nt, rg, :, 2 * h])
-                    v = v + v[np.arange(32) ^ 4]  # __shfl_xor_sync(v, 4)
-                    for lane in range(32):
-                        gg, t = lane >> 2, lane & 3
-                        if gg & 1 == 0 and 4 * nt + t < m:
-                            red[wk, 4 * nt + t, (gg >> 1) + 4 * rg + 8 * h] = v[lane]
-    np.testing.assert_array_equal(red.sum(axis=0)[:, :16], x.astype(np.float64) @ w.astype(np.float64).T)
 
 
 def _quad_k(plan, q):

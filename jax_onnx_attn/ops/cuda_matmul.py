@@ -21,16 +21,12 @@ from jax_onnx_attn.ops import partitioning
 
 #: Bits per weight element of the dense format in the plan (the n-bit formats are 4 and 8).
 DENSE_BITS = 16
-#: Rows of x the engine takes (ffi/kernels/gemv/plan.h's kMaxM).
-MAX_ROWS = 32
 #: The environment variable that selects the wide (two-piece) n-bit format by default.
 NBITS_WIDE_ENV = "JOA_GEMV_NBITS_WIDE"
 #: The environment variable that lets one row of 4-bit wide weights take the slots kernel.
 SLOTS_ENV = "JOA_GEMV_SLOTS"
 #: The environment variable that lets one row of dense weights take the dense row kernel.
 DENSE_ROW_ENV = "JOA_GEMV_DENSE_ROW"
-#: The environment variable that lets 2..32 rows of dense weights take the dense rows kernel.
-DENSE_ROWS_ENV = "JOA_GEMV_DENSE_ROWS"
 #: The environment variable that stores 4-bit weights in the rows layout for decode sessions of
 #: batch >= 2 (`rows_layout_enabled`).
 ROWS_ENV = "JOA_GEMV_ROWS"
@@ -86,22 +82,6 @@ def dense_row_enabled() -> bool:
     JOA_GEMV_DENSE_ROW=0 keeps the ring kernel (read at trace time, here only). It is also what
     lets `ops.linear`'s "auto" put one-row dense projections on ours (`ops.linear.kernel_formats`)."""
     return _switch(DENSE_ROW_ENV)
-
-
-def dense_rows_enabled() -> bool:
-    """Whether 2..32 rows of x against dense half weights (K a multiple of 512, N of 16, all of x in
-    shared memory) run on the dense rows kernel (ffi/kernels/gemv/dense_rows.cuh: the dense row
-    kernel's weight stream, x's rows as the MMA's B columns) rather than the ring kernel; with
-    `ops.linear`'s "auto" it is what puts batched decode steps' dense projections on ours instead
-    of XLA's GEMM (`ops.linear.kernel_formats`). JOA_GEMV_DENSE_ROWS=0 keeps both as before (read at
-    trace time, here only)."""
-    return _switch(DENSE_ROWS_ENV)
-
-
-def one_row_kernels(rows: int) -> bool:
-    """The `slots` flag of a dense `linear` call of `rows` rows of x: whether it may take the dense
-    row kernel (one row) or the dense rows kernel (2..32), as the environment allows."""
-    return dense_row_enabled() if rows == 1 else dense_rows_enabled()
 
 
 def rows_layout_enabled() -> bool:
@@ -239,14 +219,14 @@ def _per_example_plan(bits: int):
     """pin of a folded call (vmap): the per-example plan's cluster and K split, so the folded rows
     are reduced as each example's own call reduces them; None (one call per example) where the
     folded rows leave the engine's plan, or where each example's call takes a one-row kernel
-    (slots, dense row or dense rows: no folded call reduces the same way)."""
+    (slots or dense row: no folded call reduces the same way)."""
     def pin(static, axis_size, x, w, *rest):
         rows, n_rows, k = x.shape[0], w.shape[0], x.shape[1]
         norm = rest[-1] is not None
         wide = static.get("wide")
         plan = gemv_plan(rows, n_rows, k, bits, static["gated"], norm, static["cluster"],
                          static["warps_k"], wide, static.get("block_size", 0), static.get("slots", False))
-        if plan["error"] or plan["slots"] or plan["dense_row"] or plan.get("dense_rows"):
+        if plan["error"] or plan["slots"] or plan["dense_row"]:
             return None
         folded = gemv_plan(axis_size * rows, n_rows, k, bits, static["gated"], norm,
                            plan["cluster"], plan["warps_k"], wide)
@@ -413,11 +393,11 @@ def linear(x, w, bias=None, residual=None, norm_weight=None, *, eps: float = 1e-
     norm_weight [K] or None. pdl: programmatic dependent launch (W is read before the previous
     kernel has finished: only for weights no kernel of the program writes). cluster / warps_k > 0
     override the plan. One row takes the dense row kernel where the plan has it and
-    `dense_row_enabled()`, 2..32 rows the dense rows kernel where the plan has it and
-    `dense_rows_enabled()` (decided here at trace time; results within the dtype's tolerance of the
-    ring kernel's, not the same bits)."""
+    `dense_row_enabled()` (decided here at trace time; results within the dtype's tolerance of the
+    ring kernel's, not the same bits).
+    """
     static = dict(eps=eps, gated=gated, pdl=pdl, cluster=cluster, warps_k=warps_k,
-                  slots=one_row_kernels(x.shape[0]))
+                  slots=dense_row_enabled())
     return partitioning.LINEAR.apply(_linear, (x, w, bias, residual, norm_weight), static,
                                      pin=_per_example_plan(DENSE_BITS))
 

@@ -561,9 +561,9 @@ def _kernel_unsupported(x, n_rows, bits, gated, norm, block_size=0, backend="aut
         return f"JOA_LINEAR_KERNELS={formats}: XLA's GEMM runs these weights"
     if backend == "auto" and formats == "nbits" and bits == cuda_matmul.DENSE_BITS:
         m = math.prod(x.shape[:-1])
-        if not (cuda_matmul.one_row_kernels(m) and _dense_row(m, n_rows, x.shape[-1], gated, norm)):
-            return (f"JOA_LINEAR_KERNELS={formats}: XLA's GEMM runs dense weights but for up to 32 "
-                    "rows on the dense row(s) kernels where they take the shape")
+        if m != 1 or not cuda_matmul.dense_row_enabled() or not _dense_row(n_rows, x.shape[-1], gated, norm):
+            return (f"JOA_LINEAR_KERNELS={formats}: XLA's GEMM runs dense weights but for one row on "
+                    "the dense row kernel")
     if record_layout:
         return cuda_matmul.record_unsupported(math.prod(x.shape[:-1]), n_rows, x.shape[-1], block_size,
                                               gated, norm)
@@ -574,16 +574,13 @@ def _kernel_unsupported(x, n_rows, bits, gated, norm, block_size=0, backend="aut
                                    norm, block_size, wide=wide)
 
 
-def _dense_row(m, n_rows, k, gated, norm) -> bool:
-    """Whether m rows of x against these dense weights take the dense row kernel (one row) or the
-    dense rows kernel (2..32)."""
-    if m > cuda_matmul.MAX_ROWS:
-        return False
+def _dense_row(n_rows, k, gated, norm) -> bool:
+    """Whether one row of x against these dense weights takes the dense row kernel."""
     try:
-        plan = cuda_matmul.gemv_plan(m, n_rows, k, cuda_matmul.DENSE_BITS, gated, norm, slots=True)
+        return bool(cuda_matmul.gemv_plan(1, n_rows, k, cuda_matmul.DENSE_BITS, gated, norm,
+                                          slots=True)["dense_row"])
     except RuntimeError:  # no extension: the kernels do not run here
         return False
-    return bool(plan["dense_row"] or plan.get("dense_rows"))
 
 
 def linear(x, w, bias=None, *, residual=None, norm_weight=None, norm_epsilon: float = 1e-6,

@@ -5,12 +5,10 @@
 
 #include <cuda_runtime.h>
 
-#include <cstdlib>
 #include <type_traits>
 
 #include "common/launch.h"
 #include "kernels/gemv/dense_row.cuh"
-#include "kernels/gemv/dense_rows.cuh"
 #include "kernels/gemv/epilogue.cuh"
 #include "kernels/gemv/gemv.h"
 #include "kernels/gemv/kernel.cuh"
@@ -28,7 +26,7 @@ namespace joa::gemv {
 // Under a LaunchRecorder (the record stage) the launch is recorded instead (common/launch.h).
 template <class Kernel>
 cudaError_t LaunchPlanned(Kernel* kernel, const GemvParams& p, const Plan& plan, int smem, bool max_shared,
-                          bool pdl, cudaStream_t stream, int threads = kThreads, int carveout = -1) {
+                          bool pdl, cudaStream_t stream, int threads = kThreads) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(plan.grid));
   cfg.blockDim = dim3(unsigned(threads));
@@ -36,12 +34,12 @@ cudaError_t LaunchPlanned(Kernel* kernel, const GemvParams& p, const Plan& plan,
   cfg.stream = stream;
   if (LaunchRecorder* recorder = LaunchRecorder::Active()) {
     return recorder->Add(reinterpret_cast<const void*>(kernel), cfg, unsigned(plan.cluster > 1 ? plan.cluster : 1),
-                         pdl, /*needs_function_attributes=*/max_shared || carveout >= 0 || plan.cluster > 8, p);
+                         pdl, /*needs_function_attributes=*/max_shared || plan.cluster > 8, p);
   }
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (err == cudaSuccess && (max_shared || carveout >= 0)) {
+  if (err == cudaSuccess && max_shared) {
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                               max_shared ? int(cudaSharedmemCarveoutMaxShared) : carveout);
+                               int(cudaSharedmemCarveoutMaxShared));
   }
   if (err == cudaSuccess && plan.cluster > 8) {
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
@@ -159,52 +157,6 @@ cudaError_t LaunchDenseRowKernel(const GemvParams& p, const Plan& plan, bool pdl
                        /*max_shared=*/false, pdl, stream);
 }
 
-// The dense rows kernel (2..32 rows, dense weights; plan.dense_rows), for the plan's n8 tiles.
-// The max-shared carveout: all of x is in shared memory (up to 227 KB); W bypasses L1.
-// Session 25 experiment knobs (read per launch; to be removed once measured):
-// JOA_DENSE_ROWS_LOADS=half|full, JOA_DENSE_ROWS_CARVEOUT=max|fit|default.
-inline bool DenseRowsFullLines() {
-  const char* v = std::getenv("JOA_DENSE_ROWS_LOADS");
-  return v != nullptr && v[0] == 'f';
-}
-inline int DenseRowsCarveout(const Plan& plan, bool* max_shared) {
-  const char* v = std::getenv("JOA_DENSE_ROWS_CARVEOUT");
-  *max_shared = v == nullptr || v[0] == 'm';
-  if (v != nullptr && v[0] == 'f') {  // the smallest carveout that holds ctas_per_sm CTAs
-    const int64_t need = int64_t(plan.ctas_per_sm) * (plan.smem_bytes + 1024);
-    return int(std::min<int64_t>(100, (need * 100 + 233471) / 233472));
-  }
-  return -1;
-}
-
-template <typename T, class Prologue, class Epilogue, int NT, bool kFull>
-cudaError_t LaunchDenseRowsTiles(const GemvParams& p, const Plan& plan, int smem, bool pdl, cudaStream_t stream) {
-  bool max_shared = true;
-  const int carveout = DenseRowsCarveout(plan, &max_shared);
-  return LaunchPlanned(GemvDenseRowsKernel<T, NT, Prologue, Epilogue, kDenseRowDepth, kFull>, p, plan, smem,
-                       max_shared, pdl, stream, kThreads, carveout);
-}
-
-template <typename T, class Prologue, class Epilogue>
-cudaError_t LaunchDenseRowsKernel(const GemvParams& p, const Plan& plan, bool pdl, cudaStream_t stream) {
-  const int smem = int(DenseRowsSmemBytes(p.m, p.k));
-  if (smem != plan.smem_bytes) return cudaErrorInvalidValue;  // plan.h's and the launch's shapes disagree
-  if (DenseRowsFullLines()) {
-    switch ((p.m + 3) / 4) {
-      case 1: return LaunchDenseRowsTiles<T, Prologue, Epilogue, 1, true>(p, plan, smem, pdl, stream);
-      case 2: return LaunchDenseRowsTiles<T, Prologue, Epilogue, 2, true>(p, plan, smem, pdl, stream);
-      case 3:
-      case 4: return LaunchDenseRowsTiles<T, Prologue, Epilogue, 4, true>(p, plan, smem, pdl, stream);
-      default: return LaunchDenseRowsTiles<T, Prologue, Epilogue, 8, true>(p, plan, smem, pdl, stream);
-    }
-  }
-  switch (plan.nt) {
-    case 1: return LaunchDenseRowsTiles<T, Prologue, Epilogue, 1, false>(p, plan, smem, pdl, stream);
-    case 2: return LaunchDenseRowsTiles<T, Prologue, Epilogue, 2, false>(p, plan, smem, pdl, stream);
-    default: return LaunchDenseRowsTiles<T, Prologue, Epilogue, 4, false>(p, plan, smem, pdl, stream);
-  }
-}
-
 // The rows kernel (4-bit weights in the rows layout; plan.rows): the instantiation for the plan's
 // n8 tiles, W stages in flight, stages a quantisation block (block_size 32 or 128) and occupancy
 // (only where plan.h's RowsOccupancy2Fits: the plan takes no other).
@@ -276,11 +228,8 @@ cudaError_t LaunchFormat(GemvParams p, const Plan& plan, Fusion fusion, bool pdl
       }
       return cudaErrorInvalidValue;
     }
-    if (plan.dense_row || plan.dense_rows) {  // and the dense row(s) kernels for dense weights only
-      if constexpr (kBits == 16) {
-        return plan.dense_row ? LaunchDenseRowKernel<T, Pro, Epi>(p, plan, pdl, stream)
-                              : LaunchDenseRowsKernel<T, Pro, Epi>(p, plan, pdl, stream);
-      }
+    if (plan.dense_row) {  // and the dense row kernel for dense weights only
+      if constexpr (kBits == 16) return LaunchDenseRowKernel<T, Pro, Epi>(p, plan, pdl, stream);
       return cudaErrorInvalidValue;
     }
     return LaunchTiles<T, Weights, Pro, Epi>(p, plan, pdl, stream);

@@ -136,10 +136,6 @@ struct Plan {
   // One row of dense weights on the dense row kernel (dense_row.cuh): the slots kernel's geometry
   // (one 16-row tile a CTA at a time, warps splitting K, W straight into registers), no cluster.
   bool dense_row = false;
-  // 2..32 rows of dense weights on the dense rows kernel (dense_rows.cuh): the dense row kernel's
-  // geometry (one 16-row tile a CTA at a time, warps splitting K, W straight into registers), x's
-  // rows as the MMA's B columns; ctas_per_sm 2 or 1 as its shared memory (all of x) allows.
-  bool dense_rows = false;
   // 4-bit weights in the rows layout on the rows kernel (rows.cuh; MakeRowsPlan): cluster = its K
   // split, warps_n = row groups (warps) a CTA, stages = W stages a warp has in flight, ctas_per_sm =
   // its occupancy (1 or 2: the kernel's register cap, RowsOccupancy2Fits), rows_block = the CTA's W
@@ -234,7 +230,7 @@ inline constexpr int kSlotsCluster = 2;
 
 // The geometry the one-row kernels share (slots.cuh, dense_row.cuh): a CTA's kWarps warps split
 // K of one 16-row tile at a time, persistent CTAs (clusters of `cluster`), two an SM, no ring.
-inline void OneRowGeometry(Plan& p, int cluster, int red_stride, int ctas_per_sm = 2) {
+inline void OneRowGeometry(Plan& p, int cluster, int red_stride) {
   p.cluster = cluster;
   p.warps_n = 1;
   p.warps_k = kWarps;
@@ -243,10 +239,10 @@ inline void OneRowGeometry(Plan& p, int cluster, int red_stride, int ctas_per_sm
   p.rows_block = 16;
   p.red_stride = red_stride;
   p.blocks = int(CeilDiv(p.n_rows, 16));
-  p.grid = int(CeilDiv(std::min(p.blocks, ctas_per_sm * kPlanSms), cluster) * cluster);
+  p.grid = int(CeilDiv(std::min(p.blocks, 2 * kPlanSms), cluster) * cluster);
   p.groups = p.grid;
   p.waves = int(CeilDiv(p.blocks, p.grid));
-  p.ctas_per_sm = ctas_per_sm;
+  p.ctas_per_sm = 2;
   p.stages = 0;
   p.stage_bytes = 0;
   p.est_us = 0.0;  // not modelled: chosen by measurement
@@ -284,35 +280,6 @@ inline bool DenseRowLayout(Plan& p, bool sm90) {
   return p.smem_bytes <= (sm90 ? kSmemTwoPerSm : kSmemTwoPerSm80);
 }
 
-// The dense rows kernel (dense_rows.cuh): the dense row kernel's steps (64 k of a 16-row tile a
-// warp) for 2..32 rows of x. Shared memory: x as [K / 32][M][32] (lane (g, t)'s B unit of x row
-// m at 32 k is 16 contiguous bytes, the eight rows of an n8 tile 512 contiguous bytes: no bank
-// conflicts), a zero unit (the B columns past M), two sets (alternate tiles) of the warps'
-// [M][kDenseRowsRedStride] partial sums, the inverse RMS of each row (norm prologue).
-inline constexpr int kDenseRowsRedStride = 20;  // 16 rows + 4: the C fragments' stores hit 32 banks
-inline constexpr int64_t DenseRowsZeroOffset(int64_t m, int64_t k) { return m * k * 2; }
-inline constexpr int64_t DenseRowsRedOffset(int64_t m, int64_t k) { return DenseRowsZeroOffset(m, k) + 16; }
-inline constexpr int64_t DenseRowsInvOffset(int64_t m, int64_t k) {
-  return DenseRowsRedOffset(m, k) + 2 * kWarps * m * kDenseRowsRedStride * 4;
-}
-inline constexpr int64_t DenseRowsSmemBytes(int64_t m, int64_t k) { return DenseRowsInvOffset(m, k) + 4 * kMaxM; }
-
-// Fills `p` (a MakePlan base of 2..32 rows of dense weights, K % kDenseRowK == 0, 16-row tiles) for
-// the dense rows kernel: two CTAs an SM where all of x fits twice (and M <= 16: the kernel's
-// register cap for two), else one; false when it does not fit once (~8B down at M 8: x is 229 KB).
-inline bool DenseRowsLayout(Plan& p, bool sm90) {
-  const int64_t smem = DenseRowsSmemBytes(p.m, p.k);
-  const int64_t two = sm90 ? kSmemTwoPerSm : kSmemTwoPerSm80, one = sm90 ? kSmemOnePerSm : kSmemOnePerSm80;
-  if (smem > one) return false;
-  p.dense_rows = true;
-  OneRowGeometry(p, 1, kDenseRowsRedStride, smem <= two && p.nt <= 2 ? 2 : 1);
-  p.x_bytes = int64_t(p.m) * p.k * 2;
-  p.red_bytes = 2 * kWarps * int64_t(p.m) * kDenseRowsRedStride * 4;
-  p.gamma_offset = p.ring_offset = 0;  // gamma is read from memory as the norm is applied
-  p.smem_bytes = smem;
-  return true;
-}
-
 // The plan for y[m, n_out] = x[m, k] W^T with W of n_rows rows (n_out = n_rows / 2 when gated) and
 // `bits` per weight element; norm: the RMS-norm prologue. sm90: the device is sm_90+ (thread-block clusters, 227 KB of shared
 // memory a CTA); else the plan keeps to sm_80's limits and no clusters.
@@ -320,8 +287,7 @@ inline bool DenseRowsLayout(Plan& p, bool sm90) {
 // wide: n-bit weights in the two-piece format (ignored for dense weights, which always have two).
 // slots: one row may take a one-row kernel when no layout is forced and it fits: 4-bit wide
 // weights (block_size >= 32, dividing K) the slots kernel (slots.cuh), dense weights with
-// K % kDenseRowK == 0 and N % 16 == 0 the dense row kernel (dense_row.cuh); 2..32 rows of dense
-// weights (the same K and N) the dense rows kernel (dense_rows.cuh) where all of x fits.
+// K % kDenseRowK == 0 and N % 16 == 0 the dense row kernel (dense_row.cuh).
 inline Plan MakePlan(int64_t m, int64_t n_rows, int64_t k, int bits, bool gated, bool norm, bool sm90,
                      int64_t force_cluster = 0, int64_t force_warps_k = 0, bool wide = false,
                      int64_t block_size = 0, bool slots = false) {
@@ -371,11 +337,6 @@ inline Plan MakePlan(int64_t m, int64_t n_rows, int64_t k, int bits, bool gated,
       n_rows % 16 == 0) {
     Plan p = base;
     if (DenseRowLayout(p, sm90)) return p;
-  }
-  if (slots && m >= 2 && bits == 16 && force_cluster == 0 && force_warps_k == 0 && k % kDenseRowK == 0 &&
-      n_rows % 16 == 0) {
-    Plan p = base;
-    if (DenseRowsLayout(p, sm90)) return p;
   }
   bool found = false, too_few_chunks = false;
   for (int cluster = 1; cluster <= (sm90 ? kMaxCluster : 1); cluster *= 2) {
