@@ -293,6 +293,22 @@ def read_trace(folder: str) -> list[dict]:
     return doc.get("traceEvents", []) if isinstance(doc, dict) else list(doc)
 
 
+def traced_kernel_events(fn, args, runs: int = 3) -> list[dict]:
+    """fn(*args) once (compiled and warm), then `runs` calls under jax.profiler: their device kernel
+    events (`device_kernel_events`; [] when the trace has none). For the probes' per-call times."""
+    import tempfile
+
+    import jax
+
+    fn(*args).block_until_ready()
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d):
+            for _ in range(runs):
+                fn(*args).block_until_ready()
+        kernels, _ = device_kernel_events(read_trace(d))
+    return kernels or []
+
+
 #: Where the traces are kept (--trace-dir), else None: they are read and dropped.
 TRACE_DIR: str | None = None
 

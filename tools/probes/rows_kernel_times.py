@@ -18,7 +18,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jax_onnx_attn.bench.e2e import device_kernel_events, read_trace  # noqa: E402
+from jax_onnx_attn.bench.e2e import device_kernel_events, read_trace, traced_kernel_events  # noqa: E402
 from jax_onnx_attn.ops import cuda_matmul  # noqa: E402
 from jax_onnx_attn.ops.linear import to_rows_layout  # noqa: E402
 
@@ -30,14 +30,8 @@ COPIES, BLOCK = 4, 32
 
 def kernel_table(fn, args):
     """{kernel name[:60]: [median µs, count]} of a traced run of fn(*args), the 3 longest by total."""
-    fn(*args).block_until_ready()
-    with tempfile.TemporaryDirectory() as d:
-        with jax.profiler.trace(d):
-            for _ in range(3):
-                fn(*args).block_until_ready()
-        kernels, _ = device_kernel_events(read_trace(d))
     by = {}
-    for e in kernels or []:
+    for e in traced_kernel_events(fn, args):
         by.setdefault(str(e.get("name", ""))[:60], []).append(float(e["dur"]))
     top = sorted(by.items(), key=lambda kv: -sum(kv[1]))[:3]
     return {name: [float(np.median(v)), len(v)] for name, v in top}

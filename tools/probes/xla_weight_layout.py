@@ -7,7 +7,6 @@ over concatenated weights). Command buffers off, so each call is a kernel the pr
 import json
 import os
 import sys
-import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_gpu_enable_command_buffer=")
 
@@ -15,7 +14,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jax_onnx_attn.bench.e2e import device_kernel_events, read_trace  # noqa: E402
+from jax_onnx_attn.bench.e2e import traced_kernel_events  # noqa: E402
 
 SHAPES = [(2048, 3072, "1b qkv"), (2048, 2048, "1b o"), (2048, 16384, "1b gate-up"), (8192, 2048, "1b down"),
           (2048, 128256, "1b lm head"), (4096, 6144, "8b qkv"), (4096, 4096, "8b o"), (4096, 28672, "8b gate-up"),
@@ -25,14 +24,9 @@ MIN_BYTES = 256 << 20
 
 def gemm_us(fn, args, calls):
     """Median device µs of the call's GEMM kernels ('gemm' or 'dot' in the name) over 3 traced runs."""
-    fn(*args).block_until_ready()
-    with tempfile.TemporaryDirectory() as d:
-        with jax.profiler.trace(d):
-            for _ in range(3):
-                fn(*args).block_until_ready()
-        kernels, _ = device_kernel_events(read_trace(d))
-    durs = [float(e["dur"]) for e in kernels or [] if "gemm" in str(e.get("name", "")) or "dot" in str(e.get("name", ""))]
-    names = sorted({str(e.get("name", ""))[:40] for e in kernels or []})
+    kernels = traced_kernel_events(fn, args)
+    durs = [float(e["dur"]) for e in kernels if "gemm" in str(e.get("name", "")) or "dot" in str(e.get("name", ""))]
+    names = sorted({str(e.get("name", ""))[:40] for e in kernels})
     return (float(np.median(durs)) if len(durs) >= 3 * calls else None), names
 
 
