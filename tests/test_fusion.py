@@ -174,3 +174,66 @@ def test_rows_layout_is_on_by_default_where_the_kernels_run(monkeypatch):
     monkeypatch.setenv(cuda_matmul.ROWS_ENV, "2")
     with pytest.raises(ValueError, match="JOA_GEMV_ROWS"):
         cuda_matmul.rows_layout_enabled()
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_dense_kn_layout_stores_weights_as_onnx_does_and_keeps_the_results(dtype):
+    # dense_layout="kn": every dense Linear reads its weight [K, N] (attribute layout="kn"): a
+    # MatMul's own initializer, not a copy, where no pass changed it; the interleaved gate / up
+    # transposed once. The outputs are those of the [N, K] layout within the dtype's rounding
+    # (another GEMM layout may sum in another order).
+    model = build_tiny_decoder(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=96, dtype=dtype)
+    nk, kn = jax_onnx_attn.load(model), jax_onnx_attn.load(model, dense_layout="kn")
+    inits = {t.name for t in model.graph.initializer}
+    linears = {n.name: n for n in kn.model.graph.node if n.op_type == "Linear"}
+    assert len(linears) == 4 * 2 + 1
+    gated = 0
+    for n in nk.model.graph.node:
+        if n.op_type != "Linear":
+            continue
+        twin = linears[n.name]
+        assert any(a.name == "layout" and a.s == b"kn" for a in twin.attribute), n.name
+        assert not any(a.name == "layout" for a in n.attribute), n.name
+        np.testing.assert_array_equal(np.asarray(kn.params[twin.input[1]]), np.asarray(nk.params[n.input[1]]).T)
+        if any(a.name == "gated" and a.i for a in n.attribute):
+            gated += 1
+            assert twin.input[1].endswith(".kn"), twin.input[1]
+        else:
+            assert twin.input[1] in inits, twin.input[1]  # the graph's own [K, N] initializer
+    assert gated == 2 and not any(name.endswith(".nk") for name in kn.params)
+    feeds = _feeds(nk, b=2)
+    got, want = kn.apply(kn.params, feeds), nk.apply(nk.params, feeds)
+    tol = tolerance(np.float16 if dtype == "f16" else np.float32)[1]
+    for name in want:
+        ref = np.asarray(want[name], np.float32)
+        err = float(np.abs(np.asarray(got[name], np.float32) - ref).max())
+        assert err <= tol * max(1.0, float(np.abs(ref).max())), (name, err)
+    with pytest.raises(ValueError, match="dense_layout"):
+        jax_onnx_attn.load(model, dense_layout="tn")
+    # A mesh's splits read [N, K]: the plan refuses the layout, naming it.
+    from jax_onnx_attn.onnx.sharding import plan_tensor_parallel
+    with pytest.raises(ValueError, match="dense_layout='nk'"):
+        plan_tensor_parallel(kn, 2)
+
+
+def test_sessions_of_two_rows_load_dense_weights_kn_and_generate_the_same_tokens(monkeypatch):
+    from jax_onnx_attn.ops import cuda_matmul
+    from jax_onnx_attn.runtime import DecoderSession
+    from jax_onnx_attn.runtime.session import dense_layout_for
+
+    monkeypatch.delenv(cuda_matmul.DENSE_KN_ENV, raising=False)
+    assert cuda_matmul.dense_kn_enabled()
+    assert dense_layout_for(8) == "kn" and dense_layout_for(1) == "nk" and dense_layout_for(8, mesh=object()) == "nk"
+    model = build_tiny_decoder(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=96, dtype="f32")
+    prompts = [[1, 2, 3, 4], [5, 6, 7]]
+    session = DecoderSession(model, max_length=16, batch=2)
+    layouts = {a.s for n in session.lowered.model.graph.node for a in n.attribute if a.name == "layout"}
+    assert layouts == {b"kn"}
+    monkeypatch.setenv(cuda_matmul.DENSE_KN_ENV, "0")
+    assert dense_layout_for(8) == "nk"
+    plain = DecoderSession(model, max_length=16, batch=2)
+    assert not any(a.name == "layout" for n in plain.lowered.model.graph.node for a in n.attribute)
+    assert (session.generate(prompts, max_new_tokens=6).tokens == plain.generate(prompts, max_new_tokens=6).tokens)
+    monkeypatch.setenv(cuda_matmul.DENSE_KN_ENV, "yes")
+    with pytest.raises(ValueError, match=cuda_matmul.DENSE_KN_ENV):
+        dense_layout_for(8)

@@ -983,3 +983,27 @@ def test_issue_aware_layout_fills_the_sms_and_is_opt_in(monkeypatch):
     monkeypatch.setenv(cuda_matmul.PLAN_MODEL_ENV, "fastest")
     with pytest.raises(ValueError, match="JOA_GEMV_PLAN_MODEL"):
         cuda_matmul.plan_model()
+
+
+@pytest.mark.parametrize("fusion", ["plain", "gated_bias_residual_norm"])
+def test_kn_weights_give_the_nk_results(fusion):
+    # w_layout="kn": W stored [K, N] (gated: gate / up columns interleaved in blocks of 8) is the
+    # same projection as its transpose [N, K], within the dtype's rounding (XLA sums the two GEMM
+    # layouts in its own orders).
+    rng = np.random.default_rng(4)
+    k, n, m = 64, 48, 3
+    x = jnp.asarray(rng.standard_normal((m, k)), jnp.float16)
+    w_nk = jnp.asarray(rng.standard_normal((n, k)) / 8, jnp.float16)
+    kw = {}
+    if fusion != "plain":
+        kw = dict(gated=True, bias=jnp.asarray(rng.standard_normal(n), jnp.float16),
+                  residual=jnp.asarray(rng.standard_normal((m, n // 2)), jnp.float16),
+                  norm_weight=jnp.asarray(1 + rng.standard_normal(k) / 8, jnp.float16))
+    want = ops.linear(x, w_nk, **kw)
+    got = ops.linear(x, w_nk.T, w_layout="kn", **kw)
+    assert got.shape == want.shape
+    assert_close(np.asarray(got), np.asarray(want), np.float16)
+    with pytest.raises(ValueError, match=r"w must be \[K, N\] with x's K=64"):
+        ops.linear(x, w_nk, w_layout="kn")
+    with pytest.raises(ValueError, match="w_layout"):
+        ops.linear(x, w_nk, w_layout="tn")

@@ -443,8 +443,9 @@ class Group:
     weights: str
     config: object
     lowered: object = None
-    # int4 weights in another layout a session of some batch loads (runtime.session.nbits_layout_for:
-    # "rows" for batch >= 2, "record" for batch 1 under JOA_GEMV_RECORD=1): {layout: lowered model}.
+    # Weights in another layout a session of some batch loads (runtime.session.nbits_layout_for:
+    # int4 "rows" for batch >= 2, "record" for batch 1; dense_layout_for: dense "kn" for batch >= 2):
+    # {(nbits layout, dense layout): lowered model}.
     layout_lowered: dict = dataclasses.field(default_factory=dict)
     cost: object = None
     jax_peer: object = None
@@ -592,16 +593,18 @@ def measure_ours(g: Group, case: Case, capacity: int, prefill: bool, verify: boo
     # for up to 32 rows (the most the rows kernel takes; the same layouts on the llama shapes at any
     # batch), the record layout for one.
     import jax_onnx_attn
-    from jax_onnx_attn.runtime.session import nbits_layout_for
+    from jax_onnx_attn.runtime.session import dense_layout_for, nbits_layout_for
 
     lowered = g.lowered
     layout = nbits_layout_for(b, mesh) if g.weights == "int4" else "onnx"
-    if layout != "onnx":
-        if layout not in g.layout_lowered:
+    dense = dense_layout_for(b, mesh)  # dense weights [K, N] for 2+ rows (XLA's GEMM reads them)
+    if layout != "onnx" or dense != "nk":
+        if (layout, dense) not in g.layout_lowered:
             extra = {"decode_rows": 32} if layout == "rows" else {}
-            g.layout_lowered[layout] = jax_onnx_attn.load(g.info["path"], nbits_layout=layout, **extra)
-        lowered = g.layout_lowered[layout]
-        out["nbits_layout"] = layout
+            g.layout_lowered[(layout, dense)] = jax_onnx_attn.load(g.info["path"], nbits_layout=layout,
+                                                                   dense_layout=dense, **extra)
+        lowered = g.layout_lowered[(layout, dense)]
+        out["nbits_layout"], out["dense_layout"] = layout, dense
     session = DecoderSession(lowered, max_length=capacity, batch=b, steps_per_call=k, mesh=mesh)
     compile_s = 0.0
     if verify:

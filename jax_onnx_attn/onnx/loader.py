@@ -487,7 +487,7 @@ def check_model(model: onnx.ModelProto) -> None:
 
 def load(model, dtype=None, *, base_dir: str | os.PathLike | None = None,
          int8_activations: bool = False, fuse: bool = True, nbits_layout: str = "onnx",
-         decode_rows: int = 2) -> LoweredModel:
+         decode_rows: int = 2, dense_layout: str = "nk") -> LoweredModel:
     """Lower an ONNX model to JAX.
 
     Args:
@@ -511,6 +511,9 @@ def load(model, dtype=None, *, base_dir: str | os.PathLike | None = None,
         layout, for decode steps of decode_rows (2..32) rows of x, or "record": in the record
         layout of the slots kernel, for decode steps of one row (`onnx.fusion.fuse_decoder`);
         same results.
+      dense_layout: with fuse, "nk" (dense projection weights [N, K], the kernels' layout) or
+        "kn" (ONNX's [K, N], read by XLA's GEMM only: for sessions of 2+ rows,
+        `runtime.session.dense_layout_for`); results within the dtype's rounding.
 
     Returns:
       LoweredModel (`params`, `apply`, `fixed_cache_step`, `input_names`, `output_names`, `model`).
@@ -543,7 +546,7 @@ def load(model, dtype=None, *, base_dir: str | os.PathLike | None = None,
     if fuse:
         model, arrays, fusions = fuse_decoder(model, arrays, nbits=not int8_activations,
                                               nbits_layout=nbits_layout, decode_rows=decode_rows,
-                                              float_map=float_map)
+                                              float_map=float_map, dense_layout=dense_layout)
     params, constants = {}, {}
     for name, arr in arrays.items():
         if _is_static_initializer(arr):

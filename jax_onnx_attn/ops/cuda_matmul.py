@@ -27,6 +27,9 @@ NBITS_WIDE_ENV = "JOA_GEMV_NBITS_WIDE"
 SLOTS_ENV = "JOA_GEMV_SLOTS"
 #: The environment variable that lets one row of dense weights take the dense row kernel.
 DENSE_ROW_ENV = "JOA_GEMV_DENSE_ROW"
+#: The environment variable that stores dense weights [K, N] for decode sessions of batch >= 2
+#: (`dense_kn_enabled`).
+DENSE_KN_ENV = "JOA_DENSE_KN"
 #: The environment variable that stores 4-bit weights in the rows layout for decode sessions of
 #: batch >= 2 (`rows_layout_enabled`).
 ROWS_ENV = "JOA_GEMV_ROWS"
@@ -82,6 +85,16 @@ def dense_row_enabled() -> bool:
     JOA_GEMV_DENSE_ROW=0 keeps the ring kernel (read at trace time, here only). It is also what
     lets `ops.linear`'s "auto" put one-row dense projections on ours (`ops.linear.kernel_formats`)."""
     return _switch(DENSE_ROW_ENV)
+
+
+def dense_kn_enabled() -> bool:
+    """Whether a `DecoderSession` of batch >= 2 on one device loads its dense projection weights
+    [K, N] (ONNX's layout, `load(dense_layout="kn")`) rather than [N, K]: its decode steps' dense
+    projections run on XLA's GEMM (our kernels take one row), which reads [K, N] 2-4% faster at 8-32
+    rows on the H200 (~1B qkv M 8 5.54 vs 6.66 µs, ~8B LM head 230 vs 240;
+    bench/results/2026-12-03-211e465-xla-weight-layout.json). On by default; JOA_DENSE_KN=0 keeps
+    [N, K] (read when the session loads the model)."""
+    return _switch(DENSE_KN_ENV)
 
 
 def rows_layout_enabled() -> bool:

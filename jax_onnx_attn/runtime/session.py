@@ -198,7 +198,19 @@ def nbits_layout_for(batch: int, mesh=None) -> str:
     return "record" if batch == 1 and cuda_matmul.record_layout_enabled() else "onnx"
 
 
-def _load(model, dtype, batch: int = 1, nbits_layout: str = "onnx"):
+def dense_layout_for(batch: int, mesh=None) -> str:
+    """The dense weight layout a session loads: "kn" (ONNX's [K, N], which XLA's GEMM reads 2-4%
+    faster than [N, K] at decode's 8-32 rows on the H200,
+    bench/results/2026-12-03-211e465-xla-weight-layout.json) for 2+ rows on one device, whose dense
+    projections run on XLA's GEMM anyway, unless `cuda_matmul.dense_kn_enabled()` says not; "nk"
+    (the kernels' layout) for one row (the dense row kernel) and with a mesh (its splits read
+    [N, K])."""
+    from jax_onnx_attn.ops import cuda_matmul
+
+    return "kn" if batch >= 2 and mesh is None and cuda_matmul.dense_kn_enabled() else "nk"
+
+
+def _load(model, dtype, batch: int = 1, nbits_layout: str = "onnx", dense_layout: str = "nk"):
     """A lowered model: anything with `fixed_cache_step` and `params` is taken as is (its layout
     too)."""
     if hasattr(model, "fixed_cache_step") and hasattr(model, "params"):
@@ -216,6 +228,8 @@ def _load(model, dtype, batch: int = 1, nbits_layout: str = "onnx"):
     layout = {} if nbits_layout == "onnx" else {"nbits_layout": nbits_layout}
     if nbits_layout == "rows":
         layout["decode_rows"] = batch
+    if dense_layout != "nk":
+        layout["dense_layout"] = dense_layout
     return load(model, dtype=dtype, **layout)
 
 
@@ -299,7 +313,8 @@ class DecoderSession:
         # model larger than one device never lands whole on one.
         with (jax.default_device(jax.local_devices(backend="cpu")[0]) if mesh is not None
               else contextlib.nullcontext()):
-            self.lowered = _load(model, dtype, batch, nbits_layout_for(batch, mesh))
+            self.lowered = _load(model, dtype, batch, nbits_layout_for(batch, mesh),
+                                 dense_layout_for(batch, mesh))
         self.max_length, self.batch, self.steps_per_call = int(max_length), int(batch), int(steps_per_call)
         self.compiler_options = (default_compiler_options() if compiler_options is None
                                  else dict(compiler_options))

@@ -164,7 +164,8 @@ def fused_linear(ctx, x, w, scales=None, zero_points=None, bias=None, residual=N
     (see `onnx.fusion`): y = rms_norm(x)·W (+ bias) (+ residual), or silu(gate)·up when gated.
 
     Args:
-      x: [..., K] float. w: [N, K] of x's dtype (weight-major), or MatMulNBits' packed uint8
+      x: [..., K] float. w: [N, K] of x's dtype (weight-major; [K, N] with attribute layout="kn",
+        `onnx.fusion`'s dense_layout), or MatMulNBits' packed uint8
         [N, k_blocks, block_size·bits/8] when attribute bits > 0 (then scales and zero_points
         (None or uint8) [N, k_blocks] as `ops.prepare_nbits` returns them, or tiled
         [ceil(N/16), k_blocks, 16] as `ops.tile_nbits_meta` makes them at load); with attribute
@@ -188,7 +189,8 @@ def fused_linear(ctx, x, w, scales=None, zero_points=None, bias=None, residual=N
                   norm_epsilon=float(ctx.attr("norm_epsilon", 1e-6)),
                   gated=bool(ctx.attr("gated", 0)), pdl=True)
     bits = int(ctx.attr("bits", 0))
-    n_out = int(ctx.attr("N")) if bits else w.shape[0]
+    w_layout = "nk" if bits else ctx.attr("layout", "nk")
+    n_out = int(ctx.attr("N")) if bits else w.shape[w_layout == "kn"]
     out_shape = x.shape[:-1] + (n_out // 2 if common["gated"] else n_out,)
     late = None
     if residual is not None and (residual.shape != out_shape or residual.dtype != x.dtype):
@@ -198,5 +200,5 @@ def fused_linear(ctx, x, w, scales=None, zero_points=None, bias=None, residual=N
                              bits=bits, block_size=int(ctx.attr("block_size")),
                              layout=ctx.attr("layout", "onnx"), **common)
     else:
-        y = ops.linear(x, w, bias, **common)
+        y = ops.linear(x, w, bias, w_layout=w_layout, **common)
     return y if late is None else y + late

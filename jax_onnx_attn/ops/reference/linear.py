@@ -17,15 +17,16 @@ from jax_onnx_attn.ops.dtypes import HALF_DTYPES
 from jax_onnx_attn.ops.reference.norm import rms_norm
 
 
-def _product(x, w):
-    """x [..., K] @ w[N, K]^T in x's dtype."""
+def _product(x, w, kn: bool = False):
+    """x [..., K] @ w[N, K]^T (w [K, N] with kn: x @ w) in x's dtype."""
+    wt = w if kn else w.T
     if jnp.dtype(x.dtype) in HALF_DTYPES:
-        return x @ w.T  # XLA's half GEMM: f32 accumulation, one rounding (no f32 GEMM on converted W)
-    return jnp.matmul(x, w.T, precision=lax.Precision.HIGHEST).astype(x.dtype)
+        return x @ wt  # XLA's half GEMM: f32 accumulation, one rounding (no f32 GEMM on converted W)
+    return jnp.matmul(x, wt, precision=lax.Precision.HIGHEST).astype(x.dtype)
 
 
 def linear(x, w, bias=None, residual=None, norm_weight=None, norm_epsilon: float = 1e-6,
-           gated: bool = False):
+           gated: bool = False, kn: bool = False):
     """y = x W^T with the fusions of `jax_onnx_attn.ops.linear` (same arguments, no validation).
 
     Args:
@@ -36,13 +37,14 @@ def linear(x, w, bias=None, residual=None, norm_weight=None, norm_epsilon: float
       residual: None or [..., N_out].
       norm_weight: None or [K]: x is first RMS-normalised (`rms_norm`) with it and norm_epsilon.
       gated: y = silu(x Wg^T + bg) * (x Wu^T + bu), N_out = N / 2.
+      kn: w is stored [K, N] (its transpose; gated: gate / up columns interleaved in blocks of 8).
 
     Returns:
       [..., N_out] of x's dtype.
     """
     if norm_weight is not None:
         x = rms_norm(x, norm_weight, norm_epsilon)
-    y = _product(x, w)
+    y = _product(x, w, kn)
     if bias is not None:
         y = y + bias.astype(y.dtype)
     if gated:
