@@ -296,8 +296,6 @@ def read_trace(folder: str) -> list[dict]:
 def traced_kernel_events(fn, args, runs: int = 3) -> list[dict]:
     """fn(*args) once (compiled and warm), then `runs` calls under jax.profiler: their device kernel
     events (`device_kernel_events`; [] when the trace has none). For the probes' per-call times."""
-    import tempfile
-
     import jax
 
     fn(*args).block_until_ready()

@@ -9,7 +9,6 @@ buffers off, so each call is a plain stream launch the profiler sees."""
 import json
 import os
 import sys
-import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_gpu_enable_command_buffer=")
 
@@ -17,7 +16,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jax_onnx_attn.bench.e2e import device_kernel_events, read_trace  # noqa: E402
+from jax_onnx_attn.bench.e2e import traced_kernel_events  # noqa: E402
 from jax_onnx_attn.ops import cuda_matmul  # noqa: E402
 from jax_onnx_attn.ops.linear import to_record_layout  # noqa: E402
 from rows_kernel_times import SHAPES, SHAPES_8B, kernel_table, write_results  # this folder: on sys.path as a script  # noqa: E402
@@ -45,13 +44,7 @@ def main():
                         if f in ("cluster", "warps_n", "warps_k", "grid", "ctas_per_sm", "smem_bytes", "error")}}
         fn = jax.jit(lambda x, ws: jnp.stack([cuda_matmul.matmul_nbits_record(x, t, n=n, block_size=BLOCK)[0, :8]
                                              for t in ws]))
-        fn(x, copies).block_until_ready()
-        with tempfile.TemporaryDirectory() as tdir:
-            with jax.profiler.trace(tdir):
-                for _ in range(3):
-                    fn(x, copies).block_until_ready()
-            kernels, _ = device_kernel_events(read_trace(tdir))
-        durs = [float(e["dur"]) for e in kernels or [] if "GemvSlots" in str(e.get("name", ""))]
+        durs = [float(e["dur"]) for e in traced_kernel_events(fn, (x, copies)) if "GemvSlots" in str(e.get("name", ""))]
         us = float(np.median(durs)) if durs else None
         row["record"] = {"us": us, "tb_s": row["w_bytes"] / us / 1e6 if us else None, "calls": len(durs)}
         dense = [jnp.asarray(rng.standard_normal((n, k), np.float32) / 64, jnp.float16) for _ in range(2)]
