@@ -20,9 +20,10 @@ namespace joa {
 
 // Up to 32 splits (a lane's lse each) take one L2 round trip instead of three: the lses and the
 // first kUnroll splits' partial slices are loaded together (a split that saw no key has an
-// unwritten partial: loaded, then replaced by 0 as the loop below replaces it), the weights are
-// shuffled from the lanes that computed them. The same operations in the same order as the loop
-// below, so the same bits.
+// unwritten partial: loaded, then replaced by 0, where MergeSplitRow's loop skips the load), the
+// weights are shuffled from the lanes that computed them (that loop keeps them in shared memory).
+// The same arithmetic in the same order as that loop, so the same bits; the two stay separate
+// because they differ in where the weights live and which loads go out before the max.
 template <typename T, int kD, int kUnroll>
 __device__ __forceinline__ void MergeFewSplitsRow(const float* part_o, const float* part_lse, int64_t first,
                                                   int stride, int splits, float sink_log2, bool live, int lane,
