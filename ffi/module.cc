@@ -177,13 +177,16 @@ NB_MODULE(_ffi, m) {
 
   m.def("decode_plan", [](int64_t batch, int64_t q_heads, int64_t kv_heads, int64_t q_len,
                           int64_t capacity, int head_dim, int kv_bits, bool cluster_capable,
-                          int64_t split_rows, int cluster, int policy, bool tile128) {
+                          int64_t split_rows, int cluster, int policy, bool tile128, int quant_path) {
     if (batch < 0 || q_len < 0 || capacity < 1 || kv_heads < 1 || q_heads % kv_heads != 0) {
       throw nb::value_error("decode_plan: shapes out of range");
     }
     if (kv_bits != 0 && kv_bits != 4 && kv_bits != 8) throw nb::value_error("decode_plan: kv_bits must be 0, 4 or 8");
     if (split_rows < 0 || split_rows % joa::decode::kBlockN != 0) {
       throw nb::value_error("decode_plan: split_rows must be 0 (plan it) or a positive multiple of the block");
+    }
+    if (quant_path < 0 || quant_path > int(joa::decode::QuantPath::kRegs)) {
+      throw nb::value_error("decode_plan: quant_path must be 0 (tiles), 1 (auto) or 2 (registers)");
     }
     if (policy < 0 || policy >= int(std::size(joa::decode::kPlanPolicyNames))) {
       throw nb::value_error("decode_plan: policy must index limits()['decode']['plan_policies']");
@@ -192,7 +195,8 @@ NB_MODULE(_ffi, m) {
                                                                                 : joa::KvFormat::kDense;
     const joa::decode::Plan p = joa::decode::MakePlan(batch, q_heads, kv_heads, q_len, capacity, head_dim,
                                                       format, cluster_capable, split_rows, cluster,
-                                                      joa::decode::PlanPolicy(policy), tile128);
+                                                      joa::decode::PlanPolicy(policy), tile128,
+                                                      joa::decode::QuantPath(quant_path));
     nb::dict out;
     out["split_rows"] = p.split_rows;
     out["splits"] = p.splits;
@@ -201,13 +205,17 @@ NB_MODULE(_ffi, m) {
     out["block_rows"] = p.block_rows;
     out["ctas_per_sm"] = p.ctas_per_sm;
     out["tile_rows"] = p.tile_rows;
+    out["quant_regs"] = p.quant_regs;
     return out;
   }, nb::arg("batch"), nb::arg("q_heads"), nb::arg("kv_heads"), nb::arg("q_len"), nb::arg("capacity"),
      nb::arg("head_dim"), nb::arg("kv_bits") = 0, nb::arg("cluster_capable") = false,
      nb::arg("split_rows") = 0, nb::arg("cluster") = -1, nb::arg("policy") = 0, nb::arg("tile128") = false,
+     nb::arg("quant_path") = 0,
      "The decode engine's plan for a call of these static shapes (kernels/decode/plan.h): "
      "split_rows 0 and cluster -1 let it choose; policy indexes limits()['decode']['plan_policies']; "
-     "tile128: the wide KV tile's plan where it applies (tile_rows says which tile the engine runs).");
+     "tile128: the wide KV tile's plan where it applies (tile_rows says which tile the engine runs); "
+     "quant_path: an int8 / int4 cache's kernel, 0 the tile kernel, 2 the register-dequantising one, "
+     "1 the faster for the call's size (plan.h QuantPath; the plan's quant_regs says which runs).");
 
   m.def("prefill_plan", [](int64_t batch, int64_t q_heads, int64_t kv_heads, int64_t q_rows, int64_t kv_rows,
                            int head_dim, bool causal, int64_t left, int64_t right, int64_t splits) {

@@ -67,6 +67,38 @@ def test_the_decode_plan_and_limits_come_from_the_extension():
         _extension.decode_plan(head_dim=128, split_rows=100, **shapes)
 
 
+@pytest.mark.skipif(_extension._ffi is None, reason="extension not built")
+@pytest.mark.parametrize("kv_bits", [8, 4])
+def test_the_quantised_cache_plan_picks_its_kernel_and_fills_its_slots(kv_bits):
+    # quant_path (plan.h QuantPath) 0: the tile kernel, 2: the register-dequantising one, 1: the
+    # register kernel from kQuantRegsMinRows KV rows a call on (below, the tile kernel is faster).
+    shapes = dict(batch=8, q_heads=32, kv_heads=8, q_len=1, capacity=131072, kv_bits=kv_bits)
+    regs = _extension.decode_plan(head_dim=128, quant_path=2, **shapes)
+    tiles = _extension.decode_plan(head_dim=128, **shapes)
+    assert (regs["quant_regs"], tiles["quant_regs"]) == (True, False)
+    assert _extension.decode_plan(head_dim=128, quant_path=1, **shapes) == regs
+    # The register kernel runs three CTAs an SM at head dims up to 128 (MakeLayout; d256's merge
+    # area does not fit a third), and the splits fill those slots: B=8 32/8 at 128k plans ~3 CTAs an
+    # SM (6 splits of 64 blocks), the tile kernel ~2 (4).
+    assert (regs["ctas_per_sm"], tiles["ctas_per_sm"]) == (3, 2)
+    assert 8 * 8 * regs["splits"] > 132 * 2 >= 8 * 8 * tiles["splits"]
+    assert _extension.decode_plan(head_dim=256, quant_path=2, **shapes)["ctas_per_sm"] < 3
+    # Small calls: "auto" takes the tile kernel (B=1 8k: 65536 rows a head x 8 heads < 262144)...
+    small = dict(shapes, batch=1, capacity=8192)
+    assert _extension.decode_plan(head_dim=128, quant_path=1, cluster_capable=True, **small) == \
+        _extension.decode_plan(head_dim=128, cluster_capable=True, **small)
+    assert _extension.decode_plan(head_dim=128, quant_path=1, **dict(small, capacity=32768))["quant_regs"]
+    # ... and the register kernel's splits combine in a cluster at B=1, as a float cache's do.
+    assert _extension.decode_plan(head_dim=128, quant_path=2, cluster_capable=True, **small)["cluster"]
+    assert not _extension.decode_plan(head_dim=128, cluster_capable=True, **small)["cluster"]
+    # A float cache ignores the path.
+    dense = dict(shapes, kv_bits=0)
+    plan = _extension.decode_plan(head_dim=128, quant_path=2, **dense)
+    assert plan == _extension.decode_plan(head_dim=128, **dense) and not plan["quant_regs"]
+    with pytest.raises(ValueError, match="quant_path"):
+        _extension.decode_plan(head_dim=128, quant_path=3, **shapes)
+
+
 def test_cuda_backend_without_a_gpu_is_a_clear_error(monkeypatch):
     """Kernels compiled but no GPU (a CUDA build on a CPU machine): backend="cuda" raises
     NotImplementedError saying so, not XLA's "No FFI handler registered" from deep inside."""

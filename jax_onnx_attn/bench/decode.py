@@ -38,8 +38,9 @@ MAX_LOGIT_BYTES = 8 << 30  # the xla implementation materialises [B, Hq, S, C] f
 DONATE = os.environ.get("JOA_BENCH_DONATE", "1") != "0"
 #: Forms of "ours" that pin one of the engine's switches, for A/B runs in one process: the keyword
 #: arguments each passes to cuda.decode_attention ("ours" follows the JOA_DECODE_* switches) and the
-#: caches it applies to. "ours[tiles]": an int8 / int4 cache dequantised tile by tile in shared
-#: memory (the path before the register one; --kv-bits 8 4 --impls ours ours[tiles]). "ours[fit]",
+#: caches it applies to. "ours[tiles]" / "ours[regs]": an int8 / int4 cache dequantised tile by tile
+#: in shared memory / in registers at every size ("ours" takes the faster for the call's size, the
+#: plan's rule; --kv-bits 8 4 --impls ours ours[tiles] ours[regs]). "ours[fit]",
 #: "ours[cursor]", "ours[fit+cursor]": the "fit" plan policy and / or the cursor loads of a float
 #: cache (issue 15; --impls ours ours[fit] ours[cursor] ours[fit+cursor] jax-cudnn). "ours[producer]":
 #: a float cache's tiles copied by a producer warp (JOA_DECODE_PRODUCER; sm_90). "ours[tile128]":
@@ -50,6 +51,7 @@ DONATE = os.environ.get("JOA_BENCH_DONATE", "1") != "0"
 #: steps). None is in the default set.
 OURS_FORMS = {
     "ours[tiles]": (dict(quant_regs=False), "int"),
+    "ours[regs]": (dict(quant_regs=True), "int"),
     "ours[fit]": (dict(plan_policy="fit", engine="decode"), "float"),
     "ours[cursor]": (dict(cursor_loads=True, engine="decode"), "float"),
     "ours[fit+cursor]": (dict(plan_policy="fit", cursor_loads=True, engine="decode"), "float"),

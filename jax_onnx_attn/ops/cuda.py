@@ -109,33 +109,42 @@ def decode_plan_policy() -> str | None:
 def decode_plan(batch: int, q_heads: int, kv_heads: int, q_len: int, capacity: int, head_dim: int,
                 kv_bits: int = 0, split_rows: int | None = None, cluster: bool | None = None,
                 cluster_capable: bool | None = None, policy: str | None = None,
-                tile128: bool = False) -> dict:
+                tile128: bool = False, quant_regs: bool | None = False) -> dict:
     """The decode engine's plan for a call (ffi/kernels/decode/plan.h, through `_ffi.decode_plan`): a
     pure function of static shapes, so one call shape always gets the same bits.
 
-    Returns {split_rows, splits, cluster, workspace_elems, block_rows, ctas_per_sm, tile_rows}.
+    Returns {split_rows, splits, cluster, workspace_elems, block_rows, ctas_per_sm, tile_rows,
+    quant_regs}.
     split_rows / cluster override the planner (None: it chooses; it offers a cluster only with
-    split_rows None, a float cache and a GPU that runs clusters, `cluster_capable`, None: this
+    split_rows None, a float cache (or a quantised one with quant_regs) and a GPU that runs
+    clusters, `cluster_capable`, None: this
     process's GPU). policy: how a cluster plan is sized, one of DECODE_PLAN_POLICIES (None:
     `decode_plan_policy()`; an unknown name raises ValueError). tile128: the plan of the wide KV tile
     (`decode_tile128`; where it applies its splits are whole 128-row tiles, tile_rows 128).
+    quant_regs: the kernel of an int8 / int4 cache: False the tile kernel (dequantising into shared
+    memory), True the register-dequantising one, None the faster of the two for the call's size
+    (plan.h `QuantPath`; the register kernel where the call streams enough KV rows). The plan's
+    quant_regs says which runs (False for a float cache); its splits fill that kernel's CTA slots.
     """
     if cluster_capable is None:
         cluster_capable = _cluster_capable()
     return _decode_plan(int(batch), int(q_heads), int(kv_heads), int(q_len), int(capacity),
                         int(head_dim), int(kv_bits), int(split_rows or 0),
                         -1 if cluster is None else int(bool(cluster)), bool(cluster_capable),
-                        policy or decode_plan_policy(), bool(tile128))
+                        policy or decode_plan_policy(), bool(tile128),
+                        0 if not kv_bits else 1 if quant_regs is None else 2 * bool(quant_regs))
 
 
 @functools.cache
 def _decode_plan(batch, q_heads, kv_heads, q_len, capacity, head_dim, kv_bits, split_rows, cluster,
-                 cluster_capable, policy, tile128=False) -> dict:
+                 cluster_capable, policy, tile128=False, quant_path=0) -> dict:
     policies = __getattr__("DECODE_PLAN_POLICIES")
     if policy is not None and policy not in policies:
         raise ValueError(f"decode plan policy {policy!r} ({PLAN_POLICY_ENV}): must be one of {policies}")
-    # The keyword only when set: the plan without it is the same in every build of the extension.
+    # The keywords only when set: the plan without them is the same in every build of the extension.
     wide = dict(tile128=True) if tile128 else {}
+    if quant_path:
+        wide["quant_path"] = quant_path
     return _extension.decode_plan(
         batch=batch, q_heads=q_heads, kv_heads=kv_heads, q_len=q_len, capacity=capacity,
         head_dim=head_dim, kv_bits=kv_bits, cluster_capable=cluster_capable, split_rows=split_rows,
@@ -161,15 +170,16 @@ def decode_cluster_split_rows(batch: int, kv_heads: int, rows: int, capacity: in
 # --- decode attention (ffi/handlers/decode_attention.cu, engine in ffi/kernels/decode/) -----------
 
 #: The switch of the register-dequantising path for int8 / int4 caches (engine_qregs.cuh): on by
-#: default (GPU-tested, 1.5x / 1.7x the tile path's speed for int8 / int4 on the H200); "0" goes back
-#: to dequantising tile by tile in shared memory (docs/kernels.md, "Quantised caches").
+#: default, where the plan finds it faster (calls of enough KV rows: 1.3-1.9x the tile path's speed
+#: on the H200, slower below; plan.h kQuantRegsMinRows); "0" always dequantises tile by tile in
+#: shared memory (docs/kernels.md, "Quantised caches").
 QUANT_REGS_ENV = "JOA_DECODE_QUANT_REGS"
 
 
 def decode_quant_regs() -> bool:
-    """Whether decode_attention dequantises an int8 / int4 cache in registers (the default;
-    JOA_DECODE_QUANT_REGS=0: tile by tile in shared memory): the one place the switch is read, at
-    trace time."""
+    """Whether decode_attention may dequantise an int8 / int4 cache in registers (the default: where
+    the plan finds it faster; JOA_DECODE_QUANT_REGS=0: always tile by tile in shared memory): the
+    one place the switch is read, at trace time."""
     return os.environ.get(QUANT_REGS_ENV, "1") != "0"
 
 
@@ -281,9 +291,10 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=
     (per tensor) or Hkv·D elements (per channel, e.g. [1, Hkv, 1, D]). split_rows and cluster
     override the plan (`decode_plan`: split_rows a multiple of DECODE_BLOCK_N; cluster combines the
     splits inside a thread-block cluster, sm_90+, <= 16 splits of a 16-row block); pdl launches the
-    combine as a programmatic dependent launch. quant_regs: dequantise a quantised cache in
-    registers instead of tile by tile in shared memory (None: `decode_quant_regs()`, the
-    JOA_DECODE_QUANT_REGS switch, on by default); ignored for a float cache. plan_policy: how the
+    combine as a programmatic dependent launch. quant_regs: True dequantises a quantised cache in
+    registers, False tile by tile in shared memory, None as `decode_quant_regs()` allows (the
+    JOA_DECODE_QUANT_REGS switch, on by default: the faster of the two for the call's size, as
+    `decode_plan` decides); ignored for a float cache. plan_policy: how the
     planner sizes a cluster plan, one of DECODE_PLAN_POLICIES (None: `decode_plan_policy()`, the
     JOA_DECODE_PLAN switch). cursor_loads: copy a float cache's tiles through per-thread row
     cursors (None: `decode_cursor_loads(D)`: JOA_DECODE_CURSOR_LOADS, else D == 128; the same bits
@@ -309,13 +320,16 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=
         if why is None and (engine == "prefill" or decode_engine(hq, k_cache.shape[1], s) == "prefill"):
             return prefill_attention(q, k_cache, v_cache, jnp.full((b,), s, jnp.int32), kv_len, sink,
                                      scale=scale, causal=causal, softcap=softcap, left=left, right=right)
-    quant_regs = decode_quant_regs() if quant_regs is None else bool(quant_regs)
+    if quant_regs is None:
+        quant_regs = None if decode_quant_regs() else False  # None: the plan's choice
+    else:
+        quant_regs = bool(quant_regs)
     tile128 = decode_tile128() if tile128 is None else bool(tile128)
     cursor_loads = decode_cursor_loads(q.shape[-1]) if cursor_loads is None else bool(cursor_loads)
     producer = decode_producer() if producer is None else bool(producer)
     static = dict(scale=scale, softcap=softcap, causal=causal, left=left, right=right,
                   pos_shift=pos_shift, kv_bits=kv_bits, split_rows=split_rows, pdl=pdl,
-                  cluster=cluster, quant_regs=bool(quant_regs and kv_bits),
+                  cluster=cluster, quant_regs=quant_regs if kv_bits else False,
                   plan_policy=plan_policy or decode_plan_policy(),
                   cursor_loads=bool(cursor_loads and not kv_bits),
                   producer=bool(producer and not kv_bits),
@@ -331,18 +345,18 @@ def _per_example_plan(static, axis_size, q, k_cache, *rest) -> dict:
     b, hq, s, d = q.shape
     plan = decode_plan(b, hq, k_cache.shape[1], s, k_cache.shape[2], d, static["kv_bits"],
                        static["split_rows"], static["cluster"], policy=static["plan_policy"],
-                       tile128=static.get("tile128", False))
+                       tile128=static.get("tile128", False), quant_regs=static.get("quant_regs", False))
     return dict(split_rows=plan["split_rows"], cluster=plan["cluster"])
 
 
 def _decode_attention(q, k_cache, v_cache, kv_len, bias, sink, k_scale, v_scale, *, scale, softcap,
                       causal, left, right, pos_shift, kv_bits, split_rows, pdl, cluster,
-                      quant_regs=False, plan_policy=None, cursor_loads=False, producer=False,
+                      quant_regs: bool | None = False, plan_policy=None, cursor_loads=False, producer=False,
                       tile128=False):
     b, hq, s, d = q.shape
     hkv, c = k_cache.shape[1], k_cache.shape[2]
     plan = decode_plan(b, hq, hkv, s, c, d, kv_bits, split_rows, cluster, policy=plan_policy,
-                       tile128=tile128)
+                       tile128=tile128, quant_regs=quant_regs)
     ws = plan["workspace_elems"]
     placeholder = jnp.zeros((1,), jnp.float32)
     call = jax.ffi.ffi_call(
@@ -358,7 +372,7 @@ def _decode_attention(q, k_cache, v_cache, kv_len, bias, sink, k_scale, v_scale,
                   causal=bool(causal), left=int(left), right=int(right), pos_shift=int(pos_shift),
                   has_bias=bias is not None, has_sink=sink is not None, kv_bits=int(kv_bits),
                   split_rows=plan["split_rows"], pdl=bool(pdl), cluster=plan["cluster"],
-                  quant_regs=bool(quant_regs), cursor_loads=bool(cursor_loads),
+                  quant_regs=bool(plan.get("quant_regs", quant_regs)), cursor_loads=bool(cursor_loads),
                   producer=bool(producer), tile128=bool(tile128))
     return out
 

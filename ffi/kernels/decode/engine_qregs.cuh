@@ -289,13 +289,25 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
       const int c0 = wn * Cfg::kWarpN + ch * kChunk;
       float s[kChunk / 8][4];
       QStages::Qk(s, qa, q_addr, s_kr, c0, g, t4);
+      // As in DecodeSplitKernel: whole visible tiles without the per-key tests.
+      if (full) {
 #pragma unroll
-      for (int nt = 0; nt < kChunk / 8; ++nt) {
+        for (int nt = 0; nt < kChunk / 8; ++nt) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int j = n0 + c0 + nt * 8 + 2 * t4 + (e & 1);
-          const QueryRow<>& row = rows[e >> 1];
-          s[nt][e] = (full || var.Visible(row, j)) ? var.Score(s[nt][e] * k_mul, row, j) : -INFINITY;
+          for (int e = 0; e < 4; ++e) {
+            const int j = n0 + c0 + nt * 8 + 2 * t4 + (e & 1);
+            s[nt][e] = var.Score(s[nt][e] * k_mul, rows[e >> 1], j);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < kChunk / 8; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int j = n0 + c0 + nt * 8 + 2 * t4 + (e & 1);
+            const QueryRow<>& row = rows[e >> 1];
+            s[nt][e] = var.Visible(row, j) ? var.Score(s[nt][e] * k_mul, row, j) : -INFINITY;
+          }
         }
       }
       Stages::SoftmaxUpdate(s, m, l, o);

@@ -33,9 +33,11 @@ inline constexpr int kMaxClusterSplits = 16;
 inline constexpr int kHeadDims[] = {JOA_DECODE_HEAD_DIMS};
 // CTA slots the split planner aims to fill: an H200's 132 SMs. A constant, not a device query.
 inline constexpr int kPlanSms = 132;
-// Shared memory a CTA may use when two (kBudget2) or one (kBudget1) share an SM: 228 KB per SM,
-// 1 KB reserved per CTA.
-inline constexpr int kBudget2 = 115712, kBudget1 = 232448;
+// Shared memory a CTA may use when three (kBudget3), two (kBudget2) or one (kBudget1) share an SM:
+// 228 KB per SM, 1 KB reserved per CTA.
+inline constexpr int kBudget3 = 76800 - 1024, kBudget2 = 115712, kBudget1 = 232448;
+// The budget of a layout of `ctas` CTAs per SM.
+constexpr int SmemBudget(int ctas) { return ctas >= 3 ? kBudget3 : ctas == 2 ? kBudget2 : kBudget1; }
 
 // The cluster plans, tried in order: (cluster size, most KV tiles a split may stream). Measured on
 // the H200 (bench/results/2026-11-30-decode-notes.md), B=1 32/8 d128 against split + combine
@@ -215,6 +217,14 @@ constexpr Layout MakeLayout(int d, int warps_m, int warps_n, int elem_bytes, int
   l.ctas_per_sm = two ? 2 : 1;
   const int fit = two ? fit2 : fit1;
   l.stages = l.producer ? (fit < kMaxProducerStages ? fit : kMaxProducerStages) : two ? stages2 : stages1;
+  // A cache dequantised in registers is bound by its dependent instruction chains (load, unpack,
+  // MMA), not by the bytes in flight (its stages are 1/4-1/2 of a float cache's): a third CTA an SM
+  // (12 warps, <= 168 registers a thread) hides more of them, where three stages still fit.
+  const int fit3 = (kBudget3 - l.ring_offset) / l.stage_bytes;
+  if (in_regs && two && fit3 >= 3 && l.q_bytes + l.merge_bytes <= kBudget3) {
+    l.ctas_per_sm = 3;
+    l.stages = fit3 < 8 ? fit3 : 8;
+  }
   l.pipe_bytes = l.stages * l.stage_bytes;
   // The merge reuses everything past Q once the loop is done.
   l.smem_bytes = l.q_bytes + (l.conv_bytes + l.pipe_bytes > l.merge_bytes ? l.conv_bytes + l.pipe_bytes
@@ -228,11 +238,12 @@ constexpr Layout MakeLayout(int d, int warps_m, int warps_n, int elem_bytes, int
 }
 
 // The layout the launcher picks for `rows` packed rows (16-bit Q, the engine's only element types);
-// tile128: the wide tile where it applies (WideTile).
-constexpr Layout LayoutFor(int64_t rows, int d, KvFormat format, bool tile128 = false) {
+// tile128: the wide tile where it applies (WideTile); quant_regs: a quantised cache dequantised in
+// registers (LaunchOptions::quant_regs: its CTAs per SM, so the planner fills those slots).
+constexpr Layout LayoutFor(int64_t rows, int d, KvFormat format, bool tile128 = false, bool quant_regs = false) {
   const int block = BlockRows(rows);
-  return MakeLayout(d, WarpsM(block), WarpsN(block), 2, KvBits(format), false, false,
-                    WideTile(rows, d, format, tile128) ? kWideTileN : 0);
+  return MakeLayout(d, WarpsM(block), WarpsN(block), 2, KvBits(format), quant_regs && format != KvFormat::kDense,
+                    false, WideTile(rows, d, format, tile128) ? kWideTileN : 0);
 }
 
 // KV rows of which a layout's split sizes are multiples: kBlockN, or its tile where that is wider
@@ -249,9 +260,9 @@ constexpr int64_t WorkspaceElems(int64_t batch, int64_t kv_heads, int64_t splits
 // one split (no combine); otherwise the fewest splits whose wave efficiency is within 85% of the
 // best (the FA3 heuristic), each split a whole number of tiles.
 inline int64_t SplitRows(int64_t batch, int64_t kv_heads, int64_t rows, int64_t capacity, int d,
-                         KvFormat format, bool tile128 = false) {
+                         KvFormat format, bool tile128 = false, bool quant_regs = false) {
   const int block = BlockRows(rows);
-  const Layout l = LayoutFor(rows, d, format, tile128);
+  const Layout l = LayoutFor(rows, d, format, tile128, quant_regs);
   const int64_t block_n = SplitBlockRows(l);
   const int64_t ctas = batch * kv_heads * ((rows + block - 1) / block);
   const int64_t tiles = std::max<int64_t>(1, (capacity + block_n - 1) / block_n);
@@ -286,8 +297,8 @@ inline int64_t SplitRows(int64_t batch, int64_t kv_heads, int64_t rows, int64_t 
 // tiles: 2 / 4 / 8 of them are 1 / 2 / 4 wide tiles).
 inline int64_t ClusterSplitRows(int64_t batch, int64_t kv_heads, int64_t rows, int64_t capacity, int d,
                                 KvFormat format, PlanPolicy policy = PlanPolicy::kLadder,
-                                bool tile128 = false) {
-  const Layout l = LayoutFor(rows, d, format, tile128);
+                                bool tile128 = false, bool quant_regs = false) {
+  const Layout l = LayoutFor(rows, d, format, tile128, quant_regs);
   if (l.block_m != 16 || !l.cluster_combine) return 0;
   const int64_t block_n = SplitBlockRows(l);
   const int64_t per = block_n / kBlockN;  // kBlockN-row tiles a split block
@@ -308,7 +319,20 @@ inline int64_t ClusterSplitRows(int64_t batch, int64_t kv_heads, int64_t rows, i
   return 0;
 }
 
-// A call's plan: what the handler is told (split_rows, cluster) and the workspace Python sizes.
+// Which kernel an int8 / int4 cache takes (the handler's LaunchOptions::quant_regs is the plan's
+// answer): the tile kernel (dequantising each tile into shared memory), the register-dequantising
+// one, or the faster of the two for the call's size (kAuto: the register kernel from
+// kQuantRegsMinRows on). Python: `ops.cuda.decode_plan(quant_regs=False | True | None)`.
+enum class QuantPath : int { kTiles = 0, kAuto = 1, kRegs = 2 };
+
+// KV rows a call streams (batch x KV heads x M blocks x capacity) from which kAuto takes the
+// register-dequantising kernel; below it the tile kernel is faster. Measured on the H200 (32/8 d128, bench/results/2026-12-03-*-decode-quant-route.json,
+// µs register / tile path): B=1 8k int4 19.3 / 17.0, B=8 2k 29.0 / 24.6, B=4 4k 29.2 / 28.3 (all
+// 64k-rows-a-head work or less); B=1 32k 35.6 / 45.4, B=4 8k 31.4 / 47.3, B=8 4k 32.4 / 40.7.
+inline constexpr int64_t kQuantRegsMinRows = int64_t(32768) * 8;
+
+// A call's plan: what the handler is told (split_rows, cluster, quant_regs) and the workspace
+// Python sizes.
 struct Plan {
   int64_t split_rows;
   int64_t splits;
@@ -317,28 +341,41 @@ struct Plan {
   int block_rows;
   int ctas_per_sm;
   int tile_rows;  // KV rows of the engine's tile for this call (128: the wide tile)
+  bool quant_regs;  // a quantised cache runs the register-dequantising kernel
 };
 
 // split_rows: 0 lets the planner choose, else a positive multiple of kBlockN (the caller checks).
-// cluster: -1 lets the planner choose (only with split_rows 0: cluster plans are measured for
-// dense caches on GPUs that run clusters), 0 never, 1 whenever there are several splits.
+// cluster: -1 lets the planner choose (only with split_rows 0: cluster plans are for float caches
+// and the register path's quantised ones, on GPUs that run clusters), 0 never, 1 whenever there are
+// several splits.
 // policy: how a chosen cluster plan is sized (PlanPolicy). tile128: the wide KV tile where it
 // applies (WideTile; LaunchOptions::tile128): the planner's splits are then whole 128-row tiles and
 // its CTA slots those of the wide layout; a given split_rows that is not whole wide tiles keeps the
 // default tile (tile_rows says which the engine runs; the handler applies the same rule).
+// quant: which kernel a quantised cache runs (QuantPath; the plan's quant_regs says which it is),
+// whose CTA slots the splits fill.
 inline Plan MakePlan(int64_t batch, int64_t q_heads, int64_t kv_heads, int64_t q_len, int64_t capacity,
                      int d, KvFormat format, bool cluster_capable, int64_t split_rows, int cluster,
-                     PlanPolicy policy = PlanPolicy::kLadder, bool tile128 = false) {
+                     PlanPolicy policy = PlanPolicy::kLadder, bool tile128 = false,
+                     QuantPath quant = QuantPath::kTiles) {
   const int64_t rows = (q_heads / std::max<int64_t>(kv_heads, 1)) * q_len;
+  const int64_t m_blocks = (rows + BlockRows(rows) - 1) / BlockRows(rows);
+  const bool quant_regs = format != KvFormat::kDense &&
+                          (quant == QuantPath::kRegs ||
+                           (quant == QuantPath::kAuto && batch * kv_heads * m_blocks * capacity >= kQuantRegsMinRows));
   bool use_cluster = cluster == 1;
   if (cluster < 0) {
-    const int64_t cluster_rows = split_rows == 0 && format == KvFormat::kDense && cluster_capable
-                                     ? ClusterSplitRows(batch, kv_heads, rows, capacity, d, format, policy, tile128)
+    // A quantised cache takes cluster plans on the register path (whose kernel combines in a
+    // cluster), not on the tile path (measured without them).
+    const bool cluster_kernel = format == KvFormat::kDense || quant_regs;
+    const int64_t cluster_rows = split_rows == 0 && cluster_kernel && cluster_capable
+                                     ? ClusterSplitRows(batch, kv_heads, rows, capacity, d, format, policy, tile128,
+                                                        quant_regs)
                                      : 0;
     use_cluster = cluster_rows > 0;
     if (use_cluster) split_rows = cluster_rows;
   }
-  if (split_rows == 0) split_rows = SplitRows(batch, kv_heads, rows, capacity, d, format, tile128);
+  if (split_rows == 0) split_rows = SplitRows(batch, kv_heads, rows, capacity, d, format, tile128, quant_regs);
   const bool wide = WideTile(rows, d, format, tile128) && split_rows % kWideTileN == 0;
   Plan p{};
   p.split_rows = split_rows;
@@ -346,9 +383,10 @@ inline Plan MakePlan(int64_t batch, int64_t q_heads, int64_t kv_heads, int64_t q
   p.cluster = use_cluster && p.splits > 1;
   p.workspace_elems = p.cluster ? 1 : std::max<int64_t>(1, WorkspaceElems(batch, kv_heads, p.splits, rows, d));
   p.block_rows = BlockRows(rows);
-  const Layout l = LayoutFor(rows, d, format, wide);
+  const Layout l = LayoutFor(rows, d, format, wide, quant_regs);
   p.ctas_per_sm = l.ctas_per_sm;
   p.tile_rows = l.tile_n;
+  p.quant_regs = quant_regs;
   return p;
 }
 
