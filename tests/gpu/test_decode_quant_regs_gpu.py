@@ -7,8 +7,9 @@ it is not bitwise equal to the shared-memory path (which rounds T(q * scale) per
 reference): it is checked against the reference at the dtype's tolerance (jax_onnx_attn.testing's
 table), and bitwise only against itself (repeats, PDL, batch invariance, bytes past kv_len, a scale
 of 0 against a scale of 1). Sweeps int8 / int4 x per-tensor / per-channel x f16 / bf16 x head dims
-x GQA shapes x ragged lengths x variant features x splits; plus the switch: off by default
-(bitwise the shared-memory path), on via the environment at trace time.
+x GQA shapes x ragged lengths x variant features x splits (the path forced: quant_regs=True); plus
+the default: the kernel the plan picks for the call's size (plan.h QuantPath::kAuto), bit for bit,
+and the tile kernel with JOA_DECODE_QUANT_REGS=0 (read at trace time).
 """
 
 import functools
@@ -187,15 +188,23 @@ def test_batch_invariant_at_a_fixed_split_size(bits):
 
 
 @pytest.mark.parametrize("bits", BITS, ids=lambda x: f"int{x}")
-def test_switch_on_by_default_and_off_from_the_environment(bits, monkeypatch):
-    _, q, k, v, ks, vs, lens = _inputs(11, bits, "channel", 2, 32, 8, 1, 128, 700, BF16)
+@pytest.mark.parametrize("capacity,planned_regs", [(700, False), (32768, True)], ids=["small", "large"])
+def test_default_takes_the_planned_kernel_and_the_environment_turns_registers_off(bits, capacity, planned_regs,
+                                                                                  monkeypatch):
+    # By default the plan picks the kernel by the call's size (plan.h QuantPath::kAuto: the tile
+    # kernel below kQuantRegsMinRows KV rows, the register kernel from there on); the default's
+    # output is that kernel's, bit for bit. JOA_DECODE_QUANT_REGS=0 always takes the tile kernel.
+    batch = 2 if capacity < 1024 else 1
+    _, q, k, v, ks, vs, lens = _inputs(11, bits, "channel", batch, 32, 8, 1, 128, capacity, BF16)
     args = (q, k, v, lens, None, None, ks, vs)
     static = dict(scale=0.09, kv_bits=bits, split_rows=128)
+    plan = cuda.decode_plan(batch, 32, 8, 1, capacity, 128, bits, 128, quant_regs=None)
+    assert plan["quant_regs"] is planned_regs
     smem = np.asarray(jax.jit(functools.partial(cuda.decode_attention, quant_regs=False, **static))(*args))
     regs = np.asarray(jax.jit(functools.partial(cuda.decode_attention, quant_regs=True, **static))(*args))
     monkeypatch.delenv(cuda.QUANT_REGS_ENV, raising=False)
     default = np.asarray(jax.jit(lambda *a: cuda.decode_attention(*a, **static))(*args))
-    np.testing.assert_array_equal(default, regs)
+    np.testing.assert_array_equal(default, regs if planned_regs else smem)
     monkeypatch.setenv(cuda.QUANT_REGS_ENV, "0")
     off = np.asarray(jax.jit(lambda *a: cuda.decode_attention(*a, **static))(*args))
     np.testing.assert_array_equal(off, smem)
