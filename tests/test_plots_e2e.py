@@ -61,6 +61,19 @@ def test_a_later_run_replaces_a_case(results_dir):
     assert sorted((r["impl"], r["frac"]) for r in recs) == [("jax-peer", 0.4), ("ours", 0.5)]
 
 
+def test_runs_of_one_day_are_ordered_by_when_they_ran_not_by_their_hash(results_dir):
+    # Names are <date>-<commit>-...: the same day's files would sort by the hashes' spelling. The
+    # run that ended later (its `measured` time) replaces the case, whatever its name.
+    key = ("llama-3.2-1b", "fp16", 1, 2048)
+    for name, measured, frac in [("2026-12-03-b00d575-e2e.json", "2026-12-03T20:40:00Z", 0.61),
+                                 ("2026-12-03-c5a0183-e2e.json", "2026-12-03T09:00:00Z", 0.33)]:
+        doc = {"suite": "e2e", "gpu": ENV["gpu"], "env": ENV, "measured": measured,
+               "results": [_result(*key, 0.62, {"ours": frac, "jax-peer": 0.4})]}
+        (results_dir / name).write_text(json.dumps(doc))
+    recs = plots.select(plots.load_e2e(results_dir), model=key[0], weights=key[1], batch=1, ctx=2048, impl="ours")
+    assert [(r["frac"], r["source"]) for r in recs] == [(0.61, "2026-12-03-b00d575-e2e.json")]
+
+
 def test_missing_e2e_results_say_how_to_measure(tmp_path):
     with pytest.raises(plots.NoResults, match="bench e2e"):
         plots.load_e2e(tmp_path / "nowhere")

@@ -947,9 +947,12 @@ def write_json(path: str, env: dict, args, results, skipped, verify, models) -> 
     """The suite's JSON (see the module doc and bench/plots.py's e2e loader)."""
     versions = {k: env.get(k) for k in ("jax", "jaxlib", "python", "torch", "torch_cuda", "cudnn_torch")}
     env = dict(env, ffi_record=_extension.record_status())  # what the record stage did in this run
+    # measured: when the run ended (UTC), so that the loader orders runs of one day by time, not by
+    # their commit hashes' spelling.
+    measured = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     doc = {"suite": "e2e", "gpu": env.get("gpu"), "versions": versions, "commit": env.get("commit"),
-           "env": env, "args": vars(args), "models": models, "verify": verify, "results": results,
-           "skipped": skipped}
+           "measured": measured, "env": env, "args": vars(args), "models": models, "verify": verify,
+           "results": results, "skipped": skipped}
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(doc, f, indent=1, default=str)

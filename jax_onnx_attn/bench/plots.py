@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -561,15 +562,14 @@ def load_e2e(results_dir: str | Path = RESULTS_DIR) -> list[dict]:
     """The measurements of `python -m jax_onnx_attn.bench e2e` in `results_dir/*.json` as flat records:
     model, model_alias, weights, weight_bits, batch, ctx, phase, impl, ms, tokens_per_s, frac
     (frac_of_bound for decode, frac_of_gemm_peak for prefill), kernels_per_step, gpu, source. Each
-    case's records come from one run: the latest file (by name) that measured ours at it. Raises
+    case's records come from one run: the latest that measured ours at it (`_run_order`). Raises
     NoResults when there are none."""
     results_dir = Path(results_dir)
     files = sorted(results_dir.glob("*.json")) if results_dir.is_dir() else []
+    docs = [(path, json.loads(path.read_text())) for path in files]
+    docs = [(path, doc) for path, doc in docs if doc.get("suite") == "e2e"]
     runs: dict[tuple, list[list[dict]]] = {}
-    for path in files:
-        doc = json.loads(path.read_text())
-        if doc.get("suite") != "e2e":
-            continue
+    for path, doc in _run_order(docs, results_dir):
         gpu = gpu_name(doc.get("env", {}))
         for case in doc.get("results", []):
             recs = []
@@ -594,6 +594,38 @@ def load_e2e(results_dir: str | Path = RESULTS_DIR) -> list[dict]:
         raise NoResults(f"no e2e results in {results_dir}/: measure on the GPU machine with "
                         "`python -m jax_onnx_attn.bench e2e --out bench/results/<date>-<commit>-e2e.json`")
     return latest
+
+
+def _commit_times(where: Path) -> dict[str, int]:
+    """{7-character commit hash: commit time} of the git checkout holding `where` ({} without one)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "-C", str(where), "log", "--all", "--format=%H %ct"], capture_output=True,
+                             text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    times = {}
+    for line in out.splitlines():
+        full, _, t = line.partition(" ")
+        times.setdefault(full[:7], int(t))
+    return times
+
+
+def _run_order(docs: list[tuple[Path, dict]], where: Path) -> list[tuple[Path, dict]]:
+    """Result files in the order they were measured: by the date their name starts with, then by
+    the time the run wrote (`measured`, since session 26), else by the time of the commit it
+    measured (from git, where the results sit in a checkout: runs of one day named by commit hash
+    would otherwise sort by the hashes' spelling), then by name."""
+    times = _commit_times(where) if docs else {}
+
+    def key(item):
+        path, doc = item
+        commit = str(doc.get("commit") or "").split("+")[0][:7]
+        date = path.name[:10] if re.match(r"\d{4}-\d{2}-\d{2}", path.name) else ""
+        return (date, doc.get("measured") or "", times.get(commit, 0), path.name)
+
+    return sorted(docs, key=key)
 
 
 def _ctx_label(t: int) -> str:
