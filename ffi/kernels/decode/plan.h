@@ -326,9 +326,10 @@ inline int64_t ClusterSplitRows(int64_t batch, int64_t kv_heads, int64_t rows, i
 enum class QuantPath : int { kTiles = 0, kAuto = 1, kRegs = 2 };
 
 // KV rows a call streams (batch x KV heads x M blocks x capacity) from which kAuto takes the
-// register-dequantising kernel; below it the tile kernel is faster. Measured on the H200 (32/8 d128, bench/results/2026-12-03-*-decode-quant-route.json,
-// µs register / tile path): B=1 8k int4 19.3 / 17.0, B=8 2k 29.0 / 24.6, B=4 4k 29.2 / 28.3 (all
-// 64k-rows-a-head work or less); B=1 32k 35.6 / 45.4, B=4 8k 31.4 / 47.3, B=8 4k 32.4 / 40.7.
+// register-dequantising kernel; below it the tile kernel is faster. Measured on the H200 (32/8
+// d128, bench/results/2026-12-03-a1d6e8d-decode-quant-route.json, µs register / tile kernel): at
+// 131072 rows or fewer B=1 8k int4 19.3 / 17.0, B=8 2k 29.0 / 24.6, B=4 4k 29.2 / 28.3; at 262144
+// B=1 32k 35.6 / 45.4, B=4 8k 31.4 / 47.3, B=8 4k 32.4 / 40.7.
 inline constexpr int64_t kQuantRegsMinRows = int64_t(32768) * 8;
 
 // A call's plan: what the handler is told (split_rows, cluster, quant_regs) and the workspace
