@@ -88,6 +88,22 @@ def test_decode_attention_folds_with_the_per_example_plan(kernels):
     assert (static["split_rows"], static["cluster"]) == (plan["split_rows"], plan["cluster"])
 
 
+def test_decode_attention_folds_with_the_per_example_kernel_of_a_quantised_cache(kernels):
+    # The planner picks an int8 cache's kernel by the call's size (plan.h QuantPath): each example
+    # here (1 x 32 heads x 4096 rows) takes the tile kernel, the folded call (twice the rows) alone
+    # would take the register one. The fold keeps the per-example kernel (the same bits on a GPU).
+    rng, n, b, hkv, c, d = np.random.default_rng(4), 2, 1, 32, 4096, 64
+    batched = dict(q=_normal(rng, (n, b, hkv, 1, d), np.float16),
+                   k_cache=rng.integers(-128, 128, (n, b, hkv, c, d), dtype=np.int8),
+                   v_cache=rng.integers(-128, 128, (n, b, hkv, c, d), dtype=np.int8),
+                   kv_len=rng.integers(1, c, (n, b)).astype(np.int32))
+    shared = dict(k_scale=np.float32([0.02]), v_scale=np.float32([0.03]), scale=0.125, kv_bits=8)
+    assert not cuda.decode_plan(b, hkv, hkv, 1, c, d, 8, quant_regs=None)["quant_regs"]
+    assert cuda.decode_plan(n * b, hkv, hkv, 1, c, d, 8, quant_regs=None)["quant_regs"]
+    static = _check_fold(kernels, "decode", cuda.decode_attention, batched, shared, n, exact=False)
+    assert static["quant_regs"] is False
+
+
 def test_decode_attention_loops_over_a_mapped_operand_without_batch_axis(kernels):
     """sink [Hq] mapped: it has no batch axis to fold into, so one call per example."""
     rng, n = np.random.default_rng(2), 2

@@ -228,7 +228,7 @@ def plan_tensor_parallel(lowered, pieces: int, logits_name: str | None = None) -
     graph, params = lowered.model.graph, lowered.params
     graph_inputs = set(lowered.input_names)
     linears = {n.name: n for n in graph.node if _is_linear(n)}
-    kn = sorted(name for name, n in linears.items() if _attr(n, "layout") in ("kn", b"kn"))
+    kn = sorted(name for name, n in linears.items() if _attr(n, "layout") == b"kn")
     if kn:  # the splits below read a dense weight as [N, K]
         raise ValueError(f"plan_tensor_parallel: dense weights stored [K, N] (load(dense_layout='kn')) do "
                          f"not split; load the model with dense_layout='nk' for a mesh (e.g. {kn[0]})")

@@ -340,13 +340,14 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=
 
 
 def _per_example_plan(static, axis_size, q, k_cache, *rest) -> dict:
-    """The plan of one example's call, kept by a call over folded examples (vmap): the same splits,
-    so the same bits, as the per-example loop."""
+    """The plan of one example's call, kept by a call over folded examples (vmap): the same splits
+    and the same kernel for a quantised cache (the planner picks it by the call's size, and the
+    folded call is axis_size times larger), so the same bits, as the per-example loop."""
     b, hq, s, d = q.shape
     plan = decode_plan(b, hq, k_cache.shape[1], s, k_cache.shape[2], d, static["kv_bits"],
                        static["split_rows"], static["cluster"], policy=static["plan_policy"],
                        tile128=static.get("tile128", False), quant_regs=static.get("quant_regs", False))
-    return dict(split_rows=plan["split_rows"], cluster=plan["cluster"])
+    return dict(split_rows=plan["split_rows"], cluster=plan["cluster"], quant_regs=plan["quant_regs"])
 
 
 def _decode_attention(q, k_cache, v_cache, kv_len, bias, sink, k_scale, v_scale, *, scale, softcap,
@@ -372,7 +373,7 @@ def _decode_attention(q, k_cache, v_cache, kv_len, bias, sink, k_scale, v_scale,
                   causal=bool(causal), left=int(left), right=int(right), pos_shift=int(pos_shift),
                   has_bias=bias is not None, has_sink=sink is not None, kv_bits=int(kv_bits),
                   split_rows=plan["split_rows"], pdl=bool(pdl), cluster=plan["cluster"],
-                  quant_regs=bool(plan.get("quant_regs", quant_regs)), cursor_loads=bool(cursor_loads),
+                  quant_regs=plan["quant_regs"], cursor_loads=bool(cursor_loads),
                   producer=bool(producer), tile128=bool(tile128))
     return out
 

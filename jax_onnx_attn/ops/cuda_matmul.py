@@ -89,11 +89,9 @@ def dense_row_enabled() -> bool:
 
 def dense_kn_enabled() -> bool:
     """Whether a `DecoderSession` of batch >= 2 on one device loads its dense projection weights
-    [K, N] (ONNX's layout, `load(dense_layout="kn")`) rather than [N, K]: its decode steps' dense
-    projections run on XLA's GEMM (our kernels take one row), which reads [K, N] 2-4% faster at 8-32
-    rows on the H200 (~1B qkv M 8 5.54 vs 6.66 µs, ~8B LM head 230 vs 240;
-    bench/results/2026-12-03-211e465-xla-weight-layout.json). On by default; JOA_DENSE_KN=0 keeps
-    [N, K] (read when the session loads the model)."""
+    [K, N] (ONNX's layout, `load(dense_layout="kn")`) rather than [N, K] (why and what it gains:
+    `runtime.session.dense_layout_for`). On by default; JOA_DENSE_KN=0 keeps [N, K] (read when the
+    session loads the model)."""
     return _switch(DENSE_KN_ENV)
 
 
