@@ -118,17 +118,19 @@ def test_split_plan_is_valid(batch, rows, capacity, d):
 def test_cluster_plan_is_valid(batch, rows, capacity):
     sr = cuda.decode_cluster_split_rows(batch, 8, rows, capacity)
     tiles = -(-capacity // cuda.DECODE_BLOCK_N)
-    if sr is None:  # not a 16-row block, or no cluster of >= 2 splits fits the slots with short splits
+    if sr is None:  # not a 16-row block, or no cluster of >= 2 splits fits a wave with short splits
         n = min(cuda.DECODE_MAX_CLUSTER_SPLITS, tiles, 264 // (batch * 8))
+        while n >= 2 and batch * 8 * n > _wave_ctas(n, 2):
+            n -= 1
         assert rows > 16 or n < 2 or -(-tiles // n) > max(t for _, t in cuda._CLUSTER_PLANS)
         return
     splits = -(-capacity // sr)
     assert sr % cuda.DECODE_BLOCK_N == 0
     assert 2 <= splits <= cuda.DECODE_MAX_CLUSTER_SPLITS
-    assert batch * 8 * splits <= 264  # one wave of the planner's CTA slots
+    assert batch * 8 * splits <= _wave_ctas(splits, 2)  # one wave of clusters (the default policy)
 
 
-# --- plan policies (plan.h PlanPolicy: "ladder", the default, and "fit") --------------------------
+# --- plan policies (plan.h PlanPolicy: "wave", the default, "fit" and "ladder") -------------------
 
 def _plan(batch, capacity, d, policy, rows=4, **kw):
     """The plan of a q_len-1 call with `rows` query heads per KV head over 8 KV heads."""
@@ -167,20 +169,56 @@ def test_fit_policy_cluster_grids_fit_one_wave(batch, capacity, d):
     assert plan["workspace_elems"] == 1
 
 
-@pytest.mark.parametrize("batch,capacity,d,ladder,fit", [
-    # B=8 ctx 2k: the ladder's 4-CTA clusters take 256 of 264 slots (23.5 µs on the H200, where
-    # 2-CTA clusters took 18.2): "fit" takes 3-CTA clusters of 11 tiles.
-    (8, 2048, 64, (4, 512, True), (3, 704, True)),
+@pytest.mark.parametrize("batch", [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64])
+@pytest.mark.parametrize("capacity", [64, 1024, 2048, 2304, 4096, 8192, 32768])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_wave_policy_is_the_ladder_capped_by_one_wave_of_clusters(batch, capacity, d):
+    """"wave": the ladder where its cluster grid fits one wave of clusters; otherwise a cluster plan
+    that does (its splits no longer than the ladder's rungs allow) or the split plan."""
+    ladder, wave = _plan(batch, capacity, d, "ladder"), _plan(batch, capacity, d, "wave")
+    if ladder["cluster"] and batch * 8 * ladder["splits"] <= _wave_ctas(ladder["splits"], ladder["ctas_per_sm"]):
+        assert wave == ladder
+    elif wave["cluster"]:
+        n = wave["splits"]
+        assert 2 <= n <= cuda.DECODE_MAX_CLUSTER_SPLITS and n == -(-capacity // wave["split_rows"])
+        assert batch * 8 * n <= _wave_ctas(n, wave["ctas_per_sm"])
+        assert wave["split_rows"] <= max(t for _, t in cuda._CLUSTER_PLANS) * cuda.DECODE_BLOCK_N
+    else:
+        assert wave == _plan(batch, capacity, d, "wave", cluster=False)
+
+
+@pytest.mark.parametrize("batch,kv_heads", [(1, 8), (1, 4), (2, 4), (2, 8), (8, 8), (1, 32)])
+@pytest.mark.parametrize("capacity", [64, 1024, 1280, 2048, 2304, 4096, 8192, 8448, 131072])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_long_policy_splits_batch_1_at_head_dim_128_longer(batch, kv_heads, capacity, d):
+    """"long": "wave" everywhere but calls of <= 8 CTAs a split at head dim 128, which take the first
+    cluster rung (8 splits of <= 2 tiles) or else splits of >= 4 tiles and the combine kernel."""
+    plan = cuda.decode_plan(batch, 4 * kv_heads, kv_heads, 1, capacity, d, cluster_capable=True, policy="long")
+    wave = cuda.decode_plan(batch, 4 * kv_heads, kv_heads, 1, capacity, d, cluster_capable=True, policy="wave")
+    if d != 128 or batch * kv_heads > 8:
+        assert plan == wave
+    elif plan["cluster"]:
+        assert plan["splits"] <= 8 and plan["split_rows"] <= 2 * cuda.DECODE_BLOCK_N
+    else:
+        assert plan["split_rows"] >= min(4 * cuda.DECODE_BLOCK_N, -(-capacity // 64) * 64)
+
+
+@pytest.mark.parametrize("batch,capacity,d,wave,fit,ladder", [
+    # B=8 ctx 2k: the ladder's 4-CTA clusters take 256 of 264 slots (27.7 µs at d128 on the H200,
+    # the split plan 23.1): "wave" takes the split plan, "fit" 3-CTA clusters of 11 tiles.
+    (8, 2048, 64, (4, 512, False), (3, 704, True), (4, 512, True)),
     # The ~1B decoder's cache (2304 rows): split + combine kernel; "fit": one launch.
-    (8, 2304, 64, (4, 576, False), (3, 768, True)),
-    (8, 4096, 128, (4, 1024, False), (3, 1408, True)),
-    (8, 8192, 128, (4, 2048, False), (4, 2048, False)),  # 43 tiles a split: over fit_max_tiles
-    (16, 2048, 64, (2, 1024, False), (2, 1024, True)),
-    (2, 2048, 128, (16, 128, True), (11, 192, True)),
-    (1, 4096, 128, (16, 256, True), (16, 256, True)),
+    (8, 2304, 64, (4, 576, False), (3, 768, True), (4, 576, False)),
+    (8, 4096, 128, (4, 1024, False), (3, 1408, True), (4, 1024, False)),
+    (8, 8192, 128, (4, 2048, False), (4, 2048, False), (4, 2048, False)),  # 43 tiles: > fit_max_tiles
+    (16, 2048, 64, (2, 1024, False), (2, 1024, True), (2, 1024, False)),
+    # B=2 ctx 2k: 16-CTA clusters over 256 slots (18.3 µs at d128) -> 11-CTA clusters (11.3).
+    (2, 2048, 128, (11, 192, True), (11, 192, True), (16, 128, True)),
+    (4, 1024, 128, (6, 192, True), (6, 192, True), (8, 128, True)),
+    (1, 4096, 128, (16, 256, True), (16, 256, True), (16, 256, True)),
 ])
-def test_plan_policies_at_issue_15_shapes(batch, capacity, d, ladder, fit):
-    for policy, want in (("ladder", ladder), ("fit", fit)):
+def test_plan_policies_at_issue_15_shapes(batch, capacity, d, wave, fit, ladder):
+    for policy, want in (("wave", wave), ("fit", fit), ("ladder", ladder)):
         plan = _plan(batch, capacity, d, policy)
         assert (plan["splits"], plan["split_rows"], plan["cluster"]) == want, policy
 
@@ -188,10 +226,10 @@ def test_plan_policies_at_issue_15_shapes(batch, capacity, d, ladder, fit):
 def test_plan_policy_comes_from_the_environment(monkeypatch):
     """JOA_DECODE_PLAN picks the policy of calls that name none; the default is the first name;
     an unknown name is a ValueError naming the switch."""
-    assert cuda.DECODE_PLAN_POLICIES[0] == "ladder" and "fit" in cuda.DECODE_PLAN_POLICIES
+    assert cuda.DECODE_PLAN_POLICIES[0] == "wave" and {"fit", "ladder"} <= set(cuda.DECODE_PLAN_POLICIES)
     monkeypatch.delenv(cuda.PLAN_POLICY_ENV, raising=False)
     assert cuda.decode_plan_policy() is None
-    assert _plan(8, 2048, 64, None) == _plan(8, 2048, 64, "ladder")
+    assert _plan(8, 2048, 64, None) == _plan(8, 2048, 64, "wave") != _plan(8, 2048, 64, "ladder")
     monkeypatch.setenv(cuda.PLAN_POLICY_ENV, "fit")
     assert cuda.decode_plan_policy() == "fit"
     assert _plan(8, 2048, 64, None) == _plan(8, 2048, 64, "fit")

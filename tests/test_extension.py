@@ -61,8 +61,9 @@ def test_the_decode_plan_and_limits_come_from_the_extension():
     wide = dict(shapes, kv_heads=32, q_heads=32, capacity=1024)
     assert _extension.decode_plan(head_dim=128, cluster_capable=True, **wide)["ctas_per_sm"] == 2
     assert _extension.decode_plan(head_dim=256, cluster_capable=True, **wide)["ctas_per_sm"] == 1
-    assert cuda.decode_cluster_split_rows(1, 32, 1, 1024, 128) == 128
-    assert cuda.decode_cluster_split_rows(1, 32, 1, 1024, 256) == 256
+    # 32 KV heads: 6-CTA clusters (192 of 264 slots, one wave of clusters), 3 at d256 (96 of 132).
+    assert cuda.decode_cluster_split_rows(1, 32, 1, 1024, 128) == 192
+    assert cuda.decode_cluster_split_rows(1, 32, 1, 1024, 256) == 384
     with pytest.raises(ValueError, match="split_rows"):
         _extension.decode_plan(head_dim=128, split_rows=100, **shapes)
 

@@ -277,22 +277,25 @@ def test_cursor_loads_with_every_feature_and_a_cluster(dtype):
                                       strided)
 
 
-# B=8 decode shapes of issue 15 (32/8, q_len 1) and where the "fit" plan differs from the ladder.
-FIT_CASES = [(8, 64, 2048), (8, 64, 2304), (8, 128, 4096), (2, 128, 2048), (16, 64, 2048), (4, 80, 1000)]
+# B=2-16 decode shapes of issue 15 (32/8, q_len 1) where the "fit" plan or the default "wave" plan
+# (11-, 6- or 3-CTA clusters) differs from the ladder.
+FIT_CASES = [(8, 64, 2048), (8, 64, 2304), (8, 128, 4096), (2, 128, 2048), (16, 64, 2048), (4, 80, 1000),
+             (4, 128, 1024), (4, 64, 2304), (2, 64, 4096)]
 
 
 @pytest.mark.parametrize("case", FIT_CASES, ids=lambda x: f"b{x[0]}_d{x[1]}_c{x[2]}")
 @pytest.mark.parametrize("cursor", [False, True], ids=["strided", "cursor"])
-def test_fit_plan_policy(case, cursor):
-    """The "fit" plan (one clustered launch at these shapes) against the reference, with ragged
-    lengths (0, fewer keys than a split, NaN past kv_len) and bitwise repeatable; its cursor and
-    strided loads give the same bits."""
+@pytest.mark.parametrize("policy", ["fit", "wave"])
+def test_capped_plan_policies(case, cursor, policy):
+    """The "fit" plan (one clustered launch at these shapes) and the "wave" plan (the default)
+    against the reference, with ragged lengths (0, fewer keys than a split, NaN past kv_len) and
+    bitwise repeatable; their cursor and strided loads give the same bits."""
     b, d, c = case
-    plan = cuda.decode_plan(b, 32, 8, 1, c, d, policy="fit")
-    assert plan["cluster"], plan
+    plan = cuda.decode_plan(b, 32, 8, 1, c, d, policy=policy)
+    assert plan["cluster"] or policy == "wave", plan
     lens = [min(n, c) for n in [c, 0, 70, c - 1, 500, 1, 1500, c] * 2][:b]
     _, q, k, v, lens = _inputs(b + d + c, b, 32, 8, 1, d, c, np.float16, lens=lens)
-    f = functools.partial(_cuda_call, scale=float(1 / np.sqrt(d)), plan_policy="fit")
+    f = functools.partial(_cuda_call, scale=float(1 / np.sqrt(d)), plan_policy=policy)
     got = f(q, k, v, lens, cursor_loads=cursor)
     want = _run("reference", q, k, v, lens, scale=float(1 / np.sqrt(d)))
     assert not np.isnan(got.astype(np.float32)).any()
@@ -302,6 +305,23 @@ def test_fit_plan_policy(case, cursor):
     hlo = jax.jit(functools.partial(cuda.decode_attention, scale=0.1, plan_policy="fit")).lower(
         q, k, v, lens).as_text()
     assert "cluster = true" in hlo
+
+
+@pytest.mark.parametrize("c,kv_len", [(1280, 1280), (2304, 2049), (4096, 70), (8192, 8191), (2048, 0)])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: np.dtype(t).name)
+def test_long_plan_policy_at_batch_1(c, kv_len, dtype):
+    """The "long" plan (B=1 d128: splits of >= 4 tiles and the combine kernel, no 12- or 16-CTA
+    cluster) against the reference and the default plan, bitwise repeatable."""
+    plan = cuda.decode_plan(1, 32, 8, 1, c, 128, policy="long")
+    assert plan["split_rows"] >= 4 * cuda.DECODE_BLOCK_N or plan["cluster"], plan
+    _, q, k, v, lens = _inputs(c + kv_len, 1, 32, 8, 1, 128, c, dtype, lens=[kv_len])
+    f = functools.partial(_cuda_call, scale=0.09, plan_policy="long")
+    got = f(q, k, v, lens)
+    want = _run("reference", q, k, v, lens, scale=0.09)
+    assert not np.isnan(got.astype(np.float32)).any()
+    assert_close(got, want, dtype)
+    assert_close(got, _cuda_call(q, k, v, lens, scale=0.09, plan_policy="wave"), dtype)
+    np.testing.assert_array_equal(f(q, k, v, lens), got)
 
 
 def test_decode_loop_in_a_command_buffer_with_the_options(tmp_path, monkeypatch):

@@ -66,6 +66,22 @@ def test_vmap_of_the_kernels_equals_the_loop_bitwise():
     _equal(jax.jit(jax.vmap(decode))(q, cache, kv_len),
            _stack([decode(q[i], cache[i], kv_len[i]) for i in range(n)]), "decode_attention")
 
+    # An int8 cache: the planner picks its kernel by the call's size, so each example (tile kernel)
+    # and the folded call (the register kernel's size) differ; the fold keeps the examples' kernel.
+    hkv, c, d = 32, 4096, 64
+    q8 = _normal(rng, (n, 1, hkv, 1, d)).astype(np.float16)
+    k8 = rng.integers(-128, 128, (n, 1, hkv, c, d), dtype=np.int8)
+    v8 = rng.integers(-128, 128, (n, 1, hkv, c, d), dtype=np.int8)
+    len8 = rng.integers(1, c, (n, 1)).astype(np.int32)
+    assert not cuda.decode_plan(1, hkv, hkv, 1, c, d, 8, quant_regs=None)["quant_regs"]
+    assert cuda.decode_plan(n, hkv, hkv, 1, c, d, 8, quant_regs=None)["quant_regs"]
+
+    def decode8(q, k, v, kv):
+        return cuda.decode_attention(q, k, v, kv, k_scale=np.float32([0.02]),
+                                     v_scale=np.float32([0.03]), scale=0.125, kv_bits=8)
+    _equal(jax.jit(jax.vmap(decode8))(q8, k8, v8, len8),
+           _stack([decode8(q8[i], k8[i], v8[i], len8[i]) for i in range(n)]), "decode_attention int8")
+
     query, key = _normal(rng, (n, 2, 1, 8 * 128)), _normal(rng, (n, 2, 1, 2 * 128))
     k_cache = _normal(rng, (n, 2, 2, 64, 128))
     seqlens = np.array([[3, 60], [0, 63], [20, 20]], np.int32)

@@ -52,17 +52,35 @@ inline constexpr ClusterPlan kClusterPlans[] = {{8, 2}, {16, 4}, {16, 8}};
 // How MakePlan sizes a cluster plan (Python: the names of kPlanPolicyNames, by index;
 // ops/cuda.decode_plan_policy reads JOA_DECODE_PLAN).
 enum class PlanPolicy : int {
-  // kClusterPlans with the cluster capped by the CTA slots (the default).
-  kLadder = 0,
-  // kClusterPlans with the cluster capped by what one wave of clusters surely holds
-  // (ClusterWaveCtas); where that cap cuts a rung's cluster, its splits may stream up to
-  // kFitMaxTiles tiles: one launch where the ladder takes the split + combine-kernel plan or a
-  // cluster grid that overfills the GPU. Why (issue 15, H200, B=8 32/8 d64 ctx 2k): the ladder's
-  // 4-CTA clusters over 256 of the 264 slots took 23.6 µs, 2-CTA clusters 18.2, 4 splits + the
-  // combine kernel 18.3 (2-split plans: 21.6 with the combine kernel, 18.2 in a cluster).
+  // kClusterPlans with the cluster capped by the CTA slots and by what one wave of clusters surely
+  // holds (ClusterWaveCtas), the rungs' tile limits unchanged: where the cap cuts a rung too far,
+  // the next rung or the split + combine-kernel plan (the default). Why (H200, fp16 32/8, µs
+  // kLadder -> kWave, cuDNN; bench/results/2026-12-03-8130647-decode-plan-wave.json): B=2 ctx 2k
+  // d128 18.3 -> 11.3 (11.9), B=4 1k 15.4 -> 10.8 (11.7), B=8 2k 27.7 -> 23.1 (23.1), d64 B=8 2k
+  // 20.4 -> 15.4 (14.1): a cluster grid that overfills the wave runs part of itself in a second.
+  kWave = 0,
+  // kClusterPlans capped by the wave as kWave, but where that cap cuts a rung's cluster its splits
+  // may stream up to kFitMaxTiles tiles: one launch where kWave takes the split + combine-kernel
+  // plan. Within ±5% of kWave at B=2-8 up to 4k (same JSON); loses 4-6% at B=8 4k in session 15.
   kFit = 1,
+  // kClusterPlans with the cluster capped by the CTA slots only (the default until session 27):
+  // kept for A/B runs.
+  kLadder = 2,
+  // kWave, but a call of at most kLongSplitCtas CTAs a split (batch x KV heads x M blocks: B=1 at 8
+  // KV heads) over a float cache at head dim 128 takes only the first cluster rung, and its
+  // other plans split at least kLongSplitTiles tiles. Why (H200, B=1 32/8 d128 fp16, µs;
+  // tools/sweep_splits.py, session 27): ctx 2304 the ladder's 12-CTA clusters 9.9, 9 splits of 4
+  // tiles + the combine kernel 8.9 (18 of 2: 9.4); 4096 16-CTA clusters 11.4, 16 splits of 4
+  // tiles 10.2 (32 of 2: 10.7); d64 keeps its clusters (1280: 6.3 against 6.6-7.3).
+  kLong = 3,
 };
-inline constexpr const char* kPlanPolicyNames[] = {"ladder", "fit"};
+inline constexpr const char* kPlanPolicyNames[] = {"wave", "fit", "ladder", "long"};
+inline constexpr int kLongSplitCtas = 8, kLongSplitTiles = 4, kLongSplitHeadDim = 128;
+// Whether kLong's rule applies to a call (see kLong).
+constexpr bool LongSplits(PlanPolicy policy, int64_t split_ctas, int d, KvFormat format, bool wide) {
+  return policy == PlanPolicy::kLong && split_ctas <= kLongSplitCtas && d == kLongSplitHeadDim &&
+         format == KvFormat::kDense && !wide;
+}
 // GPCs of the H200 (a cluster's CTAs run in one): a constant like kPlanSms.
 inline constexpr int kPlanGpcs = 8;
 // Most KV tiles a split of a kFit cluster may stream where the wave cut its cluster: 2048 rows, up
@@ -296,7 +314,7 @@ inline int64_t SplitRows(int64_t batch, int64_t kv_heads, int64_t rows, int64_t 
 // its splits in its tiles (SplitBlockRows) and the rungs' limits in the same rows (kBlockN-row
 // tiles: 2 / 4 / 8 of them are 1 / 2 / 4 wide tiles).
 inline int64_t ClusterSplitRows(int64_t batch, int64_t kv_heads, int64_t rows, int64_t capacity, int d,
-                                KvFormat format, PlanPolicy policy = PlanPolicy::kLadder,
+                                KvFormat format, PlanPolicy policy = PlanPolicy::kWave,
                                 bool tile128 = false, bool quant_regs = false) {
   const Layout l = LayoutFor(rows, d, format, tile128, quant_regs);
   if (l.block_m != 16 || !l.cluster_combine) return 0;
@@ -305,7 +323,9 @@ inline int64_t ClusterSplitRows(int64_t batch, int64_t kv_heads, int64_t rows, i
   const int64_t ctas = std::max<int64_t>(batch * kv_heads, 1);
   const int64_t tiles = std::max<int64_t>(1, (capacity + block_n - 1) / block_n);
   const int64_t slots = int64_t(kPlanSms) * l.ctas_per_sm;
+  const bool first_rung_only = LongSplits(policy, ctas, d, format, tile128);
   for (const ClusterPlan& plan : kClusterPlans) {
+    if (first_rung_only && &plan != &kClusterPlans[0]) break;
     int64_t n = std::min<int64_t>({plan.size, tiles, slots / ctas});
     int64_t max_tiles = std::max<int64_t>(1, plan.max_tiles / per);
     if (policy == PlanPolicy::kFit) {
@@ -313,6 +333,8 @@ inline int64_t ClusterSplitRows(int64_t batch, int64_t kv_heads, int64_t rows, i
       n = whole;
       while (n >= 2 && ctas * n > ClusterWaveCtas(slots, n)) --n;
       if (n < whole) max_tiles = kFitMaxTiles / per;
+    } else if (policy == PlanPolicy::kWave || policy == PlanPolicy::kLong) {
+      while (n >= 2 && ctas * n > ClusterWaveCtas(slots, n)) --n;
     }
     if (n >= 2 && (tiles + n - 1) / n <= max_tiles) return (tiles + n - 1) / n * block_n;
   }
@@ -357,7 +379,7 @@ struct Plan {
 // whose CTA slots the splits fill.
 inline Plan MakePlan(int64_t batch, int64_t q_heads, int64_t kv_heads, int64_t q_len, int64_t capacity,
                      int d, KvFormat format, bool cluster_capable, int64_t split_rows, int cluster,
-                     PlanPolicy policy = PlanPolicy::kLadder, bool tile128 = false,
+                     PlanPolicy policy = PlanPolicy::kWave, bool tile128 = false,
                      QuantPath quant = QuantPath::kTiles) {
   const int64_t rows = (q_heads / std::max<int64_t>(kv_heads, 1)) * q_len;
   const int64_t m_blocks = (rows + BlockRows(rows) - 1) / BlockRows(rows);
@@ -376,7 +398,13 @@ inline Plan MakePlan(int64_t batch, int64_t q_heads, int64_t kv_heads, int64_t q
     use_cluster = cluster_rows > 0;
     if (use_cluster) split_rows = cluster_rows;
   }
-  if (split_rows == 0) split_rows = SplitRows(batch, kv_heads, rows, capacity, d, format, tile128, quant_regs);
+  if (split_rows == 0) {
+    split_rows = SplitRows(batch, kv_heads, rows, capacity, d, format, tile128, quant_regs);
+    if (LongSplits(policy, batch * kv_heads * m_blocks, d, format, tile128)) {
+      const int64_t tiles = (capacity + kBlockN - 1) / kBlockN;
+      split_rows = std::max<int64_t>(split_rows, std::min<int64_t>(kLongSplitTiles, tiles) * kBlockN);
+    }
+  }
   const bool wide = WideTile(rows, d, format, tile128) && split_rows % kWideTileN == 0;
   Plan p{};
   p.split_rows = split_rows;
