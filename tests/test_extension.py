@@ -53,10 +53,13 @@ def test_the_decode_plan_and_limits_come_from_the_extension():
     assert cuda.DECODE_HEAD_DIMS == tuple(limits["decode"]["head_dims"])
     assert [str(t) for t in cuda.GENERAL_SOFTMAX_DTYPES] == ["float32", "float16", "bfloat16"]
     shapes = dict(batch=1, q_heads=32, kv_heads=8, q_len=1, capacity=4096, kv_bits=0)
-    plan = _extension.decode_plan(head_dim=128, cluster_capable=True, **shapes)
-    assert plan == _extension.decode_plan(head_dim=128, cluster_capable=True, **shapes)  # pure
+    plan = _extension.decode_plan(head_dim=64, cluster_capable=True, **shapes)
+    assert plan == _extension.decode_plan(head_dim=64, cluster_capable=True, **shapes)  # pure
     assert plan["cluster"] and plan["splits"] == 16 and plan["workspace_elems"] == 1
-    assert not _extension.decode_plan(head_dim=128, cluster_capable=False, **shapes)["cluster"]
+    assert not _extension.decode_plan(head_dim=64, cluster_capable=False, **shapes)["cluster"]
+    # Head dim 128 at B=1: 4-tile splits and the combine kernel (plan.h PlanPolicy::kWave).
+    long = _extension.decode_plan(head_dim=128, cluster_capable=True, **shapes)
+    assert not long["cluster"] and long["split_rows"] == 256 and long["workspace_elems"] > 1
     # Head dim 256 runs one CTA per SM: its cluster plan counts half the CTA slots of d128's.
     wide = dict(shapes, kv_heads=32, q_heads=32, capacity=1024)
     assert _extension.decode_plan(head_dim=128, cluster_capable=True, **wide)["ctas_per_sm"] == 2

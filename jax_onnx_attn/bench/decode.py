@@ -44,7 +44,7 @@ DONATE = os.environ.get("JOA_BENCH_DONATE", "1") != "0"
 #: "ours[cursor]", "ours[fit+cursor]": the "fit" plan policy and / or the cursor loads of a float
 #: cache (issue 15; --impls ours ours[fit] ours[cursor] ours[fit+cursor] jax-cudnn); "ours[wave]" /
 #: "ours[ladder]": the "wave" plan policy (the default: clusters capped by one wave of clusters) /
-#: the uncapped "ladder" of sessions 14-26; "ours[long]": "wave" with B=1 d128's longer splits. "ours[producer]":
+#: the uncapped "ladder" of sessions 14-26. "ours[producer]":
 #: a float cache's tiles copied by a producer warp (JOA_DECODE_PRODUCER; sm_90). "ours[tile128]":
 #: a float cache streamed in 128-row KV tiles (JOA_DECODE_TILE128; 16-row blocks at d64 / d128), its
 #: copies by the cursor-loads rule (strided at d64); "ours[tile128+cursor]": with the cursor loads.
@@ -59,7 +59,6 @@ OURS_FORMS = {
     "ours[fit+cursor]": (dict(plan_policy="fit", cursor_loads=True, engine="decode"), "float"),
     "ours[wave]": (dict(plan_policy="wave", engine="decode"), "float"),
     "ours[ladder]": (dict(plan_policy="ladder", engine="decode"), "float"),
-    "ours[long]": (dict(plan_policy="long", engine="decode"), "float"),
     "ours[producer]": (dict(producer=True, engine="decode"), "float"),
     "ours[tile128]": (dict(tile128=True, engine="decode"), "float"),
     "ours[tile128+cursor]": (dict(tile128=True, cursor_loads=True, engine="decode"), "float"),

@@ -94,10 +94,10 @@ def _cluster_capable() -> bool:
 
 
 #: The decode planner's policy (plan.h PlanPolicy, one of DECODE_PLAN_POLICIES): unset or "wave"
-#: is the default (cluster plans capped by one wave of clusters); "fit" lets a capped cluster's
-#: splits grow instead of falling back to the split plan; "ladder" is the uncapped plan of sessions
-#: 14-26, kept for A/B runs; "long" is "wave" with B=1 head-dim-128 calls on splits of >= 4 tiles
-#: and the combine kernel (an experiment; issue 15, docs/kernels.md "The decode engine").
+#: is the default (cluster plans capped by one wave of clusters; B=1 at head dim 128 on splits of
+#: >= 4 tiles and the combine kernel); "fit" lets a capped cluster's splits grow instead of falling
+#: back to the split plan; "ladder" is the uncapped plan of sessions 14-26, kept for A/B runs
+#: (issue 15, docs/kernels.md "The decode engine").
 PLAN_POLICY_ENV = "JOA_DECODE_PLAN"
 
 

@@ -153,10 +153,11 @@ def test_cluster_combine(dtype, case, sink):
 
 
 def test_planner_picks_the_cluster_at_batch_1():
-    """The auto plan of a B=1 decode step is one clustered launch: no combine kernel in the HLO's
-    custom calls' workspace (size 1) and the same values as the combine-kernel path."""
-    _, q, k, v, lens = _inputs(5, 1, 32, 8, 1, 128, 4096, ml_dtypes.bfloat16, lens=[4000])
-    assert cuda.decode_cluster_split_rows(1, 8, 4, 4096) == 256  # 16 splits: a non-portable cluster
+    """The auto plan of a B=1 decode step at head dim 64 is one clustered launch: no combine kernel
+    in the HLO's custom calls' workspace (size 1) and the same values as the combine-kernel path.
+    (Head dim 128 takes 4-tile splits and the combine kernel there: test_batch_1_head_dim_128_plans.)"""
+    _, q, k, v, lens = _inputs(5, 1, 32, 8, 1, 64, 4096, ml_dtypes.bfloat16, lens=[4000])
+    assert cuda.decode_cluster_split_rows(1, 8, 4, 4096, 64) == 256  # 16 splits: a non-portable cluster
     auto = jax.jit(functools.partial(cuda.decode_attention, scale=0.09))
     hlo = auto.lower(q, k, v, lens).as_text()
     assert "cluster = true" in hlo
@@ -309,18 +310,18 @@ def test_capped_plan_policies(case, cursor, policy):
 
 @pytest.mark.parametrize("c,kv_len", [(1280, 1280), (2304, 2049), (4096, 70), (8192, 8191), (2048, 0)])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: np.dtype(t).name)
-def test_long_plan_policy_at_batch_1(c, kv_len, dtype):
-    """The "long" plan (B=1 d128: splits of >= 4 tiles and the combine kernel, no 12- or 16-CTA
-    cluster) against the reference and the default plan, bitwise repeatable."""
-    plan = cuda.decode_plan(1, 32, 8, 1, c, 128, policy="long")
+def test_batch_1_head_dim_128_plans(c, kv_len, dtype):
+    """The default B=1 d128 plans (splits of >= 4 tiles and the combine kernel, or 8-CTA clusters
+    of <= 2 tiles) against the reference and the ladder's 12- / 16-CTA clusters, bitwise repeatable."""
+    plan = cuda.decode_plan(1, 32, 8, 1, c, 128)
     assert plan["split_rows"] >= 4 * cuda.DECODE_BLOCK_N or plan["cluster"], plan
     _, q, k, v, lens = _inputs(c + kv_len, 1, 32, 8, 1, 128, c, dtype, lens=[kv_len])
-    f = functools.partial(_cuda_call, scale=0.09, plan_policy="long")
+    f = functools.partial(_cuda_call, scale=0.09)
     got = f(q, k, v, lens)
     want = _run("reference", q, k, v, lens, scale=0.09)
     assert not np.isnan(got.astype(np.float32)).any()
     assert_close(got, want, dtype)
-    assert_close(got, _cuda_call(q, k, v, lens, scale=0.09, plan_policy="wave"), dtype)
+    assert_close(got, _cuda_call(q, k, v, lens, scale=0.09, plan_policy="ladder"), dtype)
     np.testing.assert_array_equal(f(q, k, v, lens), got)
 
 
