@@ -194,10 +194,10 @@ def test_wave_policy_is_the_ladder_capped_by_one_wave_of_clusters(batch, capacit
 @pytest.mark.parametrize("capacity", [64, 1024, 1280, 2048, 2304, 4096, 8192, 8448, 131072])
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_wave_policy_splits_batch_1_at_head_dim_128_longer(batch, kv_heads, capacity, d):
-    """"wave" at <= 8 CTAs a split and head dim 128: the first cluster rung (8 splits of <= 2
-    tiles) or else splits of >= 4 tiles and the combine kernel; elsewhere the rule is not used."""
+    """"wave" at <= 8 CTAs a split, head dim 128 and >= 2048 rows: the first cluster rung (8 splits of
+    <= 2 tiles) or else splits of >= 4 tiles and the combine kernel; elsewhere the rule is not used."""
     plan = cuda.decode_plan(batch, 4 * kv_heads, kv_heads, 1, capacity, d, cluster_capable=True, policy="wave")
-    if d != 128 or batch * kv_heads > 8:
+    if d != 128 or batch * kv_heads > 8 or capacity < 2048:
         if plan["cluster"] and batch * kv_heads <= 8:  # B=1's own clusters: longer rungs allowed
             assert plan["splits"] <= cuda.DECODE_MAX_CLUSTER_SPLITS
         return

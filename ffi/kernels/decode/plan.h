@@ -59,8 +59,8 @@ enum class PlanPolicy : int {
   // d128 18.3 -> 11.3 (11.9), B=4 1k 15.4 -> 10.8 (11.7), B=8 2k 27.7 -> 23.1 (23.1), d64 B=8 2k
   // 20.4 -> 15.4 (14.1): a cluster grid that overfills the wave runs part of itself in a second.
   // And a call of at most kLongSplitCtas CTAs a split (batch x KV heads x M blocks: B=1 at 8 KV
-  // heads) over a float cache at head dim 128 takes only the first cluster rung, its other plans
-  // splitting at least kLongSplitTiles tiles for the combine kernel (LongSplits). Why (B=1 32/8 d128,
+  // heads) over a float cache of >= 2048 rows at head dim 128 takes only the first cluster rung, its
+  // other plans splitting at least kLongSplitTiles tiles for the combine kernel (LongSplits). Why (B=1 32/8 d128,
   // µs 12- / 16-CTA clusters -> 4-tile splits, cuDNN; 2026-12-03-78b319e-decode-b1-long-splits.json):
   // fp16 2304 11.6 -> 10.5 (10.8), 4096 14.2 -> 11.6 (12.8), 8192 16.9 -> 16.1 (16.5); bf16 2304 11.8
   // -> 10.6 (11.3), 4096 14.0 -> 13.3 (12.7), 8192 17.4 -> 15.8 (16.6). d64 keeps its clusters
@@ -75,7 +75,7 @@ enum class PlanPolicy : int {
   kLadder = 2,
 };
 inline constexpr const char* kPlanPolicyNames[] = {"wave", "fit", "ladder"};
-inline constexpr int kLongSplitCtas = 8, kLongSplitTiles = 4, kLongSplitHeadDim = 128;
+inline constexpr int kLongSplitCtas = 8, kLongSplitTiles = 4, kLongSplitHeadDim = 128, kLongSplitMinSplits = 8;
 // GPCs of the H200 (a cluster's CTAs run in one): a constant like kPlanSms.
 inline constexpr int kPlanGpcs = 8;
 // Most KV tiles a split of a kFit cluster may stream where the wave cut its cluster: 2048 rows, up
@@ -303,11 +303,14 @@ inline int64_t SplitRows(int64_t batch, int64_t kv_heads, int64_t rows, int64_t 
 }
 
 // Whether kWave's B=1 rule applies to a call (see kWave): 16-row blocks (one M block) of a float
-// cache in the default tile at head dim 128, at most kLongSplitCtas (batch, KV head) CTAs a split.
-inline bool LongSplits(PlanPolicy policy, int64_t batch, int64_t kv_heads, int64_t rows, int d, KvFormat format,
-                       bool tile128) {
+// cache in the default tile at head dim 128, at most kLongSplitCtas (batch, KV head) CTAs a split,
+// and enough rows for kLongSplitMinSplits splits of kLongSplitTiles tiles (measured from 2304 rows
+// up; shorter caches keep the cluster plans).
+inline bool LongSplits(PlanPolicy policy, int64_t batch, int64_t kv_heads, int64_t rows, int64_t capacity, int d,
+                       KvFormat format, bool tile128) {
   return policy == PlanPolicy::kWave && BlockRows(rows) == 16 && batch * kv_heads <= kLongSplitCtas &&
-         d == kLongSplitHeadDim && format == KvFormat::kDense && !WideTile(rows, d, format, tile128);
+         d == kLongSplitHeadDim && format == KvFormat::kDense && !WideTile(rows, d, format, tile128) &&
+         capacity >= int64_t(kLongSplitMinSplits) * kLongSplitTiles * kBlockN;
 }
 
 // KV rows per split when the splits should combine inside a thread-block cluster, or 0: for 16-row
@@ -326,7 +329,7 @@ inline int64_t ClusterSplitRows(int64_t batch, int64_t kv_heads, int64_t rows, i
   const int64_t ctas = std::max<int64_t>(batch * kv_heads, 1);
   const int64_t tiles = std::max<int64_t>(1, (capacity + block_n - 1) / block_n);
   const int64_t slots = int64_t(kPlanSms) * l.ctas_per_sm;
-  const bool first_rung_only = LongSplits(policy, batch, kv_heads, rows, d, format, tile128);
+  const bool first_rung_only = LongSplits(policy, batch, kv_heads, rows, capacity, d, format, tile128);
   for (const ClusterPlan& plan : kClusterPlans) {
     if (first_rung_only && &plan != &kClusterPlans[0]) break;
     int64_t n = std::min<int64_t>({plan.size, tiles, slots / ctas});
@@ -403,7 +406,7 @@ inline Plan MakePlan(int64_t batch, int64_t q_heads, int64_t kv_heads, int64_t q
   }
   if (split_rows == 0) {
     split_rows = SplitRows(batch, kv_heads, rows, capacity, d, format, tile128, quant_regs);
-    if (LongSplits(policy, batch, kv_heads, rows, d, format, tile128)) {
+    if (LongSplits(policy, batch, kv_heads, rows, capacity, d, format, tile128)) {
       const int64_t tiles = (capacity + kBlockN - 1) / kBlockN;
       split_rows = std::max<int64_t>(split_rows, std::min<int64_t>(kLongSplitTiles, tiles) * kBlockN);
     }
