@@ -124,6 +124,18 @@ def test_a_later_run_of_a_case_replaces_all_its_measurements(results_dir):
     assert len(recs) == N_RECORDS - 2
 
 
+def test_kernel_runs_of_one_day_are_ordered_by_when_they_ran_not_by_their_hash(results_dir):
+    # <date>-<commit>-... names of one day sort by the hashes' spelling; the run that ended later
+    # (its `measured` time) replaces the case, as in the e2e figures (plots._run_order).
+    for name, measured, gbps in [("2026-12-03-78b319e-decode.json", "2026-12-03T23:30:00Z", 900.0),
+                                 ("2026-12-03-8130647-decode.json", "2026-12-03T22:40:00Z", 300.0)]:
+        doc = {"suite": "decode", "measured": measured, "env": ENV,
+               "results": [_decode_case(1, 4096, {"jax-xla": gbps})]}
+        (results_dir / name).write_text(json.dumps(doc))
+    r, = plots.select(plots.load_results(results_dir), impl="jax-xla", batch=1, kv_len=4096)
+    assert (r["gbps"], r["source"]) == (pytest.approx(900.0), "2026-12-03-78b319e-decode.json")
+
+
 def test_a_later_peers_only_run_does_not_displace_a_run_with_ours(results_dir):
     case = _decode_case(8, 8192, {"jax-xla": 10.0})
     del case["impls"][plots.OURS]

@@ -522,9 +522,11 @@ def _warm_up(seconds: float = 2.0) -> None:
 
 
 def _write(path, env, results, args, suite: str = "decode"):
+    # measured: when the run ended (UTC): the figures order runs of one day by it (plots._run_order).
+    measured = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     with open(path, "w") as f:
-        json.dump({"suite": suite, "env": env, "args": vars(args), "results": results}, f, indent=1,
-                  default=str)
+        json.dump({"suite": suite, "measured": measured, "env": env, "args": vars(args), "results": results},
+                  f, indent=1, default=str)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ IMPL_ALIASES): impl, phase, dtype (numpy name), batch, q_heads, kv_heads, head_d
 causal, kv_bits, ragged (prefill rows of different lengths), time_s, tflops, gbps, intensity, gpu
 (the GPU's name), source (file name). Skipped impls are left out. Numbers only count measured side
 by side in one run, so a case (KEY_FIELDS less impl) takes all its records from one file: the latest
-(by name) that measured ours at it, else the latest that measured it at all; a peer measured only
+(`_run_order`: by date, run time, commit time, name) that measured ours at it, else the latest that
+measured it at all; a peer measured only
 in an older run of that case is left out rather than set against a newer ours.
 Metrics, as DESIGN.md defines them:
 
@@ -177,11 +178,13 @@ STEP_OURS = "cuda"
 def load_results(results_dir: str | Path = RESULTS_DIR, suites: Sequence[str | None] = KERNEL_SUITES,
                  ours: str = OURS) -> list[dict]:
     """Every measurement of `suites` in `results_dir/*.json` as flat records, each case's from one
-    run (the latest with `ours`; see the module docstring). Raises NoResults when the folder holds no
-    JSON with such measurements. `suites=("gqa",), ours=STEP_OURS` reads the whole-step suite."""
+    run (the latest with `ours`, in the order the runs were measured: `_run_order`; see the module
+    docstring). Raises NoResults when the folder holds no JSON with such measurements. `suites=("gqa",), ours=STEP_OURS` reads the whole-step suite."""
     results_dir = Path(results_dir)
     files = sorted(results_dir.glob("*.json")) if results_dir.is_dir() else []
-    latest = load_files(files, suites, ours)
+    docs = [(path, json.loads(path.read_text())) for path in files]
+    ordered = [path for path, _ in _run_order([(p, d if isinstance(d, dict) else {}) for p, d in docs], results_dir)]
+    latest = load_files(ordered, suites, ours)
     if not latest:
         where = f"{results_dir}/ has no *.json" if not files else \
             f"the {len(files)} JSON file(s) in {results_dir}/ hold no measurements"
@@ -621,7 +624,7 @@ def _run_order(docs: list[tuple[Path, dict]], where: Path) -> list[tuple[Path, d
 
     def key(item):
         path, doc = item
-        commit = str(doc.get("commit") or "").split("+")[0][:7]
+        commit = str(doc.get("commit") or doc.get("env", {}).get("commit") or "").split("+")[0][:7]
         date = path.name[:10] if re.match(r"\d{4}-\d{2}-\d{2}", path.name) else ""
         return (date, doc.get("measured") or "", times.get(commit, 0), path.name)
 
