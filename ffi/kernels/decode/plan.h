@@ -60,8 +60,9 @@ enum class PlanPolicy : int {
   // 20.4 -> 15.4 (14.1): a cluster grid that overfills the wave runs part of itself in a second.
   // And a call of at most kLongSplitCtas CTAs a split (batch x KV heads x M blocks: B=1 at 8 KV
   // heads) over a float cache of >= 2048 rows at head dim 128 takes only the first cluster rung, its
-  // other plans splitting at least kLongSplitTiles tiles for the combine kernel (LongSplits). Why (B=1 32/8 d128,
-  // µs 12- / 16-CTA clusters -> 4-tile splits, cuDNN; 2026-12-03-78b319e-decode-b1-long-splits.json):
+  // other plans splitting at least kLongSplitTiles tiles for the combine kernel (LongSplits). Why
+  // (B=1 32/8 d128, µs 12- / 16-CTA clusters -> 4-tile splits, cuDNN;
+  // bench/results/2026-12-03-78b319e-decode-b1-long-splits.json):
   // fp16 2304 11.6 -> 10.5 (10.8), 4096 14.2 -> 11.6 (12.8), 8192 16.9 -> 16.1 (16.5); bf16 2304 11.8
   // -> 10.6 (11.3), 4096 14.0 -> 13.3 (12.7), 8192 17.4 -> 15.8 (16.6). d64 keeps its clusters
   // (tools/sweep_splits.py at 1280: 6.3 µs against 6.6-7.3 for the split plans).
@@ -75,6 +76,7 @@ enum class PlanPolicy : int {
   kLadder = 2,
 };
 inline constexpr const char* kPlanPolicyNames[] = {"wave", "fit", "ladder"};
+// kWave's B=1 rule (LongSplits): at most 8 CTAs a split, head dim 128, >= 8 splits of 4 tiles.
 inline constexpr int kLongSplitCtas = 8, kLongSplitTiles = 4, kLongSplitHeadDim = 128, kLongSplitMinSplits = 8;
 // GPCs of the H200 (a cluster's CTAs run in one): a constant like kPlanSms.
 inline constexpr int kPlanGpcs = 8;
