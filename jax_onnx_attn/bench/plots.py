@@ -179,15 +179,14 @@ def load_results(results_dir: str | Path = RESULTS_DIR, suites: Sequence[str | N
                  ours: str = OURS) -> list[dict]:
     """Every measurement of `suites` in `results_dir/*.json` as flat records, each case's from one
     run (the latest with `ours`, in the order the runs were measured: `_run_order`; see the module
-    docstring). Raises NoResults when the folder holds no JSON with such measurements. `suites=("gqa",), ours=STEP_OURS` reads the whole-step suite."""
+    docstring). Raises NoResults when the folder holds no JSON with such measurements.
+    `suites=("gqa",), ours=STEP_OURS` reads the whole-step suite."""
     results_dir = Path(results_dir)
-    files = sorted(results_dir.glob("*.json")) if results_dir.is_dir() else []
-    docs = [(path, json.loads(path.read_text())) for path in files]
-    ordered = [path for path, _ in _run_order([(p, d if isinstance(d, dict) else {}) for p, d in docs], results_dir)]
-    latest = load_files(ordered, suites, ours)
+    docs = _ordered_docs(results_dir)
+    latest = _latest_records(docs, suites, ours)
     if not latest:
-        where = f"{results_dir}/ has no *.json" if not files else \
-            f"the {len(files)} JSON file(s) in {results_dir}/ hold no measurements"
+        where = f"{results_dir}/ has no *.json" if not docs else \
+            f"the {len(docs)} JSON file(s) in {results_dir}/ hold no measurements"
         raise NoResults(
             f"no benchmark results to plot: {where}. Measure on the GPU machine with "
             f"`python -m jax_onnx_attn.bench {next((x for x in suites if x), 'decode')} "
@@ -200,10 +199,14 @@ def load_files(files: Sequence[str | Path], suites: Sequence[str | None] = KERNE
                ours: str = OURS) -> list[dict]:
     """`load_results` on the given JSON files (in that order: a later file's run of a case replaces
     an earlier one's); [] when they hold no measurements of `suites`."""
+    return _latest_records([(Path(f), json.loads(Path(f).read_text())) for f in files], suites, ours)
+
+
+def _latest_records(docs: Sequence[tuple[Path, object]], suites: Sequence[str | None], ours: str) -> list[dict]:
+    """The records of `suites` in (path, doc) pairs, oldest first, each case's from its latest run."""
     case_fields = [f for f in KEY_FIELDS if f != "impl"]
     runs: dict[tuple, list[list[dict]]] = {}  # case -> its runs' records, oldest file first
-    for path in map(Path, files):
-        doc = json.loads(path.read_text())
+    for path, doc in docs:
         if not isinstance(doc, dict) or doc.get("suite") not in suites:  # e.g. a probe's bare list
             continue
         gpu = gpu_name(doc.get("env", {}))
@@ -568,11 +571,10 @@ def load_e2e(results_dir: str | Path = RESULTS_DIR) -> list[dict]:
     case's records come from one run: the latest that measured ours at it (`_run_order`). Raises
     NoResults when there are none."""
     results_dir = Path(results_dir)
-    files = sorted(results_dir.glob("*.json")) if results_dir.is_dir() else []
-    docs = [(path, json.loads(path.read_text())) for path in files]
-    docs = [(path, doc) for path, doc in docs if doc.get("suite") == "e2e"]
     runs: dict[tuple, list[list[dict]]] = {}
-    for path, doc in _run_order(docs, results_dir):
+    for path, doc in _ordered_docs(results_dir):
+        if not isinstance(doc, dict) or doc.get("suite") != "e2e":
+            continue
         gpu = gpu_name(doc.get("env", {}))
         for case in doc.get("results", []):
             recs = []
@@ -615,7 +617,13 @@ def _commit_times(where: Path) -> dict[str, int]:
     return times
 
 
-def _run_order(docs: list[tuple[Path, dict]], where: Path) -> list[tuple[Path, dict]]:
+def _ordered_docs(results_dir: Path) -> list[tuple[Path, object]]:
+    """(path, parsed JSON) of every `results_dir/*.json`, in the order the runs were measured."""
+    files = sorted(results_dir.glob("*.json")) if results_dir.is_dir() else []
+    return _run_order([(path, json.loads(path.read_text())) for path in files], results_dir)
+
+
+def _run_order(docs: list[tuple[Path, object]], where: Path) -> list[tuple[Path, object]]:
     """Result files in the order they were measured: by the date their name starts with, then by
     the time the run wrote (`measured`, since session 26), else by the time of the commit it
     measured (from git, where the results sit in a checkout: runs of one day named by commit hash
@@ -624,6 +632,7 @@ def _run_order(docs: list[tuple[Path, dict]], where: Path) -> list[tuple[Path, d
 
     def key(item):
         path, doc = item
+        doc = doc if isinstance(doc, dict) else {}  # e.g. a probe's bare list
         commit = str(doc.get("commit") or doc.get("env", {}).get("commit") or "").split("+")[0][:7]
         date = path.name[:10] if re.match(r"\d{4}-\d{2}-\d{2}", path.name) else ""
         return (date, doc.get("measured") or "", times.get(commit, 0), path.name)
