@@ -122,7 +122,13 @@ NB_MODULE(_ffi, m) {
     nb::list policies;
     for (const char* name : joa::decode::kPlanPolicyNames) policies.append(name);
     decode["plan_policies"] = policies;
-    decode["plan_gpcs"] = joa::decode::kPlanGpcs;
+    nb::list wave_clusters;  // [CTAs an SM - 1][cluster size - 1]
+    for (const auto& row : joa::decode::kWaveClusters) {
+      nb::list sizes;
+      for (int16_t c : row) sizes.append(int(c));
+      wave_clusters.append(sizes);
+    }
+    decode["wave_clusters"] = wave_clusters;
     decode["fit_max_tiles"] = joa::decode::kFitMaxTiles;
     decode["plan_sms"] = joa::decode::kPlanSms;
     decode["wide_tile_n"] = joa::decode::kWideTileN;

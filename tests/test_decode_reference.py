@@ -138,9 +138,30 @@ def _plan(batch, capacity, d, policy, rows=4, **kw):
 
 
 def _wave_ctas(splits, ctas_per_sm):
-    """plan.h ClusterWaveCtas: the CTAs of `splits`-CTA clusters one wave holds for sure."""
-    lim = cuda._limits()["decode"]
-    return lim["plan_sms"] * ctas_per_sm - lim["plan_gpcs"] * (splits - 1)
+    """plan.h ClusterWaveCtas: the CTAs of `splits`-CTA clusters one wave of the H200 holds."""
+    return cuda._limits()["decode"]["wave_clusters"][ctas_per_sm - 1][splits - 1] * splits
+
+
+def test_wave_clusters_are_the_measured_h200_table():
+    """The wave cap is cudaOccupancyMaxActiveClusters on the H200 (tools/probes/cluster_occupancy),
+    not a formula: GPCs of unequal sizes hold 237 CTAs of 3-CTA clusters but 248 of 4-CTA ones."""
+    table = cuda._limits()["decode"]["wave_clusters"]
+    assert [len(row) for row in table] == [cuda.DECODE_MAX_CLUSTER_SPLITS] * 3
+    for ctas_per_sm, row in enumerate(table, 1):
+        assert row[0] == 132 * ctas_per_sm  # one-CTA "clusters": every slot
+        assert all(c * size <= 132 * ctas_per_sm for size, c in enumerate(row, 1))
+        assert all(a >= b for a, b in zip(row, row[1:]))
+    assert [_wave_ctas(n, 2) for n in (3, 4, 7, 8, 12, 16)] == [237, 248, 224, 240, 192, 224]
+
+
+@pytest.mark.parametrize("batch,capacity,splits", [(4, 1280, 7), (2, 2304, 12)])
+def test_wave_policy_keeps_cluster_grids_the_table_says_fit(batch, capacity, splits):
+    """d128 B=4 capacity 1280 (7-CTA clusters, 224 CTAs) and B=2 2304 (12-CTA clusters, 192): one
+    wave holds them, so "wave" plans the ladder's clusters (the worst-case GPC formula of session 27
+    cut them to 5 / 9 splits: 13.1 -> 15.1 and 12.2 -> 12.7 µs)."""
+    wave, ladder = _plan(batch, capacity, 128, "wave"), _plan(batch, capacity, 128, "ladder")
+    assert wave["cluster"] and wave["splits"] == splits
+    assert wave == ladder
 
 
 @pytest.mark.parametrize("capacity", [64, 200, 1024, 2048, 2304, 4096, 8192, 16384, 131072])
@@ -156,7 +177,7 @@ def test_fit_policy_keeps_the_batch_1_plans(capacity, d, rows):
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_fit_policy_cluster_grids_fit_one_wave(batch, capacity, d):
     """A "fit" cluster plan: 2-16 splits of at most fit_max_tiles tiles whose CTAs one wave of
-    clusters holds (each GPC may strand size - 1 slots), no workspace; otherwise the split plan."""
+    clusters holds (the H200's measured max active clusters), no workspace; otherwise the split plan."""
     plan = _plan(batch, capacity, d, "fit")
     assert plan == _plan(batch, capacity, d, "fit")  # pure
     if not plan["cluster"]:

@@ -52,8 +52,8 @@ inline constexpr ClusterPlan kClusterPlans[] = {{8, 2}, {16, 4}, {16, 8}};
 // How MakePlan sizes a cluster plan (Python: the names of kPlanPolicyNames, by index;
 // ops/cuda.decode_plan_policy reads JOA_DECODE_PLAN).
 enum class PlanPolicy : int {
-  // kClusterPlans with the cluster capped by the CTA slots and by what one wave of clusters surely
-  // holds (ClusterWaveCtas), the rungs' tile limits unchanged: where the cap cuts a rung too far,
+  // kClusterPlans with the cluster capped by the CTA slots and by what one wave of clusters holds
+  // (ClusterWaveCtas, measured), the rungs' tile limits unchanged: where the cap cuts a rung too far,
   // the next rung or the split + combine-kernel plan (the default). Why (H200, fp16 32/8, µs
   // kLadder -> kWave, cuDNN; bench/results/2026-12-03-8130647-decode-plan-wave.json): B=2 ctx 2k
   // d128 18.3 -> 11.3 (11.9), B=4 1k 15.4 -> 10.8 (11.7), B=8 2k 27.7 -> 23.1 (23.1), d64 B=8 2k
@@ -78,15 +78,25 @@ enum class PlanPolicy : int {
 inline constexpr const char* kPlanPolicyNames[] = {"wave", "fit", "ladder"};
 // kWave's B=1 rule (LongSplits): at most 8 CTAs a split, head dim 128, >= 8 splits of 4 tiles.
 inline constexpr int kLongSplitCtas = 8, kLongSplitTiles = 4, kLongSplitHeadDim = 128, kLongSplitMinSplits = 8;
-// GPCs of the H200 (a cluster's CTAs run in one): a constant like kPlanSms.
-inline constexpr int kPlanGpcs = 8;
 // Most KV tiles a split of a kFit cluster may stream where the wave cut its cluster: 2048 rows, up
 // to which a combine kernel (~3 µs at B=8) costs more than the longer splits (the B=8 2k sweep).
 inline constexpr int kFitMaxTiles = 32;
 
-// CTAs of `size`-CTA clusters that one wave holds for sure: a cluster sits in one GPC, so each GPC
-// may strand up to size - 1 of its CTA slots.
-constexpr int64_t ClusterWaveCtas(int64_t slots, int64_t size) { return slots - int64_t(kPlanGpcs) * (size - 1); }
+// Clusters of 1..kMaxClusterSplits CTAs that one wave of the H200 holds at 1, 2 and 3 CTAs an SM:
+// cudaOccupancyMaxActiveClusters on the H200 (tools/probes/cluster_occupancy; 132 SMs in GPCs of
+// unequal sizes, so no formula gives them: 3-CTA clusters hold 237 of 264 slots, 4-CTA 248, 16-CTA
+// 224). Constants like kPlanSms: a plan depends on static shapes only.
+inline constexpr int16_t kWaveClusters[3][kMaxClusterSplits] = {
+    {132, 66, 39, 30, 22, 17, 15, 15, 9, 7, 7, 7, 7, 7, 7, 7},
+    {264, 132, 79, 62, 47, 39, 32, 30, 23, 21, 16, 16, 14, 14, 14, 14},
+    {396, 198, 124, 92, 69, 62, 47, 45, 37, 30, 28, 28, 23, 21, 21, 21},
+};
+
+// CTAs of `size`-CTA clusters that one wave holds at `ctas_per_sm` CTAs an SM.
+constexpr int64_t ClusterWaveCtas(int ctas_per_sm, int64_t size) {
+  return int64_t(kWaveClusters[std::clamp(ctas_per_sm, 1, 3) - 1][std::clamp<int64_t>(size, 1, kMaxClusterSplits) - 1]) *
+         size;
+}
 
 constexpr bool SupportedHeadDim(int d) {
   for (int x : kHeadDims) {
@@ -339,10 +349,10 @@ inline int64_t ClusterSplitRows(int64_t batch, int64_t kv_heads, int64_t rows, i
     if (policy == PlanPolicy::kFit) {
       const int64_t whole = std::min<int64_t>(plan.size, tiles);
       n = whole;
-      while (n >= 2 && ctas * n > ClusterWaveCtas(slots, n)) --n;
+      while (n >= 2 && ctas * n > ClusterWaveCtas(l.ctas_per_sm, n)) --n;
       if (n < whole) max_tiles = kFitMaxTiles / per;
     } else if (policy == PlanPolicy::kWave) {
-      while (n >= 2 && ctas * n > ClusterWaveCtas(slots, n)) --n;
+      while (n >= 2 && ctas * n > ClusterWaveCtas(l.ctas_per_sm, n)) --n;
     }
     if (n >= 2 && (tiles + n - 1) / n <= max_tiles) return (tiles + n - 1) / n * block_n;
   }
