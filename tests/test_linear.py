@@ -7,7 +7,6 @@ the accumulator -> reduction -> epilogue mapping), so the layout logic is proven
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import jax
@@ -461,54 +460,20 @@ def test_plan_takes_the_dense_row_kernel_for_one_row_of_dense_weights():
         for gated, norm in ((False, False), (True, True), (False, True)):
             p = _plan(1, n, k, 16, gated, norm, slots=True)
             assert p["error"] is None and p["dense_row"] and not p["slots"], p
-            split = p["cluster"]  # the K split over a cluster (DenseRowSplit)
-            assert p["warps_k"] == 8 and p["cpp"] * 8 * split == p["kc"] == k // 64 and p["blocks"] * 16 == n
-            assert p["groups"] == min(p["blocks"], 264 // split) and p["grid"] == p["groups"] * split
-            assert split in (1, 2, 4) and p["rows_block"] == 16
+            assert p["warps_k"] == 8 and p["cpp"] * 8 == p["kc"] == k // 64 and p["blocks"] * 16 == n
+            assert p["cluster"] == 1 and p["grid"] == min(p["blocks"], 264) and p["rows_block"] == 16
             # x, a zero unit, two sets of 8 warps' 16 partial row sums, the norm's warp sums.
             assert p["smem_bytes"] == 2 * k + 16 + 2 * 8 * 16 * 4 + 8 * 4 <= 115712
             assert p == _plan(1, n, k, 16, gated, norm, slots=True)
     # Anything else keeps the ring kernel: more rows, K not a multiple of 512, N not of 16, a
     # forced layout, the switch off, n-bit weights.
     for args, kw in (((2, 2048, 2048, 16, False), {}), ((1, 2048, 2304, 16, False), {}),
-                     ((1, 2056, 2048, 16, False), {}), ((1, 2048, 2048, 16, False), dict(cluster=8)),
+                     ((1, 2056, 2048, 16, False), {}), ((1, 2048, 2048, 16, False), dict(cluster=1)),
                      ((1, 2048, 2048, 16, False), dict(warps_k=8)),
-                     ((1, 2048, 1536, 16, False), dict(cluster=2)),
                      ((1, 2048, 2048, 4, False), dict(wide=True, block_size=32))):
         p = _plan(*args, slots=True, **kw)
         assert p["error"] is None and not p["dense_row"], (args, kw)
     assert not _plan(1, 2048, 2048, 16, False)["dense_row"]
-
-
-# (K, N) of MODEL_SHAPES -> the dense row kernel's planned K split: 2 where 128 tiles would leave
-# one CTA on most SMs (~1B o, down), 4 / 2 where 192 / 384 tiles fill 1.45 waves (~1B, ~8B qkv),
-# 1 where the tiles fill the waves (gate-up, the LM heads, ~8B o and down).
-DENSE_ROW_SPLITS = {(2048, 3072): 4, (2048, 2048): 2, (2048, 16384): 1, (8192, 2048): 2, (4096, 6144): 2,
-                    (4096, 4096): 1, (4096, 28672): 1, (14336, 4096): 1, (2048, 128256): 1}
-
-
-def test_dense_row_kernel_splits_k_where_the_tiles_leave_sms_idle_or_unbalanced():
-    for (k, n), split in DENSE_ROW_SPLITS.items():
-        for gated, norm in ((False, False), (True, True)):
-            assert _plan(1, n, k, 16, gated, norm, slots=True)["cluster"] == split, (k, n, gated)
-    # Forced (cluster = the split; JOA_DENSE_ROW_SPLIT): 1, 2, 4 where they divide K into whole
-    # steps of every warp; no clusters below sm_90.
-    for split in (1, 2, 4):
-        p = _plan(1, 2048, 8192, 16, False, cluster=split, slots=True)
-        assert p["error"] is None and p["dense_row"] and p["cluster"] == split
-        assert p["grid"] == split * min(128, 264 // split)
-    p = _plan(1, 2048, 512, 16, False, slots=True)
-    assert p["dense_row"] and p["cluster"] == 1  # one step a warp: no split
-
-
-def test_dense_row_split_environment(monkeypatch):
-    monkeypatch.delenv(cuda_matmul.DENSE_ROW_SPLIT_ENV, raising=False)
-    assert cuda_matmul.dense_row_split() == 0
-    monkeypatch.setenv(cuda_matmul.DENSE_ROW_SPLIT_ENV, "2")
-    assert cuda_matmul.dense_row_split() == 2
-    monkeypatch.setenv(cuda_matmul.DENSE_ROW_SPLIT_ENV, "3")
-    with pytest.raises(ValueError, match=cuda_matmul.DENSE_ROW_SPLIT_ENV):
-        cuda_matmul.dense_row_split()
 
 
 # --- NumPy emulation of the kernel's index maps --------------------------------------------------
@@ -628,23 +593,22 @@ def _mma(acc, a, b0, b1, dtype):
         acc[lane] += np.array([D[g, 2 * t], D[g, 2 * t + 1], D[g + 8, 2 * t], D[g + 8, 2 * t + 1]])
 
 
-@pytest.mark.parametrize("k,split", [(512, 1), (1024, 1), (1024, 2), (2048, 4)])
-def test_dense_row_kernel_index_maps_give_x_w(k, split):
+@pytest.mark.parametrize("k", [512, 1024])
+def test_dense_row_kernel_index_maps_give_x_w(k):
     """ffi/kernels/gemv/dense_row.cuh's maps, one tile, on the register words: each warp's loads
-    (rows g/2 + {0, 8, 4, 12}, 16 bytes at k = rank K / S + 64 s + 32 (g & 1) + 8 t), the loaded
-    words as A fragments, lanes 0-7's x units as B columns 0 / 1 (the rest zeros), the row sum from
-    lanes (g, 0) and (g ^ 1, 0) and the reduction slot it goes to, the S CTAs' slots added: the 16
-    sums are exactly W x."""
+    (rows g/2 + {0, 8, 4, 12}, 16 bytes at k = 64 s + 32 (g & 1) + 8 t), the loaded words as A
+    fragments, lanes 0-7's x units as B columns 0 / 1 (the rest zeros), the row sum from lanes
+    (g, 0) and (g ^ 1, 0) and the reduction slot it goes to: the 16 sums are exactly W x."""
     dtype = np.float16
     rng = np.random.default_rng(0)
     w = rng.integers(-8, 8, (16, k)).astype(dtype)
     x = rng.integers(-8, 8, k).astype(dtype)
-    warps, nsteps = 8, k // split // 512
-    red = np.zeros((split, warps, 16))
-    for rank, wk in itertools.product(range(split), range(warps)):
+    warps, nsteps = 8, k // 512
+    red = np.zeros((warps, 16))
+    for wk in range(warps):
         acc = np.zeros((2, 2, 32, 4))
         for s in range(nsteps):
-            k0 = rank * (k // split) + (wk * nsteps + s) * 64
+            k0 = (wk * nsteps + s) * 64
             xw = [_words(x[k0 + 8 * lane:k0 + 8 * lane + 8].tobytes()) if lane < 8 else [0] * 4
                   for lane in range(32)]
             for rg in range(2):
@@ -665,8 +629,8 @@ def test_dense_row_kernel_index_maps_give_x_w(k, split):
                 v = np.where((np.arange(32) >> 2) & 1, c1, c0)
                 v = v + v[np.arange(32) ^ 4]  # __shfl_xor_sync(v, 4)
                 for lane in range(0, 32, 8):  # t == 0, g even
-                    red[rank, wk, (lane >> 3) + 4 * rg + 8 * h] = v[lane]
-    np.testing.assert_array_equal(red.sum(axis=(0, 1)), w.astype(np.float64) @ x.astype(np.float64))
+                    red[wk, (lane >> 3) + 4 * rg + 8 * h] = v[lane]
+    np.testing.assert_array_equal(red.sum(axis=0), w.astype(np.float64) @ x.astype(np.float64))
 
 
 def _quad_k(plan, q):

@@ -76,19 +76,6 @@ def slots_enabled() -> bool:
     return _switch(SLOTS_ENV)
 
 
-#: The environment variable that forces the dense row kernel's K split (1, 2 or 4 CTAs a tile,
-#: a thread-block cluster; unset or 0: the plan's, plan.h DenseRowSplit), read at trace time: A/B.
-DENSE_ROW_SPLIT_ENV = "JOA_DENSE_ROW_SPLIT"
-
-
-def dense_row_split() -> int:
-    """The dense row kernel's K split that `JOA_DENSE_ROW_SPLIT` forces (0: the plan's)."""
-    value = os.environ.get(DENSE_ROW_SPLIT_ENV, "").strip() or "0"
-    if value not in ("0", "1", "2", "4"):
-        raise ValueError(f"{DENSE_ROW_SPLIT_ENV}={value!r}: expected 0 (planned), 1, 2 or 4")
-    return int(value)
-
-
 def dense_row_enabled() -> bool:
     """Whether one row of x against dense half weights (K a multiple of 512, N of 16) runs on the
     dense row kernel (ffi/kernels/gemv/dense_row.cuh: W straight into registers as MMA operands, 8
@@ -416,8 +403,7 @@ def linear(x, w, bias=None, residual=None, norm_weight=None, *, eps: float = 1e-
     Semantics of `jax_onnx_attn.ops.reference.linear.linear`. bias [N], residual [M, N_out],
     norm_weight [K] or None. pdl: programmatic dependent launch (W is read before the previous
     kernel has finished: only for weights no kernel of the program writes). cluster / warps_k > 0
-    override the plan (for one row on the dense row kernel, cluster alone forces its K split:
-    1, 2 or 4 CTAs a tile; `JOA_DENSE_ROW_SPLIT` does the same). One row takes the dense row kernel where the plan has it and
+    override the plan. One row takes the dense row kernel where the plan has it and
     `dense_row_enabled()` (decided here at trace time; results within the dtype's tolerance of the
     ring kernel's, not the same bits).
     """
@@ -429,8 +415,6 @@ def linear(x, w, bias=None, residual=None, norm_weight=None, *, eps: float = 1e-
 
 def _linear(x, w, bias, residual, norm_weight, *, eps, gated, pdl, cluster, warps_k, slots):
     m, n = x.shape[0], w.shape[0]
-    if slots and m == 1 and cluster == 0 and warps_k == 0:
-        cluster = dense_row_split()  # one row: the dense row kernel's K split, where forced
     n_out = n // 2 if gated else n
     call = jax.ffi.ffi_call(target("linear"), jax.ShapeDtypeStruct((m, n_out), x.dtype))
     ph = _placeholder(x.dtype)

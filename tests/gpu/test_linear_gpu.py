@@ -309,33 +309,6 @@ def test_dense_row_kernel_matches_the_reference_and_the_ring_kernel(k, dtype, mo
         np.testing.assert_array_equal(row(x[:1], w, **arrays), got)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=_name)
-@pytest.mark.parametrize("split", [1, 2, 4])
-@pytest.mark.parametrize("k,n", [(2048, 2048), (4096, 4816), (8192, 2048)])
-def test_dense_row_kernel_k_split_over_a_cluster(k, n, split, dtype, monkeypatch):
-    # The dense row kernel with K split over clusters of 1 / 2 / 4 CTAs (JOA_DENSE_ROW_SPLIT, read
-    # at trace time): against the reference, every fusion; N = 2048 (128 tiles, one a cluster) and
-    # 4816 (301 tiles: several a cluster, the partial-sum sets alternating under the cluster
-    # barrier); bitwise repeatable.
-    monkeypatch.setenv(cuda_matmul.DENSE_ROW_SPLIT_ENV, str(split))
-    for fusion in FUSIONS:
-        gated = fusion.startswith("gated") or fusion == "all"
-        rows = n + 16 if gated else n
-        arrays, static = _split(_fusion_operands(fusion, k, rows, 1, dtype, seed=5))
-        plan = cuda_matmul.gemv_plan(1, rows, k, 16, gated, "norm_weight" in arrays, cluster=split, slots=True)
-        assert plan["dense_row"] and plan["cluster"] == split
-        x, w = _dense(k, rows, dtype, seed=7)
-        ref = _linear_fn("reference", **static)(x[:1], w, **arrays)
-        row = _dense_row_call(True, monkeypatch, **static)
-        got = row(x[:1], w, **arrays)
-        x_in = np.asarray(x[:1], np.float64)
-        if "norm_weight" in arrays:
-            x_in = x_in / np.sqrt(np.mean(x_in ** 2) + 1e-5) * np.asarray(arrays["norm_weight"], np.float64)
-        slack = _bias_slack(x_in, w, dtype, gated) if ("bias" in arrays or gated) else None
-        _check(got, ref, dtype, f"dense row split {split} {fusion} K={k} N={rows}", slack)
-        np.testing.assert_array_equal(row(x[:1], w, **arrays), got)
-
-
 # (cluster, warps_k) forced through the plan's overrides: every reduction path.
 PLANS = [(1, 1), (1, 2), (1, 8), (2, 4), (4, 2), (8, 1), (16, 1), (16, 8)]
 

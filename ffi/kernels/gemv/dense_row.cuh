@@ -4,13 +4,8 @@
 // XLA's GEMV; this one streams at 0.9-0.99x of a kernel that only reads W on the ~1B / ~8B
 // projection shapes: tools/probes/gemv_dense_m1.cu, bench/results/2026-12-02-gemv-dense-row.json).
 //
-// Geometry: a cluster of S = p.cluster CTAs (1: a CTA alone) owns 16-row tiles c, c + C, ... (c the
-// cluster's index, C the clusters); CTA rank r of it takes the K range [r K / S, (r + 1) K / S) and
-// warp w of that CTA the w-th kWarps-th of it, in steps of 64 k (2 KB of the tile). Splitting K
-// over a cluster puts two CTAs on every SM where the tiles alone would leave one (the ~1B o and
-// down projections: 128 tiles) or balances a grid of 1.45 waves (~8B qkv: 384 tiles); the
-// cluster's partial sums add in rank order through distributed shared memory (plan.h's
-// DenseRowLayout picks S). In a
+// Geometry: a CTA of kWarps warps owns 16-row tiles blockIdx.x, + gridDim.x, ...; warp w takes the
+// K range [w K / kWarps, (w + 1) K / kWarps) of each, in steps of 64 k (2 KB of the tile). In a
 // step lane (g, t) loads 16 bytes of rows g/2, g/2 + 8, g/2 + 4, g/2 + 12 at k = 64 s + 32 (g & 1)
 // + 8 t: the 8 lanes of a row read 128 contiguous bytes (whole L2 lines, half the requests of 4
 // lanes a row). The words are the A registers of two m16n8k16 MMAs as loaded: MMA row g holds
@@ -26,7 +21,6 @@
 
 #include <cstdint>
 
-#include "kernels/gemv/cluster.cuh"
 #include "kernels/gemv/epilogue.cuh"
 #include "kernels/gemv/params.h"
 #include "kernels/gemv/plan.h"
@@ -63,15 +57,11 @@ __global__ void __launch_bounds__(kThreads, 2) GemvDenseRowKernel(const __grid_c
   const int tid = threadIdx.x, lane = tid & 31, wk = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int units = p.k / 8;
-  const int S = p.cluster, rank = ClusterRank(S);
-  const int k_cta = p.k / S, k0 = rank * k_cta;  // this CTA's K range
-  const int nsteps = k_cta / (64 * kWarps);
-  const int group = int(blockIdx.x) / S, groups = int(gridDim.x) / S;
-  const int tiles = (p.blocks - group + groups - 1) / groups;
+  const int nsteps = p.k / (64 * kWarps);
+  const int tiles = (p.blocks - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x);
   const int steps = tiles * nsteps;
   const int64_t row_bytes = int64_t(p.k) * 2;
-  const int64_t lane_off =
-      int64_t(g >> 1) * row_bytes + (int64_t(k0) + int64_t(wk) * nsteps * 64 + 32 * (g & 1) + 8 * t) * 2;
+  const int64_t lane_off = int64_t(g >> 1) * row_bytes + (int64_t(wk) * nsteps * 64 + 32 * (g & 1) + 8 * t) * 2;
 
   ptx::LaunchDependents();
 
@@ -81,7 +71,7 @@ __global__ void __launch_bounds__(kThreads, 2) GemvDenseRowKernel(const __grid_c
   auto load_next = [&](DenseRowStep& st) {
     if (ld_step < steps) {
       if (ld_j == 0) {
-        const int tile = group + ld_it * groups;
+        const int tile = int(blockIdx.x) + ld_it * int(gridDim.x);
         wp = static_cast<const uint8_t*>(p.w) + int64_t(tile) * 16 * row_bytes + lane_off;
       }
       st.w[0] = LoadStream16(wp);
@@ -120,7 +110,7 @@ __global__ void __launch_bounds__(kThreads, 2) GemvDenseRowKernel(const __grid_c
   __syncthreads();
 
   // B: lanes 0-7 read x units 8 s + lane of the warp's K range; the others the zero unit.
-  const uint4* xb = lane < 8 ? s_x + k0 / 8 + wk * nsteps * 8 + lane : s_zero;
+  const uint4* xb = lane < 8 ? s_x + wk * nsteps * 8 + lane : s_zero;
   const int xstep = lane < 8 ? 8 : 0;
 
   float acc[2][2][4] = {};  // [rows g/2 + 4 rg (+ 8)][chain: words x, y / z, w][C fragment]
@@ -145,7 +135,7 @@ __global__ void __launch_bounds__(kThreads, 2) GemvDenseRowKernel(const __grid_c
       // End of a tile: lane (g, 0) takes column g & 1 of its C rows and adds lane g ^ 1's; the
       // even g write the warp's partial sums, the epilogue's threads add the warps in order.
       float* red = s_red + (it & 1) * kWarps * 16;
-      const int tile = group + it * groups;
+      const int tile = int(blockIdx.x) + it * int(gridDim.x);
       ++it;
 #pragma unroll
       for (int rg = 0; rg < 2; ++rg) {
@@ -160,14 +150,10 @@ __global__ void __launch_bounds__(kThreads, 2) GemvDenseRowKernel(const __grid_c
           for (int e = 0; e < 2; ++e) acc[rg][e][2 * h] = acc[rg][e][2 * h + 1] = 0.f;
         }
       }
-      // One barrier a tile: the sets alternate, so rank 0 has read this set before any CTA passes
-      // the next tile's barrier and may write it again two tiles on.
-      ClusterSync(S);
-      if (rank == 0) OneRowTileEpilogue<T, Epilogue>(p, tile, red, 16, tid, S);
+      __syncthreads();
+      OneRowTileEpilogue<T, Epilogue>(p, tile, red, 16, tid);
     }
   }
-  // No CTA leaves while rank 0 may still read its last partial sums.
-  if (S > 1) ClusterSync(S);
 }
 
 }  // namespace joa::gemv

@@ -10,7 +10,6 @@
 #include <cstdint>
 
 #include "kernels/convert.cuh"
-#include "kernels/gemv/cluster.cuh"
 #include "kernels/gemv/params.h"
 #include "kernels/gemv/stage.cuh"
 
@@ -93,21 +92,15 @@ struct GatedSiluEpilogue {
   }
 };
 
-// The one-row kernels' end of a 16-row tile, after a CTA barrier (a cluster barrier when the
-// `cluster` CTAs split K: the dense row kernel's split, run by rank 0): red[w * stride + r] holds
-// warp w's partial sum of the tile's row r in each CTA; threads 0-15 (warp 0) add the CTAs' warps
-// in order (rank, then warp) into warp 0's slot, then the epilogue's threads store the tile's
-// outputs. Deterministic (fixed order).
+// The one-row kernels' end of a 16-row tile, after a CTA barrier: red[w * stride + r] holds warp
+// w's partial sum of the tile's row r; threads 0-15 (warp 0) add the warps in order into warp 0's
+// slot, then the epilogue's threads store the tile's outputs. Deterministic (fixed order).
 template <typename T, class Epilogue>
-__device__ __forceinline__ void OneRowTileEpilogue(const GemvParams& p, int tile, float* red, int stride, int tid,
-                                                   int cluster = 1) {
+__device__ __forceinline__ void OneRowTileEpilogue(const GemvParams& p, int tile, float* red, int stride, int tid) {
   if (tid >= 16) return;
   float v = 0.f;
-  for (int r = 0; r < cluster; ++r) {
-    const float* src = cluster > 1 ? RemoteShared(red, r) : red;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) v += src[w * stride + tid];
-  }
+  for (int w = 0; w < kWarps; ++w) v += red[w * stride + tid];
   red[tid] = v;
   __syncwarp(0xFFFFu);
   if (tid < Epilogue::OutCols(16) / 8) {

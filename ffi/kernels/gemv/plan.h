@@ -134,8 +134,7 @@ struct Plan {
   // clusters of `cluster` CTAs (sm_90). Fields below then describe that kernel's geometry.
   bool slots = false;
   // One row of dense weights on the dense row kernel (dense_row.cuh): the slots kernel's geometry
-  // (one 16-row tile a cluster at a time, warps splitting K, W straight into registers); cluster =
-  // its K split (DenseRowSplit), groups = its clusters.
+  // (one 16-row tile a CTA at a time, warps splitting K, W straight into registers), no cluster.
   bool dense_row = false;
   // 4-bit weights in the rows layout on the rows kernel (rows.cuh; MakeRowsPlan): cluster = its K
   // split, warps_n = row groups (warps) a CTA, stages = W stages a warp has in flight, ctas_per_sm =
@@ -268,53 +267,12 @@ inline bool SlotsLayout(Plan& p, bool sm90) {
 // K elements a CTA's warps take together per step of the dense row kernel (64 each).
 inline constexpr int64_t kDenseRowK = 64 * kWarps;
 
-// K splits the dense row kernel may take (its cluster; dense_row.cuh): 1, 2 or 4 CTAs a tile.
-inline constexpr int kDenseRowSplits[] = {1, 2, 4};
-
-// The dense row kernel's K split for `blocks` 16-row tiles of K columns: the split whose busiest
-// SM streams the fewest bytes (ceil(tiles a cluster) / split x CTAs an SM) by more than 3%; within
-// 3%, a larger split only where it fills a grid that left most of a wave's second CTA slots idle
-// (more bytes in flight an SM). split > 0: that one (a sweep). 0 where the given split does not
-// divide K into whole steps of every warp (or needs clusters without sm_90).
-inline int DenseRowSplit(int64_t blocks, int64_t k, bool sm90, int64_t split = 0) {
-  auto fits = [&](int64_t s) { return (s == 1 || sm90) && k % (kDenseRowK * s) == 0; };
-  if (split > 0) {
-    for (int s : kDenseRowSplits) {
-      if (s == split) return fits(s) ? s : 0;
-    }
-    return 0;
-  }
-  const int64_t slots = 2 * int64_t(kPlanSms);
-  int best = 1;
-  double best_est = 0.0;
-  int64_t best_grid = 0;
-  for (int s : kDenseRowSplits) {
-    if (!fits(s)) continue;
-    const int64_t clusters = std::min<int64_t>(blocks, slots / s);
-    const int64_t grid = clusters * s;
-    const double est = double(CeilDiv(blocks, clusters)) / s * double(CeilDiv(grid, int64_t(kPlanSms)));
-    const bool better = s == 1 || est < 0.97 * best_est ||
-                        (est <= 1.03 * best_est && double(best_grid) < 0.9 * double(slots) && grid > best_grid);
-    if (better) {
-      best = s;
-      best_est = est;
-      best_grid = grid;
-    }
-  }
-  return best;
-}
-
 // Fills `p` (a MakePlan base of one row of dense weights, K % kDenseRowK == 0, 16-row tiles) for the
-// dense row kernel with K split over clusters of `split` CTAs (DenseRowSplit); false when its shared
-// memory (dense_row.cuh's DenseRowSmemBytes: x, a zero unit, two sets of the warps' 16 partial row
-// sums, the norm's warp sums) does not fit two CTAs an SM.
-inline bool DenseRowLayout(Plan& p, bool sm90, int split = 1) {
+// dense row kernel; false when its shared memory (dense_row.cuh's DenseRowSmemBytes: x, a zero
+// unit, two sets of the warps' 16 partial row sums, the norm's warp sums) does not fit two CTAs an SM.
+inline bool DenseRowLayout(Plan& p, bool sm90) {
   p.dense_row = true;
-  OneRowGeometry(p, split, 16);
-  p.cpp = int(CeilDiv(p.kc, int64_t(kWarps) * split));
-  p.groups = int(std::min<int64_t>(p.blocks, 2 * int64_t(kPlanSms) / split));  // clusters
-  p.grid = p.groups * split;
-  p.waves = int(CeilDiv(p.blocks, p.groups));
+  OneRowGeometry(p, 1, 16);
   p.x_bytes = int64_t(p.k) * 2;
   p.red_bytes = int64_t(2) * kWarps * 16 * 4;
   p.gamma_offset = p.ring_offset = 0;  // gamma is read from memory as x is staged
@@ -375,11 +333,10 @@ inline Plan MakePlan(int64_t m, int64_t n_rows, int64_t k, int bits, bool gated,
     Plan p = base;
     if (SlotsLayout(p, sm90)) return p;
   }
-  if (slots && m == 1 && bits == 16 && force_warps_k == 0 && k % kDenseRowK == 0 && n_rows % 16 == 0) {
-    // force_cluster > 0 forces the dense row kernel's K split (1, 2 or 4) where it divides K.
-    const int split = DenseRowSplit(CeilDiv(n_rows, int64_t(16)), k, sm90, force_cluster);
+  if (slots && m == 1 && bits == 16 && force_cluster == 0 && force_warps_k == 0 && k % kDenseRowK == 0 &&
+      n_rows % 16 == 0) {
     Plan p = base;
-    if (split > 0 && DenseRowLayout(p, sm90, split)) return p;
+    if (DenseRowLayout(p, sm90)) return p;
   }
   bool found = false, too_few_chunks = false;
   for (int cluster = 1; cluster <= (sm90 ? kMaxCluster : 1); cluster *= 2) {
