@@ -130,6 +130,9 @@ NB_MODULE(_ffi, m) {
     }
     decode["wave_clusters"] = wave_clusters;
     decode["fit_max_tiles"] = joa::decode::kFitMaxTiles;
+    decode["long_split_tiles"] = joa::decode::kLongSplitTiles;
+    decode["long_split_max_splits"] = joa::decode::kLongSplitMaxSplits;
+    decode["long_split_max_tiles"] = joa::decode::kLongSplitMaxTiles;
     decode["plan_sms"] = joa::decode::kPlanSms;
     decode["wide_tile_n"] = joa::decode::kWideTileN;
     nb::list wide_dims;

@@ -60,7 +60,8 @@ enum class PlanPolicy : int {
   // 20.4 -> 15.4 (14.1): a cluster grid that overfills the wave runs part of itself in a second.
   // And a call of at most kLongSplitCtas CTAs a split (batch x KV heads x M blocks: B=1 at 8 KV
   // heads) over a float cache of >= 2048 rows at head dim 128 takes only the first cluster rung, its
-  // other plans splitting at least kLongSplitTiles tiles for the combine kernel (LongSplits). Why
+  // other plans splitting at least kLongSplitTiles tiles (into at most kLongSplitMaxSplits splits up
+  // to kLongSplitMaxTiles tiles each: LongSplitTiles) for the combine kernel (LongSplits). Why
   // (B=1 32/8 d128, µs 12- / 16-CTA clusters -> 4-tile splits, cuDNN;
   // bench/results/2026-12-03-78b319e-decode-b1-long-splits.json):
   // fp16 2304 11.6 -> 10.5 (10.8), 4096 14.2 -> 11.6 (12.8), 8192 16.9 -> 16.1 (16.5); bf16 2304 11.8
@@ -78,6 +79,18 @@ enum class PlanPolicy : int {
 inline constexpr const char* kPlanPolicyNames[] = {"wave", "fit", "ladder"};
 // kWave's B=1 rule (LongSplits): at most 8 CTAs a split, head dim 128, >= 8 splits of 4 tiles.
 inline constexpr int kLongSplitCtas = 8, kLongSplitTiles = 4, kLongSplitHeadDim = 128, kLongSplitMinSplits = 8;
+// ... and its splits no more than kLongSplitMaxSplits while that keeps them within
+// kLongSplitMaxTiles tiles: one CTA an SM streaming 8-16 tiles beat two streaming 4-9 (H200, B=1
+// 32/8 d128, µs by split rows, tools/sweep_splits.py; bench/results/2026-12-04-8b741b5-decode-b1-split-sweep.json):
+// 8k fp16 256 14.1, 512 13.7, 1024 16.6; bf16 14.3 / 13.7 / 16.2; 16k bf16 512 22.6, 576 (the split
+// plan) 22.7, 1024 22.1, 2048 27.2; at 4k 16 splits of 4 tiles stay (bf16 256 9.9, 512 11.2).
+inline constexpr int kLongSplitMaxSplits = 16, kLongSplitMaxTiles = 16;
+
+// Tiles a split of kWave's B=1 rule streams at least, for a cache of `tiles` kBlockN-row tiles.
+constexpr int64_t LongSplitTiles(int64_t tiles) {
+  const int64_t spread = std::min<int64_t>(kLongSplitMaxTiles, (tiles + kLongSplitMaxSplits - 1) / kLongSplitMaxSplits);
+  return std::min<int64_t>(tiles, std::max<int64_t>(kLongSplitTiles, spread));
+}
 // Most KV tiles a split of a kFit cluster may stream where the wave cut its cluster: 2048 rows, up
 // to which a combine kernel (~3 µs at B=8) costs more than the longer splits (the B=8 2k sweep).
 inline constexpr int kFitMaxTiles = 32;
@@ -420,7 +433,7 @@ inline Plan MakePlan(int64_t batch, int64_t q_heads, int64_t kv_heads, int64_t q
     split_rows = SplitRows(batch, kv_heads, rows, capacity, d, format, tile128, quant_regs);
     if (LongSplits(policy, batch, kv_heads, rows, capacity, d, format, tile128)) {
       const int64_t tiles = (capacity + kBlockN - 1) / kBlockN;
-      split_rows = std::max<int64_t>(split_rows, std::min<int64_t>(kLongSplitTiles, tiles) * kBlockN);
+      split_rows = std::max<int64_t>(split_rows, LongSplitTiles(tiles) * kBlockN);
     }
   }
   const bool wide = WideTile(rows, d, format, tile128) && split_rows % kWideTileN == 0;
