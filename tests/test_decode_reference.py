@@ -226,9 +226,10 @@ def test_wave_policy_splits_batch_1_at_head_dim_128_longer(batch, kv_heads, capa
     if plan["cluster"]:
         assert plan["splits"] <= 8 and plan["split_rows"] <= 2 * cuda.DECODE_BLOCK_N
     else:
-        tiles = -(-capacity // cuda.DECODE_BLOCK_N)
-        assert plan["split_rows"] >= min(4, tiles) * cuda.DECODE_BLOCK_N
-        assert plan["splits"] <= 16 or plan["split_rows"] >= 16 * cuda.DECODE_BLOCK_N
+        lim, tiles = cuda._limits()["decode"], -(-capacity // cuda.DECODE_BLOCK_N)
+        assert plan["split_rows"] >= min(lim["long_split_tiles"], tiles) * cuda.DECODE_BLOCK_N
+        assert (plan["splits"] <= lim["long_split_max_splits"]
+                or plan["split_rows"] >= lim["long_split_max_tiles"] * cuda.DECODE_BLOCK_N)
     assert plan == cuda.decode_plan(batch, 4 * kv_heads, kv_heads, 1, capacity, d, cluster_capable=True)
 
 

@@ -313,7 +313,8 @@ def test_capped_plan_policies(case, cursor, policy):
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: np.dtype(t).name)
 def test_batch_1_head_dim_128_plans(c, kv_len, dtype):
     """The default B=1 d128 plans (splits of >= 4 tiles and the combine kernel, 8-16 tiles at 8k-16k,
-    or 8-CTA clusters of <= 2 tiles) against the reference and the ladder's 12- / 16-CTA clusters, bitwise repeatable."""
+    or 8-CTA clusters of <= 2 tiles) against the reference and the ladder's 12- / 16-CTA clusters,
+    bitwise repeatable."""
     plan = cuda.decode_plan(1, 32, 8, 1, c, 128)
     assert plan["split_rows"] >= 4 * cuda.DECODE_BLOCK_N or plan["cluster"], plan
     _, q, k, v, lens = _inputs(c + kv_len, 1, 32, 8, 1, 128, c, dtype, lens=[kv_len])

@@ -107,8 +107,8 @@ inline constexpr int16_t kWaveClusters[3][kMaxClusterSplits] = {
 
 // CTAs of `size`-CTA clusters that one wave holds at `ctas_per_sm` CTAs an SM.
 constexpr int64_t ClusterWaveCtas(int ctas_per_sm, int64_t size) {
-  return int64_t(kWaveClusters[std::clamp(ctas_per_sm, 1, 3) - 1][std::clamp<int64_t>(size, 1, kMaxClusterSplits) - 1]) *
-         size;
+  const int64_t s = std::clamp<int64_t>(size, 1, kMaxClusterSplits);
+  return int64_t(kWaveClusters[std::clamp(ctas_per_sm, 1, 3) - 1][s - 1]) * size;
 }
 
 constexpr bool SupportedHeadDim(int d) {
