@@ -3,10 +3,11 @@ DecodeSplitKernelQRegs, engine_qregs.cuh): the fragment maps, the bit tricks and
 
 The kernels are not run on the CPU; this mirrors, lane by lane, what they compute: each lane's
 packed-word loads from a ring row laid out as the writer lays out a cache row (kv_quant.cuh), the
-integer -> T pair conversions (f16 / bf16 magic numbers), the m16n8k16 fragment layouts, Q's
-permutation (KChan) and O's (VChan), and checks that Q' K^T and P V come out exactly as Q K^T and
-P V on the dequantised cache. Plus: the ring pitches (plan.h RegKPitch / RegVPitch) leave the
-fragment loads free of bank conflicts.
+integer -> f16 pair conversions (magic numbers; the MMAs run on f16 for f16 and bf16 caches alike),
+the m16n8k16 fragment layouts, Q's permutation (KChan) and O's (VChan), and checks that Q' K^T and
+P V come out exactly as Q K^T and P V on the dequantised cache; Q's power-of-two row scale (RowExp)
+keeps a bf16 row within f16's range without losing its bits. Plus: the ring pitches (plan.h
+RegKPitch / RegVPitch) leave the fragment loads free of bank conflicts.
 """
 
 import itertools
@@ -17,7 +18,6 @@ import pytest
 
 HEAD_DIMS = [64, 80, 96, 128, 256]
 BITS = [8, 4]
-DTYPES = ["f16", "bf16"]
 
 
 # --- the C++ maps, transcribed ----------------------------------------------------------------
@@ -80,34 +80,32 @@ def byte_perm(a, b, s):
     return sum(src[(s >> (4 * k)) & 7] << (8 * k) for k in range(4))
 
 
-def halves(y, dtype):
-    lo, hi = np.array([y & 0xFFFF, y >> 16], np.uint16).view(
-        np.float16 if dtype == "f16" else ml_dtypes.bfloat16)
+def halves(y):
+    lo, hi = np.array([y & 0xFFFF, y >> 16], np.uint16).view(np.float16)
     return float(lo), float(hi)
 
 
-def i4_pair(x, dtype):
-    if dtype == "f16":
-        lo, hi = halves((x & 0x000F000F) | 0x64006400, dtype)
-        return lo - 1032.0, hi - 1032.0
-    lo, hi = halves((x & 0x000F000F) | 0x43004300, dtype)
-    return lo - 136.0, hi - 136.0
+def i4_lo(x):
+    """QuantRegKv::I4Lo: the nibbles at bits [0, 4) and [16, 20), stored q + 8."""
+    lo, hi = halves((x & 0x000F000F) | 0x64006400)
+    return lo - 1032.0, hi - 1032.0
 
 
-def i8_pair(a, ia, b, ib, dtype):
-    if dtype == "f16":
-        if a == b and (ia, ib) == (0, 2):
-            x = a
-        elif a == b and (ia, ib) == (1, 3):
-            x = a >> 8
-        else:
-            x = byte_perm(a, b, ia | ((4 + ib) << 8))
-        lo, hi = halves(((x & 0x00FF00FF) ^ 0x64806480) & 0xFFFFFFFF, dtype)
-        return lo - 1152.0, hi - 1152.0
-    def f32(w, i):
-        v = byte_perm(w ^ 0x80808080, 0x4B000000, 0x7650 | i)
-        return float(np.array([v], np.uint32).view(np.float32)[0]) - 8388736.0
-    return f32(a, ia), f32(b, ib)
+def i4_hi(x):
+    """QuantRegKv::I4Hi: the nibbles at bits [4, 8) and [20, 24), 1024 + 16 n times 1/16 minus 72
+    (one HFMA2, exact: the f16 results are checked to be what the float arithmetic says)."""
+    out = []
+    for y in halves((x & 0x00F000F0) | 0x64006400):
+        r = np.float16(np.float16(y) * np.float16(1 / 16) + np.float16(-72.0))
+        assert float(r) == y / 16 - 72
+        out.append(float(r))
+    return tuple(out)
+
+
+def i8_pair(x):
+    """QuantRegKv::I8Pair: bytes 0 and 2 of x."""
+    lo, hi = halves(((x & 0x00FF00FF) ^ 0x64806480) & 0xFFFFFFFF)
+    return lo - 1152.0, hi - 1152.0
 
 
 def word(row, off, nb):
@@ -132,41 +130,37 @@ def random_levels(rng, bits, shape):
 
 # --- the lanes ----------------------------------------------------------------------------------
 
-def k_fragments(raw_row, bits, d, kk, t, dtype):
+def k_fragments(raw_row, bits, d, kk, t):
     """The (b0, b1) pairs lane (g, t) builds for k step kk from its K row (KPair / KTail)."""
     if is_tail(d, kk):
         if bits == 8:
             w = word(raw_row, 16 * kk + 4 * t, 4)
-            return i8_pair(w, 0, w, 2, dtype), i8_pair(w, 1, w, 3, dtype)
+            return i8_pair(w), i8_pair(w >> 8)
         h = word(raw_row, 8 * kk + 2 * t, 2)
         x = byte_perm(h, 0, 0x4140)
-        return i4_pair(x, dtype), i4_pair(x >> 4, dtype)
+        return i4_lo(x), i4_hi(x)
     kp, odd = kk // 2, kk & 1
     if bits == 8:
         w = word(raw_row, 32 * kp + 8 * t + 4 * odd, 4)
-        return i8_pair(w, 0, w, 2, dtype), i8_pair(w, 1, w, 3, dtype)
-    w = word(raw_row, 16 * kp + 4 * t, 4)
-    if not odd:
-        return i4_pair(w, dtype), i4_pair(w >> 4, dtype)
-    return i4_pair(w >> 8, dtype), i4_pair(w >> 12, dtype)
+        return i8_pair(w), i8_pair(w >> 8)
+    w = word(raw_row, 16 * kp + 4 * t, 4) >> (8 * odd)
+    return i4_lo(w), i4_hi(w)
 
 
-def v_fragments(raw_rows, bits, d, g, dtype):
+def v_fragments(raw_rows, bits, d, g):
     """{dt: (b0, b1)} lane (g, t) builds for one k16 step; raw_rows: its 4 rows 2t, 2t + 1, 2t + 8,
-    2t + 9 (PvSegment)."""
+    2t + 9 (PvSegment: channel i of a word is its byte i, int4: byte i // 2, nibble i % 2)."""
     out = {}
     for start, w in segments(bits, d):
         ch = w // 8
         nb = ch * bits // 8
         ws = [word(r, start * bits // 8 + nb * g, nb) for r in raw_rows]
         for i in range(ch):
-            if bits == 8:
-                b0, b1 = i8_pair(ws[0], i, ws[1], i, dtype), i8_pair(ws[2], i, ws[3], i, dtype)
-            else:
-                sel = 0x5410 if i < 4 else 0x7632
-                y0, y1 = byte_perm(ws[0], ws[1], sel), byte_perm(ws[2], ws[3], sel)
-                b0, b1 = i4_pair(y0 >> (4 * (i % 4)), dtype), i4_pair(y1 >> (4 * (i % 4)), dtype)
-            out[start // 8 + i] = (b0, b1)
+            byte = i if bits == 8 else i // 2
+            sel = byte | ((4 + byte) << 8)
+            y0, y1 = byte_perm(ws[0], ws[1], sel), byte_perm(ws[2], ws[3], sel)
+            conv = i8_pair if bits == 8 else (i4_lo if i % 2 == 0 else i4_hi)
+            out[start // 8 + i] = (conv(y0), conv(y1))
     return out
 
 
@@ -185,10 +179,9 @@ def test_maps_are_permutations(bits, d):
     assert sorted(v_chan(bits, d, dt, c) for dt in range(d // 8) for c in range(8)) == list(range(d))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("d", HEAD_DIMS)
 @pytest.mark.parametrize("bits", BITS)
-def test_qk_fragments(bits, d, dtype):
+def test_qk_fragments(bits, d):
     """S = Q' K^T over the lanes' fragments equals Q K^T on the integer levels, exactly."""
     rng = np.random.default_rng(bits * 1000 + d)
     lev = random_levels(rng, bits, (8, d))  # the 8 K rows of one n8 tile
@@ -206,17 +199,16 @@ def test_qk_fragments(bits, d, dtype):
         bmat = np.zeros((16, 8))
         for g in range(8):
             for t in range(4):
-                (x0, x1), (y0, y1) = k_fragments(raw[g], bits, d, kk, t, dtype)
+                (x0, x1), (y0, y1) = k_fragments(raw[g], bits, d, kk, t)
                 bmat[2 * t, g], bmat[2 * t + 1, g] = x0, x1
                 bmat[2 * t + 8, g], bmat[2 * t + 9, g] = y0, y1
         s += a @ bmat
     np.testing.assert_array_equal(s, q @ lev.T.astype(np.float64))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("d", HEAD_DIMS)
 @pytest.mark.parametrize("bits", BITS)
-def test_pv_fragments(bits, d, dtype):
+def test_pv_fragments(bits, d):
     """O = P V over the lanes' fragments, columns un-permuted by VChan, equals P V on the levels."""
     rng = np.random.default_rng(bits * 7 + d)
     lev = random_levels(rng, bits, (16, d))  # the 16 KV rows of one k16 step
@@ -226,7 +218,7 @@ def test_pv_fragments(bits, d, dtype):
     for g in range(8):
         for t in range(4):
             rows = [raw[2 * t], raw[2 * t + 1], raw[2 * t + 8], raw[2 * t + 9]]
-            for dt, ((x0, x1), (y0, y1)) in v_fragments(rows, bits, d, g, dtype).items():
+            for dt, ((x0, x1), (y0, y1)) in v_fragments(rows, bits, d, g).items():
                 bcol = np.zeros(16)
                 bcol[2 * t], bcol[2 * t + 1], bcol[2 * t + 8], bcol[2 * t + 9] = x0, x1, y0, y1
                 ks = [2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9]
@@ -236,6 +228,35 @@ def test_pv_fragments(bits, d, dtype):
         for col in range(8):
             got[:, v_chan(bits, d, dt, col)] = o[:, dt, col]
     np.testing.assert_array_equal(got, p @ lev.astype(np.float64))
+
+
+def row_exp(mx_bits):
+    """QRegStages::RowExp: the exponent e that puts a row's largest |value| (its f32 bits) times 2^e
+    in [2^14, 2^15); 0 for a zero row and for inf / NaN."""
+    ex = mx_bits >> 23
+    if mx_bits == 0 or ex == 255:
+        return 0
+    return min(max(14 - (ex - 127), -126), 126)
+
+
+def test_q_row_scale_keeps_bf16_rows_exact_in_f16():
+    """PrepareQ stages Q' = f16(Q * 2^e) for the f16 MMAs: any bf16 row (magnitudes 2^-126 to
+    2^127) fits f16's range and comes back bit for bit (Q' / 2^e == Q), for values within 2^20 of
+    the row's largest; zero rows and rows with inf / NaN are left unscaled."""
+    rng = np.random.default_rng(0)
+    for k in range(-126, 127, 3):
+        mag = 2.0 ** rng.uniform(k - 20, k + 1, size=128)
+        v = (rng.choice([-1.0, 1.0], size=128) * mag).astype(ml_dtypes.bfloat16).astype(np.float32)
+        v = v[np.isfinite(v) & (v != 0)]
+        mx = np.abs(v).max()
+        e = row_exp(int(np.array([mx], np.float32).view(np.uint32)[0]))
+        q16 = (v.astype(np.float64) * 2.0 ** e).astype(np.float16)
+        assert np.isfinite(q16).all() and np.abs(q16).max() <= 32768, k
+        keep = np.abs(v) >= mx * 2.0 ** -20
+        np.testing.assert_array_equal(q16[keep].astype(np.float64) / 2.0 ** e, v[keep], err_msg=str(k))
+    assert row_exp(0) == 0
+    assert row_exp(0x7F800000) == 0 and row_exp(0x7FC00000) == 0
+    assert row_exp(1) == 126  # a subnormal maximum: scaled up as far as f32 allows
 
 
 def _wavefronts(addrs):

@@ -109,6 +109,18 @@ __device__ __forceinline__ void Mma16816Free(float (&d)[4], const uint32_t (&a)[
 }
 
 // Two floats -> one register of two 16-bit values, lo in the low half (the lower column).
+// f(a, b, c) in one instruction, kLut the truth table of f (a: 0xF0, b: 0xCC, c: 0xAA): AndOr is
+// (a & b) | c, AndXor (a & b) ^ c. Written in C with two constants these compile to two LOP3s (one
+// immediate operand each); as one lop3, ptxas keeps a constant in a register and emits one.
+template <unsigned kLut>
+__device__ __forceinline__ uint32_t Lop3(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, %4;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c), "n"(kLut));
+  return d;
+}
+__device__ __forceinline__ uint32_t AndOr(uint32_t a, uint32_t b, uint32_t c) { return Lop3<0xEA>(a, b, c); }
+__device__ __forceinline__ uint32_t AndXor(uint32_t a, uint32_t b, uint32_t c) { return Lop3<0x6A>(a, b, c); }
+
 template <typename T>
 __device__ __forceinline__ uint32_t Pack2(float lo, float hi);
 

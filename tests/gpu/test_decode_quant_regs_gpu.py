@@ -163,6 +163,18 @@ def test_scale_zero_reads_as_one(bits, mode):
     np.testing.assert_array_equal(got, ones)
 
 
+@pytest.mark.parametrize("mode", ["tensor", "channel"])
+@pytest.mark.parametrize("bits", BITS, ids=lambda x: f"int{x}")
+def test_bf16_queries_beyond_f16_range(bits, mode):
+    # The MMAs run on f16 (QuantRegKv::MmaT) and a bf16 Q is staged under a power-of-two scale per
+    # row (QRegStages::RowExp): heads of one KV group at 3e5, 1, 1e-5 and 2e4 (past f16's 65504 and
+    # under its normal range) share a CTA, each row scaled on its own.
+    _, q, k, v, ks, vs, lens = _inputs(12, bits, mode, 2, 32, 8, 2, 128, 700, BF16)
+    mags = np.array([3e5, 1.0, 1e-5, 2e4], np.float32)
+    q = (q.astype(np.float32) * np.tile(mags, 8)[None, :, None, None]).astype(BF16)
+    _check(q, k, v, ks, vs, lens, bits, split_rows=256, scale=float(1.0 / 3e5 / np.sqrt(128)))
+
+
 @pytest.mark.parametrize("bits", BITS, ids=lambda x: f"int{x}")
 def test_bitwise_deterministic_and_pdl_invariant(bits):
     _, q, k, v, ks, vs, lens = _inputs(5, bits, "channel", 2, 64, 8, 16, 128, 4096, BF16,

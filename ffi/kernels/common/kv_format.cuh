@@ -196,9 +196,11 @@ struct QuantKv {
 // DecodeSplitKernelQRegs, engine_qregs.cuh). The raw bytes land in the ring with padded row pitches
 // (KPitch / VPitch: the fragment loads below are bank-conflict free) and each warp builds its MMA B
 // fragments from the packed words it reads: no T tile, no second shared-memory pass, no barrier per
-// tile. Exact integers go into the MMAs (every int8 / int4 level is a T); the scales are applied
-// where they factor out (the engine: K per tensor on the logits, K per channel on Q once per CTA,
-// V on the f32 O columns at the end).
+// tile. Exact integers go into the MMAs as f16 whatever T is (MmaT: every int8 / int4 level is an
+// f16, and f16's magic-number conversions take 2-3 instructions a pair where bf16's int8 takes ~5
+// through f32 and its int4 one more shift); the engine stages Q in f16 under a power-of-two scale
+// per row and rounds P to f16. The scales are applied where they factor out (the engine: K per
+// tensor and Q's row scale on the logits, K per channel on Q once per CTA, V on the f32 O columns).
 //
 // Fragment maps (m16n8k16, lane = 4 g + t):
 //   Q K^T: the reduction runs over channels, whose order is free as long as Q's A fragment uses the
@@ -218,6 +220,7 @@ struct QuantRegKv {
   static constexpr bool kProducer = false;
   static constexpr int kBits = kBits_;
   static constexpr int kTileRows = 0;
+  using MmaT = __half;  // the MMAs' operand type (levels, Q', P), for f16 and bf16 caches alike
 
   template <int kD>
   static constexpr int RowBytes() { return Layout::template RowBytes<kD>(); }
@@ -276,39 +279,80 @@ struct QuantRegKv {
                                                        valid_lo, valid_hi, tid);
   }
 
-  // --- dequantisation in registers -----------------------------------------------------------
+  // LoadTile's copies for rows one after another (stride = the row's bytes, as the decode handler
+  // lays out every quantised cache; Launch checks): a tile is one block of kRows rows, so a thread's
+  // copies are its place in the block plus compile-time offsets, from cursors that move a tile per
+  // Load (tiles are loaded in order). A tile the visible range covers copies without row tests or
+  // 64-bit row arithmetic (LoadTile spends ~15 SASS instructions a copy on it); the first and last
+  // tiles of a split take LoadTile. The same bytes land where LoadTile puts them.
+  template <int kD, int kRows, int kThreads, int kKPitch, int kVPitch>
+  struct TileStream {
+    static constexpr int kRowBytes = RowBytes<kD>();
+    static constexpr int kCopy = kRowBytes % 16 == 0 ? 16 : 8;
+    static constexpr int kPerRow = kRowBytes / kCopy;
+    static constexpr int kTotal = kRows * kPerRow;
+    static constexpr int kIters = (kTotal + kThreads - 1) / kThreads;
+    static constexpr int64_t kTileBytes = int64_t(kRows) * kRowBytes;
+    const unsigned char* k;  // the thread's first copy in the next tile's K rows
+    const unsigned char* v;
 
-  // Two 4-bit levels (stored q + 8) at bits [0, 4) and [16, 20) of x -> a T pair (lo, hi), exact:
-  // the nibble dropped into the mantissa of 1024 (f16) / 128 (bf16), minus 1032 / 136.
-  static __device__ __forceinline__ uint32_t I4Pair(uint32_t x) {
-    if constexpr (std::is_same_v<T, __half>) {
-      const uint32_t y = (x & 0x000F000Fu) | 0x64006400u;
-      const __half2 r = __hsub2(Bits<__half2>(y), Bits<__half2>(0x64086408u));
-      return Bits<uint32_t>(r);
+    // k_raw / v_raw: row 0 of the cache; t: the first tile to load.
+    __device__ __forceinline__ TileStream(const unsigned char* k_raw, const unsigned char* v_raw, int t, int tid)
+        : k(k_raw + t * kTileBytes + tid * kCopy), v(v_raw + t * kTileBytes + tid * kCopy) {}
+
+    // The next tile into the stage at dst; its rows outside [valid_lo, valid_hi) zero-filled and not
+    // read.
+    __device__ __forceinline__ void Load(unsigned char* dst, int valid_lo, int valid_hi, int tid) {
+      if (valid_lo <= 0 && valid_hi >= kRows) {
+        const uint32_t base = ptx::SmemAddr(dst);
+#pragma unroll
+        for (int it = 0; it < kIters; ++it) {
+          const int c = tid + it * kThreads;
+          if (kTotal % kThreads == 0 || c < kTotal) {
+            const int r = c / kPerRow, col = (c % kPerRow) * kCopy;
+            Copy<kCopy>(base + uint32_t(r * kKPitch + col), k + it * kThreads * kCopy, true);
+            Copy<kCopy>(base + uint32_t(kRows * kKPitch + r * kVPitch + col), v + it * kThreads * kCopy, true);
+          }
+        }
+      } else {
+        LoadTile<kD, kRows, kThreads, kKPitch, kVPitch>(dst, k - tid * kCopy, v - tid * kCopy, kRowBytes,
+                                                        kRowBytes, valid_lo, valid_hi, tid);
+      }
+      k += kTileBytes;
+      v += kTileBytes;
+    }
+  };
+
+  template <int kCopy>
+  static __device__ __forceinline__ void Copy(uint32_t s, const void* g, bool valid) {
+    if constexpr (kCopy == 16) {
+      ptx::CpAsync16(s, g, valid);
     } else {
-      const uint32_t y = (x & 0x000F000Fu) | 0x43004300u;
-      const __nv_bfloat162 r = __hsub2(Bits<__nv_bfloat162>(y), Bits<__nv_bfloat162>(0x43084308u));
-      return Bits<uint32_t>(r);
+      ptx::CpAsync8(s, g, valid);
     }
   }
 
-  // Two int8 levels, byte ia of a (lo) and byte ib of b (hi) -> a T pair, exact. f16: the biased
-  // byte q + 128 in the mantissa of 1024, minus 1152; bf16 (8 significant bits are too few for
-  // 1024 + 255): through f32 (2^23 + q + 128, minus 2^23 + 128) and one packing convert.
-  template <int ia, int ib>
-  static __device__ __forceinline__ uint32_t I8Pair(uint32_t a, uint32_t b) {
-    if constexpr (std::is_same_v<T, __half>) {
-      // Bytes 0 and 2 of x are the levels; the other two are masked off.
-      const uint32_t x = (ia == 0 && ib == 2) ? a : (ia == 1 && ib == 3) ? (a >> 8)
-                                                  : __byte_perm(a, b, unsigned(ia | ((4 + ib) << 8)));
-      const uint32_t y = (x & 0x00FF00FFu) ^ 0x64806480u;
-      const __half2 r = __hsub2(Bits<__half2>(y), Bits<__half2>(0x64806480u));
-      return Bits<uint32_t>(r);
-    } else {
-      const float lo = __uint_as_float(__byte_perm(a ^ 0x80808080u, 0x4B000000u, 0x7650u | unsigned(ia))) - 8388736.f;
-      const float hi = __uint_as_float(__byte_perm(b ^ 0x80808080u, 0x4B000000u, 0x7650u | unsigned(ib))) - 8388736.f;
-      return ptx::Pack2<T>(lo, hi);
-    }
+  // --- dequantisation in registers -----------------------------------------------------------
+
+  // Two 4-bit levels (stored q + 8) -> an f16 pair (lo, hi), exact, two instructions. I4Lo takes the
+  // nibbles at bits [0, 4) and [16, 20): dropped into the mantissa of 1024, minus 1032 (LOP3, HSUB2). I4Hi takes
+  // those at [4, 8) and [20, 24) without a shift: 1024 + 16 n, times 1/16 minus 72 (LOP3, HFMA2;
+  // 64 + n is exact, so one rounding of an exact value).
+  static __device__ __forceinline__ uint32_t I4Lo(uint32_t x) {
+    const uint32_t y = ptx::AndOr(x, 0x000F000Fu, 0x64006400u);
+    return Bits<uint32_t>(__hsub2(Bits<__half2>(y), Bits<__half2>(0x64086408u)));
+  }
+  static __device__ __forceinline__ uint32_t I4Hi(uint32_t x) {
+    const uint32_t y = ptx::AndOr(x, 0x00F000F0u, 0x64006400u);
+    // 0x2C00 = 1/16, 0xD480 = -72
+    return Bits<uint32_t>(__hfma2(Bits<__half2>(y), Bits<__half2>(0x2C002C00u), Bits<__half2>(0xD480D480u)));
+  }
+
+  // Two int8 levels, bytes 0 and 2 of x (the other two are masked off) -> an f16 pair, exact: the
+  // biased byte q + 128 in the mantissa of 1024, minus 1152.
+  static __device__ __forceinline__ uint32_t I8Pair(uint32_t x) {
+    const uint32_t y = ptx::AndXor(x, 0x00FF00FFu, 0x64806480u);
+    return Bits<uint32_t>(__hsub2(Bits<__half2>(y), Bits<__half2>(0x64806480u)));
   }
 
   // The K B fragments of one K row for k steps 2 kp and 2 kp + 1 (b[0..1] and b[2..3]), from the
@@ -317,16 +361,16 @@ struct QuantRegKv {
   static __device__ __forceinline__ void KPair(uint32_t (&b)[4], const unsigned char* row, int kp, int t) {
     if constexpr (kBits == 8) {
       const uint2 w = *reinterpret_cast<const uint2*>(row + 32 * kp + 8 * t);
-      b[0] = I8Pair<0, 2>(w.x, w.x);  // channels (0, 2): k 2t, 2t + 1
-      b[1] = I8Pair<1, 3>(w.x, w.x);  // (1, 3): k 2t + 8, 2t + 9
-      b[2] = I8Pair<0, 2>(w.y, w.y);  // (4, 6)
-      b[3] = I8Pair<1, 3>(w.y, w.y);  // (5, 7)
+      b[0] = I8Pair(w.x);       // channels (0, 2): k 2t, 2t + 1
+      b[1] = I8Pair(w.x >> 8);  // (1, 3): k 2t + 8, 2t + 9
+      b[2] = I8Pair(w.y);       // (4, 6)
+      b[3] = I8Pair(w.y >> 8);  // (5, 7)
     } else {
       const uint32_t w = *reinterpret_cast<const uint32_t*>(row + 16 * kp + 4 * t);
-      b[0] = I4Pair(w);        // nibbles (0, 4)
-      b[1] = I4Pair(w >> 4);   // (1, 5)
-      b[2] = I4Pair(w >> 8);   // (2, 6)
-      b[3] = I4Pair(w >> 12);  // (3, 7)
+      b[0] = I4Lo(w);        // nibbles (0, 4)
+      b[1] = I4Hi(w);        // (1, 5)
+      b[2] = I4Lo(w >> 8);   // (2, 6)
+      b[3] = I4Hi(w >> 8);   // (3, 7)
     }
   }
 
@@ -334,13 +378,13 @@ struct QuantRegKv {
   static __device__ __forceinline__ void KTail(uint32_t (&b)[2], const unsigned char* row, int kk, int t) {
     if constexpr (kBits == 8) {
       const uint32_t w = *reinterpret_cast<const uint32_t*>(row + 16 * kk + 4 * t);
-      b[0] = I8Pair<0, 2>(w, w);
-      b[1] = I8Pair<1, 3>(w, w);
+      b[0] = I8Pair(w);
+      b[1] = I8Pair(w >> 8);
     } else {
       const uint32_t h = *reinterpret_cast<const uint16_t*>(row + 8 * kk + 2 * t);
       const uint32_t x = __byte_perm(h, 0u, 0x4140u);  // byte 1 -> byte 2
-      b[0] = I4Pair(x);
-      b[1] = I4Pair(x >> 4);
+      b[0] = I4Lo(x);
+      b[1] = I4Hi(x);
     }
   }
 
@@ -363,24 +407,22 @@ struct QuantRegKv {
     uint32_t w[4];
 #pragma unroll
     for (int r = 0; r < 4; ++r) w[r] = LoadWord<kNb>(rows[r] + kOff + kNb * g);
+    // Channel i of a word is byte i / 2 (int8: i) of it; byte_perm gathers that byte of the two
+    // rows of a B register into bytes 0 and 2.
     if constexpr (kBits == 8) {
 #pragma unroll
       for (int i = 0; i < kCh; ++i) {
-        const uint32_t b0 = I8PairDyn(w[0], w[1], i), b1 = I8PairDyn(w[2], w[3], i);
-        ptx::Mma16816<T>(o[kStart / 8 + i], pa, b0, b1);
+        const unsigned sel = unsigned(i | ((4 + i) << 8));
+        ptx::Mma16816<MmaT>(o[kStart / 8 + i], pa, I8Pair(__byte_perm(w[0], w[1], sel)),
+                            I8Pair(__byte_perm(w[2], w[3], sel)));
       }
     } else {
-      const uint32_t lo0 = __byte_perm(w[0], w[1], 0x5410u), lo1 = __byte_perm(w[2], w[3], 0x5410u);
 #pragma unroll
-      for (int i = 0; i < (kCh < 4 ? kCh : 4); ++i) {
-        ptx::Mma16816<T>(o[kStart / 8 + i], pa, I4Pair(lo0 >> (4 * i)), I4Pair(lo1 >> (4 * i)));
-      }
-      if constexpr (kCh == 8) {
-        const uint32_t hi0 = __byte_perm(w[0], w[1], 0x7632u), hi1 = __byte_perm(w[2], w[3], 0x7632u);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          ptx::Mma16816<T>(o[kStart / 8 + 4 + i], pa, I4Pair(hi0 >> (4 * i)), I4Pair(hi1 >> (4 * i)));
-        }
+      for (int i2 = 0; i2 < kCh / 2; ++i2) {
+        const unsigned sel = unsigned(i2 | ((4 + i2) << 8));
+        const uint32_t x0 = __byte_perm(w[0], w[1], sel), x1 = __byte_perm(w[2], w[3], sel);
+        ptx::Mma16816<MmaT>(o[kStart / 8 + 2 * i2], pa, I4Lo(x0), I4Lo(x1));
+        ptx::Mma16816<MmaT>(o[kStart / 8 + 2 * i2 + 1], pa, I4Hi(x0), I4Hi(x1));
       }
     }
   }
@@ -393,21 +435,6 @@ struct QuantRegKv {
     memcpy(&y, &x, sizeof(To));
     return y;
   }
-
-  // I8Pair with the byte index a loop variable (unrolled: a constant after unrolling).
-  static __device__ __forceinline__ uint32_t I8PairDyn(uint32_t a, uint32_t b, int i) {
-    if constexpr (std::is_same_v<T, __half>) {
-      const uint32_t x = __byte_perm(a, b, unsigned(i | ((4 + i) << 8)));
-      const uint32_t y = (x & 0x00FF00FFu) ^ 0x64806480u;
-      const __half2 r = __hsub2(Bits<__half2>(y), Bits<__half2>(0x64806480u));
-      return Bits<uint32_t>(r);
-    } else {
-      const float lo = __uint_as_float(__byte_perm(a ^ 0x80808080u, 0x4B000000u, 0x7650u | unsigned(i))) - 8388736.f;
-      const float hi = __uint_as_float(__byte_perm(b ^ 0x80808080u, 0x4B000000u, 0x7650u | unsigned(i))) - 8388736.f;
-      return ptx::Pack2<T>(lo, hi);
-    }
-  }
-
 };
 
 // The policy of a KvFormat (params.h).

@@ -2,11 +2,14 @@
 // kv_format.cuh): DecodeSplitKernel's stages and schedule, except that
 //   load     the ring holds the raw K / V rows (padded pitches, no converted T tile: no second
 //            shared-memory pass and no barrier per tile); Q is permuted into the channel order of the
-//            K fragments (and scaled by a per-channel K scale) once per CTA;
+//            K fragments (and scaled by a per-channel K scale) and staged in f16 under a
+//            power-of-two scale per row, once per CTA;
 //   QK       each lane reads whole packed words of its K row and builds the B fragments in
-//            registers (exact integers as T); a per-tensor K scale multiplies the logits;
-//   PV       each lane reads words of V rows 2t, 2t + 1, 2t + 8, 2t + 9 and builds the B fragments
-//            likewise; O's columns come out permuted (QuantRegKv::VChan);
+//            registers (exact integers as f16, QuantRegKv::MmaT, for f16 and bf16 caches: f16's
+//            conversions are the shorter ones); a per-tensor K scale and the row's 1 / scale
+//            multiply the logits;
+//   PV       P rounded to f16; each lane reads words of V rows 2t, 2t + 1, 2t + 8, 2t + 9 and builds
+//            the B fragments likewise; O's columns come out permuted (QuantRegKv::VChan);
 //   combine  the V scales multiply the f32 O columns and the permutation is undone as each warp
 //            stages its O for the merge; the merge and the writes are DecodeSplitKernel's.
 // Selected by LaunchOptions::quant_regs (the handler's quant_regs attribute; off by default).
@@ -29,28 +32,72 @@ struct QRegStages {
   using Scores = float[kChunk / 8][4];
   using Out = float[kD / 8][4];
 
-  // Q rows in shared memory -> Q'[r][16 kk + k] = Q[r][KChan(kk, k)] (times the K scale of that
-  // channel when K is scaled per channel), in place. A thread owns whole 32-channel groups (the map
-  // stays inside one), so no barrier is needed between its reads and writes.
+  using MmaT = typename Kv::MmaT;
+  static_assert(Cfg::kStride >= kD + 2, "Q rows are padded: a row's scale slot lives there");
+
+  // The first word of Q row r's padding: the bits of the row's largest |value| while PrepareQ runs.
+  static __device__ __forceinline__ unsigned* RowSlot(T* s_q, int r) {
+    return reinterpret_cast<unsigned*>(s_q + r * kStride + kD);
+  }
+  // Before anything else touches Q: the rows' slots to 0 (ordered before PrepareQ's atomics by the
+  // barrier ahead of the first tile).
+  static __device__ __forceinline__ void ClearRowSlots(T* s_q, int tid) {
+    if (tid < kBlockM) *RowSlot(s_q, tid) = 0u;
+  }
+
+  // The power-of-two exponent e of a row whose largest |value| has the bits mx: that value times
+  // 2^e in [2^14, 2^15), within f16's range whatever T holds (bf16's range is f32's); 0 for a zero
+  // row and for inf / NaN (they propagate as they are).
+  static __device__ __forceinline__ int RowExp(unsigned mx) {
+    const int ex = int(mx >> 23);
+    if (mx == 0u || ex == 255) return 0;
+    return min(max(14 - (ex - 127), -126), 126);
+  }
+  static __device__ __forceinline__ float Pow2(int e) { return __uint_as_float(unsigned(127 + e) << 23); }
+
+  // 1 / the row scale of local Q row r, for its logits (after PrepareQ's last barrier).
+  static __device__ __forceinline__ float RowUnscale(T* s_q, int r) { return Pow2(-RowExp(*RowSlot(s_q, r))); }
+
+  // Q rows in shared memory (T) -> Q'[r][16 kk + k] = f16(Q[r][KChan(kk, k)] * s * 2^e_r) in place:
+  // s the K scale of that channel when K is scaled per channel, 2^e_r the row's scale (RowExp).
+  // A thread owns whole 32-channel groups (the map stays inside one). Two passes: the rows' maxima
+  // (atomicMax on the bits of non-negative floats: order-free, so the same bits every run), a
+  // barrier, the conversion.
   static __device__ __forceinline__ void PrepareQ(T* s_q, const float* s_kscale, bool k_per_channel,
                                                   int tid) {
     for (int c = tid; c < kBlockM * kGroups; c += kThreads) {
       const int r = c / kGroups, grp = c % kGroups;
+      const T* row = s_q + r * kStride + 32 * grp;
+      const float* ks = s_kscale + 32 * grp;
+      const int w = !kTail || grp < kPairs ? 32 : 16;
+      float mx = 0.f;
+      bool nan = false;  // fmaxf drops NaN; a NaN row stays unscaled (RowExp of NaN's bits)
+      for (int j = 0; j < w; ++j) {
+        const float v = fabsf(float(row[j]) * (k_per_channel ? ks[j] : 1.f));
+        mx = fmaxf(mx, v);
+        nan |= v != v;
+      }
+      atomicMax(RowSlot(s_q, r), nan ? 0x7FC00000u : __float_as_uint(mx));
+    }
+    __syncthreads();
+    for (int c = tid; c < kBlockM * kGroups; c += kThreads) {
+      const int r = c / kGroups, grp = c % kGroups;
       T* row = s_q + r * kStride + 32 * grp;
+      const float f = Pow2(RowExp(*RowSlot(s_q, r)));
       if (!kTail || grp < kPairs) {
-        PermuteGroup<32>(row, s_kscale + 32 * grp, k_per_channel);
+        PermuteGroup<32>(row, s_kscale + 32 * grp, k_per_channel, f);
       } else {
-        PermuteGroup<16>(row, s_kscale + 32 * grp, k_per_channel);
+        PermuteGroup<16>(row, s_kscale + 32 * grp, k_per_channel, f);
       }
     }
   }
 
   template <int kW>
-  static __device__ __forceinline__ void PermuteGroup(T* row, const float* ks, bool per_channel) {
+  static __device__ __forceinline__ void PermuteGroup(T* row, const float* ks, bool per_channel, float f) {
     alignas(16) T x[kW];
 #pragma unroll
     for (int i = 0; i < kW / 8; ++i) *reinterpret_cast<uint4*>(x + 8 * i) = reinterpret_cast<const uint4*>(row)[i];
-    alignas(16) T y[kW];
+    alignas(16) MmaT y[kW];
 #pragma unroll
     for (int j = 0; j < kW; ++j) {
       const int kk_local = j / 16, k = j % 16;
@@ -58,8 +105,7 @@ struct QRegStages {
       // The channel relative to the group: the tail's map (kW 16) or the paired one (a group's
       // k steps are 2 grp and 2 grp + 1: KChan of steps 0 / 1 is the offset inside it).
       const int ch = kW == 16 ? 4 * t + h + 2 * e : Kv::KChan(kD, kk_local, t, h, e);
-      y[j] = x[ch];
-      if (per_channel) y[j] = T(float(x[ch]) * ks[ch]);
+      y[j] = __float2half_rn(float(x[ch]) * (per_channel ? ks[ch] : 1.f) * f);
     }
 #pragma unroll
     for (int i = 0; i < kW / 8; ++i) reinterpret_cast<uint4*>(row)[i] = *reinterpret_cast<const uint4*>(y + 8 * i);
@@ -81,8 +127,8 @@ struct QRegStages {
       for (int nt = 0; nt < kChunk / 8; ++nt) {
         uint32_t b[4];
         Kv::template KPair<kD>(b, s_kr + (c0 + nt * 8 + g) * kKPitch, kp, t);
-        ptx::Mma16816<T>(s[nt], a0, b[0], b[1]);
-        ptx::Mma16816<T>(s[nt], a1, b[2], b[3]);
+        ptx::Mma16816<MmaT>(s[nt], a0, b[0], b[1]);
+        ptx::Mma16816<MmaT>(s[nt], a1, b[2], b[3]);
       }
     }
     if constexpr (kTail) {
@@ -93,7 +139,7 @@ struct QRegStages {
       for (int nt = 0; nt < kChunk / 8; ++nt) {
         uint32_t b[2];
         Kv::KTail(b, s_kr + (c0 + nt * 8 + g) * kKPitch, kk, t);
-        ptx::Mma16816<T>(s[nt], a, b[0], b[1]);
+        ptx::Mma16816<MmaT>(s[nt], a, b[0], b[1]);
       }
     }
   }
@@ -113,10 +159,10 @@ struct QRegStages {
                                             int g, int t) {
 #pragma unroll
     for (int kc = 0; kc < kChunk / 16; ++kc) {
-      const uint32_t pa[4] = {ptx::Pack2<T>(s[2 * kc][0], s[2 * kc][1]),
-                              ptx::Pack2<T>(s[2 * kc][2], s[2 * kc][3]),
-                              ptx::Pack2<T>(s[2 * kc + 1][0], s[2 * kc + 1][1]),
-                              ptx::Pack2<T>(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+      const uint32_t pa[4] = {ptx::Pack2<MmaT>(s[2 * kc][0], s[2 * kc][1]),
+                              ptx::Pack2<MmaT>(s[2 * kc][2], s[2 * kc][3]),
+                              ptx::Pack2<MmaT>(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                              ptx::Pack2<MmaT>(s[2 * kc + 1][2], s[2 * kc + 1][3])};
       const unsigned char* r0 = s_vr + (c0 + kc * 16 + 2 * t) * kVPitch;
       const unsigned char* const rows[4] = {r0, r0 + kVPitch, r0 + 8 * kVPitch, r0 + 9 * kVPitch};
       PvSegments<0>(o, pa, rows, g);
@@ -214,6 +260,7 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
   const int g = lane >> 2, t4 = lane & 3;
 
   ptx::LaunchDependents();
+  QStages::ClearRowSlots(s_q, tid);
   Stages::LoadQ(s_q, p, b, kvh, row0, tid);
 
   const int len = min(max(p.kv_len[b], 0), p.capacity);
@@ -227,11 +274,15 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
 
   const unsigned char* k_raw = static_cast<const unsigned char*>(p.k) + b * p.k_stride_b + kvh * p.k_stride_h;
   const unsigned char* v_raw = static_cast<const unsigned char*>(p.v) + b * p.v_stride_b + kvh * p.v_stride_h;
-  auto load_tile = [&](int t, int st) {
-    const int n0 = t * kTileN;
-    Kv::template LoadTile<kD, kTileN, kThreads, Cfg::kKPitch, Cfg::kVPitch>(
-        s_ring + st * Cfg::kStageBytes, k_raw + n0 * p.k_stride_n, v_raw + n0 * p.v_stride_n,
-        p.k_stride_n, p.v_stride_n, n_begin - n0, n_end - n0, tid);
+  // Rows one after another (Launch takes this kernel only then): tiles stream from cursors, in
+  // order, into the ring's stages in turn.
+  typename Kv::template TileStream<kD, kTileN, kThreads, Cfg::kKPitch, Cfg::kVPitch> kv_stream(
+      static_cast<const unsigned char*>(p.k) + b * p.k_stride_b + kvh * p.k_stride_h,
+      static_cast<const unsigned char*>(p.v) + b * p.v_stride_b + kvh * p.v_stride_h, t_begin, tid);
+  int st_load = 0;  // the stage the next tile lands in
+  auto load_tile = [&](int t) {
+    kv_stream.Load(s_ring + st_load * Cfg::kStageBytes, n_begin - t * kTileN, n_end - t * kTileN, tid);
+    st_load = st_load + 1 == kStages ? 0 : st_load + 1;
   };
 
   QueryRow<> rows[2];
@@ -249,37 +300,41 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
   float m[2] = {-INFINITY, -INFINITY};
   float l[2] = {0.f, 0.f};
   uint32_t qa[Cfg::kQInRegs ? kD / 16 : 1][4];
-  float k_mul = 1.f;  // a per-tensor K scale, on the logits
+  float k_mul[2] = {1.f, 1.f};  // a per-tensor K scale times the row's 1 / scale, on the logits
 
   Kv::template LoadScales<kD, kThreads>(s_scale, p.kv_scales, kvh, tid);
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (t_begin + s < t_end) load_tile(t_begin + s, s);
+    if (t_begin + s < t_end) load_tile(t_begin + s);
     ptx::CpAsyncCommit();
   }
 
   const uint32_t q_addr = ptx::SmemAddr(s_q + (wm * 16 + (lane & 15)) * kStride + (lane >> 4) * 8);
 
+  int st_use = 0;  // the stage tile t sits in
   for (int t = t_begin; t < t_end; ++t) {
     const int it = t - t_begin;
     ptx::CpAsyncWait<kStages - 2>();
     __syncthreads();
     {
       const int tn = t + kStages - 1;
-      if (tn < t_end) load_tile(tn, (it + kStages - 1) % kStages);
+      if (tn < t_end) load_tile(tn);
       ptx::CpAsyncCommit();
     }
     if (it == 0) {
       // Q (first commit group) and the scales are in: Q into the K fragments' channel order, once.
       QStages::PrepareQ(s_q, s_scale, p.kv_scales.k_per_channel, tid);
-      k_mul = p.kv_scales.k_per_channel ? 1.f : s_scale[0];
       __syncthreads();
+      const float k_tensor = p.kv_scales.k_per_channel ? 1.f : s_scale[0];
+#pragma unroll
+      for (int r2 = 0; r2 < 2; ++r2) k_mul[r2] = k_tensor * QStages::RowUnscale(s_q, wm * 16 + (lane >> 2) + 8 * r2);
       if constexpr (Cfg::kQInRegs) {
 #pragma unroll
         for (int kk = 0; kk < kD / 16; ++kk) ptx::LdMatrixX4(qa[kk], q_addr + kk * 32);
       }
     }
-    const unsigned char* s_kr = s_ring + (it % kStages) * Cfg::kStageBytes;
+    const unsigned char* s_kr = s_ring + st_use * Cfg::kStageBytes;
+    st_use = st_use + 1 == kStages ? 0 : st_use + 1;
     const unsigned char* s_vr = s_kr + kTileN * Cfg::kKPitch;
     const int n0 = t * kTileN;
     const bool full = n0 >= kb.full_lo && n0 + kTileN <= kb.full_hi;
@@ -296,7 +351,7 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int j = n0 + c0 + nt * 8 + 2 * t4 + (e & 1);
-            s[nt][e] = var.Score(s[nt][e] * k_mul, rows[e >> 1], j);
+            s[nt][e] = var.Score(s[nt][e] * k_mul[e >> 1], rows[e >> 1], j);
           }
         }
       } else {
@@ -306,7 +361,7 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
           for (int e = 0; e < 4; ++e) {
             const int j = n0 + c0 + nt * 8 + 2 * t4 + (e & 1);
             const QueryRow<>& row = rows[e >> 1];
-            s[nt][e] = var.Visible(row, j) ? var.Score(s[nt][e] * k_mul, row, j) : -INFINITY;
+            s[nt][e] = var.Visible(row, j) ? var.Score(s[nt][e] * k_mul[e >> 1], row, j) : -INFINITY;
           }
         }
       }

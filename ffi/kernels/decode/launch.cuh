@@ -82,8 +82,12 @@ cudaError_t LaunchVariant(const DecodeParams& p, bool pdl, cudaStream_t stream) 
 template <typename T, int kD, KvFormat kKv>
 cudaError_t Launch(const DecodeParams& p, const LaunchOptions& opt, cudaStream_t stream) {
   if constexpr (kKv != KvFormat::kDense) {
-    if (opt.quant_regs) {
-      using Kv = QuantRegKv<T, KvBits(kKv)>;
+    using RegKv = QuantRegKv<T, KvBits(kKv)>;
+    constexpr int64_t kRowBytes = RegKv::template RowBytes<kD>();
+    // The register kernel copies whole tiles as blocks of rows (LoadTileContiguous): rows one
+    // after another, as ConfigureKvQuant lays them out; the tile kernel takes any strides.
+    if (opt.quant_regs && p.k_stride_n == kRowBytes && p.v_stride_n == kRowBytes) {
+      using Kv = RegKv;
       return opt.logit_variant ? LaunchVariant<T, kD, LogitVariant, Kv>(p, opt.pdl, stream)
                                : LaunchVariant<T, kD, MaskVariant, Kv>(p, opt.pdl, stream);
     }
