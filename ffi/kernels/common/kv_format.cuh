@@ -280,43 +280,46 @@ struct QuantRegKv {
   }
 
   // LoadTile's copies for rows one after another (stride = the row's bytes, as the decode handler
-  // lays out every quantised cache; Launch checks): a tile is one block of kRows rows, so a thread's
-  // copies are its place in the block plus compile-time offsets, from cursors that move a tile per
-  // Load (tiles are loaded in order). A tile the visible range covers copies without row tests or
-  // 64-bit row arithmetic (LoadTile spends ~15 SASS instructions a copy on it); the first and last
-  // tiles of a split take LoadTile. The same bytes land where LoadTile puts them.
-  template <int kD, int kRows, int kThreads, int kKPitch, int kVPitch>
+  // lays out every quantised cache; Launch checks): kRows rows of each tile, tiles kTileRows rows
+  // apart, by kThreads threads (a CTA, or one warp copying the rows it reads). Those rows are one
+  // block, so a thread's copies are its place in the block plus compile-time offsets, from cursors
+  // that move a tile per Load (tiles are loaded in order). A tile the visible range covers copies
+  // without row tests or 64-bit row arithmetic (LoadByteRows spends ~15 SASS instructions a copy on
+  // it); the first and last tiles of a split take LoadByteRows. The same bytes land where LoadTile
+  // puts them.
+  template <int kD, int kRows, int kTileRows, int kThreads, int kKPitch, int kVPitch>
   struct TileStream {
     static constexpr int kRowBytes = RowBytes<kD>();
     static constexpr int kCopy = kRowBytes % 16 == 0 ? 16 : 8;
     static constexpr int kPerRow = kRowBytes / kCopy;
     static constexpr int kTotal = kRows * kPerRow;
     static constexpr int kIters = (kTotal + kThreads - 1) / kThreads;
-    static constexpr int64_t kTileBytes = int64_t(kRows) * kRowBytes;
+    static constexpr int64_t kTileBytes = int64_t(kTileRows) * kRowBytes;
     const unsigned char* k;  // the thread's first copy in the next tile's K rows
     const unsigned char* v;
 
-    // k_raw / v_raw: row 0 of the cache; t: the first tile to load.
-    __device__ __forceinline__ TileStream(const unsigned char* k_raw, const unsigned char* v_raw, int t, int tid)
-        : k(k_raw + t * kTileBytes + tid * kCopy), v(v_raw + t * kTileBytes + tid * kCopy) {}
+    // k_rows / v_rows: the first row this stream copies of tile 0; t: the first tile to load.
+    __device__ __forceinline__ TileStream(const unsigned char* k_rows, const unsigned char* v_rows, int t, int tid)
+        : k(k_rows + t * kTileBytes + tid * kCopy), v(v_rows + t * kTileBytes + tid * kCopy) {}
 
-    // The next tile into the stage at dst; its rows outside [valid_lo, valid_hi) zero-filled and not
-    // read.
-    __device__ __forceinline__ void Load(unsigned char* dst, int valid_lo, int valid_hi, int tid) {
+    // The next tile's rows into dst_k / dst_v (row pitches kKPitch / kVPitch); rows outside
+    // [valid_lo, valid_hi) (counted from the stream's first row) zero-filled and not read.
+    __device__ __forceinline__ void Load(unsigned char* dst_k, unsigned char* dst_v, int valid_lo, int valid_hi,
+                                         int tid) {
       if (valid_lo <= 0 && valid_hi >= kRows) {
-        const uint32_t base = ptx::SmemAddr(dst);
+        const uint32_t base_k = ptx::SmemAddr(dst_k), base_v = ptx::SmemAddr(dst_v);
 #pragma unroll
         for (int it = 0; it < kIters; ++it) {
           const int c = tid + it * kThreads;
           if (kTotal % kThreads == 0 || c < kTotal) {
             const int r = c / kPerRow, col = (c % kPerRow) * kCopy;
-            Copy<kCopy>(base + uint32_t(r * kKPitch + col), k + it * kThreads * kCopy, true);
-            Copy<kCopy>(base + uint32_t(kRows * kKPitch + r * kVPitch + col), v + it * kThreads * kCopy, true);
+            Copy<kCopy>(base_k + uint32_t(r * kKPitch + col), k + it * kThreads * kCopy, true);
+            Copy<kCopy>(base_v + uint32_t(r * kVPitch + col), v + it * kThreads * kCopy, true);
           }
         }
       } else {
-        LoadTile<kD, kRows, kThreads, kKPitch, kVPitch>(dst, k - tid * kCopy, v - tid * kCopy, kRowBytes,
-                                                        kRowBytes, valid_lo, valid_hi, tid);
+        LoadByteRows<kRowBytes, kKPitch, kRows, kThreads>(dst_k, k - tid * kCopy, kRowBytes, valid_lo, valid_hi, tid);
+        LoadByteRows<kRowBytes, kVPitch, kRows, kThreads>(dst_v, v - tid * kCopy, kRowBytes, valid_lo, valid_hi, tid);
       }
       k += kTileBytes;
       v += kTileBytes;

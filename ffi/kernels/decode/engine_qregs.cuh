@@ -275,13 +275,24 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
   const unsigned char* k_raw = static_cast<const unsigned char*>(p.k) + b * p.k_stride_b + kvh * p.k_stride_h;
   const unsigned char* v_raw = static_cast<const unsigned char*>(p.v) + b * p.v_stride_b + kvh * p.v_stride_h;
   // Rows one after another (Launch takes this kernel only then): tiles stream from cursors, in
-  // order, into the ring's stages in turn.
-  typename Kv::template TileStream<kD, kTileN, kThreads, Cfg::kKPitch, Cfg::kVPitch> kv_stream(
-      static_cast<const unsigned char*>(p.k) + b * p.k_stride_b + kvh * p.k_stride_h,
-      static_cast<const unsigned char*>(p.v) + b * p.v_stride_b + kvh * p.v_stride_h, t_begin, tid);
+  // order, into the ring's stages in turn. With one warp row (1 x N layouts) a warp reads only its
+  // kWarpN rows of a tile, so it copies them itself and the ring's hand-off is the warp's own (its
+  // copies' wait and a warp barrier): no CTA barrier a tile, the warps run decoupled. Otherwise the
+  // warps of a column share rows and the CTA copies the tile.
+  constexpr bool kWarpCopies = kWarpsM == 1;
+  constexpr int kCopyRows = kWarpCopies ? Cfg::kWarpN : kTileN;
+  const int copy_row0 = kWarpCopies ? wn * Cfg::kWarpN : 0, copy_tid = kWarpCopies ? lane : tid;
+  constexpr int64_t kRowBytes = Kv::template RowBytes<kD>();
+  typename Kv::template TileStream<kD, kCopyRows, kTileN, kWarpCopies ? 32 : kThreads, Cfg::kKPitch, Cfg::kVPitch>
+      kv_stream(static_cast<const unsigned char*>(p.k) + b * p.k_stride_b + kvh * p.k_stride_h + copy_row0 * kRowBytes,
+                static_cast<const unsigned char*>(p.v) + b * p.v_stride_b + kvh * p.v_stride_h + copy_row0 * kRowBytes,
+                t_begin, copy_tid);
   int st_load = 0;  // the stage the next tile lands in
   auto load_tile = [&](int t) {
-    kv_stream.Load(s_ring + st_load * Cfg::kStageBytes, n_begin - t * kTileN, n_end - t * kTileN, tid);
+    unsigned char* stage = s_ring + st_load * Cfg::kStageBytes;
+    const int row0 = t * kTileN + copy_row0;
+    kv_stream.Load(stage + copy_row0 * Cfg::kKPitch, stage + kTileN * Cfg::kKPitch + copy_row0 * Cfg::kVPitch,
+                   n_begin - row0, n_end - row0, copy_tid);
     st_load = st_load + 1 == kStages ? 0 : st_load + 1;
   };
 
@@ -315,7 +326,12 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
   for (int t = t_begin; t < t_end; ++t) {
     const int it = t - t_begin;
     ptx::CpAsyncWait<kStages - 2>();
-    __syncthreads();
+    // The first tile's group also holds Q and the scales, which every warp reads: a CTA barrier.
+    if (!kWarpCopies || it == 0) {
+      __syncthreads();
+    } else {
+      __syncwarp();
+    }
     {
       const int tn = t + kStages - 1;
       if (tn < t_end) load_tile(tn);

@@ -380,10 +380,10 @@ enum class QuantPath : int { kTiles = 0, kAuto = 1, kRegs = 2 };
 
 // KV rows a call streams (batch x KV heads x M blocks x capacity) from which kAuto takes the
 // register-dequantising kernel; below it the tile kernel is faster. Measured on the H200 (32/8
-// d128, bench/results/2026-12-03-a1d6e8d-decode-quant-route.json, µs register / tile kernel): at
-// 131072 rows or fewer B=1 8k int4 19.3 / 17.0, B=8 2k 29.0 / 24.6, B=4 4k 29.2 / 28.3; at 262144
-// B=1 32k 35.6 / 45.4, B=4 8k 31.4 / 47.3, B=8 4k 32.4 / 40.7.
-inline constexpr int64_t kQuantRegsMinRows = int64_t(32768) * 8;
+// d128 bf16, bench/results/2026-12-04-5b0dc61-decode-qregs-route.json, µs register / tile kernel,
+// int8 and int4): at 65536 rows B=1 8k 19.2 / 17.7 and 19.3 / 17.3; at 131072 B=1 16k 25.7 / 29.7
+// and 24.1 / 27.4, B=4 4k 23.1 / 29.7 and 23.1 / 28.4 (262144 before session 29's f16 MMAs).
+inline constexpr int64_t kQuantRegsMinRows = int64_t(16384) * 8;
 
 // A call's plan: what the handler is told (split_rows, cluster, quant_regs) and the workspace
 // Python sizes.
