@@ -272,21 +272,21 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
   const int t_begin = n_begin / kTileN;
   const int t_end = n_end > n_begin ? (n_end + kTileN - 1) / kTileN : t_begin;
 
-  const unsigned char* k_raw = static_cast<const unsigned char*>(p.k) + b * p.k_stride_b + kvh * p.k_stride_h;
-  const unsigned char* v_raw = static_cast<const unsigned char*>(p.v) + b * p.v_stride_b + kvh * p.v_stride_h;
   // Rows one after another (Launch takes this kernel only then): tiles stream from cursors, in
-  // order, into the ring's stages in turn. With one warp row (1 x N layouts) a warp reads only its
-  // kWarpN rows of a tile, so it copies them itself and the ring's hand-off is the warp's own (its
-  // copies' wait and a warp barrier): no CTA barrier a tile, the warps run decoupled. Otherwise the
-  // warps of a column share rows and the CTA copies the tile.
-  constexpr bool kWarpCopies = kWarpsM == 1;
+  // order, into the ring's stages in turn. An int4 cache with one warp row (1 x N layouts): a warp
+  // reads only its kWarpN rows of a tile, so it copies them itself and the ring's hand-off is the
+  // warp's own (its copies' wait and a warp barrier): no CTA barrier a tile, the warps decoupled.
+  // That pays where the kernel is bound by its instructions (int4: B=8 128k 400 -> 380 µs) and
+  // costs where it is bound by HBM (int8: B=8 16k 80 -> 87, B=1 128k 85 -> 90; against 5b0dc61's,
+  // bench/results/archive/2026-12-04-4b0cb85-decode-qregs-*.json). Otherwise the CTA copies the tile.
+  constexpr bool kWarpCopies = kWarpsM == 1 && Kv::kBits == 4;
   constexpr int kCopyRows = kWarpCopies ? Cfg::kWarpN : kTileN;
   const int copy_row0 = kWarpCopies ? wn * Cfg::kWarpN : 0, copy_tid = kWarpCopies ? lane : tid;
   constexpr int64_t kRowBytes = Kv::template RowBytes<kD>();
+  const auto* k0 = static_cast<const unsigned char*>(p.k) + b * p.k_stride_b + kvh * p.k_stride_h;
+  const auto* v0 = static_cast<const unsigned char*>(p.v) + b * p.v_stride_b + kvh * p.v_stride_h;
   typename Kv::template TileStream<kD, kCopyRows, kTileN, kWarpCopies ? 32 : kThreads, Cfg::kKPitch, Cfg::kVPitch>
-      kv_stream(static_cast<const unsigned char*>(p.k) + b * p.k_stride_b + kvh * p.k_stride_h + copy_row0 * kRowBytes,
-                static_cast<const unsigned char*>(p.v) + b * p.v_stride_b + kvh * p.v_stride_h + copy_row0 * kRowBytes,
-                t_begin, copy_tid);
+      kv_stream(k0 + copy_row0 * kRowBytes, v0 + copy_row0 * kRowBytes, t_begin, copy_tid);
   int st_load = 0;  // the stage the next tile lands in
   auto load_tile = [&](int t) {
     unsigned char* stage = s_ring + st_load * Cfg::kStageBytes;
