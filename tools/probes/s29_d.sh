@@ -1,28 +1,6 @@
 #!/usr/bin/env bash
-# Session 29, call D (~6 min): the landed kernel (warp copies for int4 caches only). 1) issue 15's
-# headline rows (B=8 / B=1 at 128k, bf16 / fp16, float / int8 / int4 caches, jax cuDNN on the float
-# ones) and bf16 per-channel scales; 2) int8 / int4 beside bf16 at B=8 4k / 16k; 3) the GPU tests of
-# the quantised paths and the vmap test (its int8 case moved under the new kQuantRegsMinRows).
-# To $OUT: prepare.log, dec128k.json, chan.json, grid.json, tests.log (+ run.log).
-set -uo pipefail
-source "$(dirname "$0")/../device_prepare.sh"
-T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
-{
-el headline
-timeout 120 python3 -m jax_onnx_attn.bench decode --dtypes bf16 fp16 --heads 32/8 --dims 128 --batch 8 1 \
-  --ctx 131072 --qlen 1 --kv-bits 0 8 4 --impls ours jax-cudnn --target-ms 10 --reps 3 \
-  --max-seconds 110 --out "$out/dec128k.json" 2>&1 | grep -v Warning | tail -14
-el channel
-timeout 50 python3 -m jax_onnx_attn.bench decode --dtypes bf16 --heads 32/8 --dims 128 --batch 8 \
-  --ctx 131072 --qlen 1 --kv-bits 8 4 --scales channel --impls ours --target-ms 10 --reps 3 \
-  --max-seconds 45 --out "$out/chan.json" 2>&1 | grep -v Warning | tail -4
-el grid
-timeout 70 python3 -m jax_onnx_attn.bench decode --dtypes bf16 --heads 32/8 --dims 128 --batch 8 \
-  --ctx 4096 16384 --qlen 1 --kv-bits 0 8 4 --impls ours jax-cudnn --target-ms 10 --reps 3 \
-  --max-seconds 65 --out "$out/grid.json" 2>&1 | grep -v Warning | tail -8
-el tests
-timeout 240 python3 -m pytest -m gpu -q -ra -n 8 --dist load -p no:cacheprovider \
-  tests/gpu/test_decode_quant_regs_gpu.py tests/gpu/test_spmd_gpu.py -k "vmap or not spmd" > "$out/tests.log" 2>&1
-echo "tests rc $?"; tail -1 "$out/tests.log"; grep -E "^(FAILED|ERROR)" "$out/tests.log" | head -12
-el done
-} 2>&1 | tee "$out/run.log"
+# Session 29, call D (~6 min): the landed kernel (feb0275: warp copies for int4 caches only), call
+# B's headline, channel and grid steps (s29_b.sh) and the GPU tests. (Call D itself ran the tests of
+# test_decode_quant_regs_gpu.py and the vmap test only, the int8 path being call B's, already
+# tested; this runs s29_b.sh's full list.) To $OUT: as s29_b.sh, less route.json.
+S29_STEPS="headline channel grid tests" exec bash "$(dirname "$0")/s29_b.sh" "$@"
