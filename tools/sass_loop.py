@@ -11,7 +11,8 @@ blocks (partial tiles, a rescale taken rarely, a first-iteration set-up) are cou
 two builds of one kernel rather than reading the numbers as issued instructions. --skip-over OP
 leaves out the longest block a forward branch inside the loop jumps over that holds an OP
 instruction (the decode kernels' first-iteration set-up: `--skip-over LDSM`, Q's fragments loaded
-once). --dump prints the loop's instructions.
+once). --dump prints the loop's instructions. The GEMV engine's chunk loop: tools/probes/gemv_sass.py
+(same parser).
 """
 
 import argparse

@@ -9,26 +9,12 @@ branch that continues with the next chunk of the same row block, plus the latch)
 The substrings pick kernels by mangled name (Li1E...: one n8 tile, M <= 8; plain x; stored y).
 Counts are static: the ring wait's jump table and the copy paths a lane does not take count too.
 """
+import os
 import re
 import sys
 
-
-def functions(text):
-    """{mangled name: [(address, instruction)]} of a cuobjdump -sass listing."""
-    out, name, body = {}, None, []
-    for line in text.splitlines():
-        m = re.search(r"Function : (\S+)", line)
-        if m:
-            if name:
-                out[name] = body
-            name, body = m.group(1), []
-        elif name:
-            m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
-            if m:
-                body.append((int(m.group(1), 16), m.group(2).strip()))
-    if name:
-        out[name] = body
-    return out
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from sass_loop import functions  # noqa: E402  (the listing's parser, shared with tools/sass_loop.py)
 
 
 def hot_path(body):
