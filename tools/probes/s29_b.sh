@@ -5,7 +5,8 @@
 # shorter B=8 contexts beside bf16; 3) the kernel routing (ours[tiles] vs ours[regs]) around
 # kQuantRegsMinRows; 4) the GPU tests of the quantised paths.
 # To $OUT: prepare.log, dec128k.json, chan.json, grid.json, route.json, tests.log (+ run.log).
-# S29_STEPS (default: all five) picks steps: headline channel grid route tests.
+# S29_STEPS (default: all five) picks steps: headline channel grid route tests; S29_TESTS the test
+# files (default: the five below).
 set -uo pipefail
 steps=" ${S29_STEPS:-headline channel grid route tests} "
 on() { [[ "$steps" == *" $1 "* ]]; }
@@ -38,9 +39,10 @@ timeout 100 python3 -m jax_onnx_attn.bench decode --dtypes bf16 --heads 32/8 --d
 }
 on tests && {
 el tests
-timeout 240 python3 -m pytest -m gpu -q -ra -n 8 --dist load -p no:cacheprovider \
-  tests/gpu/test_decode_quant_regs_gpu.py tests/gpu/test_decode_quant_gpu.py tests/gpu/test_decode_paths_gpu.py \
-  tests/gpu/test_gqa_prepare_gpu.py tests/gpu/test_spmd_gpu.py -k "vmap or not spmd" > "$out/tests.log" 2>&1
+tests=${S29_TESTS:-tests/gpu/test_decode_quant_regs_gpu.py tests/gpu/test_decode_quant_gpu.py tests/gpu/test_decode_paths_gpu.py tests/gpu/test_gqa_prepare_gpu.py tests/gpu/test_spmd_gpu.py}
+# shellcheck disable=SC2086
+timeout 240 python3 -m pytest -m gpu -q -ra -n 8 --dist load -p no:cacheprovider $tests -k "vmap or not spmd" \
+  > "$out/tests.log" 2>&1
 echo "tests rc $?"; tail -1 "$out/tests.log"; grep -E "^(FAILED|ERROR)" "$out/tests.log" | head -12
 }
 el done
