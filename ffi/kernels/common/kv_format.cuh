@@ -299,7 +299,8 @@ struct QuantRegKv {
     const unsigned char* v;
 
     // k_rows / v_rows: the first row this stream copies of tile 0; t: the first tile to load.
-    __device__ __forceinline__ TileStream(const unsigned char* k_rows, const unsigned char* v_rows, int t, int tid)
+    __device__ __forceinline__ TileStream(const unsigned char* k_rows, const unsigned char* v_rows, int t,
+                                          int tid)
         : k(k_rows + t * kTileBytes + tid * kCopy), v(v_rows + t * kTileBytes + tid * kCopy) {}
 
     // The next tile's rows into dst_k / dst_v (row pitches kKPitch / kVPitch); rows outside
@@ -318,8 +319,10 @@ struct QuantRegKv {
           }
         }
       } else {
-        LoadByteRows<kRowBytes, kKPitch, kRows, kThreads>(dst_k, k - tid * kCopy, kRowBytes, valid_lo, valid_hi, tid);
-        LoadByteRows<kRowBytes, kVPitch, kRows, kThreads>(dst_v, v - tid * kCopy, kRowBytes, valid_lo, valid_hi, tid);
+        const unsigned char* k0 = k - tid * kCopy;  // the tile's first row of this stream
+        const unsigned char* v0 = v - tid * kCopy;
+        LoadByteRows<kRowBytes, kKPitch, kRows, kThreads>(dst_k, k0, kRowBytes, valid_lo, valid_hi, tid);
+        LoadByteRows<kRowBytes, kVPitch, kRows, kThreads>(dst_v, v0, kRowBytes, valid_lo, valid_hi, tid);
       }
       k += kTileBytes;
       v += kTileBytes;
@@ -337,10 +340,10 @@ struct QuantRegKv {
 
   // --- dequantisation in registers -----------------------------------------------------------
 
-  // Two 4-bit levels (stored q + 8) -> an f16 pair (lo, hi), exact, two instructions. I4Lo takes the
-  // nibbles at bits [0, 4) and [16, 20): dropped into the mantissa of 1024, minus 1032 (LOP3, HSUB2). I4Hi takes
-  // those at [4, 8) and [20, 24) without a shift: 1024 + 16 n, times 1/16 minus 72 (LOP3, HFMA2;
-  // 64 + n is exact, so one rounding of an exact value).
+  // Two 4-bit levels (stored q + 8) -> an f16 pair (lo, hi), exact, two instructions. I4Lo takes
+  // the nibbles at bits [0, 4) and [16, 20): dropped into the mantissa of 1024, minus 1032 (LOP3,
+  // HSUB2). I4Hi takes those at [4, 8) and [20, 24) without a shift: 1024 + 16 n, times 1/16 minus
+  // 72 (LOP3, HFMA2; 64 + n is exact, so one rounding of an exact value).
   static __device__ __forceinline__ uint32_t I4Lo(uint32_t x) {
     const uint32_t y = ptx::AndOr(x, 0x000F000Fu, 0x64006400u);
     return Bits<uint32_t>(__hsub2(Bits<__half2>(y), Bits<__half2>(0x64086408u)));

@@ -1,18 +1,21 @@
 // The split-KV decode engine on an int8 / int4 cache dequantised in registers (QuantRegKv,
 // kv_format.cuh): DecodeSplitKernel's stages and schedule, except that
 //   load     the ring holds the raw K / V rows (padded pitches, no converted T tile: no second
-//            shared-memory pass and no barrier per tile); Q is permuted into the channel order of the
+//            shared-memory pass), whole tiles copied from cursors (QuantRegKv::TileStream: rows
+//            one after another), an int4 cache's by the warps that read them (no CTA barrier a
+//            tile); Q is permuted into the channel order of the
 //            K fragments (and scaled by a per-channel K scale) and staged in f16 under a
 //            power-of-two scale per row, once per CTA;
 //   QK       each lane reads whole packed words of its K row and builds the B fragments in
 //            registers (exact integers as f16, QuantRegKv::MmaT, for f16 and bf16 caches: f16's
 //            conversions are the shorter ones); a per-tensor K scale and the row's 1 / scale
 //            multiply the logits;
-//   PV       P rounded to f16; each lane reads words of V rows 2t, 2t + 1, 2t + 8, 2t + 9 and builds
-//            the B fragments likewise; O's columns come out permuted (QuantRegKv::VChan);
+//   PV       P rounded to f16; each lane reads words of V rows 2t, 2t + 1, 2t + 8, 2t + 9 and
+//            builds the B fragments likewise; O's columns come out permuted (QuantRegKv::VChan);
 //   combine  the V scales multiply the f32 O columns and the permutation is undone as each warp
 //            stages its O for the merge; the merge and the writes are DecodeSplitKernel's.
-// Selected by LaunchOptions::quant_regs (the handler's quant_regs attribute; off by default).
+// Selected by LaunchOptions::quant_regs: the plan's choice by the call's size (plan.h QuantPath,
+// kQuantRegsMinRows) unless the caller forces one; Launch takes it only for contiguous rows.
 #pragma once
 
 #include "kernels/decode/engine.cuh"
@@ -285,8 +288,9 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
   constexpr int64_t kRowBytes = Kv::template RowBytes<kD>();
   const auto* k0 = static_cast<const unsigned char*>(p.k) + b * p.k_stride_b + kvh * p.k_stride_h;
   const auto* v0 = static_cast<const unsigned char*>(p.v) + b * p.v_stride_b + kvh * p.v_stride_h;
-  typename Kv::template TileStream<kD, kCopyRows, kTileN, kWarpCopies ? 32 : kThreads, Cfg::kKPitch, Cfg::kVPitch>
-      kv_stream(k0 + copy_row0 * kRowBytes, v0 + copy_row0 * kRowBytes, t_begin, copy_tid);
+  using Stream = typename Kv::template TileStream<kD, kCopyRows, kTileN, kWarpCopies ? 32 : kThreads,
+                                                  Cfg::kKPitch, Cfg::kVPitch>;
+  Stream kv_stream(k0 + copy_row0 * kRowBytes, v0 + copy_row0 * kRowBytes, t_begin, copy_tid);
   int st_load = 0;  // the stage the next tile lands in
   auto load_tile = [&](int t) {
     unsigned char* stage = s_ring + st_load * Cfg::kStageBytes;
@@ -343,7 +347,9 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
       __syncthreads();
       const float k_tensor = p.kv_scales.k_per_channel ? 1.f : s_scale[0];
 #pragma unroll
-      for (int r2 = 0; r2 < 2; ++r2) k_mul[r2] = k_tensor * QStages::RowUnscale(s_q, wm * 16 + (lane >> 2) + 8 * r2);
+      for (int r2 = 0; r2 < 2; ++r2) {
+        k_mul[r2] = k_tensor * QStages::RowUnscale(s_q, wm * 16 + (lane >> 2) + 8 * r2);
+      }
       if constexpr (Cfg::kQInRegs) {
 #pragma unroll
         for (int kk = 0; kk < kD / 16; ++kk) ptx::LdMatrixX4(qa[kk], q_addr + kk * 32);
