@@ -108,7 +108,6 @@ __device__ __forceinline__ void Mma16816Free(float (&d)[4], const uint32_t (&a)[
   }
 }
 
-// Two floats -> one register of two 16-bit values, lo in the low half (the lower column).
 // f(a, b, c) in one instruction, kLut the truth table of f (a: 0xF0, b: 0xCC, c: 0xAA): AndOr is
 // (a & b) | c, AndXor (a & b) ^ c. Written in C with two constants these compile to two LOP3s (one
 // immediate operand each); as one lop3, ptxas keeps a constant in a register and emits one.
@@ -121,6 +120,7 @@ __device__ __forceinline__ uint32_t Lop3(uint32_t a, uint32_t b, uint32_t c) {
 __device__ __forceinline__ uint32_t AndOr(uint32_t a, uint32_t b, uint32_t c) { return Lop3<0xEA>(a, b, c); }
 __device__ __forceinline__ uint32_t AndXor(uint32_t a, uint32_t b, uint32_t c) { return Lop3<0x6A>(a, b, c); }
 
+// Two floats -> one register of two 16-bit values, lo in the low half (the lower column).
 template <typename T>
 __device__ __forceinline__ uint32_t Pack2(float lo, float hi);
 

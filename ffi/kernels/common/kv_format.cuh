@@ -36,10 +36,23 @@ namespace joa {
 // cp.async of rows [0, kRows) of kRowBytes bytes each (row r at src + r * row_stride) to dst, row r
 // at dst + r * kPitch: 16-byte copies, or 8 where a row is not whole 16-byte chunks (int4 at D =
 // 80: 40 bytes). Rows outside [valid_lo, valid_hi) are zero-filled and not read.
+// The copy size of a row of kRowBytes: 16 bytes, or 8 where the row is not whole 16-byte chunks.
+constexpr int ByteRowCopy(int row_bytes) { return row_bytes % 16 == 0 ? 16 : 8; }
+
+// One cp.async of kCopy (16 or 8) bytes, zero-filled where !valid.
+template <int kCopy>
+__device__ __forceinline__ void CpAsyncBytes(uint32_t s, const void* g, bool valid) {
+  if constexpr (kCopy == 16) {
+    ptx::CpAsync16(s, g, valid);
+  } else {
+    ptx::CpAsync8(s, g, valid);
+  }
+}
+
 template <int kRowBytes, int kPitch, int kRows, int kThreads>
 __device__ __forceinline__ void LoadByteRows(unsigned char* dst, const unsigned char* src, int64_t row_stride,
                                              int valid_lo, int valid_hi, int tid) {
-  constexpr int kCopy = kRowBytes % 16 == 0 ? 16 : 8;
+  constexpr int kCopy = ByteRowCopy(kRowBytes);
   static_assert(kRowBytes % kCopy == 0 && kPitch % kCopy == 0, "rows of whole copies");
   constexpr int kPerRow = kRowBytes / kCopy;
   constexpr int kTotal = kRows * kPerRow;
@@ -52,12 +65,7 @@ __device__ __forceinline__ void LoadByteRows(unsigned char* dst, const unsigned 
       const int col = (c % kPerRow) * kCopy;
       const bool valid = r >= valid_lo && r < valid_hi;
       const unsigned char* g = valid ? src + r * row_stride + col : src;
-      const uint32_t s = ptx::SmemAddr(dst + r * kPitch + col);
-      if constexpr (kCopy == 16) {
-        ptx::CpAsync16(s, g, valid);
-      } else {
-        ptx::CpAsync8(s, g, valid);
-      }
+      CpAsyncBytes<kCopy>(ptx::SmemAddr(dst + r * kPitch + col), g, valid);
     }
   }
 }
@@ -290,7 +298,7 @@ struct QuantRegKv {
   template <int kD, int kRows, int kTileRows, int kThreads, int kKPitch, int kVPitch>
   struct TileStream {
     static constexpr int kRowBytes = RowBytes<kD>();
-    static constexpr int kCopy = kRowBytes % 16 == 0 ? 16 : 8;
+    static constexpr int kCopy = ByteRowCopy(kRowBytes);
     static constexpr int kPerRow = kRowBytes / kCopy;
     static constexpr int kTotal = kRows * kPerRow;
     static constexpr int kIters = (kTotal + kThreads - 1) / kThreads;
@@ -314,8 +322,8 @@ struct QuantRegKv {
           const int c = tid + it * kThreads;
           if (kTotal % kThreads == 0 || c < kTotal) {
             const int r = c / kPerRow, col = (c % kPerRow) * kCopy;
-            Copy<kCopy>(base_k + uint32_t(r * kKPitch + col), k + it * kThreads * kCopy, true);
-            Copy<kCopy>(base_v + uint32_t(r * kVPitch + col), v + it * kThreads * kCopy, true);
+            CpAsyncBytes<kCopy>(base_k + uint32_t(r * kKPitch + col), k + it * kThreads * kCopy, true);
+            CpAsyncBytes<kCopy>(base_v + uint32_t(r * kVPitch + col), v + it * kThreads * kCopy, true);
           }
         }
       } else {
@@ -328,15 +336,6 @@ struct QuantRegKv {
       v += kTileBytes;
     }
   };
-
-  template <int kCopy>
-  static __device__ __forceinline__ void Copy(uint32_t s, const void* g, bool valid) {
-    if constexpr (kCopy == 16) {
-      ptx::CpAsync16(s, g, valid);
-    } else {
-      ptx::CpAsync8(s, g, valid);
-    }
-  }
 
   // --- dequantisation in registers -----------------------------------------------------------
 

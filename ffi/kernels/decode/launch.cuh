@@ -84,7 +84,7 @@ cudaError_t Launch(const DecodeParams& p, const LaunchOptions& opt, cudaStream_t
   if constexpr (kKv != KvFormat::kDense) {
     using RegKv = QuantRegKv<T, KvBits(kKv)>;
     constexpr int64_t kRowBytes = RegKv::template RowBytes<kD>();
-    // The register kernel copies whole tiles as blocks of rows (LoadTileContiguous): rows one
+    // The register kernel copies whole tiles as blocks of rows (QuantRegKv::TileStream): rows one
     // after another, as ConfigureKvQuant lays them out; the tile kernel takes any strides.
     if (opt.quant_regs && p.k_stride_n == kRowBytes && p.v_stride_n == kRowBytes) {
       using Kv = RegKv;

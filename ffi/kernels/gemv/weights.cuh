@@ -32,6 +32,7 @@
 
 #include "kernels/gemv/params.h"
 #include "kernels/gemv/plan.h"
+#include "kernels/ptx.cuh"
 
 namespace joa::gemv {
 
@@ -64,12 +65,8 @@ __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// (a & b) | c in one instruction.
-__device__ __forceinline__ uint32_t AndOr(uint32_t a, uint32_t b, uint32_t c) {
-  uint32_t d;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-}
+// (a & b) | c in one instruction (ptx.cuh's, shared with the decode engine's unpack).
+using ptx::AndOr;
 
 __device__ __forceinline__ uint32_t Prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t d;
