@@ -6,7 +6,8 @@ packed-word loads from a ring row laid out as the writer lays out a cache row (k
 integer -> f16 pair conversions (magic numbers; the MMAs run on f16 for f16 and bf16 caches alike),
 the m16n8k16 fragment layouts, Q's permutation (KChan) and O's (VChan), and checks that Q' K^T and
 P V come out exactly as Q K^T and P V on the dequantised cache; Q's power-of-two row scale (RowExp)
-keeps a bf16 row within f16's range without losing its bits. Plus: the ring pitches (plan.h
+keeps a bf16 row within f16's range without losing its bits; the key-rows kernel's transposed
+maps (engine_key_rows.cuh: the same fragments as A operands, P^T by movmatrix). Plus: the ring pitches (plan.h
 RegKPitch / RegVPitch) leave the fragment loads free of bank conflicts.
 """
 
@@ -228,6 +229,96 @@ def test_pv_fragments(bits, d):
         for col in range(8):
             got[:, v_chan(bits, d, dt, col)] = o[:, dt, col]
     np.testing.assert_array_equal(got, p @ lev.astype(np.float64))
+
+
+# --- the key-rows kernel (engine_key_rows.cuh): keys as the MMA rows ----------------------------
+# m16n8k16 fragments of lane (g, t): A[16 x 16]: a0 (row g, k 2t, 2t + 1), a1 (row g + 8, same k),
+# a2 (row g, k 2t + 8, 2t + 9), a3 (row g + 8, same); B[16 x 8]: b0 (k 2t, 2t + 1, column g), b1
+# (k 2t + 8, 2t + 9, column g); C[16 x 8]: c0, c1 (row g, columns 2t, 2t + 1), c2, c3 (row g + 8).
+
+def a_matrix(frags):
+    """frags[(g, t)] = (a0, a1, a2, a3), each a pair -> the 16 x 16 A operand."""
+    a = np.zeros((16, 16))
+    for (g, t), (a0, a1, a2, a3) in frags.items():
+        a[g, 2 * t:2 * t + 2], a[g + 8, 2 * t:2 * t + 2] = a0, a1
+        a[g, 2 * t + 8:2 * t + 10], a[g + 8, 2 * t + 8:2 * t + 10] = a2, a3
+    return a
+
+
+def b_matrix(frags):
+    """frags[(g, t)] = (b0, b1), each a pair -> the 16 x 8 B operand."""
+    b = np.zeros((16, 8))
+    for (g, t), (b0, b1) in frags.items():
+        b[2 * t:2 * t + 2, g], b[2 * t + 8:2 * t + 10, g] = b0, b1
+    return b
+
+
+def movmatrix_trans(frag):
+    """movmatrix.m8n8.trans.b16 over a warp: frag[(g, t)] = the pair (M[g][2t], M[g][2t + 1]) ->
+    the same lanes holding (M[2t][g], M[2t + 1][g])."""
+    m = np.zeros((8, 8))
+    for (g, t), pair in frag.items():
+        m[g, 2 * t:2 * t + 2] = pair
+    return {(g, t): (m[2 * t, g], m[2 * t + 1, g]) for g in range(8) for t in range(4)}
+
+
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("bits", BITS)
+def test_key_rows_qk_fragments(bits, d):
+    """S^T = K Q'^T with A from the K fragments of rows g and g + 8 ({lo[0], hi[0], lo[1], hi[1]} of
+    KPair / KTail) and B from Q' rows 0-7 (ldmatrix, KeyRowStages::LoadQ) equals K Q^T exactly."""
+    rng = np.random.default_rng(bits * 31 + d)
+    lev = random_levels(rng, bits, (16, d))  # the 16 K rows of one key tile
+    raw = pack_rows(lev, bits)
+    q = rng.integers(-50, 50, size=(8, d)).astype(np.float64)
+    qp = np.zeros_like(q)
+    for kk in range(d // 16):
+        for k in range(16):
+            t, e, h = (k >> 1) & 3, k & 1, k >> 3
+            qp[:, 16 * kk + k] = q[:, k_chan(bits, d, kk, t, h, e)]
+    st = np.zeros((16, 8))
+    for kk in range(d // 16):
+        a = {}
+        for g, t in itertools.product(range(8), range(4)):
+            lo, hi = k_fragments(raw[g], bits, d, kk, t), k_fragments(raw[g + 8], bits, d, kk, t)
+            a[(g, t)] = (lo[0], hi[0], lo[1], hi[1])
+        b = {(g, t): (qp[g, 16 * kk + 2 * t:16 * kk + 2 * t + 2], qp[g, 16 * kk + 8 + 2 * t:16 * kk + 10 + 2 * t])
+             for g in range(8) for t in range(4)}
+        st += a_matrix(a) @ b_matrix(b)
+    np.testing.assert_array_equal(st, lev.astype(np.float64) @ q.T)
+
+
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("bits", BITS)
+def test_key_rows_pv_fragments(bits, d):
+    """O^T += V^T P^T: P^T's B fragment is the S^T accumulator's halves transposed by movmatrix, the
+    A fragment of O^T m16 tile i is PvSegment's B fragments of O n8 tiles 2i and 2i + 1
+    (PvSegmentKeyRows); rows un-permuted (row g: VChan(2i, g), row g + 8: VChan(2i + 1, g)) it is
+    (P V)^T on the levels, exactly."""
+    rng = np.random.default_rng(bits * 13 + d)
+    lev = random_levels(rng, bits, (16, d))  # the 16 KV rows of one k16 step
+    raw = pack_rows(lev, bits)
+    p = rng.integers(0, 5, size=(8, 16)).astype(np.float64)  # 8 query rows x 16 keys
+    # The S^T accumulator layout: lane (g, t) holds keys g / g + 8 of queries 2t, 2t + 1.
+    c_lo = {(g, t): (p[2 * t, g], p[2 * t + 1, g]) for g in range(8) for t in range(4)}
+    c_hi = {(g, t): (p[2 * t, g + 8], p[2 * t + 1, g + 8]) for g in range(8) for t in range(4)}
+    t_lo, t_hi = movmatrix_trans(c_lo), movmatrix_trans(c_hi)
+    pb = b_matrix({gt: (t_lo[gt], t_hi[gt]) for gt in t_lo})
+    np.testing.assert_array_equal(pb, p.T)  # P^T as the B operand: keys x queries
+    ot = np.zeros((d // 16, 16, 8))
+    frags = {}
+    for g, t in itertools.product(range(8), range(4)):
+        rows = [raw[2 * t], raw[2 * t + 1], raw[2 * t + 8], raw[2 * t + 9]]
+        frags[(g, t)] = v_fragments(rows, bits, d, g)
+    for mt in range(d // 16):
+        a = {gt: (f[2 * mt][0], f[2 * mt + 1][0], f[2 * mt][1], f[2 * mt + 1][1]) for gt, f in frags.items()}
+        ot[mt] = a_matrix(a) @ pb
+    got = np.zeros((d, 8))
+    for mt in range(d // 16):
+        for g in range(8):
+            got[v_chan(bits, d, 2 * mt, g)] = ot[mt, g]
+            got[v_chan(bits, d, 2 * mt + 1, g)] = ot[mt, g + 8]
+    np.testing.assert_array_equal(got, (p @ lev.astype(np.float64)).T)
 
 
 def row_exp(mx_bits):

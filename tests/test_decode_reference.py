@@ -365,3 +365,31 @@ def test_decode_attention_takes_the_tile128_switch_at_trace_time(monkeypatch, kv
     assert calls[-1][2]["cursor_loads"] is False  # d64: the cursor loads' rule, untouched
     monkeypatch.setenv(cuda.TILE128_ENV, "0")
     assert tile128() is False and tile128(tile128=True) is (not kv_bits)
+
+
+@pytest.mark.parametrize("kv_bits", [0, 8, 4])
+def test_decode_attention_takes_the_key_rows_switch_at_trace_time(monkeypatch, kv_bits):
+    """cuda.decode_attention resolves JOA_DECODE_KEY_ROWS when it is traced (on unless "0") and hands
+    the key-rows register kernel to the kernel call for quantised caches only (the handler takes it
+    where the register kernel runs on a block of at most KEY_ROWS_MAX_ROWS rows); an explicit
+    argument wins; the register path's own switch is untouched."""
+    calls = use_specs(monkeypatch)
+    b, hq, hkv, s, d, c = 8, 32, 8, 1, 128, 2304
+    q = jnp.zeros((b, hq, s, d), jnp.float16)
+    dt = {0: jnp.float16, 8: jnp.int8, 4: jnp.uint8}[kv_bits]
+    cache = jnp.zeros((b, hkv, c, d // 2 if kv_bits == 4 else d), dt)
+    scales = (jnp.ones((1,), jnp.float32),) * 2 if kv_bits else (None, None)
+    lens = jnp.full((b,), c, jnp.int32)
+
+    def key_rows(**kw):
+        cuda.decode_attention(q, cache, cache, lens, None, None, *scales, scale=0.1, kv_bits=kv_bits, **kw)
+        return calls[-1][2]["key_rows"]
+
+    monkeypatch.delenv(cuda.KEY_ROWS_ENV, raising=False)
+    assert cuda.decode_key_rows() is True and key_rows() is bool(kv_bits)
+    assert key_rows(key_rows=False) is False
+    monkeypatch.setenv(cuda.KEY_ROWS_ENV, "0")
+    assert cuda.decode_key_rows() is False and key_rows() is False
+    assert key_rows(key_rows=True) is bool(kv_bits)
+    monkeypatch.setenv(cuda.QUANT_REGS_ENV, "0")
+    assert key_rows(key_rows=True) is bool(kv_bits) and calls[-1][2]["quant_regs"] is False

@@ -11,7 +11,9 @@
 // producer: copy a float cache's tiles by a producer warp with bulk copies (DenseProducerKv; same
 // bits; sm_90 only, ignored on other GPUs); tile128: the wide KV tile for a float cache's 16-row
 // blocks at head dims 64 / 128 whose splits are whole 128-row tiles (LaunchOptions::tile128; not the
-// default tile's bits; ignored elsewhere and where the producer runs)
+// default tile's bits; ignored elsewhere and where the producer runs); key_rows: with quant_regs,
+// blocks of at most 8 query rows take the register kernel with keys as the MMAs' rows
+// (engine_key_rows.cuh; LaunchOptions::key_rows)
 //   -> out [B, Hq, S, D], workspace f32 (sized by the plan: kernels/decode/plan.h).
 // Query row i sits at position kv_len[b] - S + i + pos_shift (pos_shift 0: bottom-right causal). Read-only on the caches.
 #include <algorithm>
@@ -96,10 +98,11 @@ inline std::string ConfigureKvQuant(DecodeParams& p, int64_t kv_bits, int64_t he
 // tile in shared memory; ignored for a dense cache. cursor_loads: LaunchOptions::cursor_loads.
 // producer: LaunchOptions::producer where the GPU is sm_90 (CC 9.0, whose sm_90a code has it);
 // ignored elsewhere, like the cursor loads where they do not apply: the bits are the same.
+// key_rows: LaunchOptions::key_rows.
 inline ffi::Error LaunchDecode(DecodeParams& p, ffi::DataType dtype, int64_t head_dim, float* workspace,
                                int64_t workspace_elems, bool pdl, cudaStream_t stream, const char* op,
                                bool quant_regs = false, bool cursor_loads = false, bool producer = false,
-                               bool tile128 = false) {
+                               bool tile128 = false, bool key_rows = false) {
   if (p.cluster > 1) {  // the in-cluster combine (cluster_combine.cuh): checked, no workspace
     if (CurrentComputeCapability().major < 9) return InvalidArgument(std::string(op) + ": cluster combine needs sm_90 or newer");
     if (p.splits > kMaxClusterSplits || BlockRows(p.rows) != 16) {
@@ -122,7 +125,7 @@ inline ffi::Error LaunchDecode(DecodeParams& p, ffi::DataType dtype, int64_t hea
     producer = p.kv_format == KvFormat::kDense && cc.major == 9 && cc.minor == 0;
   }
   const LaunchOptions opt{p.variant.softcap > 0.f || p.variant.bias != nullptr, pdl, quant_regs,
-                          cursor_loads, producer, tile128};
+                          cursor_loads, producer, tile128, key_rows};
   cudaError_t err;
   switch (dtype) {
     case ffi::DataType::F16: err = LaunchHeadDim<__half>(int(head_dim), p, opt, stream); break;
@@ -147,7 +150,7 @@ ffi::Error DecodeAttentionImpl(cudaStream_t stream, AnyBuffer q, AnyBuffer k, An
                                float softcap, bool causal, int64_t left, int64_t right,
                                int64_t pos_shift, bool has_bias, bool has_sink, int64_t kv_bits,
                                int64_t split_rows, bool pdl, bool cluster, bool quant_regs,
-                               bool cursor_loads, bool producer, bool tile128) {
+                               bool cursor_loads, bool producer, bool tile128, bool key_rows) {
   constexpr const char* kOp = "decode_attention";
   auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
   if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4) {
@@ -189,7 +192,7 @@ ffi::Error DecodeAttentionImpl(cudaStream_t stream, AnyBuffer q, AnyBuffer k, An
   p.cluster = cluster && p.splits > 1 ? p.splits : 0;
   return decode::LaunchDecode(p, q.element_type(), qd[3], workspace->typed_data(),
                               int64_t(workspace->element_count()), pdl, stream, kOp, quant_regs,
-                              cursor_loads, producer, tile128);
+                              cursor_loads, producer, tile128, key_rows);
 }
 
 }  // namespace
@@ -223,5 +226,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JoaDecodeAttention, joa::DecodeAttentionImpl,
                                   .Attr<bool>("quant_regs")
                                   .Attr<bool>("cursor_loads")
                                   .Attr<bool>("producer")
-                                  .Attr<bool>("tile128"),
+                                  .Attr<bool>("tile128")
+                                  .Attr<bool>("key_rows"),
                               JOA_COMMAND_BUFFER_SAFE);

@@ -59,6 +59,19 @@ __device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t addr) {
                : "r"(addr));
 }
 
+// Two 8x8 b16 matrices: lanes 0-7 give the rows of the first, 8-15 of the second.
+__device__ __forceinline__ void LdMatrixX2(uint32_t (&r)[2], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+}
+
+// The transpose of an 8x8 b16 matrix held as an MMA fragment (lane 4 g + t: row g, columns 2t and
+// 2t + 1): the lane gets row g of the transpose, i.e. column g's elements of rows 2t and 2t + 1.
+__device__ __forceinline__ uint32_t MovMatrixTrans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
 __device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

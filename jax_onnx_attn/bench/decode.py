@@ -40,7 +40,9 @@ DONATE = os.environ.get("JOA_BENCH_DONATE", "1") != "0"
 #: arguments each passes to cuda.decode_attention ("ours" follows the JOA_DECODE_* switches) and the
 #: caches it applies to. "ours[tiles]" / "ours[regs]": an int8 / int4 cache dequantised tile by tile
 #: in shared memory / in registers at every size ("ours" takes the faster for the call's size, the
-#: plan's rule; --kv-bits 8 4 --impls ours ours[tiles] ours[regs]). "ours[fit]",
+#: plan's rule; --kv-bits 8 4 --impls ours ours[tiles] ours[regs]); "ours[key-rows]" /
+#: "ours[query-rows]": the register kernel at every size with keys / query rows as its MMA rows
+#: (JOA_DECODE_KEY_ROWS; the key rows where a block holds <= 8 query rows). "ours[fit]",
 #: "ours[cursor]", "ours[fit+cursor]": the "fit" plan policy and / or the cursor loads of a float
 #: cache (issue 15; --impls ours ours[fit] ours[cursor] ours[fit+cursor] jax-cudnn); "ours[wave]" /
 #: "ours[ladder]": the "wave" plan policy (the default: clusters capped by one wave of clusters) /
@@ -54,6 +56,8 @@ DONATE = os.environ.get("JOA_BENCH_DONATE", "1") != "0"
 OURS_FORMS = {
     "ours[tiles]": (dict(quant_regs=False), "int"),
     "ours[regs]": (dict(quant_regs=True), "int"),
+    "ours[key-rows]": (dict(quant_regs=True, key_rows=True), "int"),
+    "ours[query-rows]": (dict(quant_regs=True, key_rows=False), "int"),
     "ours[fit]": (dict(plan_policy="fit", engine="decode"), "float"),
     "ours[cursor]": (dict(cursor_loads=True, engine="decode"), "float"),
     "ours[fit+cursor]": (dict(plan_policy="fit", cursor_loads=True, engine="decode"), "float"),

@@ -232,6 +232,24 @@ def decode_tile128() -> bool:
     return os.environ.get(TILE128_ENV) == "1"
 
 
+#: The switch of the key-rows register kernel (engine_key_rows.cuh, LaunchOptions::key_rows): where
+#: an int8 / int4 cache is dequantised in registers and a block holds at most KEY_ROWS_MAX_ROWS
+#: query rows (G * S: every GQA decode step up to 8 query heads a KV head), keys are the rows of the
+#: kernel's MMAs and the query rows its 8 columns: half the MMAs and score work of the other
+#: register kernel, whose MMA rows are the queries (4 of 16 at 32/8). On unless "0" (issue 15,
+#: docs/kernels.md "Quantised caches"). Not the other kernel's bits (its row sums add in another
+#: order).
+KEY_ROWS_ENV = "JOA_DECODE_KEY_ROWS"
+KEY_ROWS_MAX_ROWS = 8
+
+
+def decode_key_rows() -> bool:
+    """Whether decode_attention's register kernel takes keys as its MMA rows where a block allows
+    (KEY_ROWS_MAX_ROWS query rows at most): the one place the switch (JOA_DECODE_KEY_ROWS) is read,
+    at trace time; on by default."""
+    return os.environ.get(KEY_ROWS_ENV, "1") != "0"
+
+
 #: Few-query steps on the prefill engine (issue 14): a decode / verify step whose packed query rows
 #: (Hq / Hkv x S) fill the prefill engine's 128-row tiles well enough runs on it instead of the
 #: decode engine's ldmatrix layout (every warp of which re-reads each K / V tile). The rule
@@ -284,7 +302,8 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=
                      split_rows: int | None = None, pdl: bool = True, cluster: bool | None = None,
                      quant_regs: bool | None = None, plan_policy: str | None = None,
                      cursor_loads: bool | None = None, producer: bool | None = None,
-                     tile128: bool | None = None, engine: str | None = None):
+                     tile128: bool | None = None, engine: str | None = None,
+                     key_rows: bool | None = None):
     """q [B, Hq, S, D] f16/bf16, k_cache / v_cache [B, Hkv, C, D], kv_len int32 [B] -> [B, Hq, S, D].
 
     Semantics of `jax_onnx_attn.ops.reference.decode.decode_attention`. bias: None or
@@ -306,7 +325,10 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=
     of the cursor loads). tile128: stream a float cache in 128-row KV tiles where that applies
     (16-row blocks at head dims 64 / 128; None: `decode_tile128()`, JOA_DECODE_TILE128, off; not the
     default tile's bits, the plan's splits are whole 128-row tiles; with the cursor loads where they
-    apply; ignored for a quantised cache and where the producer warp runs). engine: "decode" (the
+    apply; ignored for a quantised cache and where the producer warp runs). key_rows: where the
+    register kernel runs and a block holds at most KEY_ROWS_MAX_ROWS query rows, keys as its MMA rows
+    (None: `decode_key_rows()`, JOA_DECODE_KEY_ROWS, on; not the other register kernel's bits;
+    ignored for a float cache). engine: "decode" (the
     split-KV decode engine), "prefill" (the prefill engine, `prefill_attention` with q_len = S: the
     same semantics; only a float cache without bias or pos_shift, sm_90) or None (`decode_engine`'s
     rule where the prefill engine covers the call, else the decode engine). Naming "prefill" for a
@@ -329,13 +351,15 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=
     tile128 = decode_tile128() if tile128 is None else bool(tile128)
     cursor_loads = decode_cursor_loads(q.shape[-1]) if cursor_loads is None else bool(cursor_loads)
     producer = decode_producer() if producer is None else bool(producer)
+    key_rows = decode_key_rows() if key_rows is None else bool(key_rows)
     static = dict(scale=scale, softcap=softcap, causal=causal, left=left, right=right,
                   pos_shift=pos_shift, kv_bits=kv_bits, split_rows=split_rows, pdl=pdl,
                   cluster=cluster, quant_regs=quant_regs if kv_bits else False,
                   plan_policy=plan_policy or decode_plan_policy(),
                   cursor_loads=bool(cursor_loads and not kv_bits),
                   producer=bool(producer and not kv_bits),
-                  tile128=bool(tile128 and not kv_bits))
+                  tile128=bool(tile128 and not kv_bits),
+                  key_rows=bool(key_rows and kv_bits))
     return partitioning.DECODE_ATTENTION.apply(
         _decode_attention, (q, k_cache, v_cache, kv_len, bias, sink, k_scale, v_scale), static,
         pin=_per_example_plan)
@@ -355,7 +379,7 @@ def _per_example_plan(static, axis_size, q, k_cache, *rest) -> dict:
 def _decode_attention(q, k_cache, v_cache, kv_len, bias, sink, k_scale, v_scale, *, scale, softcap,
                       causal, left, right, pos_shift, kv_bits, split_rows, pdl, cluster,
                       quant_regs: bool | None = False, plan_policy=None, cursor_loads=False, producer=False,
-                      tile128=False):
+                      tile128=False, key_rows=False):
     b, hq, s, d = q.shape
     hkv, c = k_cache.shape[1], k_cache.shape[2]
     plan = decode_plan(b, hq, hkv, s, c, d, kv_bits, split_rows, cluster, policy=plan_policy,
@@ -376,7 +400,7 @@ def _decode_attention(q, k_cache, v_cache, kv_len, bias, sink, k_scale, v_scale,
                   has_bias=bias is not None, has_sink=sink is not None, kv_bits=int(kv_bits),
                   split_rows=plan["split_rows"], pdl=bool(pdl), cluster=plan["cluster"],
                   quant_regs=plan["quant_regs"], cursor_loads=bool(cursor_loads),
-                  producer=bool(producer), tile128=bool(tile128))
+                  producer=bool(producer), tile128=bool(tile128), key_rows=bool(key_rows))
     return out
 
 

@@ -9,7 +9,9 @@ table), and bitwise only against itself (repeats, PDL, batch invariance, bytes p
 of 0 against a scale of 1). Sweeps int8 / int4 x per-tensor / per-channel x f16 / bf16 x head dims
 x GQA shapes x ragged lengths x variant features x splits (the path forced: quant_regs=True); plus
 the default: the kernel the plan picks for the call's size (plan.h QuantPath::kAuto), bit for bit,
-and the tile kernel with JOA_DECODE_QUANT_REGS=0 (read at trace time).
+and the tile kernel with JOA_DECODE_QUANT_REGS=0 (read at trace time). Every test runs both register
+kernels (the `kernel` fixture): keys as the MMA rows (engine_key_rows.cuh, where a block holds <= 8
+query rows; the default) and query rows as the MMA rows (engine_qregs.cuh).
 """
 
 import functools
@@ -34,14 +36,27 @@ BF16, F16 = ml_dtypes.bfloat16, np.float16
 DTYPES = [F16, BF16]
 HEAD_DIMS = [64, 80, 96, 128, 256]
 BITS = [8, 4]
-# (Hq, Hkv, S): packed rows 4 (1x4 warps), 1, 32 (2x2), 64 (4x1), 256 (8x1, two M blocks), 9.
-HEADS = [(32, 8, 1), (8, 8, 1), (32, 8, 8), (16, 2, 8), (16, 1, 16), (6, 2, 3)]
+# (Hq, Hkv, S): packed rows 4 (1x4 warps), 1, 8 (the key-rows kernel's most), 8 of two query
+# positions, 32 (2x2), 64 (4x1), 256 (8x1, two M blocks), 9.
+HEADS = [(32, 8, 1), (8, 8, 1), (16, 2, 1), (4, 1, 2), (32, 8, 8), (16, 2, 8), (16, 1, 16), (6, 2, 3)]
+_KEY_ROWS = [True]  # the register kernel of the running test (the `kernel` fixture)
+
+
+@pytest.fixture(autouse=True, params=["key-rows", "query-rows"])
+def kernel(request):
+    """Which register kernel `_regs` forces: keys or query rows as the MMA rows (key_rows)."""
+    _KEY_ROWS[0] = request.param == "key-rows"
+    return request.param
+
+
+def _regs(**static):
+    """cuda.decode_attention on the register path (quant_regs=True) with the test's kernel, jitted."""
+    return _regs_jit(_KEY_ROWS[0], **static)
 
 
 @functools.cache
-def _regs(**static):
-    """cuda.decode_attention on the register path (quant_regs=True), jitted."""
-    return jax.jit(functools.partial(cuda.decode_attention, quant_regs=True, **static))
+def _regs_jit(key_rows, **static):
+    return jax.jit(functools.partial(cuda.decode_attention, quant_regs=True, key_rows=key_rows, **static))
 
 
 @functools.cache
@@ -215,6 +230,7 @@ def test_default_takes_the_planned_kernel_and_the_environment_turns_registers_of
     smem = np.asarray(jax.jit(functools.partial(cuda.decode_attention, quant_regs=False, **static))(*args))
     regs = np.asarray(jax.jit(functools.partial(cuda.decode_attention, quant_regs=True, **static))(*args))
     monkeypatch.delenv(cuda.QUANT_REGS_ENV, raising=False)
+    monkeypatch.delenv(cuda.KEY_ROWS_ENV, raising=False)
     default = np.asarray(jax.jit(lambda *a: cuda.decode_attention(*a, **static))(*args))
     np.testing.assert_array_equal(default, regs if planned_regs else smem)
     monkeypatch.setenv(cuda.QUANT_REGS_ENV, "0")

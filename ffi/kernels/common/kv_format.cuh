@@ -432,6 +432,41 @@ struct QuantRegKv {
     }
   }
 
+  // PvSegment with keys as the MMA's k and channels as its rows (the key-rows kernel,
+  // engine_key_rows.cuh: O^T += V^T P^T, pb P^T's B fragment): the B fragments PvSegment builds for
+  // O n8 tiles 2i and 2i + 1 of the segment are the A fragment of O^T m16 tile i (its rows g and
+  // g + 8 are those tiles' column g: VChan(d, 2 i, g), VChan(d, 2 i + 1, g)). Same unpack.
+  template <int kD, int kStart, int kW, int kMt>
+  static __device__ __forceinline__ void PvSegmentKeyRows(float (&o)[kMt][4], const uint32_t (&pb)[2],
+                                                          const unsigned char* const (&rows)[4], int g) {
+    constexpr int kCh = kW / 8;
+    static_assert(kCh % 2 == 0, "a segment is whole m16 tiles");
+    constexpr int kNb = kCh * kBits / 8;
+    constexpr int kOff = kStart * kBits / 8;
+    uint32_t w[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) w[r] = LoadWord<kNb>(rows[r] + kOff + kNb * g);
+#pragma unroll
+    for (int i2 = 0; i2 < kCh / 2; ++i2) {
+      uint32_t a[4];
+      if constexpr (kBits == 8) {
+        const unsigned s0 = unsigned(2 * i2 | ((4 + 2 * i2) << 8)), s1 = unsigned((2 * i2 + 1) | ((5 + 2 * i2) << 8));
+        a[0] = I8Pair(__byte_perm(w[0], w[1], s0));
+        a[1] = I8Pair(__byte_perm(w[0], w[1], s1));
+        a[2] = I8Pair(__byte_perm(w[2], w[3], s0));
+        a[3] = I8Pair(__byte_perm(w[2], w[3], s1));
+      } else {
+        const unsigned sel = unsigned(i2 | ((4 + i2) << 8));
+        const uint32_t x0 = __byte_perm(w[0], w[1], sel), x1 = __byte_perm(w[2], w[3], sel);
+        a[0] = I4Lo(x0);
+        a[1] = I4Hi(x0);
+        a[2] = I4Lo(x1);
+        a[3] = I4Hi(x1);
+      }
+      ptx::Mma16816<MmaT>(o[kStart / 16 + i2], a, pb[0], pb[1]);
+    }
+  }
+
  private:
   template <typename To, typename From>
   static __device__ __forceinline__ To Bits(const From& x) {

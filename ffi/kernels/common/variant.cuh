@@ -50,6 +50,12 @@ class MaskVariant {
         right_(v.right),
         scale_log2_(v.scale * kLog2e) {}
 
+  // Whether Score is qk times ScoreScale() and nothing else: an engine that multiplies qk by a
+  // factor of its own first (a dequantisation scale) may fold the two into one multiply. Every
+  // subclass says again (it does not inherit the answer).
+  static constexpr bool kScoreIsScale = true;
+  __device__ float ScoreScale() const { return scale_log2_; }
+
   // pos_min / pos_max: the smallest and largest query position of the block.
   __device__ KeyBounds Bounds(int pos_min, int pos_max) const {
     KeyBounds k{0, len_, 0, len_};
@@ -94,6 +100,8 @@ class LogitVariant : public MaskVariant {
         bias_(v.bias),
         bias_type_(v.bias_type) {}
 
+  static constexpr bool kScoreIsScale = false;
+
   __device__ float Scaled(float qk) const { return qk * scale_; }
 
   // tanhf, not tanh.approx: its 2^-11 error times a softcap of ~30-50 would move fp16 results.
@@ -122,6 +130,8 @@ class CapVariant : public MaskVariant {
  public:
   __device__ CapVariant(const VariantParams& v, int len)
       : MaskVariant(v, len), scale_(v.scale), softcap_(v.softcap), inv_softcap_(1.f / v.softcap) {}
+
+  static constexpr bool kScoreIsScale = false;
 
   // tanhf, not tanh.approx (LogitVariant's rule).
   template <typename Pos>

@@ -7,17 +7,22 @@
 
 #include "kernels/decode/combine.cuh"
 #include "kernels/decode/engine.cuh"
+#include "kernels/decode/engine_key_rows.cuh"
 #include "kernels/decode/engine_qregs.cuh"
 #include "kernels/decode/params.h"
 #include "kernels/decode/plan.h"
 
 namespace joa::decode {
 
-// The split kernel of a KV policy: DecodeSplitKernel, or DecodeSplitKernelQRegs for a cache
-// dequantised in registers.
+// The split kernel of a KV policy: DecodeSplitKernel, or for a cache dequantised in registers
+// DecodeSplitKernelQRegs, or DecodeSplitKernelKeyRows where key_rows asks and the block fits it
+// (one warp row, at most kKeyRowsMaxRows rows).
 template <typename T, int kD, int kWarpsM, int kWarpsN, class Variant, class Kv>
-constexpr auto SplitKernel() {
+auto SplitKernel(int rows, bool key_rows) {
   if constexpr (Kv::kInRegs) {
+    if constexpr (kWarpsM == 1) {
+      if (key_rows && rows <= kKeyRowsMaxRows) return &DecodeSplitKernelKeyRows<T, kD, kWarpsM, kWarpsN, Variant, Kv>;
+    }
     return &DecodeSplitKernelQRegs<T, kD, kWarpsM, kWarpsN, Variant, Kv>;
   } else {
     return &DecodeSplitKernel<T, kD, kWarpsM, kWarpsN, Variant, Kv>;
@@ -25,9 +30,9 @@ constexpr auto SplitKernel() {
 }
 
 template <typename T, int kD, int kWarpsM, int kWarpsN, class Variant, class Kv>
-cudaError_t LaunchLayout(DecodeParams p, bool pdl, cudaStream_t stream) {
+cudaError_t LaunchLayout(DecodeParams p, bool pdl, cudaStream_t stream, bool key_rows = false) {
   using Cfg = EngineConfig<T, kD, kWarpsM, kWarpsN, Kv>;
-  auto* split_kernel = SplitKernel<T, kD, kWarpsM, kWarpsN, Variant, Kv>();
+  auto* split_kernel = SplitKernel<T, kD, kWarpsM, kWarpsN, Variant, Kv>(p.rows, key_rows);
   // A function attribute, not stream work: allowed while XLA captures the stream; set on every
   // launch because it is per device.
   cudaError_t err = cudaFuncSetAttribute(split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -70,9 +75,9 @@ cudaError_t LaunchLayout(DecodeParams p, bool pdl, cudaStream_t stream) {
 }
 
 template <typename T, int kD, class Variant, class Kv>
-cudaError_t LaunchVariant(const DecodeParams& p, bool pdl, cudaStream_t stream) {
+cudaError_t LaunchVariant(const DecodeParams& p, bool pdl, cudaStream_t stream, bool key_rows = false) {
   switch (BlockRows(p.rows)) {
-    case 16: return LaunchLayout<T, kD, WarpsM(16), WarpsN(16), Variant, Kv>(p, pdl, stream);
+    case 16: return LaunchLayout<T, kD, WarpsM(16), WarpsN(16), Variant, Kv>(p, pdl, stream, key_rows);
     case 32: return LaunchLayout<T, kD, WarpsM(32), WarpsN(32), Variant, Kv>(p, pdl, stream);
     case 64: return LaunchLayout<T, kD, WarpsM(64), WarpsN(64), Variant, Kv>(p, pdl, stream);
     default: return LaunchLayout<T, kD, WarpsM(128), WarpsN(128), Variant, Kv>(p, pdl, stream);
@@ -88,8 +93,8 @@ cudaError_t Launch(const DecodeParams& p, const LaunchOptions& opt, cudaStream_t
     // after another, as ConfigureKvQuant lays them out; the tile kernel takes any strides.
     if (opt.quant_regs && p.k_stride_n == kRowBytes && p.v_stride_n == kRowBytes) {
       using Kv = RegKv;
-      return opt.logit_variant ? LaunchVariant<T, kD, LogitVariant, Kv>(p, opt.pdl, stream)
-                               : LaunchVariant<T, kD, MaskVariant, Kv>(p, opt.pdl, stream);
+      return opt.logit_variant ? LaunchVariant<T, kD, LogitVariant, Kv>(p, opt.pdl, stream, opt.key_rows)
+                               : LaunchVariant<T, kD, MaskVariant, Kv>(p, opt.pdl, stream, opt.key_rows);
     }
   }
   if constexpr (kKv == KvFormat::kDense) {
