@@ -7,7 +7,7 @@ integer -> f16 pair conversions (magic numbers; the MMAs run on f16 for f16 and 
 the m16n8k16 fragment layouts, Q's permutation (KChan) and O's (VChan), and checks that Q' K^T and
 P V come out exactly as Q K^T and P V on the dequantised cache; Q's power-of-two row scale (RowExp)
 keeps a bf16 row within f16's range without losing its bits; the key-rows kernel's transposed
-maps (engine_key_rows.cuh: the same fragments as A operands, P^T by movmatrix). Plus: the ring pitches (plan.h
+maps (key_rows.cuh, QRegKeyRowStages: the same fragments as A operands, P^T by movmatrix). Plus: the ring pitches (plan.h
 RegKPitch / RegVPitch) leave the fragment loads free of bank conflicts.
 """
 
@@ -124,6 +124,16 @@ def pack_rows(levels, bits):
     return (u[:, 0::2] | (u[:, 1::2] << 4)).astype(np.uint8)
 
 
+def permute_q(q, bits, d):
+    """PrepareQ: Q'[r][16 kk + k] = Q[r][KChan(kk, k)] (k = 2t + e + 8h)."""
+    qp = np.zeros_like(q)
+    for kk in range(d // 16):
+        for k in range(16):
+            t, e, h = (k >> 1) & 3, k & 1, k >> 3
+            qp[:, 16 * kk + k] = q[:, k_chan(bits, d, kk, t, h, e)]
+    return qp
+
+
 def random_levels(rng, bits, shape):
     lo, hi = (-128, 128) if bits == 8 else (-8, 8)
     return rng.integers(lo, hi, size=shape)
@@ -188,12 +198,7 @@ def test_qk_fragments(bits, d):
     lev = random_levels(rng, bits, (8, d))  # the 8 K rows of one n8 tile
     raw = pack_rows(lev, bits)
     q = rng.integers(-50, 50, size=(16, d)).astype(np.float64)  # exact products
-    # PrepareQ: Q'[r][16 kk + k] = Q[r][KChan(kk, k)] (k = 2t + e + 8h).
-    qp = np.zeros_like(q)
-    for kk in range(d // 16):
-        for k in range(16):
-            t, e, h = (k >> 1) & 3, k & 1, k >> 3
-            qp[:, 16 * kk + k] = q[:, k_chan(bits, d, kk, t, h, e)]
+    qp = permute_q(q, bits, d)
     s = np.zeros((16, 8))
     for kk in range(d // 16):
         a = qp[:, 16 * kk:16 * kk + 16]
@@ -231,7 +236,7 @@ def test_pv_fragments(bits, d):
     np.testing.assert_array_equal(got, p @ lev.astype(np.float64))
 
 
-# --- the key-rows kernel (engine_key_rows.cuh): keys as the MMA rows ----------------------------
+# --- the key-rows form (key_rows.cuh, engine_qregs.cuh QRegKeyRowStages): keys as the MMA rows ---
 # m16n8k16 fragments of lane (g, t): A[16 x 16]: a0 (row g, k 2t, 2t + 1), a1 (row g + 8, same k),
 # a2 (row g, k 2t + 8, 2t + 9), a3 (row g + 8, same); B[16 x 8]: b0 (k 2t, 2t + 1, column g), b1
 # (k 2t + 8, 2t + 9, column g); C[16 x 8]: c0, c1 (row g, columns 2t, 2t + 1), c2, c3 (row g + 8).
@@ -266,16 +271,12 @@ def movmatrix_trans(frag):
 @pytest.mark.parametrize("bits", BITS)
 def test_key_rows_qk_fragments(bits, d):
     """S^T = K Q'^T with A from the K fragments of rows g and g + 8 ({lo[0], hi[0], lo[1], hi[1]} of
-    KPair / KTail) and B from Q' rows 0-7 (ldmatrix, KeyRowStages::LoadQ) equals K Q^T exactly."""
+    KPair / KTail) and B from Q' rows 0-7 (ldmatrix, KeyRows::LoadQ) equals K Q^T exactly."""
     rng = np.random.default_rng(bits * 31 + d)
     lev = random_levels(rng, bits, (16, d))  # the 16 K rows of one key tile
     raw = pack_rows(lev, bits)
     q = rng.integers(-50, 50, size=(8, d)).astype(np.float64)
-    qp = np.zeros_like(q)
-    for kk in range(d // 16):
-        for k in range(16):
-            t, e, h = (k >> 1) & 3, k & 1, k >> 3
-            qp[:, 16 * kk + k] = q[:, k_chan(bits, d, kk, t, h, e)]
+    qp = permute_q(q, bits, d)
     st = np.zeros((16, 8))
     for kk in range(d // 16):
         a = {}

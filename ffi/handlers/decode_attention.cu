@@ -11,9 +11,8 @@
 // producer: copy a float cache's tiles by a producer warp with bulk copies (DenseProducerKv; same
 // bits; sm_90 only, ignored on other GPUs); tile128: the wide KV tile for a float cache's 16-row
 // blocks at head dims 64 / 128 whose splits are whole 128-row tiles (LaunchOptions::tile128; not the
-// default tile's bits; ignored elsewhere and where the producer runs); key_rows: with quant_regs,
-// blocks of at most 8 query rows take the register kernel with keys as the MMAs' rows
-// (engine_key_rows.cuh; LaunchOptions::key_rows)
+// default tile's bits; ignored elsewhere and where the producer runs); key_rows: blocks of at most
+// 8 query rows put the keys in the MMAs' rows (key_rows.cuh; LaunchOptions::key_rows)
 //   -> out [B, Hq, S, D], workspace f32 (sized by the plan: kernels/decode/plan.h).
 // Query row i sits at position kv_len[b] - S + i + pos_shift (pos_shift 0: bottom-right causal). Read-only on the caches.
 #include <algorithm>

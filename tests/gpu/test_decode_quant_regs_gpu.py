@@ -10,8 +10,8 @@ of 0 against a scale of 1). Sweeps int8 / int4 x per-tensor / per-channel x f16 
 x GQA shapes x ragged lengths x variant features x splits (the path forced: quant_regs=True); plus
 the default: the kernel the plan picks for the call's size (plan.h QuantPath::kAuto), bit for bit,
 and the tile kernel with JOA_DECODE_QUANT_REGS=0 (read at trace time). Every test runs both register
-kernels (the `kernel` fixture): keys as the MMA rows (engine_key_rows.cuh, where a block holds <= 8
-query rows; the default) and query rows as the MMA rows (engine_qregs.cuh).
+kernels (the `kernel` fixture): keys as the MMA rows (key_rows.cuh, where a block holds <= 8 query
+rows; the default) and query rows as the MMA rows (DecodeSplitKernelQRegs' two forms).
 """
 
 import functools

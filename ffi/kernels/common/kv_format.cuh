@@ -432,8 +432,8 @@ struct QuantRegKv {
     }
   }
 
-  // PvSegment with keys as the MMA's k and channels as its rows (the key-rows kernel,
-  // engine_key_rows.cuh: O^T += V^T P^T, pb P^T's B fragment): the B fragments PvSegment builds for
+  // PvSegment with keys as the MMA's k and channels as its rows (the register kernel's key-rows
+  // form, key_rows.cuh: O^T += V^T P^T, pb P^T's B fragment): the B fragments PvSegment builds for
   // O n8 tiles 2i and 2i + 1 of the segment are the A fragment of O^T m16 tile i (its rows g and
   // g + 8 are those tiles' column g: VChan(d, 2 i, g), VChan(d, 2 i + 1, g)). Same unpack.
   template <int kD, int kStart, int kW, int kMt>

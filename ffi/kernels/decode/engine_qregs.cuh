@@ -15,10 +15,16 @@
 //   combine  the V scales multiply the f32 O columns and the permutation is undone as each warp
 //            stages its O for the merge; the merge and the writes are DecodeSplitKernel's.
 // Selected by LaunchOptions::quant_regs: the plan's choice by the call's size (plan.h QuantPath,
-// kQuantRegsMinRows) unless the caller forces one; Launch takes it only for contiguous rows.
+// kQuantRegsMinRows) unless the caller forces one; Launch takes it only for contiguous rows. Its
+// key-rows form (kKeyRows, QRegKeyRowStages; LaunchOptions::key_rows, the default for blocks of at
+// most 8 query rows) runs QK and PV transposed (key_rows.cuh): the register kernel is bound by its
+// instructions at int4 (docs/kernels.md, "Quantised caches"), and half the MMAs and score work pay.
 #pragma once
 
+#include <type_traits>
+
 #include "kernels/decode/engine.cuh"
+#include "kernels/decode/key_rows.cuh"
 
 namespace joa::decode {
 
@@ -238,13 +244,135 @@ struct QRegStages {
   }
 };
 
-template <typename T, int kD, int kWarpsM, int kWarpsN, class Variant, class Kv>
+// The register kernel's key-rows form (key_rows.cuh): QK's A operand is the K fragments of key rows
+// g and g + 8 (KPair's B fragments of those rows as {lo[0], hi[0], lo[1], hi[1]}), B Q' (permuted
+// and row-scaled by PrepareQ); PV's A the V fragments PvSegment builds for two O n8 tiles
+// (QuantRegKv::PvSegmentKeyRows). The same unpack as QRegStages'.
+template <typename T, int kD, int kWarpsM, int kWarpsN, class Kv>
+struct QRegKeyRowStages {
+  using Cfg = EngineConfig<T, kD, kWarpsM, kWarpsN, Kv>;
+  using QStages = QRegStages<T, kD, kWarpsM, kWarpsN, Kv>;
+  static constexpr int kChunk = Cfg::kChunk;
+  static constexpr int kKPitch = Cfg::kKPitch, kVPitch = Cfg::kVPitch;
+  static_assert(kChunk % 16 == 0, "a chunk is whole m16 key tiles");
+  static constexpr int kKeyTiles = kChunk / 16;
+  static constexpr int kSteps = kD / 16;  // k16 steps over the channels
+  static constexpr int kPairs = kD / 32;
+  static constexpr bool kTail = kD % 32 != 0;
+  // S^T of a chunk: element e of key tile kt is (key 16 kt + g + 8 (e >> 1), query row 2t + (e & 1)).
+  using Scores = float[kKeyTiles][4];
+  // O^T: element e of m16 tile mt is (channel VChan(2 mt + (e >> 1), g), query row 2t + (e & 1)).
+  using Out = float[kD / 16][4];
+  using MmaT = typename Kv::MmaT;
+
+  // s = K Q'^T for the kChunk tile rows from c0. A key tile's k steps go to two accumulators (even
+  // and odd steps, added at the end): two dependent MMA chains of kSteps / 2, not one of kSteps.
+  static __device__ __forceinline__ void Qk(Scores& s, const uint32_t (&qb)[kSteps][2], const unsigned char* s_kr,
+                                            int c0, int g, int t) {
+    float s2[kKeyTiles][4];
+#pragma unroll
+    for (int kt = 0; kt < kKeyTiles; ++kt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[kt][e] = s2[kt][e] = 0.f;
+    }
+#pragma unroll
+    for (int kp = 0; kp < kPairs; ++kp) {
+#pragma unroll
+      for (int kt = 0; kt < kKeyTiles; ++kt) {
+        uint32_t lo[4], hi[4];  // rows g and g + 8: k steps 2 kp ([0], [1]) and 2 kp + 1 ([2], [3])
+        Kv::template KPair<kD>(lo, s_kr + (c0 + 16 * kt + g) * kKPitch, kp, t);
+        Kv::template KPair<kD>(hi, s_kr + (c0 + 16 * kt + 8 + g) * kKPitch, kp, t);
+        const uint32_t a0[4] = {lo[0], hi[0], lo[1], hi[1]};
+        const uint32_t a1[4] = {lo[2], hi[2], lo[3], hi[3]};
+        ptx::Mma16816<MmaT>(s[kt], a0, qb[2 * kp][0], qb[2 * kp][1]);
+        ptx::Mma16816<MmaT>(s2[kt], a1, qb[2 * kp + 1][0], qb[2 * kp + 1][1]);
+      }
+    }
+    if constexpr (kTail) {
+      constexpr int kk = kSteps - 1;
+#pragma unroll
+      for (int kt = 0; kt < kKeyTiles; ++kt) {
+        uint32_t lo[2], hi[2];
+        Kv::KTail(lo, s_kr + (c0 + 16 * kt + g) * kKPitch, kk, t);
+        Kv::KTail(hi, s_kr + (c0 + 16 * kt + 8 + g) * kKPitch, kk, t);
+        const uint32_t a[4] = {lo[0], hi[0], lo[1], hi[1]};
+        ptx::Mma16816<MmaT>(s[kt], a, qb[kk][0], qb[kk][1]);
+      }
+    }
+#pragma unroll
+    for (int kt = 0; kt < kKeyTiles; ++kt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[kt][e] += s2[kt][e];
+    }
+  }
+
+  // O^T += V^T P^T over the chunk (O's channels permuted as the register kernel's).
+  static __device__ __forceinline__ void Pv(const Scores& s, Out& o, const unsigned char* s_vr, int c0, int g,
+                                            int t) {
+#pragma unroll
+    for (int kt = 0; kt < kKeyTiles; ++kt) {
+      uint32_t pb[2];
+      KeyRows::Pt<MmaT>(pb, s[kt]);
+      const unsigned char* r0 = s_vr + (c0 + kt * 16 + 2 * t) * kVPitch;
+      const unsigned char* const rows[4] = {r0, r0 + kVPitch, r0 + 8 * kVPitch, r0 + 9 * kVPitch};
+      PvSegments<0>(o, pb, rows, g);
+    }
+  }
+
+  template <int kSeg>
+  static __device__ __forceinline__ void PvSegments(Out& o, const uint32_t (&pb)[2],
+                                                    const unsigned char* const (&rows)[4], int g) {
+    if constexpr (kSeg < Kv::NumSegs(kD)) {
+      constexpr int kStart = Kv::SegStart(kD, kSeg);
+      Kv::template PvSegmentKeyRows<kD, kStart, Kv::SegW(kD, kStart), kD / 16>(o, pb, rows, g);
+      PvSegments<kSeg + 1>(o, pb, rows, g);
+    }
+  }
+
+  // QRegStages::StageWarp for O^T: the lane's sums reduced over its column's 8 lanes, O's channels
+  // scaled by the V scales and un-permuted, query rows 0-7 of the warp's merge rows written (the
+  // merge reads no row past the block's, kKeyRowsMaxRows at most). The same two barriers.
+  static __device__ __forceinline__ void StageWarp(Out& o, const float (&m)[2], float (&l)[2],
+                                                   const float* s_vscale, float* s_o, float* s_m,
+                                                   float* s_l, int warp, int lane) {
+    __syncthreads();
+    KeyRows::ReduceSums(l);
+    const int g = lane >> 2, t = lane & 3;
+    int ch[kD / 16][2];
+#pragma unroll
+    for (int mt = 0; mt < kD / 16; ++mt) {
+      ch[mt][0] = QStages::VChanOf(2 * mt, g);
+      ch[mt][1] = QStages::VChanOf(2 * mt + 1, g);
+      const float vs0 = s_vscale[ch[mt][0]], vs1 = s_vscale[ch[mt][1]];
+      o[mt][0] *= vs0;
+      o[mt][1] *= vs0;
+      o[mt][2] *= vs1;
+      o[mt][3] *= vs1;
+    }
+    ptx::CpAsyncWait<0>();
+    __syncthreads();
+    float* w_o = s_o + warp * 16 * Cfg::kOStride;
+#pragma unroll
+    for (int mt = 0; mt < kD / 16; ++mt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) w_o[(2 * t + (e & 1)) * Cfg::kOStride + ch[mt][e >> 1]] = o[mt][e];
+    }
+    KeyRows::StageStats(m, l, s_m, s_l, warp, lane);
+    __syncthreads();
+  }
+};
+
+// kKeyRows: keys as the MMA rows (QRegKeyRowStages; blocks of at most kKeyRowsMaxRows query rows in
+// one warp row), else query rows (QRegStages).
+template <typename T, int kD, int kWarpsM, int kWarpsN, class Variant, class Kv, bool kKeyRows = false>
 __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
                                   (EngineConfig<T, kD, kWarpsM, kWarpsN, Kv>::kCtasPerSm))
     DecodeSplitKernelQRegs(const __grid_constant__ DecodeParams p) {
   using Cfg = EngineConfig<T, kD, kWarpsM, kWarpsN, Kv>;
   using Stages = SplitStages<T, kD, kWarpsM, kWarpsN, Kv>;
   using QStages = QRegStages<T, kD, kWarpsM, kWarpsN, Kv>;
+  using KStages = QRegKeyRowStages<T, kD, kWarpsM, kWarpsN, Kv>;
+  static_assert(!kKeyRows || kWarpsM == 1, "key rows: one warp row (the block's query rows are the MMAs' 8 columns)");
   constexpr int kBlockM = Cfg::kBlockM, kStride = Cfg::kStride, kStages = Cfg::kStages;
   constexpr int kChunk = Cfg::kChunk, kThreads = Cfg::kThreads, kTileN = Cfg::kTileN;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -300,22 +428,36 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
     st_load = st_load + 1 == kStages ? 0 : st_load + 1;
   };
 
+  // The lane's two packed rows: lane / 4 and lane / 4 + 8 (key rows: its query columns 2t, 2t + 1).
+  auto local_row = [&](int r2) { return kKeyRows ? 2 * t4 + r2 : wm * 16 + (lane >> 2) + 8 * r2; };
   QueryRow<> rows[2];
 #pragma unroll
   for (int r2 = 0; r2 < 2; ++r2) {
-    const int R = min(row0 + wm * 16 + (lane >> 2) + 8 * r2, p.rows - 1);
+    const int R = min(row0 + local_row(r2), p.rows - 1);
     const int h = kvh * p.group + R / p.q_len, i = R % p.q_len;
     rows[r2].pos = pos0 + i;
     rows[r2].bias_off = b * p.variant.bias_stride_b + h * p.variant.bias_stride_h + i * p.variant.bias_stride_s;
   }
 
-  float o[kD / 8][4];
+  // O (key rows: O^T, half the accumulators) and Q's fragments (key rows: B fragments).
+  constexpr int kOTiles = kKeyRows ? kD / 16 : kD / 8;
+  float o[kOTiles][4];
 #pragma unroll
-  for (int dt = 0; dt < kD / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
+  for (int dt = 0; dt < kOTiles; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
   float m[2] = {-INFINITY, -INFINITY};
   float l[2] = {0.f, 0.f};
-  uint32_t qa[Cfg::kQInRegs ? kD / 16 : 1][4];
-  float k_mul[2] = {1.f, 1.f};  // a per-tensor K scale times the row's 1 / scale, on the logits
+  uint32_t qa[Cfg::kQInRegs && !kKeyRows ? kD / 16 : 1][4];
+  [[maybe_unused]] uint32_t qb[kKeyRows ? kD / 16 : 1][2];
+  // A per-tensor K scale times the row's 1 / scale (times the variant's scale where its Score is
+  // that multiply: one multiply a score), and the logit of a raw score.
+  float k_mul[2] = {1.f, 1.f};
+  auto logit = [&](float x, int r2, int j) {
+    if constexpr (Variant::kScoreIsScale) {
+      return x * k_mul[r2];
+    } else {
+      return var.Score(x * k_mul[r2], rows[r2], j);
+    }
+  };
 
   Kv::template LoadScales<kD, kThreads>(s_scale, p.kv_scales, kvh, tid);
 #pragma unroll
@@ -348,9 +490,12 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
       const float k_tensor = p.kv_scales.k_per_channel ? 1.f : s_scale[0];
 #pragma unroll
       for (int r2 = 0; r2 < 2; ++r2) {
-        k_mul[r2] = k_tensor * QStages::RowUnscale(s_q, wm * 16 + (lane >> 2) + 8 * r2);
+        k_mul[r2] = k_tensor * QStages::RowUnscale(s_q, local_row(r2));
+        if constexpr (Variant::kScoreIsScale) k_mul[r2] *= var.ScoreScale();
       }
-      if constexpr (Cfg::kQInRegs) {
+      if constexpr (kKeyRows) {
+        KeyRows::LoadQ<kD, kStride>(qb, s_q, lane);
+      } else if constexpr (Cfg::kQInRegs) {
 #pragma unroll
         for (int kk = 0; kk < kD / 16; ++kk) ptx::LdMatrixX4(qa[kk], q_addr + kk * 32);
       }
@@ -364,38 +509,54 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsN,
 #pragma unroll
     for (int ch = 0; ch < Cfg::kWarpN / kChunk; ++ch) {
       const int c0 = wn * Cfg::kWarpN + ch * kChunk;
-      float s[kChunk / 8][4];
-      QStages::Qk(s, qa, q_addr, s_kr, c0, g, t4);
-      // As in DecodeSplitKernel: whole visible tiles without the per-key tests.
+      // Score element e of n8 (key rows: m16) tile i: its key and its row of `rows`.
+      auto key = [&](int i, int e) {
+        return kKeyRows ? n0 + c0 + 16 * i + g + 8 * (e >> 1) : n0 + c0 + 8 * i + 2 * t4 + (e & 1);
+      };
+      auto row_of = [](int e) { return kKeyRows ? e & 1 : e >> 1; };
+      using Scores = std::conditional_t<kKeyRows, typename KStages::Scores, typename QStages::Scores>;
+      Scores s;
+      if constexpr (kKeyRows) {
+        KStages::Qk(s, qb, s_kr, c0, g, t4);
+      } else {
+        QStages::Qk(s, qa, q_addr, s_kr, c0, g, t4);
+      }
+      // As in DecodeSplitKernel: whole visible tiles without the per-key tests (a variant's Score
+      // runs on visible keys only: a bias is never read out of its bounds).
+      constexpr int kScoreTiles = sizeof(Scores) / sizeof(s[0]);
       if (full) {
 #pragma unroll
-        for (int nt = 0; nt < kChunk / 8; ++nt) {
+        for (int i = 0; i < kScoreTiles; ++i) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int j = n0 + c0 + nt * 8 + 2 * t4 + (e & 1);
-            s[nt][e] = var.Score(s[nt][e] * k_mul[e >> 1], rows[e >> 1], j);
-          }
+          for (int e = 0; e < 4; ++e) s[i][e] = logit(s[i][e], row_of(e), key(i, e));
         }
       } else {
 #pragma unroll
-        for (int nt = 0; nt < kChunk / 8; ++nt) {
+        for (int i = 0; i < kScoreTiles; ++i) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const int j = n0 + c0 + nt * 8 + 2 * t4 + (e & 1);
-            const QueryRow<>& row = rows[e >> 1];
-            s[nt][e] = var.Visible(row, j) ? var.Score(s[nt][e] * k_mul[e >> 1], row, j) : -INFINITY;
+            s[i][e] = var.Visible(rows[row_of(e)], key(i, e)) ? logit(s[i][e], row_of(e), key(i, e)) : -INFINITY;
           }
         }
       }
-      Stages::SoftmaxUpdate(s, m, l, o);
-      QStages::Pv(s, o, s_vr, c0, g, t4);
+      if constexpr (kKeyRows) {
+        KeyRows::Softmax(s, m, l, o);
+        KStages::Pv(s, o, s_vr, c0, g, t4);
+      } else {
+        Stages::SoftmaxUpdate(s, m, l, o);
+        QStages::Pv(s, o, s_vr, c0, g, t4);
+      }
     }
   }
 
   float* s_o = reinterpret_cast<float*>(smem + Cfg::kQBytes);
   float* s_m = s_o + Cfg::kWarps * 16 * Cfg::kOStride;
   float* s_l = s_m + Cfg::kWarps * 16;
-  QStages::StageWarp(o, m, l, s_scale + kD, s_o, s_m, s_l, warp, lane);
+  if constexpr (kKeyRows) {
+    KStages::StageWarp(o, m, l, s_scale + kD, s_o, s_m, s_l, warp, lane);
+  } else {
+    QStages::StageWarp(o, m, l, s_scale + kD, s_o, s_m, s_l, warp, lane);
+  }
 
   const bool single = p.splits == 1;
   const bool in_cluster = Cfg::kClusterCombine && p.cluster > 1;

@@ -7,21 +7,20 @@
 
 #include "kernels/decode/combine.cuh"
 #include "kernels/decode/engine.cuh"
-#include "kernels/decode/engine_key_rows.cuh"
 #include "kernels/decode/engine_qregs.cuh"
 #include "kernels/decode/params.h"
 #include "kernels/decode/plan.h"
 
 namespace joa::decode {
 
-// The split kernel of a KV policy: DecodeSplitKernel, or for a cache dequantised in registers
-// DecodeSplitKernelQRegs, or DecodeSplitKernelKeyRows where key_rows asks and the block fits it
-// (one warp row, at most kKeyRowsMaxRows rows).
+// The split kernel of a KV policy: DecodeSplitKernel, or DecodeSplitKernelQRegs for a cache
+// dequantised in registers, in its key-rows form (key_rows.cuh) where key_rows asks and the block
+// fits (one warp row, at most kKeyRowsMaxRows rows).
 template <typename T, int kD, int kWarpsM, int kWarpsN, class Variant, class Kv>
 auto SplitKernel(int rows, bool key_rows) {
   if constexpr (Kv::kInRegs) {
     if constexpr (kWarpsM == 1) {
-      if (key_rows && rows <= kKeyRowsMaxRows) return &DecodeSplitKernelKeyRows<T, kD, kWarpsM, kWarpsN, Variant, Kv>;
+      if (key_rows && rows <= kKeyRowsMaxRows) return &DecodeSplitKernelQRegs<T, kD, kWarpsM, kWarpsN, Variant, Kv, true>;
     }
     return &DecodeSplitKernelQRegs<T, kD, kWarpsM, kWarpsN, Variant, Kv>;
   } else {

@@ -72,9 +72,10 @@ struct LaunchOptions {
   // sizes them so); with the cursor loads where those apply. Not the same bits as the default tile
   // (one softmax update a 128 rows). Ignored elsewhere, and where the producer warp runs.
   bool tile128 = false;
-  // With quant_regs, blocks of at most 8 query rows (engine_key_rows.cuh kKeyRowsMaxRows) take the
-  // register kernel with keys as the MMAs' rows (DecodeSplitKernelKeyRows): half its MMAs and
-  // score work. Not the same bits as the other register kernel (the row sums' order).
+  // With quant_regs, blocks of at most 8 query rows in one warp row (key_rows.cuh kKeyRowsMaxRows)
+  // take the register kernel's key-rows form (DecodeSplitKernelQRegs<..., true>): keys in the MMAs'
+  // rows, half the MMAs and score work. Not the query-rows form's bits (the sums add in another
+  // order). Ignored elsewhere.
   bool key_rows = false;
 };
 
