@@ -87,11 +87,11 @@ def test_the_quantised_cache_plan_picks_its_kernel_and_fills_its_slots(kv_bits):
     assert (regs["ctas_per_sm"], tiles["ctas_per_sm"]) == (3, 2)
     assert 8 * 8 * regs["splits"] > 132 * 2 >= 8 * 8 * tiles["splits"]
     assert _extension.decode_plan(head_dim=256, quant_path=2, **shapes)["ctas_per_sm"] < 3
-    # Small calls: "auto" takes the tile kernel (B=1 8k: 8192 rows a head x 8 heads < 131072)...
-    small = dict(shapes, batch=1, capacity=8192)
+    # Small calls: "auto" takes the tile kernel (B=1 4k: 4096 rows a head x 8 heads < 65536)...
+    small = dict(shapes, batch=1, capacity=4096)
     assert _extension.decode_plan(head_dim=128, quant_path=1, cluster_capable=True, **small) == \
         _extension.decode_plan(head_dim=128, cluster_capable=True, **small)
-    assert _extension.decode_plan(head_dim=128, quant_path=1, **dict(small, capacity=16384))["quant_regs"]
+    assert _extension.decode_plan(head_dim=128, quant_path=1, **dict(small, capacity=8192))["quant_regs"]
     # ... and the register kernel's splits combine in a cluster at B=1, as a float cache's do.
     assert _extension.decode_plan(head_dim=128, quant_path=2, cluster_capable=True, **small)["cluster"]
     assert not _extension.decode_plan(head_dim=128, cluster_capable=True, **small)["cluster"]

@@ -90,9 +90,9 @@ def test_decode_attention_folds_with_the_per_example_plan(kernels):
 
 def test_decode_attention_folds_with_the_per_example_kernel_of_a_quantised_cache(kernels):
     # The planner picks an int8 cache's kernel by the call's size (plan.h QuantPath): each example
-    # here (1 x 32 heads x 2048 rows) takes the tile kernel, the folded call (twice the rows) alone
+    # here (1 x 32 heads x 1024 rows) takes the tile kernel, the folded call (twice the rows) alone
     # would take the register one. The fold keeps the per-example kernel (the same bits on a GPU).
-    rng, n, b, hkv, c, d = np.random.default_rng(4), 2, 1, 32, 2048, 64
+    rng, n, b, hkv, c, d = np.random.default_rng(4), 2, 1, 32, 1024, 64
     batched = dict(q=_normal(rng, (n, b, hkv, 1, d), np.float16),
                    k_cache=rng.integers(-128, 128, (n, b, hkv, c, d), dtype=np.int8),
                    v_cache=rng.integers(-128, 128, (n, b, hkv, c, d), dtype=np.int8),

@@ -67,9 +67,9 @@ def test_vmap_of_the_kernels_equals_the_loop_bitwise():
            _stack([decode(q[i], cache[i], kv_len[i]) for i in range(n)]), "decode_attention")
 
     # An int8 cache: the planner picks its kernel by the call's size, so each example (tile kernel:
-    # 32 x 2048 KV rows, under plan.h's kQuantRegsMinRows) and the folded call (3 x that: the
+    # 32 x 1024 KV rows, under plan.h's kQuantRegsMinRows) and the folded call (3 x that: the
     # register kernel's size) differ; the fold keeps the examples' kernel.
-    hkv, c, d = 32, 2048, 64
+    hkv, c, d = 32, 1024, 64
     q8 = _normal(rng, (n, 1, hkv, 1, d)).astype(np.float16)
     k8 = rng.integers(-128, 128, (n, 1, hkv, c, d), dtype=np.int8)
     v8 = rng.integers(-128, 128, (n, 1, hkv, c, d), dtype=np.int8)

@@ -379,11 +379,14 @@ inline int64_t ClusterSplitRows(int64_t batch, int64_t kv_heads, int64_t rows, i
 enum class QuantPath : int { kTiles = 0, kAuto = 1, kRegs = 2 };
 
 // KV rows a call streams (batch x KV heads x M blocks x capacity) from which kAuto takes the
-// register-dequantising kernel; below it the tile kernel is faster. Measured on the H200 (32/8
-// d128 bf16, bench/results/2026-12-04-5b0dc61-decode-qregs-route.json, µs register / tile kernel,
-// int8 and int4): at 65536 rows B=1 8k 19.2 / 17.7 and 19.3 / 17.3; at 131072 B=1 16k 25.7 / 29.7
-// and 24.1 / 27.4, B=4 4k 23.1 / 29.7 and 23.1 / 28.4 (262144 before session 29's f16 MMAs).
-inline constexpr int64_t kQuantRegsMinRows = int64_t(16384) * 8;
+// register-dequantising kernel; below it the tile kernel is as fast or faster. Measured on the
+// H200 with the register kernel's key-rows form (32/8 d128 bf16,
+// bench/results/2026-12-04-a1e08fe-decode-keyrows-route.json, µs register / tile kernel, int8 and
+// int4): at 16384 rows B=1 2k 11.6 / 11.1 and 10.2 / 9.1; at 32768 B=1 4k 13.2 / 13.0 and 12.8 /
+// 13.0, B=2 2k 12.3 / 12.8 and 12.8 / 11.7; at 65536 B=1 8k 17.2 / 17.9 and 15.2 / 18.6, B=2 4k
+// 16.7 / 17.7 and 15.4 / 16.0, B=4 2k 15.4 / 19.9 and 14.2 / 17.8 (131072 before session 30's
+// key rows, 262144 before session 29's f16 MMAs).
+inline constexpr int64_t kQuantRegsMinRows = int64_t(8192) * 8;
 
 // A call's plan: what the handler is told (split_rows, cluster, quant_regs) and the workspace
 // Python sizes.
