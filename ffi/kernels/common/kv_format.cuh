@@ -401,17 +401,24 @@ struct QuantRegKv {
     else return *p;
   }
 
+  // A lane's words of the V segment [kStart, kStart + kW) from its 4 rows: the kW / 8 channels of
+  // its column g (PvSegment's and PvSegmentKeyRows' loads).
+  template <int kStart, int kW>
+  static __device__ __forceinline__ void LoadVWords(uint32_t (&w)[4], const unsigned char* const (&rows)[4], int g) {
+    constexpr int kNb = kW / 8 * kBits / 8;  // bytes of a lane's channels
+    constexpr int kOff = kStart * kBits / 8;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) w[r] = LoadWord<kNb>(rows[r] + kOff + kNb * g);
+  }
+
   // O += P V over the V segment [kStart, kStart + kW) of one k16 step: rows[0..3] point at KV rows
   // 2t, 2t + 1, 2t + 8, 2t + 9 of the step (g: the lane's column).
   template <int kD, int kStart, int kW, int kNt>
   static __device__ __forceinline__ void PvSegment(float (&o)[kNt][4], const uint32_t (&pa)[4],
                                                    const unsigned char* const (&rows)[4], int g) {
     constexpr int kCh = kW / 8;              // channels a lane holds
-    constexpr int kNb = kCh * kBits / 8;     // bytes of them
-    constexpr int kOff = kStart * kBits / 8;
     uint32_t w[4];
-#pragma unroll
-    for (int r = 0; r < 4; ++r) w[r] = LoadWord<kNb>(rows[r] + kOff + kNb * g);
+    LoadVWords<kStart, kW>(w, rows, g);
     // Channel i of a word is byte i / 2 (int8: i) of it; byte_perm gathers that byte of the two
     // rows of a B register into bytes 0 and 2.
     if constexpr (kBits == 8) {
@@ -441,11 +448,8 @@ struct QuantRegKv {
                                                           const unsigned char* const (&rows)[4], int g) {
     constexpr int kCh = kW / 8;
     static_assert(kCh % 2 == 0, "a segment is whole m16 tiles");
-    constexpr int kNb = kCh * kBits / 8;
-    constexpr int kOff = kStart * kBits / 8;
     uint32_t w[4];
-#pragma unroll
-    for (int r = 0; r < 4; ++r) w[r] = LoadWord<kNb>(rows[r] + kOff + kNb * g);
+    LoadVWords<kStart, kW>(w, rows, g);
 #pragma unroll
     for (int i2 = 0; i2 < kCh / 2; ++i2) {
       uint32_t a[4];

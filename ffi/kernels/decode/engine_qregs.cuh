@@ -257,8 +257,8 @@ struct QRegKeyRowStages {
   static_assert(kChunk % 16 == 0, "a chunk is whole m16 key tiles");
   static constexpr int kKeyTiles = kChunk / 16;
   static constexpr int kSteps = kD / 16;  // k16 steps over the channels
-  static constexpr int kPairs = kD / 32;
-  static constexpr bool kTail = kD % 32 != 0;
+  static constexpr int kPairs = QStages::kPairs;
+  static constexpr bool kTail = QStages::kTail;
   // S^T of a chunk: element e of key tile kt is (key 16 kt + g + 8 (e >> 1), query row 2t + (e & 1)).
   using Scores = float[kKeyTiles][4];
   // O^T: element e of m16 tile mt is (channel VChan(2 mt + (e >> 1), g), query row 2t + (e & 1)).
