@@ -150,7 +150,6 @@ NB_MODULE(_ffi, m) {
     gemv["record_k"] = joa::gemv::kRecordK;
     gemv["record_w_bytes"] = joa::gemv::kRecordWBytes;
     gemv["record_bytes"] = joa::gemv::kRecordBytes;
-    gemv["max_l2_prefetch"] = joa::gemv::kMaxL2PrefetchChunks;
     nb::dict prefill;
     nb::list prefill_dims;
     for (int d : joa::prefill::kHeadDims) prefill_dims.append(d);

@@ -393,28 +393,3 @@ def test_decode_attention_takes_the_key_rows_switch_at_trace_time(monkeypatch, k
     assert key_rows(key_rows=True) is bool(kv_bits)
     monkeypatch.setenv(cuda.QUANT_REGS_ENV, "0")
     assert key_rows(key_rows=True) is bool(kv_bits) and calls[-1][2]["quant_regs"] is False
-
-
-def test_decode_attention_takes_the_speculate_switch_at_trace_time(monkeypatch):
-    """cuda.decode_attention resolves JOA_DECODE_SPECULATE when it is traced (off unless "1") and
-    hands it to the kernel call for float caches only; an explicit argument wins."""
-    calls = use_specs(monkeypatch)
-    b, hq, hkv, s, d, c = 1, 32, 8, 1, 128, 4096
-    lens = jnp.full((b,), c - 5, jnp.int32)
-    q = jnp.zeros((b, hq, s, d), jnp.float16)
-
-    def speculate(kv_bits=0, **kw):
-        dt = {0: jnp.float16, 8: jnp.int8}[kv_bits]
-        cache = jnp.zeros((b, hkv, c, d), dt)
-        scales = (jnp.ones((1,), jnp.float32),) * 2 if kv_bits else (None, None)
-        cuda.decode_attention(q, cache, cache, lens, None, None, *scales, scale=0.1, kv_bits=kv_bits,
-                              engine="decode", **kw)
-        return calls[-1][2]["speculate"]
-
-    monkeypatch.delenv(cuda.SPECULATE_ENV, raising=False)
-    assert cuda.decode_speculate() is False and speculate() is False
-    assert speculate(speculate=True) is True
-    monkeypatch.setenv(cuda.SPECULATE_ENV, "1")
-    assert cuda.decode_speculate() is True and speculate() is True
-    assert speculate(speculate=False) is False
-    assert speculate(kv_bits=8) is False  # a quantised cache: never

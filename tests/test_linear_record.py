@@ -210,21 +210,6 @@ def test_record_constants_agree_with_the_kernel():
     gemv = _ffi.limits()["gemv"]
     assert (gemv["record_rows"], gemv["record_k"], gemv["record_w_bytes"], gemv["record_bytes"]) == (
         RECORD_ROWS, RECORD_K, RECORD_W_BYTES, RECORD_BYTES)
-    assert gemv["max_l2_prefetch"] == cuda_matmul.MAX_L2_PREFETCH
-
-
-def test_record_l2_prefetch_switch(monkeypatch):
-    # JOA_GEMV_L2_PREFETCH: the distance the record kernel's warps prefetch ahead, read at trace time
-    # into the call's static arguments (a different distance is a different trace).
-    monkeypatch.delenv(cuda_matmul.L2_PREFETCH_ENV, raising=False)
-    assert cuda_matmul.record_l2_prefetch() == 0
-    for value, want in (("4", 4), ("0", 0), (str(cuda_matmul.MAX_L2_PREFETCH), cuda_matmul.MAX_L2_PREFETCH)):
-        monkeypatch.setenv(cuda_matmul.L2_PREFETCH_ENV, value)
-        assert cuda_matmul.record_l2_prefetch() == want
-    for bad in ("-1", str(cuda_matmul.MAX_L2_PREFETCH + 1), "four", ""):
-        monkeypatch.setenv(cuda_matmul.L2_PREFETCH_ENV, bad)
-        with pytest.raises(ValueError, match="JOA_GEMV_L2_PREFETCH must be an integer in"):
-            cuda_matmul.record_l2_prefetch()
 
 
 SHAPES_1B_8B = [(2048, 2048, False, False), (2048, 3072, False, True), (2048, 16384, True, True),

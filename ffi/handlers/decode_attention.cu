@@ -97,12 +97,11 @@ inline std::string ConfigureKvQuant(DecodeParams& p, int64_t kv_bits, int64_t he
 // tile in shared memory; ignored for a dense cache. cursor_loads: LaunchOptions::cursor_loads.
 // producer: LaunchOptions::producer where the GPU is sm_90 (CC 9.0, whose sm_90a code has it);
 // ignored elsewhere, like the cursor loads where they do not apply: the bits are the same.
-// key_rows: LaunchOptions::key_rows. speculate: DecodeParams::speculate.
+// key_rows: LaunchOptions::key_rows.
 inline ffi::Error LaunchDecode(DecodeParams& p, ffi::DataType dtype, int64_t head_dim, float* workspace,
                                int64_t workspace_elems, bool pdl, cudaStream_t stream, const char* op,
                                bool quant_regs = false, bool cursor_loads = false, bool producer = false,
-                               bool tile128 = false, bool key_rows = false, bool speculate = false) {
-  p.speculate = speculate ? 1 : 0;
+                               bool tile128 = false, bool key_rows = false) {
   if (p.cluster > 1) {  // the in-cluster combine (cluster_combine.cuh): checked, no workspace
     if (CurrentComputeCapability().major < 9) return InvalidArgument(std::string(op) + ": cluster combine needs sm_90 or newer");
     if (p.splits > kMaxClusterSplits || BlockRows(p.rows) != 16) {
@@ -150,8 +149,7 @@ ffi::Error DecodeAttentionImpl(cudaStream_t stream, AnyBuffer q, AnyBuffer k, An
                                float softcap, bool causal, int64_t left, int64_t right,
                                int64_t pos_shift, bool has_bias, bool has_sink, int64_t kv_bits,
                                int64_t split_rows, bool pdl, bool cluster, bool quant_regs,
-                               bool cursor_loads, bool producer, bool tile128, bool key_rows,
-                               bool speculate) {
+                               bool cursor_loads, bool producer, bool tile128, bool key_rows) {
   constexpr const char* kOp = "decode_attention";
   auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
   if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4) {
@@ -193,7 +191,7 @@ ffi::Error DecodeAttentionImpl(cudaStream_t stream, AnyBuffer q, AnyBuffer k, An
   p.cluster = cluster && p.splits > 1 ? p.splits : 0;
   return decode::LaunchDecode(p, q.element_type(), qd[3], workspace->typed_data(),
                               int64_t(workspace->element_count()), pdl, stream, kOp, quant_regs,
-                              cursor_loads, producer, tile128, key_rows, speculate);
+                              cursor_loads, producer, tile128, key_rows);
 }
 
 }  // namespace
@@ -228,6 +226,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JoaDecodeAttention, joa::DecodeAttentionImpl,
                                   .Attr<bool>("cursor_loads")
                                   .Attr<bool>("producer")
                                   .Attr<bool>("tile128")
-                                  .Attr<bool>("key_rows")
-                                  .Attr<bool>("speculate"),
+                                  .Attr<bool>("key_rows"),
                               JOA_COMMAND_BUFFER_SAFE);

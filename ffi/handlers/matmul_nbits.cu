@@ -13,7 +13,6 @@
 // jax_onnx_attn.ops.linear.to_record_layout): b_quant uint8 [N / 16, K / 256, 2432] holding W, scales
 // and zero points (scales and zero_points are placeholders, has_zero_points ignored); N from y (and
 // gated); on the slots kernel's plan (plan.h's MakeRecordPlan); the other plan attributes do not apply.
-// l2_prefetch (record layout only): records a warp asks L2 for ahead of its register loads (0: none).
 #include <string>
 #include <utility>
 
@@ -94,7 +93,7 @@ ffi::Error RowsImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer b_quant, AnyBuff
 ffi::Error RecordImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer b_quant, AnyBuffer scales, AnyBuffer zero_points,
                       AnyBuffer bias, AnyBuffer residual,
                       AnyBuffer norm_weight, AnyResult y, int64_t bits, int64_t block_size, bool has_bias,
-                      bool has_residual, bool has_norm, bool gated, float eps, bool pdl, int64_t l2_prefetch) {
+                      bool has_residual, bool has_norm, bool gated, float eps, bool pdl) {
   constexpr const char* kOp = "matmul_nbits (record layout)";
   const ffi::DataType dtype = x.element_type();
   auto xd = x.dimensions(), bd = b_quant.dimensions(), yd = y->dimensions();
@@ -116,11 +115,6 @@ ffi::Error RecordImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer b_quant, AnyBu
   }
   gemv::GemvParams p = Params(x, b_quant, scales, zero_points, y, n, yd[1], k / block_size, block_size, false, eps);
   p.scales = nullptr;  // the records hold the scales and zero points
-  if (l2_prefetch < 0 || l2_prefetch > gemv::kMaxL2PrefetchChunks) {
-    return InvalidArgument(std::string(kOp) + ": l2_prefetch must be in [0, " +
-                           std::to_string(gemv::kMaxL2PrefetchChunks) + "], got " + std::to_string(l2_prefetch));
-  }
-  p.l2_prefetch = int(l2_prefetch);
   std::string err = gemv::ConfigureExtras(p, dtype, bias, residual, norm_weight, has_bias, has_residual, has_norm);
   if (!err.empty()) return InvalidArgument(std::string(kOp) + ": " + err);
   return gemv::RecordPlanAndLaunch(p, dtype, gemv::Fusion{gated, has_norm}, block_size, pdl, stream, kOp);
@@ -132,10 +126,10 @@ ffi::Error MatMulNBitsImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer b_quant, 
                            bool has_zero_points, bool has_bias, bool has_residual, bool has_norm,
                            bool gated, float eps, int64_t cluster, int64_t warps_k, bool wide,
                            bool pdl, bool slots, bool rows, int64_t warps_n, int64_t depth,
-                           int64_t occupancy, bool record_layout, int64_t l2_prefetch) {
+                           int64_t occupancy, bool record_layout) {
   if (record_layout) {
     return RecordImpl(stream, x, b_quant, scales, zero_points, bias, residual, norm_weight, y, bits, block_size, has_bias, has_residual,
-                      has_norm, gated, eps, pdl, l2_prefetch);
+                      has_norm, gated, eps, pdl);
   }
   if (rows) {
     return RowsImpl(stream, x, b_quant, scales, zero_points, bias, residual, norm_weight, y, bits, block_size,
@@ -214,8 +208,7 @@ auto MatMulNBitsOperands(Binding binding) {
       .template Attr<int64_t>("warps_n")
       .template Attr<int64_t>("depth")
       .template Attr<int64_t>("occupancy")
-      .template Attr<bool>("record_layout")
-      .template Attr<int64_t>("l2_prefetch");
+      .template Attr<bool>("record_layout");
 }
 }  // namespace
 }  // namespace joa

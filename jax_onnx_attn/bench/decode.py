@@ -50,8 +50,6 @@ DONATE = os.environ.get("JOA_BENCH_DONATE", "1") != "0"
 #: a float cache's tiles copied by a producer warp (JOA_DECODE_PRODUCER; sm_90). "ours[tile128]":
 #: a float cache streamed in 128-row KV tiles (JOA_DECODE_TILE128; 16-row blocks at d64 / d128), its
 #: copies by the cursor-loads rule (strided at d64); "ours[tile128+cursor]": with the cursor loads.
-#: "ours[spec]" / "ours[no-spec]": a float cache's first tiles issued before / after kv_len is read
-#: (JOA_DECODE_SPECULATE).
 #: Those forms run the decode engine at any shape. "ours[decode-engine]" / "ours[prefill-engine]":
 #: a float cache's step on one engine (cuda.decode_engine picks for "ours"; issue 14's few-query
 #: steps). None is in the default set.
@@ -68,8 +66,6 @@ OURS_FORMS = {
     "ours[producer]": (dict(producer=True, engine="decode"), "float"),
     "ours[tile128]": (dict(tile128=True, engine="decode"), "float"),
     "ours[tile128+cursor]": (dict(tile128=True, cursor_loads=True, engine="decode"), "float"),
-    "ours[spec]": (dict(speculate=True, engine="decode"), "float"),
-    "ours[no-spec]": (dict(speculate=False, engine="decode"), "float"),
     "ours[decode-engine]": (dict(engine="decode"), "float"),
     "ours[prefill-engine]": (dict(engine="prefill"), "float"),
 }

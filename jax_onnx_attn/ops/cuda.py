@@ -250,20 +250,6 @@ def decode_key_rows() -> bool:
     return os.environ.get(KEY_ROWS_ENV, "1") != "0"
 
 
-#: The switch of the speculated first tiles for float caches (DecodeParams::speculate, engine.cuh):
-#: "1" issues a split's first tiles' copies with Q before kv_len is read (rows past kv_len that they
-#: read are masked, the values of the tile that crosses it zeroed), "0" after. Where the CTA's
-#: compute warps copy a float cache (not the producer warp; ignored for a quantised cache). The
-#: same bits either way (issue 15, docs/kernels.md "The decode engine").
-SPECULATE_ENV = "JOA_DECODE_SPECULATE"
-
-
-def decode_speculate() -> bool:
-    """Whether decode_attention issues a float cache's first tiles before kv_len is read: the one
-    place the switch (JOA_DECODE_SPECULATE) is read, at trace time; off by default."""
-    return os.environ.get(SPECULATE_ENV, "0") == "1"
-
-
 #: Few-query steps on the prefill engine (issue 14): a decode / verify step whose packed query rows
 #: (Hq / Hkv x S) fill the prefill engine's 128-row tiles well enough runs on it instead of the
 #: decode engine's ldmatrix layout (every warp of which re-reads each K / V tile). The rule
@@ -317,7 +303,7 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=
                      quant_regs: bool | None = None, plan_policy: str | None = None,
                      cursor_loads: bool | None = None, producer: bool | None = None,
                      tile128: bool | None = None, engine: str | None = None,
-                     key_rows: bool | None = None, speculate: bool | None = None):
+                     key_rows: bool | None = None):
     """q [B, Hq, S, D] f16/bf16, k_cache / v_cache [B, Hkv, C, D], kv_len int32 [B] -> [B, Hq, S, D].
 
     Semantics of `jax_onnx_attn.ops.reference.decode.decode_attention`. bias: None or
@@ -342,9 +328,7 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=
     apply; ignored for a quantised cache and where the producer warp runs). key_rows: where the
     register kernel runs and a block holds at most KEY_ROWS_MAX_ROWS query rows, keys as its MMA rows
     (None: `decode_key_rows()`, JOA_DECODE_KEY_ROWS, on; not the other register kernel's bits;
-    ignored for a float cache). speculate: issue a float cache's first KV tiles before kv_len is
-    read (None: `decode_speculate()`, JOA_DECODE_SPECULATE, off; the same bits; ignored for a
-    quantised cache and where the producer warp runs). engine: "decode" (the
+    ignored for a float cache). engine: "decode" (the
     split-KV decode engine), "prefill" (the prefill engine, `prefill_attention` with q_len = S: the
     same semantics; only a float cache without bias or pos_shift, sm_90) or None (`decode_engine`'s
     rule where the prefill engine covers the call, else the decode engine). Naming "prefill" for a
@@ -368,7 +352,6 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=
     cursor_loads = decode_cursor_loads(q.shape[-1]) if cursor_loads is None else bool(cursor_loads)
     producer = decode_producer() if producer is None else bool(producer)
     key_rows = decode_key_rows() if key_rows is None else bool(key_rows)
-    speculate = decode_speculate() if speculate is None else bool(speculate)
     static = dict(scale=scale, softcap=softcap, causal=causal, left=left, right=right,
                   pos_shift=pos_shift, kv_bits=kv_bits, split_rows=split_rows, pdl=pdl,
                   cluster=cluster, quant_regs=quant_regs if kv_bits else False,
@@ -376,7 +359,7 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=
                   cursor_loads=bool(cursor_loads and not kv_bits),
                   producer=bool(producer and not kv_bits),
                   tile128=bool(tile128 and not kv_bits),
-                  key_rows=bool(key_rows and kv_bits), speculate=bool(speculate and not kv_bits))
+                  key_rows=bool(key_rows and kv_bits))
     return partitioning.DECODE_ATTENTION.apply(
         _decode_attention, (q, k_cache, v_cache, kv_len, bias, sink, k_scale, v_scale), static,
         pin=_per_example_plan)
@@ -396,7 +379,7 @@ def _per_example_plan(static, axis_size, q, k_cache, *rest) -> dict:
 def _decode_attention(q, k_cache, v_cache, kv_len, bias, sink, k_scale, v_scale, *, scale, softcap,
                       causal, left, right, pos_shift, kv_bits, split_rows, pdl, cluster,
                       quant_regs: bool | None = False, plan_policy=None, cursor_loads=False, producer=False,
-                      tile128=False, key_rows=False, speculate=False):
+                      tile128=False, key_rows=False):
     b, hq, s, d = q.shape
     hkv, c = k_cache.shape[1], k_cache.shape[2]
     plan = decode_plan(b, hq, hkv, s, c, d, kv_bits, split_rows, cluster, policy=plan_policy,
@@ -417,8 +400,7 @@ def _decode_attention(q, k_cache, v_cache, kv_len, bias, sink, k_scale, v_scale,
                   has_bias=bias is not None, has_sink=sink is not None, kv_bits=int(kv_bits),
                   split_rows=plan["split_rows"], pdl=bool(pdl), cluster=plan["cluster"],
                   quant_regs=plan["quant_regs"], cursor_loads=bool(cursor_loads),
-                  producer=bool(producer), tile128=bool(tile128), key_rows=bool(key_rows),
-                  speculate=bool(speculate))
+                  producer=bool(producer), tile128=bool(tile128), key_rows=bool(key_rows))
     return out
 
 

@@ -36,8 +36,6 @@ ROWS_ENV = "JOA_GEMV_ROWS"
 #: The environment variable that stores 4-bit weights in the record layout for decode sessions of
 #: batch 1 (`record_layout_enabled`).
 RECORD_ENV = "JOA_GEMV_RECORD"
-#: Records a warp of the record-layout kernel asks L2 for ahead of its loads (`record_l2_prefetch`).
-L2_PREFETCH_ENV = "JOA_GEMV_L2_PREFETCH"
 
 
 def nbits_wide() -> bool:
@@ -123,25 +121,6 @@ def record_layout_enabled() -> bool:
     TTFT 54.5 ms against 52.2). Off without the kernels (the reference would unpack the layout every
     call). JOA_GEMV_RECORD=0 / 1 overrides (read when the session loads the model)."""
     return _switch_where_kernels_run(RECORD_ENV)
-
-
-#: Most records a warp may ask L2 for ahead of its register loads (plan.h's kMaxL2PrefetchChunks).
-MAX_L2_PREFETCH = 16
-
-
-def record_l2_prefetch() -> int:
-    """Records (chunks of 2432 bytes) each warp of the record-layout slots kernel asks L2 for ahead
-    of its register loads (`cp.async.bulk.prefetch.L2`, one instruction a chunk by one lane): more
-    of a warp's weight stream in flight than its registers hold. JOA_GEMV_L2_PREFETCH=N (0 to
-    MAX_L2_PREFETCH; 0, none, is the default) is read at trace time, here only."""
-    value = os.environ.get(L2_PREFETCH_ENV, "0")
-    try:
-        n = int(value)
-    except ValueError:
-        n = -1
-    if not 0 <= n <= MAX_L2_PREFETCH:
-        raise ValueError(f"{L2_PREFETCH_ENV} must be an integer in [0, {MAX_L2_PREFETCH}], got {value!r}")
-    return n
 
 
 def _wide(bits: int, wide: bool | None) -> bool:
@@ -382,21 +361,21 @@ def matmul_nbits_record(x, rec, bias=None, residual=None, norm_weight=None, *, n
     `matmul_nbits` on the same weight in the wide format with tiled metadata on the slots kernel).
     Other arguments as `matmul_nbits`. Under vmap each example is its own call (the kernel takes one
     row)."""
-    static = dict(n=n, block_size=block_size, eps=eps, gated=gated, pdl=pdl, l2_prefetch=record_l2_prefetch())
+    static = dict(n=n, block_size=block_size, eps=eps, gated=gated, pdl=pdl)
     return partitioning.MATMUL_NBITS_RECORD.apply(
         _matmul_nbits_record, (x, rec, bias, residual, norm_weight), static, pin=lambda *a: None)
 
 
-def _matmul_nbits_record(x, rec, bias, residual, norm_weight, *, n, block_size, eps, gated, pdl, l2_prefetch):
+def _matmul_nbits_record(x, rec, bias, residual, norm_weight, *, n, block_size, eps, gated, pdl):
     return _nbits_call(x, rec, None, None, bias, residual, norm_weight, n_out=n // 2 if gated else n,
                        bits=4, block_size=block_size, eps=eps, gated=gated, pdl=pdl, cluster=0,
                        warps_k=0, wide=True, slots=True, rows=False, warps_n=0, depth=0, occupancy=0,
-                       record_layout=True, l2_prefetch=l2_prefetch)
+                       record_layout=True)
 
 
 def _nbits_call(x, w, scales, zero_points, bias, residual, norm_weight, *, n_out, bits, block_size, eps,
                 gated, pdl, cluster, warps_k, wide, slots, rows, warps_n, depth, occupancy,
-                record_layout=False, l2_prefetch=0):
+                record_layout=False):
     """The matmul_nbits FFI call (ffi/handlers/matmul_nbits.cu): absent operands as placeholders
     with their has_* flags, every attribute as the handler binds it."""
     call = jax.ffi.ffi_call(target("matmul_nbits"), jax.ShapeDtypeStruct((x.shape[0], n_out), x.dtype))
@@ -410,8 +389,7 @@ def _nbits_call(x, w, scales, zero_points, bias, residual, norm_weight, *, n_out
                 has_norm=norm_weight is not None, gated=bool(gated), eps=np.float32(eps),
                 cluster=int(cluster), warps_k=int(warps_k), wide=bool(wide), pdl=bool(pdl),
                 slots=bool(slots), rows=bool(rows), warps_n=int(warps_n), depth=int(depth),
-                occupancy=int(occupancy), record_layout=bool(record_layout),
-                l2_prefetch=int(l2_prefetch))
+                occupancy=int(occupancy), record_layout=bool(record_layout))
 
 
 def _placeholder(dtype):

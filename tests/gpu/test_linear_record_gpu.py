@@ -119,7 +119,7 @@ def test_decoder_shapes(shape, monkeypatch):
         _check(got, _reference(x, tiled, arrays, **kw), dtype, what)
 
 
-def _poisoned(n, k, block, gated, dtype, rec, x, l2_prefetch=0):
+def _poisoned(n, k, block, gated, dtype, rec, x):
     """The handler with y aliased to a NaN-filled buffer in the residual slot (unused), so every
     element the kernel does not write stays NaN."""
     n_out = n // 2 if gated else n
@@ -132,19 +132,18 @@ def _poisoned(n, k, block, gated, dtype, rec, x, l2_prefetch=0):
         return f(x, rec, ph, jnp.zeros((1,), jnp.uint8), ph, poison, ph, bits=4, block_size=block,
                  has_zero_points=False, has_bias=False, has_residual=False, has_norm=False, gated=gated,
                  eps=np.float32(1e-6), cluster=0, warps_k=0, wide=True, pdl=False, slots=True, rows=False,
-                 warps_n=0, depth=0, occupancy=0, record_layout=True, l2_prefetch=l2_prefetch)
+                 warps_n=0, depth=0, occupancy=0, record_layout=True)
     return jax.jit(call)(x)
 
 
-@pytest.mark.parametrize("l2_prefetch", [0, 3], ids=lambda d: f"pf{d}")
 @pytest.mark.parametrize("gated", [False, True], ids=["store", "gated"])
-def test_every_output_element_is_written(gated, l2_prefetch, monkeypatch):
+def test_every_output_element_is_written(gated, monkeypatch):
     # No element left NaN, and the slots kernel's bits (the reference differs by roundings a gate
     # can leave uncancelled: on the H200 one bf16 output of 520 at K 8192, 0.0096 against -0.024).
     dtype = jnp.bfloat16
     for k, n, block in ((2048, 4112, 32), (8192, 1040, 128), (256, 16, 256)):
         x, rec, tiled = _weights(k, n, block, True, dtype, seed=3)
-        got = np.asarray(_poisoned(n, k, block, gated, dtype, rec, x, l2_prefetch))
+        got = np.asarray(_poisoned(n, k, block, gated, dtype, rec, x))
         assert np.isfinite(got).all(), f"K={k} N={n} gated={gated}: elements not written"
         np.testing.assert_array_equal(
             got, _slots(monkeypatch, x, tiled, {}, k=k, n=n, bits=4, block_size=block, gated=gated),
@@ -165,29 +164,6 @@ def test_bitwise_repeatable_and_pdl_invariant():
         np.testing.assert_array_equal(np.asarray(pdl), first)
 
 
-@pytest.mark.parametrize("shape", [("tiles>ctas", 1536, 9616, "all"), ("8b-gate-up", 4096, 28672, "norm_gated"),
-                                   ("8b-down", 14336, 4096, "residual"), ("1b-lm", 2048, 128256, "norm")],
-                         ids=lambda s: s[0])
-def test_l2_prefetch_changes_no_bits(shape, monkeypatch):
-    # The L2 prefetch (JOA_GEMV_L2_PREFETCH, read at trace time) only asks L2 for records ahead of
-    # the register loads: every distance gives distance 0's bits, and those are the reference's.
-    name, k, n, fusion = shape
-    dtype = jnp.bfloat16
-    x, rec, tiled = _weights(k, n, 32, True, dtype, seed=6)
-    static, arrays = fusion_operands(fusion, k, n, 1, dtype, seed=7)
-    kw = dict(k=k, n=n, bits=4, block_size=32, **static)
-
-    def run(distance):
-        monkeypatch.setenv(cuda_matmul.L2_PREFETCH_ENV, str(distance))
-        fn = jax.jit(lambda x, rec, **a: ops.matmul_nbits(x, rec, None, layout="record", backend="cuda", **kw, **a))
-        return np.asarray(fn(x, rec, **arrays))
-    base = run(0)
-    if "bias" not in arrays:
-        _check(base, _reference(x, tiled, arrays, **kw), dtype, name)
-    for distance in (1, 4, cuda_matmul.MAX_L2_PREFETCH):
-        np.testing.assert_array_equal(run(distance), base, err_msg=f"{name} l2_prefetch={distance}")
-
-
 def test_vmap_runs_one_call_per_example():
     k, n = 2048, 3072
     x, rec, _ = _weights(k, n, 32, False, jnp.float16, seed=5)
@@ -203,17 +179,15 @@ def test_handler_refusals_name_the_input():
     x, rec, _ = _weights(k, n, block, False, dtype)
     ph = jnp.zeros((1,), dtype)
 
-    def call(x, rec, n_out=n, block_size=block, l2_prefetch=0):
+    def call(x, rec, n_out=n, block_size=block):
         f = jax.ffi.ffi_call(target("matmul_nbits"), jax.ShapeDtypeStruct((x.shape[0], n_out), dtype))
         return f(x, rec, ph, jnp.zeros((1,), jnp.uint8), ph, ph, ph, bits=4, block_size=block_size,
                  has_zero_points=False, has_bias=False, has_residual=False, has_norm=False, gated=False,
                  eps=np.float32(1e-6), cluster=0, warps_k=0, wide=True, pdl=False, slots=True, rows=False,
-                 warps_n=0, depth=0, occupancy=0, record_layout=True, l2_prefetch=l2_prefetch)
+                 warps_n=0, depth=0, occupancy=0, record_layout=True)
     for args, match in (((x, rec[:, :1]), "b_quant must be uint8"), ((x, rec, n + 16), "b_quant must be uint8"),
                         ((jnp.concatenate([x, x]), rec), "one row"),
-                        ((x, rec, n, 16), "block_size must be a power of two >= 32"),
-                        ((x, rec, n, block, 17), "l2_prefetch must be in"),
-                        ((x, rec, n, block, -1), "l2_prefetch must be in")):
+                        ((x, rec, n, 16), "block_size must be a power of two >= 32")):
         with pytest.raises(Exception, match=match):
             jax.block_until_ready(call(*args))
 

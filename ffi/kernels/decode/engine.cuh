@@ -202,15 +202,6 @@ struct SplitStages {
     }
   }
 
-  // Zeros the rows of a landed tile at dst (TileElem's layout) outside [lo, hi), by the CTA's threads.
-  static __device__ __forceinline__ void ZeroValueRowsOutside(T* dst, int lo, int hi, int tid) {
-    constexpr int kVecs = kD / 8;
-    for (int c = tid; c < kTileN * kVecs; c += kThreads) {
-      const int r = c / kVecs;
-      if (r < lo || r >= hi) *reinterpret_cast<uint4*>(dst + TileElem(r, c % kVecs)) = make_uint4(0, 0, 0, 0);
-    }
-  }
-
   // One [kTileN, kD] tile whose row 0 is at `tile` (contiguous rows) into dst (TileElem's layout);
   // kTestRows: rows outside [valid_lo, valid_hi) become zeros and are not read (the copy points at
   // row 0, which a tile always has in range). kCopyThreads threads copy (tid < kCopyThreads): the
@@ -530,41 +521,12 @@ __device__ __forceinline__ void DecodeSplitBody(const DecodeParams& p) {
   // also covers Q's address arithmetic. With a producer warp every warp asks for kv_len first, the
   // producer's lane 0 sets up the ring's barriers, and after the CTA barrier that publishes them the
   // producer copies Q.
-  const T* k_base = static_cast<const T*>(p.k) + b * p.k_stride_b + kvh * p.k_stride_h;
-  const T* v_base = static_cast<const T*>(p.v) + b * p.v_stride_b + kvh * p.v_stride_h;
-  // The split's rows as if every row of the cache were visible: what the first tiles' copies are
-  // issued for before kv_len is known where the layout's compute warps copy a float cache
-  // (p.speculate: LaunchOptions::speculate).
-  const int n_begin0 = split * p.split_rows;
-  const int n_end0 = min((split + 1) * p.split_rows, p.capacity);
-  const int t_begin0 = n_begin0 / kTileN;
-  const bool speculate = !Cfg::kProducer && !Kv::kQuantized && p.speculate;
-  auto load_tile_in = [&](int t, int st, int lo, int hi) {
-    if constexpr (Kv::kCursor) {
-      Stages::LoadKvTileByCursor(t, st, k_base, v_base, s_kv, lo, hi, tid);
-    } else {
-      Stages::LoadKvTile(t, st, p, b, kvh, k_base, v_base, s_kv, s_ring, lo, hi, tid);
-    }
-  };
-
   int kv_len_b;
   if constexpr (Cfg::kProducer) {
     kv_len_b = ptx::LoadGlobalS32(p.kv_len + b);
     if (producer_warp && lane == 0) Stages::InitBarriers(bars);
     __syncthreads();
     if (producer_warp) Stages::ProduceQ(s_q, p, b, kvh, row0, bars, lane);
-  } else if (speculate) {
-    // kv_len, Q and the split's first kStages - 1 tiles all at once: the tiles' copies do not wait
-    // for kv_len's round trip (issue 15: the B=1 start-up chain). Rows past kv_len that these
-    // copies read are in the cache (< capacity) and are made harmless below: keys masked as
-    // always, the values of the one tile that crosses kv_len zeroed before the PV of it.
-    kv_len_b = ptx::LoadGlobalS32(p.kv_len + b);
-    Stages::LoadQ(s_q, p, b, kvh, row0, tid);
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      if (t_begin0 + s < (n_end0 + kTileN - 1) / kTileN) load_tile_in(t_begin0 + s, s, n_begin0, n_end0);
-      ptx::CpAsyncCommit();
-    }
   } else if constexpr (Kv::kCursor) {
     kv_len_b = ptx::LoadGlobalS32(p.kv_len + b);
     Stages::LoadQ(s_q, p, b, kvh, row0, tid);
@@ -582,14 +544,19 @@ __device__ __forceinline__ void DecodeSplitBody(const DecodeParams& p) {
   const int n_end = min(kb.hi, min((split + 1) * p.split_rows, p.capacity));
   const int t_begin = n_begin / kTileN;
   const int t_end = n_end > n_begin ? (n_end + kTileN - 1) / kTileN : t_begin;
-  // The speculated tiles are the split's first ones unless the variant hides the split's first rows
-  // (a window): then they are dropped (landed, unused) and the prologue below issues the right ones.
-  const bool speculated = speculate && t_begin == t_begin0;
 
+  const T* k_base = static_cast<const T*>(p.k) + b * p.k_stride_b + kvh * p.k_stride_h;
+  const T* v_base = static_cast<const T*>(p.v) + b * p.v_stride_b + kvh * p.v_stride_h;
   if constexpr (Cfg::kProducer) {
     if (producer_warp) Stages::ProduceKv(k_base, v_base, s_kv, bars, t_begin, t_end, n_begin, n_end, lane);
   }
-  auto load_tile = [&](int t, int st) { load_tile_in(t, st, n_begin, n_end); };
+  auto load_tile = [&](int t, int st) {
+    if constexpr (Kv::kCursor) {
+      Stages::LoadKvTileByCursor(t, st, k_base, v_base, s_kv, n_begin, n_end, tid);
+    } else {
+      Stages::LoadKvTile(t, st, p, b, kvh, k_base, v_base, s_kv, s_ring, n_begin, n_end, tid);
+    }
+  };
 
   // The two packed rows this thread holds in the mma accumulator layout: lane / 4 and lane / 4 + 8.
   QueryRow<> rows[2];
@@ -612,18 +579,10 @@ __device__ __forceinline__ void DecodeSplitBody(const DecodeParams& p) {
   // scales are plain stores, visible after the first barrier of the loop.
   if constexpr (!Cfg::kProducer) {
     if constexpr (Kv::kQuantized) Kv::template LoadScales<kD, kThreads>(s_scale, p.kv_scales, kvh, tid);
-    if (!speculated) {
-      if (speculate) {
-        // Every copy of the dropped tiles lands before a stage is issued again (each thread waits
-        // for its own, the barrier orders them for the others).
-        ptx::CpAsyncWait<0>();
-        __syncthreads();
-      }
 #pragma unroll
-      for (int s = 0; s < kStages - 1; ++s) {
-        if (t_begin + s < t_end) load_tile(t_begin + s, s);
-        ptx::CpAsyncCommit();
-      }
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (t_begin + s < t_end) load_tile(t_begin + s, s);
+      ptx::CpAsyncCommit();
     }
   }
 
@@ -654,15 +613,6 @@ __device__ __forceinline__ void DecodeSplitBody(const DecodeParams& p) {
           const int tn = t + kStages - 1;
           if (tn < t_end) load_tile(tn, (it + kStages - 1) % kStages);
           ptx::CpAsyncCommit();
-        }
-        if (speculated && it < kStages - 1 && (t * kTileN < n_begin || t * kTileN + kTileN > n_end)) {
-          // A speculated tile that crosses n_begin (a window's start) or n_end holds the cache's rows
-          // outside [n_begin, n_end) (not zero-filled as the copies after kv_len do): their values
-          // become zeros before any warp reads the tile (their keys are masked), so a NaN there
-          // stays unread as without speculation.
-          Stages::ZeroValueRowsOutside(s_kv + (2 * (it % kStages) + 1) * Cfg::kTileElems, n_begin - t * kTileN,
-                                       n_end - t * kTileN, tid);
-          __syncthreads();
         }
         if constexpr (Kv::kQuantized) {
           // Tile t's raw bytes -> the T tile pair at s_kv (free: the barrier above saw every warp

@@ -41,9 +41,6 @@ struct DecodeParams {
   // and combine through distributed shared memory (cluster_combine.cuh); no workspace, no combine
   // kernel. Set by the launcher only where the device and the engine layout allow it.
   int cluster;
-  // Nonzero: the float-cache layouts whose compute warps copy the tiles issue a split's first tiles'
-  // copies before kv_len is read (engine.cuh's DecodeSplitBody); the same bits as without.
-  int speculate;
   float* part_o;
   float* part_lse;
 

@@ -22,9 +22,6 @@ struct GemvParams {
   int cluster, warps_n, warps_k, rows_block, blocks, groups, red_stride;
   int x_bytes, red_bytes, gamma_offset, ring_offset;  // smem: x | reductions | norm | gamma | rings
   int x_first;  // not a programmatic dependent launch: x's copy group goes before the ring's
-  // Record layout (slots.cuh's RecordFormat): chunks of its own stream a warp asks L2 for ahead of
-  // its register loads (one bulk L2 prefetch of a 2432-byte record a chunk); 0: none.
-  int l2_prefetch;
 };
 
 }  // namespace joa::gemv

@@ -36,8 +36,6 @@ inline constexpr int kRecordK = 256;
 inline constexpr int kRecordWBytes = kRecordRows * kRecordK / 2;  // 2048
 inline constexpr int kRecordMetaBytes = 3 * 4 * 32;                // 384
 inline constexpr int kRecordBytes = kRecordWBytes + kRecordMetaBytes;
-// Most records a warp may ask L2 for ahead of its register loads (GemvParams::l2_prefetch).
-inline constexpr int kMaxL2PrefetchChunks = 16;
 // CTA slots the planner fills: an H200's 132 SMs. A constant, not a device query, so one call
 // shape always gets the same plan, hence the same bits.
 inline constexpr int kPlanSms = 132;

@@ -90,9 +90,6 @@ struct SlotFormat {
   __device__ __forceinline__ static void Next(SlotChunk& ch, const GemvParams& p, Cursor& tile, int c, int lane) {
     Load(ch, p, tile, c, lane);
   }
-  // The wide format's rows are strided (no contiguous chunk to prefetch): no L2 prefetch.
-  static constexpr bool kPrefetchable = false;
-  __device__ __forceinline__ static void PrefetchL2(const GemvParams&, int, int) {}
   __device__ __forceinline__ static uint32_t Scale(const SlotChunk& ch, int h, int e) { return ch.scale[h][e]; }
   __device__ __forceinline__ static uint32_t Zero(const SlotChunk& ch, int h, int e) { return ch.zero[h][e]; }
 
@@ -173,15 +170,6 @@ struct RecordFormat : SlotFormat<T> {
     ch.scale[1] = __ldg(reinterpret_cast<const uint32_t*>(m + 128));
     ch.zero = __ldg(reinterpret_cast<const uint32_t*>(m + 256));
     r += kRecordBytes;
-  }
-  // Chunk c of tile `tile` (one whole record) into L2, by the calling lane: the bulk prefetch is
-  // one instruction for the record's 2432 bytes (a multiple of 16, records 16-byte aligned).
-  static constexpr bool kPrefetchable = true;
-  __device__ __forceinline__ static void PrefetchL2(const GemvParams& p, int tile, int c) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const uint8_t* r = static_cast<const uint8_t*>(p.w) + (int64_t(tile) * p.kc + c) * kRecordBytes;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(r), "r"(uint32_t(kRecordBytes)) : "memory");
-#endif
   }
   __device__ __forceinline__ static uint32_t Scale(const RecordChunk& ch, int h, int e) {
     return (ch.scale[h] >> (16 * e)) & 0xFFFFu;
@@ -314,23 +302,6 @@ __global__ void __launch_bounds__(kThreads, 2) GemvSlotsKernel(const __grid_cons
 
   Chunk buf[kDepth];
   int ld_step = 0, ld_it = 0, ld_j = 0;
-  // The L2 prefetch cursor (record layout, p.l2_prefetch > 0): lane 0 asks L2 for the chunk
-  // p.l2_prefetch steps past the register loads' (the same step order), so that more of the
-  // warp's stream is in flight than its registers hold (ncu, ~8B gate-up: ~1 chunk a warp, DRAM
-  // 66% busy). Only the lane's issue slot is spent: nothing waits for a prefetch.
-  int pf_step = 0, pf_it = 0, pf_j = 0;
-  auto prefetch_next = [&](bool issue) {
-    if constexpr (Src::kPrefetchable) {
-      if (issue && pf_step < steps && c_begin + pf_j < p.kc && lane == 0) {
-        Src::PrefetchL2(p, int(blockIdx.x) + pf_it * int(gridDim.x), c_begin + pf_j);
-      }
-      ++pf_step;
-      if (++pf_j == p.cpp) {
-        pf_j = 0;
-        ++pf_it;
-      }
-    }
-  };
   typename Src::Cursor cursor{};
   auto load_next = [&](Chunk& dst) {
     if (ld_step < steps && c_begin + ld_j < p.kc) {
@@ -392,13 +363,6 @@ __global__ void __launch_bounds__(kThreads, 2) GemvSlotsKernel(const __grid_cons
   }
 #pragma unroll
   for (int s = 0; s < kDepth; ++s) load_next(buf[s]);
-  const bool l2_prefetch = Src::kPrefetchable && p.l2_prefetch > 0;
-  if (l2_prefetch) {
-    // Steps kDepth .. kDepth + l2_prefetch - 1 now (past the ones just loaded), then one a step as
-    // each register load issues.
-    for (int s = 0; s < kDepth; ++s) prefetch_next(false);
-    for (int s = 0; s < p.l2_prefetch; ++s) prefetch_next(true);
-  }
   JOA_GEMV_MARK(1);
   if (!multicast && !p.x_first) {
     ptx::WaitForPrimary();  // x, gamma, bias, residual may come from the previous kernel
@@ -470,7 +434,6 @@ __global__ void __launch_bounds__(kThreads, 2) GemvSlotsKernel(const __grid_cons
       }
       JOA_GEMV_MARK(4);
       load_next(buf[s]);  // step i + kDepth into the registers just consumed
-      if (l2_prefetch) prefetch_next(true);  // step i + kDepth + l2_prefetch into L2
       if (++j < p.cpp) continue;
       j = 0;
       // End of a tile: the four lanes of a row sum their slots (fixed order), lane t = 0 writes the
