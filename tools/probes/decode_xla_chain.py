@@ -1,0 +1,60 @@
+"""B=1 decode calls chained in XLA's command buffer, timed like bench decode (32 dependent calls a
+jitted function, q donated, 16 K / V copies read in turn), with the planner's splits (two launches a
+call: split kernel + PDL combine kernel) and with one split (split_rows = capacity: one launch), to
+set beside tools/probes/decode_last_cta.cu's raw CUDA graph of the same kernels (`one-split` for the
+second): whether XLA's cost is a custom call's or a launch's.
+    python tools/probes/decode_xla_chain.py OUT.json [CALLS, default 32]
+More calls a jitted function amortise its host dispatch (a run of 32 B=1 calls is ~300 µs of GPU
+work, close to what jax takes to dispatch it with 33 arguments)."""
+
+import json
+import math
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_onnx_attn.bench.decode import _time_loop
+from jax_onnx_attn.ops import cuda
+from rows_kernel_times import write_results  # this folder: on sys.path as a script
+
+COPIES = 16
+CALLS = int(sys.argv[2]) if len(sys.argv) > 2 else 32
+
+
+def time_chain(ctx, split_rows):
+    rng = np.random.default_rng(ctx)
+    q = jnp.asarray(rng.standard_normal((1, 32, 1, 128)), jnp.bfloat16)
+    ks = [jnp.asarray(rng.standard_normal((1, 8, ctx, 128)), jnp.bfloat16) for _ in range(COPIES)]
+    vs = [jnp.asarray(rng.standard_normal((1, 8, ctx, 128)), jnp.bfloat16) for _ in range(COPIES)]
+    lens = jnp.full((1,), ctx, jnp.int32)
+
+    def chain(q, ks, vs):
+        for i in range(CALLS):
+            q = cuda.decode_attention(q, ks[i % COPIES], vs[i % COPIES], lens, scale=0.088, engine="decode",
+                                      split_rows=split_rows)
+        return q
+    run = jax.jit(chain, donate_argnums=0)
+    state = {"q": q}
+
+    def go():
+        state["q"] = run(state["q"], ks, vs)
+    return 1e6 * _time_loop(go, lambda: state["q"].block_until_ready(), CALLS, 0.01, 7)
+
+
+def main():
+    out = []
+    for ctx in (2304, 4096, 8192):  # noqa: B007
+        plan = cuda.decode_plan(1, 32, 8, 1, ctx, 128)
+        row = {"ctx": ctx, "planned": {"splits": plan["splits"], "split_rows": plan["split_rows"],
+                                       "us": time_chain(ctx, None)},
+               "one_split": {"split_rows": math.ceil(ctx / 64) * 64, "us": time_chain(ctx, math.ceil(ctx / 64) * 64)}}
+        print(json.dumps(row), flush=True)
+        out.append(row)
+    write_results(sys.argv[1], "decode-xla-chain", "tools/probes/decode_xla_chain.py: B=1 32/8 d128 bf16 decode "
+                  f"calls, {CALLS} a jitted function in XLA's command buffer, us a call (median of 7)", out)
+
+
+if __name__ == "__main__":
+    main()
