@@ -8,9 +8,11 @@
 //      per-block counter; the CTA that brings it to `splits` fences, merges the block's rows from
 //      the workspace (L2 loads) and resets the counter (zero once, at allocation: persistent);
 //   c) as b with the counters zeroed by a memset node before each call (no persistent state).
-// Also checks that b's output equals a's bit for bit.
+// Also checks that b's output equals a's bit for bit, and times a as child graphs (how XLA records
+// an FFI call) and without the PDL edge. `./decode_last_cta one-split`: one split a call (one launch,
+// a only); `one-split+N`: with the K / V copies N bytes past cudaMalloc's alignment.
 //   nvcc -O3 -std=c++17 -arch=sm_90a --expt-relaxed-constexpr -I ffi -I <build>/generated \
-//        -I tools/probes tools/probes/decode_last_cta.cu -o decode_last_cta && ./decode_last_cta
+//        -I <build>/xla_ffi_include -I tools/probes tools/probes/decode_last_cta.cu -o decode_last_cta
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -21,16 +23,8 @@
 
 #include "common/variant.h"
 #include "graph_chain.h"
+#include "probe_util.h"  // CK
 #include "kernels/decode/launch.cuh"
-
-#define CK(...)                                                                          \
-  do {                                                                                   \
-    cudaError_t e = (__VA_ARGS__);                                                       \
-    if (e != cudaSuccess) {                                                              \
-      printf("%s:%d %s: %s\n", __FILE__, __LINE__, #__VA_ARGS__, cudaGetErrorString(e)); \
-      return 1;                                                                          \
-    }                                                                                    \
-  } while (0)
 
 using namespace joa;
 using namespace joa::decode;
