@@ -18,6 +18,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -107,6 +108,13 @@ int main(int argc, char** argv) {
   // "one-split+N": the K / V copies start N bytes past cudaMalloc's alignment (as an arena might place them).
   const size_t shift = argc > 1 && std::string(argv[1]).size() > 10 ? size_t(std::stoi(std::string(argv[1]).substr(10))) : 0;
   const int hq = 32, hkv = 8, L = 64, kCopies = 16;
+  // PERSIST_MB=N: set aside N MB of L2 for persisting accesses first (as a jax process may have it).
+  if (const char* mb = std::getenv("PERSIST_MB")) {
+    CK(cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, size_t(std::atof(mb) * (1 << 20))));
+    size_t got = 0;
+    CK(cudaDeviceGetLimit(&got, cudaLimitPersistingL2CacheSize));
+    printf("persisting L2 set-aside: %.1f MB\n", got / 1048576.0);
+  }
   cudaStream_t s;
   CK(cudaStreamCreate(&s));
   printf("ctx splits split_rows | engine(split+combine PDL) us | last-CTA us | last-CTA+memset us | same bits\n");

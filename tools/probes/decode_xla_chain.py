@@ -3,7 +3,7 @@ jitted function, q donated, 16 K / V copies read in turn), with the planner's sp
 call: split kernel + PDL combine kernel) and with one split (split_rows = capacity: one launch), to
 set beside tools/probes/decode_last_cta.cu's raw CUDA graph of the same kernels (`one-split` for the
 second): whether XLA's cost is a custom call's or a launch's.
-    python tools/probes/decode_xla_chain.py OUT.json [CALLS, default 32]
+    python tools/probes/decode_xla_chain.py OUT.json [CALLS, default 32] [data]
 More calls a jitted function amortise its host dispatch (a run of 32 B=1 calls is ~300 µs of GPU
 work, close to what jax takes to dispatch it with 33 arguments)."""
 
@@ -23,11 +23,16 @@ COPIES = 16
 CALLS = int(sys.argv[2]) if len(sys.argv) > 2 else 32
 
 
-def time_chain(ctx, split_rows):
+def time_chain(ctx, split_rows, data="normal"):
+    """µs a call; data "normal" (bench decode's) or "uniform" (in [-2, 2): the raw probe's FillBf16)."""
     rng = np.random.default_rng(ctx)
-    q = jnp.asarray(rng.standard_normal((1, 32, 1, 128)), jnp.bfloat16)
-    ks = [jnp.asarray(rng.standard_normal((1, 8, ctx, 128)), jnp.bfloat16) for _ in range(COPIES)]
-    vs = [jnp.asarray(rng.standard_normal((1, 8, ctx, 128)), jnp.bfloat16) for _ in range(COPIES)]
+
+    def draw(shape):
+        x = rng.standard_normal(shape) if data == "normal" else rng.uniform(-2, 2, shape)
+        return jnp.asarray(x, jnp.bfloat16)
+    q = draw((1, 32, 1, 128))
+    ks = [draw((1, 8, ctx, 128)) for _ in range(COPIES)]
+    vs = [draw((1, 8, ctx, 128)) for _ in range(COPIES)]
     lens = jnp.full((1,), ctx, jnp.int32)
 
     def chain(q, ks, vs):
@@ -45,6 +50,14 @@ def time_chain(ctx, split_rows):
 
 def main():
     out = []
+    if len(sys.argv) > 3 and sys.argv[3] == "data":  # one split at 4096, normal against uniform data
+        for data in ("normal", "uniform", "normal", "uniform"):
+            row = {"ctx": 4096, "data": data, "one_split_us": time_chain(4096, 4096, data)}
+            print(json.dumps(row), flush=True)
+            out.append(row)
+        write_results(sys.argv[1], "decode-xla-chain", "tools/probes/decode_xla_chain.py ... data: one split at "
+                      f"4096, {CALLS} calls a jit, normal vs uniform [-2, 2) data", out)
+        return
     for ctx in (2304, 4096, 8192):  # noqa: B007
         plan = cuda.decode_plan(1, 32, 8, 1, ctx, 128)
         row = {"ctx": ctx, "planned": {"splits": plan["splits"], "split_rows": plan["split_rows"],
