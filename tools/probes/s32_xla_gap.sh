@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Prepared in session 31 for the next one (not yet run): is the decode engine's XLA-vs-raw-graph gap
+# (bench/results/2026-12-01-e2e-notes.md, "Session 31") where jax places the buffers?
+# Here: nvcc ... tools/probes/decode_raw_on_jax.cu -o .snap/decode_raw_on_jax.so (its header says
+# how), then carry .snap. There, one call (~3 min): the probe under jax's default allocator, with
+# XLA_PYTHON_CLIENT_ALLOCATOR=platform and with XLA_PYTHON_CLIENT_PREALLOCATE=false; bench decode
+# B=1 under the same three. To $OUT: prepare.log, raw_on_jax_*.json, run.log.
+set -uo pipefail
+lib=$(pwd)/.snap/decode_raw_on_jax.so
+source "$(dirname "$0")/../device_prepare.sh"
+T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
+{
+for env in "" "XLA_PYTHON_CLIENT_ALLOCATOR=platform" "XLA_PYTHON_CLIENT_PREALLOCATE=false"; do
+  el "env: ${env:-default}"
+  name=$(echo "${env:-default}" | tr -dc 'a-z' | head -c 20)
+  (cd tools/probes && env $env timeout 100 python3 decode_raw_on_jax.py "$lib" "$out/raw_on_jax_$name.json") 2>&1 | \
+    grep -v Warn | tail -4
+  env $env timeout 60 python3 -m jax_onnx_attn.bench decode --batch 1 --ctx 2304 4096 8192 --qlen 1 --heads 32/8 \
+    --dims 128 --dtypes bf16 --impls ours --target-ms 10 --reps 5 --max-seconds 50 2>&1 | grep -E "^B=1" | tail -3
+done
+el done
+} 2>&1 | tee "$out/run.log"
