@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "common/variant.h"
+#include "decode_b1_params.h"
 #include "graph_chain.h"
 #include "probe_util.h"  // CK
 #include "kernels/decode/launch.cuh"
@@ -120,19 +120,7 @@ int main(int argc, char** argv) {
   printf("ctx splits split_rows | engine(split+combine PDL) us | last-CTA us | last-CTA+memset us | same bits\n");
   for (int ctx : {2304, 4096, 8192}) {
     const int split_rows = one_split ? (ctx + 63) / 64 * 64 : ctx <= 4096 ? 256 : 512;
-    DecodeParams p{};
-    const std::string err = [&] {
-      const int64_t splits = (ctx + split_rows - 1) / split_rows;
-      p.batch = 1; p.q_heads = hq; p.kv_heads = hkv; p.q_len = 1; p.capacity = ctx; p.group = hq / hkv;
-      p.rows = hq / hkv; p.splits = int(splits); p.split_rows = split_rows;
-      p.q_stride_s = p.o_stride_s = kD; p.q_stride_h = p.o_stride_h = kD; p.q_stride_b = p.o_stride_b = hq * kD;
-      p.k_stride_n = p.v_stride_n = kD; p.k_stride_h = p.v_stride_h = int64_t(ctx) * kD;
-      p.k_stride_b = p.v_stride_b = int64_t(hkv) * ctx * kD;
-      p.variant = MakeVariant(VariantAttrs{0.088f, 0.f, true, -1, -1, 0});
-      p.kv_format = KvFormat::kDense;
-      p.kv_scales = KvScales{nullptr, nullptr, false, false};
-      return std::string();
-    }();
+    DecodeParams p = B1DecodeParams(ctx, split_rows, hq, hkv, kD);
     T *q, *k, *v, *out_a, *out_b;
     float* ws;
     int32_t* lens;

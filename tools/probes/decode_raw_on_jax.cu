@@ -13,7 +13,7 @@
 
 #include <cstdint>
 
-#include "common/variant.h"
+#include "decode_b1_params.h"
 #include "graph_chain.h"
 #include "kernels/decode/launch.cuh"
 
@@ -27,15 +27,7 @@ constexpr int kD = 128, kHq = 32, kHkv = 8, kCalls = 64;
 // cudaError_t; *us gets the time a call (best of 5 x 20 replays).
 extern "C" int joa_time_one_split(const void* q, const void* const* ks, const void* const* vs, int copies,
                                   const int32_t* lens, void* out, int ctx, float* us) {
-  DecodeParams p{};
-  p.batch = 1; p.q_heads = kHq; p.kv_heads = kHkv; p.q_len = 1; p.capacity = ctx; p.group = kHq / kHkv;
-  p.rows = kHq / kHkv; p.splits = 1; p.split_rows = (ctx + 63) / 64 * 64;
-  p.q_stride_s = p.o_stride_s = kD; p.q_stride_h = p.o_stride_h = kD; p.q_stride_b = p.o_stride_b = kHq * kD;
-  p.k_stride_n = p.v_stride_n = kD; p.k_stride_h = p.v_stride_h = int64_t(ctx) * kD;
-  p.k_stride_b = p.v_stride_b = int64_t(kHkv) * ctx * kD;
-  p.variant = MakeVariant(VariantAttrs{0.088f, 0.f, true, -1, -1, 0});
-  p.kv_format = KvFormat::kDense;
-  p.kv_scales = KvScales{nullptr, nullptr, false, false};
+  DecodeParams p = B1DecodeParams(ctx, (ctx + 63) / 64 * 64, kHq, kHkv, kD);  // one split
   p.q = q; p.out = out; p.kv_len = lens;
   const LaunchOptions opt{false, true, false, true, false, false, false};
   cudaStream_t s;
