@@ -11,31 +11,25 @@ import json
 import os
 import sys
 
-import jax
 import jax.numpy as jnp
-import numpy as np
 
-from jax_onnx_attn.bench.decode import _time_loop
-from jax_onnx_attn.ops import cuda
+from decode_xla_chain import COPIES, inputs, time_xla  # this folder: on sys.path as a script
 
-COPIES, CALLS = 16, 128
+CALLS = 128
 
 
 def main():
     lib = ctypes.CDLL(sys.argv[1])
-    rng = np.random.default_rng(0)
     out = {"allocator": os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "default"),
            "preallocate": os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "default"), "results": []}
     for ctx in (2304, 4096, 8192):
-        draw = lambda shape: jnp.asarray(rng.standard_normal(shape), jnp.bfloat16)  # noqa: E731
-        q = draw((1, 32, 1, 128))
-        ks = [draw((1, 8, ctx, 128)) for _ in range(COPIES)]
-        vs = [draw((1, 8, ctx, 128)) for _ in range(COPIES)]
-        lens = jnp.full((1,), ctx, jnp.int32)
+        q, ks, vs, lens = inputs(ctx, seed=0)
         res = jnp.zeros_like(q)
         for a in (q, *ks, *vs, lens, res):
             a.block_until_ready()
-        ptr = lambda arrays: (ctypes.c_void_p * len(arrays))(*[a.unsafe_buffer_pointer() for a in arrays])  # noqa: E731
+
+        def ptr(arrays):
+            return (ctypes.c_void_p * len(arrays))(*[a.unsafe_buffer_pointer() for a in arrays])
         us = ctypes.c_float(0)
 
         def raw(k_ptrs, v_ptrs):
@@ -56,18 +50,7 @@ def main():
         on_own = raw((ctypes.c_void_p * COPIES)(*own[:COPIES]), (ctypes.c_void_p * COPIES)(*own[COPIES:]))
         for p in own:
             lib.joa_free(ctypes.c_void_p(p))
-
-        def chain(q, ks, vs):
-            for i in range(CALLS):
-                q = cuda.decode_attention(q, ks[i % COPIES], vs[i % COPIES], lens, scale=0.088, engine="decode",
-                                          split_rows=(ctx + 63) // 64 * 64)
-            return q
-        run = jax.jit(chain, donate_argnums=0)
-        state = {"q": jnp.copy(q)}
-
-        def go():
-            state["q"] = run(state["q"], ks, vs)
-        xla = 1e6 * _time_loop(go, lambda: state["q"].block_until_ready(), CALLS, 0.01, 5)
+        xla = time_xla(q, ks, vs, lens, (ctx + 63) // 64 * 64, calls=CALLS, reps=5)
         row = {"ctx": ctx, "raw_on_jax_buffers_us": on_jax, "raw_on_own_buffers_us": on_own, "xla_us": xla,
                "k0_ptr_mod_2mb": ks[0].unsafe_buffer_pointer() % (2 << 20)}
         print(json.dumps(row), flush=True)

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Ran at ae4b8c0; both switches are reverted since: apply tools/patches/record-l2-prefetch/ and
+# tools/patches/decode-speculate/ (they carry the tests and probe this script names) to run it again.
 # Session 31, call A (~7 min): two switches, each off by default. 1) GPU tests of both: the
 # record-layout GEMV's L2 prefetch (JOA_GEMV_L2_PREFETCH: every distance the same bits, refusals,
 # every element written) and the decode engine's speculated first tiles (JOA_DECODE_SPECULATE: the

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Ran at 5a15ab4 (the speculated tiles since reverted: tools/patches/decode-speculate/ for ours[spec]).
 # Session 31, call B (~3 min): where a B=1 decode call's time goes and whether the speculated first
 # tiles (JOA_DECODE_SPECULATE) move it. 1) tools/probes/decode_b1_timeline.py: 32 chained calls in a
 # command buffer, profiled (split / combine kernel durations, the start-to-start period), bf16 32/8
