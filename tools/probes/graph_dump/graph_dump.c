@@ -1,0 +1,50 @@
+// LD_PRELOAD shim (session 32): writes every CUDA graph a process instantiates through the driver API
+// (XLA's command buffers: cuGraphInstantiateWithFlags / WithParams) as Graphviz DOT before
+// instantiating it, so that XLA's graph of a jitted function can be set beside a raw one.
+//   gcc -O2 -shared -fPIC -I /usr/local/cuda/include graph_dump.c -o libgraph_dump.so -ldl
+//   JOA_GRAPH_DUMP=/tmp/graphs LD_PRELOAD=$PWD/libgraph_dump.so python3 ...
+// Env: JOA_GRAPH_DUMP (folder, required), JOA_GRAPH_DUMP_MAX (graphs, default 64),
+// JOA_GRAPH_DUMP_VERBOSE=1 (kernel parameters and attributes in the DOT).
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static int dumped = 0;
+
+static void dump(CUgraph g, const char* how) {
+  const char* dir = getenv("JOA_GRAPH_DUMP");
+  const char* max = getenv("JOA_GRAPH_DUMP_MAX");
+  if (!dir || dumped >= (max ? atoi(max) : 64)) return;
+  typedef CUresult (*print_t)(CUgraph, const char*, unsigned int);
+  typedef CUresult (*nodes_t)(CUgraph, CUgraphNode*, size_t*);
+  print_t print = (print_t)dlsym(RTLD_NEXT, "cuGraphDebugDotPrint");
+  nodes_t nodes = (nodes_t)dlsym(RTLD_NEXT, "cuGraphGetNodes");
+  size_t n = 0;
+  if (nodes) nodes(g, NULL, &n);
+  char path[4096];
+  snprintf(path, sizeof path, "%s/graph_%03d_%s_%zu_nodes.dot", dir, dumped++, how, n);
+  const char* verbose = getenv("JOA_GRAPH_DUMP_VERBOSE");
+  unsigned flags = verbose && verbose[0] == '1' ? CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE : 0;
+  if (print) {
+    CUresult r = print(g, path, flags);
+    fprintf(stderr, "[graph_dump] %s: %zu nodes -> %s (%d)\n", how, n, path, (int)r);
+  }
+}
+
+CUresult cuGraphInstantiateWithFlags(CUgraphExec* exec, CUgraph g, unsigned long long flags) {
+  typedef CUresult (*fn_t)(CUgraphExec*, CUgraph, unsigned long long);
+  static fn_t real = NULL;
+  if (!real) real = (fn_t)dlsym(RTLD_NEXT, "cuGraphInstantiateWithFlags");
+  dump(g, "flags");
+  return real(exec, g, flags);
+}
+
+CUresult cuGraphInstantiateWithParams(CUgraphExec* exec, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS* params) {
+  typedef CUresult (*fn_t)(CUgraphExec*, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS*);
+  static fn_t real = NULL;
+  if (!real) real = (fn_t)dlsym(RTLD_NEXT, "cuGraphInstantiateWithParams");
+  dump(g, "params");
+  return real(exec, g, params);
+}
