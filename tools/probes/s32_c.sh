@@ -11,9 +11,6 @@ cp .snap/libgraph_dump.so $shim
 source "$(dirname "$0")/../device_prepare.sh"
 T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 {
-for p in $(python3 -c "import jax_plugins, os; print(os.path.dirname(jax_plugins.__file__))" 2>/dev/null)/*/*.so; do
-  echo "$p"; ldd "$p" 2>/dev/null | grep -i cuda | head -3
-done
 mkdir -p /tmp/graphs/chain /tmp/graphs/demo
 cat > /tmp/chain4.py <<'PY'
 import jax, jax.numpy as jnp
@@ -33,7 +30,7 @@ print(q.block_until_ready().shape)
 PY
 el chain
 JOA_GRAPH_DUMP=/tmp/graphs/chain JOA_GRAPH_DUMP_VERBOSE=1 LD_PRELOAD=$shim timeout 60 python3 /tmp/chain4.py 2>&1 | \
-  grep -v Warn | tail -5
+  grep -v Warn | tail -8
 el demo
 JOA_GRAPH_DUMP=/tmp/graphs/demo JOA_GRAPH_DUMP_VERBOSE=1 JOA_GRAPH_DUMP_MAX=24 LD_PRELOAD=$shim timeout 120 \
   python3 -m jax_onnx_attn demo --layers 2 --hidden 1024 --heads 8 --kv-heads 2 --dtype float16 \

@@ -1,7 +1,11 @@
 // LD_PRELOAD shim (session 32): writes every CUDA graph a process instantiates through the driver API
 // (XLA's command buffers: cuGraphInstantiateWithFlags / WithParams) as Graphviz DOT before
-// instantiating it, so that XLA's graph of a jitted function can be set beside a raw one.
-//   gcc -O2 -shared -fPIC -I /usr/local/cuda/include graph_dump.c -o libgraph_dump.so -ldl
+// instantiating it, so that XLA's graph of a jitted function can be set beside a raw one. XLA reaches
+// the driver through dlopen("libcuda.so.1") + dlsym(handle, name), which LD_PRELOAD alone does not
+// interpose: dlopen of libcuda returns this library instead, whose dependency libcuda answers the
+// names it does not define. cuGetProcAddress is hooked too (the other way to the entry points).
+//   gcc -O2 -shared -fPIC -I /usr/local/cuda/include graph_dump.c -o libgraph_dump.so -ldl -Wl,--no-as-needed \
+//       -L <a folder with libcuda.so: the toolkit's stubs/, or any .so with soname libcuda.so.1> -lcuda
 //   JOA_GRAPH_DUMP=/tmp/graphs LD_PRELOAD=$PWD/libgraph_dump.so python3 ...
 // Env: JOA_GRAPH_DUMP (folder, required), JOA_GRAPH_DUMP_MAX (graphs, default 64),
 // JOA_GRAPH_DUMP_VERBOSE=1 (kernel parameters and attributes in the DOT).
@@ -10,6 +14,7 @@
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static int dumped = 0;
 
@@ -47,4 +52,36 @@ CUresult cuGraphInstantiateWithParams(CUgraphExec* exec, CUgraph g, CUDA_GRAPH_I
   if (!real) real = (fn_t)dlsym(RTLD_NEXT, "cuGraphInstantiateWithParams");
   dump(g, "params");
   return real(exec, g, params);
+}
+
+// dlopen("libcuda.so*") -> this library (its DT_NEEDED libcuda resolves every other name).
+void* dlopen(const char* file, int mode) {
+  typedef void* (*fn_t)(const char*, int);
+  static fn_t real = NULL;
+  if (!real) real = (fn_t)dlsym(RTLD_NEXT, "dlopen");
+  if (file && strstr(file, "libcuda.so")) {
+    Dl_info self;
+    if (dladdr((void*)&dump, &self) && self.dli_fname) {
+      static int said = 0;
+      if (!said++) fprintf(stderr, "[graph_dump] dlopen(%s) -> %s\n", file, self.dli_fname);
+      return real(self.dli_fname, mode);
+    }
+  }
+  return real(file, mode);
+}
+
+CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version, cuuint64_t flags,
+                             CUdriverProcAddressQueryResult* status) {
+  typedef CUresult (*fn_t)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
+  static fn_t real = NULL;
+  if (!real) real = (fn_t)dlsym(RTLD_NEXT, "cuGetProcAddress_v2");
+  CUresult r = real(symbol, pfn, version, flags, status);
+  if (r == CUDA_SUCCESS && symbol) {
+    if (!strcmp(symbol, "cuGraphInstantiateWithFlags") || (!strcmp(symbol, "cuGraphInstantiate") && version >= 12000)) {
+      *pfn = (void*)&cuGraphInstantiateWithFlags;
+    } else if (!strcmp(symbol, "cuGraphInstantiateWithParams")) {
+      *pfn = (void*)&cuGraphInstantiateWithParams;
+    }
+  }
+  return r;
 }
