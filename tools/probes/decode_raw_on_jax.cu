@@ -45,6 +45,36 @@ extern "C" int joa_time_one_split(const void* q, const void* const* ks, const vo
   return int(err);
 }
 
+// The same graph of kCalls one-split calls replayed `replays` times, untimed (for a profiler to see
+// the kernels: tools/probes/decode_gap_timeline.py). Returns a cudaError_t.
+extern "C" int joa_replay_one_split(const void* q, const void* const* ks, const void* const* vs, int copies,
+                                    const int32_t* lens, void* out, int ctx, int replays) {
+  DecodeParams p = B1DecodeParams(ctx, (ctx + 63) / 64 * 64, kHq, kHkv, kD);
+  p.q = q; p.out = out; p.kv_len = lens;
+  const LaunchOptions opt{false, true, false, true, false, false, false};
+  cudaStream_t s;
+  cudaError_t err = cudaStreamCreate(&s);
+  if (err != cudaSuccess) return int(err);
+  cudaGraph_t g = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  err = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+  for (int i = 0; i < kCalls && err == cudaSuccess; ++i) {
+    DecodeParams pi = p;
+    pi.k = ks[i % copies];
+    pi.v = vs[i % copies];
+    err = joa::decode::Launch<T, kD, KvFormat::kDense>(pi, opt, s);
+  }
+  cudaError_t end = cudaStreamEndCapture(s, &g);
+  if (err == cudaSuccess) err = end;
+  if (err == cudaSuccess) err = cudaGraphInstantiate(&exec, g, 0);
+  for (int r = 0; r < replays && err == cudaSuccess; ++r) err = cudaGraphLaunch(exec, s);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(s);
+  if (exec) cudaGraphExecDestroy(exec);
+  if (g) cudaGraphDestroy(g);
+  cudaStreamDestroy(s);
+  return int(err);
+}
+
 // cudaMalloc / cudaFree for the script's own copies (so that both sets live in the same process).
 extern "C" int joa_malloc(void** p, size_t bytes) { return int(cudaMalloc(p, bytes)); }
 extern "C" int joa_memcpy_d2d(void* dst, const void* src, size_t bytes) {
