@@ -6,7 +6,10 @@ next call's query) inside one jitted function / one captured torch CUDA graph, d
 back to back; per-call time = wall time / (M * K); the median of several such samples after a
 warm-up run. XLA captures the K custom calls in a command buffer, so our small-case numbers are
 in-graph latencies. KV sets smaller than 256 MB are rotated (R copies read in turn) so that repeated
-calls do not read them from the 50 MB L2.
+calls do not read them from the 50 MB L2. --device-time adds, for the jax implementations, the device
+time a call: one more run of the chain under jax.profiler (command buffers kept), its kernels' span
+(first start to last end) / K. That leaves out the host (dispatch, sync) that a wall-clock figure
+carries for µs-sized calls, so it is the one to compare kernels by there.
 
 Figure: effective bandwidth = K+V bytes read per call / time. Ours runs bottom-right causal; for
 q_len > 1 the peers run without a mask (none of them offers bottom-right causal without a mask
@@ -221,11 +224,12 @@ def runnable_impls(impls: list[str], ours: str, env: dict) -> tuple[list[str], b
     return list(impls), gpu
 
 
-def bench_jax(case: Case, impl: str, target_s: float, reps: int) -> float:
+def bench_jax(case: Case, impl: str, target_s: float, reps: int, device_time: bool = False):
     """Median seconds per call of "ours" (cuda.decode_attention, BHSD) or "jax-xla" / "jax-cudnn"
     (jax.nn.dot_product_attention, BTNH) on random inputs of `case`'s shapes and dtype.
 
-    target_s: wall time per timing sample; reps: samples (the median is returned).
+    target_s: wall time per timing sample; reps: samples (the median is returned). device_time:
+    return (that, the device seconds a call of one profiled run: `device_seconds_per_call`).
     """
     import jax
     import jax.numpy as jnp
@@ -280,10 +284,34 @@ def bench_jax(case: Case, impl: str, target_s: float, reps: int) -> float:
     def go():
         state["q"] = run(state["q"], ks, vs, lens)
 
+    def sync():
+        state["q"].block_until_ready()
+
     try:
-        return _time_loop(go, lambda: state["q"].block_until_ready(), k_calls, target_s, reps)
+        sec = _time_loop(go, sync, k_calls, target_s, reps)
+        return (sec, device_seconds_per_call(go, sync, k_calls)) if device_time else sec
     finally:
         del ks, vs, state
+
+
+def device_seconds_per_call(run: Callable[[], None], sync: Callable[[], None], calls: int) -> float | None:
+    """One run of `calls` dependent calls (already warm) under jax.profiler: its kernels' span on
+    the device (first start to last end) / calls, in seconds; None when the trace has no kernels.
+    Command buffers stay on under the profiler only with `keep_command_buffers_when_profiling()`
+    called before jax starts (main does, for --device-time)."""
+    import tempfile
+
+    import jax
+
+    from jax_onnx_attn.bench.e2e import device_kernel_events, kernel_timeline, read_trace
+    sync()
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d):
+            run()
+            sync()
+        kernels, _ = device_kernel_events(read_trace(d))
+    span = kernel_timeline(kernels or []).get("span_us")
+    return span * 1e-6 / calls if span else None
 
 
 def time_torch_graph(step, q0, calls: int, target_s: float, reps: int) -> float:
@@ -444,6 +472,25 @@ def format_table(results: list[dict], impls: list[str]) -> str:
                      for r in rows)
 
 
+def format_device_table(results: list[dict], impls: list[str]) -> str:
+    """--device-time's figures as a table (device µs a call per implementation and the peers'
+    ratios to ours); "" when no result has them."""
+    have = [i for i in impls if any("device_us" in r["impls"].get(i, {}) for r in results)]
+    if not have:
+        return ""
+    peers = [i for i in have if i != "ours"]
+    rows = [["case"] + [f"{i} dev us" for i in have] + [f"x{p} dev" for p in peers if "ours" in have]]
+    for res in results:
+        dev = {i: res["impls"].get(i, {}).get("device_us") for i in have}
+        row = [res["label"]] + [f"{dev[i]:.1f}" if dev[i] else "-" for i in have]
+        if "ours" in have:
+            row += [f"{dev[p] / dev['ours']:.2f}" if dev[p] and dev["ours"] else "-" for p in peers]
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(x.rjust(w) if i else x.ljust(w) for i, (x, w) in enumerate(zip(r, widths)))
+                     for r in rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the decode suite (see --help); print a table, optionally write JSON. Returns 0, or 1
     without CUDA kernels."""
@@ -464,9 +511,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=5, help="timing samples (median reported)")
     ap.add_argument("--max-seconds", type=float, default=float("inf"),
                     help="stop starting new cases after this long (partial results are kept)")
+    ap.add_argument("--device-time", action="store_true",
+                    help="also the device time a call of the jax implementations (one profiled run: "
+                         "its kernels' span / calls, the host left out)")
     ap.add_argument("--out", help="write the JSON results here")
     args = ap.parse_args(argv)
 
+    if args.device_time:
+        from jax_onnx_attn.bench.e2e import keep_command_buffers_when_profiling
+        why = keep_command_buffers_when_profiling()  # before jax starts its backend
+        if why:
+            print(f"--device-time: command buffers are off under the profiler ({why})", file=sys.stderr)
     env = environment()
     print(json.dumps({k: env[k] for k in ("gpu", "jax", "jaxlib", "torch", "commit")}, indent=1))
     if not env["build"]["cuda"]:
@@ -488,17 +543,24 @@ def main(argv: list[str] | None = None) -> int:
                 res["impls"][impl] = {"skip": why}
                 continue
             try:
-                fn = bench_jax if impl.startswith(("ours", "jax")) else bench_torch
-                sec = fn(case, impl, args.target_ms / 1e3, args.reps)
+                device = None
+                if impl.startswith(("ours", "jax")):
+                    sec = bench_jax(case, impl, args.target_ms / 1e3, args.reps, args.device_time)
+                    sec, device = sec if args.device_time else (sec, None)
+                else:
+                    sec = bench_torch(case, impl, args.target_ms / 1e3, args.reps)
                 # GB/s on the bytes read: the cache plus, quantised, its scales.
                 res["impls"][impl] = {"us": sec * 1e6, "gbs": case.bytes_read / sec / 1e9}
+                if device:
+                    res["impls"][impl]["device_us"] = device * 1e6
             except Exception as e:  # a peer that cannot run a shape is a result, not a crash
                 res["impls"][impl] = {"skip": f"error: {type(e).__name__}: {str(e).splitlines()[0][:200]}"}
         results.append(res)
         t = res["impls"]
         print(f"{case.label():44s} " + "  ".join(
-            f"{i}={t[i]['us']:.1f}us/{t[i]['gbs']:.0f}GB/s" if "us" in t[i] else f"{i}={t[i]['skip'][:40]}"
-            for i in args.impls), flush=True)
+            (f"{i}={t[i]['us']:.1f}us/{t[i]['gbs']:.0f}GB/s" +
+             (f" (device {t[i]['device_us']:.1f}us)" if "device_us" in t[i] else ""))
+            if "us" in t[i] else f"{i}={t[i]['skip'][:40]}" for i in args.impls), flush=True)
         if args.out:
             _write(args.out, env, results, args)
     env["gpu_after"] = _run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw",
@@ -506,6 +568,9 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(format_table(results, args.impls))
     print("\nus: per call; GB/s: K+V bytes (+ scales) / time; %peak of 4800 GB/s; xPEER: peer time / our time")
+    device_table = format_device_table(results, args.impls)
+    if device_table:
+        print("\n" + device_table + "\n\ndev us: device time a call (one profiled run's kernel span / calls)")
     if args.out:
         _write(args.out, env, results, args)
         print(f"wrote {args.out}")
