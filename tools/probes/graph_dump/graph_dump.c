@@ -7,7 +7,10 @@
 //   gcc -O2 -shared -fPIC -I /usr/local/cuda/include graph_dump.c -o libgraph_dump.so -ldl -Wl,--no-as-needed \
 //       -L <a folder with libcuda.so: the toolkit's stubs/, or any .so with soname libcuda.so.1> -lcuda
 //   JOA_GRAPH_DUMP=/tmp/graphs LD_PRELOAD=$PWD/libgraph_dump.so python3 ...
-// Env: JOA_GRAPH_DUMP (folder, required), JOA_GRAPH_DUMP_MAX (graphs, default 64),
+// It also counts (and prints at exit, with JOA_GRAPH_COUNT=1) the driver calls that re-record or
+// update a command buffer: stream captures (XLA traces a custom call by capturing it), exec-graph
+// updates, child-graph node updates, graph launches.
+// Env: JOA_GRAPH_DUMP (folder; without it nothing is dumped), JOA_GRAPH_DUMP_MAX (graphs, default 64),
 // JOA_GRAPH_DUMP_VERBOSE=1 (kernel parameters and attributes in the DOT).
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -18,7 +21,37 @@
 
 static int dumped = 0;
 
+enum { kInstantiate, kBeginCapture, kExecUpdate, kChildSetParams, kKernelSetParams, kLaunch, kCounters };
+static const char* const kCounterNames[kCounters] = {
+    "cuGraphInstantiate", "cuStreamBeginCapture", "cuGraphExecUpdate", "cuGraphExecChildGraphNodeSetParams",
+    "cuGraphExecKernelNodeSetParams", "cuGraphLaunch"};
+static long counters[kCounters];
+static void count(int which) { __atomic_add_fetch(&counters[which], 1, __ATOMIC_RELAXED); }
+
+__attribute__((destructor)) static void report(void) {
+  const char* on = getenv("JOA_GRAPH_COUNT");
+  if (!on || on[0] != '1') return;
+  for (int i = 0; i < kCounters; ++i) fprintf(stderr, "[graph_dump] %s: %ld\n", kCounterNames[i], counters[i]);
+}
+
+// A counted pass-through of a driver entry point (the real one found after this library).
+#define JOA_COUNTED(counter, name, params, args)                      \
+  CUresult name params {                                               \
+    typedef CUresult(*fn_t) params;                                    \
+    static fn_t real = NULL;                                           \
+    if (!real) real = (fn_t)dlsym(RTLD_NEXT, #name);                   \
+    count(counter);                                                    \
+    return real args;                                                  \
+  }
+JOA_COUNTED(kBeginCapture, cuStreamBeginCapture_v2, (CUstream s, CUstreamCaptureMode m), (s, m))
+JOA_COUNTED(kExecUpdate, cuGraphExecUpdate_v2, (CUgraphExec e, CUgraph g, CUgraphExecUpdateResultInfo* r), (e, g, r))
+JOA_COUNTED(kChildSetParams, cuGraphExecChildGraphNodeSetParams, (CUgraphExec e, CUgraphNode n, CUgraph g), (e, n, g))
+JOA_COUNTED(kKernelSetParams, cuGraphExecKernelNodeSetParams_v2,
+            (CUgraphExec e, CUgraphNode n, const CUDA_KERNEL_NODE_PARAMS* p), (e, n, p))
+JOA_COUNTED(kLaunch, cuGraphLaunch, (CUgraphExec e, CUstream s), (e, s))
+
 static void dump(CUgraph g, const char* how) {
+  count(kInstantiate);
   const char* dir = getenv("JOA_GRAPH_DUMP");
   const char* max = getenv("JOA_GRAPH_DUMP_MAX");
   if (!dir || dumped >= (max ? atoi(max) : 64)) return;
