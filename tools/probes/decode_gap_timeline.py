@@ -21,7 +21,7 @@ import numpy as np  # noqa: E402
 from decode_xla_chain import COPIES, inputs  # noqa: E402  (this folder: on sys.path as a script)
 from jax_onnx_attn.bench.e2e import traced_kernel_events  # noqa: E402
 from jax_onnx_attn.ops import cuda  # noqa: E402
-from rows_kernel_times import write_results  # noqa: E402
+from probe_results import write_results  # noqa: E402
 
 CALLS = 64  # the library's kCalls
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from jax_onnx_attn.bench.decode import _time_loop
 from jax_onnx_attn.ops import cuda
-from rows_kernel_times import write_results  # this folder: on sys.path as a script
+from probe_results import write_results  # this folder: on sys.path as a script
 
 COPIES = 16
 CALLS = 32  # calls a jitted function (main takes argv[2])

@@ -22,15 +22,22 @@ def chain(q, ks, vs):
     return q
 f = jax.jit(chain, donate_argnums=0)
 runs = int(sys.argv[1])
+if len(sys.argv) > 2:  # one split a call, the decode engine named (s32_d.sh's chain8 form)
+    def chain(q, ks, vs):
+        for i in range(32):
+            q = cuda.decode_attention(q, ks[i % 16], vs[i % 16], lens, scale=0.088, engine="decode", split_rows=4096)
+        return q
+    f = jax.jit(chain, donate_argnums=0)
 for _ in range(runs):
     q = f(q, ks, vs)
 q.block_until_ready()
 print("runs", runs, flush=True)
 PY
-for runs in 3 43; do
-  el "chain x$runs"
-  JOA_GRAPH_COUNT=1 LD_PRELOAD=/tmp/libgraph_dump.so timeout 60 python3 /tmp/chain32.py $runs 2>&1 | grep -E "runs|graph_dump\] cu"
+for mode in "" one; do
+  el "chain x3 ${mode:-planned}"
+  JOA_GRAPH_COUNT=1 LD_PRELOAD=/tmp/libgraph_dump.so timeout 60 python3 /tmp/chain32.py 3 $mode 2>&1 | grep -E "runs|graph_dump"
 done
+[ "${1:-}" = chain ] && exit 0
 for n in 8 72; do
   el "demo $n tokens"
   JOA_GRAPH_COUNT=1 LD_PRELOAD=/tmp/libgraph_dump.so timeout 90 python3 -m jax_onnx_attn demo --layers 2 --hidden 1024 \
