@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Prepared in session 31 for the next one (not yet run): is the decode engine's XLA-vs-raw-graph gap
-# (bench/results/2026-12-01-e2e-notes.md, "Session 31") where jax places the buffers?
-# Here: nvcc ... tools/probes/decode_raw_on_jax.cu -o .snap/decode_raw_on_jax.so (its header says
-# how), xz it (the carry limit), then carry .snap. There, one call (~3 min): the probe under jax's default allocator, with
-# XLA_PYTHON_CLIENT_ALLOCATOR=platform and with XLA_PYTHON_CLIENT_PREALLOCATE=false; bench decode
-# B=1 under the same three. To $OUT: prepare.log, raw_on_jax_*.json, run.log.
+# Session 32, call A (prepared in session 31): is the decode engine's XLA-vs-raw-graph gap
+# (bench/results/2026-12-01-e2e-notes.md, "Session 31") where jax places the buffers? (It was not:
+# "Session 32".) Here: nvcc ... tools/probes/decode_raw_on_jax.cu -o decode_raw_on_jax.so (its
+# header says how), xz it into .snap/ (the carry limit), then carry .snap. There (~2.5 min): the
+# probe under jax's default allocator, XLA_PYTHON_CLIENT_ALLOCATOR=platform and
+# XLA_PYTHON_CLIENT_PREALLOCATE=false; bench decode B=1 and two fp16 GEMVs under the same three.
+# Its XLA figures ran without command buffers (the probe's helper import; fixed since: probe_results.py).
+# To $OUT: prepare.log, raw_on_jax_*.json, run.log.
 set -uo pipefail
 lib=/tmp/decode_raw_on_jax.so
 xz -d -c .snap/decode_raw_on_jax.so.xz > $lib
