@@ -1,6 +1,6 @@
-"""The decode benchmark's --device-time pieces on CPU: the device-time table (each implementation's
-device µs a call and the peers' ratios to ours, cases without the figure shown as "-") and the
-profiled run, which on a machine without GPU kernels in its trace gives None rather than a number."""
+"""The decode benchmark on CPU: --device-time's table (each implementation's device µs a call and
+the peers' ratios to ours, cases without the figure shown as "-"), its profiled run (on a machine
+whose trace has no GPU kernels: None, not a number), and the XLA_FLAGS a run's JSON records."""
 
 import jax
 import jax.numpy as jnp
@@ -37,3 +37,10 @@ def test_device_seconds_per_call_is_none_when_the_trace_has_no_device_kernels():
     got = decode.device_seconds_per_call(run, lambda: x["v"].block_until_ready(), 4)
     assert got is None
     assert float(x["v"][0]) == 2.0  # the one profiled run ran
+
+
+def test_environment_records_the_xla_flags_jax_read(monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_command_buffer=")
+    assert decode.environment()["xla_flags"] == "--xla_gpu_enable_command_buffer="
+    monkeypatch.delenv("XLA_FLAGS")
+    assert decode.environment()["xla_flags"] is None

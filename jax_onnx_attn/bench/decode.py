@@ -401,6 +401,8 @@ def environment() -> dict:
         or _run(["git", "describe", "--always", "--dirty"]),
         "hbm_peak_gbs": HBM_PEAK_GBS,
         "joa_env": {k: os.environ[k] for k in sorted(os.environ) if k.startswith("JOA_")},
+        # XLA_FLAGS as jax read them (session 32: a probe helper's import had turned command buffers off).
+        "xla_flags": os.environ.get("XLA_FLAGS"),
         "prefill_engine": prefill_engine_enabled(),  # validates JOA_PREFILL_ENGINE up front
     }
     try:
