@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Session 32, call G (~1.5 min): does XLA re-record our custom calls on every run? The graph_dump
-# shim counting driver calls (JOA_GRAPH_COUNT=1: stream captures = custom calls traced, exec-graph
-# and child-node updates, graph launches) around 1) bench decode's B=1 chain (32 dependent calls,
-# 16 K / V copies, q donated) run 3 + 40 times, and 2) `jax-onnx-attn demo` decoding 64 tokens.
-# To $OUT: prepare.log, run.log.
+# Session 32, calls G-H (~1 min): does XLA re-record our custom calls on every run? The graph_dump
+# shim counting driver calls (JOA_GRAPH_COUNT=1: graph instantiations, stream captures = custom
+# calls traced, exec-graph and child-node updates, graph launches) around 1) a B=1 chain like bench
+# decode's (32 dependent calls, 16 K / V copies, q donated; planned and one split), 3 runs each,
+# and 2) `jax-onnx-attn demo` decoding 8 and 72 tokens (`s32_g.sh chain`: only 1). What it found:
+# the chains ran without command buffers (decode_xla_chain.py then imported rows_kernel_times.py,
+# whose import turns them off; fixed: probe_results.py); the demo instantiates one graph and
+# launches it once a step, no re-record. To $OUT: prepare.log, run.log.
 set -uo pipefail
 cp .snap/libgraph_dump.so /tmp/libgraph_dump.so
 source "$(dirname "$0")/../device_prepare.sh"
