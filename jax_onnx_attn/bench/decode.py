@@ -224,12 +224,14 @@ def runnable_impls(impls: list[str], ours: str, env: dict) -> tuple[list[str], b
     return list(impls), gpu
 
 
-def bench_jax(case: Case, impl: str, target_s: float, reps: int, device_time: bool = False):
-    """Median seconds per call of "ours" (cuda.decode_attention, BHSD) or "jax-xla" / "jax-cudnn"
-    (jax.nn.dot_product_attention, BTNH) on random inputs of `case`'s shapes and dtype.
+def bench_jax(case: Case, impl: str, target_s: float, reps: int,
+              device_time: bool = False) -> tuple[float, float | None]:
+    """(median seconds per call, device seconds per call or None) of "ours" (cuda.decode_attention,
+    BHSD) or "jax-xla" / "jax-cudnn" (jax.nn.dot_product_attention, BTNH) on random inputs of
+    `case`'s shapes and dtype.
 
     target_s: wall time per timing sample; reps: samples (the median is returned). device_time:
-    return (that, the device seconds a call of one profiled run: `device_seconds_per_call`).
+    also one profiled run's device seconds a call (`device_seconds_per_call`), else None.
     """
     import jax
     import jax.numpy as jnp
@@ -289,7 +291,7 @@ def bench_jax(case: Case, impl: str, target_s: float, reps: int, device_time: bo
 
     try:
         sec = _time_loop(go, sync, k_calls, target_s, reps)
-        return (sec, device_seconds_per_call(go, sync, k_calls)) if device_time else sec
+        return sec, device_seconds_per_call(go, sync, k_calls) if device_time else None
     finally:
         del ks, vs, state
 
@@ -545,12 +547,10 @@ def main(argv: list[str] | None = None) -> int:
                 res["impls"][impl] = {"skip": why}
                 continue
             try:
-                device = None
                 if impl.startswith(("ours", "jax")):
-                    sec = bench_jax(case, impl, args.target_ms / 1e3, args.reps, args.device_time)
-                    sec, device = sec if args.device_time else (sec, None)
+                    sec, device = bench_jax(case, impl, args.target_ms / 1e3, args.reps, args.device_time)
                 else:
-                    sec = bench_torch(case, impl, args.target_ms / 1e3, args.reps)
+                    sec, device = bench_torch(case, impl, args.target_ms / 1e3, args.reps), None
                 # GB/s on the bytes read: the cache plus, quantised, its scales.
                 res["impls"][impl] = {"us": sec * 1e6, "gbs": case.bytes_read / sec / 1e9}
                 if device:
