@@ -1,11 +1,12 @@
-"""`python -m jax_onnx_attn.bench <suite> [options]`: benchmark suites (decode, prefill, gqa, linear, e2e)."""
+"""`python -m jax_onnx_attn.bench <suite> [options]`: benchmark suites (decode, prefill, gqa, linear, e2e),
+and `breakdown FILE.json`: where a profiled e2e decode step's time goes against its bound."""
 
 from __future__ import annotations
 
 import importlib
 import sys
 
-SUITES = ("decode", "prefill", "gqa", "linear", "e2e")
+SUITES = ("decode", "prefill", "gqa", "linear", "e2e", "breakdown")
 
 
 def main(argv: list[str] | None = None) -> int:

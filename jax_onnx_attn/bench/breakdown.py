@@ -1,0 +1,146 @@
+"""Where a decode step's time goes against its bandwidth bound, from a `bench e2e` JSON's profile.
+
+    python -m jax_onnx_attn.bench breakdown bench/results/FILE.json [--impl ours] [--hbm 4800]
+
+For each decode case whose `impl` was profiled (`bench e2e --profile first|all`), the kernels of
+one traced call are grouped by what they do (the GEMV kernels by their input / epilogue policy, our
+attention and gqa_prepare by name, the rest together), and each group's device µs a step is set
+beside the µs its bytes take at the HBM peak: the projections' weight bytes (from the model's
+shapes and its bytes a weight, so int4 weights count with their scales) and the KV cache's bytes.
+"over bound" is what a group costs beyond streaming its bytes: fixed costs a launch, ramp and
+drain, low achieved bandwidth. This is the profile that explains a case's fraction of the bound
+(issue 12). The groups follow our kernels' names; a peer's kernels land in "other".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HBM_GBS = 4800.0  # H200 datasheet, as bench e2e's bound
+
+#: (group, test on a kernel name): the first group whose test matches takes the kernel.
+GROUPS = (
+    ("gate-up", lambda n: "GatedSiluEpilogue" in n),
+    ("qkv + LM head", lambda n: "RmsNormInput" in n),
+    ("o + down", lambda n: "PlainInput" in n),
+    ("attention", lambda n: "joa::decode::" in n or "DecodeSplit" in n or "DecodeCombine" in n),
+    ("gqa_prepare", lambda n: "GqaPrepare" in n),
+)
+OTHER = "other"
+
+
+def group_of(name: str) -> str:
+    """The group of a kernel name (GROUPS), else "other"."""
+    return next((g for g, test in GROUPS if test(name)), OTHER)
+
+
+def group_bytes(config: dict, step_cost: dict, batch: int, ctx: int) -> dict[str, float]:
+    """Bytes a decode step reads per group: weights from the model's shapes times its bytes a
+    weight (the step cost's matmul bytes over its matmul parameters: 2 for f16, 0.5625 for int4
+    with f16 scales a 32-block), the KV cache's from its bytes a token (all layers, K and V)."""
+    h, layers = config["hidden"], config["layers"]
+    d = config["head_size"]
+    qkv = h * (config["heads"] + 2 * config["kv_heads"]) * d
+    o = config["heads"] * d * h
+    gate_up = h * 2 * config["intermediate"]
+    down = config["intermediate"] * h
+    head = step_cost["head_params"]
+    per_param = (step_cost["breakdown"]["matmul"] + step_cost["breakdown"]["matmul_nbits"]) / step_cost["matmul_params"]
+    return {"gate-up": layers * gate_up * per_param, "qkv + LM head": (layers * qkv + head) * per_param,
+            "o + down": layers * (o + down) * per_param,
+            "attention": float(step_cost["kv_bytes_per_token"]) * ctx * batch, "gqa_prepare": 0.0, OTHER: 0.0}
+
+
+def step_breakdown(doc: dict, record: dict, impl: str = "ours", hbm_gbs: float = HBM_GBS) -> list[dict] | None:
+    """Rows {group, calls, us, mb, tbs, bound_us, over_us} a decode step of `record` (a result of
+    `doc`, a bench e2e JSON) for `impl`, groups in GROUPS order then "other" (kernels outside the
+    profile's top list included there, from its total), then "kernels" (their sum), "idle, profiled"
+    (span - busy: the device
+    waiting on the host, in the profiled run, which widens those gaps: the timed step less "kernels"
+    is the unprofiled figure) and "step (timed)". None when `impl` has no profile."""
+    prof = record.get("impls", {}).get(impl, {}).get("profile") or {}
+    if not prof.get("top_time"):
+        return None
+    steps = record["steps_per_call"]
+    model = doc["models"][f"{record['model_alias']}/{record['weights']}"]
+    nbytes = group_bytes(model["config"], model["step_cost"], record["batch"], record["ctx"])
+    acc = {g: [0, 0.0] for g, _ in GROUPS} | {OTHER: [0, 0.0]}
+    for name, count, total in prof["top_time"]:
+        a = acc[group_of(name)]
+        a[0] += count
+        a[1] += total
+    listed = sum(a[1] for a in acc.values())
+    acc[OTHER][1] += max(0.0, float(prof.get("total_us", listed)) - listed)
+    rows: list[dict] = []
+    for g, (count, total) in acc.items():
+        us = total / steps
+        b = nbytes[g]
+        bound = b / (hbm_gbs * 1e3)  # bytes / (GB/s * 1e3) = µs
+        rows.append({"group": g, "calls": count / steps, "us": us, "mb": b / 1e6,
+                     "tbs": b / (us * 1e6) if us > 0 and b else None, "bound_us": bound, "over_us": us - bound})
+    kernels = sum(r["us"] for r in rows)
+    bound = sum(r["bound_us"] for r in rows)
+    mb = sum(r["mb"] for r in rows)
+    rows.append({"group": "kernels", "calls": sum(r["calls"] for r in rows), "us": kernels, "mb": mb,
+                 "tbs": mb / kernels if kernels > 0 else None, "bound_us": bound, "over_us": kernels - bound})
+    idle = (prof.get("span_us", 0.0) - prof.get("busy_us", 0.0)) / steps
+    rows.append({"group": "idle, profiled", "calls": None, "us": idle, "mb": 0.0, "tbs": None,
+                 "bound_us": 0.0, "over_us": idle})
+    ms = record["impls"][impl]["ms"]
+    rows.append({"group": "step (timed)", "calls": None, "us": ms * 1e3, "mb": record["bytes_per_step"] / 1e6,
+                 "tbs": record["bytes_per_step"] / (ms * 1e9), "bound_us": record["bound_ms"] * 1e3,
+                 "over_us": ms * 1e3 - record["bound_ms"] * 1e3})
+    return rows
+
+
+def format_breakdown(rows: list[dict]) -> str:
+    """The rows as an aligned text table."""
+    head = ["group", "calls/step", "µs/step", "MB/step", "TB/s", "µs at peak", "µs over"]
+    out = [head]
+    for r in rows:
+        none = r["calls"] == 0 and not r["us"]  # no kernel of the group (a peer's step): bytes only
+        out.append([r["group"], "" if r["calls"] is None else f"{r['calls']:.0f}", "" if none else f"{r['us']:.1f}",
+                    f"{r['mb']:.1f}" if r["mb"] else "", f"{r['tbs']:.2f}" if r["tbs"] else "",
+                    f"{r['bound_us']:.1f}" if r["bound_us"] else "", "" if none else f"{r['over_us']:.1f}"])
+    widths = [max(len(row[i]) for row in out) for i in range(len(head))]
+    return "\n".join("  ".join(x.ljust(w) if i == 0 else x.rjust(w) for i, (x, w) in enumerate(zip(row, widths)))
+                     for row in out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print each profiled decode case's breakdown; 1 when the files have none."""
+    ap = argparse.ArgumentParser(prog="python -m jax_onnx_attn.bench breakdown", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("files", nargs="+", type=Path, help="bench e2e JSON files")
+    ap.add_argument("--impl", default="ours", help="the implementation whose profile to read")
+    ap.add_argument("--hbm", type=float, default=HBM_GBS, help="HBM peak, GB/s")
+    args = ap.parse_args(argv)
+    shown = 0
+    for path in args.files:
+        doc = json.loads(path.read_text())
+        if doc.get("suite") != "e2e":
+            print(f"{path}: not a bench e2e result (suite {doc.get('suite')!r})", file=sys.stderr)
+            continue
+        for rec in doc["results"]:
+            if rec.get("phase") != "decode":
+                continue
+            rows = step_breakdown(doc, rec, args.impl, args.hbm)
+            if rows is None:
+                continue
+            shown += 1
+            frac = rec["impls"][args.impl].get("frac_of_bound")
+            print(f"\n{path.name}: {rec['model']} {rec['weights']} B={rec['batch']} ctx={rec['ctx']} {args.impl} "
+                  f"(commit {doc.get('commit', '?')}" + (f"; {frac:.2f} of the bound)" if frac else ")"))
+            print(format_breakdown(rows))
+    if not shown:
+        print(f"no profiled decode case of {args.impl!r} in {[str(f) for f in args.files]} "
+              "(bench e2e --profile first|all writes one)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""The decode-step breakdown (`python -m jax_onnx_attn.bench.breakdown`) on a hand-made bench e2e
+document: kernels grouped by name, each group's bytes from the model's shapes (2 bytes a f16
+weight, the KV cache's bytes a token x ctx x batch), µs a step over the calls' steps, the bound at
+the HBM peak, and the kernels outside the profile's top list counted in "other"."""
+
+import json
+
+import pytest
+
+from jax_onnx_attn.bench import breakdown
+
+CONFIG = {"name": "tiny", "hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "head_size": 16,
+          "intermediate": 128, "weight_bits": 0}
+QKV, O, GATE_UP, DOWN, HEAD = 64 * 8 * 16, 64 * 64, 64 * 256, 128 * 64, 64 * 100
+PARAMS = 2 * (QKV + O + GATE_UP + DOWN) + HEAD
+STEPS = 4
+
+
+def _doc(with_profile=True):
+    gemv = "void joa::gemv::GemvDenseRowKernel<__half, joa::gemv::{}, joa::gemv::{}, 3>"
+    top = [[gemv.format("RmsNormInput", "GatedSiluEpilogue"), 8, 80.0],
+           [gemv.format("RmsNormInput", "StoreEpilogue"), 12, 60.0],
+           [gemv.format("PlainInput", "StoreEpilogue"), 16, 40.0],
+           ["void joa::decode::DecodeSplitKernel<__half, 16, 1, 4, joa::MaskVariant>", 8, 24.0],
+           ["void joa::gqa::(anonymous namespace)::GqaPrepareKernel<__half, 0, 8>", 8, 8.0],
+           ["loop_add_fusion", 8, 4.0]]
+    prof = {"top_time": top, "total_us": 220.0, "span_us": 260.0, "busy_us": 220.0}
+    ours = {"ms": 0.07, "frac_of_bound": 0.5, **({"profile": prof} if with_profile else {})}
+    rec = {"model": "tiny", "model_alias": "tiny", "weights": "fp16", "weight_bits": 16, "batch": 2, "ctx": 10,
+           "steps_per_call": STEPS, "phase": "decode", "bytes_per_step": 2 * PARAMS + 5000, "bound_ms": 0.03,
+           "impls": {"ours": ours}}
+    cost = {"head_params": HEAD, "matmul_params": PARAMS, "kv_bytes_per_token": 256,
+            "breakdown": {"matmul": 2 * PARAMS, "matmul_nbits": 0}}
+    return {"suite": "e2e", "commit": "abc1234", "models": {"tiny/fp16": {"config": CONFIG, "step_cost": cost}},
+            "results": [rec]}
+
+
+def test_groups_their_bytes_and_their_bound():
+    doc = _doc()
+    rows = {r["group"]: r for r in breakdown.step_breakdown(doc, doc["results"][0], hbm_gbs=1000.0)}
+    assert rows["gate-up"]["us"] == pytest.approx(80.0 / STEPS) and rows["gate-up"]["calls"] == 2
+    assert rows["gate-up"]["mb"] == pytest.approx(2 * GATE_UP * 2 / 1e6)
+    assert rows["qkv + LM head"]["mb"] == pytest.approx((2 * QKV + HEAD) * 2 / 1e6)
+    assert rows["o + down"]["mb"] == pytest.approx(2 * (O + DOWN) * 2 / 1e6)
+    assert rows["attention"]["mb"] == pytest.approx(256 * 10 * 2 / 1e6)
+    # at 1000 GB/s a byte takes 1e-3 ns: bound µs = bytes / 1e6
+    assert rows["o + down"]["bound_us"] == pytest.approx(2 * (O + DOWN) * 2 / 1e6)
+    assert rows["o + down"]["over_us"] == pytest.approx(10.0 - rows["o + down"]["bound_us"])
+    assert rows["gqa_prepare"]["us"] == pytest.approx(2.0) and rows["gqa_prepare"]["bound_us"] == 0
+    # the XLA fusion plus the 4 µs the top list left out
+    assert rows["other"]["us"] == pytest.approx((4.0 + 4.0) / STEPS)
+    assert rows["kernels"]["us"] == pytest.approx(220.0 / STEPS)
+    assert rows["idle, profiled"]["us"] == pytest.approx(10.0)
+    assert rows["step (timed)"]["us"] == pytest.approx(70.0)
+
+
+def test_cli_prints_a_table_and_fails_without_a_profile(tmp_path, capsys):
+    path = tmp_path / "e2e.json"
+    path.write_text(json.dumps(_doc()))
+    assert breakdown.main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "tiny fp16 B=2 ctx=10 ours (commit abc1234; 0.50 of the bound)" in out
+    assert out.count("\n") >= 10 and "gate-up" in out and "step (timed)" in out
+    path.write_text(json.dumps(_doc(with_profile=False)))
+    assert breakdown.main([str(path)]) == 1
+    assert "no profiled decode case" in capsys.readouterr().err
+
+
+def test_kernel_names_fall_in_their_groups():
+    assert breakdown.group_of("void joa::gemv::GemvRecordKernel<__half, joa::gemv::RmsNormInput, "
+                              "joa::gemv::GatedSiluEpilogue>") == "gate-up"
+    assert breakdown.group_of("void joa::decode::DecodeCombineKernel<__half, 128>") == "attention"
+    assert breakdown.group_of("nvjet_sm90_hsh_128x128") == "other"
