@@ -31,13 +31,13 @@ def _doc(with_profile=True):
            "impls": {"ours": ours}}
     cost = {"head_params": HEAD, "matmul_params": PARAMS, "kv_bytes_per_token": 256,
             "breakdown": {"matmul": 2 * PARAMS, "matmul_nbits": 0}}
-    return {"suite": "e2e", "commit": "abc1234", "models": {"tiny/fp16": {"config": CONFIG, "step_cost": cost}},
+    return {"suite": "e2e", "commit": "abc1234", "args": {"hbm": 2e12}, "models": {"tiny/fp16": {"config": CONFIG, "step_cost": cost}},
             "results": [rec]}
 
 
 def test_groups_their_bytes_and_their_bound():
     doc = _doc()
-    rows = {r["group"]: r for r in breakdown.step_breakdown(doc, doc["results"][0], hbm_gbs=1000.0)}
+    rows = {r["group"]: r for r in breakdown.step_breakdown(doc, doc["results"][0], hbm=1e12)}
     assert rows["gate-up"]["us"] == pytest.approx(80.0 / STEPS) and rows["gate-up"]["calls"] == 2
     assert rows["gate-up"]["mb"] == pytest.approx(2 * GATE_UP * 2 / 1e6)
     assert rows["qkv + LM head"]["mb"] == pytest.approx((2 * QKV + HEAD) * 2 / 1e6)
@@ -52,6 +52,9 @@ def test_groups_their_bytes_and_their_bound():
     assert rows["kernels"]["us"] == pytest.approx(220.0 / STEPS)
     assert rows["idle, profiled"]["us"] == pytest.approx(10.0)
     assert rows["step (timed)"]["us"] == pytest.approx(70.0)
+    # without hbm, the run's own --hbm (2e12 B/s): half the bound
+    own = {r["group"]: r for r in breakdown.step_breakdown(doc, doc["results"][0])}
+    assert own["o + down"]["bound_us"] == pytest.approx(rows["o + down"]["bound_us"] / 2)
 
 
 def test_cli_prints_a_table_and_fails_without_a_profile(tmp_path, capsys):

@@ -1,11 +1,11 @@
 """Where a decode step's time goes against its bandwidth bound, from a `bench e2e` JSON's profile.
 
-    python -m jax_onnx_attn.bench breakdown bench/results/FILE.json [--impl ours] [--hbm 4800]
+    python -m jax_onnx_attn.bench breakdown bench/results/FILE.json [--impl ours] [--hbm BYTES_PER_S]
 
 For each decode case whose `impl` was profiled (`bench e2e --profile first|all`), the kernels of
 one traced call are grouped by what they do (the GEMV kernels by their input / epilogue policy, our
 attention and gqa_prepare by name, the rest together), and each group's device µs a step is set
-beside the µs its bytes take at the HBM peak: the projections' weight bytes (from the model's
+beside the µs its bytes take at the HBM bandwidth the run's bound used (its --hbm): the projections' weight bytes (from the model's
 shapes and its bytes a weight, so int4 weights count with their scales) and the KV cache's bytes.
 "over bound" is what a group costs beyond streaming its bytes: fixed costs a launch, ramp and
 drain, low achieved bandwidth. This is the profile that explains a case's fraction of the bound
@@ -19,7 +19,8 @@ import json
 import sys
 from pathlib import Path
 
-HBM_GBS = 4800.0  # H200 datasheet, as bench e2e's bound
+from jax_onnx_attn.bench.decode import align_rows
+from jax_onnx_attn.runtime.roofline import H200_HBM_BYTES_PER_S
 
 #: (group, test on a kernel name): the first group whose test matches takes the kernel.
 GROUPS = (
@@ -54,9 +55,10 @@ def group_bytes(config: dict, step_cost: dict, batch: int, ctx: int) -> dict[str
             "attention": float(step_cost["kv_bytes_per_token"]) * ctx * batch, "gqa_prepare": 0.0, OTHER: 0.0}
 
 
-def step_breakdown(doc: dict, record: dict, impl: str = "ours", hbm_gbs: float = HBM_GBS) -> list[dict] | None:
+def step_breakdown(doc: dict, record: dict, impl: str = "ours", hbm: float | None = None) -> list[dict] | None:
     """Rows {group, calls, us, mb, tbs, bound_us, over_us} a decode step of `record` (a result of
-    `doc`, a bench e2e JSON) for `impl`, groups in GROUPS order then "other" (kernels outside the
+    `doc`, a bench e2e JSON) for `impl`, bounds at `hbm` bytes/s (None: the run's own --hbm, else
+    the H200's), groups in GROUPS order then "other" (kernels outside the
     profile's top list included there, from its total), then "kernels" (their sum), "idle, profiled"
     (span - busy: the device
     waiting on the host, in the profiled run, which widens those gaps: the timed step less "kernels"
@@ -74,11 +76,13 @@ def step_breakdown(doc: dict, record: dict, impl: str = "ours", hbm_gbs: float =
         a[1] += total
     listed = sum(a[1] for a in acc.values())
     acc[OTHER][1] += max(0.0, float(prof.get("total_us", listed)) - listed)
+    if hbm is None:
+        hbm = doc.get("args", {}).get("hbm") or H200_HBM_BYTES_PER_S
     rows: list[dict] = []
     for g, (count, total) in acc.items():
         us = total / steps
         b = nbytes[g]
-        bound = b / (hbm_gbs * 1e3)  # bytes / (GB/s * 1e3) = µs
+        bound = b / hbm * 1e6
         rows.append({"group": g, "calls": count / steps, "us": us, "mb": b / 1e6,
                      "tbs": b / (us * 1e6) if us > 0 and b else None, "bound_us": bound, "over_us": us - bound})
     kernels = sum(r["us"] for r in rows)
@@ -105,9 +109,7 @@ def format_breakdown(rows: list[dict]) -> str:
         out.append([r["group"], "" if r["calls"] is None else f"{r['calls']:.0f}", "" if none else f"{r['us']:.1f}",
                     f"{r['mb']:.1f}" if r["mb"] else "", f"{r['tbs']:.2f}" if r["tbs"] else "",
                     f"{r['bound_us']:.1f}" if r["bound_us"] else "", "" if none else f"{r['over_us']:.1f}"])
-    widths = [max(len(row[i]) for row in out) for i in range(len(head))]
-    return "\n".join("  ".join(x.ljust(w) if i == 0 else x.rjust(w) for i, (x, w) in enumerate(zip(row, widths)))
-                     for row in out)
+    return align_rows(out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("files", nargs="+", type=Path, help="bench e2e JSON files")
     ap.add_argument("--impl", default="ours", help="the implementation whose profile to read")
-    ap.add_argument("--hbm", type=float, default=HBM_GBS, help="HBM peak, GB/s")
+    ap.add_argument("--hbm", type=float, default=None,
+                    help="HBM bytes/s of the bound (default: the run's own --hbm, else the H200's)")
     args = ap.parse_args(argv)
     shown = 0
     for path in args.files:

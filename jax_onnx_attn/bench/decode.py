@@ -471,7 +471,12 @@ def format_table(results: list[dict], impls: list[str]) -> str:
             us = t.get(p, {}).get("us")
             row.append(f"{us / ours:.2f}" if us and ours else "-")
         rows.append(row)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return align_rows(rows)
+
+
+def align_rows(rows: list[list[str]]) -> str:
+    """Rows of cells as an aligned text table: the first column left-aligned, the others right."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(x.rjust(w) if i else x.ljust(w) for i, (x, w) in enumerate(zip(r, widths)))
                      for r in rows)
 
@@ -490,9 +495,7 @@ def format_device_table(results: list[dict], impls: list[str]) -> str:
         if "ours" in have:
             row += [f"{dev[p] / dev['ours']:.2f}" if dev[p] and dev["ours"] else "-" for p in peers]
         rows.append(row)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(x.rjust(w) if i else x.ljust(w) for i, (x, w) in enumerate(zip(r, widths)))
-                     for r in rows)
+    return align_rows(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
