@@ -5,8 +5,9 @@
 For each decode case whose `impl` was profiled (`bench e2e --profile first|all`), the kernels of
 one traced call are grouped by what they do (the GEMV kernels by their input / epilogue policy, our
 attention and gqa_prepare by name, the rest together), and each group's device µs a step is set
-beside the µs its bytes take at the HBM bandwidth the run's bound used (its --hbm): the projections' weight bytes (from the model's
-shapes and its bytes a weight, so int4 weights count with their scales) and the KV cache's bytes.
+beside the µs its bytes take at the HBM bandwidth the run's bound used (its --hbm): the
+projections' weight bytes (from the model's shapes and its bytes a weight, so int4 weights count
+with their scales) and the KV cache's bytes.
 "over bound" is what a group costs beyond streaming its bytes: fixed costs a launch, ramp and
 drain, low achieved bandwidth. This is the profile that explains a case's fraction of the bound
 (issue 12). The groups follow our kernels' names; a peer's kernels land in "other".
