@@ -12,6 +12,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaGeneralAttention);  // ffi/handlers/general_at
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaPrefillAttention);  // ffi/handlers/prefill_attention.cu
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaLinear);  // ffi/handlers/linear.cu
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaMatMulNBits);  // ffi/handlers/matmul_nbits.cu
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaLinearGqaPrepare);  // ffi/handlers/linear_gqa_prepare.cu
 #endif
 #if JOA_HAVE_FFI_RECORD  // their record stages (ffi/record/stage.h)
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaLinearRecord);
@@ -34,6 +35,7 @@ inline constexpr Target kTargets[] = {
     {"prefill_attention", JoaPrefillAttention},
     {"linear", JoaLinear},
     {"matmul_nbits", JoaMatMulNBits},
+    {"linear_gqa_prepare", JoaLinearGqaPrepare},
 };
 #else
 inline constexpr Target* kTargets = nullptr;

@@ -73,4 +73,6 @@ def test_kernel_names_fall_in_their_groups():
     assert breakdown.group_of("void joa::gemv::GemvRecordKernel<__half, joa::gemv::RmsNormInput, "
                               "joa::gemv::GatedSiluEpilogue>") == "gate-up"
     assert breakdown.group_of("void joa::decode::DecodeCombineKernel<__half, 128>") == "attention"
+    assert breakdown.group_of("void joa::gemv::GemvDenseRowKernel<__half, joa::gemv::PlainInput, "
+                              "joa::gemv::QkvRotaryEpilogue, 3>") == "qkv + LM head"  # + the prepare
     assert breakdown.group_of("nvjet_sm90_hsh_128x128") == "other"

@@ -237,3 +237,97 @@ def test_sessions_of_two_rows_load_dense_weights_kn_and_generate_the_same_tokens
     monkeypatch.setenv(cuda_matmul.DENSE_KN_ENV, "yes")
     with pytest.raises(ValueError, match=cuda_matmul.DENSE_KN_ENV):
         dense_layout_for(8)
+
+
+def test_rotary_pair_order_puts_each_rotary_pair_in_one_16_row_group():
+    from jax_onnx_attn.ops import rotary_pair_order
+
+    n, hkv, d, half = 3, 2, 64, 16  # partial rotary: dims 32..63 of each head are not rotated
+    order = rotary_pair_order(n, hkv, d, half)
+    assert sorted(order.tolist()) == list(range((n + 2 * hkv) * d))
+    groups = order.reshape(-1, 16)
+    for g, rows in enumerate(groups):
+        head, within = divmod(int(rows[0]), d)
+        assert all(r // d == head for r in rows), "a group stays in one head"
+        dims = rows % d
+        if head < n + hkv and within < 2 * half:  # Q or K, rotated: dims 8j.. then R/2 + 8j..
+            j = (g * 16 - head * d) // 16
+            assert dims.tolist() == list(range(8 * j, 8 * j + 8)) + list(range(half + 8 * j, half + 8 * j + 8))
+        else:  # the rest of a head, and V heads: in order
+            assert dims.tolist() == list(range(dims[0], dims[0] + 16))
+    y = np.arange(len(order))[order]  # a projection's output in the order ...
+    np.testing.assert_array_equal(jax_onnx_attn.ops.from_rotary_pair_order(y, order), np.arange(len(order)))
+    for bad in ((3, 2, 56, 16), (3, 2, 64, 12), (3, 2, 64, 40)):
+        with pytest.raises(ValueError, match="rotary_pair_order"):
+            rotary_pair_order(*bad)
+
+
+@pytest.mark.parametrize("dtype,bits", [("float32", 0), ("float16", 0), ("float16", 4)])
+def test_qkv_prepare_reorders_the_packed_projection_and_keeps_the_results(dtype, bits):
+    # hidden 128 over 2 heads: D = 64, R/2 = 32, so the order moves rows (with D = 16 it would not).
+    from jax_onnx_attn.models.builder import build_decoder
+    from jax_onnx_attn.models.config import DecoderConfig
+
+    model = build_decoder(DecoderConfig(layers=2, hidden=128, heads=2, kv_heads=1, intermediate=96,
+                                        dtype=dtype, weight_bits=bits))
+    fused = jax_onnx_attn.load(model, qkv_prepare=True)
+    plain = jax_onnx_attn.load(model)
+    assert fused.fusions.qkv_pairs == 2 and plain.fusions.qkv_pairs == 0
+    gqa_queries = {n.input[0] for n in fused.model.graph.node if n.op_type == "GroupQueryAttention"}
+    qkv = [n for n in fused.model.graph.node if n.op_type == "Linear" and n.output[0] in gqa_queries]
+    assert len(qkv) == 2
+    for node in qkv:
+        pairs = next(helper.get_attribute_value(a) for a in node.attribute if a.name == "qkv_pairs")
+        assert list(pairs) == [2, 1, 64, 32]
+        if not bits:  # the weight's rows are the plain load's in the order
+            name = node.input[1]
+            original = plain.params[name.replace(".qkv_pairs", "")]
+            order = jax_onnx_attn.ops.rotary_pair_order(*pairs)
+            np.testing.assert_array_equal(np.asarray(fused.params[name]), np.asarray(original)[order])
+    feeds = _feeds(plain, b=1)
+    got, want = fused.apply(fused.params, feeds), plain.apply(plain.params, feeds)
+    for name in want:  # the Linear puts its output back: the same bits
+        np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]), err_msg=name)
+
+
+def test_qkv_prepare_leaves_what_the_fused_route_cannot_take():
+    model = build_tiny_decoder(layers=2, hidden=128, heads=2, kv_heads=1, intermediate=96, dtype="f16")
+    for node in model.graph.node:  # interleaved rotary: pairs are neighbours, no reordering needed
+        if node.op_type == "GroupQueryAttention":
+            kept = [a for a in node.attribute if a.name != "rotary_interleaved"]
+            del node.attribute[:]
+            node.attribute.extend(kept + [helper.make_attribute("rotary_interleaved", 1)])
+    assert jax_onnx_attn.load(model, qkv_prepare=True).fusions.qkv_pairs == 0
+    model = build_tiny_decoder(layers=2, hidden=128, heads=2, kv_heads=1, intermediate=96, dtype="f16")
+    assert jax_onnx_attn.load(model, qkv_prepare=True, dense_layout="kn").fusions.qkv_pairs == 0
+
+
+def test_tensor_parallel_plan_refuses_packed_qkv_in_the_rotary_pair_order():
+    from jax_onnx_attn.onnx.sharding import plan_tensor_parallel
+
+    model = build_tiny_decoder(layers=1, hidden=128, heads=2, kv_heads=2, intermediate=96, dtype="f32")
+    assert plan_tensor_parallel(jax_onnx_attn.load(model), 2).pieces == 2
+    with pytest.raises(ValueError, match="rotary-pair order"):
+        plan_tensor_parallel(jax_onnx_attn.load(model, qkv_prepare=True), 2)
+
+
+def test_sessions_of_one_row_reorder_qkv_under_the_switch_and_generate_the_same_tokens(monkeypatch):
+    from jax_onnx_attn.ops import cuda_matmul
+    from jax_onnx_attn.runtime import DecoderSession
+    from jax_onnx_attn.runtime.session import qkv_prepare_for
+
+    monkeypatch.delenv(cuda_matmul.QKV_PREPARE_ENV, raising=False)
+    assert not qkv_prepare_for(1)  # off by default until measured on the GPU
+    monkeypatch.setenv(cuda_matmul.QKV_PREPARE_ENV, "1")
+    assert qkv_prepare_for(1) and not qkv_prepare_for(2) and not qkv_prepare_for(1, mesh=object())
+    model = build_tiny_decoder(layers=2, hidden=128, heads=2, kv_heads=1, intermediate=96, dtype="f32")
+    session = DecoderSession(model, max_length=24, batch=1)
+    assert session.lowered.fusions.qkv_pairs == 2
+    monkeypatch.setenv(cuda_matmul.QKV_PREPARE_ENV, "0")
+    plain = DecoderSession(model, max_length=24, batch=1)
+    assert plain.lowered.fusions.qkv_pairs == 0
+    prompts = [[1, 2, 3, 4, 5]]
+    assert session.generate(prompts, max_new_tokens=8).tokens == plain.generate(prompts, max_new_tokens=8).tokens
+    monkeypatch.setenv(cuda_matmul.QKV_PREPARE_ENV, "on")
+    with pytest.raises(ValueError, match=cuda_matmul.QKV_PREPARE_ENV):
+        qkv_prepare_for(1)

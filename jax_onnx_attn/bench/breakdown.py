@@ -26,7 +26,7 @@ from jax_onnx_attn.runtime.roofline import H200_HBM_BYTES_PER_S
 #: (group, test on a kernel name): the first group whose test matches takes the kernel.
 GROUPS = (
     ("gate-up", lambda n: "GatedSiluEpilogue" in n),
-    ("qkv + LM head", lambda n: "RmsNormInput" in n),
+    ("qkv + LM head", lambda n: "RmsNormInput" in n or "QkvRotaryEpilogue" in n),  # the fused prepare too
     ("o + down", lambda n: "PlainInput" in n),
     ("attention", lambda n: "joa::decode::" in n or "DecodeSplit" in n or "DecodeCombine" in n),
     ("gqa_prepare", lambda n: "GqaPrepare" in n),

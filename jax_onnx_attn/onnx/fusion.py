@@ -17,7 +17,13 @@ into nodes of our own domain (`JOA_DOMAIN`) whose handlers call `jax_onnx_attn.o
    of the sum; likewise a plain Add of such a Linear and an activation (torch's residual add).
 4. A SimplifiedLayerNormalization whose only readers are `Linear` nodes (as their input) becomes
    their RMSNorm prologue.
-5. Last, MatMulNBits weights take the kernels' layout: scales / zero points tiled
+5. With qkv_prepare, a Linear (dense, or 4-bit) that is the packed Q | K | V query of exactly one
+   GroupQueryAttention (rotary not interleaved, cos / sin initializers, no q / k norm, a float
+   cache) stores its rows in the rotary-pair order (`ops.rotary_pair_order`; attribute
+   qkv_pairs = [N, Hkv, D, R/2]): the GQA's CUDA decode route of one row then computes the
+   projection and its step preparation in one launch (`cuda_matmul.linear_gqa_prepare`), and the
+   Linear, whose output is put back in the original order, is left unread (XLA drops it).
+6. Last, MatMulNBits weights take the kernels' layout: scales / zero points tiled
    (`ops.tile_nbits_meta`), or with nbits_layout="rows" 4-bit weights the rows kernel takes go
    whole into the rows layout (`ops.to_rows_layout`; the node's attribute layout="rows"), with
    nbits_layout="record" those the slots kernel's record reader takes into the record layout
@@ -57,6 +63,7 @@ class FusionReport:
     gated: int = 0
     residual: int = 0
     norm: int = 0
+    qkv_pairs: int = 0
 
     def __str__(self) -> str:
         return ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(self).items() if v) or "none"
@@ -125,8 +132,8 @@ def _get_input(node, what: str) -> str:
 
 def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
                  nbits: bool = True, nbits_layout: str = "onnx",
-                 decode_rows: int = 2, float_map: dict | None = None, dense_layout: str = "nk"
-                 ) -> tuple[onnx.ModelProto, dict, FusionReport]:
+                 decode_rows: int = 2, float_map: dict | None = None, dense_layout: str = "nk",
+                 qkv_prepare: bool = False) -> tuple[onnx.ModelProto, dict, FusionReport]:
     """The rewrites of the module doc on `model` (local functions already inlined).
 
     Args:
@@ -151,6 +158,9 @@ def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
         8-32 rows on the H200), for sessions whose dense projections never take our kernels
         (`runtime.session.dense_layout_for`). The passes below work on [N, K] views; the last one
         stores each weight [K, N] (a MatMul's own initializer where it is unchanged).
+      qkv_prepare: the packed QKV projections of GroupQueryAttention in the rotary-pair order (pass
+        5), for decode steps of one row (`runtime.DecoderSession` of batch 1 under
+        `ops.cuda_matmul.qkv_prepare_enabled`); ignored with dense_layout "kn".
 
     Returns:
       (model, arrays, FusionReport).
@@ -364,6 +374,26 @@ def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
         report.norm += 1
         readers, producers = g.readers(), g.producers()
 
+    # 5. The packed QKV projection of a GroupQueryAttention in the rotary-pair order.
+    if qkv_prepare and dense_layout == "nk":
+        readers, producers = g.readers(), g.producers()
+        for node in g.nodes:
+            if node is None or node.op_type != "GroupQueryAttention" or \
+                    registry.normalize_domain(node.domain) != registry.MS_DOMAIN:
+                continue
+            pairs = _qkv_pairs(node, g, readers, producers, arrays)
+            if pairs is None:
+                continue
+            lin = g.nodes[producers[node.input[0]]]
+            order = linear_ops.rotary_pair_order(*pairs)
+            for what in ("w", "scales", "zero_points", "bias"):
+                name = _get_input(lin, what)
+                if name:
+                    arrays[f"{name}.qkv_pairs"] = linear_ops.to_rotary_pair_order(arrays[name], order)
+                    _set_input(lin, what, f"{name}.qkv_pairs")
+            lin.attribute.append(helper.make_attribute("qkv_pairs", list(pairs)))
+            report.qkv_pairs += 1
+
     # MatMulNBits scales / zero points in the kernels' tiled layout (ops.tile_nbits_meta), or the
     # whole weight in the rows layout, last, so that the passes above see them row-major.
     tiled: dict[str, str] = {}
@@ -417,6 +447,41 @@ def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
     if not any(o.domain == JOA_DOMAIN for o in out.opset_import):
         out.opset_import.append(helper.make_opsetid(JOA_DOMAIN, JOA_OPSET))
     return out, arrays, report
+
+
+#: GroupQueryAttention's inputs the fused QKV route reads (`ops.group_query_attention`'s order).
+_GQA_COS, _GQA_SIN, _GQA_Q_NORM = 7, 8, 14
+
+
+def _qkv_pairs(gqa, g: _Graph, readers, producers, arrays) -> tuple[int, int, int, int] | None:
+    """(N, Hkv, D, R/2) when the packed query of GroupQueryAttention node `gqa` is a Linear that
+    pass 5 may reorder (module doc), else None."""
+    ins = list(gqa.input) + [""] * 16
+    query = ins[0]
+    p = producers.get(query)
+    lin = g.nodes[p] if p is not None else None
+    if (lin is None or lin.op_type != "Linear" or ins[1] or ins[2] or not g.private(query, readers)
+            or _attr(lin, "gated", 0) or _get_input(lin, "residual") or _attr(lin, "qkv_pairs")
+            or int(_attr(gqa, "do_rotary", 0)) != 1 or int(_attr(gqa, "rotary_interleaved", 0))
+            or int(_attr(gqa, "kv_cache_bit_width", 0)) or ins[_GQA_Q_NORM] or ins[_GQA_Q_NORM + 1]
+            or any(_text(_attr(gqa, a, "NONE")) != "NONE" for a in ("k_quant_type", "v_quant_type"))):
+        return None
+    bits = int(_attr(lin, "bits", 0))
+    if bits not in (0, 4):
+        return None
+    cos, sin = arrays.get(ins[_GQA_COS]), arrays.get(ins[_GQA_SIN])
+    if cos is None or sin is None or cos.ndim != 2 or cos.shape != sin.shape:
+        return None
+    n, hkv = int(_attr(gqa, "num_heads")), int(_attr(gqa, "kv_num_heads"))
+    rows = int(_attr(lin, "N")) if bits else arrays[_get_input(lin, "w")].shape[0]
+    d, rem = divmod(rows, n + 2 * hkv)
+    half = int(cos.shape[1])
+    if rem or d % 16 or half % 8 or not 0 < 2 * half <= d:
+        return None
+    if bits and any(_get_input(lin, w) and arrays[_get_input(lin, w)].shape[0] != rows
+                    for w in ("w", "scales", "zero_points")):
+        return None  # rows not on axis 0 (a layout we do not reorder)
+    return n, hkv, d, half
 
 
 def _rows_layout(node, arrays, done: dict, linear_ops, decode_rows: int) -> bool:
@@ -473,6 +538,11 @@ def _record_layout(node, arrays, done: dict, linear_ops, float_map: dict) -> boo
         _set_input(node, what, "")
     node.attribute.append(helper.make_attribute("layout", "record"))
     return True
+
+
+def _text(value) -> str:
+    """A string attribute's value (onnx gives bytes) as str."""
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:

@@ -487,7 +487,7 @@ def check_model(model: onnx.ModelProto) -> None:
 
 def load(model, dtype=None, *, base_dir: str | os.PathLike | None = None,
          int8_activations: bool = False, fuse: bool = True, nbits_layout: str = "onnx",
-         decode_rows: int = 2, dense_layout: str = "nk") -> LoweredModel:
+         decode_rows: int = 2, dense_layout: str = "nk", qkv_prepare: bool = False) -> LoweredModel:
     """Lower an ONNX model to JAX.
 
     Args:
@@ -514,6 +514,9 @@ def load(model, dtype=None, *, base_dir: str | os.PathLike | None = None,
       dense_layout: with fuse, "nk" (dense projection weights [N, K], the kernels' layout) or
         "kn" (ONNX's [K, N], read by XLA's GEMM only: for sessions of 2+ rows,
         `runtime.session.dense_layout_for`); results within the dtype's rounding.
+      qkv_prepare: with fuse, GroupQueryAttention's packed QKV projections in the rotary-pair order
+        (`onnx.fusion` pass 5), for decode steps of one row: the CUDA route then computes each
+        projection and its step preparation in one launch; same results.
 
     Returns:
       LoweredModel (`params`, `apply`, `fixed_cache_step`, `input_names`, `output_names`, `model`).
@@ -546,7 +549,8 @@ def load(model, dtype=None, *, base_dir: str | os.PathLike | None = None,
     if fuse:
         model, arrays, fusions = fuse_decoder(model, arrays, nbits=not int8_activations,
                                               nbits_layout=nbits_layout, decode_rows=decode_rows,
-                                              float_map=float_map, dense_layout=dense_layout)
+                                              float_map=float_map, dense_layout=dense_layout,
+                                              qkv_prepare=qkv_prepare)
     params, constants = {}, {}
     for name, arr in arrays.items():
         if _is_static_initializer(arr):

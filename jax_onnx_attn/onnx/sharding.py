@@ -232,6 +232,11 @@ def plan_tensor_parallel(lowered, pieces: int, logits_name: str | None = None) -
     if kn:  # the splits below read a dense weight as [N, K]
         raise ValueError(f"plan_tensor_parallel: dense weights stored [K, N] (load(dense_layout='kn')) do "
                          f"not split; load the model with dense_layout='nk' for a mesh (e.g. {kn[0]})")
+    pairs = sorted(name for name, n in linears.items() if _attr(n, "qkv_pairs") is not None)
+    if pairs:  # the regrouping below reads a packed QKV weight's rows in the heads' own order
+        raise ValueError(f"plan_tensor_parallel: packed QKV weights in the rotary-pair order "
+                         f"(load(qkv_prepare=True)) do not split; load the model without it for a mesh "
+                         f"(e.g. {pairs[0]})")
     embedding = next((params[n.input[0]] for n in graph.node
                       if n.op_type == "Gather" and n.input[0] in params and n.input[1] == "input_ids"),
                      None)

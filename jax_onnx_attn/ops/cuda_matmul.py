@@ -36,6 +36,9 @@ ROWS_ENV = "JOA_GEMV_ROWS"
 #: The environment variable that stores 4-bit weights in the record layout for decode sessions of
 #: batch 1 (`record_layout_enabled`).
 RECORD_ENV = "JOA_GEMV_RECORD"
+#: The environment variable that fuses GroupQueryAttention's step preparation into the packed QKV
+#: projection of decode sessions of batch 1 (`qkv_prepare_enabled`).
+QKV_PREPARE_ENV = "JOA_QKV_PREPARE"
 
 
 def nbits_wide() -> bool:
@@ -224,6 +227,73 @@ def record_unsupported(rows: int, n_rows: int, k: int, block_size: int, gated: b
     except (RuntimeError, TypeError) as e:  # TypeError: an extension built before the layout
         return str(e)
     return plan["error"]
+
+
+def qkv_prepare_enabled() -> bool:
+    """Whether decode sessions of batch 1 fuse GroupQueryAttention's step preparation into the packed
+    QKV projection's epilogue (`linear_gqa_prepare`: one launch and one kernel boundary a layer
+    less; `onnx.fusion`'s qkv_prepare). Off by default until it is measured on the GPU;
+    JOA_QKV_PREPARE=1 turns it on (read at load, here only)."""
+    return _switch(QKV_PREPARE_ENV, default="0")
+
+
+def qkv_prepare_unsupported(n_rows: int, k: int, bits: int, norm: bool = False,
+                            block_size: int = 0) -> str | None:
+    """Why `linear_gqa_prepare` does not take a packed QKV projection of one row of x (None when it
+    does): dense weights need the dense row kernel's plan, 4-bit weights the record plan."""
+    if bits == DENSE_BITS:
+        try:
+            plan = gemv_plan(1, n_rows, k, DENSE_BITS, False, norm, slots=True)
+        except RuntimeError as e:
+            return str(e)
+        if plan["error"]:
+            return plan["error"]
+        return None if plan.get("dense_row") else "the shape has no dense row plan"
+    if bits == 4:
+        return record_unsupported(1, n_rows, k, block_size, False, norm)
+    return f"bits must be {DENSE_BITS} or 4, got {bits}"
+
+
+def linear_gqa_prepare(x, w, bias, norm_weight, k_cache, v_cache, seqlens_k, cos_cache, sin_cache,
+                       position_ids=None, *, num_heads: int, kv_num_heads: int, bits: int = DENSE_BITS,
+                       block_size: int = 0, eps: float = 1e-6, pdl: bool = True):
+    """A GroupQueryAttention decode step's packed QKV projection and its step preparation in one
+    launch (ffi/handlers/linear_gqa_prepare.cu): `linear` (bits 16; `matmul_nbits_record` for bits 4)
+    of x [1, K] by w, whose rows are in `ops.linear.rotary_pair_order`, then `cuda.gqa_prepare` on
+    the packed query: rotary (not interleaved) at past_b + s (or position_ids), Q out, the K / V
+    rows written in place into the float caches [1, Hkv, C, D] (aliased: donate them).
+
+    Returns (q [1, N, 1, D], k_cache, v_cache, status int32 [1]), the bits of the two calls it
+    replaces. bias [N] (the same order) and norm_weight [K] (RMS-norm prologue, eps) or None.
+    `qkv_prepare_unsupported` says which shapes it takes; under vmap each example is its own call.
+    """
+    if x.ndim != 2 or x.shape[0] != 1:
+        raise ValueError(f"linear_gqa_prepare: x: must be [1, K] (one decode row), got {tuple(x.shape)}")
+    static = dict(num_heads=int(num_heads), kv_num_heads=int(kv_num_heads), bits=int(bits),
+                  block_size=int(block_size), eps=eps, pdl=pdl)
+    return partitioning.LINEAR_GQA_PREPARE.apply(
+        _linear_gqa_prepare, (x, w, bias, norm_weight, k_cache, v_cache, seqlens_k, cos_cache,
+                              sin_cache, position_ids), static, pin=lambda *a: None)
+
+
+def _linear_gqa_prepare(x, w, bias, norm_weight, k_cache, v_cache, seqlens_k, cos_cache, sin_cache,
+                        position_ids, *, num_heads, kv_num_heads, bits, block_size, eps, pdl):
+    b, _, _, d = k_cache.shape
+    call = jax.ffi.ffi_call(
+        target("linear_gqa_prepare"),
+        (jax.ShapeDtypeStruct((b, num_heads, 1, d), x.dtype),
+         jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype),
+         jax.ShapeDtypeStruct(v_cache.shape, v_cache.dtype), jax.ShapeDtypeStruct((b,), jnp.int32)),
+        input_output_aliases={4: 1, 5: 2},
+    )
+    ph = _placeholder(x.dtype)
+    return call(x, w, ph if bias is None else bias, ph if norm_weight is None else norm_weight,
+                k_cache, v_cache, seqlens_k.astype(jnp.int32), cos_cache, sin_cache,
+                (jnp.zeros((1,), jnp.int32) if position_ids is None else position_ids).astype(jnp.int32),
+                num_heads=int(num_heads), kv_num_heads=int(kv_num_heads), bits=int(bits),
+                block_size=int(block_size), has_bias=bias is not None,
+                has_norm=norm_weight is not None, has_position_ids=position_ids is not None,
+                eps=np.float32(eps), pdl=bool(pdl))
 
 
 def _per_example_plan(bits: int):

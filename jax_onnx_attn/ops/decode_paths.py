@@ -17,6 +17,7 @@ to cuDNN, then to the reference, ai.onnx Attention's to the reference.
 from __future__ import annotations
 
 import functools
+import math
 import os
 
 import jax
@@ -236,6 +237,57 @@ def _decode_kv_len(seqlens_k, s: int, capacity: int):
     return jnp.where(kv_cache_reference.append_fits(t - s, s, capacity), t, 0)
 
 
+def projected_prepare_unsupported(config, query, key, value, past_key, past_value, seqlens_k,
+                                  cos_cache, sin_cache, position_ids, attention_bias, head_sink,
+                                  k_scale, v_scale, q_norm_weight, k_norm_weight, query_seqlens, *,
+                                  projection) -> str | None:
+    """Why a GQA decode step that `gqa_cuda` covers does not take `gqa_decode_projected` (None when
+    it does): one row (B = S = 1) of a packed query with rotary (not interleaved, the projection's
+    R/2), no q / k norm, a float cache of the query's dtype, and a projection the fused kernel's plan
+    takes (`cuda_matmul.qkv_prepare_unsupported`)."""
+    from jax_onnx_attn.ops import cuda_matmul
+
+    c, p = config, projection
+    x = p.x
+    n_rows = (c.num_heads + 2 * c.kv_num_heads) * c.head_size
+    checks = (
+        (query.shape[:2] != (1, 1), "the fused projection takes one decode row (B = S = 1)"),
+        (key is not None, "the fused projection makes a packed query"),
+        (c.kv_bits != 0 or past_key.dtype != query.dtype, "the fused projection writes a float cache"),
+        (not c.do_rotary or c.rotary_interleaved or cos_cache is None
+         or cos_cache.shape[-1] != p.rotary_half, "the fused projection rotates halves at its order's R/2"),
+        (q_norm_weight is not None, "q / k norm runs in gqa_prepare"),
+        (x.dtype != query.dtype or x.shape[-1] != (p.norm_weight.shape[0] if p.norm_weight is not None
+                                                   else x.shape[-1]), "the projection's x does not match"),
+    )
+    for failed, why in checks:
+        if failed:
+            return why
+    if math.prod(x.shape[:-1]) != 1:
+        return "the fused projection takes one decode row (B = S = 1)"
+    return cuda_matmul.qkv_prepare_unsupported(n_rows, x.shape[-1], p.bits, p.norm_weight is not None,
+                                               p.block_size)
+
+
+def gqa_decode_projected(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache,
+                         position_ids, attention_bias, head_sink, k_scale, v_scale, q_norm_weight,
+                         k_norm_weight, query_seqlens, x, w, bias, norm_weight, *, config, bits,
+                         block_size, eps):
+    """`_gqa_decode` with the packed query's projection and the step preparation in one launch
+    (`cuda_matmul.linear_gqa_prepare`; `projected_prepare_unsupported` says when): `query` is not
+    read (XLA drops the projection that made it)."""
+    from jax_onnx_attn.ops import cuda_matmul
+
+    del query, key, value, q_norm_weight, k_norm_weight, k_scale, v_scale
+    c = config
+    prepared = cuda_matmul.linear_gqa_prepare(
+        x.reshape(1, x.shape[-1]), w, bias, norm_weight, past_key, past_value, seqlens_k, cos_cache,
+        sin_cache, position_ids, num_heads=c.num_heads, kv_num_heads=c.kv_num_heads, bits=bits,
+        block_size=block_size, eps=eps)
+    return _decode_prepared(prepared, seqlens_k, s=1, attention_bias=attention_bias,
+                            head_sink=head_sink, k_scale=None, v_scale=None, config=c)
+
+
 def _gqa_decode(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache,
                 position_ids, attention_bias, head_sink, k_scale, v_scale, q_norm_weight,
                 k_norm_weight, query_seqlens, *, config):
@@ -243,14 +295,23 @@ def _gqa_decode(query, key, value, past_key, past_value, seqlens_k, cos_cache, s
     written in place at past_b, quantised when kv_bits) then the split-KV decode engine."""
     del query_seqlens  # not covered (gqa_cuda says so)
     c = config
-    n = c.num_heads
-    b, s = query.shape[:2]
-    q, present_k, present_v, status = cuda.gqa_prepare(
+    prepared = cuda.gqa_prepare(
         query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
-        q_norm_weight, k_norm_weight, k_scale, v_scale, num_heads=n, kv_num_heads=c.kv_num_heads,
-        rotary_interleaved=c.rotary_interleaved, q_norm_epsilon=c.q_norm_epsilon,
-        k_norm_epsilon=c.k_norm_epsilon, kv_bits=c.kv_bits)
-    capacity = past_key.shape[2]
+        q_norm_weight, k_norm_weight, k_scale, v_scale, num_heads=c.num_heads,
+        kv_num_heads=c.kv_num_heads, rotary_interleaved=c.rotary_interleaved,
+        q_norm_epsilon=c.q_norm_epsilon, k_norm_epsilon=c.k_norm_epsilon, kv_bits=c.kv_bits)
+    return _decode_prepared(prepared, seqlens_k, s=query.shape[1], attention_bias=attention_bias,
+                            head_sink=head_sink, k_scale=k_scale, v_scale=v_scale, config=c)
+
+
+def _decode_prepared(prepared, seqlens_k, *, s, attention_bias, head_sink, k_scale, v_scale, config):
+    """The split-KV engine over a prepared step: (q [B, N, S, D], the caches with the new rows,
+    status) -> the op's results."""
+    c = config
+    n = c.num_heads
+    q, present_k, present_v, status = prepared
+    b = q.shape[0]
+    capacity = present_k.shape[2]
     kv_len = _decode_kv_len(seqlens_k, s, capacity)
 
     bias = attention_bias

@@ -39,6 +39,28 @@ class GroupQueryAttentionOutput(NamedTuple):
     status: jax.Array
 
 
+class QkvProjection(NamedTuple):
+    """A packed query given also as the projection that makes it (`onnx.fusion`'s pass 5):
+    query = from_rotary_pair_order(rms_norm(x) W^T (+ bias)). The CUDA decode route of one row
+    computes the projection and the step preparation in one launch
+    (`cuda_matmul.linear_gqa_prepare`); every other route reads `query`.
+
+    x:            [B, S, K] of the query's dtype (before the norm when norm_weight is given).
+    w:            the weight with its rows in `ops.linear.rotary_pair_order(N, Hkv, D, rotary_half)`:
+                  [N·, K] of x's dtype (bits 16) or 4-bit in the record layout (bits 4).
+    bias:         [N·] in the same order, or None.
+    norm_weight:  [K] (RMS-norm prologue with norm_epsilon), or None.
+    """
+    x: jax.Array
+    w: jax.Array
+    bias: jax.Array | None
+    norm_weight: jax.Array | None
+    norm_epsilon: float
+    bits: int
+    block_size: int
+    rotary_half: int
+
+
 def _fail(name: str, rule: str, exc=ValueError):
     raise exc(f"{OP}: {name}: {rule}")
 
@@ -473,6 +495,7 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
                           kv_cache_bit_width: int = 0, qk_norm_epsilon: float = 1e-6,
                           q_norm_epsilon: float | None = None, k_norm_epsilon: float | None = None,
                           shared_buffer: bool = False, past_empty: bool = False,
+                          query_projection: QkvProjection | None = None,
                           backend: str = "auto") -> GroupQueryAttentionOutput:
     """com.microsoft::GroupQueryAttention (onnxruntime contrib op), inputs and attributes by their
     ONNX names. Semantics are onnxruntime's CPU kernel, plus what it lacks (bf16, q/k norm, any
@@ -520,6 +543,8 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
         the new rows written in place at past_b (donate past_key/past_value to the jit and XLA
         reuses the buffer). False: a new present of length max(total, P), past rows [0, past_b)
         copied, zeros after the new rows. Ignored by a sliding-window cache (always capacity P).
+      query_projection: the packed query as the projection that makes it (`QkvProjection`); the
+        CUDA decode route of one row then computes both in one launch. Results are the same.
       past_empty: the caller guarantees that no row has a past (past_b = 0 and T_b <= S in every
         row: the first prompt on a fixed-capacity cache, as DecoderSession's prefill is). The
         attention then reads only the first S cache rows, and on a GPU a long prompt runs on
@@ -555,9 +580,21 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
                               "reference decides the step type there")
     fn = functools.partial(reference.group_query_attention, config=config,
                            total=None if device is None else device["total"])
+    rule = partitioning.GROUP_QUERY_ATTENTION
+    p = query_projection
+    if (p is not None and cuda_fn is not None
+            and decode_paths.projected_prepare_unsupported(config, *args, projection=p) is None):
+        # The projection's operands join the call (the reference ignores them), without the op's
+        # partitioning rule: the route is one row on one device (sessions take it without a mesh).
+        cuda_fn = functools.partial(decode_paths.gqa_decode_projected, config=config,
+                                    bits=p.bits, block_size=p.block_size, eps=p.norm_epsilon)
+        ref_fn, n_args = fn, len(args)
+        def fn(*a):
+            return ref_fn(*a[:n_args])
+        args = (*args, p.x, p.w, p.bias, p.norm_weight)
+        rule = None
     result = GroupQueryAttentionOutput(*dispatch(OP, backend, fn, cuda_fn, *args,
-                                                 unsupported=why,
-                                                 rule=partitioning.GROUP_QUERY_ATTENTION))
+                                                 unsupported=why, rule=rule))
     if device is not None:
         total = device.pop("total")
         fit = {k: device[k] for k in ("past_len", "has_past", "shared", "windowed")}

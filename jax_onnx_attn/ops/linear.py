@@ -108,6 +108,44 @@ def interleave_gate_up_nbits(gate, up):
     return interleave_gate_up(gb, ub), interleave_gate_up(gs, us), zp
 
 
+def rotary_pair_order(num_heads: int, kv_num_heads: int, head_dim: int, rotary_half: int) -> np.ndarray:
+    """The rotary-pair order of a packed Q | K | V projection's rows (`linear_gqa_prepare`'s weight).
+
+    GroupQueryAttention rotates dims (d, d + R/2) of each Q and K head together (R/2 = rotary_half,
+    not interleaved). In this order each 16-row group of a Q or K head's first R rows holds dims
+    8j .. 8j+7 then their partners R/2 + 8j .. R/2 + 8j+7, so that one thread of the GEMV's epilogue
+    has both halves of its pairs; the rest of each head and the V heads keep their order.
+
+    Returns:
+      int64 [(num_heads + 2 kv_num_heads) head_dim]: row r of the reordered weight is row order[r]
+      of the original (`w[order]`); a projection's output y in this order is y_orig[..., order], and
+      `np.argsort(order)` undoes it.
+    """
+    d, half = int(head_dim), int(rotary_half)
+    if d % 16 or half % GATE_UP_BLOCK or not 0 < 2 * half <= d:
+        raise ValueError(f"rotary_pair_order: needs head_dim % 16 == 0 and rotary_half a positive multiple "
+                         f"of 8 with 2 * rotary_half <= head_dim, got head_dim {d}, rotary_half {half}")
+    blocks = np.arange(2 * half).reshape(2, half // GATE_UP_BLOCK, GATE_UP_BLOCK)
+    rotated = np.concatenate([blocks.transpose(1, 0, 2).reshape(-1), np.arange(2 * half, d)])
+    heads = num_heads + kv_num_heads
+    order = [h * d + rotated for h in range(heads)]
+    order += [np.arange(heads * d, (heads + kv_num_heads) * d)]
+    return np.concatenate(order).astype(np.int64)
+
+
+def to_rotary_pair_order(rows, order):
+    """rows [N, ...] (a weight, a bias, MatMulNBits' b_quant / scales / zero points by W row)
+    reordered along axis 0 by `rotary_pair_order`'s `order`. NumPy in, NumPy out."""
+    if rows.ndim < 1 or rows.shape[0] != len(order):
+        raise ValueError(f"to_rotary_pair_order: needs {len(order)} rows, got shape {tuple(rows.shape)}")
+    return rows[order]
+
+
+def from_rotary_pair_order(y, order):
+    """The inverse along the last axis: y [..., N] in the rotary-pair order -> the original order."""
+    return y[..., np.argsort(order)]
+
+
 def tile_nbits_meta(meta):
     """Per-block scales or zero points [N, k_blocks] -> the kernels' layout [ceil(N / 16), k_blocks,
     16]: tile T holds rows 16 T .. 16 T + 15 block-major, so the 16 values of one block that a warp's

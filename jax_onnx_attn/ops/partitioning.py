@@ -747,3 +747,19 @@ MATMUL_NBITS_ROWS = Rule("matmul_nbits (rows layout)", _nbits_rows_layout)
 #: The matmul_nbits target with 4-bit weights in the record layout: x [1, K], rec [N / 16, K / 256,
 #: 2432], bias, residual, norm_weight as MATMUL_NBITS; batch only.
 MATMUL_NBITS_RECORD = Rule("matmul_nbits (record layout)", _nbits_record_layout)
+
+
+def _linear_gqa_prepare_layout(x, w, bias=None, norm_weight=None, k_cache=None, v_cache=None,
+                               seqlens_k=None, cos_cache=None, sin_cache=None, position_ids=None,
+                               **static):
+    # One decode row against the whole packed QKV weight (rotary-pair order): batch only.
+    weight = "n kw" if w.ndim == 2 else "tiles chunks rec"
+    return Layout(("b kw", weight, None if bias is None else "n", None if norm_weight is None else "kw",
+                   "b hw c e", "b hw c e", "b", "pos r", "pos r", None if position_ids is None else "b s"),
+                  ("b hq s d", "b hw c e", "b hw c e", "b"))
+
+
+#: The linear_gqa_prepare target (linear / matmul_nbits (record layout) then gqa_prepare, one
+#: launch): x [1, K], w, bias, norm_weight, caches, seqlens_k, cos / sin, position_ids ->
+#: (q, caches, status); batch only.
+LINEAR_GQA_PREPARE = Rule("linear_gqa_prepare", _linear_gqa_prepare_layout)

@@ -211,7 +211,17 @@ def dense_layout_for(batch: int, mesh=None) -> str:
     return "kn" if batch >= 2 and mesh is None and cuda_matmul.dense_kn_enabled() else "nk"
 
 
-def _load(model, dtype, batch: int = 1, nbits_layout: str = "onnx", dense_layout: str = "nk"):
+def qkv_prepare_for(batch: int, mesh=None) -> bool:
+    """Whether a session loads GroupQueryAttention's packed QKV projections in the rotary-pair order
+    (`onnx.fusion` pass 5: the projection and the step preparation in one launch): decode steps of
+    one row on one device, when `cuda_matmul.qkv_prepare_enabled()`."""
+    from jax_onnx_attn.ops import cuda_matmul
+
+    return batch == 1 and mesh is None and cuda_matmul.qkv_prepare_enabled()
+
+
+def _load(model, dtype, batch: int = 1, nbits_layout: str = "onnx", dense_layout: str = "nk",
+          qkv_prepare: bool = False):
     """A lowered model: anything with `fixed_cache_step` and `params` is taken as is (its layout
     too)."""
     if hasattr(model, "fixed_cache_step") and hasattr(model, "params"):
@@ -231,6 +241,8 @@ def _load(model, dtype, batch: int = 1, nbits_layout: str = "onnx", dense_layout
         layout["decode_rows"] = batch
     if dense_layout != "nk":
         layout["dense_layout"] = dense_layout
+    if qkv_prepare:
+        layout["qkv_prepare"] = True
     return load(model, dtype=dtype, **layout)
 
 
@@ -315,7 +327,7 @@ class DecoderSession:
         with (jax.default_device(jax.local_devices(backend="cpu")[0]) if mesh is not None
               else contextlib.nullcontext()):
             self.lowered = _load(model, dtype, batch, nbits_layout_for(batch, mesh),
-                                 dense_layout_for(batch, mesh))
+                                 dense_layout_for(batch, mesh), qkv_prepare_for(batch, mesh))
         self.max_length, self.batch, self.steps_per_call = int(max_length), int(batch), int(steps_per_call)
         self.compiler_options = (default_compiler_options() if compiler_options is None
                                  else dict(compiler_options))

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "common/status.h"
+#include "kernels/common/rotary.cuh"
 #include "kernels/convert.cuh"
 #include "kernels/gemv/params.h"
 #include "kernels/gemv/stage.cuh"
@@ -89,6 +91,89 @@ struct GatedSiluEpilogue {
       for (int i = 0; i < 8; ++i) out.v[i] = FromFloat<T>(ToFloat(out.v[i]) + ToFloat(r.v[i]));
     }
     *reinterpret_cast<uint4*>(static_cast<T*>(p.y) + at) = AsUint4(out);
+  }
+};
+
+// The packed Q | K | V projection of a GroupQueryAttention decode step finished as the op's step
+// preparation (float cache, no q / k norm; p.qkv): what gqa_prepare (kernels/gqa/prepare.cuh) does
+// with the projection's output, without writing it. W's rows are in the rotary-pair order
+// (jax_onnx_attn.ops.linear.rotary_pair_order): in a Q or K head, the 16-row group j < R / 16 holds
+// dims 8j .. 8j+7 then their rotary partners R/2 + 8j ..; the rest of the head and the V heads in
+// order. A group gives 16 outputs: round(x W^T) (+ bias, rounded), as StoreEpilogue, then for a
+// rotary group the rotation at the row's position (kernels/common/rotary.cuh, gqa_prepare's bits),
+// stored to q_out [B, N, S, D] (Q) or to cache row past_b + s (K, V). A batch row whose rows do not
+// fit the cache writes no K / V; the group at W row 0 writes its status, as gqa_prepare.
+struct QkvRotaryEpilogue {
+  static constexpr bool kGated = false;
+  // One Apply per 16 W rows (the gated epilogue's unit).
+  __host__ __device__ static constexpr int OutCols(int rows_block) { return rows_block / 2; }
+
+  template <typename T, class Get>
+  __device__ __forceinline__ static void Apply(const GemvParams& p, int m, int block, int oc, Get&& get) {
+    const int lr = 2 * oc;
+    const int n0 = block * p.rows_block + lr;  // the group's first W row
+    if (n0 >= p.n_rows) return;
+    const QkvRotaryParams& q = p.qkv;
+    float lo[8], hi[8];
+    get(lr, lo);
+    get(lr + 8, hi);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      lo[i] = RoundTo<T>(lo[i]);
+      hi[i] = RoundTo<T>(hi[i]);
+    }
+    if (p.bias != nullptr) {
+      const Vec8<T> bl = AsVec8<T>(LoadInput16(static_cast<const T*>(p.bias) + n0));
+      const Vec8<T> bh = AsVec8<T>(LoadInput16(static_cast<const T*>(p.bias) + n0 + 8));
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        lo[i] = RoundTo<T>(lo[i] + ToFloat(bl.v[i]));
+        hi[i] = RoundTo<T>(hi[i] + ToFloat(bh.v[i]));
+      }
+    }
+    const int d = q.head_dim;
+    const int head = n0 / d, within = n0 - head * d;
+    const int b = m / q.seq, s = m - b * q.seq;
+    // int32 wrap-around, as gqa_prepare (the spec's jnp arithmetic).
+    const int32_t past = int32_t(uint32_t(q.seqlens[b]) + 1u - uint32_t(q.seq));
+    const bool fits = past >= 0 && past <= q.capacity - q.seq;
+    if (n0 == 0 && s == 0) q.status[b] = fits ? status::kOk : status::kKvWriteOutOfRange;
+    const bool is_q = head < q.heads;
+    const bool is_v = head >= q.heads + q.kv_heads;
+    if (!is_q && !fits) return;
+    int d_lo = within, d_hi = within + 8;
+    if (!is_v && within < 2 * q.rotary_half) {
+      d_lo = within / 2;  // group j = within / 16: dims 8j and R/2 + 8j
+      d_hi = q.rotary_half + d_lo;
+      int32_t pos = q.position_ids != nullptr ? q.position_ids[m] : int32_t(uint32_t(past) + uint32_t(s));
+      pos = min(max(pos, 0), q.max_position - 1);  // the spec's gather clips
+      const int64_t angle = int64_t(pos) * q.rotary_half + d_lo;
+      const Vec8<T> cv = AsVec8<T>(LoadInput16(static_cast<const T*>(q.cos) + angle));
+      const Vec8<T> sv = AsVec8<T>(LoadInput16(static_cast<const T*>(q.sin) + angle));
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float c = ToFloat(cv.v[i]), sn = ToFloat(sv.v[i]);
+        const float x1 = lo[i], x2 = hi[i];
+        lo[i] = RotaryFirst<T>(x1, x2, c, sn);
+        hi[i] = RotarySecond<T>(x1, x2, c, sn);
+      }
+    }
+    T* row;
+    if (is_q) {
+      row = static_cast<T*>(q.q_out) + ((int64_t(b) * q.heads + head) * q.seq + s) * d;
+    } else {
+      const int kv_head = is_v ? head - q.heads - q.kv_heads : head - q.heads;
+      row = static_cast<T*>(is_v ? q.v_cache : q.k_cache) +
+            ((int64_t(b) * q.kv_heads + kv_head) * q.capacity + past + s) * d;
+    }
+    Vec8<T> out_lo, out_hi;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      out_lo.v[i] = FromFloat<T>(lo[i]);
+      out_hi.v[i] = FromFloat<T>(hi[i]);
+    }
+    *reinterpret_cast<uint4*>(row + d_lo) = AsUint4(out_lo);
+    *reinterpret_cast<uint4*>(row + d_hi) = AsUint4(out_hi);
   }
 };
 

@@ -50,4 +50,12 @@ cudaError_t LaunchRecord(GemvParams p, const Plan& plan, Fusion fusion, bool pdl
 extern template cudaError_t LaunchRecord<__half>(GemvParams, const Plan&, Fusion, bool, cudaStream_t);
 extern template cudaError_t LaunchRecord<__nv_bfloat16>(GemvParams, const Plan&, Fusion, bool, cudaStream_t);
 
+// Launches the packed QKV projection with GroupQueryAttention's step preparation in its epilogue
+// (epilogue.cuh's QkvRotaryEpilogue; p.qkv set) with `plan`: MakePlan's dense row plan (dense
+// weights, one row) or MakeRecordPlan's (4-bit weights in the record layout). norm: RMS-norm prologue.
+template <typename T>
+cudaError_t LaunchQkvRotary(GemvParams p, const Plan& plan, bool norm, bool pdl, cudaStream_t stream);
+extern template cudaError_t LaunchQkvRotary<__half>(GemvParams, const Plan&, bool, bool, cudaStream_t);
+extern template cudaError_t LaunchQkvRotary<__nv_bfloat16>(GemvParams, const Plan&, bool, bool, cudaStream_t);
+
 }  // namespace joa::gemv

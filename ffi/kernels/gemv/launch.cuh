@@ -157,6 +157,25 @@ cudaError_t LaunchDenseRowKernel(const GemvParams& p, const Plan& plan, bool pdl
                        /*max_shared=*/false, pdl, stream);
 }
 
+// The packed QKV projection with gqa_prepare in its epilogue (QkvRotaryEpilogue, p.qkv set): one row
+// of x on the one-row kernels, dense weights (plan.dense_row) or 4-bit weights in the record layout
+// (plan.record). norm: the RMS-norm prologue.
+template <typename T>
+cudaError_t LaunchQkvRotary(GemvParams p, const Plan& plan, bool norm, bool pdl, cudaStream_t stream) {
+  ApplyPlan(p, plan, pdl);
+  auto launch = [&](auto prologue) -> cudaError_t {
+    using Pro = decltype(prologue);
+    if (plan.dense_row && plan.bits == 16) {
+      return LaunchDenseRowKernel<T, Pro, QkvRotaryEpilogue>(p, plan, pdl, stream);
+    }
+    if (plan.record && plan.slots) {
+      return LaunchSlotsKernel<T, RecordFormat<T>, Pro, QkvRotaryEpilogue>(p, plan, pdl, stream);
+    }
+    return cudaErrorInvalidValue;  // the caller plans one of the two
+  };
+  return norm ? launch(RmsNormInput{}) : launch(PlainInput{});
+}
+
 // The rows kernel (4-bit weights in the rows layout; plan.rows): the instantiation for the plan's
 // n8 tiles, W stages in flight, stages a quantisation block (block_size 32 or 128) and occupancy
 // (only where plan.h's RowsOccupancy2Fits: the plan takes no other).
@@ -246,6 +265,9 @@ cudaError_t LaunchFormat(GemvParams p, const Plan& plan, Fusion fusion, bool pdl
 #define JOA_GEMV_INSTANTIATE_RECORD(T) \
   template cudaError_t joa::gemv::LaunchRecord<T>(joa::gemv::GemvParams, const joa::gemv::Plan&, \
                                                   joa::gemv::Fusion, bool, cudaStream_t);
+#define JOA_GEMV_INSTANTIATE_QKV_ROTARY(T) \
+  template cudaError_t joa::gemv::LaunchQkvRotary<T>(joa::gemv::GemvParams, const joa::gemv::Plan&, bool, \
+                                                     bool, cudaStream_t);
 #define JOA_GEMV_INSTANTIATE(T, B, W)                                                            \
   template cudaError_t joa::gemv::LaunchFormat<T, B, W>(joa::gemv::GemvParams, const joa::gemv::Plan&, \
                                                         joa::gemv::Fusion, bool, cudaStream_t);

@@ -5,6 +5,21 @@
 
 namespace joa::gemv {
 
+// QkvRotaryEpilogue's operands (epilogue.cuh): the packed Q | K | V projection of one decode step
+// (x row m = b * seq + s) finished as GroupQueryAttention's step preparation, for a float cache.
+// W's rows are in the rotary-pair order (jax_onnx_attn.ops.linear.rotary_pair_order).
+struct QkvRotaryParams {
+  const void* cos;               // [max_position, rotary_half] T
+  const void* sin;
+  const int32_t* seqlens;        // [batch]: past_b = seqlens[b] + 1 - seq
+  const int32_t* position_ids;   // [batch, seq] or null (positions past_b + s)
+  void* q_out;                   // [batch, heads, seq, head_dim] T
+  void* k_cache;                 // [batch, kv_heads, capacity, head_dim] T (written in place)
+  void* v_cache;
+  int32_t* status;               // [batch]
+  int seq, heads, kv_heads, head_dim, capacity, rotary_half, max_position;
+};
+
 struct GemvParams {
   const void* x;         // [m, k] T
   const void* w;         // dense: [n_rows, k] T; n-bit: uint8 [n_rows, k * bits / 8]
@@ -22,6 +37,7 @@ struct GemvParams {
   int cluster, warps_n, warps_k, rows_block, blocks, groups, red_stride;
   int x_bytes, red_bytes, gamma_offset, ring_offset;  // smem: x | reductions | norm | gamma | rings
   int x_first;  // not a programmatic dependent launch: x's copy group goes before the ring's
+  QkvRotaryParams qkv;  // QkvRotaryEpilogue only
 };
 
 }  // namespace joa::gemv

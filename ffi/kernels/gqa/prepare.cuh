@@ -13,6 +13,7 @@
 
 #include "common/status.h"
 #include "kernels/common/kv_quant.cuh"
+#include "kernels/common/rotary.cuh"
 #include "kernels/common/params.h"
 #include "kernels/convert.cuh"
 
@@ -47,10 +48,6 @@ struct PrepareParams {
   bool packed, interleaved, k_per_channel, v_per_channel;
   float q_eps, k_eps;
 };
-
-// x rounded to T, as the spec's astype(T) between its steps.
-template <typename T>
-__device__ __forceinline__ float Round(float x) { return ToFloat(FromFloat<T>(x)); }
 
 // kChunk elements from 16-byte aligned memory (D, R/2 and the row starts are multiples of 8).
 template <typename T>
@@ -154,15 +151,13 @@ __global__ void __launch_bounds__(kThreads) GqaPrepareKernel(const PrepareParams
       float w[kChunk];
       LoadChunk<T>(static_cast<const T*>(is_q ? p.q_norm : p.k_norm) + lane * kChunk, w);
 #pragma unroll
-      for (int i = 0; i < kChunk; ++i) x[i] = Round<T>(__fmul_rn(__fmul_rn(x[i], inv_rms), w[i]));
+      for (int i = 0; i < kChunk; ++i) x[i] = RoundTo<T>(__fmul_rn(__fmul_rn(x[i], inv_rms), w[i]));
     }
   }
 
   const int half = p.rotary_half;
   if ((is_q || is_k) && half > 0) {
-    // reference/rotary.py on the first R = 2·half features: (x1, x2) -> (x1·cos − x2·sin,
-    // x2·cos + x1·sin) in f32, rounded to T. Written as the single contraction XLA's GPU backend
-    // (LLVM FMA fusion) makes of the spec: fma(x1, cos, −x2·sin) and fma(x2, cos, x1·sin).
+    // reference/rotary.py on the first R = 2·half features (kernels/common/rotary.cuh).
     int32_t pos = p.position_ids != nullptr ? p.position_ids[bs]
                                             : int32_t(uint32_t(past) + uint32_t(s));
     pos = min(max(pos, 0), p.max_position - 1);  // the spec's gather clips
@@ -176,8 +171,8 @@ __global__ void __launch_bounds__(kThreads) GqaPrepareKernel(const PrepareParams
         for (int i = 0; i < kChunk / 2; ++i) {
           const float c = ToFloat(cos_row[i]), sn = ToFloat(sin_row[i]);
           const float x1 = x[2 * i], x2 = x[2 * i + 1];
-          x[2 * i] = Round<T>(fmaf(x1, c, -__fmul_rn(x2, sn)));
-          x[2 * i + 1] = Round<T>(fmaf(x2, c, __fmul_rn(x1, sn)));
+          x[2 * i] = RotaryFirst<T>(x1, x2, c, sn);
+          x[2 * i + 1] = RotarySecond<T>(x1, x2, c, sn);
         }
       }
     } else {
@@ -195,8 +190,7 @@ __global__ void __launch_bounds__(kThreads) GqaPrepareKernel(const PrepareParams
         LoadChunk<T>(static_cast<const T*>(p.sin) + angle, sn);
 #pragma unroll
         for (int i = 0; i < kChunk; ++i) {
-          x[i] = Round<T>(first ? fmaf(x[i], c[i], -__fmul_rn(y[i], sn[i]))
-                                : fmaf(x[i], c[i], __fmul_rn(y[i], sn[i])));
+          x[i] = first ? RotaryFirst<T>(x[i], y[i], c[i], sn[i]) : RotarySecond<T>(y[i], x[i], c[i], sn[i]);
         }
       }
     }

@@ -220,10 +220,34 @@ def run_gqa(ctx, inputs, *, shared_buffer: bool = False, overrides: dict | None 
             kwargs[name] = np.asarray(v) if name == "total_sequence_length" and \
                 isinstance(v, (np.ndarray, np.generic)) else to_jax(v)
     res = ops.group_query_attention(**kwargs, **attrs, shared_buffer=shared_buffer,
-                                    past_empty=past_empty)
+                                    past_empty=past_empty,
+                                    query_projection=query_projection(ctx, inputs))
     if statuses is not None:
         statuses.append(res.status)
     return res.output, res.present_key, res.present_value, res.output_qk
+
+
+def query_projection(ctx, inputs) -> ops.QkvProjection | None:
+    """The packed query of this GroupQueryAttention as the projection that made it, when that is a
+    Linear in the rotary-pair order (`onnx.fusion` pass 5: attribute qkv_pairs) with dense weights
+    or 4-bit ones in the record layout; else None."""
+    from jax_onnx_attn.onnx.fusion import JOA_DOMAIN, LINEAR_INPUTS
+
+    if not ctx.node.input or len(inputs) > 1 and inputs[1] is not None:
+        return None
+    lin = ctx.producer(ctx.node.input[0])
+    if lin is None or lin.op_type != "Linear" or lin.domain != JOA_DOMAIN:
+        return None
+    attrs = {a.name: attribute_value(a) for a in lin.attribute}
+    bits = int(attrs.get("bits", 0))
+    layout = attrs.get("layout", "nk" if not bits else "onnx")
+    if "qkv_pairs" not in attrs or (bits, layout) not in ((0, "nk"), (4, "record")):
+        return None
+    names = dict(zip(LINEAR_INPUTS, list(lin.input) + [""] * len(LINEAR_INPUTS)))
+    value = {k: None if not n else to_jax(ctx.value(n)) for k, n in names.items()}
+    return ops.QkvProjection(value["x"], value["w"], value["bias"], value["norm_weight"],
+                             float(attrs.get("norm_epsilon", 1e-6)), bits or 16,
+                             int(attrs.get("block_size", 0)), int(attrs["qkv_pairs"][3]))
 
 
 @register("GroupQueryAttention", 1, domain=MS_DOMAIN)

@@ -171,7 +171,9 @@ def fused_linear(ctx, x, w, scales=None, zero_points=None, bias=None, residual=N
         [ceil(N/16), k_blocks, 16] as `ops.tile_nbits_meta` makes them at load); with attribute
         layout="rows", all three in the rows layout (`ops.to_rows_layout`); with layout="record",
         w the record layout (`ops.to_record_layout`, W with its scales and zero points), scales
-        and zero_points absent.
+        and zero_points absent. With attribute qkv_pairs = [N, Hkv, D, R/2] the rows (and bias,
+        scales, zero points) are in `ops.rotary_pair_order` (`onnx.fusion` pass 5) and y is put
+        back in the original order.
       bias: [N] or None. residual: [..., N_out] or None. norm_weight: [K] or None (attribute
         norm_epsilon). Attribute gated=1: W's rows interleave gate and up (`ops.interleave_gate_up`)
         and y is [..., N/2].
@@ -201,4 +203,8 @@ def fused_linear(ctx, x, w, scales=None, zero_points=None, bias=None, residual=N
                              layout=ctx.attr("layout", "onnx"), **common)
     else:
         y = ops.linear(x, w, bias, w_layout=w_layout, **common)
+    pairs = ctx.attr("qkv_pairs")
+    if pairs is not None:
+        # Read only where GroupQueryAttention's fused route does not take the projection itself.
+        y = ops.from_rotary_pair_order(y, ops.rotary_pair_order(*(int(v) for v in pairs)))
     return y if late is None else y + late
