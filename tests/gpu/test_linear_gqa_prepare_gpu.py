@@ -151,11 +151,14 @@ def test_handler_refuses_what_it_cannot_take():
         jax.jit(functools.partial(cuda_matmul.linear_gqa_prepare, **attrs))(x, w[:-16], *args[2:])
 
 
-# A decode-like loop: each step's x is the previous q's first K features; the caches donated.
+# A decode-like loop: each step's x is the previous q's first K features, the caches carried. Backend
+# "cuda" is the fused call, "unfused" the two launches it replaces (the same bits), "reference" the
+# jnp specs (reference.linear + reference.gqa.prepare_step).
 _LOOP = textwrap.dedent("""
     import functools, jax, jax.numpy as jnp, numpy as np
     from jax_onnx_attn import ops
-    from jax_onnx_attn.ops import cuda_matmul
+    from jax_onnx_attn.ops import cuda, cuda_matmul
+    from jax_onnx_attn.ops.reference import gqa as gqa_reference, linear as linear_reference
 
     N, HKV, D, HALF, K, C = 8, 2, 64, 32, 512, 64
     rng = np.random.default_rng(0)
@@ -164,30 +167,27 @@ _LOOP = textwrap.dedent("""
     ang = rng.uniform(0, 6.28, (C, HALF))
     cos, sin = jnp.asarray(np.cos(ang), jnp.bfloat16), jnp.asarray(np.sin(ang), jnp.bfloat16)
     x0 = jnp.asarray(rng.standard_normal((1, K)), jnp.bfloat16)
+    heads = dict(num_heads=N, kv_num_heads=HKV)
+
+    def step(backend, pdl, x, k_cache, v_cache, seqlens):
+        if backend == "cuda":
+            return cuda_matmul.linear_gqa_prepare(x, w, None, None, k_cache, v_cache, seqlens, cos, sin,
+                                                  pdl=pdl, **heads)
+        if backend == "unfused":
+            y, prepare = cuda_matmul.linear(x, w, pdl=pdl), cuda.gqa_prepare
+        else:
+            y, prepare = linear_reference.linear(x, w), gqa_reference.prepare_step
+        query = ops.from_rotary_pair_order(y, order).reshape(1, 1, -1)
+        return prepare(query, None, None, k_cache, v_cache, seqlens, cos, sin, **heads)
 
     def steps(x, backend, pdl):
-        del backend
         def body(i, carry):
             x, k_cache, v_cache = carry
-            q, k_cache, v_cache, _ = cuda_matmul.linear_gqa_prepare(
-                x, w, None, None, k_cache, v_cache, jnp.full((1,), i, jnp.int32), cos, sin,
-                num_heads=N, kv_num_heads=HKV, pdl=pdl)
-            return q.reshape(1, -1)[:, :K], k_cache, v_cache
+            q, k_cache, v_cache, _ = step(backend, pdl, x, k_cache, v_cache, jnp.full((1,), i, jnp.int32))
+            return (q.reshape(1, -1)[:, :K] + k_cache[0, 0, i, 0]).astype(x.dtype), k_cache, v_cache
         zeros = jnp.zeros((1, HKV, C, D), jnp.bfloat16)
         return jax.lax.fori_loop(0, 8, body, (x, zeros, zeros))[0]
-
-    f = jax.jit(steps, static_argnums=(1, 2), donate_argnums=0)
-    hlo = f.lower(x0, "cuda", True).compile().as_text()
-    names = [l.split("=")[0].strip().lstrip("%") for l in hlo.splitlines()
-             if 'custom_call_target="jax_onnx_attn_linear_gqa_prepare"' in l]
-    print("CUSTOM_CALL_NAMES", *names)
-    a = f(jnp.array(x0), "cuda", True)
-    b = f(jnp.array(x0), "cuda", True)  # replay
-    c = f(jnp.array(x0), "cuda", False)
-    assert np.array_equal(np.asarray(a), np.asarray(b)), "replay changed the bits"
-    assert np.array_equal(np.asarray(a), np.asarray(c)), "pdl changed the bits"
-    print("LOOP_OK")
-""")
+""") + command_buffer.loop_checks("linear_gqa_prepare", same_bits_as="unfused")
 
 
 def test_loop_is_captured_in_a_command_buffer(tmp_path):
