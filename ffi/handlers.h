@@ -17,6 +17,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaLinearGqaPrepare);  // ffi/handlers/linear_gqa
 #if JOA_HAVE_FFI_RECORD  // their record stages (ffi/record/stage.h)
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaLinearRecord);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaMatMulNBitsRecord);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaLinearGqaPrepareRecord);
 #endif
 
 namespace joa {
@@ -54,6 +55,7 @@ struct RecordTarget {
 inline constexpr RecordTarget kRecordTargets[] = {
     {"linear", JoaLinear, JoaLinearRecord},
     {"matmul_nbits", JoaMatMulNBits, JoaMatMulNBitsRecord},
+    {"linear_gqa_prepare", JoaLinearGqaPrepare, JoaLinearGqaPrepareRecord},
 };
 #endif
 

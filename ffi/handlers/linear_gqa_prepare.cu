@@ -13,9 +13,11 @@
 // seqlens_k and position_ids are read on the device; the launch depends on static shapes only.
 #include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "common/ffi.h"
 #include "kernels/gemv/host.h"
+#include "record/stage.h"
 
 namespace joa {
 namespace {
@@ -122,33 +124,45 @@ ffi::Error LinearGqaPrepareImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer w, A
   });
 }
 
+// The operands and attributes, after the stage's context (execute: the stream; record: XLA's
+// record context): one list for both stages.
+template <class Binding>
+auto LinearGqaPrepareOperands(Binding binding) {
+  return std::move(binding)
+      .template Arg<joa::AnyBuffer>()    // x [1, K]
+      .template Arg<joa::AnyBuffer>()    // w (rotary-pair order)
+      .template Arg<joa::AnyBuffer>()    // bias [N] (or placeholder)
+      .template Arg<joa::AnyBuffer>()    // norm_weight [K] (or placeholder)
+      .template Arg<joa::AnyBuffer>()    // k_cache [B, Hkv, C, D]
+      .template Arg<joa::AnyBuffer>()    // v_cache
+      .template Arg<joa::Int32Buffer>()  // seqlens_k [B]
+      .template Arg<joa::AnyBuffer>()    // cos_cache [max_position, R/2]
+      .template Arg<joa::AnyBuffer>()    // sin_cache
+      .template Arg<joa::Int32Buffer>()  // position_ids [B, S] (or placeholder)
+      .template Ret<joa::AnyBuffer>()    // q [B, N, S, D]
+      .template Ret<joa::AnyBuffer>()    // k_cache (aliased)
+      .template Ret<joa::AnyBuffer>()    // v_cache (aliased)
+      .template Ret<joa::Int32Buffer>()  // status [B]
+      .template Attr<int64_t>("num_heads")
+      .template Attr<int64_t>("kv_num_heads")
+      .template Attr<int64_t>("bits")
+      .template Attr<int64_t>("block_size")
+      .template Attr<bool>("has_bias")
+      .template Attr<bool>("has_norm")
+      .template Attr<bool>("has_position_ids")
+      .template Attr<float>("eps")
+      .template Attr<bool>("pdl");
+}
+
 }  // namespace
 }  // namespace joa
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JoaLinearGqaPrepare, joa::LinearGqaPrepareImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<joa::Stream>()
-                                  .Arg<joa::AnyBuffer>()    // x [1, K]
-                                  .Arg<joa::AnyBuffer>()    // w (rotary-pair order)
-                                  .Arg<joa::AnyBuffer>()    // bias [N] (or placeholder)
-                                  .Arg<joa::AnyBuffer>()    // norm_weight [K] (or placeholder)
-                                  .Arg<joa::AnyBuffer>()    // k_cache [B, Hkv, C, D]
-                                  .Arg<joa::AnyBuffer>()    // v_cache
-                                  .Arg<joa::Int32Buffer>()  // seqlens_k [B]
-                                  .Arg<joa::AnyBuffer>()    // cos_cache [max_position, R/2]
-                                  .Arg<joa::AnyBuffer>()    // sin_cache
-                                  .Arg<joa::Int32Buffer>()  // position_ids [B, S] (or placeholder)
-                                  .Ret<joa::AnyBuffer>()    // q [B, N, S, D]
-                                  .Ret<joa::AnyBuffer>()    // k_cache (aliased)
-                                  .Ret<joa::AnyBuffer>()    // v_cache (aliased)
-                                  .Ret<joa::Int32Buffer>()  // status [B]
-                                  .Attr<int64_t>("num_heads")
-                                  .Attr<int64_t>("kv_num_heads")
-                                  .Attr<int64_t>("bits")
-                                  .Attr<int64_t>("block_size")
-                                  .Attr<bool>("has_bias")
-                                  .Attr<bool>("has_norm")
-                                  .Attr<bool>("has_position_ids")
-                                  .Attr<float>("eps")
-                                  .Attr<bool>("pdl"),
+                              joa::LinearGqaPrepareOperands(xla::ffi::Ffi::Bind().Ctx<joa::Stream>()),
                               JOA_COMMAND_BUFFER_SAFE);
+
+#if JOA_HAVE_FFI_RECORD
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JoaLinearGqaPrepareRecord, joa::record::Stage<joa::LinearGqaPrepareImpl>::Record,
+    joa::LinearGqaPrepareOperands(xla::ffi::Ffi::BindRecord().Ctx<joa::record::RecordCtx>()));
+#endif
