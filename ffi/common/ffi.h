@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "xla/ffi/api/ffi.h"
@@ -38,6 +39,18 @@ inline ffi::Error LaunchStatus(const char* kernel) {
 
 inline ffi::Error InvalidArgument(const std::string& what) {
   return ffi::Error::InvalidArgument(what);
+}
+
+// Whether a buffer (any FFI buffer or result) has exactly these dimensions.
+template <class Buffer>
+bool HasShape(const Buffer& x, std::initializer_list<int64_t> shape) {
+  auto dims = x.dimensions();
+  if (dims.size() != shape.size()) return false;
+  size_t i = 0;
+  for (int64_t n : shape) {
+    if (dims[i++] != n) return false;
+  }
+  return true;
 }
 
 // Calls f(T{}) with T the CUDA type of a float element type (f32, f16, bf16).

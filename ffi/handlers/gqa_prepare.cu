@@ -39,16 +39,6 @@ std::string Shape(const Dims& dims) {
 
 std::string Shape(std::initializer_list<int64_t> dims) { return Shape<decltype(dims)>(dims); }
 
-bool HasShape(const AnyBuffer& x, std::initializer_list<int64_t> shape) {
-  auto dims = x.dimensions();
-  if (dims.size() != shape.size()) return false;
-  size_t i = 0;
-  for (int64_t n : shape) {
-    if (dims[i++] != n) return false;
-  }
-  return true;
-}
-
 ffi::Error GqaPrepareImpl(cudaStream_t stream, AnyBuffer query, AnyBuffer key, AnyBuffer value,
                           AnyBuffer k_cache, AnyBuffer v_cache, Int32Buffer seqlens_k,
                           AnyBuffer cos, AnyBuffer sin, Int32Buffer position_ids, AnyBuffer q_norm,

@@ -22,17 +22,6 @@
 namespace joa {
 namespace {
 
-template <class Buffer>
-bool Dims(const Buffer& b, std::initializer_list<int64_t> shape) {
-  auto d = b.dimensions();
-  if (d.size() != shape.size()) return false;
-  size_t i = 0;
-  for (int64_t n : shape) {
-    if (d[i++] != n) return false;
-  }
-  return true;
-}
-
 ffi::Error LinearGqaPrepareImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer w, AnyBuffer bias,
                                 AnyBuffer norm_weight, AnyBuffer k_cache, AnyBuffer v_cache,
                                 Int32Buffer seqlens_k, AnyBuffer cos, AnyBuffer sin,
@@ -52,25 +41,25 @@ ffi::Error LinearGqaPrepareImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer w, A
   }
   const int64_t k = xd[1], capacity = cd[2], d = cd[3];
   const int64_t n = (num_heads + 2 * kv_num_heads) * d;
-  if (!Dims(v_cache, {1, kv_num_heads, capacity, d}) || v_cache.element_type() != dtype) {
+  if (!HasShape(v_cache, {1, kv_num_heads, capacity, d}) || v_cache.element_type() != dtype) {
     return fail("v_cache must have k_cache's shape and dtype");
   }
   if (d < 16 || d % 16 != 0 || d > 256) return fail("head size must be a multiple of 16 up to 256");
   if (capacity < 1 || capacity > (int64_t(1) << 30)) return fail("cache capacity must be in [1, 2^30]");
-  if (!Dims(seqlens_k, {1})) return fail("seqlens_k must be int32 [1]");
-  if (!Dims(*q_out, {1, num_heads, 1, d}) || q_out->element_type() != dtype) {
+  if (!HasShape(seqlens_k, {1})) return fail("seqlens_k must be int32 [1]");
+  if (!HasShape(*q_out, {1, num_heads, 1, d}) || q_out->element_type() != dtype) {
     return fail("q must be [1, N, 1, D] in x's dtype");
   }
-  if (!Dims(*status, {1})) return fail("status must be int32 [1]");
+  if (!HasShape(*status, {1})) return fail("status must be int32 [1]");
   auto rd = cos.dimensions();
-  if (rd.size() != 2 || cos.element_type() != dtype || sin.element_type() != dtype || !Dims(sin, {rd[0], rd[1]})) {
+  if (rd.size() != 2 || cos.element_type() != dtype || sin.element_type() != dtype || !HasShape(sin, {rd[0], rd[1]})) {
     return fail("cos_cache and sin_cache must both be [max_position, R/2] in x's dtype");
   }
   const int64_t half = rd[1], max_position = rd[0];
   if (half < 8 || half % 8 != 0 || 2 * half > d || max_position < 1 || max_position > (int64_t(1) << 30)) {
     return fail("cos_cache must be [max_position >= 1, R/2] with R/2 a multiple of 8 and R <= D");
   }
-  if (has_position_ids && !Dims(position_ids, {1, 1})) return fail("position_ids must be int32 [1, 1]");
+  if (has_position_ids && !HasShape(position_ids, {1, 1})) return fail("position_ids must be int32 [1, 1]");
 
   gemv::GemvParams p{};
   p.m = 1;
@@ -102,12 +91,12 @@ ffi::Error LinearGqaPrepareImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer w, A
 
   gemv::Plan plan;
   if (bits == 16) {
-    if (w.element_type() != dtype || !Dims(w, {n, k})) return fail("w must be [N, K] in x's dtype, N = (N_q + 2 Hkv) D");
+    if (w.element_type() != dtype || !HasShape(w, {n, k})) return fail("w must be [N, K] in x's dtype, N = (N_q + 2 Hkv) D");
     plan = gemv::MakePlan(1, n, k, 16, /*gated=*/false, has_norm, gemv::Sm90(), 0, 0, false, 0, /*slots=*/true);
     if (plan.error.empty() && !plan.dense_row) plan.error = "the shape has no dense row plan (K a multiple of 512)";
   } else if (bits == 4) {
     if (w.element_type() != ffi::DataType::U8 || n % gemv::kRecordRows != 0 || k % gemv::kRecordK != 0 ||
-        !Dims(w, {n / gemv::kRecordRows, k / gemv::kRecordK, gemv::kRecordBytes})) {
+        !HasShape(w, {n / gemv::kRecordRows, k / gemv::kRecordK, gemv::kRecordBytes})) {
       return fail("w must be uint8 [N / 16, K / 256, 2432] (the record layout)");
     }
     if (block_size < 32 || block_size > (int64_t(1) << 20) || (block_size & (block_size - 1)) || k % block_size != 0) {
