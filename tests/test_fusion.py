@@ -331,3 +331,32 @@ def test_sessions_of_one_row_reorder_qkv_under_the_switch_and_generate_the_same_
     monkeypatch.setenv(cuda_matmul.QKV_PREPARE_ENV, "on")
     with pytest.raises(ValueError, match=cuda_matmul.QKV_PREPARE_ENV):
         qkv_prepare_for(1)
+
+
+def test_a_query_given_with_its_projection_gives_the_same_results():
+    # ops.QkvProjection (onnx.fusion's qkv_prepare): the op may compute the packed query from the
+    # projection on the CUDA decode route of one row; every other route (here the CPU's reference)
+    # reads `query`, which is the projection's output put back in order. A decode step of one row on
+    # a shared buffer, with and without the projection: the same outputs, the same cache.
+    import jax.numpy as jnp
+
+    from jax_onnx_attn import ops
+
+    n, hkv, d, half, k, cap = 4, 2, 64, 32, 128, 16
+    rng = np.random.default_rng(0)
+    order = ops.rotary_pair_order(n, hkv, d, half)
+    x = rng.standard_normal((1, 1, k)).astype(np.float32)
+    w = ops.to_rotary_pair_order((rng.standard_normal(((n + 2 * hkv) * d, k)) / 16).astype(np.float32), order)
+    query = ops.from_rotary_pair_order(jnp.asarray(x) @ jnp.asarray(w).T, order)
+    ang = rng.uniform(0, 6.28, (cap, half))
+    common = dict(past_key=jnp.asarray(rng.standard_normal((1, hkv, cap, d)), jnp.float32),
+                  past_value=jnp.asarray(rng.standard_normal((1, hkv, cap, d)), jnp.float32),
+                  seqlens_k=jnp.asarray([6], jnp.int32), total_sequence_length=cap,
+                  cos_cache=jnp.asarray(np.cos(ang), jnp.float32), sin_cache=jnp.asarray(np.sin(ang), jnp.float32),
+                  num_heads=n, kv_num_heads=hkv, do_rotary=1, shared_buffer=True)
+    projection = ops.QkvProjection(jnp.asarray(x), jnp.asarray(w), None, None, 1e-6, 16, 0, half)
+    plain = ops.group_query_attention(query, **common)
+    given = ops.group_query_attention(query, **common, query_projection=projection)
+    for name, a, b in zip(plain._fields, plain, given):
+        if a is not None:
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
