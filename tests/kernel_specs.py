@@ -4,7 +4,8 @@ wrappers' own code (their batching and partitioning rules) runs on the CPU as it
 from __future__ import annotations
 
 from jax_onnx_attn.ops import cuda, cuda_matmul
-from jax_onnx_attn.ops.linear import untile_nbits_meta
+from jax_onnx_attn.ops.linear import (from_record_layout, from_rotary_pair_order, rotary_pair_order,
+                                      untile_nbits_meta)
 from jax_onnx_attn.ops.reference import decode as decode_reference
 from jax_onnx_attn.ops.reference import general as general_reference
 from jax_onnx_attn.ops.reference import gqa as gqa_reference
@@ -26,6 +27,24 @@ def _nbits(x, b_quant, scales, zero_points, bias, residual, norm_weight, *, bits
         zero_points = None if zero_points is None else untile_nbits_meta(zero_points, n)
     return linear_reference.matmul_nbits(x, b_quant, scales, zero_points, bias, residual,
                                          norm_weight, eps, gated, bits=bits, block_size=block_size)
+
+
+def linear_gqa_prepare(x, w, bias, norm_weight, k_cache, v_cache, seqlens_k, cos_cache, sin_cache,
+                       position_ids, *, num_heads, kv_num_heads, bits, block_size, eps):
+    """The spec of the linear_gqa_prepare target: the projection (dense, or 4-bit in the record
+    layout) of W in the rotary-pair order, put back in order, then gqa_prepare's spec."""
+    d = k_cache.shape[3]
+    rows = (num_heads + 2 * kv_num_heads) * d
+    if bits == 16:
+        y = linear_reference.linear(x, w, bias, None, norm_weight, eps)
+    else:
+        b_quant, scales, zero_points = from_record_layout(w, n=rows, block_size=block_size, dtype=x.dtype)
+        y = linear_reference.matmul_nbits(x, b_quant, scales, zero_points, bias, None, norm_weight, eps,
+                                          bits=bits, block_size=block_size)
+    order = rotary_pair_order(num_heads, kv_num_heads, d, cos_cache.shape[1])
+    query = from_rotary_pair_order(y, order).reshape(x.shape[0], 1, rows)
+    return gqa_reference.prepare_step(query, None, None, k_cache, v_cache, seqlens_k, cos_cache, sin_cache,
+                                      position_ids, num_heads=num_heads, kv_num_heads=kv_num_heads)
 
 
 def use_specs(monkeypatch) -> list:
@@ -55,4 +74,6 @@ def use_specs(monkeypatch) -> list:
                         spec("linear", _linear, drop=("pdl", "cluster", "warps_k", "slots")))
     monkeypatch.setattr(cuda_matmul, "_matmul_nbits",
                         spec("nbits", _nbits, drop=("pdl", "cluster", "warps_k", "wide", "slots")))
+    monkeypatch.setattr(cuda_matmul, "_linear_gqa_prepare",
+                        spec("linear_gqa_prepare", linear_gqa_prepare, drop=("pdl",)))
     return calls

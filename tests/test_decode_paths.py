@@ -1,7 +1,7 @@
 """The Python composition of the operators' CUDA decode paths (ops/decode_paths.py), on the CPU.
 
-The kernels are swapped for their executable specs (reference kv_append, decode_attention and GQA's
-prepare_step), so what is checked is everything around them — the lengths, bias padding, sinks,
+The kernels are swapped for their executable specs (reference kv_append, decode_attention, GQA's
+prepare_step, and linear_gqa_prepare's from tests/kernel_specs.py), so what is checked is everything around them — the lengths, bias padding, sinks,
 window translation, status — against each operator's own reference backend, and that the specs
 compose to the operator. The kernels themselves are checked against those specs on a GPU
 (tests/gpu/). Also: gqa_prepare's result shapes.
@@ -24,6 +24,7 @@ from jax_onnx_attn.ops.reference import kv_cache as kv_reference
 from jax_onnx_attn.testing import assert_close
 
 from gqa_decode_cases import gqa_inputs, quant_attrs
+from kernel_specs import use_specs
 
 
 @pytest.fixture
@@ -177,3 +178,44 @@ def test_attention_with_cache_path_matches_the_reference(kernels_as_specs):
         assert_close(np.asarray(g), np.asarray(w), np.float16)
     np.testing.assert_array_equal(np.asarray(got.status), np.asarray(want.status))
     assert np.asarray(got.status).tolist()[-1] != 0
+
+
+@pytest.mark.parametrize("bits,norm", [(16, True), (16, False), (4, True)])
+def test_gqa_decode_path_computes_a_projected_query_in_one_call(kernels_as_specs, monkeypatch, bits, norm):
+    """A query given with its projection (ops.QkvProjection, onnx.fusion's qkv_prepare): the CUDA route
+    of one row calls linear_gqa_prepare (its spec here: tests/kernel_specs.py) instead of gqa_prepare,
+    and the step equals the operator's reference on the query; a refused row is reported."""
+    calls = use_specs(monkeypatch)
+    n, hkv, d, half, k, cap = 4, 2, 64, 32, 512, 24
+    rng = np.random.default_rng(bits + norm)
+    dtype = np.float16
+    order = ops.rotary_pair_order(n, hkv, d, half)
+    rows = (n + 2 * hkv) * d
+    x = jnp.asarray(rng.standard_normal((1, 1, k)), dtype)
+    gamma = jnp.asarray(1 + 0.1 * rng.standard_normal(k), dtype) if norm else None
+    if bits == 16:
+        w = jnp.asarray(ops.to_rotary_pair_order(rng.standard_normal((rows, k)) / np.sqrt(k), order), dtype)
+        y = ops.linear(x, w, norm_weight=gamma, norm_epsilon=1e-5, backend="reference")
+    else:
+        b_quant = rng.integers(0, 256, (rows, k // 32, 16), dtype=np.uint8)
+        scales = (rng.uniform(0.5, 1.5, (rows, k // 32)) / 64).astype(dtype)
+        w = jnp.asarray(ops.to_record_layout(*(ops.to_rotary_pair_order(a, order) for a in (b_quant, scales)), None))
+        y = ops.matmul_nbits(x, w, None, norm_weight=gamma, norm_epsilon=1e-5, k=k, n=rows, bits=4,
+                             block_size=32, layout="record", backend="reference")
+    query = ops.from_rotary_pair_order(y, order)
+    projection = ops.QkvProjection(x, w, None, gamma, 1e-5, bits, 32 if bits == 4 else 0, half)
+    ang = rng.uniform(0, 6.28, (cap, half))
+    for seqlens in ([9], [cap]):  # a row that fits, and one whose write is refused
+        args = dict(past_key=jnp.asarray(rng.standard_normal((1, hkv, cap, d)), dtype),
+                    past_value=jnp.asarray(rng.standard_normal((1, hkv, cap, d)), dtype),
+                    seqlens_k=jnp.asarray(seqlens, jnp.int32), total_sequence_length=cap,
+                    cos_cache=jnp.asarray(np.cos(ang), dtype), sin_cache=jnp.asarray(np.sin(ang), dtype),
+                    num_heads=n, kv_num_heads=hkv, do_rotary=1, shared_buffer=True)
+        del calls[:]
+        got = ops.group_query_attention(query, **args, query_projection=projection, backend="cuda")
+        assert [c[0] for c in calls] == ["linear_gqa_prepare"], calls
+        want = ops.group_query_attention(query, **args, backend="reference")
+        for name in ("output", "present_key", "present_value"):
+            assert_close(np.asarray(getattr(got, name)), np.asarray(getattr(want, name)), dtype, err_msg=name)
+        np.testing.assert_array_equal(np.asarray(got.status), np.asarray(want.status))
+    assert np.asarray(got.status).tolist() != [0]
