@@ -29,6 +29,12 @@ def _nbits(x, b_quant, scales, zero_points, bias, residual, norm_weight, *, bits
                                          norm_weight, eps, gated, bits=bits, block_size=block_size)
 
 
+def _nbits_record(x, rec, bias, residual, norm_weight, *, n, block_size, eps, gated):
+    b_quant, scales, zero_points = from_record_layout(rec, n=n, block_size=block_size, dtype=x.dtype)
+    return linear_reference.matmul_nbits(x, b_quant, scales, zero_points, bias, residual, norm_weight, eps,
+                                         gated, bits=4, block_size=block_size)
+
+
 def linear_gqa_prepare(x, w, bias, norm_weight, k_cache, v_cache, seqlens_k, cos_cache, sin_cache,
                        position_ids, *, num_heads, kv_num_heads, bits, block_size, eps):
     """The spec of the linear_gqa_prepare target: the projection (dense, or 4-bit in the record
@@ -74,6 +80,8 @@ def use_specs(monkeypatch) -> list:
                         spec("linear", _linear, drop=("pdl", "cluster", "warps_k", "slots")))
     monkeypatch.setattr(cuda_matmul, "_matmul_nbits",
                         spec("nbits", _nbits, drop=("pdl", "cluster", "warps_k", "wide", "slots")))
+    monkeypatch.setattr(cuda_matmul, "_matmul_nbits_record",
+                        spec("nbits_record", _nbits_record, drop=("pdl",)))
     monkeypatch.setattr(cuda_matmul, "_linear_gqa_prepare",
                         spec("linear_gqa_prepare", linear_gqa_prepare, drop=("pdl",)))
     return calls

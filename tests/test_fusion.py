@@ -360,3 +360,41 @@ def test_a_query_given_with_its_projection_gives_the_same_results():
     for name, a, b in zip(plain._fields, plain, given):
         if a is not None:
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
+
+
+@pytest.mark.parametrize("bits", [0, 4])
+def test_a_batch_one_step_takes_the_fused_call_where_the_kernels_run(monkeypatch, bits):
+    # The step a batch-1 session runs, on the CUDA routes with every kernel swapped for its spec
+    # (tests/kernel_specs.py): loaded with qkv_prepare, each layer calls linear_gqa_prepare instead
+    # of gqa_prepare (the projection's own call is then unread: XLA drops it on the GPU), and the
+    # step's logits and cache are those of the plain load.
+    import jax
+    import jax.numpy as jnp
+    from collections import Counter
+
+    from kernel_specs import use_specs
+
+    from jax_onnx_attn.models.builder import build_decoder
+    from jax_onnx_attn.models.config import DecoderConfig
+    from jax_onnx_attn.ops import backend
+
+    monkeypatch.setattr(backend, "has_cuda", lambda: True)
+    monkeypatch.setattr(backend, "no_cuda_device", lambda: None)  # the specs run on the CPU
+    calls = use_specs(monkeypatch)
+    model = build_decoder(DecoderConfig(layers=2, hidden=512, heads=8, kv_heads=2, intermediate=1024,
+                                        vocab=512, dtype="float16", weight_bits=bits, block_size=32))
+    layout = {"nbits_layout": "record"} if bits else {}
+    results = {}
+    for qkv in (False, True):
+        lowered = jax_onnx_attn.load(model, qkv_prepare=qkv, **layout)
+        step = lowered.fixed_cache_step(1, 32)
+        cache = step.init_cache(lowered.params)
+        feeds = (jnp.asarray([[7]], jnp.int32), jnp.asarray([5], jnp.int32), jnp.asarray([1], jnp.int32))
+        del calls[:]
+        results[qkv] = jax.jit(step)(lowered.params, *feeds, cache)
+        results[qkv, "calls"] = Counter(c[0] for c in calls)
+    plain, fused = results[False, "calls"], results[True, "calls"]
+    assert plain["gqa_prepare"] == 2 and "linear_gqa_prepare" not in plain, plain
+    assert fused["linear_gqa_prepare"] == 2 and "gqa_prepare" not in fused, fused
+    for got, want in zip(jax.tree.leaves(results[True]), jax.tree.leaves(results[False])):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
