@@ -449,27 +449,25 @@ def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
     return out, arrays, report
 
 
-#: GroupQueryAttention's inputs the fused QKV route reads (`ops.group_query_attention`'s order).
-_GQA_COS, _GQA_SIN, _GQA_Q_NORM = 7, 8, 14
-
-
 def _qkv_pairs(gqa, g: _Graph, readers, producers, arrays) -> tuple[int, int, int, int] | None:
     """(N, Hkv, D, R/2) when the packed query of GroupQueryAttention node `gqa` is a Linear that
     pass 5 may reorder (module doc), else None."""
-    ins = list(gqa.input) + [""] * 16
-    query = ins[0]
+    from jax_onnx_attn.onnx.handlers.attention import GQA_INPUTS  # the op's input order, one table
+
+    ins = dict(zip(GQA_INPUTS, list(gqa.input) + [""] * len(GQA_INPUTS)))
+    query = ins["query"]
     p = producers.get(query)
     lin = g.nodes[p] if p is not None else None
-    if (lin is None or lin.op_type != "Linear" or ins[1] or ins[2] or not g.private(query, readers)
+    if (lin is None or lin.op_type != "Linear" or ins["key"] or ins["value"] or not g.private(query, readers)
             or _attr(lin, "gated", 0) or _get_input(lin, "residual") or _attr(lin, "qkv_pairs")
             or int(_attr(gqa, "do_rotary", 0)) != 1 or int(_attr(gqa, "rotary_interleaved", 0))
-            or int(_attr(gqa, "kv_cache_bit_width", 0)) or ins[_GQA_Q_NORM] or ins[_GQA_Q_NORM + 1]
+            or int(_attr(gqa, "kv_cache_bit_width", 0)) or ins["q_norm_weight"] or ins["k_norm_weight"]
             or any(_text(_attr(gqa, a, "NONE")) != "NONE" for a in ("k_quant_type", "v_quant_type"))):
         return None
     bits = int(_attr(lin, "bits", 0))
     if bits not in (0, 4):
         return None
-    cos, sin = arrays.get(ins[_GQA_COS]), arrays.get(ins[_GQA_SIN])
+    cos, sin = arrays.get(ins["cos_cache"]), arrays.get(ins["sin_cache"])
     if cos is None or sin is None or cos.ndim != 2 or cos.shape != sin.shape:
         return None
     n, hkv = int(_attr(gqa, "num_heads")), int(_attr(gqa, "kv_num_heads"))

@@ -248,24 +248,22 @@ def projected_prepare_unsupported(config, query, key, value, past_key, past_valu
     from jax_onnx_attn.ops import cuda_matmul
 
     c, p = config, projection
-    x = p.x
     n_rows = (c.num_heads + 2 * c.kv_num_heads) * c.head_size
     checks = (
-        (query.shape[:2] != (1, 1), "the fused projection takes one decode row (B = S = 1)"),
+        (query.shape[:2] != (1, 1) or math.prod(p.x.shape[:-1]) != 1,
+         "the fused projection takes one decode row (B = S = 1)"),
         (key is not None, "the fused projection makes a packed query"),
         (c.kv_bits != 0 or past_key.dtype != query.dtype, "the fused projection writes a float cache"),
         (not c.do_rotary or c.rotary_interleaved or cos_cache is None
          or cos_cache.shape[-1] != p.rotary_half, "the fused projection rotates halves at its order's R/2"),
         (q_norm_weight is not None, "q / k norm runs in gqa_prepare"),
-        (x.dtype != query.dtype or x.shape[-1] != (p.norm_weight.shape[0] if p.norm_weight is not None
-                                                   else x.shape[-1]), "the projection's x does not match"),
+        (p.x.dtype != query.dtype, "the projection's x is not of the query's dtype"),
     )
     for failed, why in checks:
         if failed:
             return why
-    if math.prod(x.shape[:-1]) != 1:
-        return "the fused projection takes one decode row (B = S = 1)"
-    return cuda_matmul.qkv_prepare_unsupported(n_rows, x.shape[-1], p.bits, p.norm_weight is not None,
+    # The handler checks the rest of what guards memory (w's and norm_weight's shapes against x's K).
+    return cuda_matmul.qkv_prepare_unsupported(n_rows, p.x.shape[-1], p.bits, p.norm_weight is not None,
                                                p.block_size)
 
 
