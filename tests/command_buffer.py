@@ -24,12 +24,13 @@ def loop_checks(target: str, same_bits_as: str | None = None) -> str:
     reference is within 8 layers of bf16 roundings (and, with `same_bits_as`, that
     steps(x, same_bits_as, True) gives the same bits: another kernel the target must equal), and
     prints LOOP_OK."""
-    oracle = ['ref = np.asarray(f(jnp.array(x0), "reference", False), np.float32)',
-              "err = np.abs(np.asarray(a, np.float32) - ref).max() / np.abs(ref).max()",
-              "assert err < 0.03, err  # 8 layers of bf16 roundings apart"]
-    if same_bits_as is not None:
+    oracle = []
+    if same_bits_as is not None:  # the stronger claim first
         oracle += [f'other = f(jnp.array(x0), "{same_bits_as}", True)',
                    f'assert np.array_equal(np.asarray(a), np.asarray(other)), "not the bits of {same_bits_as}"']
+    oracle += ['ref = np.asarray(f(jnp.array(x0), "reference", False), np.float32)',
+               "err = np.abs(np.asarray(a, np.float32) - ref).max() / np.abs(ref).max()",
+               "assert err < 0.03, err  # 8 layers of bf16 roundings apart"]
     oracle = "".join("\n        " + line for line in oracle)
     return textwrap.dedent(f"""
         f = jax.jit(steps, static_argnums=(1, 2), donate_argnums=0)

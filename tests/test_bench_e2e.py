@@ -200,3 +200,21 @@ def test_ours_env_variants_are_parsed_and_scoped():
     with E._environment({"JOA_TEST_SCOPED": "1"}):
         assert os.environ["JOA_TEST_SCOPED"] == "1"
     assert "JOA_TEST_SCOPED" not in os.environ
+
+
+def test_ours_env_variant_loads_the_model_it_asks_for(tmp_path, monkeypatch):
+    # --ours-env qkv:JOA_QKV_PREPARE=1: the variant's batch-1 session runs a model loaded with the
+    # QKV projection's step preparation (the harness loads models itself, so it must ask for it as
+    # DecoderSession would), the plain "ours" does not, and both generate the same tokens.
+    monkeypatch.delenv("JOA_QKV_PREPARE", raising=False)
+    out = tmp_path / "e2e.json"
+    rc = bench_main.main(["e2e", *ARGS, "--weights", "fp16", "--phases", "decode", "--impls", "ours",
+                          "--ours-env", "qkv:JOA_QKV_PREPARE=1", "--models-dir", str(tmp_path / "models"),
+                          "--out", str(out)])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    (rec,) = doc["results"]
+    assert rec["impls"]["ours"]["qkv_prepare"] is False
+    assert rec["impls"]["ours[qkv]"]["qkv_prepare"] is True
+    tokens = doc["verify"][0]["tokens"]
+    assert tokens["ours[qkv]"] == tokens["ours"], tokens

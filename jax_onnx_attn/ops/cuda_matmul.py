@@ -267,13 +267,51 @@ def linear_gqa_prepare(x, w, bias, norm_weight, k_cache, v_cache, seqlens_k, cos
     replaces. bias [N] (the same order) and norm_weight [K] (RMS-norm prologue, eps) or None.
     `qkv_prepare_unsupported` says which shapes it takes; under vmap each example is its own call.
     """
-    if x.ndim != 2 or x.shape[0] != 1:
-        raise ValueError(f"linear_gqa_prepare: x: must be [1, K] (one decode row), got {tuple(x.shape)}")
+    _check_linear_gqa_prepare(x, w, bias, norm_weight, k_cache, v_cache, cos_cache, sin_cache,
+                              int(num_heads), int(kv_num_heads), int(bits))
     static = dict(num_heads=int(num_heads), kv_num_heads=int(kv_num_heads), bits=int(bits),
                   block_size=int(block_size), eps=eps, pdl=pdl)
     return partitioning.LINEAR_GQA_PREPARE.apply(
         _linear_gqa_prepare, (x, w, bias, norm_weight, k_cache, v_cache, seqlens_k, cos_cache,
                               sin_cache, position_ids), static, pin=lambda *a: None)
+
+
+def _check_linear_gqa_prepare(x, w, bias, norm_weight, k_cache, v_cache, cos_cache, sin_cache,
+                              num_heads, kv_num_heads, bits):
+    """The handler's shape and dtype rules at trace time, naming the operand (the handler's own
+    error would come only when the call runs)."""
+    def bad(name, want, got):
+        raise ValueError(f"linear_gqa_prepare: {name}: must be {want}, got {got}")
+
+    if x.ndim != 2 or x.shape[0] != 1:
+        bad("x", "[1, K] (one decode row)", tuple(x.shape))
+    if x.dtype not in (jnp.float16, jnp.bfloat16):
+        bad("x", "float16 or bfloat16", x.dtype)
+    k = x.shape[1]
+    if k_cache.ndim != 4 or k_cache.shape[:2] != (1, kv_num_heads) or k_cache.dtype != x.dtype:
+        bad("k_cache", f"[1, {kv_num_heads}, C, D] in {x.dtype}", f"{tuple(k_cache.shape)} {k_cache.dtype}")
+    if v_cache.shape != k_cache.shape or v_cache.dtype != x.dtype:
+        bad("v_cache", f"k_cache's {tuple(k_cache.shape)} in {x.dtype}", f"{tuple(v_cache.shape)} {v_cache.dtype}")
+    n = (num_heads + 2 * kv_num_heads) * k_cache.shape[3]
+    if bits == DENSE_BITS:
+        if w.shape != (n, k) or w.dtype != x.dtype:
+            bad("w", f"[{n}, {k}] in {x.dtype} ((num_heads + 2 kv_num_heads) D rows)",
+                f"{tuple(w.shape)} {w.dtype}")
+    elif bits == 4:
+        from jax_onnx_attn.ops.linear import RECORD_BYTES, RECORD_K, RECORD_ROWS  # linear imports this module
+
+        want = (n // RECORD_ROWS, k // RECORD_K, RECORD_BYTES)
+        if w.shape != want or w.dtype != jnp.uint8:
+            bad("w", f"uint8 {list(want)} (the record layout)", f"{tuple(w.shape)} {w.dtype}")
+    else:
+        raise ValueError(f"linear_gqa_prepare: bits: must be {DENSE_BITS} or 4, got {bits}")
+    if bias is not None and (bias.shape != (n,) or bias.dtype != x.dtype):
+        bad("bias", f"[{n}] in {x.dtype}", f"{tuple(bias.shape)} {bias.dtype}")
+    if norm_weight is not None and (norm_weight.shape != (k,) or norm_weight.dtype != x.dtype):
+        bad("norm_weight", f"[{k}] in {x.dtype}", f"{tuple(norm_weight.shape)} {norm_weight.dtype}")
+    for name, t in (("cos_cache", cos_cache), ("sin_cache", sin_cache)):
+        if t.ndim != 2 or t.shape != cos_cache.shape or t.dtype != x.dtype:
+            bad(name, f"[max_position, R/2] in {x.dtype}, cos_cache's shape", f"{tuple(t.shape)} {t.dtype}")
 
 
 def _linear_gqa_prepare(x, w, bias, norm_weight, k_cache, v_cache, seqlens_k, cos_cache, sin_cache,
