@@ -232,9 +232,11 @@ def record_unsupported(rows: int, n_rows: int, k: int, block_size: int, gated: b
 def qkv_prepare_enabled() -> bool:
     """Whether decode sessions of batch 1 fuse GroupQueryAttention's step preparation into the packed
     QKV projection's epilogue (`linear_gqa_prepare`: one launch and one kernel boundary a layer
-    less; `onnx.fusion`'s qkv_prepare). Off by default until it is measured on the GPU;
-    JOA_QKV_PREPARE=1 turns it on (read at load, here only)."""
-    return _switch(QKV_PREPARE_ENV, default="0")
+    less; `onnx.fusion`'s qkv_prepare). On where the kernels run (H200, bench/results/
+    2026-12-05-5323e5a-e2e-qkv-prepare-{1b,8b}.json, B=1 steps: ~1B fp16 1.014 -> 0.991 ms, int4
+    0.674 -> 0.633, ~8B fp16 4.296 -> 4.302, the same tokens); elsewhere the reordered rows would only
+    cost the reference a gather. JOA_QKV_PREPARE=0 / 1 overrides (read at load, here only)."""
+    return _switch_where_kernels_run(QKV_PREPARE_ENV)
 
 
 def qkv_prepare_unsupported(n_rows: int, k: int, bits: int, norm: bool = False,
