@@ -28,9 +28,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture(params=["shardy", "gspmd"])
+@pytest.fixture(params=["shardy", pytest.param("gspmd", marks=pytest.mark.slow)])
 def partitioner(request):
-    """Both of jax's SPMD partitioners: Shardy (the default) and GSPMD."""
+    """Both of jax's SPMD partitioners: Shardy (the default) and GSPMD (with `-m slow`)."""
     jax.config.update("jax_use_shardy_partitioner", request.param == "shardy")
     yield request.param
     jax.config.update("jax_use_shardy_partitioner", True)
