@@ -604,7 +604,7 @@ def measure_ours(g: Group, case: Case, capacity: int, prefill: bool, verify: boo
             g.layout_lowered[key] = jax_onnx_attn.load(g.info["path"], nbits_layout=layout, dense_layout=dense,
                                                        qkv_prepare=qkv, **extra)
         lowered = g.layout_lowered[key]
-        out["nbits_layout"], out["dense_layout"], out["qkv_prepare"] = layout, dense, qkv
+        out["nbits_layout"], out["dense_layout"] = layout, dense
     session = DecoderSession(lowered, max_length=capacity, batch=b, steps_per_call=k, mesh=mesh)
     compile_s = 0.0
     if verify:

@@ -282,12 +282,17 @@ def _check_linear_gqa_prepare(x, w, bias, norm_weight, k_cache, v_cache, cos_cac
                               num_heads, kv_num_heads, bits):
     """The handler's shape and dtype rules at trace time, naming the operand (the handler's own
     error would come only when the call runs)."""
+    from jax_onnx_attn.ops.dtypes import HALF_DTYPES
+    from jax_onnx_attn.ops.linear import _check_operands, record_shape  # linear imports this module
+
+    op = "linear_gqa_prepare"
+
     def bad(name, want, got):
-        raise ValueError(f"linear_gqa_prepare: {name}: must be {want}, got {got}")
+        raise ValueError(f"{op}: {name}: must be {want}, got {got}")
 
     if x.ndim != 2 or x.shape[0] != 1:
         bad("x", "[1, K] (one decode row)", tuple(x.shape))
-    if x.dtype not in (jnp.float16, jnp.bfloat16):
+    if x.dtype not in HALF_DTYPES:
         bad("x", "float16 or bfloat16", x.dtype)
     k = x.shape[1]
     if k_cache.ndim != 4 or k_cache.shape[:2] != (1, kv_num_heads) or k_cache.dtype != x.dtype:
@@ -300,17 +305,12 @@ def _check_linear_gqa_prepare(x, w, bias, norm_weight, k_cache, v_cache, cos_cac
             bad("w", f"[{n}, {k}] in {x.dtype} ((num_heads + 2 kv_num_heads) D rows)",
                 f"{tuple(w.shape)} {w.dtype}")
     elif bits == 4:
-        from jax_onnx_attn.ops.linear import RECORD_BYTES, RECORD_K, RECORD_ROWS  # linear imports this module
-
-        want = (n // RECORD_ROWS, k // RECORD_K, RECORD_BYTES)
+        want = record_shape(n, k)
         if w.shape != want or w.dtype != jnp.uint8:
             bad("w", f"uint8 {list(want)} (the record layout)", f"{tuple(w.shape)} {w.dtype}")
     else:
-        raise ValueError(f"linear_gqa_prepare: bits: must be {DENSE_BITS} or 4, got {bits}")
-    if bias is not None and (bias.shape != (n,) or bias.dtype != x.dtype):
-        bad("bias", f"[{n}] in {x.dtype}", f"{tuple(bias.shape)} {bias.dtype}")
-    if norm_weight is not None and (norm_weight.shape != (k,) or norm_weight.dtype != x.dtype):
-        bad("norm_weight", f"[{k}] in {x.dtype}", f"{tuple(norm_weight.shape)} {norm_weight.dtype}")
+        raise ValueError(f"{op}: bits: must be {DENSE_BITS} or 4, got {bits}")
+    _check_operands(op, x, n, "w", False, bias, None, norm_weight)  # bias [N], norm_weight [K]
     for name, t in (("cos_cache", cos_cache), ("sin_cache", sin_cache)):
         if t.ndim != 2 or t.shape != cos_cache.shape or t.dtype != x.dtype:
             bad(name, f"[max_position, R/2] in {x.dtype}, cos_cache's shape", f"{tuple(t.shape)} {t.dtype}")

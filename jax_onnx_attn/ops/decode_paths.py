@@ -262,7 +262,7 @@ def projected_prepare_unsupported(config, query, key, value, past_key, past_valu
     for failed, why in checks:
         if failed:
             return why
-    # The handler checks the rest of what guards memory (w's and norm_weight's shapes against x's K).
+    # linear_gqa_prepare checks the rest at trace time (w's and norm_weight's shapes against x's K).
     return cuda_matmul.qkv_prepare_unsupported(n_rows, p.x.shape[-1], p.bits, p.norm_weight is not None,
                                                p.block_size)
 

@@ -444,6 +444,11 @@ def from_record_layout(rec, *, n: int, block_size: int, dtype):
     return b_quant, scales, zp
 
 
+def record_shape(n: int, k: int) -> tuple[int, int, int]:
+    """The uint8 shape of [N, K] 4-bit weights in the record layout (`to_record_layout`)."""
+    return (n // RECORD_ROWS, k // RECORD_K, RECORD_BYTES)
+
+
 def _matmul_nbits_record(x, rec, scales, zero_points, bias, residual, norm_weight, *, k, n, bits,
                          block_size, eps, gated, backend, pdl):
     """`matmul_nbits` with layout="record" (x, bits, block_size and k already checked)."""
@@ -455,7 +460,7 @@ def _matmul_nbits_record(x, rec, scales, zero_points, bias, residual, norm_weigh
     if k % RECORD_K or n % RECORD_ROWS:
         raise ValueError(f"{op}: layout='record' needs K a multiple of {RECORD_K} and N of "
                          f"{RECORD_ROWS}, got k={k}, n={n}")
-    want = (n // RECORD_ROWS, k // RECORD_K, RECORD_BYTES)
+    want = record_shape(n, k)
     if rec.dtype != jnp.uint8 or tuple(rec.shape) != want:
         raise ValueError(f"{op}: b_quant in the record layout must be uint8 {list(want)} "
                          f"(to_record_layout), got {rec.dtype}{list(rec.shape)}")
