@@ -108,8 +108,55 @@ struct QkvRotaryEpilogue {
   // One Apply per 16 W rows (the gated epilogue's unit).
   __host__ __device__ static constexpr int OutCols(int rows_block) { return rows_block / 2; }
 
+  // What every group of x row m reads besides its sums: the row's cache slot and position.
+  struct Row {
+    int32_t past;  // the cache row of s = 0 (int32 wrap-around, as gqa_prepare: the spec's jnp arithmetic)
+    int32_t pos;   // the rotary position, clipped as the spec's gather clips
+    bool fits;     // the row's K / V fit the cache
+  };
+  __device__ __forceinline__ static Row ReadRow(const GemvParams& p, int m) {
+    const QkvRotaryParams& q = p.qkv;
+    const int b = m / q.seq, s = m - b * q.seq;
+    Row r;
+    r.past = int32_t(uint32_t(q.seqlens[b]) + 1u - uint32_t(q.seq));
+    r.fits = r.past >= 0 && r.past <= q.capacity - q.seq;
+    const int32_t pos = q.position_ids != nullptr ? q.position_ids[m] : int32_t(uint32_t(r.past) + uint32_t(s));
+    r.pos = min(max(pos, 0), q.max_position - 1);
+    return r;
+  }
+
+  // Whether the group at W row n0 is rotated, and its first dim pair d_lo (dims d_lo .. d_lo + 7
+  // and their partners R/2 + d_lo ..).
+  __device__ __forceinline__ static bool RotaryGroup(const GemvParams& p, int n0, int& d_lo) {
+    const QkvRotaryParams& q = p.qkv;
+    const int head = n0 / q.head_dim, within = n0 - head * q.head_dim;
+    d_lo = within / 2;  // group j = within / 16: dims 8j and R/2 + 8j
+    return head < q.heads + q.kv_heads && within < 2 * q.rotary_half;
+  }
+
+  // The cos / sin of the row's position for dims d_lo .. d_lo + 7.
+  template <typename T>
+  __device__ __forceinline__ static void ReadAngles(const GemvParams& p, const Row& r, int d_lo, uint4& c, uint4& s) {
+    const int64_t angle = int64_t(r.pos) * p.qkv.rotary_half + d_lo;
+    c = LoadInput16(static_cast<const T*>(p.qkv.cos) + angle);
+    s = LoadInput16(static_cast<const T*>(p.qkv.sin) + angle);
+  }
+
   template <typename T, class Get>
   __device__ __forceinline__ static void Apply(const GemvParams& p, int m, int block, int oc, Get&& get) {
+    const int n0 = block * p.rows_block + 2 * oc;
+    if (n0 >= p.n_rows) return;
+    const Row r = ReadRow(p, m);
+    int d_lo;
+    uint4 c{}, s{};
+    if (RotaryGroup(p, n0, d_lo)) ReadAngles<T>(p, r, d_lo, c, s);
+    ApplyRow<T>(p, m, block, oc, r, c, s, get);
+  }
+
+  // Apply with the row (and, for a rotary group, its cos / sin) already read.
+  template <typename T, class Get>
+  __device__ __forceinline__ static void ApplyRow(const GemvParams& p, int m, int block, int oc, const Row& r,
+                                                  uint4 cos8, uint4 sin8, Get&& get) {
     const int lr = 2 * oc;
     const int n0 = block * p.rows_block + lr;  // the group's first W row
     if (n0 >= p.n_rows) return;
@@ -134,22 +181,14 @@ struct QkvRotaryEpilogue {
     const int d = q.head_dim;
     const int head = n0 / d, within = n0 - head * d;
     const int b = m / q.seq, s = m - b * q.seq;
-    // int32 wrap-around, as gqa_prepare (the spec's jnp arithmetic).
-    const int32_t past = int32_t(uint32_t(q.seqlens[b]) + 1u - uint32_t(q.seq));
-    const bool fits = past >= 0 && past <= q.capacity - q.seq;
-    if (n0 == 0 && s == 0) q.status[b] = fits ? status::kOk : status::kKvWriteOutOfRange;
+    if (n0 == 0 && s == 0) q.status[b] = r.fits ? status::kOk : status::kKvWriteOutOfRange;
     const bool is_q = head < q.heads;
     const bool is_v = head >= q.heads + q.kv_heads;
-    if (!is_q && !fits) return;
+    if (!is_q && !r.fits) return;
     int d_lo = within, d_hi = within + 8;
-    if (!is_v && within < 2 * q.rotary_half) {
-      d_lo = within / 2;  // group j = within / 16: dims 8j and R/2 + 8j
+    if (RotaryGroup(p, n0, d_lo)) {
       d_hi = q.rotary_half + d_lo;
-      int32_t pos = q.position_ids != nullptr ? q.position_ids[m] : int32_t(uint32_t(past) + uint32_t(s));
-      pos = min(max(pos, 0), q.max_position - 1);  // the spec's gather clips
-      const int64_t angle = int64_t(pos) * q.rotary_half + d_lo;
-      const Vec8<T> cv = AsVec8<T>(LoadInput16(static_cast<const T*>(q.cos) + angle));
-      const Vec8<T> sv = AsVec8<T>(LoadInput16(static_cast<const T*>(q.sin) + angle));
+      const Vec8<T> cv = AsVec8<T>(cos8), sv = AsVec8<T>(sin8);
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const float c = ToFloat(cv.v[i]), sn = ToFloat(sv.v[i]);
@@ -157,6 +196,8 @@ struct QkvRotaryEpilogue {
         lo[i] = RotaryFirst<T>(x1, x2, c, sn);
         hi[i] = RotarySecond<T>(x1, x2, c, sn);
       }
+    } else {
+      d_lo = within;
     }
     T* row;
     if (is_q) {
@@ -164,7 +205,7 @@ struct QkvRotaryEpilogue {
     } else {
       const int kv_head = is_v ? head - q.heads - q.kv_heads : head - q.heads;
       row = static_cast<T*>(is_v ? q.v_cache : q.k_cache) +
-            ((int64_t(b) * q.kv_heads + kv_head) * q.capacity + past + s) * d;
+            ((int64_t(b) * q.kv_heads + kv_head) * q.capacity + r.past + s) * d;
     }
     Vec8<T> out_lo, out_hi;
 #pragma unroll
@@ -177,11 +218,57 @@ struct QkvRotaryEpilogue {
   }
 };
 
+// What a one-row kernel's epilogue thread reads once, before the CTA's first tile (after the
+// programmatic wait: it may come from the previous kernel), so that no tile's end waits on it:
+// nothing, but for the fused QKV epilogue (below).
+template <typename T, class Epilogue>
+struct OneRowAhead {
+  __device__ __forceinline__ static OneRowAhead Read(const GemvParams&, int /*first_tile*/) { return {}; }
+  template <class Get>
+  __device__ __forceinline__ void Apply(const GemvParams& p, int tile, int oc, Get&& get) const {
+    Epilogue::template Apply<T>(p, 0, tile, oc, get);
+  }
+};
+
+// The fused QKV epilogue read its row's slot, then (dependent) the cos / sin at the tile's end: two
+// L2 round trips after the last chunk, ~0.9 us a call over the plain projection (H200, session 34's
+// `bench breakdown`). Read ahead: the row (two registers), and the cos / sin lines of the CTA's
+// first tile prefetched into L1 (no registers: the norm prologue's dense-row kernel is at its 128
+// cap; both one-row kernels stream W past L1, so the lines stay), so the tile's end reads them from
+// L1. A grid covers most tiles once (~1B qkv 192 tiles, ~8B 384, up to 264 CTAs). Not yet timed.
+template <typename T>
+struct OneRowAhead<T, QkvRotaryEpilogue> {
+  QkvRotaryEpilogue::Row row;
+
+  __device__ __forceinline__ static OneRowAhead Read(const GemvParams& p, int first_tile) {
+    OneRowAhead a;
+    a.row = QkvRotaryEpilogue::ReadRow(p, 0);
+    const int n0 = first_tile * p.rows_block;
+    int d_lo;
+    if (n0 < p.n_rows && QkvRotaryEpilogue::RotaryGroup(p, n0, d_lo)) {
+      const int64_t angle = int64_t(a.row.pos) * p.qkv.rotary_half + d_lo;
+      PrefetchL1(static_cast<const T*>(p.qkv.cos) + angle);
+      PrefetchL1(static_cast<const T*>(p.qkv.sin) + angle);
+    }
+    return a;
+  }
+  template <class Get>
+  __device__ __forceinline__ void Apply(const GemvParams& p, int tile, int oc, Get&& get) const {
+    uint4 c{}, s{};
+    int d_lo;
+    if (QkvRotaryEpilogue::RotaryGroup(p, tile * p.rows_block + 2 * oc, d_lo)) {
+      QkvRotaryEpilogue::ReadAngles<T>(p, row, d_lo, c, s);
+    }
+    QkvRotaryEpilogue::ApplyRow<T>(p, 0, tile, oc, row, c, s, get);
+  }
+};
+
 // The one-row kernels' end of a 16-row tile, after a CTA barrier: red[w * stride + r] holds warp
 // w's partial sum of the tile's row r; threads 0-15 (warp 0) add the warps in order into warp 0's
 // slot, then the epilogue's threads store the tile's outputs. Deterministic (fixed order).
 template <typename T, class Epilogue>
-__device__ __forceinline__ void OneRowTileEpilogue(const GemvParams& p, int tile, float* red, int stride, int tid) {
+__device__ __forceinline__ void OneRowTileEpilogue(const GemvParams& p, int tile, float* red, int stride, int tid,
+                                                   const OneRowAhead<T, Epilogue>& ahead) {
   if (tid >= 16) return;
   float v = 0.f;
 #pragma unroll
@@ -189,7 +276,7 @@ __device__ __forceinline__ void OneRowTileEpilogue(const GemvParams& p, int tile
   red[tid] = v;
   __syncwarp(0xFFFFu);
   if (tid < Epilogue::OutCols(16) / 8) {
-    Epilogue::template Apply<T>(p, 0, tile, tid * 8, [&](int r0, float (&v8)[8]) {
+    ahead.Apply(p, tile, tid * 8, [&](int r0, float (&v8)[8]) {
 #pragma unroll
       for (int e = 0; e < 8; ++e) v8[e] = red[r0 + e];
     });

@@ -381,6 +381,10 @@ __global__ void __launch_bounds__(kThreads, 2) GemvSlotsKernel(const __grid_cons
   SlotsStageFinish<T, Prologue>(p, smem, s_red, s_piece, tid, raw_x, raw_g);
   __syncthreads();
   JOA_GEMV_MARK(3);
+  // The epilogue's once-a-CTA reads (after the programmatic wait above), in flight while the first
+  // tile streams.
+  using Ahead = OneRowAhead<T, Epilogue>;
+  const Ahead ahead = tid < Epilogue::OutCols(16) / 8 ? Ahead::Read(p, int(blockIdx.x)) : Ahead{};
 
   // B registers of piece pc: x where g == 4 pc + t, else the zero area (the same quad offsets).
   const unsigned char* x_base[2];
@@ -452,7 +456,7 @@ __global__ void __launch_bounds__(kThreads, 2) GemvSlotsKernel(const __grid_cons
       }
       tot[0] = tot[1] = 0.f;
       __syncthreads();
-      OneRowTileEpilogue<T, Epilogue>(p, tile, red, rs, tid);
+      OneRowTileEpilogue<T, Epilogue>(p, tile, red, rs, tid, ahead);
       JOA_GEMV_MARK(5);
     }
   }

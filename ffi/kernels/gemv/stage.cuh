@@ -35,6 +35,12 @@ __device__ __forceinline__ uint4 LoadInput16(const void* p) {
   return __ldg(reinterpret_cast<const uint4*>(p));
 }
 
+// Asks for the line holding p in L1 without waiting for it or holding a register: a later
+// LoadInput16 of it hits L1 (the fused QKV epilogue's cos / sin, prefetched before the tile streams).
+__device__ __forceinline__ void PrefetchL1(const void* p) {
+  asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p));
+}
+
 // 16 bytes of W, read once (the one-row kernels, which load W straight into registers): not kept
 // in L1.
 __device__ __forceinline__ uint4 LoadStream16(const void* p) {
