@@ -158,6 +158,16 @@ cudaError_t LaunchDenseRowKernel(const GemvParams& p, const Plan& plan, bool pdl
   // calls: the probe's copy of this kernel at the default carveout, ~8B LM head 231 us, gate-up
   // 55.0, down 29.9; the engine's at max-shared 251 / 60.2 / 34.5; bench/results/2026-12-02-gemv-dense-row.json).
   auto launch = [&](auto* kernel) {
+    // Rows of x take more shared memory: ask for the smallest carveout that holds the plan's two
+    // CTAs an SM (the default may hold one; all of L1 as shared memory costs a register-streaming
+    // kernel 25-45%, session 25). A function attribute, not stream work; the record stage keeps
+    // the default.
+    if (p.m > 1 && LaunchRecorder::Active() == nullptr) {
+      const int percent = int(CeilDiv(int64_t(plan.ctas_per_sm) * (smem + 1024) * 100, int64_t(228) * 1024));
+      const cudaError_t err =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, std::min(percent, 100));
+      if (err != cudaSuccess) return err;
+    }
     return LaunchPlanned(kernel, p, plan, smem, /*max_shared=*/false, pdl, stream);
   };
   if (p.m == 1) return launch(GemvDenseRowKernel<T, Prologue, Epilogue, kDenseRowDepth, 1>);
