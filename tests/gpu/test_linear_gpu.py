@@ -103,6 +103,15 @@ def _check(got, want, dtype, what, slack=None):
     assert_close(got, want, dtype, err_msg=what)
 
 
+def _product_x(x, arrays):
+    """The x the product sees, in f64: x itself, or each row RMS-normed (eps 1e-5, _fusion_operands')
+    times norm_weight when the call has the norm prologue."""
+    x = np.asarray(x, np.float64)
+    if "norm_weight" not in arrays:
+        return x
+    return x / np.sqrt(np.mean(x ** 2, axis=-1, keepdims=True) + 1e-5) * np.asarray(arrays["norm_weight"], np.float64)
+
+
 def _bias_slack(x, w, dtype, gated):
     """What one rounding of a product can move an output by when a bias cancels it.
 
@@ -266,10 +275,7 @@ def test_slots_kernel_matches_the_reference_and_the_ring_kernel(block, zp, dtype
         w = reference_linear.dequantize_nbits(
             bq, ops.untile_nbits_meta(s, n), None if z is None else ops.untile_nbits_meta(z, n),
             bits=4, block_size=block, dtype=jnp.float32)
-        x_in = np.asarray(x[:1], np.float64)
-        if "norm_weight" in arrays:  # the product's x is the normed one
-            x_in = x_in / np.sqrt(np.mean(x_in ** 2) + 1e-5) * np.asarray(arrays["norm_weight"], np.float64)
-        slack = _bias_slack(x_in, w, dtype, static["gated"])
+        slack = _bias_slack(_product_x(x[:1], arrays), w, dtype, static["gated"])
         _check(got, ref, dtype, f"slots {fusion} block={block} zp={zp}", slack)
         _check(_slots_call(False, monkeypatch, **kw)(x[:1], bq, s, z, **arrays), ref, dtype,
                f"ring {fusion} block={block} zp={zp}", slack)
@@ -299,10 +305,7 @@ def test_dense_row_kernel_matches_the_reference_and_the_ring_kernel(k, dtype, mo
         ref = _linear_fn("reference", **static)(x[:1], w, **arrays)
         row = _dense_row_call(True, monkeypatch, **static)
         got = row(x[:1], w, **arrays)
-        x_in = np.asarray(x[:1], np.float64)
-        if "norm_weight" in arrays:  # the product's x is the normed one
-            x_in = x_in / np.sqrt(np.mean(x_in ** 2) + 1e-5) * np.asarray(arrays["norm_weight"], np.float64)
-        slack = _bias_slack(x_in, w, dtype, gated) if ("bias" in arrays or gated) else None
+        slack = _bias_slack(_product_x(x[:1], arrays), w, dtype, gated) if ("bias" in arrays or gated) else None
         _check(got, ref, dtype, f"dense row {fusion} K={k}", slack)
         _check(_dense_row_call(False, monkeypatch, **static)(x[:1], w, **arrays), ref, dtype,
                f"ring {fusion} K={k}", slack)
@@ -328,11 +331,7 @@ def test_dense_row_kernel_rows_match_the_reference_and_each_row_alone(k, dtype, 
             rows = _dense_row_call(True, monkeypatch, **static)
             got = rows(x[:m], w, **arrays)
             ref = _linear_fn("reference", **static)(x[:m], w, **arrays)
-            x_in = np.asarray(x[:m], np.float64)
-            if "norm_weight" in arrays:  # the product's x is the normed one
-                x_in = (x_in / np.sqrt(np.mean(x_in ** 2, axis=-1, keepdims=True) + 1e-5)
-                        * np.asarray(arrays["norm_weight"], np.float64))
-            slack = _bias_slack(x_in, w, dtype, gated) if ("bias" in arrays or gated) else None
+            slack = _bias_slack(_product_x(x[:m], arrays), w, dtype, gated) if ("bias" in arrays or gated) else None
             _check(got, ref, dtype, f"dense rows {fusion} K={k} M={m}", slack)
             np.testing.assert_array_equal(rows(x[:m], w, **arrays), got)
             for i in range(m):

@@ -125,47 +125,27 @@ __global__ void __launch_bounds__(kThreads, 2) GemvDenseRowKernel(const __grid_c
   // x (and gamma) may come from the previous kernel: W above is a parameter nothing writes.
   ptx::WaitForPrimary();
   const uint4* xg = static_cast<const uint4*>(p.x);
-  if constexpr (kRows == 1) {
-    if constexpr (Prologue::kNorm) {
-      float ss = 0.f;  // each thread's units, then the slots kernel's fixed-order statistics
-      for (int u = tid; u < units; u += kThreads) {
-        const uint4 v = LoadInput16(xg + u);
-        s_x[u] = v;
-        ss = AddSquares8<T>(v, ss);
-      }
-      const float r = OneRowInverseRms(ss, s_wsum, lane, wk, p.k, p.eps);
-      const uint4* gamma = static_cast<const uint4*>(p.gamma);
-      for (int u = tid; u < units; u += kThreads) s_x[u] = Prologue::template Apply<T>(s_x[u], r, LoadInput16(gamma + u));
-    } else {
-      for (int u = tid; u < units; u += kThreads) s_x[u] = LoadInput16(xg + u);
-    }
-  } else if constexpr (Prologue::kNorm) {
-    // Each row's statistics as the one row's (OneRowInverseRms: thread, warp, then the warps in
-    // order), all rows under one barrier.
+  if constexpr (Prologue::kNorm) {
+    // Each row's statistics as the slots kernel's (thread, warp, then the warps in order; a row's
+    // bits do not depend on the others), all rows under one barrier.
     float ss[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       ss[r] = 0.f;
-      if (r < m_rows) {
-        for (int u = tid; u < units; u += kThreads) {
-          const uint4 v = LoadInput16(xg + r * units + u);
-          s_x[r * units + u] = v;
-          ss[r] = AddSquares8<T>(v, ss[r]);
-        }
+      if (r >= m_rows) break;
+      for (int u = tid; u < units; u += kThreads) {
+        const uint4 v = LoadInput16(xg + r * units + u);
+        s_x[r * units + u] = v;
+        ss[r] = AddSquares8<T>(v, ss[r]);
       }
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) ss[r] += __shfl_xor_sync(0xffffffffu, ss[r], off);
-      if (lane == 0 && r < m_rows) s_wsum[r * kWarps + wk] = ss[r];
+      StoreWarpSquares(ss[r], s_wsum + r * kWarps, lane, wk);
     }
     __syncthreads();
     const uint4* gamma = static_cast<const uint4*>(p.gamma);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       if (r >= m_rows) break;
-      float total = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) total += s_wsum[r * kWarps + w];
-      const float inv = rsqrtf(__fdiv_rn(total, float(p.k)) + p.eps);
+      const float inv = InverseRmsOfWarpSquares(s_wsum + r * kWarps, p.k, p.eps);
       for (int u = tid; u < units; u += kThreads) {
         s_x[r * units + u] = Prologue::template Apply<T>(s_x[r * units + u], inv, LoadInput16(gamma + u));
       }
@@ -180,22 +160,16 @@ __global__ void __launch_bounds__(kThreads, 2) GemvDenseRowKernel(const __grid_c
   using Ahead = OneRowAhead<T, Epilogue>;
   const Ahead ahead = kRows == 1 && tid < Epilogue::OutCols(16) / 8 ? Ahead::Read(p, int(blockIdx.x)) : Ahead{};
 
-  // B: lanes 0-7 read x units 8 s + lane of the warp's K range; the others the zero unit. With
-  // rows: lane (g, t) of set q reads row 4 q + g / 2's units 8 s + 4 (g & 1) + t (lanes 0-7: row 0,
-  // as one row), the zero unit past M.
+  // B: lane (g, t) of set q reads row 4 q + g / 2's x units 8 s + 4 (g & 1) + t of the warp's K
+  // range, the zero unit past M (one row: lanes 0-7 read units 8 s + lane).
   const uint4* xb[kGroups];
   int xstep[kGroups];
-  if constexpr (kRows == 1) {
-    xb[0] = lane < 8 ? s_x + wk * nsteps * 8 + lane : s_zero;
-    xstep[0] = lane < 8 ? 8 : 0;
-  } else {
 #pragma unroll
-    for (int q = 0; q < kGroups; ++q) {
-      const int r = 4 * q + (g >> 1);
-      const bool mine = r < m_rows;
-      xb[q] = mine ? s_x + r * units + wk * nsteps * 8 + 4 * (g & 1) + t : s_zero;
-      xstep[q] = mine ? 8 : 0;
-    }
+  for (int q = 0; q < kGroups; ++q) {
+    const int r = 4 * q + (g >> 1);
+    const bool mine = r < m_rows;
+    xb[q] = mine ? s_x + r * units + wk * nsteps * 8 + 4 * (g & 1) + t : s_zero;
+    xstep[q] = mine ? 8 : 0;
   }
 
   // [set of 4 x rows][W rows g/2 + 4 rg (+ 8)][chain: words x, y / z, w][C fragment]
@@ -230,7 +204,7 @@ __global__ void __launch_bounds__(kThreads, 2) GemvDenseRowKernel(const __grid_c
 #pragma unroll
       for (int q = 0; q < kGroups; ++q) {
         const int r = 4 * q + t;
-        const bool writes = (g & 1) == 0 && (kRows == 1 ? t == 0 : r < m_rows);
+        const bool writes = (g & 1) == 0 && r < m_rows;
 #pragma unroll
         for (int rg = 0; rg < 2; ++rg) {
 #pragma unroll
@@ -239,7 +213,7 @@ __global__ void __launch_bounds__(kThreads, 2) GemvDenseRowKernel(const __grid_c
             const float c1 = acc[q][rg][0][2 * h + 1] + acc[q][rg][1][2 * h + 1];
             float v = (g & 1) ? c1 : c0;
             v += __shfl_xor_sync(0xffffffffu, v, 4);
-            if (writes) red[(kRows == 1 ? 0 : r * kWarps * 16) + wk * 16 + (g >> 1) + 4 * rg + 8 * h] = v;
+            if (writes) red[r * kWarps * 16 + wk * 16 + (g >> 1) + 4 * rg + 8 * h] = v;
 #pragma unroll
             for (int e = 0; e < 2; ++e) acc[q][rg][e][2 * h] = acc[q][rg][e][2 * h + 1] = 0.f;
           }

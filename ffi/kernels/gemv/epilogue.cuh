@@ -125,38 +125,30 @@ struct QkvRotaryEpilogue {
     return r;
   }
 
-  // Whether the group at W row n0 is rotated, and its first dim pair d_lo (dims d_lo .. d_lo + 7
+  // Whether the group at W row n0 is rotated; if so its first dim pair d_lo (dims d_lo .. d_lo + 7
   // and their partners R/2 + d_lo ..).
   __device__ __forceinline__ static bool RotaryGroup(const GemvParams& p, int n0, int& d_lo) {
     const QkvRotaryParams& q = p.qkv;
     const int head = n0 / q.head_dim, within = n0 - head * q.head_dim;
+    if (head >= q.heads + q.kv_heads || within >= 2 * q.rotary_half) return false;  // V, or past R
     d_lo = within / 2;  // group j = within / 16: dims 8j and R/2 + 8j
-    return head < q.heads + q.kv_heads && within < 2 * q.rotary_half;
+    return true;
   }
 
-  // The cos / sin of the row's position for dims d_lo .. d_lo + 7.
-  template <typename T>
-  __device__ __forceinline__ static void ReadAngles(const GemvParams& p, const Row& r, int d_lo, uint4& c, uint4& s) {
-    const int64_t angle = int64_t(r.pos) * p.qkv.rotary_half + d_lo;
-    c = LoadInput16(static_cast<const T*>(p.qkv.cos) + angle);
-    s = LoadInput16(static_cast<const T*>(p.qkv.sin) + angle);
+  // The offset of the cos / sin of the row's position for dims d_lo .. d_lo + 7 in their tables.
+  __device__ __forceinline__ static int64_t Angle(const GemvParams& p, const Row& r, int d_lo) {
+    return int64_t(r.pos) * p.qkv.rotary_half + d_lo;
   }
 
   template <typename T, class Get>
   __device__ __forceinline__ static void Apply(const GemvParams& p, int m, int block, int oc, Get&& get) {
-    const int n0 = block * p.rows_block + 2 * oc;
-    if (n0 >= p.n_rows) return;
-    const Row r = ReadRow(p, m);
-    int d_lo;
-    uint4 c{}, s{};
-    if (RotaryGroup(p, n0, d_lo)) ReadAngles<T>(p, r, d_lo, c, s);
-    ApplyRow<T>(p, m, block, oc, r, c, s, get);
+    ApplyRow<T>(p, m, block, oc, ReadRow(p, m), get);
   }
 
-  // Apply with the row (and, for a rotary group, its cos / sin) already read.
+  // Apply with the row already read.
   template <typename T, class Get>
   __device__ __forceinline__ static void ApplyRow(const GemvParams& p, int m, int block, int oc, const Row& r,
-                                                  uint4 cos8, uint4 sin8, Get&& get) {
+                                                  Get&& get) {
     const int lr = 2 * oc;
     const int n0 = block * p.rows_block + lr;  // the group's first W row
     if (n0 >= p.n_rows) return;
@@ -188,7 +180,9 @@ struct QkvRotaryEpilogue {
     int d_lo = within, d_hi = within + 8;
     if (RotaryGroup(p, n0, d_lo)) {
       d_hi = q.rotary_half + d_lo;
-      const Vec8<T> cv = AsVec8<T>(cos8), sv = AsVec8<T>(sin8);
+      const int64_t angle = Angle(p, r, d_lo);
+      const Vec8<T> cv = AsVec8<T>(LoadInput16(static_cast<const T*>(q.cos) + angle));
+      const Vec8<T> sv = AsVec8<T>(LoadInput16(static_cast<const T*>(q.sin) + angle));
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const float c = ToFloat(cv.v[i]), sn = ToFloat(sv.v[i]);
@@ -196,8 +190,6 @@ struct QkvRotaryEpilogue {
         lo[i] = RotaryFirst<T>(x1, x2, c, sn);
         hi[i] = RotarySecond<T>(x1, x2, c, sn);
       }
-    } else {
-      d_lo = within;
     }
     T* row;
     if (is_q) {
@@ -232,7 +224,7 @@ struct OneRowAhead {
 
 // The fused QKV epilogue read its row's slot, then (dependent) the cos / sin at the tile's end: two
 // L2 round trips after the last chunk, ~0.9 us a call over the plain projection (H200, session 34's
-// `bench breakdown`). Read ahead: the row (two registers), and the cos / sin lines of the CTA's
+// `bench breakdown`). Read ahead: the row (three registers), and the cos / sin lines of the CTA's
 // first tile prefetched into L1 (no registers: the norm prologue's dense-row kernel is at its 128
 // cap; both one-row kernels stream W past L1, so the lines stay), so the tile's end reads them from
 // L1. A grid covers most tiles once (~1B qkv 192 tiles, ~8B 384, up to 264 CTAs). Not yet timed.
@@ -246,7 +238,7 @@ struct OneRowAhead<T, QkvRotaryEpilogue> {
     const int n0 = first_tile * p.rows_block;
     int d_lo;
     if (n0 < p.n_rows && QkvRotaryEpilogue::RotaryGroup(p, n0, d_lo)) {
-      const int64_t angle = int64_t(a.row.pos) * p.qkv.rotary_half + d_lo;
+      const int64_t angle = QkvRotaryEpilogue::Angle(p, a.row, d_lo);
       PrefetchL1(static_cast<const T*>(p.qkv.cos) + angle);
       PrefetchL1(static_cast<const T*>(p.qkv.sin) + angle);
     }
@@ -254,12 +246,7 @@ struct OneRowAhead<T, QkvRotaryEpilogue> {
   }
   template <class Get>
   __device__ __forceinline__ void Apply(const GemvParams& p, int tile, int oc, Get&& get) const {
-    uint4 c{}, s{};
-    int d_lo;
-    if (QkvRotaryEpilogue::RotaryGroup(p, tile * p.rows_block + 2 * oc, d_lo)) {
-      QkvRotaryEpilogue::ReadAngles<T>(p, row, d_lo, c, s);
-    }
-    QkvRotaryEpilogue::ApplyRow<T>(p, 0, tile, oc, row, c, s, get);
+    QkvRotaryEpilogue::ApplyRow<T>(p, 0, tile, oc, row, get);
   }
 };
 

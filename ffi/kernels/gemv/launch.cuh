@@ -163,9 +163,8 @@ cudaError_t LaunchDenseRowKernel(const GemvParams& p, const Plan& plan, bool pdl
     // kernel 25-45%, session 25). A function attribute, not stream work; the record stage keeps
     // the default.
     if (p.m > 1 && LaunchRecorder::Active() == nullptr) {
-      const int percent = int(CeilDiv(int64_t(plan.ctas_per_sm) * (smem + 1024) * 100, int64_t(228) * 1024));
-      const cudaError_t err =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, std::min(percent, 100));
+      const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                                   SmemCarveoutPercent(smem, plan.ctas_per_sm));
       if (err != cudaSuccess) return err;
     }
     return LaunchPlanned(kernel, p, plan, smem, /*max_shared=*/false, pdl, stream);

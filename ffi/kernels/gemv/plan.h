@@ -42,10 +42,17 @@ inline constexpr int kPlanSms = 132;
 // Shared memory per CTA when two CTAs share an SM, and for one CTA: sm_90 (228 KB per SM, 1 KB
 // reserved per CTA; the decode engine's kBudget2 / kBudget1) and sm_80 (164 KB per SM, at most
 // 163 KB a CTA).
-inline constexpr int64_t kSmemTwoPerSm = 115712;
-inline constexpr int64_t kSmemOnePerSm = 232448;
+inline constexpr int64_t kSmemPerSm = 233472;
+inline constexpr int64_t kSmemReservedPerCta = 1024;
+inline constexpr int64_t kSmemTwoPerSm = kSmemPerSm / 2 - kSmemReservedPerCta;  // 115712
+inline constexpr int64_t kSmemOnePerSm = kSmemPerSm - kSmemReservedPerCta;      // 232448
 inline constexpr int64_t kSmemTwoPerSm80 = 82944;
 inline constexpr int64_t kSmemOnePerSm80 = 166912;
+// The smallest sm_90 shared-memory carveout (percent of kSmemPerSm) that holds `ctas` CTAs of
+// `smem` dynamic bytes each.
+inline int SmemCarveoutPercent(int64_t smem, int64_t ctas) {
+  return int(std::min<int64_t>(100, (ctas * (smem + kSmemReservedPerCta) * 100 + kSmemPerSm - 1) / kSmemPerSm));
+}
 // RMS norm: per x row, this CTA's f32 sum of squares and the inverse RMS.
 inline constexpr int64_t kNormBytes = 2 * 4 * kMaxM;
 
