@@ -293,7 +293,8 @@ def bandwidth_bound(session, timings) -> dict | None:
 
     The bound is `runtime.roofline`'s: every weight byte a step reads plus the KV bytes at the
     run's mean context (a step's bytes are affine in the context), over the HBM bandwidth of the
-    device (the H200's 4.8 TB/s; other GPUs are not in the table: None).
+    device (`roofline.hbm_bytes_per_s`: the H200's 4.8 TB/s, the H100's; None for a GPU not in
+    its table).
     """
     import jax
 
@@ -301,7 +302,8 @@ def bandwidth_bound(session, timings) -> dict | None:
 
     device = jax.devices()[0]
     step_s = getattr(timings, "step_s", float("nan"))
-    if device.platform != "gpu" or "H200" not in str(device.device_kind) or not step_s > 0:
+    bandwidth = roofline.hbm_bytes_per_s(str(device.device_kind))
+    if device.platform != "gpu" or bandwidth is None or not step_s > 0:
         return None
     cost = roofline.step_cost(session.lowered)
     rows = max(int(getattr(timings, "rows", 1) or 1), 1)
@@ -311,7 +313,7 @@ def bandwidth_bound(session, timings) -> dict | None:
     # With a mesh every device streams its share of the bytes: the bound is all of them together.
     layout = getattr(session, "layout", None)
     devices = layout.mesh.devices.size if layout is not None else 1
-    peak = roofline.H200_HBM_BYTES_PER_S * devices
+    peak = bandwidth * devices
     return {"bytes_per_step": bytes_per_step, "achieved_gb_s": bytes_per_step / step_s / 1e9,
             "peak_gb_s": peak / 1e9, "fraction": cost.fraction_of_bound(step_s, batch, ctx, peak)}
 

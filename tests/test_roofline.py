@@ -95,6 +95,15 @@ def test_h200_numbers():
     assert plots.H200.hbm_gbps * 1e9 == roofline.H200_HBM_BYTES_PER_S  # one source for the bound
 
 
+@pytest.mark.parametrize("kind, bandwidth", [("NVIDIA H200", 4.8e12), ("NVIDIA H100 80GB HBM3", 3.35e12),
+                                             ("NVIDIA H100 PCIe", 2.0e12), ("NVIDIA H100 NVL", 3.9e12),
+                                             ("NVIDIA A100-SXM4-80GB", None), (None, None)])
+def test_bandwidth_of_the_gpu_measured_on(kind, bandwidth):
+    """The bound uses the bandwidth of the GPU that ran (jax's device_kind), the PCIe / NVL H100
+    parts before the SXM one their names contain; an unknown GPU has none."""
+    assert roofline.hbm_bytes_per_s(kind) == bandwidth
+
+
 def test_bad_batch_is_named():
     cost = roofline.StepCost(1, 1, 1, 1, (1,))
     with pytest.raises(ValueError, match="batch=0"):

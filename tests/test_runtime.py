@@ -207,6 +207,63 @@ def test_cache_is_donated(session3):
     assert all(x.is_deleted() for x in before)
 
 
+@pytest.mark.parametrize("check", [1, 4, 16])
+def test_steps_per_check_changes_no_token(lowered, ort_greedy, check):
+    """Blocks of `check` fixed-count steps between "every row finished?" checks give the tokens,
+    finish reasons and step counts of checking every step, for greedy rows against onnxruntime
+    and for sampled rows ending mid-block (a stop token, ragged max_new_tokens through padding)."""
+    session = DecoderSession(lowered, max_length=MAX_LENGTH, batch=3, steps_per_call=16,
+                             steps_per_check=check)
+    assert session.steps_per_check == check
+    greedy = session.generate(PROMPTS, max_new_tokens=21)  # ends mid-block for 4 and 16
+    assert greedy.tokens == [t[:21] for t in ort_greedy]
+    assert greedy.timings.decode_steps == 20  # steps where a row ran, not the no-op tail
+    stop = ort_greedy[0][5]
+    kw = dict(max_new_tokens=13, temperature=1.0, top_k=20, seed=3, stop_tokens=[stop])
+    every_step = DecoderSession(lowered, max_length=MAX_LENGTH, batch=3, steps_per_call=16,
+                                steps_per_check=1).generate(PROMPTS, **kw)
+    sampled = session.generate(PROMPTS, **kw)
+    assert sampled.tokens == every_step.tokens
+    assert sampled.finish_reasons == every_step.finish_reasons
+    assert sampled.timings.decode_steps == every_step.timings.decode_steps
+    # The block is a loop XLA knows the trip count of (run without a host read each step).
+    for hlo in session.compiled_text("decode"):  # greedy's and the sampler's executables
+        assert check == 1 or f'"known_trip_count":{{"n":"{check}"}}' in hlo
+
+
+def test_a_decode_call_after_the_last_row_finished_runs_nothing(lowered):
+    """The outer loop checks before its first block: a call on a finished state changes nothing."""
+    session = DecoderSession(lowered, max_length=MAX_LENGTH, batch=1, steps_per_call=8)
+    assert session.steps_per_check == 8
+    session.generate(PROMPTS[:1], max_new_tokens=3)
+    b, cap = 1, MAX_LENGTH
+    tokens = np.zeros((b, cap), np.int32)
+    tokens[0, :4] = PROMPTS[0][:4]
+    from jax_onnx_attn.runtime.session import LENGTH, DecodeState
+    state = DecodeState(tokens=jnp.asarray(tokens), length=jnp.full((b,), 4, jnp.int32),
+                        prompt_len=jnp.full((b,), 2, jnp.int32), max_new=jnp.full((b,), 2, jnp.int32),
+                        finish=jnp.full((b,), LENGTH, jnp.int32), stop_ids=jnp.full((8,), -1, jnp.int32),
+                        key=jax.random.PRNGKey(0), step=jnp.full((), 5, jnp.int32),
+                        status=jnp.zeros((b,), jnp.int32))
+    host = jax.device_get(session.run_decode(state, 2))
+    assert int(host.step) == 5 and host.tokens.tolist() == tokens.tolist() and host.length.tolist() == [4]
+
+
+def test_steps_per_check_must_divide_steps_per_call(lowered, monkeypatch):
+    from jax_onnx_attn.runtime.session import STEPS_PER_CHECK_ENV, steps_per_check_for
+
+    assert steps_per_check_for(32) == 8 and steps_per_check_for(12) == 4 and steps_per_check_for(7) == 1
+    with pytest.raises(ValueError, match=r"steps_per_check must be a divisor of steps_per_call \(32\), got 5"):
+        DecoderSession(lowered, max_length=MAX_LENGTH, steps_per_check=5)
+    with pytest.raises(ValueError, match="got 0"):
+        steps_per_check_for(32, 0)
+    monkeypatch.setenv(STEPS_PER_CHECK_ENV, "32")
+    assert steps_per_check_for(32) == 32 and steps_per_check_for(32, 4) == 4  # the argument wins
+    monkeypatch.setenv(STEPS_PER_CHECK_ENV, "three")
+    with pytest.raises(ValueError, match=r"\$JOA_DECODE_STEPS_PER_CHECK must be an integer, got 'three'"):
+        steps_per_check_for(32)
+
+
 # --------------------------------------------------------------------------------------------------
 # Sampling
 

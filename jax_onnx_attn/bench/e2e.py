@@ -27,7 +27,8 @@ After a warm-up call (compilation) and one timed call that sets m (so that a sam
 --target-ms, at most --max-calls calls), ms/step = the median over --reps samples of
 (wall time of m calls) / (m * K). The host dispatches the m calls back to back and synchronises once,
 so per-call dispatch hides behind the device. frac_of_bound = the bandwidth bound of one step
-(`jax_onnx_attn.runtime.roofline`: weights + B gathered rows + B * T KV rows, over 4.8 TB/s) over
+(`jax_onnx_attn.runtime.roofline`: weights + B gathered rows + B * T KV rows, over the GPU's HBM
+bandwidth: 4.8 TB/s on the H200, 3.35 on the H100 SXM; --hbm overrides) over
 the measured step; tokens/s = B / step time.
 
 Prefill (cases with B * T <= --max-prefill-tokens): time to first token for a B x T prompt batch:
@@ -90,7 +91,7 @@ import numpy as np
 
 from jax_onnx_attn import _extension
 from jax_onnx_attn.bench.decode import _warm_up, environment
-from jax_onnx_attn.runtime.roofline import H200_HBM_BYTES_PER_S
+from jax_onnx_attn.runtime.roofline import H200_HBM_BYTES_PER_S, hbm_bytes_per_s
 
 IMPLS = ("ours", "jax-peer", "torch-peer")
 #: Weight formats: DecoderConfig overrides.
@@ -994,7 +995,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="keep XLA's command buffers in the traced calls (XLA flag "
                          f"--{COMMAND_BUFFERS_DURING_PROFILING}=true): the trace shows the graphs' "
                          "kernels, e.g. the FFI record stage's nodes")
-    ap.add_argument("--hbm", type=float, default=H200_HBM_BYTES_PER_S, help="HBM bytes/s of the bound")
+    ap.add_argument("--hbm", type=float, default=None,
+                    help="HBM bytes/s of the bound (default: the GPU's, runtime.roofline.HBM_BYTES_PER_S; "
+                         "the H200's 4.8e12 where the GPU is not in it)")
     ap.add_argument("--max-seconds", type=float, default=None,
                     help="budget for the whole run incl. making models (default 420, --quick 240)")
     ap.add_argument("--models-dir", default=None, help="where models are made and reused "
@@ -1043,6 +1046,9 @@ def main(argv: list[str] | None = None) -> int:
         _warm_up(2.0)
     env["gemm_peak"] = gemm_peak(on_gpu)
     env["gemm_peak_tflops"] = env["gemm_peak"]["tflops"]
+    if args.hbm is None:  # the bound of the GPU measured on (an H100's is 0.70 of the H200's)
+        args.hbm = hbm_bytes_per_s(str(jax.devices()[0].device_kind)) if on_gpu else None
+        args.hbm = args.hbm or H200_HBM_BYTES_PER_S
     env["hbm_bytes_per_s"] = args.hbm
     env["device_memory_bytes"] = limit = _device_memory()
     print(f"GEMM peak (fp16, jax): {env['gemm_peak_tflops']:.1f} TFLOP/s", flush=True)

@@ -37,8 +37,21 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-#: The H200's HBM3e bandwidth (bytes/s, datasheet).
+#: The H200's HBM3e bandwidth (bytes/s, datasheet): the issues' targets are fractions of it.
 H200_HBM_BYTES_PER_S = 4.8e12
+#: HBM bandwidth (bytes/s, datasheets) of the GPUs a bound can be computed for, by a fragment of
+#: jax's `device_kind` ("NVIDIA H100 80GB HBM3" is the SXM part); the first fragment found wins.
+HBM_BYTES_PER_S = {"H200": H200_HBM_BYTES_PER_S, "H100 PCIe": 2.0e12, "H100 NVL": 3.9e12,
+                   "H100": 3.35e12}
+
+
+def hbm_bytes_per_s(device_kind: str | None) -> float | None:
+    """The HBM bandwidth of a GPU named `device_kind` (jax's), or None when the table lacks it."""
+    for fragment, bandwidth in HBM_BYTES_PER_S.items():
+        if device_kind and fragment.lower() in device_kind.lower():
+            return bandwidth
+    return None
+
 #: The H200's dense tensor-core peak (FLOP/s, datasheet) per compute dtype.
 H200_PEAK_FLOPS = {"float16": 989e12, "bfloat16": 989e12, "float32": 67e12}
 
@@ -202,4 +215,5 @@ def decode_bound_seconds(lowered, batch: int, ctx: int,
     return step_cost(lowered).decode_seconds(batch, ctx, hbm_bytes_per_s)
 
 
-__all__ = ["StepCost", "step_cost", "decode_bound_seconds", "H200_HBM_BYTES_PER_S", "H200_PEAK_FLOPS"]
+__all__ = ["StepCost", "step_cost", "decode_bound_seconds", "hbm_bytes_per_s", "HBM_BYTES_PER_S",
+           "H200_HBM_BYTES_PER_S", "H200_PEAK_FLOPS"]

@@ -8,7 +8,9 @@ How a generation runs (all arrays on the device):
   bucket so few prompt lengths compile); the first new token is chosen from each row's last valid
   position.
 * Decode: one compiled executable, called repeatedly. Each call runs up to `steps_per_call` one-token
-  steps inside a `lax.while_loop`. Everything that changes per token (lengths, the token buffer, the
+  steps: a `lax.while_loop` over blocks of `steps_per_check` steps that stops once no row runs, each
+  block a fixed-count loop (XLA reads a while loop's predicate back to the host every iteration
+  unless it knows the trip count: per step, that idled the GPU ~70 µs). Everything that changes per token (lengths, the token buffer, the
   finish flags, the step counter that seeds the sampler) lives in a donated device state, so no host
   scalar enters a step: the executable never retraces, and on GPU XLA does not re-record its command
   buffers. The host only reads a small summary after each call (rows still running, tokens
@@ -56,6 +58,16 @@ FINISH_REASONS = {STOP: "stop", LENGTH: "length", MAX_LENGTH: "max_length", PADD
 
 _MIN_BUCKET = 16
 _MIN_STOP_SLOTS = 8
+
+#: Decode steps run between two checks for "every row finished" inside one call (the default; see
+#: `steps_per_check_for`). A `lax.while_loop` whose trip count XLA cannot prove has the GPU copy its
+#: predicate to the host and wait for it every iteration, so the device idles while the host wakes
+#: and launches the next step: ~70 µs a step on the H100 at ~1B (5-6% of the step; the JAX peer's
+#: fixed-count loop has none). Steps in a block of this many run as a fixed-count loop instead; a
+#: generation that ends inside a block runs its rest as no-op steps (finished rows change nothing).
+DEFAULT_STEPS_PER_CHECK = 8
+#: Overrides DEFAULT_STEPS_PER_CHECK for sessions made without `steps_per_check` (A/B runs).
+STEPS_PER_CHECK_ENV = "JOA_DECODE_STEPS_PER_CHECK"
 
 
 class DecodeState(NamedTuple):
@@ -223,6 +235,24 @@ def qkv_prepare_for(batch: int, mesh=None) -> bool:
     return batch == 1 and mesh is None and cuda_matmul.qkv_prepare_enabled()
 
 
+def steps_per_check_for(steps_per_call: int, requested: int | None = None) -> int:
+    """Decode steps between two "every row finished?" checks of one call: `requested`, else
+    $JOA_DECODE_STEPS_PER_CHECK, else the largest divisor of steps_per_call that is at most
+    DEFAULT_STEPS_PER_CHECK. ValueError when it does not divide steps_per_call (a call is whole blocks)."""
+    what = "steps_per_check"
+    if requested is None and os.environ.get(STEPS_PER_CHECK_ENV):
+        requested, what = os.environ[STEPS_PER_CHECK_ENV], f"${STEPS_PER_CHECK_ENV}"
+    if requested is None:
+        return math.gcd(steps_per_call, DEFAULT_STEPS_PER_CHECK)
+    try:
+        k = int(requested)
+    except ValueError:
+        raise ValueError(f"{what} must be an integer, got {requested!r}") from None
+    if k < 1 or steps_per_call % k:
+        raise ValueError(f"{what} must be a divisor of steps_per_call ({steps_per_call}), got {k}")
+    return k
+
+
 def _load(model, dtype, batch: int = 1, nbits_layout: str = "onnx", dense_layout: str = "nk",
           qkv_prepare: bool = False):
     """A lowered model: anything with `fixed_cache_step` and `params` is taken as is (its layout
@@ -298,6 +328,11 @@ class DecoderSession:
         finished rows between calls; a call ends early when every row has finished). 32 by
         default: on the H200 a 0.73 B decoder's step at B=1 took 1.02 ms with 32 steps a call
         against 1.10 ms with 8 (bench/results/2026-11-30-fb50f57-probe.json).
+      steps_per_check: decode steps between two checks (on the device) that a row still runs;
+        must divide steps_per_call. None: `steps_per_check_for`'s default (8 where it divides
+        steps_per_call). Steps between checks run as a fixed-count loop that XLA executes without
+        a host round trip each step; a generation that ends inside such a block finishes it with
+        no-op steps (at most steps_per_check - 1).
       compiler_options: XLA options for the prefill and decode executables (passed to
         `jax.stages.Lowered.compile`), e.g. {"xla_gpu_enable_command_buffer": ...}; None uses
         `default_compiler_options()` for the platform.
@@ -318,7 +353,8 @@ class DecoderSession:
     """
 
     def __init__(self, model, max_length: int, batch: int = 1, dtype=None, *,
-                 steps_per_call: int = 32, compiler_options: dict | None = None, mesh=None):
+                 steps_per_call: int = 32, steps_per_check: int | None = None,
+                 compiler_options: dict | None = None, mesh=None):
         if max_length < 2:
             raise ValueError(f"max_length must be >= 2, got {max_length}")
         if batch < 1:
@@ -332,6 +368,7 @@ class DecoderSession:
             self.lowered = _load(model, dtype, batch, nbits_layout_for(batch, mesh),
                                  dense_layout_for(batch, mesh), qkv_prepare_for(batch, mesh))
         self.max_length, self.batch, self.steps_per_call = int(max_length), int(batch), int(steps_per_call)
+        self.steps_per_check = steps_per_check_for(self.steps_per_call, steps_per_check)
         self.compiler_options = (default_compiler_options() if compiler_options is None
                                  else dict(compiler_options))
         self.layout = self.cache_shardings = self._whole = None
@@ -361,7 +398,7 @@ class DecoderSession:
         self.compile_counts: Counter = Counter()
         self._executables: dict[tuple, Any] = {}
         self._prefill_jit = jax.jit(self._prefill, static_argnames=("sampling",), donate_argnums=(3,))
-        self._decode_jit = jax.jit(self._decode, static_argnames=("sampling", "steps"),
+        self._decode_jit = jax.jit(self._decode, static_argnames=("sampling", "steps", "check"),
                                    donate_argnums=(1, 2))
         self._score_jit = jax.jit(self._run_step, donate_argnums=(4,), static_argnums=(5,))
 
@@ -486,29 +523,41 @@ class DecoderSession:
             self._finish_update(state, sample(last, jax.random.fold_in(key, 0), sampling)))
         return state, cache, self._summary(state)
 
-    def _decode(self, params, state: DecodeState, cache, *, sampling, steps):
-        """Up to `steps` one-token steps for every running row -> (state, cache, summary)."""
+    def _decode(self, params, state: DecodeState, cache, *, sampling, steps, check):
+        """Up to `steps` one-token steps for every running row -> (state, cache, summary).
+
+        The steps run in blocks of `check`: a `lax.while_loop` over blocks that stops once no row
+        runs (a call made after the last row finished runs nothing), each block a fixed-count
+        loop. XLA runs a loop of known trip count without reading anything back; the outer loop's
+        predicate goes to the host once a block instead of once a step."""
         self.trace_counts["decode"] += 1
         b = state.length.shape[0]
         ones = jnp.ones((b,), jnp.int32)
 
-        def cond(carry):
-            i, st, _ = carry
-            return (i < steps) & jnp.any(st.finish == RUNNING)
-
-        def body(carry):
-            i, st, c = carry
+        def one_step(_, carry):
+            st, c = carry
             # Finished rows recompute their last token at the same position: the cache write is
             # the same, and their state does not change (_finish_update ignores them).
             last = jnp.take_along_axis(st.tokens, (st.length - 1)[:, None], axis=1)
             cache_len = jnp.clip(st.length - 1, 0, self.max_length - 1)
             logits, c, status = self._run_step(params, last, cache_len, ones, c)
-            step = st.step + 1
+            # The step counter (the sampler's seed, Timings.decode_steps) counts the steps where a
+            # row ran: a block's no-op steps after the last row finished leave it as it was.
+            step = st.step + jnp.any(st.finish == RUNNING).astype(jnp.int32)
             token = sample(logits[:, 0], jax.random.fold_in(st.key, step), sampling)
             st = st._replace(step=step, status=st.status | status)
-            return i + 1, self._placed_state(self._finish_update(st, token)), c
+            return self._placed_state(self._finish_update(st, token)), c
 
-        _, state, cache = lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), state, cache))
+        def cond(carry):
+            i, st, _ = carry
+            return (i < steps) & jnp.any(st.finish == RUNNING)
+
+        def block(carry):
+            i, st, c = carry
+            st, c = lax.fori_loop(0, check, one_step, (st, c))
+            return i + check, st, c
+
+        _, state, cache = lax.while_loop(cond, block, (jnp.zeros((), jnp.int32), state, cache))
         return state, self._placed_cache(cache), self._summary(state)
 
     @staticmethod
@@ -630,7 +679,7 @@ class DecoderSession:
             decode, dt = self._executable("decode", self._decode_jit,
                                           (sampling, self.steps_per_call, len(stop_ids)),
                                           self.params, state, self.cache, sampling=sampling,
-                                          steps=self.steps_per_call)
+                                          steps=self.steps_per_call, check=self.steps_per_check)
         timings.compile_s += dt
         if running and self._first_run(decode):
             timings.warm = False
@@ -704,7 +753,7 @@ class DecoderSession:
         decode, _ = self._executable("decode", self._decode_jit,
                                      (sampling, self.steps_per_call, int(state.stop_ids.shape[0])),
                                      self.params, state, self.cache, sampling=sampling,
-                                     steps=self.steps_per_call)
+                                     steps=self.steps_per_call, check=self.steps_per_check)
         for _ in range(calls):
             state, self.cache, _ = decode(self.params, state, self.cache)
         return state
