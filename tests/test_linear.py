@@ -465,51 +465,15 @@ def test_plan_takes_the_dense_row_kernel_for_one_row_of_dense_weights():
             # x, a zero unit, two sets of 8 warps' 16 partial row sums, the norm's warp sums.
             assert p["smem_bytes"] == 2 * k + 16 + 2 * 8 * 16 * 4 + 8 * 4 <= 115712
             assert p == _plan(1, n, k, 16, gated, norm, slots=True)
-    # Anything else keeps the ring kernel: more rows than 8, K not a multiple of 512, N not of 16, a
+    # Anything else keeps the ring kernel: more rows, K not a multiple of 512, N not of 16, a
     # forced layout, the switch off, n-bit weights.
-    for args, kw in (((9, 2048, 2048, 16, False), {}), ((1, 2048, 2304, 16, False), {}),
+    for args, kw in (((2, 2048, 2048, 16, False), {}), ((1, 2048, 2304, 16, False), {}),
                      ((1, 2056, 2048, 16, False), {}), ((1, 2048, 2048, 16, False), dict(cluster=1)),
                      ((1, 2048, 2048, 16, False), dict(warps_k=8)),
                      ((1, 2048, 2048, 4, False), dict(wide=True, block_size=32))):
         p = _plan(*args, slots=True, **kw)
         assert p["error"] is None and not p["dense_row"], (args, kw)
     assert not _plan(1, 2048, 2048, 16, False)["dense_row"]
-
-
-def test_plan_takes_the_dense_row_kernel_for_up_to_8_rows_where_they_fit():
-    # x and every row's partial sums in shared memory, two CTAs an SM (115712 bytes each): ~8B qkv /
-    # o / gate-up (K 4096) take 8 rows, the ~1B down (K 8192) 6, the ~8B down (K 14336) 3.
-    def smem(m, k):
-        return m * (2 * k + 2 * 8 * 16 * 4 + 8 * 4) + 16
-    for k, n, most in ((4096, 6144, 8), (2048, 16384, 8), (8192, 2048, 6), (14336, 4096, 3)):
-        for m in range(1, 9):
-            p = _plan(m, n, k, 16, False, True, slots=True)
-            assert p["error"] is None and p["dense_row"] == (m <= most), (k, m, p)
-            if p["dense_row"]:
-                assert p["smem_bytes"] == smem(m, k) <= 115712 and p["m"] == m
-                assert p["grid"] == min(p["blocks"], 264) and p["warps_k"] == 8
-            else:
-                assert smem(m, k) > 115712
-        assert not _plan(most, n, k, 16, False, True)["dense_row"]  # not without slots
-
-
-def test_dense_rows_follow_the_environment(monkeypatch):
-    from jax_onnx_attn.runtime.session import dense_layout_for
-
-    monkeypatch.delenv(cuda_matmul.DENSE_ROWS_ENV, raising=False)
-    monkeypatch.delenv(cuda_matmul.DENSE_ROW_ENV, raising=False)
-    monkeypatch.delenv(cuda_matmul.DENSE_KN_ENV, raising=False)
-    assert cuda_matmul.dense_row_max_rows() == 1 and dense_layout_for(4) == "kn"
-    monkeypatch.setenv(cuda_matmul.DENSE_ROWS_ENV, "8")
-    assert cuda_matmul.dense_row_max_rows() == 8
-    assert dense_layout_for(8) == "nk" and dense_layout_for(9) == "kn" and dense_layout_for(1) == "nk"
-    monkeypatch.setenv(cuda_matmul.DENSE_ROW_ENV, "0")  # the kernel off: no rows on it
-    assert cuda_matmul.dense_row_max_rows() == 0 and dense_layout_for(2) == "kn"
-    monkeypatch.delenv(cuda_matmul.DENSE_ROW_ENV)
-    for bad in ("0", "-1", "eight"):
-        monkeypatch.setenv(cuda_matmul.DENSE_ROWS_ENV, bad)
-        with pytest.raises(ValueError, match=cuda_matmul.DENSE_ROWS_ENV):
-            cuda_matmul.dense_row_max_rows()
 
 
 # --- NumPy emulation of the kernel's index maps --------------------------------------------------
@@ -629,19 +593,6 @@ def _mma(acc, a, b0, b1, dtype):
         acc[lane] += np.array([D[g, 2 * t], D[g, 2 * t + 1], D[g + 8, 2 * t], D[g + 8, 2 * t + 1]])
 
 
-def _dense_row_a(w, k0, rg):
-    """The dense row kernel's A fragments of one step (k0) for W rows g/2 + 4 rg (+ 8), the two
-    chains': lane (g, t) loads 16 bytes of those rows at k0 + 32 (g & 1) + 8 t (words x, y feed
-    chain 0, z, w chain 1)."""
-    lo, hi = [], []
-    for lane in range(32):
-        g, t = lane >> 2, lane & 3
-        at = k0 + 32 * (g & 1) + 8 * t
-        lo.append(_words(w[(g >> 1) + 4 * rg, at:at + 8].tobytes()))
-        hi.append(_words(w[(g >> 1) + 4 * rg + 8, at:at + 8].tobytes()))
-    return [[[lo[ln][i0], hi[ln][i0], lo[ln][i1], hi[ln][i1]] for ln in range(32)] for i0, i1 in ((0, 1), (2, 3))]
-
-
 @pytest.mark.parametrize("k", [512, 1024])
 def test_dense_row_kernel_index_maps_give_x_w(k):
     """ffi/kernels/gemv/dense_row.cuh's maps, one tile, on the register words: each warp's loads
@@ -661,8 +612,14 @@ def test_dense_row_kernel_index_maps_give_x_w(k):
             xw = [_words(x[k0 + 8 * lane:k0 + 8 * lane + 8].tobytes()) if lane < 8 else [0] * 4
                   for lane in range(32)]
             for rg in range(2):
-                for chain, a in enumerate(_dense_row_a(w, k0, rg)):
-                    i0, i1 = 2 * chain, 2 * chain + 1
+                lo, hi = [], []
+                for lane in range(32):
+                    g, t = lane >> 2, lane & 3
+                    at = k0 + 32 * (g & 1) + 8 * t
+                    lo.append(_words(w[(g >> 1) + 4 * rg, at:at + 8].tobytes()))
+                    hi.append(_words(w[(g >> 1) + 4 * rg + 8, at:at + 8].tobytes()))
+                for chain, (i0, i1) in enumerate(((0, 1), (2, 3))):
+                    a = [[lo[ln][i0], hi[ln][i0], lo[ln][i1], hi[ln][i1]] for ln in range(32)]
                     _mma(acc[rg, chain], a, [xw[ln][i0] for ln in range(32)], [xw[ln][i1] for ln in range(32)],
                          dtype)
         for rg in range(2):
@@ -674,48 +631,6 @@ def test_dense_row_kernel_index_maps_give_x_w(k):
                 for lane in range(0, 32, 8):  # t == 0, g even
                     red[wk, (lane >> 3) + 4 * rg + 8 * h] = v[lane]
     np.testing.assert_array_equal(red.sum(axis=0), w.astype(np.float64) @ x.astype(np.float64))
-
-
-@pytest.mark.parametrize("m", [2, 3, 4, 5, 8])
-def test_dense_row_kernel_rows_index_maps_give_x_w(m):
-    """dense_row.cuh's maps for m rows of x (kRows 4 / 8), one tile: the one row's W loads and A
-    fragments; set q's B from lane (g, t) = row 4 q + g / 2's units at k = 64 s + 32 (g & 1) + 8 t
-    (zeros past m), so columns 2r, 2r + 1 carry row r's two k-slices; lane (g, t)'s C columns 2t +
-    (g & 1) plus lane g ^ 1's are row 4 q + t's sums, written by the even g where that row exists:
-    the 16 sums of every row are exactly W x_r."""
-    dtype, k = np.float16, 1024
-    rng = np.random.default_rng(m)
-    w = rng.integers(-8, 8, (16, k)).astype(dtype)
-    x = rng.integers(-8, 8, (m, k)).astype(dtype)
-    warps, nsteps, groups = 8, k // 512, 2 if m > 4 else 1
-    red = np.zeros((m, warps, 16))
-    for wk in range(warps):
-        acc = np.zeros((groups, 2, 2, 32, 4))
-        for s in range(nsteps):
-            k0 = (wk * nsteps + s) * 64
-            for q in range(groups):
-                xw = []
-                for lane in range(32):
-                    g, t = lane >> 2, lane & 3
-                    r, at = 4 * q + (g >> 1), k0 + 32 * (g & 1) + 8 * t
-                    xw.append(_words(x[r, at:at + 8].tobytes()) if r < m else [0] * 4)
-                for rg in range(2):
-                    for chain, a in enumerate(_dense_row_a(w, k0, rg)):
-                        i0, i1 = 2 * chain, 2 * chain + 1
-                        _mma(acc[q, rg, chain], a, [xw[ln][i0] for ln in range(32)],
-                             [xw[ln][i1] for ln in range(32)], dtype)
-        for q in range(groups):
-            for rg in range(2):
-                for h in range(2):
-                    c0 = acc[q, rg, 0, :, 2 * h] + acc[q, rg, 1, :, 2 * h]
-                    c1 = acc[q, rg, 0, :, 2 * h + 1] + acc[q, rg, 1, :, 2 * h + 1]
-                    v = np.where((np.arange(32) >> 2) & 1, c1, c0)
-                    v = v + v[np.arange(32) ^ 4]  # __shfl_xor_sync(v, 4)
-                    for lane in range(32):
-                        g, t = lane >> 2, lane & 3
-                        if g % 2 == 0 and 4 * q + t < m:
-                            red[4 * q + t, wk, (g >> 1) + 4 * rg + 8 * h] = v[lane]
-    np.testing.assert_array_equal(red.sum(axis=1), x.astype(np.float64) @ w.astype(np.float64).T)
 
 
 def _quad_k(plan, q):

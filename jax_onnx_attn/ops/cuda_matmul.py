@@ -27,8 +27,6 @@ NBITS_WIDE_ENV = "JOA_GEMV_NBITS_WIDE"
 SLOTS_ENV = "JOA_GEMV_SLOTS"
 #: The environment variable that lets one row of dense weights take the dense row kernel.
 DENSE_ROW_ENV = "JOA_GEMV_DENSE_ROW"
-#: The environment variable that sets how many rows of x (decode batch) the dense row kernel takes.
-DENSE_ROWS_ENV = "JOA_GEMV_DENSE_ROWS"
 #: The environment variable that stores dense weights [K, N] for decode sessions of batch >= 2
 #: (`dense_kn_enabled`).
 DENSE_KN_ENV = "JOA_DENSE_KN"
@@ -90,22 +88,6 @@ def dense_row_enabled() -> bool:
     JOA_GEMV_DENSE_ROW=0 keeps the ring kernel (read at trace time, here only). It is also what
     lets `ops.linear`'s "auto" put one-row dense projections on ours (`ops.linear.kernel_formats`)."""
     return _switch(DENSE_ROW_ENV)
-
-
-def dense_row_max_rows() -> int:
-    """Up to how many rows of x (a decode step's batch) dense half weights may run on the dense row
-    kernel (it takes 1 to 8, where its plan fits: x and the partial sums of every row in shared
-    memory, two CTAs an SM; `gemv_plan(...)["dense_row"]`); 0 when `dense_row_enabled()` is off.
-    The environment variable JOA_GEMV_DENSE_ROWS (read at trace time and when a session loads),
-    default 1: the kernel's rows (B's 8 columns carrying 4 rows of x, ffi/kernels/gemv/dense_row.cuh)
-    are built but not yet timed on the GPU against XLA's GEMM with its separate norm / SiLU /
-    residual fusions (tools/probes/dense_rows_device.sh)."""
-    if not dense_row_enabled():
-        return 0
-    value = os.environ.get(DENSE_ROWS_ENV, "1")
-    if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"{DENSE_ROWS_ENV} must be a positive integer, got {value!r}")
-    return int(value)
 
 
 def dense_kn_enabled() -> bool:
@@ -531,12 +513,12 @@ def linear(x, w, bias=None, residual=None, norm_weight=None, *, eps: float = 1e-
     Semantics of `jax_onnx_attn.ops.reference.linear.linear`. bias [N], residual [M, N_out],
     norm_weight [K] or None. pdl: programmatic dependent launch (W is read before the previous
     kernel has finished: only for weights no kernel of the program writes). cluster / warps_k > 0
-    override the plan. Up to `dense_row_max_rows()` rows take the dense row kernel where the plan
-    has it (decided here at trace time; results within the dtype's tolerance of the ring kernel's,
-    not the same bits; each row the same bits as that row alone).
+    override the plan. One row takes the dense row kernel where the plan has it and
+    `dense_row_enabled()` (decided here at trace time; results within the dtype's tolerance of the
+    ring kernel's, not the same bits).
     """
     static = dict(eps=eps, gated=gated, pdl=pdl, cluster=cluster, warps_k=warps_k,
-                  slots=x.shape[0] <= dense_row_max_rows())
+                  slots=dense_row_enabled())
     return partitioning.LINEAR.apply(_linear, (x, w, bias, residual, norm_weight), static,
                                      pin=_per_example_plan(DENSE_BITS))
 

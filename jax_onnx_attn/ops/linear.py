@@ -604,9 +604,9 @@ def _kernel_unsupported(x, n_rows, bits, gated, norm, block_size=0, backend="aut
         return f"JOA_LINEAR_KERNELS={formats}: XLA's GEMM runs these weights"
     if backend == "auto" and formats == "nbits" and bits == cuda_matmul.DENSE_BITS:
         m = math.prod(x.shape[:-1])
-        if m > cuda_matmul.dense_row_max_rows() or not _dense_row(m, n_rows, x.shape[-1], gated, norm):
-            return (f"JOA_LINEAR_KERNELS={formats}: XLA's GEMM runs dense weights but for "
-                    f"{cuda_matmul.dense_row_max_rows()} row(s) on the dense row kernel")
+        if m != 1 or not cuda_matmul.dense_row_enabled() or not _dense_row(n_rows, x.shape[-1], gated, norm):
+            return (f"JOA_LINEAR_KERNELS={formats}: XLA's GEMM runs dense weights but for one row on "
+                    "the dense row kernel")
     if record_layout:
         return cuda_matmul.record_unsupported(math.prod(x.shape[:-1]), n_rows, x.shape[-1], block_size,
                                               gated, norm)
@@ -617,10 +617,10 @@ def _kernel_unsupported(x, n_rows, bits, gated, norm, block_size=0, backend="aut
                                    norm, block_size, wide=wide)
 
 
-def _dense_row(m, n_rows, k, gated, norm) -> bool:
-    """Whether m rows of x against these dense weights take the dense row kernel."""
+def _dense_row(n_rows, k, gated, norm) -> bool:
+    """Whether one row of x against these dense weights takes the dense row kernel."""
     try:
-        return bool(cuda_matmul.gemv_plan(m, n_rows, k, cuda_matmul.DENSE_BITS, gated, norm,
+        return bool(cuda_matmul.gemv_plan(1, n_rows, k, cuda_matmul.DENSE_BITS, gated, norm,
                                           slots=True)["dense_row"])
     except RuntimeError:  # no extension: the kernels do not run here
         return False

@@ -213,17 +213,14 @@ def nbits_layout_for(batch: int, mesh=None) -> str:
 def dense_layout_for(batch: int, mesh=None) -> str:
     """The dense weight layout a session loads: "kn" (ONNX's [K, N]) for 2+ rows on one device, whose
     dense projections run on XLA's GEMM anyway, unless `cuda_matmul.dense_kn_enabled()` says not;
-    "nk" (the kernels' layout) for the rows the dense row kernel takes (one, or up to
-    `cuda_matmul.dense_row_max_rows()`) and with a mesh (its splits read [N, K]). Why: XLA's GEMM
-    reads [K, N] 2-4% faster at decode's 8-32 rows on the H200
+    "nk" (the kernels' layout) for one row (the dense row kernel) and with a mesh (its splits read
+    [N, K]). Why: XLA's GEMM reads [K, N] 2-4% faster at decode's 8-32 rows on the H200
     (bench/results/2026-12-03-211e465-xla-weight-layout.json); whole steps, ~8B fp16 B=8 / 32 3.4%
     faster, ~1B unchanged, a ~1B B=8 prompt 2.5-4% slower
     (bench/results/2026-12-03-b00d575-e2e-*-dense-kn.json)."""
     from jax_onnx_attn.ops import cuda_matmul
 
-    if batch <= max(1, cuda_matmul.dense_row_max_rows()) or mesh is not None:
-        return "nk"
-    return "kn" if cuda_matmul.dense_kn_enabled() else "nk"
+    return "kn" if batch >= 2 and mesh is None and cuda_matmul.dense_kn_enabled() else "nk"
 
 
 def qkv_prepare_for(batch: int, mesh=None) -> bool:

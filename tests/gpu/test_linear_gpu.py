@@ -312,34 +312,6 @@ def test_dense_row_kernel_matches_the_reference_and_the_ring_kernel(k, dtype, mo
         np.testing.assert_array_equal(row(x[:1], w, **arrays), got)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=_name)
-@pytest.mark.parametrize("k", [512, 4096])
-def test_dense_row_kernel_rows_match_the_reference_and_each_row_alone(k, dtype, monkeypatch):
-    # 2-8 rows of x on the dense row kernel (JOA_GEMV_DENSE_ROWS=8): B's 8 columns carry 4 rows of x
-    # a pair of MMAs, a second pair past 4 rows; M = 2, 3 (a partial set), 4, 5 (into the second
-    # set), 8; every fusion. Each row is the one-row call's arithmetic in its order: the same bits as
-    # that row alone; and within tolerance of the reference; bitwise repeatable.
-    monkeypatch.setenv(cuda_matmul.DENSE_ROWS_ENV, "8")
-    for fusion in FUSIONS:
-        gated = fusion.startswith("gated") or fusion == "all"
-        n = 4832 if gated else 4816
-        x, w = _dense(k, n, dtype, seed=5)
-        for m in (2, 3, 4, 5, 8):
-            arrays, static = _split(_fusion_operands(fusion, k, n, m, dtype, seed=m))
-            plan = cuda_matmul.gemv_plan(m, n, k, 16, gated, "norm_weight" in arrays, slots=True)
-            assert plan["dense_row"], plan
-            rows = _dense_row_call(True, monkeypatch, **static)
-            got = rows(x[:m], w, **arrays)
-            ref = _linear_fn("reference", **static)(x[:m], w, **arrays)
-            slack = _bias_slack(_product_x(x[:m], arrays), w, dtype, gated) if ("bias" in arrays or gated) else None
-            _check(got, ref, dtype, f"dense rows {fusion} K={k} M={m}", slack)
-            np.testing.assert_array_equal(rows(x[:m], w, **arrays), got)
-            for i in range(m):
-                one = {a: (v[i:i + 1] if a == "residual" else v) for a, v in arrays.items()}
-                np.testing.assert_array_equal(rows(x[i:i + 1], w, **one), got[i:i + 1],
-                                              err_msg=f"{fusion} K={k} M={m} row {i}")
-
-
 # (cluster, warps_k) forced through the plan's overrides: every reduction path.
 PLANS = [(1, 1), (1, 2), (1, 8), (2, 4), (4, 2), (8, 1), (16, 1), (16, 8)]
 

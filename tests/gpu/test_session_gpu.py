@@ -45,25 +45,6 @@ def test_batched_session_reads_kn_weights_and_matches_the_reference():
     _rows_match_the_reference(gpu, model, prompts, result)
 
 
-def test_batched_session_on_the_dense_row_kernel_matches_the_reference(monkeypatch):
-    # Under JOA_GEMV_DENSE_ROWS=8 a session of 4 rows keeps its dense weights [N, K] and runs the
-    # projections on the dense row kernel (4 rows of x a pair of MMAs, the norm / gating / residual
-    # fused); each row's logits must match the reference session's (CPU, batch 1). hidden 512: the
-    # kernel takes K a multiple of 512.
-    from jax_onnx_attn.ops import cuda_matmul
-
-    monkeypatch.setenv(cuda_matmul.DENSE_ROWS_ENV, "8")
-    model = build_tiny_decoder(hidden=512, heads=8, kv_heads=2, intermediate=1024, layers=2, dtype="f16")
-    prompts = [encode("The kernels "), encode("A cache"), encode("Four rows of"), encode("x")]
-    gpu = DecoderSession(model, max_length=64, batch=len(prompts))
-    linears = [n for n in gpu.lowered.model.graph.node if n.op_type == "Linear"]
-    assert linears and not any(a.name == "layout" and a.s == b"kn" for n in linears for a in n.attribute)
-    result = gpu.generate(prompts, max_new_tokens=16)
-    hlo = "\n".join(gpu.compiled_text("decode"))
-    assert hlo.count('custom_call_target="jax_onnx_attn_linear"') >= 2 * 3  # qkv, o, gate-up a layer at least
-    _rows_match_the_reference(gpu, model, prompts, result)
-
-
 def _rows_match_the_reference(gpu, model, prompts, result):
     """Each row's logits along its generated sequence match a reference session's (CPU, batch 1)."""
     rtol, atol = tolerance(np.float16)

@@ -33,8 +33,7 @@ cudaError_t LaunchPlanned(Kernel* kernel, const GemvParams& p, const Plan& plan,
   cfg.dynamicSmemBytes = size_t(smem);
   cfg.stream = stream;
   if (LaunchRecorder* recorder = LaunchRecorder::Active()) {
-    // Over 48 KB of dynamic shared memory needs the function's opt-in attribute too (the dense row
-    // kernel with several rows of x).
+    // Over 48 KB of dynamic shared memory needs the function's opt-in attribute too.
     return recorder->Add(reinterpret_cast<const void*>(kernel), cfg, unsigned(plan.cluster > 1 ? plan.cluster : 1),
                          pdl, /*needs_function_attributes=*/max_shared || plan.cluster > 8 || smem > 48 * 1024, p);
   }
@@ -146,35 +145,17 @@ cudaError_t LaunchRecord(GemvParams p, const Plan& plan, Fusion fusion, bool pdl
 }
 
 
-// The dense row kernel (dense weights; plan.dense_row): the instantiation for p.m rows (one, up to
-// 4, up to 8); kMaxRows caps it (the fused QKV epilogue takes one row).
-template <typename T, class Prologue, class Epilogue, int kMaxRows = int(kDenseRowMaxM)>
+// The dense row kernel (one row, dense weights; plan.dense_row).
+template <typename T, class Prologue, class Epilogue>
 cudaError_t LaunchDenseRowKernel(const GemvParams& p, const Plan& plan, bool pdl, cudaStream_t stream) {
-  const int smem = DenseRowSmemBytes(p.k, p.m);
-  // plan.h and dense_row.cuh disagree, or more rows than this launch takes
-  if (smem != plan.smem_bytes || p.m > kMaxRows) return cudaErrorInvalidValue;
+  const int smem = DenseRowSmemBytes(p.k);
+  if (smem != plan.smem_bytes) return cudaErrorInvalidValue;  // plan.h and dense_row.cuh disagree
   // The default carveout, as the slots kernel: W goes through L1 (not kept) into registers, and
   // with all of L1 as shared memory fewer of its bytes were in flight (H200, same shapes, two
   // calls: the probe's copy of this kernel at the default carveout, ~8B LM head 231 us, gate-up
   // 55.0, down 29.9; the engine's at max-shared 251 / 60.2 / 34.5; bench/results/2026-12-02-gemv-dense-row.json).
-  auto launch = [&](auto* kernel) {
-    // Rows of x take more shared memory: ask for the smallest carveout that holds the plan's two
-    // CTAs an SM (the default may hold one; all of L1 as shared memory costs a register-streaming
-    // kernel 25-45%, session 25). A function attribute, not stream work; the record stage keeps
-    // the default.
-    if (p.m > 1 && LaunchRecorder::Active() == nullptr) {
-      const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                                   SmemCarveoutPercent(smem, plan.ctas_per_sm));
-      if (err != cudaSuccess) return err;
-    }
-    return LaunchPlanned(kernel, p, plan, smem, /*max_shared=*/false, pdl, stream);
-  };
-  if (p.m == 1) return launch(GemvDenseRowKernel<T, Prologue, Epilogue, kDenseRowDepth, 1>);
-  if constexpr (kMaxRows > 1) {
-    if (p.m <= 4) return launch(GemvDenseRowKernel<T, Prologue, Epilogue, kDenseRowDepth, 4>);
-    return launch(GemvDenseRowKernel<T, Prologue, Epilogue, kDenseRowDepth, 8>);
-  }
-  return cudaErrorInvalidValue;
+  return LaunchPlanned(GemvDenseRowKernel<T, Prologue, Epilogue, kDenseRowDepth>, p, plan, smem,
+                       /*max_shared=*/false, pdl, stream);
 }
 
 // The packed QKV projection with gqa_prepare in its epilogue (QkvRotaryEpilogue, p.qkv set): one row
@@ -186,7 +167,7 @@ cudaError_t LaunchQkvRotary(GemvParams p, const Plan& plan, bool norm, bool pdl,
   auto launch = [&](auto prologue) -> cudaError_t {
     using Pro = decltype(prologue);
     if (plan.dense_row && plan.bits == 16) {
-      return LaunchDenseRowKernel<T, Pro, QkvRotaryEpilogue, 1>(p, plan, pdl, stream);
+      return LaunchDenseRowKernel<T, Pro, QkvRotaryEpilogue>(p, plan, pdl, stream);
     }
     if (plan.record && plan.slots) {
       return LaunchSlotsKernel<T, RecordFormat<T>, Pro, QkvRotaryEpilogue>(p, plan, pdl, stream);

@@ -42,17 +42,10 @@ inline constexpr int kPlanSms = 132;
 // Shared memory per CTA when two CTAs share an SM, and for one CTA: sm_90 (228 KB per SM, 1 KB
 // reserved per CTA; the decode engine's kBudget2 / kBudget1) and sm_80 (164 KB per SM, at most
 // 163 KB a CTA).
-inline constexpr int64_t kSmemPerSm = 233472;
-inline constexpr int64_t kSmemReservedPerCta = 1024;
-inline constexpr int64_t kSmemTwoPerSm = kSmemPerSm / 2 - kSmemReservedPerCta;  // 115712
-inline constexpr int64_t kSmemOnePerSm = kSmemPerSm - kSmemReservedPerCta;      // 232448
+inline constexpr int64_t kSmemTwoPerSm = 115712;
+inline constexpr int64_t kSmemOnePerSm = 232448;
 inline constexpr int64_t kSmemTwoPerSm80 = 82944;
 inline constexpr int64_t kSmemOnePerSm80 = 166912;
-// The smallest sm_90 shared-memory carveout (percent of kSmemPerSm) that holds `ctas` CTAs of
-// `smem` dynamic bytes each.
-inline int SmemCarveoutPercent(int64_t smem, int64_t ctas) {
-  return int(std::min<int64_t>(100, (ctas * (smem + kSmemReservedPerCta) * 100 + kSmemPerSm - 1) / kSmemPerSm));
-}
 // RMS norm: per x row, this CTA's f32 sum of squares and the inverse RMS.
 inline constexpr int64_t kNormBytes = 2 * 4 * kMaxM;
 
@@ -273,20 +266,17 @@ inline bool SlotsLayout(Plan& p, bool sm90) {
 
 // K elements a CTA's warps take together per step of the dense row kernel (64 each).
 inline constexpr int64_t kDenseRowK = 64 * kWarps;
-// Rows of x the dense row kernel takes (dense_row.cuh's instantiations: 1, 4 and 8 rows).
-inline constexpr int64_t kDenseRowMaxM = 8;
 
-// Fills `p` (a MakePlan base of 1 to kDenseRowMaxM rows of dense weights, K % kDenseRowK == 0,
-// 16-row tiles) for the dense row kernel; false when its shared memory (dense_row.cuh's
-// DenseRowSmemBytes: x, a zero unit, two sets of the warps' 16 partial row sums and the norm's warp
-// sums a row of x) does not fit two CTAs an SM (~8B down, K 14336: up to 3 rows; ~1B down, K 8192: 6).
+// Fills `p` (a MakePlan base of one row of dense weights, K % kDenseRowK == 0, 16-row tiles) for the
+// dense row kernel; false when its shared memory (dense_row.cuh's DenseRowSmemBytes: x, a zero
+// unit, two sets of the warps' 16 partial row sums, the norm's warp sums) does not fit two CTAs an SM.
 inline bool DenseRowLayout(Plan& p, bool sm90) {
   p.dense_row = true;
   OneRowGeometry(p, 1, 16);
-  p.x_bytes = int64_t(p.m) * p.k * 2;
-  p.red_bytes = int64_t(p.m) * 2 * kWarps * 16 * 4;
+  p.x_bytes = int64_t(p.k) * 2;
+  p.red_bytes = int64_t(2) * kWarps * 16 * 4;
   p.gamma_offset = p.ring_offset = 0;  // gamma is read from memory as x is staged
-  p.smem_bytes = p.x_bytes + 16 + p.red_bytes + int64_t(p.m) * kWarps * 4;
+  p.smem_bytes = p.x_bytes + 16 + p.red_bytes + kWarps * 4;
   return p.smem_bytes <= (sm90 ? kSmemTwoPerSm : kSmemTwoPerSm80);
 }
 
@@ -296,8 +286,8 @@ inline bool DenseRowLayout(Plan& p, bool sm90) {
 // force_cluster / force_warps_k > 0 restrict the choice (for sweeps); 0 lets the model choose.
 // wide: n-bit weights in the two-piece format (ignored for dense weights, which always have two).
 // slots: one row may take a one-row kernel when no layout is forced and it fits: 4-bit wide
-// weights (block_size >= 32, dividing K) the slots kernel (slots.cuh); and up to kDenseRowMaxM rows
-// of dense weights with K % kDenseRowK == 0 and N % 16 == 0 the dense row kernel (dense_row.cuh).
+// weights (block_size >= 32, dividing K) the slots kernel (slots.cuh), dense weights with
+// K % kDenseRowK == 0 and N % 16 == 0 the dense row kernel (dense_row.cuh).
 inline Plan MakePlan(int64_t m, int64_t n_rows, int64_t k, int bits, bool gated, bool norm, bool sm90,
                      int64_t force_cluster = 0, int64_t force_warps_k = 0, bool wide = false,
                      int64_t block_size = 0, bool slots = false) {
@@ -343,7 +333,7 @@ inline Plan MakePlan(int64_t m, int64_t n_rows, int64_t k, int bits, bool gated,
     Plan p = base;
     if (SlotsLayout(p, sm90)) return p;
   }
-  if (slots && m <= kDenseRowMaxM && bits == 16 && force_cluster == 0 && force_warps_k == 0 && k % kDenseRowK == 0 &&
+  if (slots && m == 1 && bits == 16 && force_cluster == 0 && force_warps_k == 0 && k % kDenseRowK == 0 &&
       n_rows % 16 == 0) {
     Plan p = base;
     if (DenseRowLayout(p, sm90)) return p;

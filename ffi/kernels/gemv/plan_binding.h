@@ -53,7 +53,7 @@ inline void BindPlan(nanobind::module_& m) {
         "The GEMV engine's launch plan for x [rows, k] and a weight of n_rows rows of `bits`-bit "
         "elements (16 dense, 8, 4), with the RMS-norm prologue or not, on an sm_90+ GPU (sm90) or an older one, "
         "n-bit weights in the two-piece format (wide) or not, their block_size, whether one row of "
-        "4-bit wide weights may take the slots kernel and up to 8 rows of dense weights the dense row kernel "
+        "4-bit wide weights may take the slots kernel and one row of dense weights the dense row kernel "
         "(slots), or for 4-bit weights in the rows layout (rows_layout: the rows kernel; cluster, warps_n, "
         "depth, occupancy > 0 force its K split, warps a CTA, W stages in flight a warp and CTAs an SM "
         "its registers are capped for ('ctas_per_sm')), or for one row of 4-bit weights in the record layout (record_layout: the "

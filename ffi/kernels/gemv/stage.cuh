@@ -78,9 +78,8 @@ __device__ __forceinline__ float AddSquares8(uint4 v, float s) {
   return s;
 }
 
-// The one-row kernels' RMS statistics in two halves around a CTA barrier (the dense row kernel's
-// rows put all rows' first halves under one barrier): the warp's sum of each thread's sum of
-// squares `ss` by a butterfly, stored to s_wsum[warp] ...
+// The one-row kernels' RMS statistics in two halves around a CTA barrier: the warp's sum of each
+// thread's sum of squares `ss` by a butterfly, stored to s_wsum[warp] ...
 __device__ __forceinline__ void StoreWarpSquares(float ss, float* s_wsum, int lane, int warp) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
