@@ -10,7 +10,7 @@ How a generation runs (all arrays on the device):
 * Decode: one compiled executable, called repeatedly. Each call runs up to `steps_per_call` one-token
   steps: a `lax.while_loop` over blocks of `steps_per_check` steps that stops once no row runs, each
   block a fixed-count loop (XLA reads a while loop's predicate back to the host every iteration
-  unless it knows the trip count: per step, that idled the GPU ~70 µs). Everything that changes per token (lengths, the token buffer, the
+  unless it knows the trip count, and the GPU waits for the host meanwhile). Everything that changes per token (lengths, the token buffer, the
   finish flags, the step counter that seeds the sampler) lives in a donated device state, so no host
   scalar enters a step: the executable never retraces, and on GPU XLA does not re-record its command
   buffers. The host only reads a small summary after each call (rows still running, tokens
@@ -62,9 +62,10 @@ _MIN_STOP_SLOTS = 8
 #: Decode steps run between two checks for "every row finished" inside one call (the default; see
 #: `steps_per_check_for`). A `lax.while_loop` whose trip count XLA cannot prove has the GPU copy its
 #: predicate to the host and wait for it every iteration, so the device idles while the host wakes
-#: and launches the next step: ~70 µs a step on the H100 at ~1B (5-6% of the step; the JAX peer's
-#: fixed-count loop has none). Steps in a block of this many run as a fixed-count loop instead; a
-#: generation that ends inside a block runs its rest as no-op steps (finished rows change nothing).
+#: and launches the next step (H200, ~1B, 16 steps a call: up to 1% of the step against one check a
+#: step; the JAX peer's fixed-count loop has none). Steps in a block of this many run as a
+#: fixed-count loop instead; a generation that ends inside a block runs its rest as no-op steps
+#: (finished rows change nothing).
 DEFAULT_STEPS_PER_CHECK = 8
 #: Overrides DEFAULT_STEPS_PER_CHECK for sessions made without `steps_per_check` (A/B runs).
 STEPS_PER_CHECK_ENV = "JOA_DECODE_STEPS_PER_CHECK"
