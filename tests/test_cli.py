@@ -104,8 +104,31 @@ def test_demo_json_is_one_object_with_steady_state_timings(expected):
     assert t["new_tokens"] == 12 and t["decode_tokens"] == 11 and t["decode_steps"] == 11
     assert t["ttft_s"] == t["prefill_s"] > 0 and t["decode_tokens_per_s"] > 0
     assert record["warmup"]["warm"] is False and record["warmup"]["compile_s"] > 0
-    assert record["bandwidth_bound"] is None  # not wired yet (roofline.py), and no GPU here
+    assert record["bandwidth_bound"] is None  # no GPU here (test_bandwidth_bound_uses_the_gpus_bandwidth)
     assert record["backend"]["cuda_usable"] == jax_onnx_attn.build_info()["cuda_usable"]
+
+
+@pytest.mark.parametrize("kind, bandwidth", [("NVIDIA H200", 4.8e12), ("NVIDIA H100 80GB HBM3", 3.35e12),
+                                             ("NVIDIA A100-SXM4-80GB", None)])
+def test_bandwidth_bound_uses_the_gpus_bandwidth(kind, bandwidth, monkeypatch):
+    """generate's fraction of the bound divides by the bandwidth of the GPU that ran (an H100 run
+    was once measured against the H200's 4.8 TB/s); a GPU the table lacks gets no bound."""
+    import jax
+
+    from jax_onnx_attn.runtime import roofline
+    from jax_onnx_attn.runtime.session import Timings
+
+    session = DecoderSession(tiny.build_tiny_decoder(), max_length=64)
+    timings = Timings(prompt_tokens=10, rows=1, decode_s=0.02, decode_steps=20)
+    fake = type("Gpu", (), {"platform": "gpu", "device_kind": kind})()
+    monkeypatch.setattr(jax, "devices", lambda *a: [fake])
+    bound = cli.bandwidth_bound(session, timings)
+    if bandwidth is None:
+        assert bound is None
+        return
+    step_bytes = roofline.step_cost(session.lowered).decode_bytes(1, 10 + 20 // 2)
+    assert bound["peak_gb_s"] == bandwidth / 1e9 and bound["bytes_per_step"] == step_bytes
+    assert bound["fraction"] == pytest.approx(step_bytes / bandwidth / timings.step_s)
 
 
 def test_no_warmup_says_its_timings_are_not_steady_state():
