@@ -78,28 +78,18 @@ __device__ __forceinline__ float AddSquares8(uint4 v, float s) {
   return s;
 }
 
-// The one-row kernels' RMS statistics in two halves around a CTA barrier: the warp's sum of each
-// thread's sum of squares `ss` by a butterfly, stored to s_wsum[warp] ...
-__device__ __forceinline__ void StoreWarpSquares(float ss, float* s_wsum, int lane, int warp) {
+// The one-row kernels' inverse RMS of x from each thread's sum of squares `ss`: the warp's sum by
+// a butterfly, the warps' sums added in warp order (s_wsum: kWarps floats), so every thread gets
+// the same value. A CTA barrier inside: every thread of the CTA calls it.
+__device__ __forceinline__ float OneRowInverseRms(float ss, float* s_wsum, int lane, int warp, int k, float eps) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
   if (lane == 0) s_wsum[warp] = ss;
-}
-
-// ... then the warps' sums added in warp order (s_wsum: kWarps floats), so every thread gets the
-// same inverse RMS.
-__device__ __forceinline__ float InverseRmsOfWarpSquares(const float* s_wsum, int k, float eps) {
+  __syncthreads();
   float total = 0.f;
 #pragma unroll
   for (int w = 0; w < kWarps; ++w) total += s_wsum[w];
   return rsqrtf(__fdiv_rn(total, float(k)) + eps);
-}
-
-// Both, for one row of x. A CTA barrier inside: every thread of the CTA calls it.
-__device__ __forceinline__ float OneRowInverseRms(float ss, float* s_wsum, int lane, int warp, int k, float eps) {
-  StoreWarpSquares(ss, s_wsum, lane, warp);
-  __syncthreads();
-  return InverseRmsOfWarpSquares(s_wsum, k, eps);
 }
 
 // x as it is.
