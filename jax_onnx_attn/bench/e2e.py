@@ -1047,8 +1047,8 @@ def main(argv: list[str] | None = None) -> int:
     env["gemm_peak"] = gemm_peak(on_gpu)
     env["gemm_peak_tflops"] = env["gemm_peak"]["tflops"]
     if args.hbm is None:  # the bound of the GPU measured on (an H100's is 0.70 of the H200's)
-        args.hbm = hbm_bytes_per_s(str(jax.devices()[0].device_kind)) if on_gpu else None
-        args.hbm = args.hbm or H200_HBM_BYTES_PER_S
+        kind = str(jax.devices()[0].device_kind) if on_gpu else None
+        args.hbm = hbm_bytes_per_s(kind) or H200_HBM_BYTES_PER_S
     env["hbm_bytes_per_s"] = args.hbm
     env["device_memory_bytes"] = limit = _device_memory()
     print(f"GEMM peak (fp16, jax): {env['gemm_peak_tflops']:.1f} TFLOP/s", flush=True)

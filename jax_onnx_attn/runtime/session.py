@@ -10,12 +10,12 @@ How a generation runs (all arrays on the device):
 * Decode: one compiled executable, called repeatedly. Each call runs up to `steps_per_call` one-token
   steps: a `lax.while_loop` over blocks of `steps_per_check` steps that stops once no row runs, each
   block a fixed-count loop (XLA reads a while loop's predicate back to the host every iteration
-  unless it knows the trip count, and the GPU waits for the host meanwhile). Everything that changes per token (lengths, the token buffer, the
-  finish flags, the step counter that seeds the sampler) lives in a donated device state, so no host
-  scalar enters a step: the executable never retraces, and on GPU XLA does not re-record its command
-  buffers. The host only reads a small summary after each call (rows still running, tokens
-  generated, each row's device status) for the progress bar and to stop; the next call is already
-  queued when it reads it.
+  unless it knows the trip count, and the GPU waits for the host meanwhile). Everything that
+  changes per token (lengths, the token buffer, the finish flags, the step counter that seeds the
+  sampler) lives in a donated device state, so no host scalar enters a step: the executable never
+  retraces, and on GPU XLA does not re-record its command buffers. The host only reads a small
+  summary after each call (rows still running, tokens generated, each row's device status) for the
+  progress bar and to stop; the next call is already queued when it reads it.
 * Several devices (`mesh=`): the weights split Megatron-style over the mesh's "model" axis, the
   attention and the KV cache by heads, the batch rows over its "data" axis (`runtime.mesh`). The
   same two executables run as one SPMD program on every device; each device's cache shard is
@@ -323,7 +323,8 @@ class DecoderSession:
       batch: rows per call; `generate` pads fewer prompts and splits more into groups.
       dtype: compute/parameter dtype passed to the loader (None keeps the model's).
       steps_per_call: decode steps per call of the decode executable (the host checks for
-        finished rows between calls; a call ends early when every row has finished). 32 by
+        finished rows between calls; a call ends early, at a steps_per_check boundary, when every
+        row has finished). 32 by
         default: on the H200 a 0.73 B decoder's step at B=1 took 1.02 ms with 32 steps a call
         against 1.10 ms with 8 (bench/results/2026-11-30-fb50f57-probe.json).
       steps_per_check: decode steps between two checks (on the device) that a row still runs;
@@ -585,6 +586,14 @@ class DecoderSession:
         self._executables[cache_key] = exe
         return exe, time.perf_counter() - t0
 
+    def _decode_executable(self, sampling, state: DecodeState):
+        """The decode executable for `sampling` and `state`'s stop-token slots (compiled once each);
+        returns (executable, seconds spent compiling)."""
+        return self._executable("decode", self._decode_jit,
+                                (sampling, self.steps_per_call, int(state.stop_ids.shape[0])),
+                                self.params, state, self.cache, sampling=sampling,
+                                steps=self.steps_per_call, check=self.steps_per_check)
+
     def compiled_text(self, name: str = "decode") -> list[str]:
         """HLO text of every compiled executable named `name` ("prefill" or "decode") so far."""
         return [exe.as_text() for key, exe in self._executables.items() if key[0] == name]
@@ -674,10 +683,7 @@ class DecoderSession:
         reported = generated
 
         with ticking(bar, f"compile decode ({self.steps_per_call} steps a call)"):
-            decode, dt = self._executable("decode", self._decode_jit,
-                                          (sampling, self.steps_per_call, len(stop_ids)),
-                                          self.params, state, self.cache, sampling=sampling,
-                                          steps=self.steps_per_call, check=self.steps_per_check)
+            decode, dt = self._decode_executable(sampling, state)
         timings.compile_s += dt
         if running and self._first_run(decode):
             timings.warm = False
@@ -748,10 +754,7 @@ class DecoderSession:
         sampling = sampling or SamplingConfig()
         if self.layout is not None:
             state = jax.device_put(state, self.state_shardings(state))
-        decode, _ = self._executable("decode", self._decode_jit,
-                                     (sampling, self.steps_per_call, int(state.stop_ids.shape[0])),
-                                     self.params, state, self.cache, sampling=sampling,
-                                     steps=self.steps_per_call, check=self.steps_per_check)
+        decode, _ = self._decode_executable(sampling, state)
         for _ in range(calls):
             state, self.cache, _ = decode(self.params, state, self.cache)
         return state
