@@ -13,6 +13,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaPrefillAttention);  // ffi/handlers/prefill_at
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaLinear);  // ffi/handlers/linear.cu
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaMatMulNBits);  // ffi/handlers/matmul_nbits.cu
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaLinearGqaPrepare);  // ffi/handlers/linear_gqa_prepare.cu
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaGatedMlp);  // ffi/handlers/gated_mlp.cu
 #endif
 #if JOA_HAVE_FFI_RECORD  // their record stages (ffi/record/stage.h)
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaLinearRecord);
@@ -37,6 +38,7 @@ inline constexpr Target kTargets[] = {
     {"linear", JoaLinear},
     {"matmul_nbits", JoaMatMulNBits},
     {"linear_gqa_prepare", JoaLinearGqaPrepare},
+    {"gated_mlp", JoaGatedMlp},
 };
 #else
 inline constexpr Target* kTargets = nullptr;

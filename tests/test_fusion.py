@@ -398,3 +398,69 @@ def test_a_batch_one_step_takes_the_fused_call_where_the_kernels_run(monkeypatch
     assert fused["linear_gqa_prepare"] == 2 and "gqa_prepare" not in fused, fused
     for got, want in zip(jax.tree.leaves(results[True]), jax.tree.leaves(results[False])):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_gated_mlp_fuses_gate_up_and_down_into_one_node_and_keeps_the_results(dtype):
+    # Pass 4b: each layer's norm + SwiGLU Linear and its down projection (with the residual) become
+    # one GatedMlp. Off the kernel (here: CPU) it computes the two Linears' calls: the same bits.
+    model = build_tiny_decoder(layers=3, hidden=64, heads=4, kv_heads=2, intermediate=96, dtype=dtype)
+    fused = jax_onnx_attn.load(model, gated_mlp=True)
+    plain = jax_onnx_attn.load(model)
+    assert fused.fusions.gated_mlp == 3 and plain.fusions.gated_mlp == 0
+    ops = collections.Counter(n.op_type for n in fused.model.graph.node)
+    assert ops["GatedMlp"] == 3 and ops["Linear"] == 2 * 3 + 1
+    for node in (n for n in fused.model.graph.node if n.op_type == "GatedMlp"):
+        x, w_gu, w_down, residual, norm = node.input
+        assert fused.params[w_gu].shape == (2 * 96, 64) and fused.params[w_down].shape == (64, 96)
+        assert residual and norm and node.domain == JOA_DOMAIN
+    feeds = _feeds(plain, b=1)
+    got, want = fused.apply(fused.params, feeds), plain.apply(plain.params, feeds)
+    for name in want:
+        np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]), err_msg=name)
+
+
+def test_gated_mlp_leaves_what_it_cannot_fuse():
+    model = build_tiny_decoder(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=96, dtype="f16")
+    # dense_layout "kn" (sessions of 2+ rows): XLA's GEMM reads the weights, nothing to fuse for.
+    assert jax_onnx_attn.load(model, gated_mlp=True, dense_layout="kn").fusions.gated_mlp == 0
+    # 4-bit weights: the fused kernel streams dense ones only.
+    from jax_onnx_attn.models.builder import build_decoder
+    from jax_onnx_attn.models.config import DecoderConfig
+
+    quant = build_decoder(DecoderConfig(layers=2, hidden=128, heads=2, kv_heads=1, intermediate=128,
+                                        dtype="float16", weight_bits=4, block_size=32))
+    assert jax_onnx_attn.load(quant, gated_mlp=True).fusions.gated_mlp == 0
+    # The gated output a graph output, not read by a down projection alone: no fusion.
+    model = _mlp_model(output_intermediate=False)
+    assert jax_onnx_attn.load(model, gated_mlp=True).fusions.gated_mlp == 0
+
+
+def test_tensor_parallel_plan_refuses_fused_gated_mlps():
+    from jax_onnx_attn.onnx.sharding import plan_tensor_parallel
+
+    model = build_tiny_decoder(layers=1, hidden=128, heads=2, kv_heads=2, intermediate=96, dtype="f32")
+    with pytest.raises(ValueError, match="gated_mlp"):
+        plan_tensor_parallel(jax_onnx_attn.load(model, gated_mlp=True), 2)
+
+
+def test_sessions_of_one_row_fuse_the_mlp_under_the_switch_and_generate_the_same_tokens(monkeypatch):
+    from jax_onnx_attn.ops import cuda_matmul
+    from jax_onnx_attn.runtime import DecoderSession
+    from jax_onnx_attn.runtime.session import gated_mlp_for
+
+    monkeypatch.delenv(cuda_matmul.GATED_MLP_ENV, raising=False)
+    assert not gated_mlp_for(1)  # on only where the kernels run
+    monkeypatch.setenv(cuda_matmul.GATED_MLP_ENV, "1")
+    assert gated_mlp_for(1) and not gated_mlp_for(2) and not gated_mlp_for(1, mesh=object())
+    model = build_tiny_decoder(layers=2, hidden=128, heads=2, kv_heads=1, intermediate=96, dtype="f32")
+    session = DecoderSession(model, max_length=24, batch=1)
+    assert session.lowered.fusions.gated_mlp == 2
+    monkeypatch.setenv(cuda_matmul.GATED_MLP_ENV, "0")
+    plain = DecoderSession(model, max_length=24, batch=1)
+    assert plain.lowered.fusions.gated_mlp == 0
+    prompts = [[1, 2, 3, 4, 5]]
+    assert session.generate(prompts, max_new_tokens=8).tokens == plain.generate(prompts, max_new_tokens=8).tokens
+    monkeypatch.setenv(cuda_matmul.GATED_MLP_ENV, "yes")
+    with pytest.raises(ValueError, match=cuda_matmul.GATED_MLP_ENV):
+        gated_mlp_for(1)

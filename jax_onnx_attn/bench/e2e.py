@@ -592,18 +592,19 @@ def measure_ours(g: Group, case: Case, capacity: int, prefill: bool, verify: boo
     # for up to 32 rows (the most the rows kernel takes; the same layouts on the llama shapes at any
     # batch), the record layout for one.
     import jax_onnx_attn
-    from jax_onnx_attn.runtime.session import dense_layout_for, nbits_layout_for, qkv_prepare_for
+    from jax_onnx_attn.runtime.session import dense_layout_for, gated_mlp_for, nbits_layout_for, qkv_prepare_for
 
     lowered = g.lowered
     layout = nbits_layout_for(b, mesh) if g.weights == "int4" else "onnx"
     dense = dense_layout_for(b, mesh)  # dense weights [K, N] for 2+ rows (XLA's GEMM reads them)
     qkv = qkv_prepare_for(b, mesh)  # the QKV projection with the step preparation (JOA_QKV_PREPARE)
-    if layout != "onnx" or dense != "nk" or qkv:
-        key = (layout, dense, qkv)
+    mlp = gated_mlp_for(b, mesh)  # the gated MLP as one kernel (JOA_GATED_MLP)
+    if layout != "onnx" or dense != "nk" or qkv or mlp:
+        key = (layout, dense, qkv, mlp)
         if key not in g.layout_lowered:
             extra = {"decode_rows": 32} if layout == "rows" else {}
             g.layout_lowered[key] = jax_onnx_attn.load(g.info["path"], nbits_layout=layout, dense_layout=dense,
-                                                       qkv_prepare=qkv, **extra)
+                                                       qkv_prepare=qkv, gated_mlp=mlp, **extra)
         lowered = g.layout_lowered[key]
         out["nbits_layout"], out["dense_layout"] = layout, dense
     session = DecoderSession(lowered, max_length=capacity, batch=b, steps_per_call=k, mesh=mesh)
@@ -673,6 +674,7 @@ def measure_ours(g: Group, case: Case, capacity: int, prefill: bool, verify: boo
     rec.update(jax_kernels_per_step(start, call, sync, k) if _profile_this(g, case, args)
                else {"kernels_per_step": None})
     rec["qkv_prepare"] = qkv
+    rec["gated_mlp"] = mlp
     out["decode"] = rec
     del session, holder
     return out

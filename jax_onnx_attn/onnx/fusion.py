@@ -17,6 +17,10 @@ into nodes of our own domain (`JOA_DOMAIN`) whose handlers call `jax_onnx_attn.o
    of the sum; likewise a plain Add of such a Linear and an activation (torch's residual add).
 4. A SimplifiedLayerNormalization whose only readers are `Linear` nodes (as their input) becomes
    their RMSNorm prologue.
+4b. With gated_mlp, a dense gated Linear (no bias or residual) whose output only a dense Linear
+   reads as its input (the down projection: no norm, bias or rotary order) becomes one
+   `GatedMlp(x, w_gate_up, w_down, residual, norm_weight)`: one kernel for one row of x
+   (`ops.gated_mlp`), the two Linears' calls otherwise.
 5. With qkv_prepare, a Linear (dense, or 4-bit) that is the packed Q | K | V query of exactly one
    GroupQueryAttention (rotary not interleaved, cos / sin initializers, no q / k norm, a float
    cache) stores its rows in the rotary-pair order (`ops.rotary_pair_order`; attribute
@@ -64,6 +68,7 @@ class FusionReport:
     residual: int = 0
     norm: int = 0
     qkv_pairs: int = 0
+    gated_mlp: int = 0
 
     def __str__(self) -> str:
         return ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(self).items() if v) or "none"
@@ -133,7 +138,7 @@ def _get_input(node, what: str) -> str:
 def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
                  nbits: bool = True, nbits_layout: str = "onnx",
                  decode_rows: int = 2, float_map: dict | None = None, dense_layout: str = "nk",
-                 qkv_prepare: bool = False) -> tuple[onnx.ModelProto, dict, FusionReport]:
+                 qkv_prepare: bool = False, gated_mlp: bool = False) -> tuple[onnx.ModelProto, dict, FusionReport]:
     """The rewrites of the module doc on `model` (local functions already inlined).
 
     Args:
@@ -161,6 +166,9 @@ def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
       qkv_prepare: the packed QKV projections of GroupQueryAttention in the rotary-pair order (pass
         5), for decode steps of one row (`runtime.DecoderSession` of batch 1 under
         `ops.cuda_matmul.qkv_prepare_enabled`); ignored with dense_layout "kn".
+      gated_mlp: dense gated MLPs as one GatedMlp node (pass 4b), for decode steps of one row
+        (`runtime.DecoderSession` of batch 1 under `ops.cuda_matmul.gated_mlp_enabled`); ignored
+        with dense_layout "kn".
 
     Returns:
       (model, arrays, FusionReport).
@@ -373,6 +381,32 @@ def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
         g.nodes[i] = None
         report.norm += 1
         readers, producers = g.readers(), g.producers()
+
+    # 4b. A dense gated Linear read only by the down projection: one GatedMlp at the down's place.
+    if gated_mlp and dense_layout == "nk":
+        readers = g.readers()
+        for i, gu in enumerate(g.nodes):
+            if (gu is None or gu.op_type != "Linear" or not _attr(gu, "gated", 0) or _attr(gu, "bits")
+                    or _get_input(gu, "bias") or _get_input(gu, "residual")
+                    or not g.private(gu.output[0], readers)):
+                continue
+            j = readers[gu.output[0]][0]
+            down = g.nodes[j]
+            if (down.op_type != "Linear" or _attr(down, "gated", 0) or _attr(down, "bits")
+                    or down.input[0] != gu.output[0] or _get_input(down, "bias")
+                    or _get_input(down, "norm_weight") or _attr(down, "qkv_pairs") is not None):
+                continue
+            w_gu, w_down = _get_input(gu, "w"), _get_input(down, "w")
+            if arrays[w_down].shape != (arrays[w_gu].shape[1], arrays[w_gu].shape[0] // 2):
+                continue
+            mlp = helper.make_node("GatedMlp", [gu.input[0], w_gu, w_down, _get_input(down, "residual"),
+                                                _get_input(gu, "norm_weight")],
+                                   [down.output[0]], name=down.name, domain=JOA_DOMAIN)
+            if _get_input(gu, "norm_weight"):
+                mlp.attribute.append(helper.make_attribute("norm_epsilon", float(_attr(gu, "norm_epsilon"))))
+            g.nodes[i], g.nodes[j] = None, mlp
+            report.gated_mlp += 1
+            readers = g.readers()
 
     # 5. The packed QKV projection of a GroupQueryAttention in the rotary-pair order.
     if qkv_prepare and dense_layout == "nk":

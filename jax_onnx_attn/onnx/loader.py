@@ -487,7 +487,8 @@ def check_model(model: onnx.ModelProto) -> None:
 
 def load(model, dtype=None, *, base_dir: str | os.PathLike | None = None,
          int8_activations: bool = False, fuse: bool = True, nbits_layout: str = "onnx",
-         decode_rows: int = 2, dense_layout: str = "nk", qkv_prepare: bool = False) -> LoweredModel:
+         decode_rows: int = 2, dense_layout: str = "nk", qkv_prepare: bool = False,
+         gated_mlp: bool = False) -> LoweredModel:
     """Lower an ONNX model to JAX.
 
     Args:
@@ -517,6 +518,9 @@ def load(model, dtype=None, *, base_dir: str | os.PathLike | None = None,
       qkv_prepare: with fuse, GroupQueryAttention's packed QKV projections in the rotary-pair order
         (`onnx.fusion` pass 5), for decode steps of one row: the CUDA route then computes each
         projection and its step preparation in one launch; same results.
+      gated_mlp: with fuse, dense gated MLPs as one node (`onnx.fusion` pass 4b), for decode steps
+        of one row: the CUDA route runs each as one kernel (within the dtype's rounding of the two
+        projections: the down projection's sums are added in another order).
 
     Returns:
       LoweredModel (`params`, `apply`, `fixed_cache_step`, `input_names`, `output_names`, `model`).
@@ -550,7 +554,7 @@ def load(model, dtype=None, *, base_dir: str | os.PathLike | None = None,
         model, arrays, fusions = fuse_decoder(model, arrays, nbits=not int8_activations,
                                               nbits_layout=nbits_layout, decode_rows=decode_rows,
                                               float_map=float_map, dense_layout=dense_layout,
-                                              qkv_prepare=qkv_prepare)
+                                              qkv_prepare=qkv_prepare, gated_mlp=gated_mlp)
     params, constants = {}, {}
     for name, arr in arrays.items():
         if _is_static_initializer(arr):

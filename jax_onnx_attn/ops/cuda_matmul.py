@@ -39,6 +39,9 @@ RECORD_ENV = "JOA_GEMV_RECORD"
 #: The environment variable that fuses GroupQueryAttention's step preparation into the packed QKV
 #: projection of decode sessions of batch 1 (`qkv_prepare_enabled`).
 QKV_PREPARE_ENV = "JOA_QKV_PREPARE"
+#: The environment variable that runs the gated MLP of decode sessions of batch 1 as one kernel
+#: (`gated_mlp_enabled`).
+GATED_MLP_ENV = "JOA_GATED_MLP"
 
 
 def nbits_wide() -> bool:
@@ -254,6 +257,51 @@ def qkv_prepare_unsupported(n_rows: int, k: int, bits: int, norm: bool = False,
     if bits == 4:
         return record_unsupported(1, n_rows, k, block_size, False, norm)
     return f"bits must be {DENSE_BITS} or 4, got {bits}"
+
+
+def gated_mlp_enabled() -> bool:
+    """Whether decode sessions of batch 1 run a dense gated MLP (norm + gate / up + SiLU·up + down +
+    residual) as one kernel (`gated_mlp`; `onnx.fusion`'s gated_mlp) rather than two GEMVs. On
+    where the kernels run; JOA_GATED_MLP=0 / 1 overrides (read at load, here only)."""
+    return _switch_where_kernels_run(GATED_MLP_ENV)
+
+
+@functools.cache
+def sm_count() -> int:
+    """The GPU's SMs (the fused MLP's grid is at most one CTA an SM); 132 (an H100 / H200) without a
+    GPU visible to jax."""
+    try:
+        return int(jax.devices("gpu")[0].core_count)
+    except (RuntimeError, ValueError, IndexError, AttributeError, TypeError):
+        return 132
+
+
+def gated_mlp_grid(h: int, inter: int) -> int:
+    """The fused MLP's CTAs for hidden size h and intermediate size inter on this GPU, 0 where the
+    kernel does not take the shape or the extension is missing."""
+    if _ffi is None or not hasattr(_ffi, "gated_mlp_grid"):
+        return 0
+    return int(_ffi.gated_mlp_grid(int(h), int(inter), sm_count()))
+
+
+def gated_mlp(x, w_gate_up, w_down, norm_weight=None, residual=None, *, eps: float = 1e-6):
+    """x [1, H] f16/bf16, w_gate_up [2 I, H] (`ops.interleave_gate_up`), w_down [H, I] -> [1, H]:
+    `linear(x, w_gate_up, norm_weight=, gated=True)` then `linear(., w_down, residual=)` in one
+    launch (ffi/handlers/gated_mlp.cu; f32 sums in another order than the two calls: within the
+    dtype's tolerance of them, not the same bits). norm_weight [H] and residual [1, H] or None.
+    The shape must have a grid (`gated_mlp_grid`); under vmap each example is its own call."""
+    h, inter = x.shape[1], w_down.shape[1]
+    grid = gated_mlp_grid(h, inter)
+    if grid == 0:
+        raise ValueError(f"gated_mlp: H={h}, I={inter}: the fused MLP kernel does not take this shape")
+    call = jax.ffi.ffi_call(target("gated_mlp"),
+                            (jax.ShapeDtypeStruct((1, h), x.dtype), jax.ShapeDtypeStruct((grid * h,), jnp.float32)),
+                            vmap_method="sequential")
+    ph = _placeholder(x.dtype)
+    y, _ = call(x, w_gate_up, w_down, ph if norm_weight is None else norm_weight,
+                ph if residual is None else residual, has_norm=norm_weight is not None,
+                has_residual=residual is not None, eps=np.float32(eps), grid=int(grid))
+    return y
 
 
 def linear_gqa_prepare(x, w, bias, norm_weight, k_cache, v_cache, seqlens_k, cos_cache, sin_cache,

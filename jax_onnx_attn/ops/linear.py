@@ -688,6 +688,81 @@ def linear(x, w, bias=None, *, residual=None, norm_weight=None, norm_epsilon: fl
     return _run(op, backend, ref_fn, cuda_fn, why, x, (w, bias, norm_weight), residual, n_out)
 
 
+def gated_mlp(x, w_gate_up, w_down, *, residual=None, norm_weight=None, norm_epsilon: float = 1e-6,
+              backend: str = "auto", pdl: bool = False):
+    """A gated MLP, `linear(linear(x, w_gate_up, norm_weight=, gated=True), w_down, residual=)`:
+    one kernel (`cuda_matmul.gated_mlp`) for one row of x where it takes the shape, else the two
+    `linear` calls (each on its own route).
+
+    Args:
+      x: [..., H] float16 / bfloat16 (float32 / float64 on the reference).
+      w_gate_up: [2 I, H] of x's dtype, `interleave_gate_up(w_gate, w_up)`.
+      w_down: [H, I] of x's dtype.
+      residual: None or [..., H] of x's dtype, added last. norm_weight: None or [H] (RMS norm of x
+        first, norm_epsilon).
+      backend: "auto", "reference" or "cuda" ("cuda": the fused kernel, or NotImplementedError
+        saying why it does not take the call).
+      pdl: as `linear`'s, for the two calls when they run.
+
+    Returns:
+      [..., H] of x's dtype: every product and the activation rounded as the two calls round them;
+      the fused kernel adds the down projection's f32 sums in another order (within the dtype's
+      tolerance of the two calls, not the same bits).
+    """
+    op = "gated_mlp"
+    x, w_gate_up, w_down = _array(x), _array(w_gate_up), _array(w_down)
+    residual, norm_weight = _array(residual), _array(norm_weight)
+    _check_x(op, x)
+    h = x.shape[-1]
+    for name, w in (("w_gate_up", w_gate_up), ("w_down", w_down)):
+        if w.ndim != 2 or w.dtype != x.dtype:
+            raise ValueError(f"{op}: {name} must be a matrix of x's dtype {x.dtype}, got "
+                             f"{w.dtype}{list(w.shape)}")
+    if w_gate_up.shape[1] != h or w_gate_up.shape[0] % (2 * GATE_UP_BLOCK):
+        raise ValueError(f"{op}: w_gate_up must be [2 I, H={h}] with I a multiple of {GATE_UP_BLOCK}, "
+                         f"got {list(w_gate_up.shape)}")
+    inter = w_gate_up.shape[0] // 2
+    if tuple(w_down.shape) != (h, inter):
+        raise ValueError(f"{op}: w_down must be [H={h}, I={inter}] (w_gate_up has 2 I rows), got "
+                         f"{list(w_down.shape)}")
+    _check_operands(op, x, 2 * inter, "w_gate_up", True, None, None, norm_weight)
+    if residual is not None and (tuple(residual.shape) != tuple(x.shape) or residual.dtype != x.dtype):
+        raise ValueError(f"{op}: residual must be {x.dtype}{list(x.shape)} (x's shape and dtype), got "
+                         f"{residual.dtype}{list(residual.shape)}")
+    eps = float(norm_epsilon)
+    why = _gated_mlp_unsupported(x, h, inter, backend)
+    if why is not None:
+        if backend == "cuda":
+            raise NotImplementedError(f"{op}: backend='cuda' is not available for this call: {why}")
+        hidden = linear(x, w_gate_up, norm_weight=norm_weight, norm_epsilon=eps, gated=True,
+                        backend=backend, pdl=pdl)
+        return linear(hidden, w_down, residual=residual, backend=backend, pdl=pdl)
+
+    def ref_fn(x2, wgu, wdn, nw, r2):
+        hidden = reference.linear(x2, wgu, None, None, nw, eps, True)
+        return reference.linear(hidden, wdn, None, r2)
+
+    def cuda_fn(x2, wgu, wdn, nw, r2):
+        return cuda_matmul.gated_mlp(x2, wgu, wdn, nw, r2, eps=eps)
+
+    return _run(op, backend, ref_fn, cuda_fn, None, x, (w_gate_up, w_down, norm_weight), residual, h)
+
+
+def _gated_mlp_unsupported(x, h, inter, backend) -> str | None:
+    """Why the fused MLP kernel does not take this call (None when it does)."""
+    if backend == "reference":
+        return "backend='reference'"
+    if jnp.dtype(x.dtype) not in HALF_DTYPES:
+        return f"x is {x.dtype}: the kernel takes float16 and bfloat16"
+    if math.prod(x.shape[:-1]) != 1:
+        return f"x has {math.prod(x.shape[:-1])} rows: the kernel takes one (a decode step of batch 1)"
+    if backend == "auto" and not cuda_matmul.gated_mlp_enabled():
+        return f"{cuda_matmul.GATED_MLP_ENV}=0"
+    if cuda_matmul.gated_mlp_grid(h, inter) == 0:
+        return f"H={h}, I={inter}: not a geometry the kernel takes (ffi/kernels/gemv/mlp_row.h)"
+    return None
+
+
 def matmul_nbits(x, b_quant, scales, zero_points=None, bias=None, *, k: int, n: int, bits: int,
                  block_size: int, residual=None, norm_weight=None, norm_epsilon: float = 1e-6,
                  gated: bool = False, backend: str = "auto", pdl: bool = False,

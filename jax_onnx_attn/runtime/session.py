@@ -233,6 +233,15 @@ def qkv_prepare_for(batch: int, mesh=None) -> bool:
     return batch == 1 and mesh is None and cuda_matmul.qkv_prepare_enabled()
 
 
+def gated_mlp_for(batch: int, mesh=None) -> bool:
+    """Whether a session loads dense gated MLPs as one node each (`onnx.fusion` pass 4b: one kernel
+    a layer for norm, gate / up, SiLU·up, down and the residual): decode steps of one row on one
+    device, when `cuda_matmul.gated_mlp_enabled()`."""
+    from jax_onnx_attn.ops import cuda_matmul
+
+    return batch == 1 and mesh is None and cuda_matmul.gated_mlp_enabled()
+
+
 def steps_per_check_for(steps_per_call: int, requested: int | None = None) -> int:
     """Decode steps between two "every row finished?" checks of one call: `requested`, else
     $JOA_DECODE_STEPS_PER_CHECK, else the largest divisor of steps_per_call that is at most
@@ -252,7 +261,7 @@ def steps_per_check_for(steps_per_call: int, requested: int | None = None) -> in
 
 
 def _load(model, dtype, batch: int = 1, nbits_layout: str = "onnx", dense_layout: str = "nk",
-          qkv_prepare: bool = False):
+          qkv_prepare: bool = False, gated_mlp: bool = False):
     """A lowered model: anything with `fixed_cache_step` and `params` is taken as is (its layout
     too)."""
     if hasattr(model, "fixed_cache_step") and hasattr(model, "params"):
@@ -274,6 +283,8 @@ def _load(model, dtype, batch: int = 1, nbits_layout: str = "onnx", dense_layout
         layout["dense_layout"] = dense_layout
     if qkv_prepare:
         layout["qkv_prepare"] = True
+    if gated_mlp:
+        layout["gated_mlp"] = True
     return load(model, dtype=dtype, **layout)
 
 
@@ -365,7 +376,8 @@ class DecoderSession:
         with (jax.default_device(jax.local_devices(backend="cpu")[0]) if mesh is not None
               else contextlib.nullcontext()):
             self.lowered = _load(model, dtype, batch, nbits_layout_for(batch, mesh),
-                                 dense_layout_for(batch, mesh), qkv_prepare_for(batch, mesh))
+                                 dense_layout_for(batch, mesh), qkv_prepare_for(batch, mesh),
+                                 gated_mlp_for(batch, mesh))
         self.max_length, self.batch, self.steps_per_call = int(max_length), int(batch), int(steps_per_call)
         self.steps_per_check = steps_per_check_for(self.steps_per_call, steps_per_check)
         self.compiler_options = (default_compiler_options() if compiler_options is None

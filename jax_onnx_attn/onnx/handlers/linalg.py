@@ -208,3 +208,28 @@ def fused_linear(ctx, x, w, scales=None, zero_points=None, bias=None, residual=N
         # Read only where GroupQueryAttention's fused route does not take the projection itself.
         y = ops.from_rotary_pair_order(y, ops.rotary_pair_order(*(int(v) for v in pairs)))
     return y if late is None else y + late
+
+
+@register("GatedMlp", 1, domain=JOA_DOMAIN)
+def fused_gated_mlp(ctx, x, w_gate_up, w_down, residual=None, norm_weight=None):
+    """jax_onnx_attn::GatedMlp (`onnx.fusion` pass 4b): a gated Linear and the down projection that
+    alone reads it, `ops.gated_mlp`: y = down(silu(gate)·up of rms_norm(x)) (+ residual).
+
+    Args:
+      x: [..., H]. w_gate_up: [2 I, H] (`ops.interleave_gate_up`). w_down: [H, I].
+      residual: [..., H] or None (another shape: added after, the broadcasting way).
+      norm_weight: [H] or None (attribute norm_epsilon).
+
+    Returns:
+      y [..., H] in x's dtype.
+    """
+    from jax_onnx_attn import ops
+
+    x, w_gate_up, w_down, residual, norm_weight = (
+        to_jax(v) for v in (x, w_gate_up, w_down, residual, norm_weight))
+    late = None
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
+        late, residual = residual, None
+    y = ops.gated_mlp(x, w_gate_up, w_down, residual=residual, norm_weight=norm_weight,
+                      norm_epsilon=float(ctx.attr("norm_epsilon", 1e-6)), pdl=True)
+    return y if late is None else y + late

@@ -1,0 +1,89 @@
+// gated_mlp: the gated MLP of one decode row in one launch (ffi/kernels/gemv/mlp_row.cuh):
+// y = round(round(h W_down^T) + residual), h = round(silu(round(n W_gate^T)) * round(n W_up^T)),
+// n = round(RMS-normed x * norm_weight) or x; the semantics of linear(gated) then linear(residual)
+// (jax_onnx_attn.ops.reference.linear), sums in another order (not the two calls' bits).
+//
+// x [1, H] T (f16 / bf16), w_gate_up [2 I, H] T (interleave_gate_up), w_down [H, I] T,
+// norm_weight [H] T, residual [1, H] T (placeholders when absent) -> y [1, H] T, workspace f32
+// [grid, H] (the CTAs' partial sums; a result XLA allocates, discarded). grid: the CTAs, from
+// _ffi.gated_mlp_grid; every CTA must be resident at once (a cooperative launch, else it fails).
+#include <string>
+#include <utility>
+
+#include "common/ffi.h"  // cuda_runtime.h first: mlp_row.h then declares the launch
+#include "kernels/gemv/mlp_row.h"
+
+namespace joa {
+namespace {
+
+ffi::Error GatedMlpImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer w_gate_up, AnyBuffer w_down,
+                        AnyBuffer norm_weight, AnyBuffer residual, AnyResult y,
+                        ffi::Result<ffi::Buffer<ffi::F32>> workspace, bool has_norm, bool has_residual,
+                        float eps, int64_t grid) {
+  auto fail = [](const std::string& what) { return InvalidArgument("gated_mlp: " + what); };
+  const ffi::DataType dtype = x.element_type();
+  if (dtype != ffi::DataType::F16 && dtype != ffi::DataType::BF16) return fail("x must be f16 or bf16");
+  auto xd = x.dimensions(), gd = w_gate_up.dimensions();
+  if (xd.size() != 2 || xd[0] != 1) return fail("x must be [1, H] (one decode row)");
+  const int64_t h = xd[1];
+  if (gd.size() != 2 || gd[1] != h || gd[0] % 2 != 0 || w_gate_up.element_type() != dtype) {
+    return fail("w_gate_up must be [2 I, H] in x's dtype");
+  }
+  const int64_t inter = gd[0] / 2;
+  if (!HasShape(w_down, {h, inter}) || w_down.element_type() != dtype) return fail("w_down must be [H, I] in x's dtype");
+  if (!HasShape(*y, {1, h}) || y->element_type() != dtype) return fail("y must be [1, H] in x's dtype");
+  if (has_norm && (!HasShape(norm_weight, {h}) || norm_weight.element_type() != dtype)) {
+    return fail("norm_weight must be [H] in x's dtype");
+  }
+  if (has_residual && (!HasShape(residual, {1, h}) || residual.element_type() != dtype)) {
+    return fail("residual must be [1, H] in x's dtype");
+  }
+  if (h > (int64_t(1) << 20) || inter > (int64_t(1) << 24) || grid < 1 || grid > 4096 ||
+      !gemv::MlpRowFits<gemv::kMlpRowWarps>(int(h), int(inter), int(grid))) {
+    return fail("H=" + std::to_string(h) + ", I=" + std::to_string(inter) + " on " + std::to_string(grid) +
+                " CTAs is not a geometry the kernel takes (_ffi.gated_mlp_grid)");
+  }
+  if (int64_t(workspace->element_count()) < grid * h) {
+    return fail("workspace has " + std::to_string(workspace->element_count()) + " f32 elements, needs " +
+                std::to_string(grid * h));
+  }
+  gemv::MlpRowParams p{};
+  p.x = x.untyped_data();
+  p.gamma = has_norm ? norm_weight.untyped_data() : nullptr;
+  p.w_gu = w_gate_up.untyped_data();
+  p.w_down = w_down.untyped_data();
+  p.residual = has_residual ? residual.untyped_data() : nullptr;
+  p.y = y->untyped_data();
+  p.partials = workspace->typed_data();
+  p.eps = eps;
+  p.h = int(h);
+  p.inter = int(inter);
+  p.tiles_per_cta = int(inter / 8 / grid);
+  const cudaError_t err = gemv::LaunchMlpRow(p, dtype == ffi::DataType::BF16, has_norm, int(grid), stream);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clear it: the error is this call's, reported here
+    return ffi::Error::Internal(std::string("gated_mlp: ") + cudaGetErrorString(err) +
+                                (err == cudaErrorCooperativeLaunchTooLarge
+                                     ? " (the grid's CTAs do not all fit on the GPU at once)" : ""));
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace joa
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JoaGatedMlp, joa::GatedMlpImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<joa::Stream>()
+                                  .Arg<joa::AnyBuffer>()  // x [1, H]
+                                  .Arg<joa::AnyBuffer>()  // w_gate_up [2 I, H]
+                                  .Arg<joa::AnyBuffer>()  // w_down [H, I]
+                                  .Arg<joa::AnyBuffer>()  // norm_weight [H] (or placeholder)
+                                  .Arg<joa::AnyBuffer>()  // residual [1, H] (or placeholder)
+                                  .Ret<joa::AnyBuffer>()  // y [1, H]
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // workspace [grid, H]
+                                  .Attr<bool>("has_norm")
+                                  .Attr<bool>("has_residual")
+                                  .Attr<float>("eps")
+                                  .Attr<int64_t>("grid"),
+                              JOA_COMMAND_BUFFER_SAFE);

@@ -1,0 +1,36 @@
+// The fused gated MLP of one decode row (kernels/gemv/mlp_row.cuh): f16 / bf16, with and without the
+// norm prologue.
+#include "kernels/gemv/mlp_row.cuh"
+
+namespace joa::gemv {
+
+cudaError_t LaunchMlpRow(const MlpRowParams& p, bool bf16, bool norm, int grid, cudaStream_t stream) {
+  if (!MlpRowFits<kMlpRowWarps>(p.h, p.inter, grid) || p.tiles_per_cta * 8 * grid != p.inter) {
+    return cudaErrorInvalidValue;
+  }
+  auto launch = [&](auto kernel) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(kMlpRowWarps * 32);
+    cfg.dynamicSmemBytes = MlpRowSmem<kMlpRowWarps>::Bytes(p.h, p.tiles_per_cta);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeCooperative;  // the grid barrier needs every CTA resident
+    attr[0].val.cooperative = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    if (cfg.dynamicSmemBytes > 48 * 1024) {
+      cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           int(cfg.dynamicSmemBytes));
+      if (e != cudaSuccess) return e;
+    }
+    return cudaLaunchKernelEx(&cfg, kernel, p);
+  };
+  constexpr int kW = kMlpRowWarps, kD = kMlpRowDepth;
+  if (bf16) {
+    return norm ? launch(MlpRowKernel<__nv_bfloat16, kW, kD, true>) : launch(MlpRowKernel<__nv_bfloat16, kW, kD, false>);
+  }
+  return norm ? launch(MlpRowKernel<__half, kW, kD, true>) : launch(MlpRowKernel<__half, kW, kD, false>);
+}
+
+}  // namespace joa::gemv

@@ -1,0 +1,214 @@
+// The gated MLP of one decode row in one kernel: y = round(round(h W_down^T) + residual) with
+// h = round(silu(round(n W_gate^T)) * round(n W_up^T)) and n = the RMS-normed x (optional), the
+// roundings of the two-GEMV path (dense_row.cuh with GatedSiluEpilogue, then StoreEpilogue).
+//
+// Why one kernel: the two GEMVs each pay a ramp (no W in flight until the CTAs start) and a drain
+// (the last tiles' CTAs alone) on ~67 + 34 MB at ~1B; here every CTA streams its gate-up tiles and
+// then, with no barrier between, its slice of W_down: the down loads are issued while the gate-up
+// math finishes, because CTA c's down work needs only the h values CTA c computed itself.
+//
+// Geometry: grid G (one CTA an SM at most, launched cooperatively: every CTA resident); CTA c owns
+// the gate-up tiles [c T, (c + 1) T) (16 interleaved rows, 8 outputs of h each; T = I / 8 / G), so
+// h[8 c T, 8 (c + 1) T) lands in its shared memory. Its down work is the K slice of W_down at those
+// columns: every 16-row tile of W_down (warp w takes tiles w, w + kW, ...), giving an f32 partial
+// sum of all H outputs. The partials [G, H] go to the workspace; after a grid barrier CTA c adds
+// the partials of its rows in CTA order (deterministic) and applies the epilogue.
+//
+// Loads and MMAs are dense_row.cuh's: a step is 16 rows x 64 k (2 KB), lane (g, t) holds 16 bytes of
+// rows g/2, g/2 + 8, g/2 + 4, g/2 + 12 as the A operands of two m16n8k16 MMAs, B carries two 32-k
+// halves of x (or h) in its two columns.
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "kernels/convert.cuh"
+#include "kernels/gemv/dense_row.cuh"  // DenseRowStep
+#include "kernels/gemv/stage.cuh"
+#include "kernels/gemv/mlp_row.h"
+#include "kernels/ptx.cuh"
+
+namespace joa::gemv {
+
+template <typename T, int kW, int kDepth, bool kNorm>
+__global__ void __launch_bounds__(kW * 32, 1) MlpRowKernel(const __grid_constant__ MlpRowParams p) {
+  constexpr int kThreadsW = kW * 32;
+  using Smem = MlpRowSmem<kW>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int tiles = p.tiles_per_cta, hc = 8 * tiles;
+  uint4* s_x = reinterpret_cast<uint4*>(smem);
+  T* s_h = reinterpret_cast<T*>(smem + Smem::HOffset(p.h));
+  uint4* s_zero = reinterpret_cast<uint4*>(smem + Smem::ZeroOffset(p.h, tiles));
+  float* s_red = reinterpret_cast<float*>(smem + Smem::RedOffset(p.h, tiles));
+  float* s_wsum = s_red + 2 * kW * 16;
+  float* s_fin = s_wsum + kW;
+
+  const int tid = threadIdx.x, lane = tid & 31, wk = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int cta = int(blockIdx.x);
+  const int nsteps_a = p.h / (64 * kW);  // a gate-up tile's steps a warp (its K range)
+  const int steps_a = tiles * nsteps_a;
+  const int nsteps_b = hc / 64;          // a down tile's steps (the whole slice, one warp)
+  const int tiles_b = p.h / 16 / kW;
+  const int steps = steps_a + tiles_b * nsteps_b;
+  const int64_t row_a = int64_t(p.h) * 2, row_b = int64_t(p.inter) * 2;
+  const int64_t lane_a = int64_t(g >> 1) * row_a + (int64_t(wk) * nsteps_a * 64 + 32 * (g & 1) + 8 * t) * 2;
+  const int64_t lane_b = int64_t(g >> 1) * row_b + (int64_t(cta) * hc + 32 * (g & 1) + 8 * t) * 2;
+  const uint8_t* w_gu = static_cast<const uint8_t*>(p.w_gu) + int64_t(cta) * tiles * 16 * row_a + lane_a;
+  const uint8_t* w_dn = static_cast<const uint8_t*>(p.w_down) + int64_t(wk) * 16 * row_b + lane_b;
+
+  // The load cursor runs kDepth steps ahead of the math, across tiles and across the phases.
+  int ld = 0, ld_j = 0;
+  const uint8_t* wp = w_gu;
+  int64_t stride = row_a;
+  auto load_next = [&](DenseRowStep& st) {
+    if (ld < steps) {
+      st.w[0] = LoadStream16(wp);
+      st.w[1] = LoadStream16(wp + 8 * stride);
+      st.w[2] = LoadStream16(wp + 4 * stride);
+      st.w[3] = LoadStream16(wp + 12 * stride);
+      wp += 128;
+    }
+    ++ld;
+    if (ld <= steps_a) {
+      if (++ld_j == nsteps_a) {  // next gate-up tile (or the first down tile)
+        ld_j = 0;
+        wp += 16 * row_a - nsteps_a * 128;
+      }
+      if (ld == steps_a) {
+        wp = w_dn;
+        stride = row_b;
+      }
+    } else if (++ld_j == nsteps_b) {  // next down tile of this warp
+      ld_j = 0;
+      wp += kW * 16 * row_b - nsteps_b * 128;
+    }
+  };
+  DenseRowStep buf[kDepth];
+#pragma unroll
+  for (int s = 0; s < kDepth; ++s) load_next(buf[s]);
+
+  const int units = p.h / 8;
+  const uint4* xg = static_cast<const uint4*>(p.x);
+  if constexpr (kNorm) {
+    float ss = 0.f;
+    for (int u = tid; u < units; u += kThreadsW) {
+      const uint4 v = LoadInput16(xg + u);
+      s_x[u] = v;
+      ss = AddSquares8<T>(v, ss);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+    if (lane == 0) s_wsum[wk] = ss;
+    __syncthreads();
+    float total = 0.f;
+#pragma unroll
+    for (int w = 0; w < kW; ++w) total += s_wsum[w];
+    const float r = rsqrtf(__fdiv_rn(total, float(p.h)) + p.eps);
+    const uint4* gamma = static_cast<const uint4*>(p.gamma);
+    for (int u = tid; u < units; u += kThreadsW) s_x[u] = RmsNormInput::Apply<T>(s_x[u], r, LoadInput16(gamma + u));
+  } else {
+    for (int u = tid; u < units; u += kThreadsW) s_x[u] = LoadInput16(xg + u);
+  }
+  if (tid == 0) *s_zero = make_uint4(0, 0, 0, 0);
+  __syncthreads();
+
+  // B: lanes 0-7 read 8 units of the step's 64 k, the others the zero unit.
+  const uint4* xb = lane < 8 ? s_x + wk * nsteps_a * 8 + lane : s_zero;
+  const uint4* hb = lane < 8 ? reinterpret_cast<const uint4*>(s_h) + lane : s_zero;
+  const int xstep = lane < 8 ? 8 : 0;
+  float* part = p.partials + int64_t(cta) * p.h;
+
+  float acc[2][2][4] = {};
+  int j = 0, it = 0;
+  for (int i0 = 0; i0 < steps; i0 += kDepth) {
+#pragma unroll
+    for (int s = 0; s < kDepth; ++s) {
+      const int i = i0 + s;
+      if (i >= steps) break;
+      const bool gate_up = i < steps_a;
+      if (i == steps_a) __syncthreads();  // h complete (every warp has the same steps_a)
+      const uint4 xv = gate_up ? xb[j * xstep] : hb[j * xstep];
+#pragma unroll
+      for (int rg = 0; rg < 2; ++rg) {
+        const uint4& lo = buf[s].w[2 * rg];
+        const uint4& hi = buf[s].w[2 * rg + 1];
+        const uint32_t a0[4] = {lo.x, hi.x, lo.y, hi.y};
+        const uint32_t a1[4] = {lo.z, hi.z, lo.w, hi.w};
+        ptx::Mma16816Free<T>(acc[rg][0], a0, xv.x, xv.y);
+        ptx::Mma16816Free<T>(acc[rg][1], a1, xv.z, xv.w);
+      }
+      load_next(buf[s]);
+      if (++j < (gate_up ? nsteps_a : nsteps_b)) continue;
+      j = 0;
+      // End of a tile: the row sums (lane (g, 0) of even g: rows g/2 + 4 rg + 8 hh).
+      float* red = s_red + (it & 1) * kW * 16;
+#pragma unroll
+      for (int rg = 0; rg < 2; ++rg) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const float c0 = acc[rg][0][2 * hh] + acc[rg][1][2 * hh];
+          const float c1 = acc[rg][0][2 * hh + 1] + acc[rg][1][2 * hh + 1];
+          float v = (g & 1) ? c1 : c0;
+          v += __shfl_xor_sync(0xffffffffu, v, 4);
+          const int r = (g >> 1) + 4 * rg + 8 * hh;
+          if (t == 0 && (g & 1) == 0) {
+            if (gate_up) {
+              red[wk * 16 + r] = v;
+            } else {
+              part[(wk + it * kW) * 16 + r] = v;
+            }
+          }
+#pragma unroll
+          for (int e = 0; e < 2; ++e) acc[rg][e][2 * hh] = acc[rg][e][2 * hh + 1] = 0.f;
+        }
+      }
+      if (gate_up) {
+        __syncthreads();
+        if (tid < 8) {  // output tid of the tile: gate row tid, up row tid + 8, warps in order
+          float vg = 0.f, vu = 0.f;
+#pragma unroll
+          for (int w = 0; w < kW; ++w) {
+            vg += red[w * 16 + tid];
+            vu += red[w * 16 + 8 + tid];
+          }
+          const float gr = ToFloat(FromFloat<T>(vg));
+          const float ur = ToFloat(FromFloat<T>(vu));
+          s_h[it * 8 + tid] = FromFloat<T>(__fmul_rn(__fdiv_rn(gr, 1.f + expf(-gr)), ur));
+        }
+        if (++it == tiles) it = 0;  // the down tiles count from 0
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  // Every CTA's partials written: CTA c adds those of its rows in CTA order.
+  cooperative_groups::this_grid().sync();
+  const int grid = int(gridDim.x);
+  const int rows_per = (p.h + grid - 1) / grid;
+  const int r0 = cta * rows_per, nr = min(rows_per, p.h - r0);
+  if (nr <= 0) return;
+  const int parts = max(1, min(kThreadsW / nr, grid));  // threads a row, each a run of CTAs
+  const int per = (grid + parts - 1) / parts;
+  if (tid < nr * parts) {
+    const int r = tid % nr, q = tid / nr;
+    float v = 0.f;
+    const int c1 = min(grid, (q + 1) * per);
+    for (int c = q * per; c < c1; ++c) v += __ldcg(p.partials + int64_t(c) * p.h + r0 + r);
+    s_fin[q * nr + r] = v;
+  }
+  __syncthreads();
+  for (int r = tid; r < nr; r += kThreadsW) {
+    float v = 0.f;
+    for (int q = 0; q < parts; ++q) v += s_fin[q * nr + r];
+    T out = FromFloat<T>(v);
+    if (p.residual != nullptr) out = FromFloat<T>(ToFloat(out) + ToFloat(static_cast<const T*>(p.residual)[r0 + r]));
+    static_cast<T*>(p.y)[r0 + r] = out;
+  }
+}
+
+}  // namespace joa::gemv

@@ -1,0 +1,69 @@
+// The fused gated MLP of one decode row (mlp_row.cuh): its parameters, the geometry's host-side rules
+// and the launch, for the handler (ffi/handlers/gated_mlp.cu) and the probe.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__) || defined(__CUDA_RUNTIME_H__)
+#include <cuda_runtime.h>
+#define JOA_MLP_HD __host__ __device__
+#else  // the module's plan binding (built without CUDA too) includes it first
+#define JOA_MLP_HD
+#endif
+
+namespace joa::gemv {
+
+struct MlpRowParams {
+  const void* x;         // [H] T: the MLP's input (before the norm)
+  const void* gamma;     // [H] T, or null: no RMS norm prologue
+  const void* w_gu;      // [2 I, H] T, gate / up interleaved in blocks of 8 rows (interleave_gate_up)
+  const void* w_down;    // [H, I] T
+  const void* residual;  // [H] T, or null
+  void* y;               // [H] T
+  float* partials;       // [G, H] f32 workspace
+  float eps;
+  int h, inter;          // H, I
+  int tiles_per_cta;     // T: gate-up tiles a CTA (I / 8 / G)
+};
+
+// Shared memory: x (H of T, after the prologue), h slice (8 T of T), a zero unit, [2][kW][16] f32
+// partial row sums of the gate-up tiles, kW f32 norm sums, kW * 32 f32 for the final reduction.
+template <int kW>
+struct MlpRowSmem {
+  JOA_MLP_HD static int HOffset(int h) { return h * 2; }
+  JOA_MLP_HD static int ZeroOffset(int h, int tiles) { return h * 2 + tiles * 16; }
+  JOA_MLP_HD static int RedOffset(int h, int tiles) { return ZeroOffset(h, tiles) + 16; }
+  JOA_MLP_HD static int Bytes(int h, int tiles) {
+    return RedOffset(h, tiles) + (2 * kW * 16 + kW + kW * 32) * 4;
+  }
+};
+
+// The geometry's requirements (host side): H % (64 kW) == 0, (H / 16) % kW == 0, I % 8 == 0,
+// (I / 8) % G == 0 and the h slice 8 T a multiple of 64.
+template <int kW>
+inline bool MlpRowFits(int h, int inter, int grid) {
+  if (h % (64 * kW) != 0 || (h / 16) % kW != 0 || inter % 8 != 0 || grid <= 0) return false;
+  if ((inter / 8) % grid != 0) return false;
+  return (8 * (inter / 8 / grid)) % 64 == 0;
+}
+
+// The variant the launch runs: warps a CTA and steps of W in flight a warp
+// (tools/probes/mlp_row.cu swept them).
+inline constexpr int kMlpRowWarps = 16;
+inline constexpr int kMlpRowDepth = 3;
+
+// The grid for H x I on `sms` SMs: the most CTAs <= sms the geometry takes, 0 if none.
+inline int MlpRowGrid(int h, int inter, int sms) {
+  for (int g = sms; g > 0; --g) {
+    if (MlpRowFits<kMlpRowWarps>(h, inter, g)) return g;
+  }
+  return 0;
+}
+
+#if defined(__CUDACC__) || defined(__CUDA_RUNTIME_H__)
+// Launches the kernel cooperatively (every CTA resident, or the launch fails) for dtype T
+// (bf16 = false: f16); norm: the RMS norm prologue (p.gamma set).
+cudaError_t LaunchMlpRow(const MlpRowParams& p, bool bf16, bool norm, int grid, cudaStream_t stream);
+#endif
+
+}  // namespace joa::gemv
