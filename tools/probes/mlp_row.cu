@@ -40,6 +40,21 @@ cudaError_t LaunchMlp(const MlpRowParams& p, int grid, cudaStream_t s) {
   return cudaLaunchKernelEx(&cfg, MlpRowKernel<__half, kW, kDepth, true>, p);
 }
 
+template <int kW, int kDepth>
+cudaError_t LaunchMlpN(const MlpRowParams& p, int grid, cudaStream_t s) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(kW * 32);
+  cfg.dynamicSmemBytes = MlpRowNSmem<kW>::Bytes(p.h, p.inter);
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, MlpRowNKernel<__half, kW, kDepth, true>, p);
+}
+
 struct Mlp {
   const char* name;
   int h, inter;
@@ -155,7 +170,7 @@ int main() {
       CK(cudaMemcpy(c.data(), yf[0], H * 2, cudaMemcpyDeviceToHost));
       int diff = 0;
       for (int r = 0; r < H; ++r) diff += __half_as_ushort(b[r]) != __half_as_ushort(c[r]);
-      printf("  fused %-6s %7.2f (%4.0f)  %.4g (%.4g)  rerun diffs %d\n", name, t, mb / t, err, ymax, diff);
+      printf("  fused %-7s %7.2f (%4.0f)  %.4g (%.4g)  rerun diffs %d\n", name, t, mb / t, err, ymax, diff);
       fflush(stdout);
       return 0;
     };
@@ -165,6 +180,23 @@ int main() {
     if (variant("16x2", [&](const MlpRowParams& p, cudaStream_t st) { return LaunchMlp<16, 2>(p, grid, st); })) return 1;
     if (variant("16x3", [&](const MlpRowParams& p, cudaStream_t st) { return LaunchMlp<16, 3>(p, grid, st); })) return 1;
     if (variant("16x4", [&](const MlpRowParams& p, cudaStream_t st) { return LaunchMlp<16, 4>(p, grid, st); })) return 1;
+    // The N-split variant: its own grid (the most CTAs <= SMs dividing I / 8, H / 16 too if it can).
+    int grid_n = 0;
+    for (int pass = 0; pass < 2 && grid_n == 0; ++pass) {
+      for (int gr = env.sms; gr > 0; --gr) {
+        if (MlpRowNFits<8>(H, I, gr) && MlpRowNFits<16>(H, I, gr) && (pass == 1 || (H / 16) % gr == 0)) {
+          grid_n = gr;
+          break;
+        }
+      }
+    }
+    printf("  N-split grid %d\n", grid_n);
+    for (auto& f : pf) f.tiles_per_cta = I / 8 / grid_n;
+    if (variant("N 8x3", [&](const MlpRowParams& p, cudaStream_t st) { return LaunchMlpN<8, 3>(p, grid_n, st); })) return 1;
+    if (variant("N 8x4", [&](const MlpRowParams& p, cudaStream_t st) { return LaunchMlpN<8, 4>(p, grid_n, st); })) return 1;
+    if (variant("N 16x2", [&](const MlpRowParams& p, cudaStream_t st) { return LaunchMlpN<16, 2>(p, grid_n, st); })) return 1;
+    if (variant("N 16x3", [&](const MlpRowParams& p, cudaStream_t st) { return LaunchMlpN<16, 3>(p, grid_n, st); })) return 1;
+    if (variant("N 16x4", [&](const MlpRowParams& p, cudaStream_t st) { return LaunchMlpN<16, 4>(p, grid_n, st); })) return 1;
     for (int i = 0; i < L; ++i) {
       cudaFree(gu[i]);
       cudaFree(dn[i]);
