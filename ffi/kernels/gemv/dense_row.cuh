@@ -45,6 +45,47 @@ struct DenseRowStep {
   uint4 w[4];  // rows g/2 + 0, + 8, + 4, + 12
 };
 
+// Lane (g, t)'s 16 bytes of a step: wp at its row g/2 and k offset, rows row_bytes apart.
+__device__ __forceinline__ void DenseRowLoad(DenseRowStep& st, const uint8_t* wp, int64_t row_bytes) {
+  st.w[0] = LoadStream16(wp);
+  st.w[1] = LoadStream16(wp + 8 * row_bytes);
+  st.w[2] = LoadStream16(wp + 4 * row_bytes);
+  st.w[3] = LoadStream16(wp + 12 * row_bytes);
+}
+
+// A step's two MMAs per row group: A the loaded words as they are, B x's two 32-k halves (xv).
+template <typename T>
+__device__ __forceinline__ void DenseRowMma(float (&acc)[2][2][4], const DenseRowStep& st, uint4 xv) {
+#pragma unroll
+  for (int rg = 0; rg < 2; ++rg) {
+    const uint4& lo = st.w[2 * rg];
+    const uint4& hi = st.w[2 * rg + 1];
+    const uint32_t a0[4] = {lo.x, hi.x, lo.y, hi.y};
+    const uint32_t a1[4] = {lo.z, hi.z, lo.w, hi.w};
+    ptx::Mma16816Free<T>(acc[rg][0], a0, xv.x, xv.y);
+    ptx::Mma16816Free<T>(acc[rg][1], a1, xv.z, xv.w);
+  }
+}
+
+// The end of a tile: lane (g, 0) takes column g & 1 of its C rows and adds lane g ^ 1's (one
+// shuffle); on the even g, put(r, v) gets the warp's sum of tile row r. Zeroes the accumulators.
+template <class Put>
+__device__ __forceinline__ void DenseRowTileSums(float (&acc)[2][2][4], int g, int t, Put&& put) {
+#pragma unroll
+  for (int rg = 0; rg < 2; ++rg) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float c0 = acc[rg][0][2 * h] + acc[rg][1][2 * h];
+      const float c1 = acc[rg][0][2 * h + 1] + acc[rg][1][2 * h + 1];
+      float v = (g & 1) ? c1 : c0;
+      v += __shfl_xor_sync(0xffffffffu, v, 4);
+      if (t == 0 && (g & 1) == 0) put((g >> 1) + 4 * rg + 8 * h, v);
+#pragma unroll
+      for (int e = 0; e < 2; ++e) acc[rg][e][2 * h] = acc[rg][e][2 * h + 1] = 0.f;
+    }
+  }
+}
+
 // Needs K % (64 kWarps) == 0 and N % 16 == 0 (plan.h's DenseRowLayout).
 template <typename T, class Prologue, class Epilogue, int kDepth>
 __global__ void __launch_bounds__(kThreads, 2) GemvDenseRowKernel(const __grid_constant__ GemvParams p) {
@@ -74,10 +115,7 @@ __global__ void __launch_bounds__(kThreads, 2) GemvDenseRowKernel(const __grid_c
         const int tile = int(blockIdx.x) + ld_it * int(gridDim.x);
         wp = static_cast<const uint8_t*>(p.w) + int64_t(tile) * 16 * row_bytes + lane_off;
       }
-      st.w[0] = LoadStream16(wp);
-      st.w[1] = LoadStream16(wp + 8 * row_bytes);
-      st.w[2] = LoadStream16(wp + 4 * row_bytes);
-      st.w[3] = LoadStream16(wp + 12 * row_bytes);
+      DenseRowLoad(st, wp, row_bytes);
       wp += 128;
     }
     ++ld_step;
@@ -123,37 +161,16 @@ __global__ void __launch_bounds__(kThreads, 2) GemvDenseRowKernel(const __grid_c
 #pragma unroll
     for (int s = 0; s < kDepth; ++s) {
       if (i0 + s >= steps) break;
-      const uint4 xv = xb[j * xstep];
-#pragma unroll
-      for (int rg = 0; rg < 2; ++rg) {
-        const uint4& lo = buf[s].w[2 * rg];
-        const uint4& hi = buf[s].w[2 * rg + 1];
-        const uint32_t a0[4] = {lo.x, hi.x, lo.y, hi.y};
-        const uint32_t a1[4] = {lo.z, hi.z, lo.w, hi.w};
-        ptx::Mma16816Free<T>(acc[rg][0], a0, xv.x, xv.y);
-        ptx::Mma16816Free<T>(acc[rg][1], a1, xv.z, xv.w);
-      }
+      DenseRowMma<T>(acc, buf[s], xb[j * xstep]);
       load_next(buf[s]);  // step i + kDepth into the registers just consumed
       if (++j < nsteps) continue;
       j = 0;
-      // End of a tile: lane (g, 0) takes column g & 1 of its C rows and adds lane g ^ 1's; the
-      // even g write the warp's partial sums, the epilogue's threads add the warps in order.
+      // End of a tile: the even g write the warp's partial sums, the epilogue's threads add the
+      // warps in order.
       float* red = s_red + (it & 1) * kWarps * 16;
       const int tile = int(blockIdx.x) + it * int(gridDim.x);
       ++it;
-#pragma unroll
-      for (int rg = 0; rg < 2; ++rg) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float c0 = acc[rg][0][2 * h] + acc[rg][1][2 * h];
-          const float c1 = acc[rg][0][2 * h + 1] + acc[rg][1][2 * h + 1];
-          float v = (g & 1) ? c1 : c0;
-          v += __shfl_xor_sync(0xffffffffu, v, 4);
-          if (t == 0 && (g & 1) == 0) red[wk * 16 + (g >> 1) + 4 * rg + 8 * h] = v;
-#pragma unroll
-          for (int e = 0; e < 2; ++e) acc[rg][e][2 * h] = acc[rg][e][2 * h + 1] = 0.f;
-        }
-      }
+      DenseRowTileSums(acc, g, t, [&](int r, float v) { red[wk * 16 + r] = v; });
       __syncthreads();
       OneRowTileEpilogue<T, Epilogue>(p, tile, red, 16, tid, ahead);
     }

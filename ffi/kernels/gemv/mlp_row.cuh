@@ -66,10 +66,7 @@ __global__ void __launch_bounds__(kW * 32, 1) MlpRowKernel(const __grid_constant
   int64_t stride = row_a;
   auto load_next = [&](DenseRowStep& st) {
     if (ld < steps) {
-      st.w[0] = LoadStream16(wp);
-      st.w[1] = LoadStream16(wp + 8 * stride);
-      st.w[2] = LoadStream16(wp + 4 * stride);
-      st.w[3] = LoadStream16(wp + 12 * stride);
+      DenseRowLoad(st, wp, stride);
       wp += 128;
     }
     ++ld;
@@ -100,14 +97,7 @@ __global__ void __launch_bounds__(kW * 32, 1) MlpRowKernel(const __grid_constant
       s_x[u] = v;
       ss = AddSquares8<T>(v, ss);
     }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-    if (lane == 0) s_wsum[wk] = ss;
-    __syncthreads();
-    float total = 0.f;
-#pragma unroll
-    for (int w = 0; w < kW; ++w) total += s_wsum[w];
-    const float r = rsqrtf(__fdiv_rn(total, float(p.h)) + p.eps);
+    const float r = OneRowInverseRms<kW>(ss, s_wsum, lane, wk, p.h, p.eps);
     const uint4* gamma = static_cast<const uint4*>(p.gamma);
     for (int u = tid; u < units; u += kThreadsW) s_x[u] = RmsNormInput::Apply<T>(s_x[u], r, LoadInput16(gamma + u));
   } else {
@@ -131,41 +121,21 @@ __global__ void __launch_bounds__(kW * 32, 1) MlpRowKernel(const __grid_constant
       if (i >= steps) break;
       const bool gate_up = i < steps_a;
       if (i == steps_a) __syncthreads();  // h complete (every warp has the same steps_a)
-      const uint4 xv = gate_up ? xb[j * xstep] : hb[j * xstep];
-#pragma unroll
-      for (int rg = 0; rg < 2; ++rg) {
-        const uint4& lo = buf[s].w[2 * rg];
-        const uint4& hi = buf[s].w[2 * rg + 1];
-        const uint32_t a0[4] = {lo.x, hi.x, lo.y, hi.y};
-        const uint32_t a1[4] = {lo.z, hi.z, lo.w, hi.w};
-        ptx::Mma16816Free<T>(acc[rg][0], a0, xv.x, xv.y);
-        ptx::Mma16816Free<T>(acc[rg][1], a1, xv.z, xv.w);
-      }
+      DenseRowMma<T>(acc, buf[s], gate_up ? xb[j * xstep] : hb[j * xstep]);
       load_next(buf[s]);
       if (++j < (gate_up ? nsteps_a : nsteps_b)) continue;
       j = 0;
-      // End of a tile: the row sums (lane (g, 0) of even g: rows g/2 + 4 rg + 8 hh).
+      // End of a tile: a gate-up tile's warp sums to shared memory, a down tile's straight to
+      // this CTA's partials (one warp holds the whole K slice).
       float* red = s_red + (it & 1) * kW * 16;
-#pragma unroll
-      for (int rg = 0; rg < 2; ++rg) {
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const float c0 = acc[rg][0][2 * hh] + acc[rg][1][2 * hh];
-          const float c1 = acc[rg][0][2 * hh + 1] + acc[rg][1][2 * hh + 1];
-          float v = (g & 1) ? c1 : c0;
-          v += __shfl_xor_sync(0xffffffffu, v, 4);
-          const int r = (g >> 1) + 4 * rg + 8 * hh;
-          if (t == 0 && (g & 1) == 0) {
-            if (gate_up) {
-              red[wk * 16 + r] = v;
-            } else {
-              part[(wk + it * kW) * 16 + r] = v;
-            }
-          }
-#pragma unroll
-          for (int e = 0; e < 2; ++e) acc[rg][e][2 * hh] = acc[rg][e][2 * hh + 1] = 0.f;
+      const int down_row0 = (wk + it * kW) * 16;
+      DenseRowTileSums(acc, g, t, [&](int r, float v) {
+        if (gate_up) {
+          red[wk * 16 + r] = v;
+        } else {
+          part[down_row0 + r] = v;
         }
-      }
+      });
       if (gate_up) {
         __syncthreads();
         if (tid < 8) {  // output tid of the tile: gate row tid, up row tid + 8, warps in order
@@ -208,182 +178,6 @@ __global__ void __launch_bounds__(kW * 32, 1) MlpRowKernel(const __grid_constant
     T out = FromFloat<T>(v);
     if (p.residual != nullptr) out = FromFloat<T>(ToFloat(out) + ToFloat(static_cast<const T*>(p.residual)[r0 + r]));
     static_cast<T*>(p.y)[r0 + r] = out;
-  }
-}
-
-// The N-split variant: CTA c writes its h slice to `hidden` (global, I of T); after a grid barrier
-// every CTA computes whole rows of y: the down tiles c, c + G, ... over all of K (warp w its K
-// range, as the gate-up tiles), so no partial sums and no second barrier. The down tiles' first
-// kDepth steps of W are in flight before the barrier (they do not depend on h).
-template <int kW>
-struct MlpRowNSmem {
-  __host__ __device__ static int HOffset(int h) { return h * 2; }
-  __host__ __device__ static int ZeroOffset(int h, int inter) { return h * 2 + inter * 2; }
-  __host__ __device__ static int RedOffset(int h, int inter) { return ZeroOffset(h, inter) + 16; }
-  __host__ __device__ static int Bytes(int h, int inter) { return RedOffset(h, inter) + (2 * kW * 16 + kW) * 4; }
-};
-
-template <int kW>
-inline bool MlpRowNFits(int h, int inter, int grid) {
-  if (h % (64 * kW) != 0 || inter % (64 * kW) != 0 || grid <= 0) return false;
-  return (inter / 8) % grid == 0;
-}
-
-template <typename T, int kW, int kDepth, bool kNorm>
-__global__ void __launch_bounds__(kW * 32, 1) MlpRowNKernel(const __grid_constant__ MlpRowParams p) {
-  constexpr int kThreadsW = kW * 32;
-  using Smem = MlpRowNSmem<kW>;
-  extern __shared__ __align__(16) unsigned char smem[];
-  const int tiles = p.tiles_per_cta, hc = 8 * tiles;
-  uint4* s_x = reinterpret_cast<uint4*>(smem);
-  uint4* s_h = reinterpret_cast<uint4*>(smem + Smem::HOffset(p.h));
-  uint4* s_zero = reinterpret_cast<uint4*>(smem + Smem::ZeroOffset(p.h, p.inter));
-  float* s_red = reinterpret_cast<float*>(smem + Smem::RedOffset(p.h, p.inter));
-  float* s_wsum = s_red + 2 * kW * 16;
-  T* hidden = reinterpret_cast<T*>(p.partials);
-
-  const int tid = threadIdx.x, lane = tid & 31, wk = tid >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  const int cta = int(blockIdx.x), grid = int(gridDim.x);
-  const int nsteps_a = p.h / (64 * kW);
-  const int steps_a = tiles * nsteps_a;
-  const int nsteps_b = p.inter / (64 * kW);
-  const int tiles_b = (p.h / 16 - cta + grid - 1) / grid;
-  const int steps = steps_a + tiles_b * nsteps_b;
-  const int64_t row_a = int64_t(p.h) * 2, row_b = int64_t(p.inter) * 2;
-  const int64_t lane_a = int64_t(g >> 1) * row_a + (int64_t(wk) * nsteps_a * 64 + 32 * (g & 1) + 8 * t) * 2;
-  const int64_t lane_b = int64_t(g >> 1) * row_b + (int64_t(wk) * nsteps_b * 64 + 32 * (g & 1) + 8 * t) * 2;
-  const uint8_t* w_gu = static_cast<const uint8_t*>(p.w_gu) + int64_t(cta) * tiles * 16 * row_a + lane_a;
-  const uint8_t* w_dn = static_cast<const uint8_t*>(p.w_down) + int64_t(cta) * 16 * row_b + lane_b;
-
-  int ld = 0, ld_j = 0;
-  const uint8_t* wp = w_gu;
-  int64_t stride = row_a;
-  auto load_next = [&](DenseRowStep& st) {
-    if (ld < steps) {
-      st.w[0] = LoadStream16(wp);
-      st.w[1] = LoadStream16(wp + 8 * stride);
-      st.w[2] = LoadStream16(wp + 4 * stride);
-      st.w[3] = LoadStream16(wp + 12 * stride);
-      wp += 128;
-    }
-    ++ld;
-    if (ld <= steps_a) {
-      if (++ld_j == nsteps_a) {
-        ld_j = 0;
-        wp += 16 * row_a - nsteps_a * 128;
-      }
-      if (ld == steps_a) {
-        wp = w_dn;
-        stride = row_b;
-      }
-    } else if (++ld_j == nsteps_b) {  // this CTA's next down tile
-      ld_j = 0;
-      wp += int64_t(grid) * 16 * row_b - nsteps_b * 128;
-    }
-  };
-  DenseRowStep buf[kDepth];
-#pragma unroll
-  for (int s = 0; s < kDepth; ++s) load_next(buf[s]);
-
-  const int units = p.h / 8;
-  const uint4* xg = static_cast<const uint4*>(p.x);
-  if constexpr (kNorm) {
-    float ss = 0.f;
-    for (int u = tid; u < units; u += kThreadsW) {
-      const uint4 v = LoadInput16(xg + u);
-      s_x[u] = v;
-      ss = AddSquares8<T>(v, ss);
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-    if (lane == 0) s_wsum[wk] = ss;
-    __syncthreads();
-    float total = 0.f;
-#pragma unroll
-    for (int w = 0; w < kW; ++w) total += s_wsum[w];
-    const float r = rsqrtf(__fdiv_rn(total, float(p.h)) + p.eps);
-    const uint4* gamma = static_cast<const uint4*>(p.gamma);
-    for (int u = tid; u < units; u += kThreadsW) s_x[u] = RmsNormInput::Apply<T>(s_x[u], r, LoadInput16(gamma + u));
-  } else {
-    for (int u = tid; u < units; u += kThreadsW) s_x[u] = LoadInput16(xg + u);
-  }
-  if (tid == 0) *s_zero = make_uint4(0, 0, 0, 0);
-  __syncthreads();
-
-  const uint4* xb = lane < 8 ? s_x + wk * nsteps_a * 8 + lane : s_zero;
-  const uint4* hb = lane < 8 ? s_h + wk * nsteps_b * 8 + lane : s_zero;
-  const int xstep = lane < 8 ? 8 : 0;
-
-  float acc[2][2][4] = {};
-  int j = 0, it = 0;
-  for (int i0 = 0; i0 < steps; i0 += kDepth) {
-#pragma unroll
-    for (int s = 0; s < kDepth; ++s) {
-      const int i = i0 + s;
-      if (i >= steps) break;
-      const bool gate_up = i < steps_a;
-      if (i == steps_a) {
-        // Every CTA's h written: stage all of it (I of T) while the down tiles' W is in flight.
-        cooperative_groups::this_grid().sync();
-        const uint4* hg = reinterpret_cast<const uint4*>(hidden);
-        for (int u = tid; u < p.inter / 8; u += kThreadsW) s_h[u] = __ldcg(hg + u);
-        __syncthreads();
-      }
-      const uint4 xv = gate_up ? xb[j * xstep] : hb[j * xstep];
-#pragma unroll
-      for (int rg = 0; rg < 2; ++rg) {
-        const uint4& lo = buf[s].w[2 * rg];
-        const uint4& hi = buf[s].w[2 * rg + 1];
-        const uint32_t a0[4] = {lo.x, hi.x, lo.y, hi.y};
-        const uint32_t a1[4] = {lo.z, hi.z, lo.w, hi.w};
-        ptx::Mma16816Free<T>(acc[rg][0], a0, xv.x, xv.y);
-        ptx::Mma16816Free<T>(acc[rg][1], a1, xv.z, xv.w);
-      }
-      load_next(buf[s]);
-      if (++j < (gate_up ? nsteps_a : nsteps_b)) continue;
-      j = 0;
-      float* red = s_red + (it & 1) * kW * 16;
-#pragma unroll
-      for (int rg = 0; rg < 2; ++rg) {
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const float c0 = acc[rg][0][2 * hh] + acc[rg][1][2 * hh];
-          const float c1 = acc[rg][0][2 * hh + 1] + acc[rg][1][2 * hh + 1];
-          float v = (g & 1) ? c1 : c0;
-          v += __shfl_xor_sync(0xffffffffu, v, 4);
-          if (t == 0 && (g & 1) == 0) red[wk * 16 + (g >> 1) + 4 * rg + 8 * hh] = v;
-#pragma unroll
-          for (int e = 0; e < 2; ++e) acc[rg][e][2 * hh] = acc[rg][e][2 * hh + 1] = 0.f;
-        }
-      }
-      __syncthreads();
-      if (gate_up) {
-        if (tid < 8) {
-          float vg = 0.f, vu = 0.f;
-#pragma unroll
-          for (int w = 0; w < kW; ++w) {
-            vg += red[w * 16 + tid];
-            vu += red[w * 16 + 8 + tid];
-          }
-          const float gr = ToFloat(FromFloat<T>(vg));
-          const float ur = ToFloat(FromFloat<T>(vu));
-          hidden[int64_t(cta) * hc + it * 8 + tid] = FromFloat<T>(__fmul_rn(__fdiv_rn(gr, 1.f + expf(-gr)), ur));
-        }
-        ++it;
-      } else if (tid < 16) {  // output row tid of the down tile, warps in order
-        float v = 0.f;
-#pragma unroll
-        for (int w = 0; w < kW; ++w) v += red[w * 16 + tid];
-        const int row = (cta + (it - tiles) * grid) * 16 + tid;
-        T out = FromFloat<T>(v);
-        if (p.residual != nullptr) out = FromFloat<T>(ToFloat(out) + ToFloat(static_cast<const T*>(p.residual)[row]));
-        static_cast<T*>(p.y)[row] = out;
-        ++it;
-      } else {
-        ++it;
-      }
-    }
   }
 }
 

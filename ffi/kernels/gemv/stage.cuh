@@ -79,8 +79,9 @@ __device__ __forceinline__ float AddSquares8(uint4 v, float s) {
 }
 
 // The one-row kernels' inverse RMS of x from each thread's sum of squares `ss`: the warp's sum by
-// a butterfly, the warps' sums added in warp order (s_wsum: kWarps floats), so every thread gets
-// the same value. A CTA barrier inside: every thread of the CTA calls it.
+// a butterfly, the warps' sums added in warp order (s_wsum: kW floats), so every thread gets
+// the same value. A CTA barrier inside: every thread of the CTA (kW warps) calls it.
+template <int kW = kWarps>
 __device__ __forceinline__ float OneRowInverseRms(float ss, float* s_wsum, int lane, int warp, int k, float eps) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
@@ -88,7 +89,7 @@ __device__ __forceinline__ float OneRowInverseRms(float ss, float* s_wsum, int l
   __syncthreads();
   float total = 0.f;
 #pragma unroll
-  for (int w = 0; w < kWarps; ++w) total += s_wsum[w];
+  for (int w = 0; w < kW; ++w) total += s_wsum[w];
   return rsqrtf(__fdiv_rn(total, float(k)) + eps);
 }
 
