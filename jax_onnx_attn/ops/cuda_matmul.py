@@ -264,8 +264,9 @@ def gated_mlp_enabled() -> bool:
     residual) as one kernel (`gated_mlp`; `onnx.fusion`'s gated_mlp) rather than two GEMVs. Off by
     default: on the H100 it is no faster (tools/probes/mlp_row.cu, µs a ~1B layer two GEMVs / fused:
     40.2 / 40.2, ~8B 125.2 / 124.8; the ~1B fp16 B=1 step 1.240 / 1.242 ms with 16 kernels fewer,
-    bench/results/2026-12-05-0297ae9-e2e-gated-mlp-1b-h100.json). JOA_GATED_MLP=1 turns it on
-    (read at load, here only)."""
+    bench/results/2026-12-05-0297ae9-e2e-gated-mlp-1b-h100.json, taken with 3 steps in flight a
+    warp where the launch now has the probe's best, 2). JOA_GATED_MLP=1 turns it on (read at load,
+    here only)."""
     return _switch(GATED_MLP_ENV, "0")
 
 

@@ -47,10 +47,12 @@ inline bool MlpRowFits(int h, int inter, int grid) {
   return (8 * (inter / 8 / grid)) % 64 == 0;
 }
 
-// The variant the launch runs: warps a CTA and steps of W in flight a warp
-// (tools/probes/mlp_row.cu swept them).
+// The variant the launch runs: warps a CTA and steps of W in flight a warp. tools/probes/mlp_row.cu
+// on an H100, µs a layer at 16 warps x 2 / 3 / 4 steps: ~1B 40.2 / 41.8 / 41.5, ~8B 125.4 / 129.9 /
+// 126.0 (8 warps x 3 / 4 / 6: 41.7 / 40.9 / 42.1 and 133.2 / 126.9 / 127.5). Session 37's whole-step
+// figures were taken at 16 x 3.
 inline constexpr int kMlpRowWarps = 16;
-inline constexpr int kMlpRowDepth = 3;
+inline constexpr int kMlpRowDepth = 2;
 
 // The grid for H x I on `sms` SMs: the most CTAs <= sms the geometry takes, 0 if none.
 inline int MlpRowGrid(int h, int inter, int sms) {
