@@ -718,19 +718,17 @@ def gated_mlp(x, w_gate_up, w_down, *, residual=None, norm_weight=None, norm_eps
         if w.ndim != 2 or w.dtype != x.dtype:
             raise ValueError(f"{op}: {name} must be a matrix of x's dtype {x.dtype}, got "
                              f"{w.dtype}{list(w.shape)}")
-    if w_gate_up.shape[1] != h or w_gate_up.shape[0] % (2 * GATE_UP_BLOCK):
-        raise ValueError(f"{op}: w_gate_up must be [2 I, H={h}] with I a multiple of {GATE_UP_BLOCK}, "
-                         f"got {list(w_gate_up.shape)}")
-    inter = w_gate_up.shape[0] // 2
+    if w_gate_up.shape[1] != h:
+        raise ValueError(f"{op}: w_gate_up must be [2 I, H={h}], got {list(w_gate_up.shape)}")
+    inter = _check_operands(op, x, w_gate_up.shape[0], "w_gate_up", True, None, None, norm_weight)
     if tuple(w_down.shape) != (h, inter):
         raise ValueError(f"{op}: w_down must be [H={h}, I={inter}] (w_gate_up has 2 I rows), got "
                          f"{list(w_down.shape)}")
-    _check_operands(op, x, 2 * inter, "w_gate_up", True, None, None, norm_weight)
     if residual is not None and (tuple(residual.shape) != tuple(x.shape) or residual.dtype != x.dtype):
         raise ValueError(f"{op}: residual must be {x.dtype}{list(x.shape)} (x's shape and dtype), got "
                          f"{residual.dtype}{list(residual.shape)}")
     eps = float(norm_epsilon)
-    why = _gated_mlp_unsupported(x, h, inter, backend)
+    why = _gated_mlp_unsupported(x, h, inter, norm_weight is not None, backend)
     if why is not None:
         if backend == "cuda":
             raise NotImplementedError(f"{op}: backend='cuda' is not available for this call: {why}")
@@ -748,16 +746,19 @@ def gated_mlp(x, w_gate_up, w_down, *, residual=None, norm_weight=None, norm_eps
     return _run(op, backend, ref_fn, cuda_fn, None, x, (w_gate_up, w_down, norm_weight), residual, h)
 
 
-def _gated_mlp_unsupported(x, h, inter, backend) -> str | None:
-    """Why the fused MLP kernel does not take this call (None when it does)."""
+def _gated_mlp_unsupported(x, h, inter, norm, backend) -> str | None:
+    """Why the fused MLP kernel does not take this call (None when it does): one row, the switch, the
+    gate-up projection's own kernel rules (dtype, JOA_LINEAR_KERNELS, the dense row kernel; it is
+    built on it) and a grid for the shape."""
     if backend == "reference":
         return "backend='reference'"
-    if jnp.dtype(x.dtype) not in HALF_DTYPES:
-        return f"x is {x.dtype}: the kernel takes float16 and bfloat16"
     if math.prod(x.shape[:-1]) != 1:
         return f"x has {math.prod(x.shape[:-1])} rows: the kernel takes one (a decode step of batch 1)"
     if backend == "auto" and not cuda_matmul.gated_mlp_enabled():
         return f"{cuda_matmul.GATED_MLP_ENV}=0"
+    why = _kernel_unsupported(x, 2 * inter, cuda_matmul.DENSE_BITS, True, norm, backend=backend)
+    if why is not None:
+        return why
     if cuda_matmul.gated_mlp_grid(h, inter) == 0:
         return f"H={h}, I={inter}: not a geometry the kernel takes (ffi/kernels/gemv/mlp_row.h)"
     return None

@@ -4,12 +4,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__) || defined(__CUDA_RUNTIME_H__)
-#include <cuda_runtime.h>
-#define JOA_MLP_HD __host__ __device__
-#else  // the module's plan binding (built without CUDA too) includes it first
-#define JOA_MLP_HD
-#endif
+#include "kernels/gemv/plan.h"  // kSmemOnePerSm
 
 namespace joa::gemv {
 
@@ -30,21 +25,22 @@ struct MlpRowParams {
 // partial row sums of the gate-up tiles, kW f32 norm sums, kW * 32 f32 for the final reduction.
 template <int kW>
 struct MlpRowSmem {
-  JOA_MLP_HD static int HOffset(int h) { return h * 2; }
-  JOA_MLP_HD static int ZeroOffset(int h, int tiles) { return h * 2 + tiles * 16; }
-  JOA_MLP_HD static int RedOffset(int h, int tiles) { return ZeroOffset(h, tiles) + 16; }
-  JOA_MLP_HD static int Bytes(int h, int tiles) {
+  static constexpr int HOffset(int h) { return h * 2; }
+  static constexpr int ZeroOffset(int h, int tiles) { return h * 2 + tiles * 16; }
+  static constexpr int RedOffset(int h, int tiles) { return ZeroOffset(h, tiles) + 16; }
+  static constexpr int Bytes(int h, int tiles) {
     return RedOffset(h, tiles) + (2 * kW * 16 + kW + kW * 32) * 4;
   }
 };
 
 // The geometry's requirements (host side): H % (64 kW) == 0, (H / 16) % kW == 0, I % 8 == 0,
-// (I / 8) % G == 0 and the h slice 8 T a multiple of 64.
+// (I / 8) % G == 0, the h slice 8 T a multiple of 64, and the shared memory within an sm_90 CTA's.
 template <int kW>
 inline bool MlpRowFits(int h, int inter, int grid) {
   if (h % (64 * kW) != 0 || (h / 16) % kW != 0 || inter % 8 != 0 || grid <= 0) return false;
   if ((inter / 8) % grid != 0) return false;
-  return (8 * (inter / 8 / grid)) % 64 == 0;
+  const int tiles = inter / 8 / grid;
+  return (8 * tiles) % 64 == 0 && MlpRowSmem<kW>::Bytes(h, tiles) <= kSmemOnePerSm;
 }
 
 // The variant the launch runs: warps a CTA and steps of W in flight a warp. tools/probes/mlp_row.cu
@@ -62,7 +58,7 @@ inline int MlpRowGrid(int h, int inter, int sms) {
   return 0;
 }
 
-#if defined(__CUDACC__) || defined(__CUDA_RUNTIME_H__)
+#if defined(__CUDACC__) || defined(__CUDA_RUNTIME_H__)  // the handler includes cuda_runtime.h first
 // Launches the kernel cooperatively (every CTA resident, or the launch fails) for dtype T
 // (bf16 = false: f16); norm: the RMS norm prologue (p.gamma set).
 cudaError_t LaunchMlpRow(const MlpRowParams& p, bool bf16, bool norm, int grid, cudaStream_t stream);
