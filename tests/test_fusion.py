@@ -464,3 +464,104 @@ def test_sessions_of_one_row_fuse_the_mlp_under_the_switch_and_generate_the_same
     monkeypatch.setenv(cuda_matmul.GATED_MLP_ENV, "yes")
     with pytest.raises(ValueError, match=cuda_matmul.GATED_MLP_ENV):
         gated_mlp_for(1)
+
+
+def _read_ahead_chain(lowered):
+    """[(node name, its weight, the weight it reads ahead, read_ahead_bytes)] of the Linears, in order."""
+    from jax_onnx_attn.onnx.fusion import LINEAR_INPUTS
+
+    chain = []
+    for node in lowered.model.graph.node:
+        if node.op_type != "Linear":
+            continue
+        names = dict(zip(LINEAR_INPUTS, list(node.input) + [""] * len(LINEAR_INPUTS)))
+        n = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "read_ahead_bytes"), 0)
+        chain.append((node.name, names["w"], names["read_ahead"], n))
+    return chain
+
+
+@pytest.mark.parametrize("qkv_prepare", [False, True])
+def test_read_ahead_names_the_next_projections_weight_and_keeps_the_results(qkv_prepare, monkeypatch):
+    # Pass 7: each projection names the weight of the next one in graph order; the QKV projection
+    # (across the attention) all of o's, the others JOA_READ_AHEAD_MIB of the next weight's head.
+    # Off the kernels (here: CPU) nothing changes: the same bits.
+    from jax_onnx_attn.ops import cuda_matmul
+
+    monkeypatch.setenv(cuda_matmul.READ_AHEAD_MIB_ENV, str(4096 / (1 << 20)))  # 4 KiB: below the weights
+    model = build_tiny_decoder(layers=3, hidden=128, heads=2, kv_heads=1, intermediate=96, dtype="f16")
+    fused = jax_onnx_attn.load(model, read_ahead=True, qkv_prepare=qkv_prepare)
+    plain = jax_onnx_attn.load(model, qkv_prepare=qkv_prepare)
+    chain = _read_ahead_chain(fused)
+    assert len(chain) == 4 * 3 + 1 and all(not ahead for _, _, ahead, _ in _read_ahead_chain(plain))
+    assert fused.fusions.read_ahead == len(chain) - 1 and plain.fusions.read_ahead == 0
+    gqa_queries = {n.input[0] for n in fused.model.graph.node if n.op_type == "GroupQueryAttention"}
+    qkv = {n.name for n in fused.model.graph.node if n.op_type == "Linear" and n.output[0] in gqa_queries}
+    for (name, _, ahead, n), (_, nxt, _, _) in zip(chain, chain[1:]):
+        assert ahead == nxt, name
+        size = fused.params[nxt].nbytes
+        assert n == (size if name in qkv else min(size, 4096)), name
+    assert chain[-1][2:] == ("", 0)  # the LM head: nothing after it
+    feeds = _feeds(plain, b=1)
+    got, want = fused.apply(fused.params, feeds), plain.apply(plain.params, feeds)
+    for name in want:
+        np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]), err_msg=name)
+
+
+def test_read_ahead_skips_what_no_kernel_reads_ahead():
+    # dense_layout "kn": XLA's GEMM reads the weights; a GatedMlp ends a chain; 4-bit weights in the
+    # ONNX layout run matmul_nbits, which takes no read-ahead, but are read ahead into.
+    model = build_tiny_decoder(layers=2, hidden=128, heads=2, kv_heads=1, intermediate=96, dtype="f16")
+    assert jax_onnx_attn.load(model, read_ahead=True, dense_layout="kn").fusions.read_ahead == 0
+    mlp = jax_onnx_attn.load(model, read_ahead=True, gated_mlp=True)
+    chain = _read_ahead_chain(mlp)
+    # Per layer QKV -> o (across the attention) -> the GatedMlp's gate-up (o's read-ahead); the
+    # next layer's QKV after the GatedMlp is read ahead by nothing.
+    assert [bool(a) for _, _, a, _ in chain] == [True, True, True, True, False]
+    from jax_onnx_attn.models.builder import build_decoder
+    from jax_onnx_attn.models.config import DecoderConfig
+
+    quant = build_decoder(DecoderConfig(layers=2, hidden=128, heads=2, kv_heads=1, intermediate=128,
+                                        dtype="float16", weight_bits=4, block_size=32))
+    lowered = jax_onnx_attn.load(quant, read_ahead=True)
+    assert lowered.fusions.read_ahead == 0 and not any(a for _, _, a, _ in _read_ahead_chain(lowered))
+
+
+def test_read_ahead_bytes_rule_and_its_switches(monkeypatch):
+    from jax_onnx_attn.ops import cuda_matmul
+    from jax_onnx_attn.runtime.session import read_ahead_for
+
+    mib = 1 << 20
+    monkeypatch.delenv(cuda_matmul.READ_AHEAD_MIB_ENV, raising=False)
+    assert cuda_matmul.read_ahead_bytes(100 * mib, False) == cuda_matmul.READ_AHEAD_MIB * mib
+    assert cuda_matmul.read_ahead_bytes(100 * mib, True) == cuda_matmul.READ_AHEAD_ACROSS_ATTENTION_MIB * mib
+    assert cuda_matmul.read_ahead_bytes(1000, True) == 992  # whole 16-byte units
+    monkeypatch.setenv(cuda_matmul.READ_AHEAD_MIB_ENV, "0")
+    assert cuda_matmul.read_ahead_bytes(100 * mib, False) == 0
+    for bad in ("-1", "four"):
+        monkeypatch.setenv(cuda_matmul.READ_AHEAD_MIB_ENV, bad)
+        with pytest.raises(ValueError, match=cuda_matmul.READ_AHEAD_MIB_ENV):
+            cuda_matmul.read_ahead_bytes(mib, False)
+    monkeypatch.delenv(cuda_matmul.READ_AHEAD_ENV, raising=False)
+    assert not read_ahead_for(1)  # off by default until measured on the GPU
+    monkeypatch.setenv(cuda_matmul.READ_AHEAD_ENV, "1")
+    assert read_ahead_for(1) and not read_ahead_for(2) and not read_ahead_for(1, mesh=object())
+
+
+def test_tensor_parallel_plan_refuses_read_ahead():
+    from jax_onnx_attn.onnx.sharding import plan_tensor_parallel
+
+    model = build_tiny_decoder(layers=1, hidden=128, heads=2, kv_heads=2, intermediate=96, dtype="f32")
+    with pytest.raises(ValueError, match="read_ahead"):
+        plan_tensor_parallel(jax_onnx_attn.load(model, read_ahead=True), 2)
+
+
+def test_linear_checks_read_ahead_bytes_at_trace_time():
+    x = np.ones((1, 64), np.float16)
+    w = np.ones((32, 64), np.float16)
+    nxt = np.ones((16, 64), np.float16)  # 2048 bytes
+    want = np.asarray(jax_onnx_attn.ops.linear(x, w))
+    got = jax_onnx_attn.ops.linear(x, w, read_ahead=nxt, read_ahead_bytes=2048)
+    np.testing.assert_array_equal(np.asarray(got), want)
+    for bad in (2064, 8, -16):
+        with pytest.raises(ValueError, match="read_ahead_bytes"):
+            jax_onnx_attn.ops.linear(x, w, read_ahead=nxt, read_ahead_bytes=bad)
