@@ -34,6 +34,15 @@ def _feeds(lowered, b=2, s=5, past=3, seed=0):
     return feeds
 
 
+def _assert_same_bits(fused, plain, b=1):
+    """Both lowerings of one model give the same bits on one step of b rows with a past."""
+    feeds = _feeds(plain, b=b)
+    got, want = fused.apply(fused.params, feeds), plain.apply(plain.params, feeds)
+    assert list(got) == list(want)
+    for name in want:
+        np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]), err_msg=name)
+
+
 @pytest.mark.parametrize("dtype", ["f32", "f16"])
 def test_builder_decoder_fuses_to_four_linears_a_layer_and_keeps_its_outputs(dtype):
     model = build_tiny_decoder(layers=3, hidden=64, heads=4, kv_heads=2, intermediate=96, dtype=dtype)
@@ -284,10 +293,7 @@ def test_qkv_prepare_reorders_the_packed_projection_and_keeps_the_results(dtype,
             original = plain.params[name.replace(".qkv_pairs", "")]
             order = jax_onnx_attn.ops.rotary_pair_order(*pairs)
             np.testing.assert_array_equal(np.asarray(fused.params[name]), np.asarray(original)[order])
-    feeds = _feeds(plain, b=1)
-    got, want = fused.apply(fused.params, feeds), plain.apply(plain.params, feeds)
-    for name in want:  # the Linear puts its output back: the same bits
-        np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]), err_msg=name)
+    _assert_same_bits(fused, plain)  # the Linear puts its output back
 
 
 def test_qkv_prepare_leaves_what_the_fused_route_cannot_take():
@@ -414,10 +420,7 @@ def test_gated_mlp_fuses_gate_up_and_down_into_one_node_and_keeps_the_results(dt
         x, w_gu, w_down, residual, norm = node.input
         assert fused.params[w_gu].shape == (2 * 96, 64) and fused.params[w_down].shape == (64, 96)
         assert residual and norm and node.domain == JOA_DOMAIN
-    feeds = _feeds(plain, b=1)
-    got, want = fused.apply(fused.params, feeds), plain.apply(plain.params, feeds)
-    for name in want:
-        np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]), err_msg=name)
+    _assert_same_bits(fused, plain)
 
 
 def test_gated_mlp_leaves_what_it_cannot_fuse():
@@ -501,10 +504,7 @@ def test_read_ahead_names_the_next_projections_weight_and_keeps_the_results(qkv_
         size = fused.params[nxt].nbytes
         assert n == (size if name in qkv else min(size, 4096)), name
     assert chain[-1][2:] == ("", 0)  # the LM head: nothing after it
-    feeds = _feeds(plain, b=1)
-    got, want = fused.apply(fused.params, feeds), plain.apply(plain.params, feeds)
-    for name in want:
-        np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]), err_msg=name)
+    _assert_same_bits(fused, plain)
 
 
 def test_read_ahead_skips_what_no_kernel_reads_ahead():

@@ -26,6 +26,7 @@ from jax_onnx_attn.ops import cuda_matmul
 from jax_onnx_attn.testing import assert_close, tolerance
 
 import command_buffer
+import session_switch
 
 pytestmark = pytest.mark.gpu
 
@@ -151,26 +152,13 @@ def _kernel_counts(session) -> dict:
 
 
 def test_session_of_batch_one_runs_each_mlp_as_one_kernel(monkeypatch):
-    from jax_onnx_attn.models.builder import build_decoder
-    from jax_onnx_attn.models.config import DecoderConfig
-    from jax_onnx_attn.runtime import DecoderSession
-
-    layers = 2
-    model = build_decoder(DecoderConfig(layers=layers, hidden=1024, heads=8, kv_heads=2, intermediate=4096,
-                                        vocab=512, dtype="float16"))
-    prompts = [[1, 2, 3, 4, 5, 6]]
-    monkeypatch.setenv(cuda_matmul.GATED_MLP_ENV, "0")
-    plain = DecoderSession(model, max_length=64, batch=1)
-    want = plain.generate(prompts, max_new_tokens=16)
-    monkeypatch.setenv(cuda_matmul.GATED_MLP_ENV, "1")
-    session = DecoderSession(model, max_length=64, batch=1)
-    assert session.lowered.fusions.gated_mlp == layers
-    got = session.generate(prompts, max_new_tokens=16)
-    assert got.tokens == want.tokens
-    before, after = _kernel_counts(plain), _kernel_counts(session)
+    pair = session_switch.sessions_with_switch(monkeypatch, cuda_matmul.GATED_MLP_ENV)
+    layers = session_switch.LAYERS
+    assert pair.session.lowered.fusions.gated_mlp == layers
+    assert pair.got.tokens == pair.want.tokens
+    before, after = _kernel_counts(pair.plain), _kernel_counts(pair.session)
     assert before["gated_mlp"] == 0 and after["gated_mlp"] == layers, (before, after)
     assert after["linear"] == before["linear"] - 2 * layers, (before, after)
-    sequence = got.sequences[0]
-    ours, want_logits = session.logits(sequence, len(prompts[0])), plain.logits(sequence, len(prompts[0]))
+    ours, want_logits = pair.logits()
     rtol, atol = tolerance(np.float16)
     assert float(np.abs(ours - want_logits).max()) <= atol + rtol * float(np.abs(want_logits).max())

@@ -23,6 +23,7 @@ from jax_onnx_attn import ops
 from jax_onnx_attn.ops import cuda_matmul
 
 import command_buffer
+import session_switch
 
 pytestmark = pytest.mark.gpu
 
@@ -108,25 +109,11 @@ def test_loop_is_captured_in_a_command_buffer(tmp_path):
 
 
 def test_session_of_batch_one_reads_ahead_and_generates_the_same_tokens(monkeypatch):
-    from jax_onnx_attn.models.builder import build_decoder
-    from jax_onnx_attn.models.config import DecoderConfig
-    from jax_onnx_attn.runtime import DecoderSession
-
-    layers = 2
-    model = build_decoder(DecoderConfig(layers=layers, hidden=1024, heads=8, kv_heads=2, intermediate=4096,
-                                        vocab=512, dtype="float16"))
-    prompts = [[1, 2, 3, 4, 5, 6]]
-    monkeypatch.setenv(cuda_matmul.READ_AHEAD_ENV, "0")
-    plain = DecoderSession(model, max_length=64, batch=1)
-    want = plain.generate(prompts, max_new_tokens=16)
-    monkeypatch.setenv(cuda_matmul.READ_AHEAD_ENV, "1")
-    session = DecoderSession(model, max_length=64, batch=1)
+    pair = session_switch.sessions_with_switch(monkeypatch, cuda_matmul.READ_AHEAD_ENV)
     # Per layer qkv -> o -> gate-up -> down -> the next qkv (the last down -> the LM head).
-    assert session.lowered.fusions.read_ahead == 4 * layers
-    hlo = "\n".join(session.compiled_text("decode"))
-    assert "read_ahead_bytes=" in hlo or "read_ahead_bytes =" in hlo
-    got = session.generate(prompts, max_new_tokens=16)
-    assert got.tokens == want.tokens
-    sequence = got.sequences[0]
-    np.testing.assert_array_equal(np.asarray(session.logits(sequence, len(prompts[0]))),
-                                  np.asarray(plain.logits(sequence, len(prompts[0]))))
+    assert pair.session.lowered.fusions.read_ahead == 4 * session_switch.LAYERS
+    assert pair.plain.lowered.fusions.read_ahead == 0
+    assert "read_ahead_bytes" in "\n".join(pair.session.compiled_text("decode"))
+    assert pair.got.tokens == pair.want.tokens
+    ours, plain = pair.logits()
+    np.testing.assert_array_equal(np.asarray(ours), np.asarray(plain))
