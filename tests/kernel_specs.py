@@ -14,8 +14,7 @@ from jax_onnx_attn.ops.reference import linear as linear_reference
 from jax_onnx_attn.ops.reference import prefill as prefill_reference
 
 
-def _linear(x, w, bias, residual, norm_weight, read_ahead=None, *, eps, gated):
-    del read_ahead  # an L2 hint: no effect on the result
+def _linear(x, w, bias, residual, norm_weight, *, eps, gated):
     return linear_reference.linear(x, w, bias, residual, norm_weight, eps, gated)
 
 
@@ -37,10 +36,9 @@ def _nbits_record(x, rec, bias, residual, norm_weight, *, n, block_size, eps, ga
 
 
 def linear_gqa_prepare(x, w, bias, norm_weight, k_cache, v_cache, seqlens_k, cos_cache, sin_cache,
-                       position_ids, read_ahead=None, *, num_heads, kv_num_heads, bits, block_size, eps):
+                       position_ids, *, num_heads, kv_num_heads, bits, block_size, eps):
     """The spec of the linear_gqa_prepare target: the projection (dense, or 4-bit in the record
-    layout) of W in the rotary-pair order, put back in order, then gqa_prepare's spec (read_ahead:
-    an L2 hint, no effect on the result)."""
+    layout) of W in the rotary-pair order, put back in order, then gqa_prepare's spec."""
     d = k_cache.shape[3]
     rows = (num_heads + 2 * kv_num_heads) * d
     if bits == 16:
@@ -79,11 +77,11 @@ def use_specs(monkeypatch) -> list:
                         spec("prefill", prefill_reference.prefill_attention,
                              drop=("schedule", "splits", "persistent")))
     monkeypatch.setattr(cuda_matmul, "_linear",
-                        spec("linear", _linear, drop=("pdl", "cluster", "warps_k", "slots", "read_ahead_bytes")))
+                        spec("linear", _linear, drop=("pdl", "cluster", "warps_k", "slots")))
     monkeypatch.setattr(cuda_matmul, "_matmul_nbits",
                         spec("nbits", _nbits, drop=("pdl", "cluster", "warps_k", "wide", "slots")))
     monkeypatch.setattr(cuda_matmul, "_matmul_nbits_record",
                         spec("nbits_record", _nbits_record, drop=("pdl",)))
     monkeypatch.setattr(cuda_matmul, "_linear_gqa_prepare",
-                        spec("linear_gqa_prepare", linear_gqa_prepare, drop=("pdl", "read_ahead_bytes")))
+                        spec("linear_gqa_prepare", linear_gqa_prepare, drop=("pdl",)))
     return calls

@@ -4,8 +4,6 @@
 // Placeholders stand for absent operands (has_* false). cluster / warps_k > 0 override the plan
 // (sweeps); pdl launches as a programmatic dependent (W read before the previous kernel ends);
 // slots lets one row take the dense row kernel (kernels/gemv/dense_row.cuh) where the plan has it.
-// read_ahead_bytes > 0: the one-row kernels' CTAs past their last tile ask the L2 for that much of
-// read_ahead (the weight the next kernel streams), so it starts on warm lines (GemvParams::l2_next).
 #include <string>
 #include <utility>
 
@@ -17,9 +15,9 @@ namespace joa {
 namespace {
 
 ffi::Error LinearImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer w, AnyBuffer bias, AnyBuffer residual,
-                      AnyBuffer norm_weight, AnyBuffer read_ahead, AnyResult y, bool has_bias,
-                      bool has_residual, bool has_norm, bool gated, float eps, int64_t cluster,
-                      int64_t warps_k, bool pdl, bool slots, int64_t read_ahead_bytes) {
+                      AnyBuffer norm_weight, AnyResult y, bool has_bias, bool has_residual,
+                      bool has_norm, bool gated, float eps, int64_t cluster, int64_t warps_k, bool pdl,
+                      bool slots) {
   constexpr const char* kOp = "linear";
   const ffi::DataType dtype = x.element_type();
   auto xd = x.dimensions(), wd = w.dimensions(), yd = y->dimensions();
@@ -46,7 +44,6 @@ ffi::Error LinearImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer w, AnyBuffer b
   p.eps = eps;
   std::string err = gemv::ConfigureExtras(p, dtype, bias, residual, norm_weight, has_bias,
                                           has_residual, has_norm);
-  if (err.empty()) err = gemv::ConfigureReadAhead(p, read_ahead, read_ahead_bytes);
   if (!err.empty()) return InvalidArgument(std::string(kOp) + ": " + err);
   return gemv::PlanAndLaunch(p, dtype, 16, gemv::Fusion{gated, has_norm}, cluster, warps_k,
                              /*wide=*/false, pdl, stream, kOp, /*block_size=*/0, slots);
@@ -63,7 +60,6 @@ auto LinearOperands(Binding binding) {
       .template Arg<joa::AnyBuffer>()  // bias [N] (or placeholder)
       .template Arg<joa::AnyBuffer>()  // residual [M, N_out] (or placeholder)
       .template Arg<joa::AnyBuffer>()  // norm_weight [K] (or placeholder)
-      .template Arg<joa::AnyBuffer>()  // read_ahead: the next kernel's weight (or placeholder)
       .template Ret<joa::AnyBuffer>()  // y [M, N_out]
       .template Attr<bool>("has_bias")
       .template Attr<bool>("has_residual")
@@ -73,8 +69,7 @@ auto LinearOperands(Binding binding) {
       .template Attr<int64_t>("cluster")
       .template Attr<int64_t>("warps_k")
       .template Attr<bool>("pdl")
-      .template Attr<bool>("slots")
-      .template Attr<int64_t>("read_ahead_bytes");
+      .template Attr<bool>("slots");
 }
 }  // namespace
 }  // namespace joa

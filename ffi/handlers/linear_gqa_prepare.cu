@@ -8,8 +8,7 @@
 // 2432] in the record layout (scales and zero points inside), N = (heads + 2 kv_heads) D; bias [N]
 // T (same order), norm_weight [K] T (RMS-norm prologue), k_cache / v_cache [B, Hkv, C, D] T
 // (aliased to results 1 and 2), seqlens_k int32 [B], cos / sin [max_position, R/2] T,
-// position_ids int32 [B, S], read_ahead (the weight the next kernel streams: linear's
-// read_ahead_bytes) (each optional operand a placeholder when absent)
+// position_ids int32 [B, S] (each optional operand a placeholder when absent)
 //   -> q [B, N, S, D], k_cache, v_cache, status int32 [B] (gqa_prepare's).
 // seqlens_k and position_ids are read on the device; the launch depends on static shapes only.
 #include <initializer_list>
@@ -26,11 +25,10 @@ namespace {
 ffi::Error LinearGqaPrepareImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer w, AnyBuffer bias,
                                 AnyBuffer norm_weight, AnyBuffer k_cache, AnyBuffer v_cache,
                                 Int32Buffer seqlens_k, AnyBuffer cos, AnyBuffer sin,
-                                Int32Buffer position_ids, AnyBuffer read_ahead, AnyResult q_out,
-                                AnyResult k_cache_out, AnyResult v_cache_out, Int32Result status,
-                                int64_t num_heads, int64_t kv_num_heads, int64_t bits, int64_t block_size,
-                                bool has_bias, bool has_norm, bool has_position_ids, float eps, bool pdl,
-                                int64_t read_ahead_bytes) {
+                                Int32Buffer position_ids, AnyResult q_out, AnyResult k_cache_out,
+                                AnyResult v_cache_out, Int32Result status, int64_t num_heads,
+                                int64_t kv_num_heads, int64_t bits, int64_t block_size, bool has_bias,
+                                bool has_norm, bool has_position_ids, float eps, bool pdl) {
   constexpr const char* kOp = "linear_gqa_prepare";
   auto fail = [&](const std::string& what) { return InvalidArgument(std::string(kOp) + ": " + what); };
   const ffi::DataType dtype = x.element_type();
@@ -73,7 +71,6 @@ ffi::Error LinearGqaPrepareImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer w, A
   p.eps = eps;
   AnyBuffer none = x;  // ConfigureExtras checks only what is given: no residual here
   std::string err = gemv::ConfigureExtras(p, dtype, bias, none, norm_weight, has_bias, false, has_norm);
-  if (err.empty()) err = gemv::ConfigureReadAhead(p, read_ahead, read_ahead_bytes);
   if (!err.empty()) return fail(err);
   gemv::QkvRotaryParams& q = p.qkv;
   q.cos = cos.untyped_data();
@@ -131,7 +128,6 @@ auto LinearGqaPrepareOperands(Binding binding) {
       .template Arg<joa::AnyBuffer>()    // cos_cache [max_position, R/2]
       .template Arg<joa::AnyBuffer>()    // sin_cache
       .template Arg<joa::Int32Buffer>()  // position_ids [B, S] (or placeholder)
-      .template Arg<joa::AnyBuffer>()    // read_ahead: the next kernel's weight (or placeholder)
       .template Ret<joa::AnyBuffer>()    // q [B, N, S, D]
       .template Ret<joa::AnyBuffer>()    // k_cache (aliased)
       .template Ret<joa::AnyBuffer>()    // v_cache (aliased)
@@ -144,8 +140,7 @@ auto LinearGqaPrepareOperands(Binding binding) {
       .template Attr<bool>("has_norm")
       .template Attr<bool>("has_position_ids")
       .template Attr<float>("eps")
-      .template Attr<bool>("pdl")
-      .template Attr<int64_t>("read_ahead_bytes");
+      .template Attr<bool>("pdl");
 }
 
 }  // namespace

@@ -179,23 +179,4 @@ __device__ __forceinline__ void WaitForPrimary() {
 #endif
 }
 
-// Asks the L2 to fetch this CTA's share (a 1 / gridDim.x slice, 4 KB-aligned) of [p, p + bytes):
-// a kernel with HBM bandwidth to spare (the decode attention of a batch-1 step; a GEMV's CTAs past
-// their last tile) warms the weight the next kernel streams. One thread issues bulk prefetches
-// (the TMA unit's; nothing to wait for, no register or shared memory); a no-op below sm_90, for
-// bytes 0, and for a tail that is not whole 16-byte units.
-__device__ __forceinline__ void PrefetchL2Share(const void* p, int64_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (bytes <= 0 || threadIdx.x != 0) return;
-  const int64_t slice = (bytes / gridDim.x + 4095) & ~int64_t(4095);
-  const int64_t lo = slice * blockIdx.x, hi = lo + slice < bytes ? lo + slice : bytes;
-  for (int64_t o = lo; o + 16 <= hi; o += 65536) {
-    const int64_t n = (hi - o < 65536 ? hi - o : 65536) & ~int64_t(15);
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(static_cast<const char*>(p) + o),
-                 "r"(uint32_t(n))
-                 : "memory");
-  }
-#endif
-}
-
 }  // namespace joa::ptx

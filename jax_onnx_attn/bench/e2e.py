@@ -592,22 +592,19 @@ def measure_ours(g: Group, case: Case, capacity: int, prefill: bool, verify: boo
     # for up to 32 rows (the most the rows kernel takes; the same layouts on the llama shapes at any
     # batch), the record layout for one.
     import jax_onnx_attn
-    from jax_onnx_attn.runtime.session import (dense_layout_for, gated_mlp_for, nbits_layout_for, qkv_prepare_for,
-                                               read_ahead_for)
+    from jax_onnx_attn.runtime.session import dense_layout_for, gated_mlp_for, nbits_layout_for, qkv_prepare_for
 
     lowered = g.lowered
     layout = nbits_layout_for(b, mesh) if g.weights == "int4" else "onnx"
     dense = dense_layout_for(b, mesh)  # dense weights [K, N] for 2+ rows (XLA's GEMM reads them)
     qkv = qkv_prepare_for(b, mesh)  # the QKV projection with the step preparation (JOA_QKV_PREPARE)
     mlp = gated_mlp_for(b, mesh)  # the gated MLP as one kernel (JOA_GATED_MLP)
-    ahead = read_ahead_for(b, mesh)  # projections warm the next one's weight (JOA_READ_AHEAD)
-    if layout != "onnx" or dense != "nk" or qkv or mlp or ahead:
-        # The read-ahead sizes (JOA_READ_AHEAD_MIB) are read at load: part of the key.
-        key = (layout, dense, qkv, mlp, ahead and os.environ.get("JOA_READ_AHEAD_MIB", ""))
+    if layout != "onnx" or dense != "nk" or qkv or mlp:
+        key = (layout, dense, qkv, mlp)
         if key not in g.layout_lowered:
             extra = {"decode_rows": 32} if layout == "rows" else {}
             g.layout_lowered[key] = jax_onnx_attn.load(g.info["path"], nbits_layout=layout, dense_layout=dense,
-                                                       qkv_prepare=qkv, gated_mlp=mlp, read_ahead=ahead, **extra)
+                                                       qkv_prepare=qkv, gated_mlp=mlp, **extra)
         lowered = g.layout_lowered[key]
         out["nbits_layout"], out["dense_layout"] = layout, dense
     session = DecoderSession(lowered, max_length=capacity, batch=b, steps_per_call=k, mesh=mesh)
@@ -678,7 +675,6 @@ def measure_ours(g: Group, case: Case, capacity: int, prefill: bool, verify: boo
                else {"kernels_per_step": None})
     rec["qkv_prepare"] = qkv
     rec["gated_mlp"] = mlp
-    rec["read_ahead"] = ahead
     out["decode"] = rec
     del session, holder
     return out

@@ -32,12 +32,6 @@ into nodes of our own domain (`JOA_DOMAIN`) whose handlers call `jax_onnx_attn.o
    whole into the rows layout (`ops.to_rows_layout`; the node's attribute layout="rows"), with
    nbits_layout="record" those the slots kernel's record reader takes into the record layout
    (`ops.to_record_layout`; layout="record").
-7. With read_ahead, each projection whose kernel streams its weight (a dense Linear, or the packed
-   QKV query of pass 5) names the next projection's weight in graph order as its input read_ahead,
-   with attribute read_ahead_bytes (`ops.cuda_matmul.read_ahead_bytes`: the whole weight when an
-   attention lies between, the head otherwise): one-row kernels past their last tile ask the L2
-   for it, so the next kernel starts on warm lines (`ops.linear`'s read_ahead). A GatedMlp is read
-   ahead into (its gate-up weight) but does not read ahead itself.
 
 A builder decoder layer is then: Linear (norm + QKV), GroupQueryAttention, Linear (o + residual),
 Linear (norm + gate/up + SiLU·up), Linear (down + residual). Each rewrite keeps the math of the
@@ -75,7 +69,6 @@ class FusionReport:
     norm: int = 0
     qkv_pairs: int = 0
     gated_mlp: int = 0
-    read_ahead: int = 0
 
     def __str__(self) -> str:
         return ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(self).items() if v) or "none"
@@ -127,7 +120,7 @@ def _linear(inputs, output, name, **attrs) -> onnx.NodeProto:
 
 
 # Linear's inputs, in order (absent optional inputs are "").
-LINEAR_INPUTS = ("x", "w", "scales", "zero_points", "bias", "residual", "norm_weight", "read_ahead")
+LINEAR_INPUTS = ("x", "w", "scales", "zero_points", "bias", "residual", "norm_weight")
 
 
 def _set_input(node, what: str, value: str) -> None:
@@ -145,8 +138,7 @@ def _get_input(node, what: str) -> str:
 def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
                  nbits: bool = True, nbits_layout: str = "onnx",
                  decode_rows: int = 2, float_map: dict | None = None, dense_layout: str = "nk",
-                 qkv_prepare: bool = False, gated_mlp: bool = False,
-                 read_ahead: bool = False) -> tuple[onnx.ModelProto, dict, FusionReport]:
+                 qkv_prepare: bool = False, gated_mlp: bool = False) -> tuple[onnx.ModelProto, dict, FusionReport]:
     """The rewrites of the module doc on `model` (local functions already inlined).
 
     Args:
@@ -177,9 +169,6 @@ def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
       gated_mlp: dense gated MLPs as one GatedMlp node (pass 4b), for decode steps of one row
         (`runtime.DecoderSession` of batch 1 under `ops.cuda_matmul.gated_mlp_enabled`); ignored
         with dense_layout "kn".
-      read_ahead: each dense / packed-QKV projection names the next projection's weight for its
-        kernel to warm in the L2 (pass 7), for decode steps of one row (`runtime.DecoderSession` of
-        batch 1 under `ops.cuda_matmul.read_ahead_enabled`); ignored with dense_layout "kn".
 
     Returns:
       (model, arrays, FusionReport).
@@ -473,8 +462,6 @@ def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
                     arrays[kn[name]] = np.ascontiguousarray(arrays[name].T)
             _set_input(node, "w", kn[name])
             node.attribute.append(helper.make_attribute("layout", "kn"))
-    if read_ahead and dense_layout == "nk":
-        report.read_ahead = _read_ahead(g, arrays, importlib.import_module("jax_onnx_attn.ops.cuda_matmul"))
     out.graph.node.extend(n for n in g.nodes if n is not None)
     # Initializers: the new layouts; the replaced ones go when nothing reads them any more.
     used = {i for n in registry.iter_nodes(out.graph) for i in n.input if i}
@@ -494,35 +481,6 @@ def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
     if not any(o.domain == JOA_DOMAIN for o in out.opset_import):
         out.opset_import.append(helper.make_opsetid(JOA_DOMAIN, JOA_OPSET))
     return out, arrays, report
-
-
-def _read_ahead(g: _Graph, arrays, cuda_matmul) -> int:
-    """Pass 7: each projection whose kernel can read ahead (a dense Linear; a packed QKV query in the
-    rotary-pair order, dense or 4-bit, whose fused launch takes it) names the weight of the next
-    projection in graph order (a GatedMlp's gate-up weight; input read_ahead, attribute
-    read_ahead_bytes); returns how many."""
-    count, prev, across = 0, None, False
-    for node in g.nodes:
-        if node is None:
-            continue
-        dom = registry.normalize_domain(node.domain)
-        if (node.op_type == "GroupQueryAttention" and dom == registry.MS_DOMAIN) or \
-                (node.op_type == "Attention" and dom in ("", registry.MS_DOMAIN)):
-            across = True
-        mlp = node.op_type == "GatedMlp" and node.domain == JOA_DOMAIN
-        if not mlp and (node.op_type != "Linear" or node.domain != JOA_DOMAIN):
-            continue
-        w = node.input[1] if mlp else _get_input(node, "w")  # a GatedMlp: its gate-up weight first
-        if prev is not None and w in arrays:
-            n = cuda_matmul.read_ahead_bytes(arrays[w].nbytes, across)
-            if n > 0:
-                _set_input(prev, "read_ahead", w)
-                prev.attribute.append(helper.make_attribute("read_ahead_bytes", n))
-                count += 1
-        dense = not mlp and not _attr(node, "bits") and _attr(node, "layout", b"nk") in (b"nk", "nk")
-        prev = node if dense or (not mlp and _attr(node, "qkv_pairs") is not None) else None
-        across = False
-    return count
 
 
 def _qkv_pairs(gqa, g: _Graph, readers, producers, arrays) -> tuple[int, int, int, int] | None:

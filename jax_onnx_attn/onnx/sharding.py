@@ -241,10 +241,6 @@ def plan_tensor_parallel(lowered, pieces: int, logits_name: str | None = None) -
     if mlps:  # the splits below see Linear nodes only
         raise ValueError(f"plan_tensor_parallel: fused gated MLPs (load(gated_mlp=True)) do not split; "
                          f"load the model without it for a mesh (e.g. {mlps[0]})")
-    ahead = sorted(name for name, n in linears.items() if _input(n, "read_ahead"))
-    if ahead:  # a read-ahead names another projection's weight, whole, which the splits cut
-        raise ValueError(f"plan_tensor_parallel: read-ahead projections (load(read_ahead=True)) do not split; "
-                         f"load the model without it for a mesh (e.g. {ahead[0]})")
     embedding = next((params[n.input[0]] for n in graph.node
                       if n.op_type == "Gather" and n.input[0] in params and n.input[1] == "input_ids"),
                      None)

@@ -42,14 +42,6 @@ QKV_PREPARE_ENV = "JOA_QKV_PREPARE"
 #: The environment variable that runs the gated MLP of decode sessions of batch 1 as one kernel
 #: (`gated_mlp_enabled`).
 GATED_MLP_ENV = "JOA_GATED_MLP"
-#: The environment variable that lets the one-row projections of decode sessions of batch 1 warm
-#: the next projection's weight in the L2 (`read_ahead_enabled`).
-READ_AHEAD_ENV = "JOA_READ_AHEAD"
-#: How much of the next weight a projection asks the L2 for (`read_ahead_bytes`), MiB: the next
-#: kernel is another projection / an attention lies between (the whole weight up to this).
-READ_AHEAD_MIB_ENV = "JOA_READ_AHEAD_MIB"
-READ_AHEAD_MIB = 4
-READ_AHEAD_ACROSS_ATTENTION_MIB = 32
 
 
 def nbits_wide() -> bool:
@@ -278,33 +270,6 @@ def gated_mlp_enabled() -> bool:
     return _switch(GATED_MLP_ENV, "0")
 
 
-def read_ahead_enabled() -> bool:
-    """Whether decode sessions of batch 1 let each one-row projection kernel warm the next
-    projection's weight: its CTAs past their last tile ask the L2 for their share of that weight's
-    head (`onnx.fusion`'s read_ahead; `linear(read_ahead=)`), so the next kernel starts on warm
-    lines instead of paying its ramp, and across the attention (a latency-bound kernel with HBM to
-    spare) the o projection's whole weight is there when it starts. JOA_READ_AHEAD=1 turns it on
-    (read at load, here only)."""
-    return _switch(READ_AHEAD_ENV, "0")
-
-
-def read_ahead_bytes(next_bytes: int, across_attention: bool) -> int:
-    """How much of the next projection's weight (next_bytes) a projection asks the L2 for: the whole
-    weight up to READ_AHEAD_ACROSS_ATTENTION_MIB when an attention runs between the two, else
-    JOA_READ_AHEAD_MIB (default READ_AHEAD_MIB) MiB of its head; a multiple of 16 bytes."""
-    if across_attention:
-        cap = READ_AHEAD_ACROSS_ATTENTION_MIB
-    else:
-        value = os.environ.get(READ_AHEAD_MIB_ENV, str(READ_AHEAD_MIB))
-        try:
-            cap = float(value)
-        except ValueError:
-            raise ValueError(f"{READ_AHEAD_MIB_ENV} must be a number of MiB, got {value!r}") from None
-        if cap < 0:
-            raise ValueError(f"{READ_AHEAD_MIB_ENV} must be >= 0, got {value!r}")
-    return int(min(int(next_bytes), int(cap * (1 << 20)))) // 16 * 16
-
-
 @functools.cache
 def sm_count() -> int:
     """The GPU's SMs (the fused MLP's grid is at most one CTA an SM); 132 (an H100 / H200) without a
@@ -344,9 +309,8 @@ def gated_mlp(x, w_gate_up, w_down, norm_weight=None, residual=None, *, eps: flo
 
 
 def linear_gqa_prepare(x, w, bias, norm_weight, k_cache, v_cache, seqlens_k, cos_cache, sin_cache,
-                       position_ids=None, read_ahead=None, *, num_heads: int, kv_num_heads: int,
-                       bits: int = DENSE_BITS, block_size: int = 0, eps: float = 1e-6, pdl: bool = True,
-                       read_ahead_bytes: int = 0):
+                       position_ids=None, *, num_heads: int, kv_num_heads: int, bits: int = DENSE_BITS,
+                       block_size: int = 0, eps: float = 1e-6, pdl: bool = True):
     """A GroupQueryAttention decode step's packed QKV projection and its step preparation in one
     launch (ffi/handlers/linear_gqa_prepare.cu): `linear` (bits 16; `matmul_nbits_record` for bits 4)
     of x [1, K] by w, whose rows are in `ops.linear.rotary_pair_order`, then `cuda.gqa_prepare` on
@@ -355,30 +319,15 @@ def linear_gqa_prepare(x, w, bias, norm_weight, k_cache, v_cache, seqlens_k, cos
 
     Returns (q [1, N, 1, D], k_cache, v_cache, status int32 [1]), the bits of the two calls it
     replaces. bias [N] (the same order) and norm_weight [K] (RMS-norm prologue, eps) or None.
-    read_ahead / read_ahead_bytes: as `linear`'s. `qkv_prepare_unsupported` says which shapes it
-    takes; under vmap each example is its own call.
+    `qkv_prepare_unsupported` says which shapes it takes; under vmap each example is its own call.
     """
     _check_linear_gqa_prepare(x, w, bias, norm_weight, k_cache, v_cache, cos_cache, sin_cache,
                               int(num_heads), int(kv_num_heads), int(bits))
-    read_ahead, read_ahead_bytes = check_read_ahead("linear_gqa_prepare", read_ahead, read_ahead_bytes)
     static = dict(num_heads=int(num_heads), kv_num_heads=int(kv_num_heads), bits=int(bits),
-                  block_size=int(block_size), eps=eps, pdl=pdl, read_ahead_bytes=read_ahead_bytes)
+                  block_size=int(block_size), eps=eps, pdl=pdl)
     return partitioning.LINEAR_GQA_PREPARE.apply(
         _linear_gqa_prepare, (x, w, bias, norm_weight, k_cache, v_cache, seqlens_k, cos_cache,
-                              sin_cache, position_ids, read_ahead), static, pin=lambda *a: None)
-
-
-def check_read_ahead(op: str, read_ahead, read_ahead_bytes: int):
-    """(read_ahead, bytes) as a call passes them: (None, 0) for no read-ahead; ValueError naming
-    read_ahead_bytes when it is negative, not a multiple of 16 or past read_ahead's end."""
-    n = int(read_ahead_bytes)
-    if read_ahead is None or n == 0:
-        return None, 0
-    size = int(np.prod(read_ahead.shape)) * np.dtype(read_ahead.dtype).itemsize
-    if n < 0 or n % 16 or n > size:
-        raise ValueError(f"{op}: read_ahead_bytes: must be a multiple of 16 in [0, {size}] (read_ahead's "
-                         f"size), got {n}")
-    return read_ahead, n
+                              sin_cache, position_ids), static, pin=lambda *a: None)
 
 
 def _check_linear_gqa_prepare(x, w, bias, norm_weight, k_cache, v_cache, cos_cache, sin_cache,
@@ -420,8 +369,7 @@ def _check_linear_gqa_prepare(x, w, bias, norm_weight, k_cache, v_cache, cos_cac
 
 
 def _linear_gqa_prepare(x, w, bias, norm_weight, k_cache, v_cache, seqlens_k, cos_cache, sin_cache,
-                        position_ids, read_ahead=None, *, num_heads, kv_num_heads, bits, block_size, eps, pdl,
-                        read_ahead_bytes=0):
+                        position_ids, *, num_heads, kv_num_heads, bits, block_size, eps, pdl):
     b, _, _, d = k_cache.shape
     call = jax.ffi.ffi_call(
         target("linear_gqa_prepare"),
@@ -434,23 +382,20 @@ def _linear_gqa_prepare(x, w, bias, norm_weight, k_cache, v_cache, seqlens_k, co
     return call(x, w, ph if bias is None else bias, ph if norm_weight is None else norm_weight,
                 k_cache, v_cache, seqlens_k.astype(jnp.int32), cos_cache, sin_cache,
                 (jnp.zeros((1,), jnp.int32) if position_ids is None else position_ids).astype(jnp.int32),
-                ph if read_ahead is None else read_ahead,
                 num_heads=int(num_heads), kv_num_heads=int(kv_num_heads), bits=int(bits),
                 block_size=int(block_size), has_bias=bias is not None,
                 has_norm=norm_weight is not None, has_position_ids=position_ids is not None,
-                eps=np.float32(eps), pdl=bool(pdl),
-                read_ahead_bytes=np.int64(read_ahead_bytes if read_ahead is not None else 0))
+                eps=np.float32(eps), pdl=bool(pdl))
 
 
-def _per_example_plan(bits: int, norm_at: int = -1):
+def _per_example_plan(bits: int):
     """pin of a folded call (vmap): the per-example plan's cluster and K split, so the folded rows
     are reduced as each example's own call reduces them; None (one call per example) where the
     folded rows leave the engine's plan, or where each example's call takes a one-row kernel
-    (slots or dense row: no folded call reduces the same way). norm_at: norm_weight's index among
-    the operands after w."""
+    (slots or dense row: no folded call reduces the same way)."""
     def pin(static, axis_size, x, w, *rest):
         rows, n_rows, k = x.shape[0], w.shape[0], x.shape[1]
-        norm = rest[norm_at] is not None
+        norm = rest[-1] is not None
         wide = static.get("wide")
         plan = gemv_plan(rows, n_rows, k, bits, static["gated"], norm, static["cluster"],
                          static["warps_k"], wide, static.get("block_size", 0), static.get("slots", False))
@@ -613,9 +558,8 @@ def _placeholder(dtype):
     return jnp.zeros((1,), dtype)
 
 
-def linear(x, w, bias=None, residual=None, norm_weight=None, read_ahead=None, *, eps: float = 1e-6,
-           gated: bool = False, pdl: bool = False, cluster: int = 0, warps_k: int = 0,
-           read_ahead_bytes: int = 0):
+def linear(x, w, bias=None, residual=None, norm_weight=None, *, eps: float = 1e-6,
+           gated: bool = False, pdl: bool = False, cluster: int = 0, warps_k: int = 0):
     """x [M, K] f16/bf16, w [N, K] -> [M, N_out] (N_out = N / 2 when gated).
 
     Semantics of `jax_onnx_attn.ops.reference.linear.linear`. bias [N], residual [M, N_out],
@@ -623,29 +567,24 @@ def linear(x, w, bias=None, residual=None, norm_weight=None, read_ahead=None, *,
     kernel has finished: only for weights no kernel of the program writes). cluster / warps_k > 0
     override the plan. One row takes the dense row kernel where the plan has it and
     `dense_row_enabled()` (decided here at trace time; results within the dtype's tolerance of the
-    ring kernel's, not the same bits). read_ahead: None or any array (the weight the next kernel
-    streams), of which the one-row kernels' CTAs past their last tile ask the L2 for the first
-    read_ahead_bytes (a multiple of 16, at most its size); no effect on the result.
+    ring kernel's, not the same bits).
     """
-    read_ahead, read_ahead_bytes = check_read_ahead("linear", read_ahead, read_ahead_bytes)
     static = dict(eps=eps, gated=gated, pdl=pdl, cluster=cluster, warps_k=warps_k,
-                  slots=dense_row_enabled(), read_ahead_bytes=read_ahead_bytes)
-    return partitioning.LINEAR.apply(_linear, (x, w, bias, residual, norm_weight, read_ahead), static,
-                                     pin=_per_example_plan(DENSE_BITS, norm_at=2))
+                  slots=dense_row_enabled())
+    return partitioning.LINEAR.apply(_linear, (x, w, bias, residual, norm_weight), static,
+                                     pin=_per_example_plan(DENSE_BITS))
 
 
-def _linear(x, w, bias, residual, norm_weight, read_ahead=None, *, eps, gated, pdl, cluster, warps_k, slots,
-            read_ahead_bytes=0):
+def _linear(x, w, bias, residual, norm_weight, *, eps, gated, pdl, cluster, warps_k, slots):
     m, n = x.shape[0], w.shape[0]
     n_out = n // 2 if gated else n
     call = jax.ffi.ffi_call(target("linear"), jax.ShapeDtypeStruct((m, n_out), x.dtype))
     ph = _placeholder(x.dtype)
     return call(x, w, ph if bias is None else bias, ph if residual is None else residual,
-                ph if norm_weight is None else norm_weight, ph if read_ahead is None else read_ahead,
+                ph if norm_weight is None else norm_weight,
                 has_bias=bias is not None, has_residual=residual is not None,
                 has_norm=norm_weight is not None, gated=bool(gated), eps=np.float32(eps),
-                cluster=int(cluster), warps_k=int(warps_k), pdl=bool(pdl), slots=bool(slots),
-                read_ahead_bytes=np.int64(read_ahead_bytes if read_ahead is not None else 0))
+                cluster=int(cluster), warps_k=int(warps_k), pdl=bool(pdl), slots=bool(slots))
 
 
 @functools.cache

@@ -269,8 +269,8 @@ def projected_prepare_unsupported(config, query, key, value, past_key, past_valu
 
 def gqa_decode_projected(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache,
                          position_ids, attention_bias, head_sink, k_scale, v_scale, q_norm_weight,
-                         k_norm_weight, query_seqlens, x, w, bias, norm_weight, read_ahead=None, *,
-                         config, bits, block_size, eps, read_ahead_bytes=0):
+                         k_norm_weight, query_seqlens, x, w, bias, norm_weight, *, config, bits,
+                         block_size, eps):
     """`_gqa_decode` with the packed query's projection and the step preparation in one launch
     (`cuda_matmul.linear_gqa_prepare`; `projected_prepare_unsupported` says when): `query` is not
     read (XLA drops the projection that made it)."""
@@ -280,8 +280,8 @@ def gqa_decode_projected(query, key, value, past_key, past_value, seqlens_k, cos
     c = config
     prepared = cuda_matmul.linear_gqa_prepare(
         x.reshape(1, x.shape[-1]), w, bias, norm_weight, past_key, past_value, seqlens_k, cos_cache,
-        sin_cache, position_ids, read_ahead, num_heads=c.num_heads, kv_num_heads=c.kv_num_heads,
-        bits=bits, block_size=block_size, eps=eps, read_ahead_bytes=read_ahead_bytes)
+        sin_cache, position_ids, num_heads=c.num_heads, kv_num_heads=c.kv_num_heads, bits=bits,
+        block_size=block_size, eps=eps)
     return _decode_prepared(prepared, seqlens_k, s=1, attention_bias=attention_bias,
                             head_sink=head_sink, k_scale=None, v_scale=None, config=c)
 

@@ -50,8 +50,6 @@ class QkvProjection(NamedTuple):
                   [N·, K] of x's dtype (bits 16) or 4-bit in the record layout (bits 4).
     bias:         [N·] in the same order, or None.
     norm_weight:  [K] (RMS-norm prologue with norm_epsilon), or None.
-    read_ahead:   None or the weight the next kernel streams (the o projection's), of which the
-                  fused launch asks the L2 for read_ahead_bytes (`cuda_matmul.linear`'s read_ahead).
     """
     x: jax.Array
     w: jax.Array
@@ -61,8 +59,6 @@ class QkvProjection(NamedTuple):
     bits: int
     block_size: int
     rotary_half: int
-    read_ahead: jax.Array | None = None
-    read_ahead_bytes: int = 0
 
 
 def _fail(name: str, rule: str, exc=ValueError):
@@ -591,12 +587,11 @@ def group_query_attention(query, key=None, value=None, past_key=None, past_value
         # The projection's operands join the call (the reference ignores them), without the op's
         # partitioning rule: the route is one row on one device (sessions take it without a mesh).
         cuda_fn = functools.partial(decode_paths.gqa_decode_projected, config=config,
-                                    bits=p.bits, block_size=p.block_size, eps=p.norm_epsilon,
-                                    read_ahead_bytes=p.read_ahead_bytes if p.read_ahead is not None else 0)
+                                    bits=p.bits, block_size=p.block_size, eps=p.norm_epsilon)
         ref_fn, n_args = fn, len(args)
         def fn(*a):
             return ref_fn(*a[:n_args])
-        args = (*args, p.x, p.w, p.bias, p.norm_weight, p.read_ahead)
+        args = (*args, p.x, p.w, p.bias, p.norm_weight)
         rule = None
     result = GroupQueryAttentionOutput(*dispatch(OP, backend, fn, cuda_fn, *args,
                                                  unsupported=why, rule=rule))

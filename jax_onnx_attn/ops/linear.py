@@ -632,8 +632,7 @@ DENSE_LAYOUTS = ("nk", "kn")
 
 
 def linear(x, w, bias=None, *, residual=None, norm_weight=None, norm_epsilon: float = 1e-6,
-           gated: bool = False, backend: str = "auto", pdl: bool = False, w_layout: str = "nk",
-           read_ahead=None, read_ahead_bytes: int = 0):
+           gated: bool = False, backend: str = "auto", pdl: bool = False, w_layout: str = "nk"):
     """y = x W^T (+ bias) (gated) (+ residual), optionally on RMS-normalised x.
 
     Args:
@@ -654,10 +653,6 @@ def linear(x, w, bias=None, *, residual=None, norm_weight=None, norm_epsilon: fl
         writes (parameters); off by default.
       w_layout: "nk" (w as above) or "kn": w stored [K, N] (gated: gate / up columns interleaved
         in blocks of 8), which only XLA's GEMM reads (the reference; backend="cuda" refuses it).
-      read_ahead: None or the weight the next kernel streams (any array): on the kernels, their CTAs
-        past their last tile ask the L2 for its first read_ahead_bytes (a multiple of 16, at most
-        its size; `cuda_matmul.read_ahead_bytes`), so the next kernel starts on warm lines. No
-        effect on the result; ignored off the kernels.
 
     Returns:
       [..., N_out] of x's dtype, N_out = N (N / 2 when gated). Each step is rounded to x's dtype as
@@ -678,7 +673,6 @@ def linear(x, w, bias=None, *, residual=None, norm_weight=None, norm_epsilon: fl
         raise TypeError(f"{op}: w must have x's dtype {x.dtype}, got {w.dtype}")
     n_rows = w.shape[kn]
     n_out = _check_operands(op, x, n_rows, "w", gated, bias, residual, norm_weight)
-    read_ahead, read_ahead_bytes = cuda_matmul.check_read_ahead(op, _array(read_ahead), read_ahead_bytes)
     eps = float(norm_epsilon)
 
     def ref_fn(x2, w, bias, norm_weight, r2):
@@ -690,8 +684,7 @@ def linear(x, w, bias=None, *, residual=None, norm_weight=None, norm_epsilon: fl
     cuda_fn = None
     if why is None:
         def cuda_fn(x2, w, bias, norm_weight, r2):
-            return cuda_matmul.linear(x2, w, bias, r2, norm_weight, read_ahead, eps=eps, gated=gated, pdl=pdl,
-                                      read_ahead_bytes=read_ahead_bytes)
+            return cuda_matmul.linear(x2, w, bias, r2, norm_weight, eps=eps, gated=gated, pdl=pdl)
     return _run(op, backend, ref_fn, cuda_fn, why, x, (w, bias, norm_weight), residual, n_out)
 
 

@@ -658,21 +658,14 @@ ATTENTION = Rule("attention", _attention_layout)
 # psum, the bias and the residual added after the sum. The batch axis is M. K stays whole with an
 # RMS-norm prologue (the norm reads all of K) and when gated (the gate is not linear).
 
-def _whole(a) -> str | None:
-    """The layout of an operand kept whole on every device (read_ahead: another kernel's weight)."""
-    return None if a is None else " ".join(f"w{i}" for i in range(len(a.shape)))
-
-
-def _linear_layout(x, w, bias=None, residual=None, norm_weight=None, read_ahead=None, *, gated=False,
-                   **static):
+def _linear_layout(x, w, bias=None, residual=None, norm_weight=None, *, gated=False, **static):
     rows, k = w.shape
     unit = 16 if gated else 8
     whole_k = gated or norm_weight is not None or k % 8
     k_axis = "kw" if whole_k else "(k e)"
     sizes = {HEADS: rows // unit} if whole_k else {HEADS: rows // unit, CONTRACTED: k // 8}
     return Layout((f"b {k_axis}", f"(h r) {k_axis}", None if bias is None else "(h r)",
-                   None if residual is None else "b (h o)", None if norm_weight is None else "kw",
-                   _whole(read_ahead)),
+                   None if residual is None else "b (h o)", None if norm_weight is None else "kw"),
                   ("b (h o)",), sizes=sizes)
 
 
@@ -741,7 +734,7 @@ def _nbits_record_layout(x, rec, bias=None, residual=None, norm_weight=None, **s
 
 
 #: The linear target (and its spec reference.linear.linear): x [M, K], w [N, K], bias [N],
-#: residual [M, N_out], norm_weight [K], read_ahead (any array, whole) -> [M, N_out].
+#: residual [M, N_out], norm_weight [K] -> [M, N_out].
 LINEAR = Rule("linear", _linear_layout, per_shard=_partial_sums(2, 3), priority=_weight_first)
 #: The matmul_nbits target (and reference.linear.matmul_nbits): x [M, K], b_quant [N, K / block,
 #: blob], scales / zero_points [N, K / block] or tiled [ceil(N / 16), K / block, 16], bias, residual,
@@ -758,12 +751,11 @@ MATMUL_NBITS_RECORD = Rule("matmul_nbits (record layout)", _nbits_record_layout)
 
 def _linear_gqa_prepare_layout(x, w, bias=None, norm_weight=None, k_cache=None, v_cache=None,
                                seqlens_k=None, cos_cache=None, sin_cache=None, position_ids=None,
-                               read_ahead=None, **static):
+                               **static):
     # One decode row against the whole packed QKV weight (rotary-pair order): batch only.
     weight = "n kw" if w.ndim == 2 else "tiles chunks rec"
     return Layout(("b kw", weight, None if bias is None else "n", None if norm_weight is None else "kw",
-                   "b hw c e", "b hw c e", "b", "pos r", "pos r", None if position_ids is None else "b s",
-                   _whole(read_ahead)),
+                   "b hw c e", "b hw c e", "b", "pos r", "pos r", None if position_ids is None else "b s"),
                   ("b hq s d", "b hw c e", "b hw c e", "b"))
 
 

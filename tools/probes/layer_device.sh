@@ -1,20 +1,17 @@
 #!/usr/bin/env bash
 # A batch-1 decode layer's kernels on the GPU machine: the gated MLP as one kernel (session 37:
-# ffi/kernels/gemv/mlp_row.cuh, JOA_GATED_MLP) and the projections' read-ahead (session 38:
-# GemvParams::l2_next, onnx.fusion pass 7, JOA_READ_AHEAD). Here: commit; bash tools/snapshot.sh
+# ffi/kernels/gemv/mlp_row.cuh, JOA_GATED_MLP) and whole-step A/Bs of --ours-env variants (session
+# 38 ran the read-ahead of tools/patches/read-ahead/ with it). Here: commit; bash tools/snapshot.sh
 # --so <the .so>; carry .snap. Phases (any of, in order):
 #   mlp-probe     tools/probes/mlp_row.cu: the fused MLP (K and N splits) vs the two dense row GEMVs, ~1B / ~8B
 #   mlp-tests     tests/gpu/test_gated_mlp_gpu.py
-#   l2            tools/probes/l2_prefetch.cu: a layer's kernels with / without read-aheads, ~1B / ~8B
-#   ahead-tests   tests/gpu/test_read_ahead_gpu.py
 #   e2e1b         ~1B fp16 B=1 1k: ours / ours[VARIANT] ... / JAX peer, breakdowns (VARIANTS, below)
 #   e2e8b         ~8B fp16 B=1 2k: the same, no profile
-# VARIANTS: --ours-env specs, default "ahead:JOA_READ_AHEAD=1" (e.g. "mlp:JOA_GATED_MLP=1").
-# To $OUT: prepare.log, mlp_row.log, l2_prefetch.log, tests_*.log, e2e_*.json, run_*.log (at most 8
-# files: pick phases).
+# VARIANTS: --ours-env specs, default "mlp:JOA_GATED_MLP=1".
+# To $OUT: prepare.log, mlp_row.log, tests_mlp.log, e2e_*.json, run_*.log (at most 8 files: pick phases).
 set -uo pipefail
-phases=${*:-l2}
-variants=${VARIANTS:-ahead:JOA_READ_AHEAD=1}
+phases=${*:-mlp-probe}
+variants=${VARIANTS:-mlp:JOA_GATED_MLP=1}
 source "$(dirname "$0")/../device_prepare.sh"
 T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 NVCC="nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -diag-suppress=940,2473,128 -I ffi -I tools/probes"
@@ -26,12 +23,9 @@ case "$phase" in
   mlp-probe)
     $NVCC tools/probes/mlp_row.cu ffi/kernels/gemv/inst/gemv_f16_dense.cu -o /tmp/mlp_row 2>&1 | grep -v Warn | tail -3
     JOA_PROBE_8B=1 timeout 200 /tmp/mlp_row 2>&1 | tee "$out/mlp_row.log" ;;
-  l2)
-    $NVCC tools/probes/l2_prefetch.cu ffi/kernels/gemv/inst/gemv_f16_dense.cu -o /tmp/l2_prefetch 2>&1 | grep -v Warn | tail -3
-    JOA_PROBE_8B=1 timeout 120 /tmp/l2_prefetch 2>&1 | tee "$out/l2_prefetch.log" ;;
-  mlp-tests|ahead-tests)
-    file=tests/gpu/test_gated_mlp_gpu.py; [ "$phase" = ahead-tests ] && file=tests/gpu/test_read_ahead_gpu.py
-    timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider "$file" 2>&1 | tail -25 | tee "$out/tests_${phase%-tests}.log" ;;
+  mlp-tests)
+    timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_gated_mlp_gpu.py 2>&1 | tail -25 |
+      tee "$out/tests_mlp.log" ;;
   e2e1b)
     timeout 300 $E2E --models 1b --weights fp16 --ctx 1024 --batch 1 --profile all --max-seconds 280 \
       --out "$out/e2e_1b.json" 2>&1 | grep -v Warning | tail -10

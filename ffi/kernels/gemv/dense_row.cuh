@@ -175,7 +175,6 @@ __global__ void __launch_bounds__(kThreads, 2) GemvDenseRowKernel(const __grid_c
       OneRowTileEpilogue<T, Epilogue>(p, tile, red, 16, tid, ahead);
     }
   }
-  ptx::PrefetchL2Share(p.l2_next, p.l2_next_bytes);
 }
 
 }  // namespace joa::gemv

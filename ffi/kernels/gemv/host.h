@@ -110,16 +110,4 @@ inline std::string ConfigureExtras(GemvParams& p, ffi::DataType dtype, const ffi
   return "";
 }
 
-// The read-ahead (GemvParams::l2_next): the first `bytes` of `next`, the weight the next kernel
-// streams, asked of the L2 by each CTA past its last tile. Never past the operand's end.
-inline std::string ConfigureReadAhead(GemvParams& p, const ffi::AnyBuffer& next, int64_t bytes) {
-  if (bytes < 0 || bytes > int64_t(next.size_bytes())) {
-    return "read_ahead_bytes (" + std::to_string(bytes) + ") must be in [0, " +
-           std::to_string(next.size_bytes()) + "], the read-ahead operand's size";
-  }
-  p.l2_next = bytes > 0 ? next.untyped_data() : nullptr;
-  p.l2_next_bytes = bytes;
-  return "";
-}
-
 }  // namespace joa::gemv

@@ -38,10 +38,6 @@ struct GemvParams {
   int x_bytes, red_bytes, gamma_offset, ring_offset;  // smem: x | reductions | norm | gamma | rings
   int x_first;  // not a programmatic dependent launch: x's copy group goes before the ring's
   QkvRotaryParams qkv;  // QkvRotaryEpilogue only
-  // The one-row kernels: each CTA past its last tile asks the L2 for its share of the next
-  // kernel's weight head (ptx::PrefetchL2Share); bytes 0: none.
-  const void* l2_next;
-  int64_t l2_next_bytes;
 };
 
 }  // namespace joa::gemv

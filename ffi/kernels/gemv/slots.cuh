@@ -460,7 +460,6 @@ __global__ void __launch_bounds__(kThreads, 2) GemvSlotsKernel(const __grid_cons
       JOA_GEMV_MARK(5);
     }
   }
-  ptx::PrefetchL2Share(p.l2_next, p.l2_next_bytes);
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // the multicast: sm_90a
   if (multicast) sm90::ClusterWait();
 #endif

@@ -247,8 +247,7 @@ def query_projection(ctx, inputs) -> ops.QkvProjection | None:
     value = {k: None if not n else to_jax(ctx.value(n)) for k, n in names.items()}
     return ops.QkvProjection(value["x"], value["w"], value["bias"], value["norm_weight"],
                              float(attrs.get("norm_epsilon", 1e-6)), bits or 16,
-                             int(attrs.get("block_size", 0)), int(attrs["qkv_pairs"][3]),
-                             value["read_ahead"], int(attrs.get("read_ahead_bytes", 0)))
+                             int(attrs.get("block_size", 0)), int(attrs["qkv_pairs"][3]))
 
 
 @register("GroupQueryAttention", 1, domain=MS_DOMAIN)

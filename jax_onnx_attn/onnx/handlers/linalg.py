@@ -159,7 +159,7 @@ def matmul_nbits(ctx, a, b_quant, scales, zero_points=None, g_idx=None, bias=Non
 
 @register("Linear", 1, domain=JOA_DOMAIN)
 def fused_linear(ctx, x, w, scales=None, zero_points=None, bias=None, residual=None,
-                 norm_weight=None, read_ahead=None):
+                 norm_weight=None):
     """jax_onnx_attn::Linear, the load-time fusion of MatMul / MatMulNBits with their neighbours
     (see `onnx.fusion`): y = rms_norm(x)·W (+ bias) (+ residual), or silu(gate)·up when gated.
 
@@ -177,9 +177,6 @@ def fused_linear(ctx, x, w, scales=None, zero_points=None, bias=None, residual=N
       bias: [N] or None. residual: [..., N_out] or None. norm_weight: [K] or None (attribute
         norm_epsilon). Attribute gated=1: W's rows interleave gate and up (`ops.interleave_gate_up`)
         and y is [..., N/2].
-      read_ahead: None or the weight the next projection streams (`onnx.fusion`'s read_ahead), of
-        which the kernel asks the L2 for attribute read_ahead_bytes (`ops.linear`'s read_ahead;
-        dense weights only).
 
     Returns:
       y [..., N] (or [..., N/2] gated) in x's dtype.
@@ -205,9 +202,7 @@ def fused_linear(ctx, x, w, scales=None, zero_points=None, bias=None, residual=N
                              bits=bits, block_size=int(ctx.attr("block_size")),
                              layout=ctx.attr("layout", "onnx"), **common)
     else:
-        ahead = {} if read_ahead is None else dict(read_ahead=to_jax(read_ahead),
-                                                   read_ahead_bytes=int(ctx.attr("read_ahead_bytes", 0)))
-        y = ops.linear(x, w, bias, w_layout=w_layout, **common, **ahead)
+        y = ops.linear(x, w, bias, w_layout=w_layout, **common)
     pairs = ctx.attr("qkv_pairs")
     if pairs is not None:
         # Read only where GroupQueryAttention's fused route does not take the projection itself.
