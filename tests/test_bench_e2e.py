@@ -218,3 +218,27 @@ def test_ours_env_variant_loads_the_model_it_asks_for(tmp_path, monkeypatch):
     assert rec["impls"]["ours[qkv]"]["qkv_prepare"] is True
     tokens = doc["verify"][0]["tokens"]
     assert tokens["ours[qkv]"] == tokens["ours"], tokens
+
+
+def test_median_round_keeps_the_median_and_the_first_profile():
+    recs = [{"ms": 3.0, "kernels_per_step": 90, "trace": "t0"}, {"ms": 1.0, "kernels_per_step": None},
+            {"skip": "oom"}, {"ms": 2.0, "kernels_per_step": None}]
+    got = e2e.median_round(recs)
+    assert got["ms"] == 2.0 and got["kernels_per_step"] == 90 and got["trace"] == "t0"
+    assert got["rounds_ms"] == [3.0, 1.0, None, 2.0]
+    assert e2e.median_round([{"ms": 1.0}, {"ms": 5.0}])["ms"] == 1.0  # even: the lower middle
+    assert e2e.median_round([{"skip": "x"}]) == {"skip": "x"}
+
+
+def test_rounds_measure_every_impl_in_turn(tmp_path):
+    out = tmp_path / "e2e.json"
+    rc = bench_main.main(["e2e", *ARGS, "--weights", "fp16", "--phases", "decode", "--impls", "ours", "jax-peer",
+                          "--rounds", "3", "--models-dir", str(tmp_path / "models"), "--out", str(out)])
+    assert rc == 0
+    (rec,) = json.loads(out.read_text())["results"]
+    for impl in ("ours", "jax-peer"):
+        got = rec["impls"][impl]
+        assert len(got["rounds_ms"]) == 3 and got["ms"] == sorted(got["rounds_ms"])[1], got
+        assert "kernels_per_step" in got
+    with pytest.raises(SystemExit):
+        bench_main.main(["e2e", *ARGS, "--rounds", "0", "--models-dir", str(tmp_path / "models")])

@@ -26,7 +26,10 @@ nothing read back between calls:
 After a warm-up call (compilation) and one timed call that sets m (so that a sample lasts about
 --target-ms, at most --max-calls calls), ms/step = the median over --reps samples of
 (wall time of m calls) / (m * K). The host dispatches the m calls back to back and synchronises once,
-so per-call dispatch hides behind the device. frac_of_bound = the bandwidth bound of one step
+so per-call dispatch hides behind the device. With --rounds N every impl is measured N times in turn, each
+time in a new session (its allocations made again), and its
+record is the median round's with every round's ms (rounds_ms): the ~1B B=1 step of one
+implementation moved by up to 4% between sessions of one run, more than within one. frac_of_bound = the bandwidth bound of one step
 (`jax_onnx_attn.runtime.roofline`: weights + B gathered rows + B * T KV rows, over the GPU's HBM
 bandwidth: 4.8 TB/s on the H200, 3.35 on the H100 SXM; --hbm overrides) over
 the measured step; tokens/s = B / step time.
@@ -553,6 +556,21 @@ def _prefill_record(g: Group, case: Case, sec: float, peak_tflops: float, **extr
             "kernels_per_step": None, **extra}
 
 
+def median_round(recs: list[dict]) -> dict:
+    """One impl's decode record over --rounds: the median round's (by ms; the lower of the two
+    middle ones for an even count), the first round's profile where the median round has none, and
+    every round's ms as rounds_ms (None for a round that did not run)."""
+    timed = sorted((r for r in recs if "ms" in r), key=lambda r: r["ms"])
+    if not timed:
+        return recs[0]
+    out = dict(timed[(len(timed) - 1) // 2])
+    for key, value in recs[0].items():
+        if out.get(key) is None:
+            out[key] = value
+    out["rounds_ms"] = [r.get("ms") for r in recs]
+    return out
+
+
 def _guarded(fn: Callable[[], dict]) -> dict:
     """fn()'s record, or {"skip": the error} (a prefill that does not fit still leaves the decode
     measurement of the case)."""
@@ -892,20 +910,31 @@ def run_case(g: Group, case: Case, args, env, impls, verify: bool) -> tuple[list
                               "gemm_peak_tflops": env["gemm_peak_tflops"], "impls": {}}
     verify_rec = {"model": g.config.name, "weights": case.weights, "batch": case.batch, "ctx": case.ctx,
                   "prompt_tokens": VERIFY_PROMPT, "tokens": {}} if verify else None
-    for impl, measure in measured_impls(impls, args.devices, parse_ours_env(args.ours_env)):
-        skip = g.peer_skip.get(impl)
-        if skip is None:
-            try:
-                out = measure(g, case, capacity, prefill, verify, args, env)
-            except Exception as e:  # an impl that cannot run a case is a result, not a crash
-                out, skip = {}, _err(e)
-        else:
-            out = {}
-        for phase, rec in records.items():
-            rec["impls"][impl] = out.get(phase) or {"skip": skip or "not measured"}
-        if verify_rec is not None:
-            verify_rec["tokens"][impl] = out.get("verify") or {"skip": skip or "not measured"}
-        _free()
+    runs = measured_impls(impls, args.devices, parse_ours_env(args.ours_env))
+    decode_rounds: dict[str, list[dict]] = {impl: [] for impl, _ in runs}
+    for r in range(max(1, args.rounds)):
+        # Rounds after the first: decode only, not profiled (the first round's profile is kept).
+        round_args = args if r == 0 else argparse.Namespace(**{**vars(args), "profile": "none"})
+        for impl, measure in runs:
+            skip = g.peer_skip.get(impl)
+            if skip is None:
+                try:
+                    out = measure(g, case, capacity, prefill and r == 0, verify and r == 0, round_args, env)
+                except Exception as e:  # an impl that cannot run a case is a result, not a crash
+                    out, skip = {}, _err(e)
+            else:
+                out = {}
+            if "decode" in records:
+                decode_rounds[impl].append(out.get("decode") or {"skip": skip or "not measured"})
+            if r == 0:
+                for phase, rec in records.items():
+                    rec["impls"][impl] = out.get(phase) or {"skip": skip or "not measured"}
+                if verify_rec is not None:
+                    verify_rec["tokens"][impl] = out.get("verify") or {"skip": skip or "not measured"}
+            _free()
+    if "decode" in records and args.rounds > 1:
+        for impl, recs in decode_rounds.items():
+            records["decode"]["impls"][impl] = median_round(recs)
     if verify_rec is not None:
         ours = verify_rec["tokens"].get("ours")
         agree = {}
@@ -1018,9 +1047,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run ours with these environment settings while it traces and runs, "
                          "reported as impl ours[NAME] (A/B of trace-time switches, e.g. "
                          "pf24:JOA_L2_PREFETCH_MB=24)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="measure every impl's decode this many times in turn (A B C A B C ...), each a "
+                         "new session; the record is the median round's, with rounds_ms (profile, "
+                         "prefill and verify in the first round only): for A/Bs smaller than the "
+                         "spread between sessions (~1B B=1: up to 4%%)")
     ap.add_argument("--out", help="write the JSON results here")
     args = ap.parse_args(argv)
     parse_ours_env(args.ours_env)  # a bad spec fails before any model is made
+    if args.rounds < 1:
+        ap.error(f"--rounds must be >= 1, got {args.rounds}")
     global TRACE_DIR
     TRACE_DIR = args.trace_dir
     if args.max_seconds is None:
