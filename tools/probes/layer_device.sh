@@ -7,7 +7,7 @@
 #   mlp-tests     tests/gpu/test_gated_mlp_gpu.py
 #   e2e1b         ~1B fp16 B=1 1k: ours / ours[VARIANT] ... / JAX peer, breakdowns (VARIANTS, below)
 #   e2e8b         ~8B fp16 B=1 2k: the same, no profile
-# VARIANTS: --ours-env specs, default "mlp:JOA_GATED_MLP=1".
+# VARIANTS: --ours-env specs, default "mlp:JOA_GATED_MLP=1"; ROUNDS: bench e2e --rounds (default 1).
 # To $OUT: prepare.log, mlp_row.log, tests_mlp.log, e2e_*.json, run_*.log (at most 8 files: pick phases).
 set -uo pipefail
 phases=${*:-mlp-probe}
@@ -15,7 +15,7 @@ variants=${VARIANTS:-mlp:JOA_GATED_MLP=1}
 source "$(dirname "$0")/../device_prepare.sh"
 T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 NVCC="nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -diag-suppress=940,2473,128 -I ffi -I tools/probes"
-E2E="python3 -m jax_onnx_attn.bench e2e --phases decode --reps 3 --models-dir /tmp/models --impls ours jax-peer --ours-env $variants"
+E2E="python3 -m jax_onnx_attn.bench e2e --phases decode --reps 3 --rounds ${ROUNDS:-1} --models-dir /tmp/models --impls ours jax-peer --ours-env $variants"
 for phase in $phases; do
 {
 el "$phase"
