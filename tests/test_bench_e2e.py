@@ -242,3 +242,15 @@ def test_rounds_measure_every_impl_in_turn(tmp_path):
         assert "kernels_per_step" in got
     with pytest.raises(SystemExit):
         bench_main.main(["e2e", *ARGS, "--rounds", "0", "--models-dir", str(tmp_path / "models")])
+
+
+def test_median_round_lists_each_profiled_rounds_device_time():
+    prof = [{"busy_us": 900.0, "idle_us": v, "largest_gaps": [[v, "a", "b"]], "top": []} for v in (66.0, 105.0)]
+    recs = [{"ms": 1.0, "kernels_per_step": 92, "profile": prof[0]}, {"ms": 0.96, "kernels_per_step": 92,
+                                                                          "profile": prof[1]}]
+    got = e2e.median_round(recs)
+    assert got["ms"] == 0.96 and got["profile"] is prof[1]
+    assert got["rounds_profile"] == [{"ms": 1.0, "busy_us": 900.0, "idle_us": 66.0, "largest_gaps": [[66.0, "a", "b"]]},
+                                     {"ms": 0.96, "busy_us": 900.0, "idle_us": 105.0,
+                                      "largest_gaps": [[105.0, "a", "b"]]}]
+    assert "rounds_profile" not in e2e.median_round([recs[0], {"ms": 2.0, "kernels_per_step": None}])

@@ -558,8 +558,9 @@ def _prefill_record(g: Group, case: Case, sec: float, peak_tflops: float, **extr
 
 def median_round(recs: list[dict]) -> dict:
     """One impl's decode record over --rounds: the median round's (by ms; the lower of the two
-    middle ones for an even count), the first round's profile where the median round has none, and
-    every round's ms as rounds_ms (None for a round that did not run)."""
+    middle ones for an even count), the first round's profile where the median round has none,
+    every round's ms as rounds_ms (None for a round that did not run) and, for the rounds that were
+    profiled, their device time a traced call (rounds_profile: busy / idle µs, the largest gaps)."""
     timed = sorted((r for r in recs if "ms" in r), key=lambda r: r["ms"])
     if not timed:
         return recs[0]
@@ -568,6 +569,11 @@ def median_round(recs: list[dict]) -> dict:
         if out.get(key) is None:
             out[key] = value
     out["rounds_ms"] = [r.get("ms") for r in recs]
+    keys = ("busy_us", "idle_us", "largest_gaps")
+    profiled = [{"ms": r.get("ms"), **{k: r["profile"][k] for k in keys if k in r["profile"]}}
+                for r in recs if isinstance(r.get("profile"), dict) and "busy_us" in r["profile"]]
+    if len(profiled) > 1:
+        out["rounds_profile"] = profiled
     return out
 
 
@@ -913,8 +919,8 @@ def run_case(g: Group, case: Case, args, env, impls, verify: bool) -> tuple[list
     runs = measured_impls(impls, args.devices, parse_ours_env(args.ours_env))
     decode_rounds: dict[str, list[dict]] = {impl: [] for impl, _ in runs}
     for r in range(max(1, args.rounds)):
-        # Rounds after the first: decode only, not profiled (the first round's profile is kept).
-        round_args = args if r == 0 else argparse.Namespace(**{**vars(args), "profile": "none"})
+        # Rounds after the first: decode only, profiled only under --profile all.
+        round_args = args if r == 0 or args.profile == "all" else argparse.Namespace(**{**vars(args), "profile": "none"})
         for impl, measure in runs:
             skip = g.peer_skip.get(impl)
             if skip is None:
@@ -1049,9 +1055,10 @@ def main(argv: list[str] | None = None) -> int:
                          "pf24:JOA_L2_PREFETCH_MB=24)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="measure every impl's decode this many times in turn (A B C A B C ...), each a "
-                         "new session; the record is the median round's, with rounds_ms (profile, "
-                         "prefill and verify in the first round only): for A/Bs smaller than the "
-                         "spread between sessions (~1B B=1: up to 4%%)")
+                         "new session; the record is the median round's, with rounds_ms (prefill and "
+                         "verify in the first round only, the profile too unless --profile all, which "
+                         "adds rounds_profile): for A/Bs smaller than the spread between sessions "
+                         "(~1B B=1: up to 4%%)")
     ap.add_argument("--out", help="write the JSON results here")
     args = ap.parse_args(argv)
     parse_ours_env(args.ours_env)  # a bad spec fails before any model is made
