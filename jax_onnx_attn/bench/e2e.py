@@ -26,10 +26,10 @@ nothing read back between calls:
 After a warm-up call (compilation) and one timed call that sets m (so that a sample lasts about
 --target-ms, at most --max-calls calls), ms/step = the median over --reps samples of
 (wall time of m calls) / (m * K). The host dispatches the m calls back to back and synchronises once,
-so per-call dispatch hides behind the device. With --rounds N every impl is measured N times in turn, each
-time in a new session (its allocations made again), and its
-record is the median round's with every round's ms (rounds_ms): the ~1B B=1 step of one
-implementation moved by up to 4% between sessions of one run, more than within one. frac_of_bound = the bandwidth bound of one step
+so per-call dispatch hides behind the device. With --rounds N every impl is measured N times in
+turn, each time in a new session, and its record is the median round's with every round's ms
+(rounds_ms): the ~1B B=1 step of one implementation moved by up to 4% between sessions of one run,
+more than within one. frac_of_bound = the bandwidth bound of one step
 (`jax_onnx_attn.runtime.roofline`: weights + B gathered rows + B * T KV rows, over the GPU's HBM
 bandwidth: 4.8 TB/s on the H200, 3.35 on the H100 SXM; --hbm overrides) over
 the measured step; tokens/s = B / step time.
@@ -920,7 +920,8 @@ def run_case(g: Group, case: Case, args, env, impls, verify: bool) -> tuple[list
     decode_rounds: dict[str, list[dict]] = {impl: [] for impl, _ in runs}
     for r in range(max(1, args.rounds)):
         # Rounds after the first: decode only, profiled only under --profile all.
-        round_args = args if r == 0 or args.profile == "all" else argparse.Namespace(**{**vars(args), "profile": "none"})
+        round_args = (args if r == 0 or args.profile == "all"
+                      else argparse.Namespace(**{**vars(args), "profile": "none"}))
         for impl, measure in runs:
             skip = g.peer_skip.get(impl)
             if skip is None:
