@@ -92,3 +92,29 @@ def test_gated_mlp_traces_under_jit_and_vmap():
     many = jax.vmap(f)(xs, rs)
     for i in range(3):
         np.testing.assert_array_equal(np.asarray(many[i]), np.asarray(one))
+
+
+def test_the_split_switch_and_each_splits_grid(monkeypatch):
+    from jax_onnx_attn.ops import cuda_matmul
+
+    monkeypatch.delenv(cuda_matmul.GATED_MLP_SPLIT_ENV, raising=False)
+    assert cuda_matmul.gated_mlp_split() == "k"
+    monkeypatch.setenv(cuda_matmul.GATED_MLP_SPLIT_ENV, "n")
+    assert cuda_matmul.gated_mlp_split() == "n"
+    monkeypatch.setenv(cuda_matmul.GATED_MLP_SPLIT_ENV, "rows")
+    with pytest.raises(ValueError, match=cuda_matmul.GATED_MLP_SPLIT_ENV):
+        cuda_matmul.gated_mlp_split()
+    x, w_gate, w_up, w_down, _, _ = _operands()
+    with pytest.raises(ValueError, match="split must be one of"):
+        ops.gated_mlp(x, ops.interleave_gate_up(w_gate, w_up), w_down, split="m")
+    # The plan is host code, in every build: on 132 SMs the K split takes the most CTAs dividing the
+    # I / 8 gate-up tiles, the N split those that also divide the H / 16 down tiles.
+    from jax_onnx_attn import _ffi
+
+    for h, inter in ((2048, 8192), (4096, 14336)):
+        k_grid, n_grid = _ffi.gated_mlp_grid(h, inter, 132, False), _ffi.gated_mlp_grid(h, inter, 132, True)
+        assert 0 < k_grid <= 132 and (inter // 8) % k_grid == 0
+        assert n_grid == 128 and (inter // 8) % n_grid == 0 and (h // 16) % n_grid == 0
+        assert _ffi.gated_mlp_workspace(h, inter, k_grid, False) == k_grid * h
+        assert _ffi.gated_mlp_workspace(h, inter, n_grid, True) == inter // 2
+    assert _ffi.gated_mlp_grid(896, 4864, 132, True) == 0  # H not a multiple of 8 warps x 64

@@ -4,9 +4,10 @@
 // (jax_onnx_attn.ops.reference.linear), sums in another order (not the two calls' bits).
 //
 // x [1, H] T (f16 / bf16), w_gate_up [2 I, H] T (interleave_gate_up), w_down [H, I] T,
-// norm_weight [H] T, residual [1, H] T (placeholders when absent) -> y [1, H] T, workspace f32
-// [grid, H] (the CTAs' partial sums; a result XLA allocates, discarded). grid: the CTAs, from
-// _ffi.gated_mlp_grid; every CTA must be resident at once (a cooperative launch, else it fails).
+// norm_weight [H] T, residual [1, H] T (placeholders when absent) -> y [1, H] T, workspace f32 of
+// _ffi.gated_mlp_workspace elements (the K split's partial sums [grid, H], the N split's h; a
+// result XLA allocates, discarded). grid: the CTAs, from _ffi.gated_mlp_grid for the split; every
+// CTA must be resident at once (a cooperative launch, else it fails). n_split: MlpRowNKernel.
 #include <string>
 #include <utility>
 
@@ -19,7 +20,7 @@ namespace {
 ffi::Error GatedMlpImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer w_gate_up, AnyBuffer w_down,
                         AnyBuffer norm_weight, AnyBuffer residual, AnyResult y,
                         ffi::Result<ffi::Buffer<ffi::F32>> workspace, bool has_norm, bool has_residual,
-                        float eps, int64_t grid) {
+                        float eps, int64_t grid, bool n_split) {
   auto fail = [](const std::string& what) { return InvalidArgument("gated_mlp: " + what); };
   const ffi::DataType dtype = x.element_type();
   if (dtype != ffi::DataType::F16 && dtype != ffi::DataType::BF16) return fail("x must be f16 or bf16");
@@ -39,13 +40,16 @@ ffi::Error GatedMlpImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer w_gate_up, A
     return fail("residual must be [1, H] in x's dtype");
   }
   if (h > (int64_t(1) << 20) || inter > (int64_t(1) << 24) || grid < 1 || grid > 4096 ||
-      !gemv::MlpRowFits<gemv::kMlpRowWarps>(int(h), int(inter), int(grid))) {
+      !(n_split ? gemv::MlpRowNFits<gemv::kMlpRowNWarps>(int(h), int(inter), int(grid))
+                : gemv::MlpRowFits<gemv::kMlpRowWarps>(int(h), int(inter), int(grid)))) {
     return fail("H=" + std::to_string(h) + ", I=" + std::to_string(inter) + " on " + std::to_string(grid) +
-                " CTAs is not a geometry the kernel takes (_ffi.gated_mlp_grid)");
+                " CTAs is not a geometry the kernel takes (_ffi.gated_mlp_grid, " + (n_split ? "N" : "K") +
+                " split)");
   }
-  if (int64_t(workspace->element_count()) < grid * h) {
+  const int64_t need = gemv::MlpRowWorkspaceElems(int(h), int(inter), int(grid), n_split);
+  if (int64_t(workspace->element_count()) < need) {
     return fail("workspace has " + std::to_string(workspace->element_count()) + " f32 elements, needs " +
-                std::to_string(grid * h));
+                std::to_string(need));
   }
   gemv::MlpRowParams p{};
   p.x = x.untyped_data();
@@ -54,12 +58,13 @@ ffi::Error GatedMlpImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer w_gate_up, A
   p.w_down = w_down.untyped_data();
   p.residual = has_residual ? residual.untyped_data() : nullptr;
   p.y = y->untyped_data();
-  p.partials = workspace->typed_data();
+  p.partials = n_split ? nullptr : workspace->typed_data();
+  p.hidden = n_split ? static_cast<void*>(workspace->typed_data()) : nullptr;
   p.eps = eps;
   p.h = int(h);
   p.inter = int(inter);
   p.tiles_per_cta = int(inter / 8 / grid);
-  const cudaError_t err = gemv::LaunchMlpRow(p, dtype == ffi::DataType::BF16, has_norm, int(grid), stream);
+  const cudaError_t err = gemv::LaunchMlpRow(p, dtype == ffi::DataType::BF16, has_norm, int(grid), n_split, stream);
   if (err != cudaSuccess) {
     cudaGetLastError();  // clear it: the error is this call's, reported here
     return ffi::Error::Internal(std::string("gated_mlp: ") + cudaGetErrorString(err) +
@@ -81,9 +86,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JoaGatedMlp, joa::GatedMlpImpl,
                                   .Arg<joa::AnyBuffer>()  // norm_weight [H] (or placeholder)
                                   .Arg<joa::AnyBuffer>()  // residual [1, H] (or placeholder)
                                   .Ret<joa::AnyBuffer>()  // y [1, H]
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // workspace [grid, H]
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // workspace
                                   .Attr<bool>("has_norm")
                                   .Attr<bool>("has_residual")
                                   .Attr<float>("eps")
-                                  .Attr<int64_t>("grid"),
+                                  .Attr<int64_t>("grid")
+                                  .Attr<bool>("n_split"),
                               JOA_COMMAND_BUFFER_SAFE);

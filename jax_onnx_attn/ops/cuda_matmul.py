@@ -42,6 +42,9 @@ QKV_PREPARE_ENV = "JOA_QKV_PREPARE"
 #: The environment variable that runs the gated MLP of decode sessions of batch 1 as one kernel
 #: (`gated_mlp_enabled`).
 GATED_MLP_ENV = "JOA_GATED_MLP"
+#: The environment variable that picks the fused MLP's split (`gated_mlp_split`): "k" or "n".
+GATED_MLP_SPLIT_ENV = "JOA_GATED_MLP_SPLIT"
+GATED_MLP_SPLITS = ("k", "n")
 
 
 def nbits_wide() -> bool:
@@ -280,31 +283,53 @@ def sm_count() -> int:
         return 132
 
 
-def gated_mlp_grid(h: int, inter: int) -> int:
-    """The fused MLP's CTAs for hidden size h and intermediate size inter on this GPU, 0 where the
-    kernel does not take the shape or the extension is missing."""
-    if _ffi is None or not hasattr(_ffi, "gated_mlp_grid"):
+def gated_mlp_split() -> str:
+    """The fused MLP's split (ffi/kernels/gemv/mlp_row.cuh): "k" (the default: CTA c streams the
+    down weight's K slice of the h it made, f32 partials reduced after the grid barrier; measured,
+    session 37) or "n" (h to global memory, the barrier in the middle, whole rows of y a CTA, no
+    partials; at the dense row kernel's warps, the two GEMVs' bits; not yet measured in the whole
+    step). JOA_GATED_MLP_SPLIT overrides (read at trace time)."""
+    value = os.environ.get(GATED_MLP_SPLIT_ENV, "k")
+    if value not in GATED_MLP_SPLITS:
+        raise ValueError(f"{GATED_MLP_SPLIT_ENV} must be one of {GATED_MLP_SPLITS}, got {value!r}")
+    return value
+
+
+def gated_mlp_grid(h: int, inter: int, split: str | None = None) -> int:
+    """The fused MLP's CTAs for hidden size h and intermediate size inter on this GPU with `split`
+    (None: `gated_mlp_split()`), 0 where the kernel does not take the shape or the extension is
+    missing."""
+    split = gated_mlp_split() if split is None else split
+    if split not in GATED_MLP_SPLITS:
+        raise ValueError(f"gated_mlp: split must be one of {GATED_MLP_SPLITS}, got {split!r}")
+    if _ffi is None or not hasattr(_ffi, "gated_mlp_workspace"):
         return 0
-    return int(_ffi.gated_mlp_grid(int(h), int(inter), sm_count()))
+    return int(_ffi.gated_mlp_grid(int(h), int(inter), sm_count(), split == "n"))
 
 
-def gated_mlp(x, w_gate_up, w_down, norm_weight=None, residual=None, *, eps: float = 1e-6):
+def gated_mlp(x, w_gate_up, w_down, norm_weight=None, residual=None, *, eps: float = 1e-6,
+              split: str | None = None):
     """x [1, H] f16/bf16, w_gate_up [2 I, H] (`ops.interleave_gate_up`), w_down [H, I] -> [1, H]:
     `linear(x, w_gate_up, norm_weight=, gated=True)` then `linear(., w_down, residual=)` in one
-    launch (ffi/handlers/gated_mlp.cu; f32 sums in another order than the two calls: within the
-    dtype's tolerance of them, not the same bits). norm_weight [H] and residual [1, H] or None.
-    The shape must have a grid (`gated_mlp_grid`); under vmap each example is its own call."""
+    launch (ffi/handlers/gated_mlp.cu). split "k" (None: `gated_mlp_split()`): the down
+    projection's f32 sums in another order than the two calls (within the dtype's tolerance of
+    them, not the same bits); "n": the two calls' bits. norm_weight [H] and residual [1, H] or
+    None. The shape must have a grid (`gated_mlp_grid`); under vmap each example is its own call."""
+    split = gated_mlp_split() if split is None else split
     h, inter = x.shape[1], w_down.shape[1]
-    grid = gated_mlp_grid(h, inter)
+    grid = gated_mlp_grid(h, inter, split)
     if grid == 0:
-        raise ValueError(f"gated_mlp: H={h}, I={inter}: the fused MLP kernel does not take this shape")
+        raise ValueError(f"gated_mlp: H={h}, I={inter}: the fused MLP kernel ({split} split) does not take "
+                         f"this shape")
+    n_split = split == "n"
+    workspace = int(_ffi.gated_mlp_workspace(int(h), int(inter), grid, n_split))
     call = jax.ffi.ffi_call(target("gated_mlp"),
-                            (jax.ShapeDtypeStruct((1, h), x.dtype), jax.ShapeDtypeStruct((grid * h,), jnp.float32)),
+                            (jax.ShapeDtypeStruct((1, h), x.dtype), jax.ShapeDtypeStruct((workspace,), jnp.float32)),
                             vmap_method="sequential")
     ph = _placeholder(x.dtype)
     y, _ = call(x, w_gate_up, w_down, ph if norm_weight is None else norm_weight,
                 ph if residual is None else residual, has_norm=norm_weight is not None,
-                has_residual=residual is not None, eps=np.float32(eps), grid=int(grid))
+                has_residual=residual is not None, eps=np.float32(eps), grid=int(grid), n_split=n_split)
     return y
 
 

@@ -689,7 +689,7 @@ def linear(x, w, bias=None, *, residual=None, norm_weight=None, norm_epsilon: fl
 
 
 def gated_mlp(x, w_gate_up, w_down, *, residual=None, norm_weight=None, norm_epsilon: float = 1e-6,
-              backend: str = "auto", pdl: bool = False):
+              backend: str = "auto", pdl: bool = False, split: str | None = None):
     """A gated MLP, `linear(linear(x, w_gate_up, norm_weight=, gated=True), w_down, residual=)`:
     one kernel (`cuda_matmul.gated_mlp`) for one row of x where it takes the shape, else the two
     `linear` calls (each on its own route).
@@ -703,11 +703,14 @@ def gated_mlp(x, w_gate_up, w_down, *, residual=None, norm_weight=None, norm_eps
       backend: "auto", "reference" or "cuda" ("cuda": the fused kernel, or NotImplementedError
         saying why it does not take the call).
       pdl: as `linear`'s, for the two calls when they run.
+      split: the fused kernel's split, "k" or "n" (None: `cuda_matmul.gated_mlp_split()`, the
+        JOA_GATED_MLP_SPLIT switch; "k" by default).
 
     Returns:
       [..., H] of x's dtype: every product and the activation rounded as the two calls round them;
-      the fused kernel adds the down projection's f32 sums in another order (within the dtype's
-      tolerance of the two calls, not the same bits).
+      the fused kernel's K split adds the down projection's f32 sums in another order (within the
+      dtype's tolerance of the two calls, not the same bits), its N split in the same order (the
+      two calls' bits).
     """
     op = "gated_mlp"
     x, w_gate_up, w_down = _array(x), _array(w_gate_up), _array(w_down)
@@ -728,7 +731,10 @@ def gated_mlp(x, w_gate_up, w_down, *, residual=None, norm_weight=None, norm_eps
         raise ValueError(f"{op}: residual must be {x.dtype}{list(x.shape)} (x's shape and dtype), got "
                          f"{residual.dtype}{list(residual.shape)}")
     eps = float(norm_epsilon)
-    why = _gated_mlp_unsupported(x, h, inter, norm_weight is not None, backend)
+    split = cuda_matmul.gated_mlp_split() if split is None else split
+    if split not in cuda_matmul.GATED_MLP_SPLITS:
+        raise ValueError(f"{op}: split must be one of {cuda_matmul.GATED_MLP_SPLITS}, got {split!r}")
+    why = _gated_mlp_unsupported(x, h, inter, norm_weight is not None, backend, split)
     if why is not None:
         if backend == "cuda":
             raise NotImplementedError(f"{op}: backend='cuda' is not available for this call: {why}")
@@ -741,12 +747,12 @@ def gated_mlp(x, w_gate_up, w_down, *, residual=None, norm_weight=None, norm_eps
         return reference.linear(hidden, wdn, None, r2)
 
     def cuda_fn(x2, wgu, wdn, nw, r2):
-        return cuda_matmul.gated_mlp(x2, wgu, wdn, nw, r2, eps=eps)
+        return cuda_matmul.gated_mlp(x2, wgu, wdn, nw, r2, eps=eps, split=split)
 
     return _run(op, backend, ref_fn, cuda_fn, None, x, (w_gate_up, w_down, norm_weight), residual, h)
 
 
-def _gated_mlp_unsupported(x, h, inter, norm, backend) -> str | None:
+def _gated_mlp_unsupported(x, h, inter, norm, backend, split: str = "k") -> str | None:
     """Why the fused MLP kernel does not take this call (None when it does): one row, the switch, the
     gate-up projection's own kernel rules (dtype, JOA_LINEAR_KERNELS, the dense row kernel; it is
     built on it) and a grid for the shape."""
@@ -759,8 +765,8 @@ def _gated_mlp_unsupported(x, h, inter, norm, backend) -> str | None:
     why = _kernel_unsupported(x, 2 * inter, cuda_matmul.DENSE_BITS, True, norm, backend=backend)
     if why is not None:
         return why
-    if cuda_matmul.gated_mlp_grid(h, inter) == 0:
-        return f"H={h}, I={inter}: not a geometry the kernel takes (ffi/kernels/gemv/mlp_row.h)"
+    if cuda_matmul.gated_mlp_grid(h, inter, split) == 0:
+        return f"H={h}, I={inter}: not a geometry the kernel takes ({split} split; ffi/kernels/gemv/mlp_row.h)"
     return None
 
 

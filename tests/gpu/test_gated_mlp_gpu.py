@@ -3,10 +3,10 @@ ffi/kernels/gemv/mlp_row.cuh) on a GPU.
 
 Oracles: the reference backend (XLA, f32 sums of the same rounded products) and the two kernels it
 replaces (`cuda_matmul.linear` gated with the norm, then with the residual; each held to the
-reference by tests/gpu/test_linear_gpu.py), both within the dtype's tolerance (the down projection's
-f32 sums are added in another order: not the same bits). Also: f16 / bf16, with and without the
-norm and the residual, the ~1B / ~8B shapes and a small one; bitwise repeatability; a decode-like
-loop captured in a command buffer; what the handler and the op refuse; sessions of batch 1 whose
+reference by tests/gpu/test_linear_gpu.py), both within the dtype's tolerance for the K split (the
+down projection's f32 sums are added in another order: not the same bits); the N split gives the two
+kernels' bits. Also: f16 / bf16, with and without the norm and the residual, the ~1B / ~8B shapes
+and a small one; bitwise repeatability; a decode-like loop captured in a command buffer; what the handler and the op refuse; sessions of batch 1 whose
 MLPs run as one kernel generating the two-kernel session's tokens.
 """
 
@@ -47,10 +47,11 @@ def _operands(h, inter, dtype, seed=0):
 
 
 @functools.cache
-def _fn(backend, norm, residual):
+def _fn(backend, norm, residual, split="k"):
     def f(x, w_gu, w_down, gamma, res):
         return ops.gated_mlp(x, w_gu, w_down, norm_weight=gamma if norm else None,
-                             residual=res if residual else None, norm_epsilon=1e-5, backend=backend)
+                             residual=res if residual else None, norm_epsilon=1e-5, backend=backend,
+                             split=split)
     return jax.jit(f)
 
 
@@ -62,22 +63,28 @@ def _two_kernels(norm, residual):
     return jax.jit(f)
 
 
+@pytest.mark.parametrize("split", cuda_matmul.GATED_MLP_SPLITS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("norm,residual", [(True, True), (False, False), (True, False), (False, True)])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: s[0])
-def test_fused_mlp_equals_the_reference_and_the_two_kernels(shape, norm, residual, dtype):
+def test_fused_mlp_equals_the_reference_and_the_two_kernels(shape, norm, residual, dtype, split):
     _, h, inter = shape
-    assert cuda_matmul.gated_mlp_grid(h, inter) > 0
+    assert cuda_matmul.gated_mlp_grid(h, inter, split) > 0
     args = _operands(h, inter, dtype)
-    got = np.asarray(_fn("cuda", norm, residual)(*args))
+    got = np.asarray(_fn("cuda", norm, residual, split)(*args))
     assert np.isfinite(got).all()
     assert_close(got, np.asarray(_fn("reference", norm, residual)(*args)), dtype, err_msg="vs reference")
-    assert_close(got, np.asarray(_two_kernels(norm, residual)(*args)), dtype, err_msg="vs the two kernels")
+    two = np.asarray(_two_kernels(norm, residual)(*args))
+    if split == "n":  # the dense row kernel's warps and sums in its order: its bits
+        np.testing.assert_array_equal(got, two, err_msg="the N split vs the two kernels")
+    else:
+        assert_close(got, two, dtype, err_msg="vs the two kernels")
 
 
-def test_fused_mlp_is_deterministic():
+@pytest.mark.parametrize("split", cuda_matmul.GATED_MLP_SPLITS)
+def test_fused_mlp_is_deterministic(split):
     args = _operands(2048, 8192, jnp.float16, seed=3)
-    f = _fn("cuda", True, True)
+    f = _fn("cuda", True, True, split)
     first = np.asarray(f(*args))
     for _ in range(3):
         assert np.array_equal(np.asarray(f(*args)), first)
@@ -99,9 +106,10 @@ def test_auto_takes_the_kernel_for_one_row_and_the_two_calls_otherwise():
 
 
 def test_shapes_without_a_grid_fall_back():
-    # H = 896 (Qwen2-0.5B's): not a multiple of the 1024 the kernel's 16 warps split K into.
+    # H = 896 (Qwen2-0.5B's): not a multiple of the 1024 the K split's 16 warps split K into, nor of
+    # the N split's 512 (8 warps).
     h, inter = 896, 4864
-    assert cuda_matmul.gated_mlp_grid(h, inter) == 0
+    assert cuda_matmul.gated_mlp_grid(h, inter, "k") == 0 and cuda_matmul.gated_mlp_grid(h, inter, "n") == 0
     x, w_gu, w_down, gamma, res = _operands(h, inter, jnp.float16)
     got = ops.gated_mlp(x, w_gu, w_down, norm_weight=gamma, residual=res, norm_epsilon=1e-5)
     assert_close(np.asarray(got), np.asarray(_fn("reference", True, True)(x, w_gu, w_down, gamma, res)),
@@ -110,7 +118,8 @@ def test_shapes_without_a_grid_fall_back():
         ops.gated_mlp(x, w_gu, w_down, backend="cuda")
 
 
-def test_handler_refuses_a_grid_the_kernel_does_not_take():
+@pytest.mark.parametrize("n_split", [False, True])
+def test_handler_refuses_a_grid_the_kernel_does_not_take(n_split):
     # The handler checks what it is given, whoever calls it: 100 CTAs do not divide I / 8 = 1024.
     from jax_onnx_attn._extension import target
 
@@ -119,7 +128,8 @@ def test_handler_refuses_a_grid_the_kernel_does_not_take():
                                                   jax.ShapeDtypeStruct((100 * 2048,), jnp.float32)))
     ph = jnp.zeros((1,), jnp.float16)
     with pytest.raises(Exception, match="geometry"):
-        y, _ = call(x, w_gu, w_down, ph, ph, has_norm=False, has_residual=False, eps=np.float32(1e-5), grid=100)
+        y, _ = call(x, w_gu, w_down, ph, ph, has_norm=False, has_residual=False, eps=np.float32(1e-5), grid=100,
+                    n_split=n_split)
         np.asarray(y)  # jax raises an FFI handler's error when the result is read
 
 
@@ -137,13 +147,15 @@ _LOOP = textwrap.dedent("""
 
     def steps(x, backend, pdl):
         def body(_, x):
-            return ops.gated_mlp(x, w_gu, w_down, norm_weight=gamma, residual=x, backend=backend, pdl=pdl)
+            return ops.gated_mlp(x, w_gu, w_down, norm_weight=gamma, residual=x, backend=backend, pdl=pdl,
+                                 split=SPLIT)
         return jax.lax.fori_loop(0, 8, body, x)
 """) + command_buffer.loop_checks("gated_mlp")
 
 
-def test_loop_is_captured_in_a_command_buffer(tmp_path):
-    command_buffer.assert_captured(_LOOP, "gated_mlp", tmp_path)
+@pytest.mark.parametrize("split", cuda_matmul.GATED_MLP_SPLITS)
+def test_loop_is_captured_in_a_command_buffer(tmp_path, split):
+    command_buffer.assert_captured(_LOOP.replace("SPLIT", repr(split)), "gated_mlp", tmp_path)
 
 
 def _kernel_counts(session) -> dict:

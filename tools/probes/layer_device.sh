@@ -7,11 +7,11 @@
 #   mlp-tests     tests/gpu/test_gated_mlp_gpu.py
 #   e2e1b         ~1B fp16 B=1 1k: ours / ours[VARIANT] ... / JAX peer, breakdowns (VARIANTS, below)
 #   e2e8b         ~8B fp16 B=1 2k: the same, no profile
-# VARIANTS: --ours-env specs, default "mlp:JOA_GATED_MLP=1"; ROUNDS: bench e2e --rounds (default 1).
+# VARIANTS: --ours-env specs, default the fused MLP's K and N splits; ROUNDS: bench e2e --rounds (default 1).
 # To $OUT: prepare.log, mlp_row.log, tests_mlp.log, e2e_*.json, run_*.log (at most 8 files: pick phases).
 set -uo pipefail
 phases=${*:-mlp-probe}
-variants=${VARIANTS:-mlp:JOA_GATED_MLP=1}
+variants=${VARIANTS:-mlp:JOA_GATED_MLP=1 mlpn:JOA_GATED_MLP=1,JOA_GATED_MLP_SPLIT=n}
 source "$(dirname "$0")/../device_prepare.sh"
 T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 NVCC="nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -diag-suppress=940,2473,128 -I ffi -I tools/probes"

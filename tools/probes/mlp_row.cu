@@ -5,8 +5,9 @@
 //   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
 //     -diag-suppress=940,2473,128 -I ffi -I tools/probes tools/probes/mlp_row.cu \
 //     ffi/kernels/gemv/inst/gemv_f16_dense.cu -o mlp_row
-// Also the N-split variant (its kernel lives here until it is measured): h to global, one grid
-// barrier, then whole rows of y a CTA (no partials), the down tiles' first W in flight across it.
+// Also the N split (MlpRowNKernel, in the tree since session 38: JOA_GATED_MLP_SPLIT=n): h to
+// global, one grid barrier, then whole rows of y a CTA (no partials), the down tiles' first W in
+// flight across it; at 8 warps it adds in the dense row kernel's order (max |N - two| printed: 0 expected).
 // Env: JOA_PROBE_8B=1 adds the ~8B MLP (2: only it).
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
@@ -25,153 +26,6 @@
 #include "one_row.h"
 #include "probe_util.h"
 
-namespace joa::gemv {
-// The N-split variant: CTA c writes its h slice to `hidden` (global, I of T); after a grid barrier
-// every CTA computes whole rows of y: the down tiles c, c + G, ... over all of K (warp w its K
-// range, as the gate-up tiles), so no partial sums and no second barrier. The down tiles' first
-// kDepth steps of W are in flight before the barrier (they do not depend on h).
-template <int kW>
-struct MlpRowNSmem {
-  __host__ __device__ static int HOffset(int h) { return h * 2; }
-  __host__ __device__ static int ZeroOffset(int h, int inter) { return h * 2 + inter * 2; }
-  __host__ __device__ static int RedOffset(int h, int inter) { return ZeroOffset(h, inter) + 16; }
-  __host__ __device__ static int Bytes(int h, int inter) { return RedOffset(h, inter) + (2 * kW * 16 + kW) * 4; }
-};
-
-template <int kW>
-inline bool MlpRowNFits(int h, int inter, int grid) {
-  if (h % (64 * kW) != 0 || inter % (64 * kW) != 0 || grid <= 0) return false;
-  return (inter / 8) % grid == 0;
-}
-
-template <typename T, int kW, int kDepth, bool kNorm>
-__global__ void __launch_bounds__(kW * 32, 1) MlpRowNKernel(const __grid_constant__ MlpRowParams p) {
-  constexpr int kThreadsW = kW * 32;
-  using Smem = MlpRowNSmem<kW>;
-  extern __shared__ __align__(16) unsigned char smem[];
-  const int tiles = p.tiles_per_cta, hc = 8 * tiles;
-  uint4* s_x = reinterpret_cast<uint4*>(smem);
-  uint4* s_h = reinterpret_cast<uint4*>(smem + Smem::HOffset(p.h));
-  uint4* s_zero = reinterpret_cast<uint4*>(smem + Smem::ZeroOffset(p.h, p.inter));
-  float* s_red = reinterpret_cast<float*>(smem + Smem::RedOffset(p.h, p.inter));
-  float* s_wsum = s_red + 2 * kW * 16;
-  T* hidden = reinterpret_cast<T*>(p.partials);
-
-  const int tid = threadIdx.x, lane = tid & 31, wk = tid >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  const int cta = int(blockIdx.x), grid = int(gridDim.x);
-  const int nsteps_a = p.h / (64 * kW);
-  const int steps_a = tiles * nsteps_a;
-  const int nsteps_b = p.inter / (64 * kW);
-  const int tiles_b = (p.h / 16 - cta + grid - 1) / grid;
-  const int steps = steps_a + tiles_b * nsteps_b;
-  const int64_t row_a = int64_t(p.h) * 2, row_b = int64_t(p.inter) * 2;
-  const int64_t lane_a = int64_t(g >> 1) * row_a + (int64_t(wk) * nsteps_a * 64 + 32 * (g & 1) + 8 * t) * 2;
-  const int64_t lane_b = int64_t(g >> 1) * row_b + (int64_t(wk) * nsteps_b * 64 + 32 * (g & 1) + 8 * t) * 2;
-  const uint8_t* w_gu = static_cast<const uint8_t*>(p.w_gu) + int64_t(cta) * tiles * 16 * row_a + lane_a;
-  const uint8_t* w_dn = static_cast<const uint8_t*>(p.w_down) + int64_t(cta) * 16 * row_b + lane_b;
-
-  int ld = 0, ld_j = 0;
-  const uint8_t* wp = w_gu;
-  int64_t stride = row_a;
-  auto load_next = [&](DenseRowStep& st) {
-    if (ld < steps) {
-      DenseRowLoad(st, wp, stride);
-      wp += 128;
-    }
-    ++ld;
-    if (ld <= steps_a) {
-      if (++ld_j == nsteps_a) {
-        ld_j = 0;
-        wp += 16 * row_a - nsteps_a * 128;
-      }
-      if (ld == steps_a) {
-        wp = w_dn;
-        stride = row_b;
-      }
-    } else if (++ld_j == nsteps_b) {  // this CTA's next down tile
-      ld_j = 0;
-      wp += int64_t(grid) * 16 * row_b - nsteps_b * 128;
-    }
-  };
-  DenseRowStep buf[kDepth];
-#pragma unroll
-  for (int s = 0; s < kDepth; ++s) load_next(buf[s]);
-
-  const int units = p.h / 8;
-  const uint4* xg = static_cast<const uint4*>(p.x);
-  if constexpr (kNorm) {
-    float ss = 0.f;
-    for (int u = tid; u < units; u += kThreadsW) {
-      const uint4 v = LoadInput16(xg + u);
-      s_x[u] = v;
-      ss = AddSquares8<T>(v, ss);
-    }
-    const float r = OneRowInverseRms<kW>(ss, s_wsum, lane, wk, p.h, p.eps);
-    const uint4* gamma = static_cast<const uint4*>(p.gamma);
-    for (int u = tid; u < units; u += kThreadsW) s_x[u] = RmsNormInput::Apply<T>(s_x[u], r, LoadInput16(gamma + u));
-  } else {
-    for (int u = tid; u < units; u += kThreadsW) s_x[u] = LoadInput16(xg + u);
-  }
-  if (tid == 0) *s_zero = make_uint4(0, 0, 0, 0);
-  __syncthreads();
-
-  const uint4* xb = lane < 8 ? s_x + wk * nsteps_a * 8 + lane : s_zero;
-  const uint4* hb = lane < 8 ? s_h + wk * nsteps_b * 8 + lane : s_zero;
-  const int xstep = lane < 8 ? 8 : 0;
-
-  float acc[2][2][4] = {};
-  int j = 0, it = 0;
-  for (int i0 = 0; i0 < steps; i0 += kDepth) {
-#pragma unroll
-    for (int s = 0; s < kDepth; ++s) {
-      const int i = i0 + s;
-      if (i >= steps) break;
-      const bool gate_up = i < steps_a;
-      if (i == steps_a) {
-        // Every CTA's h written: stage all of it (I of T) while the down tiles' W is in flight.
-        cooperative_groups::this_grid().sync();
-        const uint4* hg = reinterpret_cast<const uint4*>(hidden);
-        for (int u = tid; u < p.inter / 8; u += kThreadsW) s_h[u] = __ldcg(hg + u);
-        __syncthreads();
-      }
-      DenseRowMma<T>(acc, buf[s], gate_up ? xb[j * xstep] : hb[j * xstep]);
-      load_next(buf[s]);
-      if (++j < (gate_up ? nsteps_a : nsteps_b)) continue;
-      j = 0;
-      float* red = s_red + (it & 1) * kW * 16;
-      DenseRowTileSums(acc, g, t, [&](int r, float v) { red[wk * 16 + r] = v; });
-      __syncthreads();
-      if (gate_up) {
-        if (tid < 8) {
-          float vg = 0.f, vu = 0.f;
-#pragma unroll
-          for (int w = 0; w < kW; ++w) {
-            vg += red[w * 16 + tid];
-            vu += red[w * 16 + 8 + tid];
-          }
-          const float gr = ToFloat(FromFloat<T>(vg));
-          const float ur = ToFloat(FromFloat<T>(vu));
-          hidden[int64_t(cta) * hc + it * 8 + tid] = FromFloat<T>(__fmul_rn(__fdiv_rn(gr, 1.f + expf(-gr)), ur));
-        }
-        ++it;
-      } else if (tid < 16) {  // output row tid of the down tile, warps in order
-        float v = 0.f;
-#pragma unroll
-        for (int w = 0; w < kW; ++w) v += red[w * 16 + tid];
-        const int row = (cta + (it - tiles) * grid) * 16 + tid;
-        T out = FromFloat<T>(v);
-        if (p.residual != nullptr) out = FromFloat<T>(ToFloat(out) + ToFloat(static_cast<const T*>(p.residual)[row]));
-        static_cast<T*>(p.y)[row] = out;
-        ++it;
-      } else {
-        ++it;
-      }
-    }
-  }
-}
-
-}  // namespace joa::gemv
 
 using namespace joa::gemv;
 
@@ -275,6 +129,7 @@ int main() {
       f.residual = res;
       f.y = yf[i];
       f.partials = partials;
+      f.hidden = partials;  // the N split's h (I of T) fits in the partials' bytes
       f.eps = 1e-6f;
       f.h = H;
       f.inter = I;

@@ -60,14 +60,19 @@ inline void BindPlan(nanobind::module_& m) {
         "its registers are capped for ('ctas_per_sm')), or for one row of 4-bit weights in the record layout (record_layout: the "
         "slots kernel reading records, 'record_layout' in the dict; block_size as for slots): a dict of its "
         "fields, 'error' None when the engine takes it.");
-  m.def("gated_mlp_grid", [](int64_t h, int64_t inter, int64_t sms) {
+  m.def("gated_mlp_grid", [](int64_t h, int64_t inter, int64_t sms, bool n_split) {
           if (h < 1 || inter < 1 || sms < 1 || h > (int64_t(1) << 20) || inter > (int64_t(1) << 24)) return 0;
-          return MlpRowGrid(int(h), int(inter), int(std::min<int64_t>(sms, 4096)));
+          return MlpRowGrid(int(h), int(inter), int(std::min<int64_t>(sms, 4096)), n_split);
         },
-        nb::arg("h"), nb::arg("inter"), nb::arg("sms"),
+        nb::arg("h"), nb::arg("inter"), nb::arg("sms"), nb::arg("n_split") = false,
         "The fused gated MLP's grid (ffi/kernels/gemv/mlp_row.h) for hidden size h and intermediate "
-        "size inter on a GPU of `sms` SMs: its CTAs (all resident at once), 0 where the kernel does not "
-        "take the shape.");
+        "size inter on a GPU of `sms` SMs, for the K split or (n_split) the N split: its CTAs (all "
+        "resident at once), 0 where the kernel does not take the shape.");
+  m.def("gated_mlp_workspace", [](int64_t h, int64_t inter, int64_t grid, bool n_split) {
+          return MlpRowWorkspaceElems(int(h), int(inter), int(grid), n_split);
+        },
+        nb::arg("h"), nb::arg("inter"), nb::arg("grid"), nb::arg("n_split"),
+        "The fused gated MLP's workspace in f32 elements for a launch of `grid` CTAs.");
 }
 
 }  // namespace joa::gemv

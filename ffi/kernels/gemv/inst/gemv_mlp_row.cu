@@ -1,18 +1,18 @@
-// The fused gated MLP of one decode row (kernels/gemv/mlp_row.cuh): f16 / bf16, with and without the
-// norm prologue.
+// The fused gated MLP of one decode row (kernels/gemv/mlp_row.cuh): the K and N splits, f16 / bf16,
+// with and without the norm prologue.
 #include "kernels/gemv/mlp_row.cuh"
 
 namespace joa::gemv {
 
-cudaError_t LaunchMlpRow(const MlpRowParams& p, bool bf16, bool norm, int grid, cudaStream_t stream) {
-  if (!MlpRowFits<kMlpRowWarps>(p.h, p.inter, grid) || p.tiles_per_cta * 8 * grid != p.inter) {
-    return cudaErrorInvalidValue;
-  }
+cudaError_t LaunchMlpRow(const MlpRowParams& p, bool bf16, bool norm, int grid, bool n_split, cudaStream_t stream) {
+  const bool fits = n_split ? MlpRowNFits<kMlpRowNWarps>(p.h, p.inter, grid) : MlpRowFits<kMlpRowWarps>(p.h, p.inter, grid);
+  if (!fits || p.tiles_per_cta * 8 * grid != p.inter) return cudaErrorInvalidValue;
   auto launch = [&](auto kernel) {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(kMlpRowWarps * 32);
-    cfg.dynamicSmemBytes = MlpRowSmem<kMlpRowWarps>::Bytes(p.h, p.tiles_per_cta);
+    cfg.blockDim = dim3((n_split ? kMlpRowNWarps : kMlpRowWarps) * 32);
+    cfg.dynamicSmemBytes = n_split ? MlpRowNSmem<kMlpRowNWarps>::Bytes(p.h, p.inter)
+                                   : MlpRowSmem<kMlpRowWarps>::Bytes(p.h, p.tiles_per_cta);
     cfg.stream = stream;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeCooperative;  // the grid barrier needs every CTA resident
@@ -26,6 +26,13 @@ cudaError_t LaunchMlpRow(const MlpRowParams& p, bool bf16, bool norm, int grid, 
     }
     return cudaLaunchKernelEx(&cfg, kernel, p);
   };
+  if (n_split) {
+    constexpr int kW = kMlpRowNWarps, kD = kMlpRowNDepth;
+    if (bf16) {
+      return norm ? launch(MlpRowNKernel<__nv_bfloat16, kW, kD, true>) : launch(MlpRowNKernel<__nv_bfloat16, kW, kD, false>);
+    }
+    return norm ? launch(MlpRowNKernel<__half, kW, kD, true>) : launch(MlpRowNKernel<__half, kW, kD, false>);
+  }
   constexpr int kW = kMlpRowWarps, kD = kMlpRowDepth;
   if (bf16) {
     return norm ? launch(MlpRowKernel<__nv_bfloat16, kW, kD, true>) : launch(MlpRowKernel<__nv_bfloat16, kW, kD, false>);
