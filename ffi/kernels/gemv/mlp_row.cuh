@@ -39,6 +39,75 @@
 
 namespace joa::gemv {
 
+// Both splits' W stream: the gate-up tiles [cta T, (cta + 1) T) a warp's K range at a time, then
+// the down tiles, `down_advance` bytes from one down tile's first step to the next one's.
+struct MlpLoadCursor {
+  const uint8_t* wp;
+  int64_t stride, row_a, row_b, down_advance;
+  const uint8_t* w_dn;
+  int ld, ld_j, steps, steps_a, nsteps_a, nsteps_b;
+
+  __device__ __forceinline__ void Next(DenseRowStep& st) {
+    if (ld < steps) {
+      DenseRowLoad(st, wp, stride);
+      wp += 128;
+    }
+    ++ld;
+    if (ld <= steps_a) {
+      if (++ld_j == nsteps_a) {  // next gate-up tile (or the first down tile)
+        ld_j = 0;
+        wp += 16 * row_a - nsteps_a * 128;
+      }
+      if (ld == steps_a) {
+        wp = w_dn;
+        stride = row_b;
+      }
+    } else if (++ld_j == nsteps_b) {  // this warp's / CTA's next down tile
+      ld_j = 0;
+      wp += down_advance - nsteps_b * 128;
+    }
+  }
+};
+
+// x (H of T) into shared memory, RMS-normed when kNorm, and the zero unit; ends with a barrier.
+template <typename T, int kW, bool kNorm>
+__device__ __forceinline__ void MlpStageInput(const MlpRowParams& p, uint4* s_x, uint4* s_zero, float* s_wsum,
+                                              int tid, int lane, int wk) {
+  constexpr int kThreadsW = kW * 32;
+  const int units = p.h / 8;
+  const uint4* xg = static_cast<const uint4*>(p.x);
+  if constexpr (kNorm) {
+    float ss = 0.f;
+    for (int u = tid; u < units; u += kThreadsW) {
+      const uint4 v = LoadInput16(xg + u);
+      s_x[u] = v;
+      ss = AddSquares8<T>(v, ss);
+    }
+    const float r = OneRowInverseRms<kW>(ss, s_wsum, lane, wk, p.h, p.eps);
+    const uint4* gamma = static_cast<const uint4*>(p.gamma);
+    for (int u = tid; u < units; u += kThreadsW) s_x[u] = RmsNormInput::Apply<T>(s_x[u], r, LoadInput16(gamma + u));
+  } else {
+    for (int u = tid; u < units; u += kThreadsW) s_x[u] = LoadInput16(xg + u);
+  }
+  if (tid == 0) *s_zero = make_uint4(0, 0, 0, 0);
+  __syncthreads();
+}
+
+// Output `o` (< 8) of a gate-up tile from the warps' sums (gate row o, up row o + 8; warps in order):
+// round(silu(g) * u) of the rounded products, as GatedSiluEpilogue.
+template <typename T, int kW>
+__device__ __forceinline__ T MlpGatedOutput(const float* red, int o) {
+  float vg = 0.f, vu = 0.f;
+#pragma unroll
+  for (int w = 0; w < kW; ++w) {
+    vg += red[w * 16 + o];
+    vu += red[w * 16 + 8 + o];
+  }
+  const float gr = ToFloat(FromFloat<T>(vg));
+  const float ur = ToFloat(FromFloat<T>(vu));
+  return FromFloat<T>(__fmul_rn(__fdiv_rn(gr, 1.f + expf(-gr)), ur));
+}
+
 template <typename T, int kW, int kDepth, bool kNorm>
 __global__ void __launch_bounds__(kW * 32, 1) MlpRowKernel(const __grid_constant__ MlpRowParams p) {
   constexpr int kThreadsW = kW * 32;
@@ -67,50 +136,12 @@ __global__ void __launch_bounds__(kW * 32, 1) MlpRowKernel(const __grid_constant
   const uint8_t* w_dn = static_cast<const uint8_t*>(p.w_down) + int64_t(wk) * 16 * row_b + lane_b;
 
   // The load cursor runs kDepth steps ahead of the math, across tiles and across the phases.
-  int ld = 0, ld_j = 0;
-  const uint8_t* wp = w_gu;
-  int64_t stride = row_a;
-  auto load_next = [&](DenseRowStep& st) {
-    if (ld < steps) {
-      DenseRowLoad(st, wp, stride);
-      wp += 128;
-    }
-    ++ld;
-    if (ld <= steps_a) {
-      if (++ld_j == nsteps_a) {  // next gate-up tile (or the first down tile)
-        ld_j = 0;
-        wp += 16 * row_a - nsteps_a * 128;
-      }
-      if (ld == steps_a) {
-        wp = w_dn;
-        stride = row_b;
-      }
-    } else if (++ld_j == nsteps_b) {  // next down tile of this warp
-      ld_j = 0;
-      wp += kW * 16 * row_b - nsteps_b * 128;
-    }
-  };
+  MlpLoadCursor cur{w_gu, row_a, row_a, row_b, kW * 16 * row_b, w_dn, 0, 0, steps, steps_a, nsteps_a, nsteps_b};
   DenseRowStep buf[kDepth];
 #pragma unroll
-  for (int s = 0; s < kDepth; ++s) load_next(buf[s]);
+  for (int s = 0; s < kDepth; ++s) cur.Next(buf[s]);
 
-  const int units = p.h / 8;
-  const uint4* xg = static_cast<const uint4*>(p.x);
-  if constexpr (kNorm) {
-    float ss = 0.f;
-    for (int u = tid; u < units; u += kThreadsW) {
-      const uint4 v = LoadInput16(xg + u);
-      s_x[u] = v;
-      ss = AddSquares8<T>(v, ss);
-    }
-    const float r = OneRowInverseRms<kW>(ss, s_wsum, lane, wk, p.h, p.eps);
-    const uint4* gamma = static_cast<const uint4*>(p.gamma);
-    for (int u = tid; u < units; u += kThreadsW) s_x[u] = RmsNormInput::Apply<T>(s_x[u], r, LoadInput16(gamma + u));
-  } else {
-    for (int u = tid; u < units; u += kThreadsW) s_x[u] = LoadInput16(xg + u);
-  }
-  if (tid == 0) *s_zero = make_uint4(0, 0, 0, 0);
-  __syncthreads();
+  MlpStageInput<T, kW, kNorm>(p, s_x, s_zero, s_wsum, tid, lane, wk);
 
   // B: lanes 0-7 read 8 units of the step's 64 k, the others the zero unit.
   const uint4* xb = lane < 8 ? s_x + wk * nsteps_a * 8 + lane : s_zero;
@@ -128,7 +159,7 @@ __global__ void __launch_bounds__(kW * 32, 1) MlpRowKernel(const __grid_constant
       const bool gate_up = i < steps_a;
       if (i == steps_a) __syncthreads();  // h complete (every warp has the same steps_a)
       DenseRowMma<T>(acc, buf[s], gate_up ? xb[j * xstep] : hb[j * xstep]);
-      load_next(buf[s]);
+      cur.Next(buf[s]);
       if (++j < (gate_up ? nsteps_a : nsteps_b)) continue;
       j = 0;
       // End of a tile: a gate-up tile's warp sums to shared memory, a down tile's straight to
@@ -144,17 +175,7 @@ __global__ void __launch_bounds__(kW * 32, 1) MlpRowKernel(const __grid_constant
       });
       if (gate_up) {
         __syncthreads();
-        if (tid < 8) {  // output tid of the tile: gate row tid, up row tid + 8, warps in order
-          float vg = 0.f, vu = 0.f;
-#pragma unroll
-          for (int w = 0; w < kW; ++w) {
-            vg += red[w * 16 + tid];
-            vu += red[w * 16 + 8 + tid];
-          }
-          const float gr = ToFloat(FromFloat<T>(vg));
-          const float ur = ToFloat(FromFloat<T>(vu));
-          s_h[it * 8 + tid] = FromFloat<T>(__fmul_rn(__fdiv_rn(gr, 1.f + expf(-gr)), ur));
-        }
+        if (tid < 8) s_h[it * 8 + tid] = MlpGatedOutput<T, kW>(red, tid);  // output tid of the tile
         if (++it == tiles) it = 0;  // the down tiles count from 0
       } else {
         ++it;
@@ -217,50 +238,13 @@ __global__ void __launch_bounds__(kW * 32, 1) MlpRowNKernel(const __grid_constan
   const uint8_t* w_dn = static_cast<const uint8_t*>(p.w_down) + int64_t(cta) * 16 * row_b + lane_b;
 
   // The load cursor runs kDepth steps ahead of the math, across tiles and across the barrier.
-  int ld = 0, ld_j = 0;
-  const uint8_t* wp = w_gu;
-  int64_t stride = row_a;
-  auto load_next = [&](DenseRowStep& st) {
-    if (ld < steps) {
-      DenseRowLoad(st, wp, stride);
-      wp += 128;
-    }
-    ++ld;
-    if (ld <= steps_a) {
-      if (++ld_j == nsteps_a) {  // next gate-up tile (or the first down tile)
-        ld_j = 0;
-        wp += 16 * row_a - nsteps_a * 128;
-      }
-      if (ld == steps_a) {
-        wp = w_dn;
-        stride = row_b;
-      }
-    } else if (++ld_j == nsteps_b) {  // this CTA's next down tile
-      ld_j = 0;
-      wp += int64_t(grid) * 16 * row_b - nsteps_b * 128;
-    }
-  };
+  MlpLoadCursor cur{w_gu, row_a, row_a, row_b, int64_t(grid) * 16 * row_b, w_dn, 0, 0, steps, steps_a, nsteps_a,
+                    nsteps_b};
   DenseRowStep buf[kDepth];
 #pragma unroll
-  for (int s = 0; s < kDepth; ++s) load_next(buf[s]);
+  for (int s = 0; s < kDepth; ++s) cur.Next(buf[s]);
 
-  const int units = p.h / 8;
-  const uint4* xg = static_cast<const uint4*>(p.x);
-  if constexpr (kNorm) {
-    float ss = 0.f;
-    for (int u = tid; u < units; u += kThreadsW) {
-      const uint4 v = LoadInput16(xg + u);
-      s_x[u] = v;
-      ss = AddSquares8<T>(v, ss);
-    }
-    const float r = OneRowInverseRms<kW>(ss, s_wsum, lane, wk, p.h, p.eps);
-    const uint4* gamma = static_cast<const uint4*>(p.gamma);
-    for (int u = tid; u < units; u += kThreadsW) s_x[u] = RmsNormInput::Apply<T>(s_x[u], r, LoadInput16(gamma + u));
-  } else {
-    for (int u = tid; u < units; u += kThreadsW) s_x[u] = LoadInput16(xg + u);
-  }
-  if (tid == 0) *s_zero = make_uint4(0, 0, 0, 0);
-  __syncthreads();
+  MlpStageInput<T, kW, kNorm>(p, s_x, s_zero, s_wsum, tid, lane, wk);
 
   // B: lanes 0-7 read 8 units of the step's 64 k (of x, then of h), the others the zero unit.
   const uint4* xb = lane < 8 ? s_x + wk * nsteps_a * 8 + lane : s_zero;
@@ -283,7 +267,7 @@ __global__ void __launch_bounds__(kW * 32, 1) MlpRowNKernel(const __grid_constan
         __syncthreads();
       }
       DenseRowMma<T>(acc, buf[s], gate_up ? xb[j * xstep] : hb[j * xstep]);
-      load_next(buf[s]);
+      cur.Next(buf[s]);
       if (++j < (gate_up ? nsteps_a : nsteps_b)) continue;
       j = 0;
       // End of a tile: the warps' sums to shared memory, then added in warp order.
@@ -291,17 +275,7 @@ __global__ void __launch_bounds__(kW * 32, 1) MlpRowNKernel(const __grid_constan
       DenseRowTileSums(acc, g, t, [&](int r, float v) { red[wk * 16 + r] = v; });
       __syncthreads();
       if (gate_up) {
-        if (tid < 8) {  // output tid of the tile: gate row tid, up row tid + 8
-          float vg = 0.f, vu = 0.f;
-#pragma unroll
-          for (int w = 0; w < kW; ++w) {
-            vg += red[w * 16 + tid];
-            vu += red[w * 16 + 8 + tid];
-          }
-          const float gr = ToFloat(FromFloat<T>(vg));
-          const float ur = ToFloat(FromFloat<T>(vu));
-          hidden[int64_t(cta) * hc + it * 8 + tid] = FromFloat<T>(__fmul_rn(__fdiv_rn(gr, 1.f + expf(-gr)), ur));
-        }
+        if (tid < 8) hidden[int64_t(cta) * hc + it * 8 + tid] = MlpGatedOutput<T, kW>(red, tid);
       } else if (tid < 16) {  // output row tid of the down tile
         float v = 0.f;
 #pragma unroll
