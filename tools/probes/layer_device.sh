@@ -7,7 +7,8 @@
 #   mlp-tests     tests/gpu/test_gated_mlp_gpu.py
 #   e2e1b         ~1B fp16 B=1 1k: ours / ours[VARIANT] ... / JAX peer, breakdowns (VARIANTS, below)
 #   e2e8b         ~8B fp16 B=1 2k: the same, no profile
-# VARIANTS: --ours-env specs, default the fused MLP's K and N splits; ROUNDS: bench e2e --rounds (default 1).
+# VARIANTS: --ours-env specs, default the fused MLP's K and N splits; ROUNDS: bench e2e --rounds (default 1);
+# E2E_TIMEOUT: seconds for an e2e phase (default 300 / 330; ROUNDS=3 with four impls wants ~540, alone in a call).
 # To $OUT: prepare.log, mlp_row.log, tests_mlp.log, e2e_*.json, run_*.log (at most 8 files: pick phases).
 set -uo pipefail
 phases=${*:-mlp-probe}
@@ -27,13 +28,15 @@ case "$phase" in
     timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_gated_mlp_gpu.py 2>&1 | tail -25 |
       tee "$out/tests_mlp.log" ;;
   e2e1b)
-    timeout 300 $E2E --models 1b --weights fp16 --ctx 1024 --batch 1 --profile all --max-seconds 280 \
+    timeout ${E2E_TIMEOUT:-300} $E2E --models 1b --weights fp16 --ctx 1024 --batch 1 --profile all \
+      --max-seconds $(( ${E2E_TIMEOUT:-300} - 20 )) \
       --out "$out/e2e_1b.json" 2>&1 | grep -v Warning | tail -10
     for i in ours $(for v in $variants; do echo "ours[${v%%:*}]"; done); do
       python3 -m jax_onnx_attn.bench breakdown --impl "$i" "$out/e2e_1b.json" 2>&1 | tail -11
     done ;;
   e2e8b)
-    timeout 330 $E2E --models 8b --weights fp16 --ctx 2048 --batch 1 --max-seconds 310 \
+    timeout ${E2E_TIMEOUT:-330} $E2E --models 8b --weights fp16 --ctx 2048 --batch 1 \
+      --max-seconds $(( ${E2E_TIMEOUT:-330} - 20 )) \
       --out "$out/e2e_8b.json" 2>&1 | grep -v Warning | tail -10 ;;
   *) echo "unknown phase $phase" ;;
 esac
