@@ -76,3 +76,5 @@ def test_kernel_names_fall_in_their_groups():
     assert breakdown.group_of("void joa::gemv::GemvDenseRowKernel<__half, joa::gemv::PlainInput, "
                               "joa::gemv::QkvRotaryEpilogue, 3>") == "qkv + LM head"  # + the prepare
     assert breakdown.group_of("nvjet_sm90_hsh_128x128") == "other"
+    for kernel in ("MlpRowKernel<__half, 16, 2, true>", "MlpRowNKernel<__half, 8, 3, true>"):  # both splits
+        assert breakdown.group_of(f"void joa::gemv::{kernel}(joa::gemv::MlpRowParams)") == "mlp (fused)"

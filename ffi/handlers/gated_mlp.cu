@@ -40,8 +40,7 @@ ffi::Error GatedMlpImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer w_gate_up, A
     return fail("residual must be [1, H] in x's dtype");
   }
   if (h > (int64_t(1) << 20) || inter > (int64_t(1) << 24) || grid < 1 || grid > 4096 ||
-      !(n_split ? gemv::MlpRowNFits<gemv::kMlpRowNWarps>(int(h), int(inter), int(grid))
-                : gemv::MlpRowFits<gemv::kMlpRowWarps>(int(h), int(inter), int(grid)))) {
+      !gemv::MlpRowTakes(int(h), int(inter), int(grid), n_split)) {
     return fail("H=" + std::to_string(h) + ", I=" + std::to_string(inter) + " on " + std::to_string(grid) +
                 " CTAs is not a geometry the kernel takes (_ffi.gated_mlp_grid, " + (n_split ? "N" : "K") +
                 " split)");

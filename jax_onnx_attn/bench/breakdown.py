@@ -25,7 +25,8 @@ from jax_onnx_attn.runtime.roofline import H200_HBM_BYTES_PER_S
 
 #: (group, test on a kernel name): the first group whose test matches takes the kernel.
 GROUPS = (
-    ("mlp (fused)", lambda n: "MlpRowKernel" in n),  # gate-up and down in one kernel (ops.gated_mlp)
+    # Gate-up and down in one kernel (ops.gated_mlp): MlpRowKernel (K split), MlpRowNKernel (N split).
+    ("mlp (fused)", lambda n: "MlpRowKernel" in n or "MlpRowNKernel" in n),
     ("gate-up", lambda n: "GatedSiluEpilogue" in n),
     ("qkv + LM head", lambda n: "RmsNormInput" in n or "QkvRotaryEpilogue" in n),  # the fused prepare too
     ("o + down", lambda n: "PlainInput" in n),

@@ -519,8 +519,8 @@ def load(model, dtype=None, *, base_dir: str | os.PathLike | None = None,
         (`onnx.fusion` pass 5), for decode steps of one row: the CUDA route then computes each
         projection and its step preparation in one launch; same results.
       gated_mlp: with fuse, dense gated MLPs as one node (`onnx.fusion` pass 4b), for decode steps
-        of one row: the CUDA route runs each as one kernel (within the dtype's rounding of the two
-        projections: the down projection's sums are added in another order).
+        of one row: the CUDA route runs each as one kernel (`ops.gated_mlp`: its K split within the
+        dtype's rounding of the two projections, its N split their bits).
 
     Returns:
       LoweredModel (`params`, `apply`, `fixed_cache_step`, `input_names`, `output_names`, `model`).

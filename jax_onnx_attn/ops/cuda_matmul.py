@@ -283,25 +283,27 @@ def sm_count() -> int:
         return 132
 
 
-def gated_mlp_split() -> str:
-    """The fused MLP's split (ffi/kernels/gemv/mlp_row.cuh): "k" (the default: CTA c streams the
-    down weight's K slice of the h it made, f32 partials reduced after the grid barrier; measured,
-    session 37) or "n" (h to global memory, the barrier in the middle, whole rows of y a CTA, no
-    partials; at the dense row kernel's warps, the two GEMVs' bits; not yet measured in the whole
-    step). JOA_GATED_MLP_SPLIT overrides (read at trace time)."""
-    value = os.environ.get(GATED_MLP_SPLIT_ENV, "k")
-    if value not in GATED_MLP_SPLITS:
-        raise ValueError(f"{GATED_MLP_SPLIT_ENV} must be one of {GATED_MLP_SPLITS}, got {value!r}")
-    return value
+def gated_mlp_split(split: str | None = None) -> str:
+    """The fused MLP's split (ffi/kernels/gemv/mlp_row.cuh): `split` when given, else
+    JOA_GATED_MLP_SPLIT (read at trace time), else "k". "k": CTA c streams the down weight's K slice
+    of the h it made, f32 partials reduced after the grid barrier (measured, session 37); "n": h to
+    global memory, the barrier in the middle, whole rows of y a CTA, no partials; at the dense row
+    kernel's warps, the two GEMVs' bits (not yet measured in the whole step). ValueError names a
+    split that is neither."""
+    if split is None:
+        split, what = os.environ.get(GATED_MLP_SPLIT_ENV, "k"), GATED_MLP_SPLIT_ENV
+    else:
+        what = "gated_mlp: split"
+    if split not in GATED_MLP_SPLITS:
+        raise ValueError(f"{what} must be one of {GATED_MLP_SPLITS}, got {split!r}")
+    return split
 
 
 def gated_mlp_grid(h: int, inter: int, split: str | None = None) -> int:
-    """The fused MLP's CTAs for hidden size h and intermediate size inter on this GPU with `split`
-    (None: `gated_mlp_split()`), 0 where the kernel does not take the shape or the extension is
-    missing."""
-    split = gated_mlp_split() if split is None else split
-    if split not in GATED_MLP_SPLITS:
-        raise ValueError(f"gated_mlp: split must be one of {GATED_MLP_SPLITS}, got {split!r}")
+    """The fused MLP's CTAs for hidden size h and intermediate size inter on this GPU with
+    `gated_mlp_split(split)`, 0 where the kernel does not take the shape or the extension is
+    missing (or predates the N split)."""
+    split = gated_mlp_split(split)
     if _ffi is None or not hasattr(_ffi, "gated_mlp_workspace"):
         return 0
     return int(_ffi.gated_mlp_grid(int(h), int(inter), sm_count(), split == "n"))
@@ -311,11 +313,11 @@ def gated_mlp(x, w_gate_up, w_down, norm_weight=None, residual=None, *, eps: flo
               split: str | None = None):
     """x [1, H] f16/bf16, w_gate_up [2 I, H] (`ops.interleave_gate_up`), w_down [H, I] -> [1, H]:
     `linear(x, w_gate_up, norm_weight=, gated=True)` then `linear(., w_down, residual=)` in one
-    launch (ffi/handlers/gated_mlp.cu). split "k" (None: `gated_mlp_split()`): the down
+    launch (ffi/handlers/gated_mlp.cu). split (`gated_mlp_split`) "k": the down
     projection's f32 sums in another order than the two calls (within the dtype's tolerance of
     them, not the same bits); "n": the two calls' bits. norm_weight [H] and residual [1, H] or
     None. The shape must have a grid (`gated_mlp_grid`); under vmap each example is its own call."""
-    split = gated_mlp_split() if split is None else split
+    split = gated_mlp_split(split)
     h, inter = x.shape[1], w_down.shape[1]
     grid = gated_mlp_grid(h, inter, split)
     if grid == 0:

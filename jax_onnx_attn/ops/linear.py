@@ -703,8 +703,8 @@ def gated_mlp(x, w_gate_up, w_down, *, residual=None, norm_weight=None, norm_eps
       backend: "auto", "reference" or "cuda" ("cuda": the fused kernel, or NotImplementedError
         saying why it does not take the call).
       pdl: as `linear`'s, for the two calls when they run.
-      split: the fused kernel's split, "k" or "n" (None: `cuda_matmul.gated_mlp_split()`, the
-        JOA_GATED_MLP_SPLIT switch; "k" by default).
+      split: the fused kernel's split, "k" or "n" (None: the JOA_GATED_MLP_SPLIT switch, "k" by
+        default; `cuda_matmul.gated_mlp_split`).
 
     Returns:
       [..., H] of x's dtype: every product and the activation rounded as the two calls round them;
@@ -731,9 +731,7 @@ def gated_mlp(x, w_gate_up, w_down, *, residual=None, norm_weight=None, norm_eps
         raise ValueError(f"{op}: residual must be {x.dtype}{list(x.shape)} (x's shape and dtype), got "
                          f"{residual.dtype}{list(residual.shape)}")
     eps = float(norm_epsilon)
-    split = cuda_matmul.gated_mlp_split() if split is None else split
-    if split not in cuda_matmul.GATED_MLP_SPLITS:
-        raise ValueError(f"{op}: split must be one of {cuda_matmul.GATED_MLP_SPLITS}, got {split!r}")
+    split = cuda_matmul.gated_mlp_split(split)
     why = _gated_mlp_unsupported(x, h, inter, norm_weight is not None, backend, split)
     if why is not None:
         if backend == "cuda":
@@ -752,7 +750,7 @@ def gated_mlp(x, w_gate_up, w_down, *, residual=None, norm_weight=None, norm_eps
     return _run(op, backend, ref_fn, cuda_fn, None, x, (w_gate_up, w_down, norm_weight), residual, h)
 
 
-def _gated_mlp_unsupported(x, h, inter, norm, backend, split: str = "k") -> str | None:
+def _gated_mlp_unsupported(x, h, inter, norm, backend, split: str) -> str | None:
     """Why the fused MLP kernel does not take this call (None when it does): one row, the switch, the
     gate-up projection's own kernel rules (dtype, JOA_LINEAR_KERNELS, the dense row kernel; it is
     built on it) and a grid for the shape."""

@@ -29,9 +29,9 @@
 
 using namespace joa::gemv;
 
-template <int kW, int kDepth>
-cudaError_t LaunchMlp(const MlpRowParams& p, int grid, cudaStream_t s) {
-  const int smem = MlpRowSmem<kW>::Bytes(p.h, p.tiles_per_cta);
+// One cooperative launch of `kernel` (every CTA resident) with kW warps a CTA.
+template <int kW, class Kernel>
+cudaError_t LaunchCooperative(Kernel kernel, const MlpRowParams& p, int grid, int smem, cudaStream_t s) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(grid);
   cfg.blockDim = dim3(kW * 32);
@@ -42,22 +42,19 @@ cudaError_t LaunchMlp(const MlpRowParams& p, int grid, cudaStream_t s) {
   attr[0].val.cooperative = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, MlpRowKernel<__half, kW, kDepth, true>, p);
+  return cudaLaunchKernelEx(&cfg, kernel, p);
+}
+
+template <int kW, int kDepth>
+cudaError_t LaunchMlp(const MlpRowParams& p, int grid, cudaStream_t s) {
+  return LaunchCooperative<kW>(MlpRowKernel<__half, kW, kDepth, true>, p, grid,
+                               MlpRowSmem<kW>::Bytes(p.h, p.tiles_per_cta), s);
 }
 
 template <int kW, int kDepth>
 cudaError_t LaunchMlpN(const MlpRowParams& p, int grid, cudaStream_t s) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(kW * 32);
-  cfg.dynamicSmemBytes = MlpRowNSmem<kW>::Bytes(p.h, p.inter);
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, MlpRowNKernel<__half, kW, kDepth, true>, p);
+  return LaunchCooperative<kW>(MlpRowNKernel<__half, kW, kDepth, true>, p, grid, MlpRowNSmem<kW>::Bytes(p.h, p.inter),
+                               s);
 }
 
 struct Mlp {

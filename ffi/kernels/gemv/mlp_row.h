@@ -74,19 +74,19 @@ inline constexpr int kMlpRowDepth = 2;
 inline constexpr int kMlpRowNWarps = kWarps;
 inline constexpr int kMlpRowNDepth = 3;
 
-// The grid for H x I on `sms` SMs: the most CTAs <= sms the geometry takes, 0 if none. The N split
-// first looks for one that also divides the H / 16 down tiles (every CTA the same number of them).
+// Whether the launch's kernel of the split takes H x I on `grid` CTAs (the handler's and the
+// launch's check, the grid rule's candidates).
+inline bool MlpRowTakes(int h, int inter, int grid, bool n_split) {
+  return n_split ? MlpRowNFits<kMlpRowNWarps>(h, inter, grid) : MlpRowFits<kMlpRowWarps>(h, inter, grid);
+}
+
+// The grid for H x I on `sms` SMs: the most CTAs <= sms the split's kernel takes, 0 if none. The N
+// split first looks for one that also divides the H / 16 down tiles (every CTA the same number).
 inline int MlpRowGrid(int h, int inter, int sms, bool n_split = false) {
-  if (n_split) {
-    for (int pass = 0; pass < 2; ++pass) {
-      for (int g = sms; g > 0; --g) {
-        if (MlpRowNFits<kMlpRowNWarps>(h, inter, g) && (pass == 1 || (h / 16) % g == 0)) return g;
-      }
+  for (int pass = n_split ? 0 : 1; pass < 2; ++pass) {
+    for (int g = sms; g > 0; --g) {
+      if (MlpRowTakes(h, inter, g, n_split) && (pass == 1 || (h / 16) % g == 0)) return g;
     }
-    return 0;
-  }
-  for (int g = sms; g > 0; --g) {
-    if (MlpRowFits<kMlpRowWarps>(h, inter, g)) return g;
   }
   return 0;
 }

@@ -5,8 +5,7 @@
 namespace joa::gemv {
 
 cudaError_t LaunchMlpRow(const MlpRowParams& p, bool bf16, bool norm, int grid, bool n_split, cudaStream_t stream) {
-  const bool fits = n_split ? MlpRowNFits<kMlpRowNWarps>(p.h, p.inter, grid) : MlpRowFits<kMlpRowWarps>(p.h, p.inter, grid);
-  if (!fits || p.tiles_per_cta * 8 * grid != p.inter) return cudaErrorInvalidValue;
+  if (!MlpRowTakes(p.h, p.inter, grid, n_split) || p.tiles_per_cta * 8 * grid != p.inter) return cudaErrorInvalidValue;
   auto launch = [&](auto kernel) {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(grid);
