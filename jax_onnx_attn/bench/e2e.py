@@ -444,11 +444,9 @@ class Group:
     model: str
     weights: str
     config: object
-    lowered: object = None
-    # Weights in another layout a session of some batch loads (runtime.session.nbits_layout_for:
-    # int4 "rows" for batch >= 2, "record" for batch 1; dense_layout_for: dense "kn" for batch >= 2):
-    # {(nbits layout, dense layout): lowered model}.
-    layout_lowered: dict = dataclasses.field(default_factory=dict)
+    # Our lowerings of the model, one a load: the plain one (PLAIN_LOAD) and those a session of some
+    # batch or switch loads (`lowered_for`), least recently used first.
+    loaded: dict = dataclasses.field(default_factory=dict)
     cost: object = None
     jax_peer: object = None
     torch_peer: object = None
@@ -458,10 +456,51 @@ class Group:
     def close(self):
         """Drop every device reference (peers first: torch holds DLPack views of the params)."""
         import jax
-        self.torch_peer = self.jax_peer = self.lowered = None
-        self.layout_lowered = {}
+        self.torch_peer = self.jax_peer = None
+        self.loaded = {}
         _free()
         jax.clear_caches()  # compiled functions close over the peers and sessions
+
+
+#: The load of a Group's plain lowering: (nbits layout, dense layout, qkv_prepare, gated_mlp).
+PLAIN_LOAD = ("onnx", "nk", False, False)
+#: Device memory kept free beside a lowering's weights and caches when deciding whether it fits.
+LOAD_HEADROOM = 2 << 30
+
+
+def lowered_for(g: Group, key: tuple, need: int):
+    """Our lowering of g's model for a load key (PLAIN_LOAD's fields), made on first use. Each one
+    holds the weights on the device (~16 GB at ~8B fp16), so before making one that does not fit
+    beside those held (`need` bytes plus LOAD_HEADROOM free) the least recently used are dropped:
+    an 80 GB card then runs an ~8B A/B of ours' variants by loading each in turn, where holding
+    three at once ran out of memory (session 39)."""
+    import jax
+    import jax_onnx_attn
+
+    if key in g.loaded:
+        g.loaded[key] = g.loaded.pop(key)  # most recently used last
+        return g.loaded[key]
+    while g.loaded and not _fits(need + LOAD_HEADROOM):
+        g.loaded.pop(next(iter(g.loaded)))
+        _free()
+        jax.clear_caches()  # compiled steps close over the dropped weights
+    layout, dense, qkv, mlp = key
+    extra = {"decode_rows": 32} if layout == "rows" else {}
+    g.loaded[key] = jax_onnx_attn.load(g.info["path"], nbits_layout=layout, dense_layout=dense,
+                                       qkv_prepare=qkv, gated_mlp=mlp, **extra)
+    return g.loaded[key]
+
+
+def _fits(nbytes: int) -> bool:
+    """Whether the first device has nbytes free under jax's limit (True where it does not say)."""
+    import jax
+    try:
+        stats = jax.devices()[0].memory_stats() or {}
+    except Exception:
+        stats = {}
+    if "bytes_limit" not in stats:
+        return True
+    return stats["bytes_limit"] - stats.get("bytes_in_use", 0) >= nbytes
 
 
 def _free():
@@ -489,9 +528,9 @@ def open_group(case: Case, args, impls) -> Group:
     g = Group(case.model, case.weights, config)
     path, build_s = ensure_model(config, args.models_dir, progress=args.progress)
     t0 = time.perf_counter()
-    g.lowered = jax_onnx_attn.load(path)
+    g.loaded[PLAIN_LOAD] = jax_onnx_attn.load(path)
     load_s = time.perf_counter() - t0
-    g.cost = step_cost(g.lowered)
+    g.cost = step_cost(g.loaded[PLAIN_LOAD])
     g.info = {"config": dataclasses.asdict(config), "path": str(path), "params": config.param_count(),
               "file_bytes": config.file_bytes(), "build_s": build_s, "load_s": load_s,
               "step_cost": g.cost.as_dict()}
@@ -611,25 +650,19 @@ def measure_ours(g: Group, case: Case, capacity: int, prefill: bool, verify: boo
     b, t, k = case.batch, case.ctx, args.steps
     out = {}
     mesh = make_mesh(devices) if devices > 1 else None
-    # The layout a session of this batch loads (runtime.session.nbits_layout_for): the group's
-    # lowering is shared by its batches, so another layout gets its own, made once: the rows layout
-    # for up to 32 rows (the most the rows kernel takes; the same layouts on the llama shapes at any
-    # batch), the record layout for one.
-    import jax_onnx_attn
+    # What a session of this batch and these switches loads (runtime.session.*_for), shared by the
+    # cases that load the same (`lowered_for`): int4 in the rows layout for up to 32 rows (the most
+    # the rows kernel takes; the same layouts on the llama shapes at any batch), the record layout
+    # for one.
     from jax_onnx_attn.runtime.session import dense_layout_for, gated_mlp_for, nbits_layout_for, qkv_prepare_for
 
-    lowered = g.lowered
     layout = nbits_layout_for(b, mesh) if g.weights == "int4" else "onnx"
     dense = dense_layout_for(b, mesh)  # dense weights [K, N] for 2+ rows (XLA's GEMM reads them)
     qkv = qkv_prepare_for(b, mesh)  # the QKV projection with the step preparation (JOA_QKV_PREPARE)
     mlp = gated_mlp_for(b, mesh)  # the gated MLP as one kernel (JOA_GATED_MLP)
-    if layout != "onnx" or dense != "nk" or qkv or mlp:
-        key = (layout, dense, qkv, mlp)
-        if key not in g.layout_lowered:
-            extra = {"decode_rows": 32} if layout == "rows" else {}
-            g.layout_lowered[key] = jax_onnx_attn.load(g.info["path"], nbits_layout=layout, dense_layout=dense,
-                                                       qkv_prepare=qkv, gated_mlp=mlp, **extra)
-        lowered = g.layout_lowered[key]
+    key = (layout, dense, qkv, mlp)
+    lowered = lowered_for(g, key, g.config.file_bytes() + 2 * b * capacity * kv_bytes_per_token(g.config))
+    if key != PLAIN_LOAD:
         out["nbits_layout"], out["dense_layout"] = layout, dense
     session = DecoderSession(lowered, max_length=capacity, batch=b, steps_per_call=k, mesh=mesh)
     compile_s = 0.0

@@ -264,13 +264,13 @@ def qkv_prepare_unsupported(n_rows: int, k: int, bits: int, norm: bool = False,
 
 def gated_mlp_enabled() -> bool:
     """Whether decode sessions of batch 1 run a dense gated MLP (norm + gate / up + SiLU·up + down +
-    residual) as one kernel (`gated_mlp`; `onnx.fusion`'s gated_mlp) rather than two GEMVs. Off by
-    default: on the H100 it is no faster (tools/probes/mlp_row.cu, µs a ~1B layer two GEMVs / fused:
-    40.2 / 40.2, ~8B 125.2 / 124.8; the ~1B fp16 B=1 step 1.240 / 1.242 ms with 16 kernels fewer,
-    bench/results/2026-12-05-0297ae9-e2e-gated-mlp-1b-h100.json, taken with 3 steps in flight a
-    warp where the launch now has the probe's best, 2). JOA_GATED_MLP=1 turns it on (read at load,
-    here only)."""
-    return _switch(GATED_MLP_ENV, "0")
+    residual) as one kernel (`gated_mlp`; `onnx.fusion`'s gated_mlp) rather than two GEMVs. On where
+    the kernels run: at 16 warps x 2 steps in flight its K split takes 15-25 µs of kernel time off
+    the ~1B fp16 B=1 step on the H100 (1131-1141 -> 1116-1118 µs a step, 92 -> 76 kernels; steps
+    1.229 -> 1.193 ms over three rounds, 1.237 -> 1.222 in a second run; bench/results/
+    2026-12-05-bcffdf0-e2e-gated-mlp-1b-h100-run{1,2}.json); elsewhere the fused node is the two
+    Linears' calls. JOA_GATED_MLP=0 / 1 overrides (read at load, here only)."""
+    return _switch_where_kernels_run(GATED_MLP_ENV)
 
 
 @functools.cache

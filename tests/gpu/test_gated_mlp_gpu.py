@@ -90,7 +90,8 @@ def test_fused_mlp_is_deterministic(split):
         assert np.array_equal(np.asarray(f(*args)), first)
 
 
-def test_auto_takes_the_kernel_for_one_row_and_the_two_calls_otherwise():
+def test_auto_takes_the_kernel_for_one_row_and_the_two_calls_otherwise(monkeypatch):
+    monkeypatch.delenv(cuda_matmul.GATED_MLP_ENV, raising=False)  # the default: on where the kernels run
     x, w_gu, w_down, gamma, res = _operands(2048, 8192, jnp.bfloat16)
     hlo = jax.jit(lambda x: ops.gated_mlp(x, w_gu, w_down, norm_weight=gamma, residual=res)).lower(x).as_text()
     assert "jax_onnx_attn_gated_mlp" in hlo
