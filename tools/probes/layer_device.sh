@@ -4,12 +4,14 @@
 # 38 ran the read-ahead of tools/patches/read-ahead/ with it). Here: commit; bash tools/snapshot.sh
 # --so <the .so>; carry .snap. Phases (any of, in order):
 #   mlp-probe     tools/probes/mlp_row.cu: the fused MLP (K and N splits) vs the two dense row GEMVs, ~1B / ~8B
+#   chain-probe   tools/probes/layer_chain.cu: o + gate-up + down + qkv as one persistent kernel (session 39)
+#                 vs the separate kernels (4 GEMVs; o + fused MLP + qkv), ~1B / ~8B
 #   mlp-tests     tests/gpu/test_gated_mlp_gpu.py
 #   e2e1b         ~1B fp16 B=1 1k: ours / ours[VARIANT] ... / JAX peer, breakdowns (VARIANTS, below)
 #   e2e8b         ~8B fp16 B=1 2k: the same, no profile
 # VARIANTS: --ours-env specs, default the fused MLP's K and N splits; ROUNDS: bench e2e --rounds (default 1);
 # E2E_TIMEOUT: seconds for an e2e phase (default 300 / 330; ROUNDS=3 with four impls wants ~540, alone in a call).
-# To $OUT: prepare.log, mlp_row.log, tests_mlp.log, e2e_*.json, run_*.log (at most 8 files: pick phases).
+# To $OUT: prepare.log, mlp_row.log, layer_chain.log, tests_mlp.log, e2e_*.json, run_*.log (at most 8 files: pick phases).
 set -uo pipefail
 phases=${*:-mlp-probe}
 variants=${VARIANTS:-mlp:JOA_GATED_MLP=1 mlpn:JOA_GATED_MLP=1,JOA_GATED_MLP_SPLIT=n}
@@ -24,6 +26,9 @@ case "$phase" in
   mlp-probe)
     $NVCC tools/probes/mlp_row.cu ffi/kernels/gemv/inst/gemv_f16_dense.cu -o /tmp/mlp_row 2>&1 | grep -v Warn | tail -3
     JOA_PROBE_8B=1 timeout 200 /tmp/mlp_row 2>&1 | tee "$out/mlp_row.log" ;;
+  chain-probe)
+    $NVCC tools/probes/layer_chain.cu ffi/kernels/gemv/inst/gemv_f16_dense.cu -o /tmp/layer_chain 2>&1 | grep -v Warn | tail -3
+    JOA_PROBE_8B=1 timeout 200 /tmp/layer_chain 2>&1 | tee "$out/layer_chain.log" ;;
   mlp-tests)
     timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_gated_mlp_gpu.py 2>&1 | tail -25 |
       tee "$out/tests_mlp.log" ;;
