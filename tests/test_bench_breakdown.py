@@ -51,7 +51,9 @@ def test_groups_their_bytes_and_their_bound():
     assert rows["other"]["us"] == pytest.approx((4.0 + 4.0) / STEPS)
     assert rows["kernels"]["us"] == pytest.approx(220.0 / STEPS)
     assert rows["idle, profiled"]["us"] == pytest.approx(10.0)
+    assert breakdown.IDLE_BOUNDARIES not in rows  # a profile from before the split
     assert rows["step (timed)"]["us"] == pytest.approx(70.0)
+    assert rows[breakdown.TIMED_NOT_KERNELS]["us"] == pytest.approx(70.0 - 220.0 / STEPS)
     # without hbm, the run's own --hbm (2e12 B/s): half the bound
     own = {r["group"]: r for r in breakdown.step_breakdown(doc, doc["results"][0])}
     assert own["o + down"]["bound_us"] == pytest.approx(rows["o + down"]["bound_us"] / 2)
@@ -78,3 +80,13 @@ def test_kernel_names_fall_in_their_groups():
     assert breakdown.group_of("nvjet_sm90_hsh_128x128") == "other"
     for kernel in ("MlpRowKernel<__half, 16, 2, true>", "MlpRowNKernel<__half, 8, 3, true>"):  # both splits
         assert breakdown.group_of(f"void joa::gemv::{kernel}(joa::gemv::MlpRowParams)") == "mlp (fused)"
+
+
+def test_profiled_idle_splits_into_kernel_boundaries_and_host_waits():
+    doc = _doc()
+    prof = doc["results"][0]["impls"]["ours"]["profile"]
+    prof.update(short_gaps_us=6.0, short_gaps=20)  # of the 40 µs idle: 6 between kernels, 34 host waits
+    rows = {r["group"]: r for r in breakdown.step_breakdown(doc, doc["results"][0], hbm=1e12)}
+    assert rows[breakdown.IDLE_BOUNDARIES]["us"] == pytest.approx(6.0 / STEPS)
+    assert rows[breakdown.IDLE_BOUNDARIES]["calls"] == pytest.approx(20 / STEPS)
+    assert rows[breakdown.IDLE_HOST]["us"] == pytest.approx(34.0 / STEPS)

@@ -158,6 +158,9 @@ def test_kernel_timeline_finds_the_device_idle_gaps():
     t = e2e.kernel_timeline(kernels)
     assert t["span_us"] == 30 and t["busy_us"] == 21 and t["idle_us"] == 9
     assert t["largest_gaps"] == [(8.0, "b", "c"), (1.0, "c", "d")]
+    assert t["short_gaps_us"] == 9 and t["short_gaps"] == 2  # both up to SHORT_GAP_US
+    long = e2e.kernel_timeline(kernels + [{"ts": 60, "dur": 1, "name": "e"}])
+    assert long["short_gaps_us"] == 9 and long["idle_us"] == 9 + 30
     assert e2e.kernel_timeline([]) == {}
     # count_device_kernels reports it
     _, info = e2e.count_device_kernels(_trace([("Stream #13(Compute)", ["k1", "k2"])]))

@@ -34,6 +34,13 @@ GROUPS = (
     ("gqa_prepare", lambda n: "GqaPrepare" in n),
 )
 OTHER = "other"
+#: The profiled idle time split (e2e.kernel_timeline): gaps of at most e2e.SHORT_GAP_US (kernel
+#: boundaries, their count as calls) and the longer waits on the host.
+IDLE_BOUNDARIES = "  between kernels"
+IDLE_HOST = "  host waits"
+#: The timed step less the profiled kernels: what the unprofiled (command-buffer) step spends
+#: outside kernels, if the kernels last as long there.
+TIMED_NOT_KERNELS = "step - kernels"
 
 
 def group_of(name: str) -> str:
@@ -66,9 +73,10 @@ def step_breakdown(doc: dict, record: dict, impl: str = "ours", hbm: float | Non
     `doc`, a bench e2e JSON) for `impl`, bounds at `hbm` bytes/s (None: the run's own --hbm, else
     the H200's), groups in GROUPS order then "other" (kernels outside the
     profile's top list included there, from its total), then "kernels" (their sum), "idle, profiled"
-    (span - busy: the device
-    waiting on the host, in the profiled run, which widens those gaps: the timed step less "kernels"
-    is the unprofiled figure) and "step (timed)". None when `impl` has no profile."""
+    (span - busy: the device waiting, in the profiled run, which widens those gaps), split where the
+    profile says into gaps between kernels (IDLE_BOUNDARIES) and waits on the host (IDLE_HOST), then
+    "step (timed)" and the timed step less "kernels" (TIMED_NOT_KERNELS, the unprofiled figure).
+    None when `impl` has no profile."""
     prof = record.get("impls", {}).get(impl, {}).get("profile") or {}
     if not prof.get("top_time"):
         return None
@@ -100,10 +108,18 @@ def step_breakdown(doc: dict, record: dict, impl: str = "ours", hbm: float | Non
     idle = (prof.get("span_us", 0.0) - prof.get("busy_us", 0.0)) / steps
     rows.append({"group": "idle, profiled", "calls": None, "us": idle, "mb": 0.0, "tbs": None,
                  "bound_us": 0.0, "over_us": idle})
+    if "short_gaps_us" in prof:  # e2e.kernel_timeline's split (runs since session 39)
+        short = prof["short_gaps_us"] / steps
+        for group, us, calls in ((IDLE_BOUNDARIES, short, prof.get("short_gaps", 0) / steps),
+                                 (IDLE_HOST, idle - short, None)):
+            rows.append({"group": group, "calls": calls, "us": us, "mb": 0.0, "tbs": None, "bound_us": 0.0,
+                         "over_us": us})
     ms = record["impls"][impl]["ms"]
     rows.append({"group": "step (timed)", "calls": None, "us": ms * 1e3, "mb": record["bytes_per_step"] / 1e6,
                  "tbs": record["bytes_per_step"] / (ms * 1e9), "bound_us": record["bound_ms"] * 1e3,
                  "over_us": ms * 1e3 - record["bound_ms"] * 1e3})
+    rows.append({"group": TIMED_NOT_KERNELS, "calls": None, "us": ms * 1e3 - kernels, "mb": 0.0, "tbs": None,
+                 "bound_us": 0.0, "over_us": ms * 1e3 - kernels})
     return rows
 
 

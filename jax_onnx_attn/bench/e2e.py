@@ -261,11 +261,19 @@ def count_device_kernels(events: list[dict]) -> tuple[int | None, dict]:
     return sum(names.values()), info
 
 
+#: A gap between two kernels of a traced step up to this long is a launch boundary; longer ones are
+#: the device waiting on the host (the decode loop's predicate round trips, which the profiler's
+#: thunk-by-thunk run widens).
+SHORT_GAP_US = 10.0
+
+
 def kernel_timeline(kernels: list[dict], gaps: int = 6) -> dict:
     """Where a traced region's device time is not kernels: span_us (first kernel start to last
-    kernel end), busy_us (the union of kernel intervals, overlap counted once), idle_us (span - busy)
-    and the largest idle gaps with the kernels either side ([µs, before, after]). A span much longer
-    than busy means the device waited on the host (launches, syncs), not on kernels."""
+    kernel end), busy_us (the union of kernel intervals, overlap counted once), idle_us (span - busy),
+    short_gaps_us / short_gaps (the sum and count of gaps up to SHORT_GAP_US: kernel boundaries; the
+    rest of idle_us is waits on the host) and the largest idle gaps with the kernels either side
+    ([µs, before, after]). A span much longer than busy means the device waited on the host
+    (launches, syncs), not on kernels."""
     spans = sorted((float(e.get("ts", 0)), float(e.get("ts", 0)) + float(e.get("dur", 0)),
                     str(e.get("name", ""))[:80]) for e in kernels if "ts" in e)
     if not spans:
@@ -281,7 +289,9 @@ def kernel_timeline(kernels: list[dict], gaps: int = 6) -> dict:
             end, last = e, name
     busy += end - start
     span = end - spans[0][0]
+    short = [g for g, _, _ in idle if g <= SHORT_GAP_US]
     return {"span_us": round(span, 1), "busy_us": round(busy, 1), "idle_us": round(span - busy, 1),
+            "short_gaps_us": round(sum(short), 1), "short_gaps": len(short),
             "largest_gaps": sorted(idle, reverse=True)[:gaps]}
 
 
@@ -608,7 +618,7 @@ def median_round(recs: list[dict]) -> dict:
         if out.get(key) is None:
             out[key] = value
     out["rounds_ms"] = [r.get("ms") for r in recs]
-    keys = ("busy_us", "idle_us", "largest_gaps")
+    keys = ("busy_us", "idle_us", "short_gaps_us", "largest_gaps")
     profiled = [{"ms": r.get("ms"), **{k: r["profile"][k] for k in keys if k in r["profile"]}}
                 for r in recs if isinstance(r.get("profile"), dict) and "busy_us" in r["profile"]]
     if len(profiled) > 1:
