@@ -206,12 +206,8 @@ cudaError_t LaunchChain(const ChainParams& p, int grid, cudaStream_t s) {
   int kmax = 0;
   for (int q = 0; q < p.phases; ++q) kmax = std::max(kmax, p.ph[q].k);
   const int smem = kmax * 2 + 16 + (2 * kW * 16 + kW) * 4;
-  static bool attr_set = false;
-  if (!attr_set) {
-    cudaError_t e = cudaFuncSetAttribute(ChainKernel<kW, kDepth>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (e != cudaSuccess) return e;
-    attr_set = true;
-  }
+  cudaError_t e = cudaFuncSetAttribute(ChainKernel<kW, kDepth>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(grid);
   cfg.blockDim = dim3(kW * 32);
@@ -254,6 +250,7 @@ struct LayerW {
 };
 
 int main() {
+  setvbuf(stdout, nullptr, _IOLBF, 0);  // piped into tee under `timeout`: keep every finished line if killed
   ProbeEnv env;
   CK(MakeProbeEnv(env));
   cudaStream_t s = env.stream;
@@ -397,6 +394,12 @@ int main() {
     int phases = 4;
     auto chain = [&](const char* name, int grid, auto&& launch) -> int {
       float tc;
+      // One CTA an SM (every variant's registers: 8 x 168-184, 16 x 128): a cooperative launch of more
+      // CTAs than SMs fails (cudaErrorCooperativeLaunchTooLarge) and CK would end the whole probe.
+      if (grid > env.sms) {
+        printf("  %-5s grid %3d: more CTAs than SMs, skipped\n", name, grid);
+        return 0;
+      }
       if (phases == 4) {
         CK(time(L, [&](int i, cudaStream_t st) { return launch(chain_params(i), grid, st); }, &tc));
       } else {
@@ -408,8 +411,10 @@ int main() {
         }, &tc));
         tc *= 2;
       }
-      CK(cudaMemset(x2c, 0xff, H * 2));
-      CK(cudaMemset(qkvc, 0xff, NQ * 2));
+      // On s: the legacy default stream does not order against the non-blocking stream s.
+      for (__half* b : {x1c, x2c}) CK(cudaMemsetAsync(b, 0xff, H * 2, s));
+      CK(cudaMemsetAsync(hidc, 0xff, I * 2, s));
+      CK(cudaMemsetAsync(qkvc, 0xff, NQ * 2, s));
       ChainParams c0 = chain_params(0);
       c0.phases = phases;
       CK(launch(c0, grid, s));
