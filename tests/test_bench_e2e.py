@@ -268,7 +268,7 @@ def test_lowerings_that_do_not_fit_beside_the_held_ones_evict_the_least_recently
     config = e2e.model_config(e2e.Case("tiny", "fp16", 1, 32), 0)
     path, _ = ensure_model(config, tmp_path / "models")
     g = e2e.Group("tiny", "fp16", config, info={"path": str(path)})
-    qkv, mlp = ("onnx", "nk", True, False), ("onnx", "nk", False, True)
+    qkv, mlp = ("onnx", "nk", True, False, False), ("onnx", "nk", False, True, False)
     monkeypatch.setattr(e2e, "_fits", lambda nbytes: len(g.loaded) < 2)  # room for two
     for key in (e2e.PLAIN_LOAD, qkv):
         e2e.lowered_for(g, key, 1)

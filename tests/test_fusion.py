@@ -468,3 +468,19 @@ def test_sessions_of_one_row_fuse_the_mlp_under_the_switch_and_generate_the_same
     with pytest.raises(ValueError, match=cuda_matmul.GATED_MLP_ENV):
         gated_mlp_for(1)
 
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_out_mlp_is_one_node_a_layer_with_the_same_bits(dtype):
+    # Pass 4c: each layer's o projection (its residual fused) and the GatedMlp it alone feeds (as
+    # input and residual) become one OutMlp; off the kernel its route is those two calls, so the
+    # step is the GatedMlp load's bit for bit.
+    model = build_tiny_decoder(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=96, dtype=dtype)
+    mlp = jax_onnx_attn.load(model, gated_mlp=True)
+    both = jax_onnx_attn.load(model, gated_mlp=True, out_mlp=True)
+    assert mlp.fusions.out_mlp == 0 and both.fusions.gated_mlp == 2 and both.fusions.out_mlp == 2
+    ops = collections.Counter(n.op_type for n in both.model.graph.node)
+    assert ops["OutMlp"] == 2 and ops["GatedMlp"] == 0
+    assert ops["Linear"] == collections.Counter(n.op_type for n in mlp.model.graph.node)["Linear"] - 2
+    assert jax_onnx_attn.load(model, out_mlp=True).fusions.out_mlp == 0  # it takes GatedMlp nodes
+    _assert_same_bits(both, mlp)

@@ -8,11 +8,13 @@
 // _ffi.gated_mlp_workspace elements (the K split's partial sums [grid, H], the N split's h; a
 // result XLA allocates, discarded). grid: the CTAs, from _ffi.gated_mlp_grid for the split; every
 // CTA must be resident at once (a cooperative launch, else it fails). n_split: MlpRowNKernel.
+#include <algorithm>
 #include <string>
 #include <utility>
 
-#include "common/ffi.h"  // cuda_runtime.h first: mlp_row.h then declares the launch
+#include "common/ffi.h"  // cuda_runtime.h first: mlp_row.h and row_chain.h then declare the launches
 #include "kernels/gemv/mlp_row.h"
+#include "kernels/gemv/row_chain.h"
 
 namespace joa {
 namespace {
@@ -73,8 +75,91 @@ ffi::Error GatedMlpImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer w_gate_up, A
   return ffi::Error::Success();
 }
 
+// out_mlp: the attention's output projection and the gated MLP of one decode row in one launch
+// (kernels/gemv/row_chain.cuh, three phases): x1 = round(a W_o^T) + x, then y = gated_mlp(x1) with
+// x1 as its residual; the semantics of linear(a, w_o, residual=x) then gated_mlp(..., residual=x1),
+// and at the dense row kernel's warps their bits (the MLP's as two GEMVs, the N split's).
+//
+// a [1, Ho] T, w_o [H, Ho] T, x [1, H] T, w_gate_up [2 I, H] T (interleave_gate_up), w_down [H, I] T,
+// norm_weight [H] T (placeholder when absent) -> y [1, H] T, workspace f32 of _ffi.out_mlp_workspace
+// elements (x1 then h, as T). grid: _ffi.out_mlp_grid's CTAs, all resident at once.
+ffi::Error OutMlpImpl(cudaStream_t stream, AnyBuffer a, AnyBuffer w_o, AnyBuffer x, AnyBuffer w_gate_up,
+                      AnyBuffer w_down, AnyBuffer norm_weight, AnyResult y,
+                      ffi::Result<ffi::Buffer<ffi::F32>> workspace, bool has_norm, float eps, int64_t grid) {
+  auto fail = [](const std::string& what) { return InvalidArgument("out_mlp: " + what); };
+  const ffi::DataType dtype = a.element_type();
+  if (dtype != ffi::DataType::F16 && dtype != ffi::DataType::BF16) return fail("a must be f16 or bf16");
+  auto ad = a.dimensions(), xd = x.dimensions(), gd = w_gate_up.dimensions();
+  if (ad.size() != 2 || ad[0] != 1) return fail("a must be [1, Ho] (one decode row)");
+  if (xd.size() != 2 || xd[0] != 1 || x.element_type() != dtype) return fail("x must be [1, H] in a's dtype");
+  const int64_t ho = ad[1], h = xd[1];
+  if (!HasShape(w_o, {h, ho}) || w_o.element_type() != dtype) return fail("w_o must be [H, Ho] in a's dtype");
+  if (gd.size() != 2 || gd[1] != h || gd[0] % 2 != 0 || w_gate_up.element_type() != dtype) {
+    return fail("w_gate_up must be [2 I, H] in a's dtype");
+  }
+  const int64_t inter = gd[0] / 2;
+  if (!HasShape(w_down, {h, inter}) || w_down.element_type() != dtype) return fail("w_down must be [H, I] in a's dtype");
+  if (!HasShape(*y, {1, h}) || y->element_type() != dtype) return fail("y must be [1, H] in a's dtype");
+  if (has_norm && (!HasShape(norm_weight, {h}) || norm_weight.element_type() != dtype)) {
+    return fail("norm_weight must be [H] in a's dtype");
+  }
+  const int64_t limit = int64_t(1) << 24;
+  gemv::RowChainParams p = gemv::OutMlpShapes(int(std::min(h, limit)), int(std::min(ho, limit)),
+                                              int(std::min(inter, limit)));
+  if (h >= limit || ho >= limit || inter >= limit || grid < 1 || grid > 4096 ||
+      !gemv::RowChainFits<gemv::kRowChainWarps>(p, int(grid))) {
+    return fail("H=" + std::to_string(h) + ", Ho=" + std::to_string(ho) + ", I=" + std::to_string(inter) + " on " +
+                std::to_string(grid) + " CTAs is not a geometry the kernel takes (_ffi.out_mlp_grid)");
+  }
+  const int64_t need = gemv::OutMlpWorkspaceElems(int(h), int(inter));
+  if (int64_t(workspace->element_count()) < need) {
+    return fail("workspace has " + std::to_string(workspace->element_count()) + " f32 elements, needs " +
+                std::to_string(need));
+  }
+  // x1 (H of T) then h (I of T) in the workspace: H is a multiple of 512, so h stays 16-byte aligned.
+  void* x1 = workspace->typed_data();
+  void* hidden = static_cast<char*>(x1) + h * 2;
+  p.eps = eps;
+  p.ph[0].w = w_o.untyped_data();
+  p.ph[0].in = a.untyped_data();
+  p.ph[0].residual = x.untyped_data();
+  p.ph[0].out = x1;
+  p.ph[1].w = w_gate_up.untyped_data();
+  p.ph[1].in = x1;
+  p.ph[1].gamma = has_norm ? norm_weight.untyped_data() : nullptr;
+  p.ph[1].out = hidden;
+  p.ph[2].w = w_down.untyped_data();
+  p.ph[2].in = hidden;
+  p.ph[2].residual = x1;
+  p.ph[2].out = y->untyped_data();
+  const cudaError_t err = gemv::LaunchRowChain(p, dtype == ffi::DataType::BF16, int(grid), stream);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clear it: the error is this call's, reported here
+    return ffi::Error::Internal(std::string("out_mlp: ") + cudaGetErrorString(err) +
+                                (err == cudaErrorCooperativeLaunchTooLarge
+                                     ? " (the grid's CTAs do not all fit on the GPU at once)" : ""));
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
 }  // namespace joa
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JoaOutMlp, joa::OutMlpImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<joa::Stream>()
+                                  .Arg<joa::AnyBuffer>()  // a [1, Ho]
+                                  .Arg<joa::AnyBuffer>()  // w_o [H, Ho]
+                                  .Arg<joa::AnyBuffer>()  // x [1, H]
+                                  .Arg<joa::AnyBuffer>()  // w_gate_up [2 I, H]
+                                  .Arg<joa::AnyBuffer>()  // w_down [H, I]
+                                  .Arg<joa::AnyBuffer>()  // norm_weight [H] (or placeholder)
+                                  .Ret<joa::AnyBuffer>()  // y [1, H]
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // workspace
+                                  .Attr<bool>("has_norm")
+                                  .Attr<float>("eps")
+                                  .Attr<int64_t>("grid"),
+                              JOA_COMMAND_BUFFER_SAFE);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JoaGatedMlp, joa::GatedMlpImpl,
                               xla::ffi::Ffi::Bind()

@@ -25,6 +25,8 @@ from jax_onnx_attn.runtime.roofline import H200_HBM_BYTES_PER_S
 
 #: (group, test on a kernel name): the first group whose test matches takes the kernel.
 GROUPS = (
+    # The attention's output projection and the MLP in one kernel (ops.out_mlp).
+    ("o + mlp (chain)", lambda n: "RowChainKernel" in n),
     # Gate-up and down in one kernel (ops.gated_mlp): MlpRowKernel (K split), MlpRowNKernel (N split).
     ("mlp (fused)", lambda n: "MlpRowKernel" in n or "MlpRowNKernel" in n),
     ("gate-up", lambda n: "GatedSiluEpilogue" in n),
@@ -48,11 +50,13 @@ def group_of(name: str) -> str:
     return next((g for g, test in GROUPS if test(name)), OTHER)
 
 
-def group_bytes(config: dict, step_cost: dict, batch: int, ctx: int, fused_mlp: bool = False) -> dict[str, float]:
+def group_bytes(config: dict, step_cost: dict, batch: int, ctx: int, fused_mlp: bool = False,
+                chain: bool = False) -> dict[str, float]:
     """Bytes a decode step reads per group: weights from the model's shapes times its bytes a
     weight (the step cost's matmul bytes over its matmul parameters: 2 for f16, 0.5625 for int4
     with f16 scales a 32-block), the KV cache's from its bytes a token (all layers, K and V).
-    fused_mlp: the gate-up and down weights are the fused MLP kernel's."""
+    fused_mlp: the gate-up and down weights are the fused MLP kernel's; chain: o's, gate-up's and
+    down's are the out_mlp chain's."""
     h, layers = config["hidden"], config["layers"]
     d = config["head_size"]
     qkv = h * (config["heads"] + 2 * config["kv_heads"]) * d
@@ -61,8 +65,12 @@ def group_bytes(config: dict, step_cost: dict, batch: int, ctx: int, fused_mlp: 
     down = config["intermediate"] * h
     head = step_cost["head_params"]
     per_param = (step_cost["breakdown"]["matmul"] + step_cost["breakdown"]["matmul_nbits"]) / step_cost["matmul_params"]
+    if chain:
+        return {"o + mlp (chain)": layers * (o + gate_up + down) * per_param, "mlp (fused)": 0.0, "gate-up": 0.0,
+                "qkv + LM head": (layers * qkv + head) * per_param, "o + down": 0.0,
+                "attention": float(step_cost["kv_bytes_per_token"]) * ctx * batch, "gqa_prepare": 0.0, OTHER: 0.0}
     mlp = layers * (gate_up + down) * per_param if fused_mlp else 0.0
-    return {"mlp (fused)": mlp, "gate-up": 0.0 if fused_mlp else layers * gate_up * per_param,
+    return {"o + mlp (chain)": 0.0, "mlp (fused)": mlp, "gate-up": 0.0 if fused_mlp else layers * gate_up * per_param,
             "qkv + LM head": (layers * qkv + head) * per_param,
             "o + down": layers * (o + (0 if fused_mlp else down)) * per_param,
             "attention": float(step_cost["kv_bytes_per_token"]) * ctx * batch, "gqa_prepare": 0.0, OTHER: 0.0}
@@ -83,7 +91,8 @@ def step_breakdown(doc: dict, record: dict, impl: str = "ours", hbm: float | Non
     steps = record["steps_per_call"]
     model = doc["models"][f"{record['model_alias']}/{record['weights']}"]
     fused = any(group_of(name) == "mlp (fused)" for name, _, _ in prof["top_time"])
-    nbytes = group_bytes(model["config"], model["step_cost"], record["batch"], record["ctx"], fused)
+    chain = any(group_of(name) == "o + mlp (chain)" for name, _, _ in prof["top_time"])
+    nbytes = group_bytes(model["config"], model["step_cost"], record["batch"], record["ctx"], fused, chain)
     acc = {g: [0, 0.0] for g, _ in GROUPS} | {OTHER: [0, 0.0]}
     for name, count, total in prof["top_time"]:
         a = acc[group_of(name)]

@@ -472,8 +472,8 @@ class Group:
         jax.clear_caches()  # compiled functions close over the peers and sessions
 
 
-#: The load of a Group's plain lowering: (nbits layout, dense layout, qkv_prepare, gated_mlp).
-PLAIN_LOAD = ("onnx", "nk", False, False)
+#: The load of a Group's plain lowering: (nbits layout, dense layout, qkv_prepare, gated_mlp, out_mlp).
+PLAIN_LOAD = ("onnx", "nk", False, False, False)
 #: Device memory kept free beside a lowering's weights and caches when deciding whether it fits.
 LOAD_HEADROOM = 2 << 30
 
@@ -494,10 +494,10 @@ def lowered_for(g: Group, key: tuple, need: int):
         g.loaded.pop(next(iter(g.loaded)))
         _free()
         jax.clear_caches()  # compiled steps close over the dropped weights
-    layout, dense, qkv, mlp = key
+    layout, dense, qkv, mlp, out_mlp = key
     extra = {"decode_rows": 32} if layout == "rows" else {}
     g.loaded[key] = jax_onnx_attn.load(g.info["path"], nbits_layout=layout, dense_layout=dense,
-                                       qkv_prepare=qkv, gated_mlp=mlp, **extra)
+                                       qkv_prepare=qkv, gated_mlp=mlp, out_mlp=out_mlp, **extra)
     return g.loaded[key]
 
 
@@ -664,13 +664,15 @@ def measure_ours(g: Group, case: Case, capacity: int, prefill: bool, verify: boo
     # cases that load the same (`lowered_for`): int4 in the rows layout for up to 32 rows (the most
     # the rows kernel takes; the same layouts on the llama shapes at any batch), the record layout
     # for one.
-    from jax_onnx_attn.runtime.session import dense_layout_for, gated_mlp_for, nbits_layout_for, qkv_prepare_for
+    from jax_onnx_attn.runtime.session import (dense_layout_for, gated_mlp_for, nbits_layout_for, out_mlp_for,
+                                               qkv_prepare_for)
 
     layout = nbits_layout_for(b, mesh) if g.weights == "int4" else "onnx"
     dense = dense_layout_for(b, mesh)  # dense weights [K, N] for 2+ rows (XLA's GEMM reads them)
     qkv = qkv_prepare_for(b, mesh)  # the QKV projection with the step preparation (JOA_QKV_PREPARE)
     mlp = gated_mlp_for(b, mesh)  # the gated MLP as one kernel (JOA_GATED_MLP)
-    key = (layout, dense, qkv, mlp)
+    out_mlp = out_mlp_for(b, mesh)  # with the attention's output projection (JOA_OUT_MLP)
+    key = (layout, dense, qkv, mlp, out_mlp)
     lowered = lowered_for(g, key, g.config.file_bytes() + 2 * b * capacity * kv_bytes_per_token(g.config))
     if key != PLAIN_LOAD:
         out["nbits_layout"], out["dense_layout"] = layout, dense
@@ -742,6 +744,7 @@ def measure_ours(g: Group, case: Case, capacity: int, prefill: bool, verify: boo
                else {"kernels_per_step": None})
     rec["qkv_prepare"] = qkv
     rec["gated_mlp"] = mlp
+    rec["out_mlp"] = out_mlp
     out["decode"] = rec
     del session, holder
     return out

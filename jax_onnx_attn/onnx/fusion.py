@@ -21,6 +21,10 @@ into nodes of our own domain (`JOA_DOMAIN`) whose handlers call `jax_onnx_attn.o
    reads as its input (the down projection: no norm, bias or rotary order) becomes one
    `GatedMlp(x, w_gate_up, w_down, residual, norm_weight)`: one kernel for one row of x
    (`ops.gated_mlp`), the two Linears' calls otherwise.
+4c. With out_mlp, a GatedMlp whose input and residual are both the output of a dense Linear with a
+   residual (the attention's output projection: not gated, no bias, norm or rotary order) that
+   nothing else reads becomes one `OutMlp(a, w_o, x, w_gate_up, w_down, norm_weight)`: one kernel
+   for one row (`ops.out_mlp`), the Linear's and the GatedMlp's calls otherwise.
 5. With qkv_prepare, a Linear (dense, or 4-bit) that is the packed Q | K | V query of exactly one
    GroupQueryAttention (rotary not interleaved, cos / sin initializers, no q / k norm, a float
    cache) stores its rows in the rotary-pair order (`ops.rotary_pair_order`; attribute
@@ -69,6 +73,7 @@ class FusionReport:
     norm: int = 0
     qkv_pairs: int = 0
     gated_mlp: int = 0
+    out_mlp: int = 0
 
     def __str__(self) -> str:
         return ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(self).items() if v) or "none"
@@ -138,7 +143,8 @@ def _get_input(node, what: str) -> str:
 def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
                  nbits: bool = True, nbits_layout: str = "onnx",
                  decode_rows: int = 2, float_map: dict | None = None, dense_layout: str = "nk",
-                 qkv_prepare: bool = False, gated_mlp: bool = False) -> tuple[onnx.ModelProto, dict, FusionReport]:
+                 qkv_prepare: bool = False, gated_mlp: bool = False,
+                 out_mlp: bool = False) -> tuple[onnx.ModelProto, dict, FusionReport]:
     """The rewrites of the module doc on `model` (local functions already inlined).
 
     Args:
@@ -169,6 +175,9 @@ def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
       gated_mlp: dense gated MLPs as one GatedMlp node (pass 4b), for decode steps of one row
         (`runtime.DecoderSession` of batch 1 under `ops.cuda_matmul.gated_mlp_enabled`); ignored
         with dense_layout "kn".
+      out_mlp: with gated_mlp, each GatedMlp and the attention output projection that alone feeds it
+        as one OutMlp node (pass 4c), for decode steps of one row (`runtime.DecoderSession` of batch
+        1 under `ops.cuda_matmul.out_mlp_enabled`).
 
     Returns:
       (model, arrays, FusionReport).
@@ -407,6 +416,31 @@ def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
             g.nodes[i], g.nodes[j] = None, mlp
             report.gated_mlp += 1
             readers = g.readers()
+
+    # 4c. The attention's output projection and the GatedMlp it alone feeds (input and residual).
+    if out_mlp and gated_mlp and dense_layout == "nk":
+        readers, producers = g.readers(), g.producers()
+        for j, mlp in enumerate(g.nodes):
+            if mlp is None or mlp.op_type != "GatedMlp" or len(mlp.input) < 4:
+                continue
+            x1 = mlp.input[0]
+            i = producers.get(x1)
+            o = g.nodes[i] if i is not None else None
+            if (mlp.input[3] != x1 or not g.private(x1, readers, 2) or o is None or o.op_type != "Linear"
+                    or _attr(o, "gated", 0) or _attr(o, "bits") or _get_input(o, "bias")
+                    or _get_input(o, "norm_weight") or not _get_input(o, "residual")
+                    or _attr(o, "qkv_pairs") is not None):
+                continue
+            w_o = _get_input(o, "w")
+            if arrays[w_o].shape[0] != arrays[mlp.input[2]].shape[0]:
+                continue
+            node = helper.make_node("OutMlp", [o.input[0], w_o, _get_input(o, "residual"), mlp.input[1],
+                                               mlp.input[2], mlp.input[4] if len(mlp.input) > 4 else ""],
+                                    [mlp.output[0]], name=mlp.name, domain=JOA_DOMAIN)
+            node.attribute.extend(a for a in mlp.attribute if a.name == "norm_epsilon")
+            g.nodes[i], g.nodes[j] = None, node
+            report.out_mlp += 1
+            readers, producers = g.readers(), g.producers()
 
     # 5. The packed QKV projection of a GroupQueryAttention in the rotary-pair order.
     if qkv_prepare and dense_layout == "nk":

@@ -42,6 +42,9 @@ QKV_PREPARE_ENV = "JOA_QKV_PREPARE"
 #: The environment variable that runs the gated MLP of decode sessions of batch 1 as one kernel
 #: (`gated_mlp_enabled`).
 GATED_MLP_ENV = "JOA_GATED_MLP"
+#: The environment variable that runs the attention's output projection and the gated MLP of decode
+#: sessions of batch 1 as one kernel (`out_mlp_enabled`).
+OUT_MLP_ENV = "JOA_OUT_MLP"
 #: The environment variable that picks the fused MLP's split (`gated_mlp_split`): "k" or "n".
 GATED_MLP_SPLIT_ENV = "JOA_GATED_MLP_SPLIT"
 GATED_MLP_SPLITS = ("k", "n")
@@ -332,6 +335,43 @@ def gated_mlp(x, w_gate_up, w_down, norm_weight=None, residual=None, *, eps: flo
     y, _ = call(x, w_gate_up, w_down, ph if norm_weight is None else norm_weight,
                 ph if residual is None else residual, has_norm=norm_weight is not None,
                 has_residual=residual is not None, eps=np.float32(eps), grid=int(grid), n_split=n_split)
+    return y
+
+
+def out_mlp_enabled() -> bool:
+    """Whether decode sessions of batch 1 run the attention's output projection and the gated MLP
+    after it as one kernel (`out_mlp`; `onnx.fusion`'s out_mlp, on top of gated_mlp). Off by default
+    until the GPU has timed it (session 39: tools/probes/layer_chain.cu, then the whole step);
+    JOA_OUT_MLP=1 turns it on (read at load, here only)."""
+    return _switch(OUT_MLP_ENV, "0")
+
+
+def out_mlp_grid(h: int, ho: int, inter: int) -> int:
+    """out_mlp's CTAs for the output projection [h, ho] and the MLP of hidden size h and intermediate
+    size inter on this GPU, 0 where the kernel does not take the shapes or the extension is missing
+    (or predates it)."""
+    if _ffi is None or not hasattr(_ffi, "out_mlp_grid"):
+        return 0
+    return int(_ffi.out_mlp_grid(int(h), int(ho), int(inter), sm_count()))
+
+
+def out_mlp(a, w_o, x, w_gate_up, w_down, norm_weight=None, *, eps: float = 1e-6):
+    """a [1, Ho] f16/bf16 (the attention's output), w_o [H, Ho], x [1, H] (the residual stream),
+    w_gate_up [2 I, H] (`ops.interleave_gate_up`), w_down [H, I] -> [1, H]: x1 = `linear(a, w_o,
+    residual=x)`, then `gated_mlp(x1, w_gate_up, w_down, norm_weight, residual=x1)` as one chain of
+    three phases in one launch (ffi/handlers/gated_mlp.cu, kernels/gemv/row_chain.cuh): the separate
+    dense row kernels' bits (the MLP's as two GEMVs, the N split's). The shapes must have a grid
+    (`out_mlp_grid`); under vmap each example is its own call."""
+    h, ho, inter = x.shape[1], a.shape[1], w_down.shape[1]
+    grid = out_mlp_grid(h, ho, inter)
+    if grid == 0:
+        raise ValueError(f"out_mlp: H={h}, Ho={ho}, I={inter}: the kernel does not take these shapes")
+    workspace = int(_ffi.out_mlp_workspace(int(h), int(inter)))
+    call = jax.ffi.ffi_call(target("out_mlp"),
+                            (jax.ShapeDtypeStruct((1, h), x.dtype), jax.ShapeDtypeStruct((workspace,), jnp.float32)),
+                            vmap_method="sequential")
+    y, _ = call(a, w_o, x, w_gate_up, w_down, _placeholder(x.dtype) if norm_weight is None else norm_weight,
+                has_norm=norm_weight is not None, eps=np.float32(eps), grid=int(grid))
     return y
 
 

@@ -717,16 +717,7 @@ def gated_mlp(x, w_gate_up, w_down, *, residual=None, norm_weight=None, norm_eps
     residual, norm_weight = _array(residual), _array(norm_weight)
     _check_x(op, x)
     h = x.shape[-1]
-    for name, w in (("w_gate_up", w_gate_up), ("w_down", w_down)):
-        if w.ndim != 2 or w.dtype != x.dtype:
-            raise ValueError(f"{op}: {name} must be a matrix of x's dtype {x.dtype}, got "
-                             f"{w.dtype}{list(w.shape)}")
-    if w_gate_up.shape[1] != h:
-        raise ValueError(f"{op}: w_gate_up must be [2 I, H={h}], got {list(w_gate_up.shape)}")
-    inter = _check_operands(op, x, w_gate_up.shape[0], "w_gate_up", True, None, None, norm_weight)
-    if tuple(w_down.shape) != (h, inter):
-        raise ValueError(f"{op}: w_down must be [H={h}, I={inter}] (w_gate_up has 2 I rows), got "
-                         f"{list(w_down.shape)}")
+    inter = _check_mlp_weights(op, x, w_gate_up, w_down, norm_weight)
     if residual is not None and (tuple(residual.shape) != tuple(x.shape) or residual.dtype != x.dtype):
         raise ValueError(f"{op}: residual must be {x.dtype}{list(x.shape)} (x's shape and dtype), got "
                          f"{residual.dtype}{list(residual.shape)}")
@@ -750,6 +741,22 @@ def gated_mlp(x, w_gate_up, w_down, *, residual=None, norm_weight=None, norm_eps
     return _run(op, backend, ref_fn, cuda_fn, None, x, (w_gate_up, w_down, norm_weight), residual, h)
 
 
+def _check_mlp_weights(op, x, w_gate_up, w_down, norm_weight) -> int:
+    """Trace-time checks of a gated MLP's weights against its input x [..., H]; returns I."""
+    h = x.shape[-1]
+    for name, w in (("w_gate_up", w_gate_up), ("w_down", w_down)):
+        if w.ndim != 2 or w.dtype != x.dtype:
+            raise ValueError(f"{op}: {name} must be a matrix of x's dtype {x.dtype}, got "
+                             f"{w.dtype}{list(w.shape)}")
+    if w_gate_up.shape[1] != h:
+        raise ValueError(f"{op}: w_gate_up must be [2 I, H={h}], got {list(w_gate_up.shape)}")
+    inter = _check_operands(op, x, w_gate_up.shape[0], "w_gate_up", True, None, None, norm_weight)
+    if tuple(w_down.shape) != (h, inter):
+        raise ValueError(f"{op}: w_down must be [H={h}, I={inter}] (w_gate_up has 2 I rows), got "
+                         f"{list(w_down.shape)}")
+    return inter
+
+
 def _gated_mlp_unsupported(x, h, inter, norm, backend, split: str) -> str | None:
     """Why the fused MLP kernel does not take this call (None when it does): one row, the switch, the
     gate-up projection's own kernel rules (dtype, JOA_LINEAR_KERNELS, the dense row kernel; it is
@@ -765,6 +772,84 @@ def _gated_mlp_unsupported(x, h, inter, norm, backend, split: str) -> str | None
         return why
     if cuda_matmul.gated_mlp_grid(h, inter, split) == 0:
         return f"H={h}, I={inter}: not a geometry the kernel takes ({split} split; ffi/kernels/gemv/mlp_row.h)"
+    return None
+
+
+def out_mlp(a, w_o, x, w_gate_up, w_down, *, norm_weight=None, norm_epsilon: float = 1e-6,
+            backend: str = "auto", pdl: bool = False):
+    """A decoder layer's attention output projection and gated MLP, the residual stream through both:
+    x1 = `linear(a, w_o, residual=x)`, then `gated_mlp(x1, w_gate_up, w_down, residual=x1,
+    norm_weight=)`. One kernel (`cuda_matmul.out_mlp`: three phases of one persistent launch) for one
+    row where it takes the shapes, else those two calls (each on its own route).
+
+    Args:
+      a: [..., Ho] float16 / bfloat16 (float32 / float64 on the reference): the attention's output,
+        heads flattened.
+      w_o: [H, Ho] of a's dtype.
+      x: [..., H] of a's dtype (a's leading shape): the residual stream o's output is added to.
+      w_gate_up: [2 I, H] of a's dtype, `interleave_gate_up(w_gate, w_up)`. w_down: [H, I].
+      norm_weight: None or [H]: the MLP's RMS norm of x1 (norm_epsilon).
+      backend: "auto" (the kernel under JOA_OUT_MLP=1, `cuda_matmul.out_mlp_enabled`, read at trace
+        time), "reference" or "cuda" (the kernel, or NotImplementedError saying why not).
+      pdl: as `linear`'s, for the calls when they run.
+
+    Returns:
+      [..., H] of a's dtype. The kernel adds every sum in the separate one-row kernels' order (the
+      MLP's as its two GEMVs, not the fused MLP's default K split): their bits.
+    """
+    op = "out_mlp"
+    a, w_o, x, w_gate_up, w_down = (_array(v) for v in (a, w_o, x, w_gate_up, w_down))
+    norm_weight = _array(norm_weight)
+    _check_x(op, a)
+    for name, w in (("w_o", w_o), ("x", x)):
+        if w.dtype != a.dtype:
+            raise TypeError(f"{op}: {name} must have a's dtype {a.dtype}, got {w.dtype}")
+    if x.shape[:-1] != a.shape[:-1]:
+        raise ValueError(f"{op}: x must be [..., H] with a's leading shape {list(a.shape[:-1])}, got "
+                         f"{list(x.shape)}")
+    h, ho = x.shape[-1], a.shape[-1]
+    if w_o.ndim != 2 or tuple(w_o.shape) != (h, ho):
+        raise ValueError(f"{op}: w_o must be [H={h}, Ho={ho}], got {list(w_o.shape)}")
+    _check_x(op, x)
+    inter = _check_mlp_weights(op, x, w_gate_up, w_down, norm_weight)
+    eps = float(norm_epsilon)
+    why = _out_mlp_unsupported(a, x, inter, norm_weight is not None, backend)
+    if why is not None:
+        if backend == "cuda":
+            raise NotImplementedError(f"{op}: backend='cuda' is not available for this call: {why}")
+        x1 = linear(a, w_o, residual=x, backend=backend, pdl=pdl)
+        return gated_mlp(x1, w_gate_up, w_down, residual=x1, norm_weight=norm_weight, norm_epsilon=eps,
+                         backend=backend, pdl=pdl)
+
+    def ref_fn(a2, wo, x2, wgu, wdn, nw):
+        x1 = reference.linear(a2, wo, None, x2)
+        return reference.linear(reference.linear(x1, wgu, None, None, nw, eps, True), wdn, None, x1)
+
+    def cuda_fn(a2, wo, x2, wgu, wdn, nw):
+        return cuda_matmul.out_mlp(a2, wo, x2, wgu, wdn, nw, eps=eps)
+
+    y = dispatch(op, backend, ref_fn, cuda_fn, a.reshape(1, ho), w_o, x.reshape(1, h), w_gate_up, w_down,
+                 norm_weight)
+    return y.reshape(x.shape)
+
+
+def _out_mlp_unsupported(a, x, inter, norm, backend) -> str | None:
+    """Why the out_mlp kernel does not take this call (None when it does): one row, the switch, the
+    dense row kernel's rules for both projections it is built on (dtype, JOA_LINEAR_KERNELS) and a
+    grid for the chain."""
+    if backend == "reference":
+        return "backend='reference'"
+    if math.prod(a.shape[:-1]) != 1:
+        return f"a has {math.prod(a.shape[:-1])} rows: the kernel takes one (a decode step of batch 1)"
+    if backend == "auto" and not cuda_matmul.out_mlp_enabled():
+        return f"{cuda_matmul.OUT_MLP_ENV}=0"
+    h, ho = x.shape[-1], a.shape[-1]
+    why = (_kernel_unsupported(a, h, cuda_matmul.DENSE_BITS, False, False, backend=backend) or
+           _kernel_unsupported(x, 2 * inter, cuda_matmul.DENSE_BITS, True, norm, backend=backend))
+    if why is not None:
+        return why
+    if cuda_matmul.out_mlp_grid(h, ho, inter) == 0:
+        return f"H={h}, Ho={ho}, I={inter}: not a geometry the kernel takes (ffi/kernels/gemv/row_chain.h)"
     return None
 
 

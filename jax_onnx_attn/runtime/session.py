@@ -242,6 +242,15 @@ def gated_mlp_for(batch: int, mesh=None) -> bool:
     return batch == 1 and mesh is None and cuda_matmul.gated_mlp_enabled()
 
 
+def out_mlp_for(batch: int, mesh=None) -> bool:
+    """Whether a session loads each fused MLP with the attention output projection before it as one
+    node (`onnx.fusion` pass 4c: one kernel a layer from the attention's output to the next layer's
+    input): where it loads the fused MLPs (`gated_mlp_for`), when `cuda_matmul.out_mlp_enabled()`."""
+    from jax_onnx_attn.ops import cuda_matmul
+
+    return gated_mlp_for(batch, mesh) and cuda_matmul.out_mlp_enabled()
+
+
 def steps_per_check_for(steps_per_call: int, requested: int | None = None) -> int:
     """Decode steps between two "every row finished?" checks of one call: `requested`, else
     $JOA_DECODE_STEPS_PER_CHECK, else the largest divisor of steps_per_call that is at most
@@ -261,7 +270,7 @@ def steps_per_check_for(steps_per_call: int, requested: int | None = None) -> in
 
 
 def _load(model, dtype, batch: int = 1, nbits_layout: str = "onnx", dense_layout: str = "nk",
-          qkv_prepare: bool = False, gated_mlp: bool = False):
+          qkv_prepare: bool = False, gated_mlp: bool = False, out_mlp: bool = False):
     """A lowered model: anything with `fixed_cache_step` and `params` is taken as is (its layout
     too)."""
     if hasattr(model, "fixed_cache_step") and hasattr(model, "params"):
@@ -285,6 +294,8 @@ def _load(model, dtype, batch: int = 1, nbits_layout: str = "onnx", dense_layout
         layout["qkv_prepare"] = True
     if gated_mlp:
         layout["gated_mlp"] = True
+    if out_mlp:
+        layout["out_mlp"] = True
     return load(model, dtype=dtype, **layout)
 
 
@@ -377,7 +388,7 @@ class DecoderSession:
               else contextlib.nullcontext()):
             self.lowered = _load(model, dtype, batch, nbits_layout_for(batch, mesh),
                                  dense_layout_for(batch, mesh), qkv_prepare_for(batch, mesh),
-                                 gated_mlp_for(batch, mesh))
+                                 gated_mlp_for(batch, mesh), out_mlp_for(batch, mesh))
         self.max_length, self.batch, self.steps_per_call = int(max_length), int(batch), int(steps_per_call)
         self.steps_per_check = steps_per_check_for(self.steps_per_call, steps_per_check)
         self.compiler_options = (default_compiler_options() if compiler_options is None

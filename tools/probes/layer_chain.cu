@@ -6,10 +6,11 @@
 // 3-4 launches each paying a ramp, a drain and a boundary. The attention would stay its own kernel
 // between two such chains: 2 kernels a layer instead of today's 4 (76 a ~1B step -> ~34).
 //
-// Each phase splits N (MlpRowNKernel's form): CTA c takes 16-row tiles c, c + G, ... over all of K
-// (warps split K), adds its warps' sums in warp order and applies the epilogue itself: no partials.
-// At 8 warps x 3 steps in flight a phase adds in the dense row kernel's order, so the chain should
-// give the separate kernels' bits (max |chain - kernels| printed: 0 expected at 8 x 3).
+// The chain is the tree's RowChainKernel (ffi/kernels/gemv/row_chain.cuh, the out_mlp target's three
+// phases): each phase splits N, CTA c takes 16-row tiles c, c + G, ... over all of K (warps split K),
+// adds its warps' sums in warp order and applies the epilogue itself: no partials. At 8 warps each
+// phase adds in the dense row kernel's order, so the chain should give the separate kernels' bits
+// (max |chain - kernels| printed: 0 expected at 8 x 3 and 8 x 4; depth does not change the sums).
 //
 // Timed (µs a layer, L layers on distinct weights past the L2, each launch its own child graph as XLA
 // records FFI calls): W-only streams of the four weights; the four dense row GEMVs; o + the fused MLP
@@ -31,213 +32,27 @@
 #include <vector>
 
 #include "graph_chain.h"
+#include "kernels/gemv/cooperative.h"
 #include "kernels/gemv/gemv.h"
 #include "kernels/gemv/mlp_row.cuh"
 #include "kernels/gemv/plan.h"
+#include "kernels/gemv/row_chain.cuh"
 #include "one_row.h"
 #include "probe_util.h"
 
 using namespace joa::gemv;
 
-constexpr int kMaxPhases = 4;
-
-// One projection of the chain: out = epilogue(norm?(in) W^T); W [n_rows, k] row-major.
-struct ChainPhase {
-  const __half* w;
-  const __half* in;        // written by the phase before (or the previous kernel for phase 0)
-  const __half* gamma;     // RMS norm weight of `in`, or null
-  const __half* residual;  // added after rounding, or null (may be written by an earlier phase)
-  __half* out;             // n_rows outputs, or n_rows / 2 when gated
-  int k, n_rows, gated;    // gated: 16-row tiles of 8 gate rows then 8 up rows -> 8 SiLU·up outputs
-};
-
-struct ChainParams {
-  ChainPhase ph[kMaxPhases];
-  int phases;
-  float eps;
-};
-
-// The W stream of CTA `cta` over every phase's tiles, one 2 KB step (16 rows x 64 k) at a time;
-// phases where this CTA has no tile are skipped. Lane (g, t)'s part is dense_row.cuh's.
-template <int kW>
-struct ChainCursor {
-  const ChainParams* p;
-  int cta, grid, lane_g, lane_t, wk;
-  int phase = -1, j = 0, tile_i = 0, tiles = 0, nsteps = 0;
-  int64_t row = 0;
-  const uint8_t* wp = nullptr;
-
-  __device__ __forceinline__ void Enter(int q) {
-    phase = q;
-    j = tile_i = 0;
-    if (q >= p->phases) return;
-    const ChainPhase& ph = p->ph[q];
-    row = int64_t(ph.k) * 2;
-    nsteps = ph.k / (64 * kW);
-    tiles = (ph.n_rows / 16 - cta + grid - 1) / grid;
-    wp = reinterpret_cast<const uint8_t*>(ph.w) + int64_t(cta) * 16 * row + int64_t(lane_g >> 1) * row +
-         (int64_t(wk) * nsteps * 64 + 32 * (lane_g & 1) + 8 * lane_t) * 2;
-  }
-
-  __device__ __forceinline__ void Next(DenseRowStep& st) {
-    while (phase < p->phases && tile_i >= tiles) Enter(phase + 1);
-    if (phase >= p->phases) return;
-    DenseRowLoad(st, wp, row);
-    wp += 128;
-    if (++j == nsteps) {
-      j = 0;
-      ++tile_i;
-      wp += int64_t(grid) * 16 * row - int64_t(nsteps) * 128;
-    }
-  }
-};
-
-// Phase q's input into shared memory (RMS-normed when it has gamma), through L2: other CTAs of this
-// launch wrote it before the grid barrier.
-template <int kW>
-__device__ __forceinline__ void ChainStage(const ChainPhase& ph, float eps, uint4* s_x, float* s_wsum, int tid,
-                                           int lane, int wk) {
-  constexpr int kThreadsW = kW * 32;
-  const int units = ph.k / 8;
-  const uint4* xg = reinterpret_cast<const uint4*>(ph.in);
-  if (ph.gamma != nullptr) {
-    float ss = 0.f;
-    for (int u = tid; u < units; u += kThreadsW) {
-      const uint4 v = __ldcg(xg + u);
-      s_x[u] = v;
-      ss = AddSquares8<__half>(v, ss);
-    }
-    const float r = OneRowInverseRms<kW>(ss, s_wsum, lane, wk, ph.k, eps);
-    const uint4* gamma = reinterpret_cast<const uint4*>(ph.gamma);
-    for (int u = tid; u < units; u += kThreadsW) s_x[u] = RmsNormInput::Apply<__half>(s_x[u], r, LoadInput16(gamma + u));
-  } else {
-    for (int u = tid; u < units; u += kThreadsW) s_x[u] = __ldcg(xg + u);
-  }
-  __syncthreads();
-}
-
+// The tree's kernel (row_chain.cuh) at kW warps x kDepth steps in flight.
 template <int kW, int kDepth>
-__global__ void __launch_bounds__(kW * 32, 1) ChainKernel(const __grid_constant__ ChainParams p) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  int kmax = 0;
-  for (int q = 0; q < p.phases; ++q) kmax = max(kmax, p.ph[q].k);
-  uint4* s_x = reinterpret_cast<uint4*>(smem);
-  uint4* s_zero = s_x + kmax / 8;
-  float* s_red = reinterpret_cast<float*>(s_zero + 1);
-  float* s_wsum = s_red + 2 * kW * 16;
-
-  const int tid = threadIdx.x, lane = tid & 31, wk = tid >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  const int cta = int(blockIdx.x), grid = int(gridDim.x);
-  auto grid_group = cooperative_groups::this_grid();
-
-  // Steps of this CTA in every phase (the consumer's schedule; the cursor walks the same one).
-  int steps = 0;
-  for (int q = 0; q < p.phases; ++q) {
-    const int tiles = (p.ph[q].n_rows / 16 - cta + grid - 1) / grid;
-    steps += tiles * (p.ph[q].k / (64 * kW));
-  }
-
-  ChainCursor<kW> cur{&p, cta, grid, g, t, wk};
-  cur.Enter(0);
-  DenseRowStep buf[kDepth];
-#pragma unroll
-  for (int s = 0; s < kDepth; ++s) cur.Next(buf[s]);
-  if (tid == 0) *s_zero = make_uint4(0, 0, 0, 0);
-
-  // The consumer: phase q (staged = q), tile tile_i of it, step j of the tile.
-  int staged = -1, q = -1, tile_i = 0, tiles = 0, j = 0, nsteps = 0, it = 0;
-  const uint4* xb = s_zero;
-  const int xstep = lane < 8 ? 8 : 0;
-  float acc[2][2][4] = {};
-  auto enter_phase = [&](int next) {
-    // Every CTA crosses every barrier, also through phases where it has no tile.
-    for (int r = staged + 1; r <= next; ++r) {
-      if (r > 0 && r < p.phases) grid_group.sync();
-    }
-    staged = q = next;
-    if (q >= p.phases) return;
-    tiles = (p.ph[q].n_rows / 16 - cta + grid - 1) / grid;
-    nsteps = p.ph[q].k / (64 * kW);
-    tile_i = j = 0;
-    ChainStage<kW>(p.ph[q], p.eps, s_x, s_wsum, tid, lane, wk);
-    xb = lane < 8 ? s_x + wk * nsteps * 8 + lane : s_zero;
-  };
-  enter_phase(0);
-  while (q < p.phases && tiles == 0) enter_phase(q + 1);
-
-  for (int i0 = 0; i0 < steps; i0 += kDepth) {
-#pragma unroll
-    for (int s = 0; s < kDepth; ++s) {
-      if (i0 + s >= steps) break;
-      DenseRowMma<__half>(acc, buf[s], xb[j * xstep]);
-      cur.Next(buf[s]);
-      if (++j < nsteps) continue;
-      j = 0;
-      // End of a tile: the warps' sums to shared memory, then added in warp order.
-      float* red = s_red + (it & 1) * kW * 16;
-      ++it;
-      DenseRowTileSums(acc, g, t, [&](int r, float v) { red[wk * 16 + r] = v; });
-      __syncthreads();
-      const ChainPhase& ph = p.ph[q];
-      const int tile = cta + tile_i * grid;
-      if (ph.gated) {
-        if (tid < 8) ph.out[tile * 8 + tid] = MlpGatedOutput<__half, kW>(red, tid);
-      } else if (tid < 16) {
-        float v = 0.f;
-#pragma unroll
-        for (int w = 0; w < kW; ++w) v += red[w * 16 + tid];
-        __half out = __float2half_rn(v);
-        if (ph.residual != nullptr) out = __float2half_rn(__half2float(out) + __half2float(__ldcg(ph.residual + tile * 16 + tid)));
-        ph.out[tile * 16 + tid] = out;
-      }
-      if (++tile_i == tiles) {
-        enter_phase(q + 1);
-        while (q < p.phases && tiles == 0) enter_phase(q + 1);
-      }
-    }
-  }
-  // Phases left where this CTA has no tile: their barriers still count.
-  if (staged < p.phases - 1) enter_phase(p.phases - 1);
-}
-
-template <int kW, int kDepth>
-cudaError_t LaunchChain(const ChainParams& p, int grid, cudaStream_t s) {
-  int kmax = 0;
-  for (int q = 0; q < p.phases; ++q) kmax = std::max(kmax, p.ph[q].k);
-  const int smem = kmax * 2 + 16 + (2 * kW * 16 + kW) * 4;
-  cudaError_t e = cudaFuncSetAttribute(ChainKernel<kW, kDepth>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (e != cudaSuccess) return e;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(kW * 32);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, ChainKernel<kW, kDepth>, p);
+cudaError_t LaunchChain(const RowChainParams& p, int grid, cudaStream_t s) {
+  return LaunchCooperative(RowChainKernel<__half, kW, kDepth>, p, grid, kW * 32, RowChainSmemBytes<kW>(RowChainMaxK(p)),
+                           s);
 }
 
 template <int kW, int kDepth>
 cudaError_t LaunchMlpK(const MlpRowParams& p, int grid, cudaStream_t s) {
-  const int smem = MlpRowSmem<kW>::Bytes(p.h, p.tiles_per_cta);
-  cudaError_t e = cudaFuncSetAttribute(MlpRowKernel<__half, kW, kDepth, true>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (e != cudaSuccess) return e;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(kW * 32);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, MlpRowKernel<__half, kW, kDepth, true>, p);
+  return LaunchCooperative(MlpRowKernel<__half, kW, kDepth, true>, p, grid, kW * 32,
+                           MlpRowSmem<kW>::Bytes(p.h, p.tiles_per_cta), s);
 }
 
 struct LayerShape {
@@ -322,7 +137,7 @@ int main() {
     };
     auto chain_params = [&](int i) {
       const LayerW& w = lw[i];
-      ChainParams c{};
+      RowChainParams c{};
       c.phases = 4;
       c.eps = 1e-6f;
       c.ph[0] = {w.wo, attn, nullptr, x0, x1c, H, H, 0};
@@ -405,7 +220,7 @@ int main() {
       } else {
         CK(time(2 * L, [&](int i, cudaStream_t st) -> cudaError_t {
           if (i & 1) return kernel(i / 2, 3, st);
-          ChainParams c = chain_params(i / 2);
+          RowChainParams c = chain_params(i / 2);
           c.phases = 3;
           return launch(c, grid, st);
         }, &tc));
@@ -415,7 +230,7 @@ int main() {
       for (__half* b : {x1c, x2c}) CK(cudaMemsetAsync(b, 0xff, H * 2, s));
       CK(cudaMemsetAsync(hidc, 0xff, I * 2, s));
       CK(cudaMemsetAsync(qkvc, 0xff, NQ * 2, s));
-      ChainParams c0 = chain_params(0);
+      RowChainParams c0 = chain_params(0);
       c0.phases = phases;
       CK(launch(c0, grid, s));
       if (phases == 3) {  // qkv from the chain's x by the kernel, into the chain's qkv buffer

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "graph_chain.h"
+#include "kernels/gemv/cooperative.h"
 #include "kernels/gemv/gemv.h"
 #include "kernels/gemv/mlp_row.cuh"
 #include "kernels/gemv/plan.h"
@@ -29,32 +30,16 @@
 
 using namespace joa::gemv;
 
-// One cooperative launch of `kernel` (every CTA resident) with kW warps a CTA.
-template <int kW, class Kernel>
-cudaError_t LaunchCooperative(Kernel kernel, const MlpRowParams& p, int grid, int smem, cudaStream_t s) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(kW * 32);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, p);
-}
-
 template <int kW, int kDepth>
 cudaError_t LaunchMlp(const MlpRowParams& p, int grid, cudaStream_t s) {
-  return LaunchCooperative<kW>(MlpRowKernel<__half, kW, kDepth, true>, p, grid,
-                               MlpRowSmem<kW>::Bytes(p.h, p.tiles_per_cta), s);
+  return LaunchCooperative(MlpRowKernel<__half, kW, kDepth, true>, p, grid, kW * 32,
+                           MlpRowSmem<kW>::Bytes(p.h, p.tiles_per_cta), s);
 }
 
 template <int kW, int kDepth>
 cudaError_t LaunchMlpN(const MlpRowParams& p, int grid, cudaStream_t s) {
-  return LaunchCooperative<kW>(MlpRowNKernel<__half, kW, kDepth, true>, p, grid, MlpRowNSmem<kW>::Bytes(p.h, p.inter),
-                               s);
+  return LaunchCooperative(MlpRowNKernel<__half, kW, kDepth, true>, p, grid, kW * 32,
+                           MlpRowNSmem<kW>::Bytes(p.h, p.inter), s);
 }
 
 struct Mlp {

@@ -7,6 +7,7 @@
 
 #include "kernels/gemv/mlp_row.h"
 #include "kernels/gemv/plan.h"
+#include "kernels/gemv/row_chain.h"
 
 namespace joa::gemv {
 
@@ -73,6 +74,17 @@ inline void BindPlan(nanobind::module_& m) {
         },
         nb::arg("h"), nb::arg("inter"), nb::arg("grid"), nb::arg("n_split"),
         "The fused gated MLP's workspace in f32 elements for a launch of `grid` CTAs.");
+  m.def("out_mlp_grid", [](int64_t h, int64_t ho, int64_t inter, int64_t sms) {
+          const int64_t limit = int64_t(1) << 24;
+          if (h < 1 || ho < 1 || inter < 1 || sms < 1 || h >= limit || ho >= limit || inter >= limit) return 0;
+          return RowChainGrid(OutMlpShapes(int(h), int(ho), int(inter)), int(std::min<int64_t>(sms, 4096)));
+        },
+        nb::arg("h"), nb::arg("ho"), nb::arg("inter"), nb::arg("sms"),
+        "The grid of out_mlp (the attention's output projection [h, ho] and the gated MLP of hidden "
+        "size h and intermediate size inter as one chain, ffi/kernels/gemv/row_chain.h) on a GPU of "
+        "`sms` SMs: its CTAs (all resident at once), 0 where the kernel does not take the shapes.");
+  m.def("out_mlp_workspace", [](int64_t h, int64_t inter) { return OutMlpWorkspaceElems(int(h), int(inter)); },
+        nb::arg("h"), nb::arg("inter"), "out_mlp's workspace in f32 elements (o's output and h, as T).");
 }
 
 }  // namespace joa::gemv

@@ -233,3 +233,28 @@ def fused_gated_mlp(ctx, x, w_gate_up, w_down, residual=None, norm_weight=None):
     y = ops.gated_mlp(x, w_gate_up, w_down, residual=residual, norm_weight=norm_weight,
                       norm_epsilon=float(ctx.attr("norm_epsilon", 1e-6)), pdl=True)
     return y if late is None else y + late
+
+
+@register("OutMlp", 1, domain=JOA_DOMAIN)
+def fused_out_mlp(ctx, a, w_o, x, w_gate_up, w_down, norm_weight=None):
+    """jax_onnx_attn::OutMlp (`onnx.fusion` pass 4c): the attention's output projection with its
+    residual and the GatedMlp that alone reads it, `ops.out_mlp`: x1 = a W_o^T + x, then
+    y = x1 + down(silu(gate)·up of rms_norm(x1)).
+
+    Args:
+      a: [..., Ho]. w_o: [H, Ho]. x: [..., H] (another shape: added after o, the broadcasting way,
+        and the two calls run). w_gate_up: [2 I, H] (`ops.interleave_gate_up`). w_down: [H, I].
+      norm_weight: [H] or None (attribute norm_epsilon).
+
+    Returns:
+      y [..., H] in a's dtype.
+    """
+    from jax_onnx_attn import ops
+
+    a, w_o, x, w_gate_up, w_down, norm_weight = (to_jax(v) for v in (a, w_o, x, w_gate_up, w_down, norm_weight))
+    eps = float(ctx.attr("norm_epsilon", 1e-6))
+    if x.shape != a.shape[:-1] + (w_o.shape[0],) or x.dtype != a.dtype:
+        x1 = ops.linear(a, w_o, pdl=True) + x
+        return ops.gated_mlp(x1, w_gate_up, w_down, residual=x1, norm_weight=norm_weight, norm_epsilon=eps,
+                             pdl=True)
+    return ops.out_mlp(a, w_o, x, w_gate_up, w_down, norm_weight=norm_weight, norm_epsilon=eps, pdl=True)

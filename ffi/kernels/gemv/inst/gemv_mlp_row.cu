@@ -1,30 +1,16 @@
 // The fused gated MLP of one decode row (kernels/gemv/mlp_row.cuh): the K and N splits, f16 / bf16,
 // with and without the norm prologue.
+#include "kernels/gemv/cooperative.h"
 #include "kernels/gemv/mlp_row.cuh"
 
 namespace joa::gemv {
 
 cudaError_t LaunchMlpRow(const MlpRowParams& p, bool bf16, bool norm, int grid, bool n_split, cudaStream_t stream) {
   if (!MlpRowTakes(p.h, p.inter, grid, n_split) || p.tiles_per_cta * 8 * grid != p.inter) return cudaErrorInvalidValue;
-  auto launch = [&](auto kernel) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3((n_split ? kMlpRowNWarps : kMlpRowWarps) * 32);
-    cfg.dynamicSmemBytes = n_split ? MlpRowNSmem<kMlpRowNWarps>::Bytes(p.h, p.inter)
-                                   : MlpRowSmem<kMlpRowWarps>::Bytes(p.h, p.tiles_per_cta);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeCooperative;  // the grid barrier needs every CTA resident
-    attr[0].val.cooperative = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    if (cfg.dynamicSmemBytes > 48 * 1024) {
-      cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           int(cfg.dynamicSmemBytes));
-      if (e != cudaSuccess) return e;
-    }
-    return cudaLaunchKernelEx(&cfg, kernel, p);
-  };
+  const int threads = (n_split ? kMlpRowNWarps : kMlpRowWarps) * 32;
+  const int smem = n_split ? MlpRowNSmem<kMlpRowNWarps>::Bytes(p.h, p.inter)
+                           : MlpRowSmem<kMlpRowWarps>::Bytes(p.h, p.tiles_per_cta);
+  auto launch = [&](auto kernel) { return LaunchCooperative(kernel, p, grid, threads, smem, stream); };
   if (n_split) {
     constexpr int kW = kMlpRowNWarps, kD = kMlpRowNDepth;
     if (bf16) {
