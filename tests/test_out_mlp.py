@@ -57,6 +57,12 @@ def test_out_mlp_errors_name_the_operand():
     w_gu = ops.interleave_gate_up(w_gate, w_up)
     with pytest.raises(ValueError, match="w_o must be"):
         ops.out_mlp(a, w_o.T, x, w_gu, w_down)
+    with pytest.raises(ValueError, match="out_mlp: a: K=28"):
+        ops.out_mlp(a[:, :28], w_o[:, :28], x, w_gu, w_down)
+    with pytest.raises(TypeError, match="out_mlp: a must be one of"):
+        ops.out_mlp(a.astype(np.int32), w_o, x, w_gu, w_down)
+    with pytest.raises(ValueError, match="out_mlp: x must be"):
+        ops.out_mlp(a[0], w_o, x[0, 0], w_gu, w_down)  # a scalar x
     with pytest.raises(TypeError, match="x must have a's dtype"):
         ops.out_mlp(a, w_o, x.astype(np.float32), w_gu, w_down)
     with pytest.raises(ValueError, match="x must be"):
@@ -65,6 +71,28 @@ def test_out_mlp_errors_name_the_operand():
         ops.out_mlp(a, w_o, x, w_gu, w_down[:, :-8])
     with pytest.raises(ValueError, match="norm_weight"):
         ops.out_mlp(a, w_o, x, w_gu, w_down, norm_weight=gamma[:-1])
+
+
+def test_the_kernel_routes_reference_is_the_two_calls(monkeypatch):
+    # Where "auto" takes the kernel's route off a CUDA platform, its reference function runs: the
+    # same roundings as the two calls (the other tests here take the two calls themselves).
+    import importlib
+
+    from jax_onnx_attn._extension import has_cuda
+
+    linear_ops = importlib.import_module("jax_onnx_attn.ops.linear")  # ops.linear is the function
+    if has_cuda():
+        pytest.skip("a CUDA build would trace the kernel's branch (these shapes have no grid)")
+    monkeypatch.setattr(linear_ops, "_out_mlp_unsupported", lambda *args: None)
+    x, w_gate, w_up, w_down, gamma, _ = _operands(dtype=np.float32)
+    a, w_o = _o_operands(dtype=np.float32)
+    w_gu = ops.interleave_gate_up(w_gate, w_up)
+    for norm in (gamma, None):
+        got = ops.out_mlp(a, w_o, x, w_gu, w_down, norm_weight=norm, norm_epsilon=1e-5)
+        x1 = ops.linear(a, w_o, residual=x, backend="reference")
+        want = ops.gated_mlp(x1, w_gu, w_down, residual=x1, norm_weight=norm, norm_epsilon=1e-5,
+                             backend="reference")
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
 def test_backend_cuda_says_why_it_cannot_run_here():
@@ -96,7 +124,12 @@ def test_the_chains_grid_and_workspace():
         grid = _ffi.out_mlp_grid(h, ho, inter, 132)
         assert grid == 128 and (h // 16) % grid == 0 and (2 * inter // 16) % grid == 0
         assert _ffi.out_mlp_workspace(h, inter) == (h + inter + 1) // 2
-    assert _ffi.out_mlp_grid(2048, 2048, 8192, 100) == 64  # the most dividing 128 / 1024 / 128 tiles
+    # The least W streamed by the busiest CTA over the phases (each ends at a barrier), the fewest CTAs
+    # among equals: 94 CTAs (2 / 11 / 2 tiles) on 100 SMs, not 64 (2 / 16 / 2); every CTA where a
+    # divisor of the tile counts is as good; uneven where it is not (H 3584, I 18944: 32 would divide).
+    assert _ffi.out_mlp_grid(2048, 2048, 8192, 100) == 94
+    assert _ffi.out_mlp_grid(1024, 1024, 4096, 132) == 128  # o / down 64 tiles: half the CTAs idle there
+    assert _ffi.out_mlp_grid(3584, 3584, 18944, 132) == 132
     assert _ffi.out_mlp_grid(896, 896, 4864, 132) == 0  # Qwen2-0.5B: H not a multiple of 512
     assert _ffi.out_mlp_grid(2048, 2048, 8192, 0) == 0
 

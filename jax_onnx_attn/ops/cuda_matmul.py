@@ -342,7 +342,8 @@ def out_mlp_enabled() -> bool:
     """Whether decode sessions of batch 1 run the attention's output projection and the gated MLP
     after it as one kernel (`out_mlp`; `onnx.fusion`'s out_mlp, on top of gated_mlp). Off by default
     until the GPU has timed it (session 39: tools/probes/layer_chain.cu, then the whole step);
-    JOA_OUT_MLP=1 turns it on (read at load, here only)."""
+    JOA_OUT_MLP=1 turns it on (read when a session loads a model, and by `ops.out_mlp`'s "auto"
+    route at trace time)."""
     return _switch(OUT_MLP_ENV, "0")
 
 

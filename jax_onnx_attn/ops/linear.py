@@ -550,12 +550,12 @@ def _check_operands(op, x, n_rows, w_name, gated, bias, residual, norm_weight):
     return n_out
 
 
-def _check_x(op, x):
-    check_float_dtype(op, "x", x.dtype)
+def _check_x(op, x, name="x"):
+    check_float_dtype(op, name, x.dtype)
     if x.ndim < 1:
-        raise ValueError(f"{op}: x must be [..., K], got a scalar")
+        raise ValueError(f"{op}: {name} must be [..., K], got a scalar")
     if x.shape[-1] % 8 or x.shape[-1] == 0:
-        raise ValueError(f"{op}: x: K={x.shape[-1]} must be a positive multiple of 8")
+        raise ValueError(f"{op}: {name}: K={x.shape[-1]} must be a positive multiple of 8")
 
 
 def _run(op, backend, ref_fn, cuda_fn, why, x, operands, residual, n_out):
@@ -800,7 +800,8 @@ def out_mlp(a, w_o, x, w_gate_up, w_down, *, norm_weight=None, norm_epsilon: flo
     op = "out_mlp"
     a, w_o, x, w_gate_up, w_down = (_array(v) for v in (a, w_o, x, w_gate_up, w_down))
     norm_weight = _array(norm_weight)
-    _check_x(op, a)
+    _check_x(op, a, "a")
+    _check_x(op, x)
     for name, w in (("w_o", w_o), ("x", x)):
         if w.dtype != a.dtype:
             raise TypeError(f"{op}: {name} must have a's dtype {a.dtype}, got {w.dtype}")
@@ -810,7 +811,6 @@ def out_mlp(a, w_o, x, w_gate_up, w_down, *, norm_weight=None, norm_epsilon: flo
     h, ho = x.shape[-1], a.shape[-1]
     if w_o.ndim != 2 or tuple(w_o.shape) != (h, ho):
         raise ValueError(f"{op}: w_o must be [H={h}, Ho={ho}], got {list(w_o.shape)}")
-    _check_x(op, x)
     inter = _check_mlp_weights(op, x, w_gate_up, w_down, norm_weight)
     eps = float(norm_epsilon)
     why = _out_mlp_unsupported(a, x, inter, norm_weight is not None, backend)

@@ -78,6 +78,20 @@ def test_out_mlp_equals_the_separate_kernels_and_the_reference(shape, norm, dtyp
     assert_close(got, np.asarray(_fn("reference", norm)(*args)), dtype, err_msg="vs reference")
 
 
+@pytest.mark.parametrize("grid", [1, 100, "sms"], ids=str)
+def test_any_grid_gives_the_same_bits(monkeypatch, grid):
+    # The sums do not depend on the grid. At 100 / all SMs the CTAs have unequal tiles, and from CTA 64
+    # on none in o and down (64 tiles each): they must still cross both barriers (a hang otherwise).
+    h, ho, inter = 1024, 1024, 4096
+    args = _operands(h, ho, inter, jnp.float16)
+    want = np.asarray(_separate_kernels(True)(*args))
+    g = cuda_matmul.sm_count() if grid == "sms" else grid
+    monkeypatch.setattr(cuda_matmul, "out_mlp_grid", lambda *shape: g)
+    got = jax.jit(lambda a, w_o, x, w_gu, w_down, gamma: cuda_matmul.out_mlp(a, w_o, x, w_gu, w_down, gamma,
+                                                                             eps=1e-5))(*args)
+    np.testing.assert_array_equal(np.asarray(got), want)
+
+
 def test_out_mlp_is_deterministic():
     args = _operands(2048, 2048, 8192, jnp.float16, seed=3)
     f = _fn("cuda", True)

@@ -61,18 +61,24 @@ inline bool RowChainFits(const RowChainParams& p, int grid) {
   return RowChainSmemBytes<kW>(RowChainMaxK(p)) <= kSmemOnePerSm;
 }
 
-// The grid for the phases on `sms` SMs: the most CTAs <= sms dividing every phase's tile count
-// (every CTA the same work a phase), else the most the kernel takes; 0 if none.
+// The grid for the phases on `sms` SMs. Each phase ends at a grid barrier, so it lasts as long as
+// its busiest CTA: ceil(tiles_q / G) tiles of K_q. The G <= sms with the least sum of those over
+// the phases (the W the busiest CTA streams), the fewest CTAs among equals (so a G dividing every
+// tile count where one is as good: 128 on the ~1B / ~8B shapes at 132 SMs); 0 if none fits.
+// (A divisor of every tile count alone can be far fewer CTAs: H 3584, I 18944 -> 32 of 132.)
 inline int RowChainGrid(const RowChainParams& p, int sms) {
-  for (int pass = 0; pass < 2; ++pass) {
-    for (int g = sms; g > 0; --g) {
-      if (!RowChainFits<kRowChainWarps>(p, g)) continue;
-      bool even = true;
-      for (int q = 0; q < p.phases && pass == 0; ++q) even = even && (p.ph[q].n_rows / 16) % g == 0;
-      if (even) return g;
+  int best = 0;
+  int64_t best_cost = 0;
+  for (int g = 1; g <= sms; ++g) {
+    if (!RowChainFits<kRowChainWarps>(p, g)) continue;
+    int64_t cost = 0;
+    for (int q = 0; q < p.phases; ++q) cost += int64_t((p.ph[q].n_rows / 16 + g - 1) / g) * p.ph[q].k;
+    if (best == 0 || cost < best_cost) {
+      best = g;
+      best_cost = cost;
     }
   }
-  return 0;
+  return best;
 }
 
 // The out_mlp chain's phases, shapes only (the grid rule's input; pointers null): o [H, Ho] with the
