@@ -80,20 +80,26 @@ def test_kernel_names_fall_in_their_groups():
     assert breakdown.group_of("nvjet_sm90_hsh_128x128") == "other"
     for kernel in ("MlpRowKernel<__half, 16, 2, true>", "MlpRowNKernel<__half, 8, 3, true>"):  # both splits
         assert breakdown.group_of(f"void joa::gemv::{kernel}(joa::gemv::MlpRowParams)") == "mlp (fused)"
+    # The N split, and o + the MLP (out_mlp): the row chain.
     assert breakdown.group_of("void joa::gemv::RowChainKernel<__half, 8, 3>(joa::gemv::RowChainParams)") == \
-        "o + mlp (chain)"
+        "mlp (fused)"
 
 
-def test_the_out_mlp_chain_takes_o_gate_up_and_down_bytes():
+@pytest.mark.parametrize("out_mlp", [False, True])
+def test_the_row_chain_takes_the_mlp_bytes_and_os_under_out_mlp(out_mlp):
     doc = _doc()
-    top = doc["results"][0]["impls"]["ours"]["profile"]["top_time"]
-    # The chain in place of the gate-up (8 calls) and o + down (16) kernels: 8 calls, 120 µs.
+    ours = doc["results"][0]["impls"]["ours"]
+    ours["out_mlp"] = out_mlp
+    top = ours["profile"]["top_time"]
+    # The chain in place of the gate-up (8 calls) and down kernels (and o's under out_mlp): 8 calls, 120 µs.
+    gone = ("GatedSilu", "PlainInput") if out_mlp else ("GatedSilu",)
     top[:] = [["void joa::gemv::RowChainKernel<__half, 8, 3>(joa::gemv::RowChainParams)", 8, 120.0]] + \
-        [t for t in top if "GatedSilu" not in t[0] and "PlainInput" not in t[0]]
+        [t for t in top if not any(g in t[0] for g in gone)]
     rows = {r["group"]: r for r in breakdown.step_breakdown(doc, doc["results"][0], hbm=1e12)}
-    assert rows["o + mlp (chain)"]["mb"] == pytest.approx(2 * (O + GATE_UP + DOWN) * 2 / 1e6)
-    assert rows["o + mlp (chain)"]["us"] == pytest.approx(120.0 / STEPS) and rows["o + mlp (chain)"]["calls"] == 2
-    assert rows["o + down"]["mb"] == 0 and rows["gate-up"]["mb"] == 0 and rows["mlp (fused)"]["mb"] == 0
+    o = O if out_mlp else 0
+    assert rows["mlp (fused)"]["mb"] == pytest.approx(2 * (o + GATE_UP + DOWN) * 2 / 1e6)
+    assert rows["mlp (fused)"]["us"] == pytest.approx(120.0 / STEPS) and rows["mlp (fused)"]["calls"] == 2
+    assert rows["o + down"]["mb"] == pytest.approx(2 * (O - o) * 2 / 1e6) and rows["gate-up"]["mb"] == 0
 
 
 def test_profiled_idle_splits_into_kernel_boundaries_and_host_waits():

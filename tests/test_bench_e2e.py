@@ -260,25 +260,26 @@ def test_median_round_lists_each_profiled_rounds_device_time():
 
 
 def test_lowerings_that_do_not_fit_beside_the_held_ones_evict_the_least_recently_used(tmp_path, monkeypatch):
-    # An ~8B A/B of ours' variants holds a lowering (its weights on the device) per load key; on an
-    # 80 GB card three did not fit (session 39). With room for one, each load drops the others first,
-    # least recently used first, and a held key is reused as it is.
+    # An ~8B A/B of ours' variants holds a lowering (its weights on the device) per set of load
+    # options; on an 80 GB card three did not fit (session 39). With room for two, each load drops
+    # the others first, least recently used first, and a held one is reused as it is.
     from jax_onnx_attn.models import ensure_model
 
     config = e2e.model_config(e2e.Case("tiny", "fp16", 1, 32), 0)
     path, _ = ensure_model(config, tmp_path / "models")
     g = e2e.Group("tiny", "fp16", config, info={"path": str(path)})
-    qkv, mlp = ("onnx", "nk", True, False, False), ("onnx", "nk", False, True, False)
+    plain, qkv, mlp = {}, {"qkv_prepare": True}, {"gated_mlp": True}
+    keys = lambda: [dict(k) for k in g.loaded]
     monkeypatch.setattr(e2e, "_fits", lambda nbytes: len(g.loaded) < 2)  # room for two
-    for key in (e2e.PLAIN_LOAD, qkv):
-        e2e.lowered_for(g, key, 1)
-    assert list(g.loaded) == [e2e.PLAIN_LOAD, qkv]
-    first = g.loaded[e2e.PLAIN_LOAD]
-    assert e2e.lowered_for(g, e2e.PLAIN_LOAD, 1) is first  # reused, now the most recent
-    assert list(g.loaded) == [qkv, e2e.PLAIN_LOAD]
+    for options in (plain, qkv):
+        e2e.lowered_for(g, options, 1)
+    assert keys() == [plain, qkv]
+    first = g.loaded[e2e.load_key(plain)]
+    assert e2e.lowered_for(g, plain, 1) is first  # reused, now the most recent
+    assert keys() == [qkv, plain]
     got = e2e.lowered_for(g, mlp, 1)  # no room: qkv (least recent) goes, then there is
-    assert list(g.loaded) == [e2e.PLAIN_LOAD, mlp] and g.loaded[mlp] is got
+    assert keys() == [plain, mlp] and g.loaded[e2e.load_key(mlp)] is got
     assert got.fusions.qkv_pairs == 0 and got.fusions.gated_mlp == config.layers
     monkeypatch.setattr(e2e, "_fits", lambda nbytes: False)  # never room: all others go first
     e2e.lowered_for(g, qkv, 1)
-    assert list(g.loaded) == [qkv] and g.loaded[qkv].fusions.qkv_pairs == config.layers
+    assert keys() == [qkv] and g.loaded[e2e.load_key(qkv)].fusions.qkv_pairs == config.layers

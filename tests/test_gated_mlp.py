@@ -108,7 +108,8 @@ def test_the_split_switch_and_each_splits_grid(monkeypatch):
     with pytest.raises(ValueError, match="split must be one of"):
         ops.gated_mlp(x, ops.interleave_gate_up(w_gate, w_up), w_down, split="m")
     # The plan is host code, in every build: on 132 SMs the K split takes the most CTAs dividing the
-    # I / 8 gate-up tiles, the N split those that also divide the H / 16 down tiles.
+    # I / 8 gate-up tiles, the N split (the row chain's rule) those that also divide the H / 16 down
+    # tiles here.
     from jax_onnx_attn import _ffi
 
     for h, inter in ((2048, 8192), (4096, 14336)):

@@ -1,14 +1,14 @@
 // gated_mlp: the gated MLP of one decode row in one launch (ffi/kernels/gemv/mlp_row.cuh):
 // y = round(round(h W_down^T) + residual), h = round(silu(round(n W_gate^T)) * round(n W_up^T)),
 // n = round(RMS-normed x * norm_weight) or x; the semantics of linear(gated) then linear(residual)
-// (jax_onnx_attn.ops.reference.linear), sums in another order (not the two calls' bits).
+// (jax_onnx_attn.ops.reference.linear); the K split adds in another order (not the two calls'
+// bits), the N split (the two-phase row chain, kernels/gemv/row_chain.cuh) in theirs.
 //
 // x [1, H] T (f16 / bf16), w_gate_up [2 I, H] T (interleave_gate_up), w_down [H, I] T,
 // norm_weight [H] T, residual [1, H] T (placeholders when absent) -> y [1, H] T, workspace f32 of
 // _ffi.gated_mlp_workspace elements (the K split's partial sums [grid, H], the N split's h; a
 // result XLA allocates, discarded). grid: the CTAs, from _ffi.gated_mlp_grid for the split; every
-// CTA must be resident at once (a cooperative launch, else it fails). n_split: MlpRowNKernel.
-#include <algorithm>
+// CTA must be resident at once (a cooperative launch, else it fails).
 #include <string>
 #include <utility>
 
@@ -18,6 +18,15 @@
 
 namespace joa {
 namespace {
+
+// A launch's error as this call's (cleared from the thread's CUDA state), or Success.
+ffi::Error LaunchResult(const char* op, cudaError_t err) {
+  if (err == cudaSuccess) return ffi::Error::Success();
+  cudaGetLastError();
+  return ffi::Error::Internal(std::string(op) + ": " + cudaGetErrorString(err) +
+                              (err == cudaErrorCooperativeLaunchTooLarge
+                                   ? " (the grid's CTAs do not all fit on the GPU at once)" : ""));
+}
 
 ffi::Error GatedMlpImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer w_gate_up, AnyBuffer w_down,
                         AnyBuffer norm_weight, AnyBuffer residual, AnyResult y,
@@ -52,27 +61,28 @@ ffi::Error GatedMlpImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer w_gate_up, A
     return fail("workspace has " + std::to_string(workspace->element_count()) + " f32 elements, needs " +
                 std::to_string(need));
   }
+  const void* gamma = has_norm ? norm_weight.untyped_data() : nullptr;
+  const void* res = has_residual ? residual.untyped_data() : nullptr;
+  const bool bf16 = dtype == ffi::DataType::BF16;
+  if (n_split) {
+    gemv::RowChainParams c = gemv::GatedMlpChain(int(h), int(inter), x.untyped_data(), gamma, w_gate_up.untyped_data(),
+                                                 w_down.untyped_data(), res, workspace->typed_data(), y->untyped_data());
+    c.eps = eps;
+    return LaunchResult("gated_mlp", gemv::LaunchRowChain(c, bf16, int(grid), stream));
+  }
   gemv::MlpRowParams p{};
   p.x = x.untyped_data();
-  p.gamma = has_norm ? norm_weight.untyped_data() : nullptr;
+  p.gamma = gamma;
   p.w_gu = w_gate_up.untyped_data();
   p.w_down = w_down.untyped_data();
-  p.residual = has_residual ? residual.untyped_data() : nullptr;
+  p.residual = res;
   p.y = y->untyped_data();
-  p.partials = n_split ? nullptr : workspace->typed_data();
-  p.hidden = n_split ? static_cast<void*>(workspace->typed_data()) : nullptr;
+  p.partials = workspace->typed_data();
   p.eps = eps;
   p.h = int(h);
   p.inter = int(inter);
   p.tiles_per_cta = int(inter / 8 / grid);
-  const cudaError_t err = gemv::LaunchMlpRow(p, dtype == ffi::DataType::BF16, has_norm, int(grid), n_split, stream);
-  if (err != cudaSuccess) {
-    cudaGetLastError();  // clear it: the error is this call's, reported here
-    return ffi::Error::Internal(std::string("gated_mlp: ") + cudaGetErrorString(err) +
-                                (err == cudaErrorCooperativeLaunchTooLarge
-                                     ? " (the grid's CTAs do not all fit on the GPU at once)" : ""));
-  }
-  return ffi::Error::Success();
+  return LaunchResult("gated_mlp", gemv::LaunchMlpRow(p, bf16, has_norm, int(grid), stream));
 }
 
 // out_mlp: the attention's output projection and the gated MLP of one decode row in one launch
@@ -103,43 +113,26 @@ ffi::Error OutMlpImpl(cudaStream_t stream, AnyBuffer a, AnyBuffer w_o, AnyBuffer
   if (has_norm && (!HasShape(norm_weight, {h}) || norm_weight.element_type() != dtype)) {
     return fail("norm_weight must be [H] in a's dtype");
   }
-  const int64_t limit = int64_t(1) << 24;
-  gemv::RowChainParams p = gemv::OutMlpShapes(int(std::min(h, limit)), int(std::min(ho, limit)),
-                                              int(std::min(inter, limit)));
-  if (h >= limit || ho >= limit || inter >= limit || grid < 1 || grid > 4096 ||
-      !gemv::RowChainFits<gemv::kRowChainWarps>(p, int(grid))) {
+  auto bad_geometry = [&] {
     return fail("H=" + std::to_string(h) + ", Ho=" + std::to_string(ho) + ", I=" + std::to_string(inter) + " on " +
                 std::to_string(grid) + " CTAs is not a geometry the kernel takes (_ffi.out_mlp_grid)");
-  }
+  };
+  const int64_t limit = int64_t(1) << 24;
+  if (h >= limit || ho >= limit || inter >= limit || grid < 1 || grid > 4096) return bad_geometry();
   const int64_t need = gemv::OutMlpWorkspaceElems(int(h), int(inter));
   if (int64_t(workspace->element_count()) < need) {
     return fail("workspace has " + std::to_string(workspace->element_count()) + " f32 elements, needs " +
                 std::to_string(need));
   }
-  // x1 (H of T) then h (I of T) in the workspace: H is a multiple of 512, so h stays 16-byte aligned.
+  // x1 (H of T) then h (I of T) in the workspace.
   void* x1 = workspace->typed_data();
-  void* hidden = static_cast<char*>(x1) + h * 2;
+  gemv::RowChainParams p = gemv::OutMlpChain(
+      int(h), int(ho), int(inter), a.untyped_data(), w_o.untyped_data(), x.untyped_data(),
+      has_norm ? norm_weight.untyped_data() : nullptr, w_gate_up.untyped_data(), w_down.untyped_data(), x1,
+      static_cast<char*>(x1) + h * 2, y->untyped_data());
   p.eps = eps;
-  p.ph[0].w = w_o.untyped_data();
-  p.ph[0].in = a.untyped_data();
-  p.ph[0].residual = x.untyped_data();
-  p.ph[0].out = x1;
-  p.ph[1].w = w_gate_up.untyped_data();
-  p.ph[1].in = x1;
-  p.ph[1].gamma = has_norm ? norm_weight.untyped_data() : nullptr;
-  p.ph[1].out = hidden;
-  p.ph[2].w = w_down.untyped_data();
-  p.ph[2].in = hidden;
-  p.ph[2].residual = x1;
-  p.ph[2].out = y->untyped_data();
-  const cudaError_t err = gemv::LaunchRowChain(p, dtype == ffi::DataType::BF16, int(grid), stream);
-  if (err != cudaSuccess) {
-    cudaGetLastError();  // clear it: the error is this call's, reported here
-    return ffi::Error::Internal(std::string("out_mlp: ") + cudaGetErrorString(err) +
-                                (err == cudaErrorCooperativeLaunchTooLarge
-                                     ? " (the grid's CTAs do not all fit on the GPU at once)" : ""));
-  }
-  return ffi::Error::Success();
+  if (!gemv::RowChainFits<gemv::kRowChainWarps>(p, int(grid))) return bad_geometry();
+  return LaunchResult("out_mlp", gemv::LaunchRowChain(p, dtype == ffi::DataType::BF16, int(grid), stream));
 }
 
 }  // namespace

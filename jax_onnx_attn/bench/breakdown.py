@@ -25,10 +25,10 @@ from jax_onnx_attn.runtime.roofline import H200_HBM_BYTES_PER_S
 
 #: (group, test on a kernel name): the first group whose test matches takes the kernel.
 GROUPS = (
-    # The attention's output projection and the MLP in one kernel (ops.out_mlp).
-    ("o + mlp (chain)", lambda n: "RowChainKernel" in n),
-    # Gate-up and down in one kernel (ops.gated_mlp): MlpRowKernel (K split), MlpRowNKernel (N split).
-    ("mlp (fused)", lambda n: "MlpRowKernel" in n or "MlpRowNKernel" in n),
+    # Gate-up and down in one kernel (ops.gated_mlp): MlpRowKernel (K split), RowChainKernel (N split;
+    # with the attention's output projection too under out_mlp, the record's "out_mlp"); MlpRowNKernel
+    # is the N split's kernel in profiles from before session 39's row chain.
+    ("mlp (fused)", lambda n: any(k in n for k in ("MlpRowKernel", "RowChainKernel", "MlpRowNKernel"))),
     ("gate-up", lambda n: "GatedSiluEpilogue" in n),
     ("qkv + LM head", lambda n: "RmsNormInput" in n or "QkvRotaryEpilogue" in n),  # the fused prepare too
     ("o + down", lambda n: "PlainInput" in n),
@@ -51,12 +51,11 @@ def group_of(name: str) -> str:
 
 
 def group_bytes(config: dict, step_cost: dict, batch: int, ctx: int, fused_mlp: bool = False,
-                chain: bool = False) -> dict[str, float]:
+                out_mlp: bool = False) -> dict[str, float]:
     """Bytes a decode step reads per group: weights from the model's shapes times its bytes a
     weight (the step cost's matmul bytes over its matmul parameters: 2 for f16, 0.5625 for int4
     with f16 scales a 32-block), the KV cache's from its bytes a token (all layers, K and V).
-    fused_mlp: the gate-up and down weights are the fused MLP kernel's; chain: o's, gate-up's and
-    down's are the out_mlp chain's."""
+    fused_mlp: the gate-up and down weights are the fused MLP kernel's; out_mlp: o's too."""
     h, layers = config["hidden"], config["layers"]
     d = config["head_size"]
     qkv = h * (config["heads"] + 2 * config["kv_heads"]) * d
@@ -65,14 +64,11 @@ def group_bytes(config: dict, step_cost: dict, batch: int, ctx: int, fused_mlp: 
     down = config["intermediate"] * h
     head = step_cost["head_params"]
     per_param = (step_cost["breakdown"]["matmul"] + step_cost["breakdown"]["matmul_nbits"]) / step_cost["matmul_params"]
-    if chain:
-        return {"o + mlp (chain)": layers * (o + gate_up + down) * per_param, "mlp (fused)": 0.0, "gate-up": 0.0,
-                "qkv + LM head": (layers * qkv + head) * per_param, "o + down": 0.0,
-                "attention": float(step_cost["kv_bytes_per_token"]) * ctx * batch, "gqa_prepare": 0.0, OTHER: 0.0}
-    mlp = layers * (gate_up + down) * per_param if fused_mlp else 0.0
-    return {"o + mlp (chain)": 0.0, "mlp (fused)": mlp, "gate-up": 0.0 if fused_mlp else layers * gate_up * per_param,
+    o_in_mlp = fused_mlp and out_mlp
+    mlp = (gate_up + down + (o if o_in_mlp else 0)) if fused_mlp else 0
+    return {"mlp (fused)": layers * mlp * per_param, "gate-up": 0.0 if fused_mlp else layers * gate_up * per_param,
             "qkv + LM head": (layers * qkv + head) * per_param,
-            "o + down": layers * (o + (0 if fused_mlp else down)) * per_param,
+            "o + down": layers * ((0 if o_in_mlp else o) + (0 if fused_mlp else down)) * per_param,
             "attention": float(step_cost["kv_bytes_per_token"]) * ctx * batch, "gqa_prepare": 0.0, OTHER: 0.0}
 
 
@@ -91,8 +87,8 @@ def step_breakdown(doc: dict, record: dict, impl: str = "ours", hbm: float | Non
     steps = record["steps_per_call"]
     model = doc["models"][f"{record['model_alias']}/{record['weights']}"]
     fused = any(group_of(name) == "mlp (fused)" for name, _, _ in prof["top_time"])
-    chain = any(group_of(name) == "o + mlp (chain)" for name, _, _ in prof["top_time"])
-    nbytes = group_bytes(model["config"], model["step_cost"], record["batch"], record["ctx"], fused, chain)
+    nbytes = group_bytes(model["config"], model["step_cost"], record["batch"], record["ctx"], fused,
+                         bool(record["impls"][impl].get("out_mlp")))
     acc = {g: [0, 0.0] for g, _ in GROUPS} | {OTHER: [0, 0.0]}
     for name, count, total in prof["top_time"]:
         a = acc[group_of(name)]

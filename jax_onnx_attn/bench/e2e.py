@@ -454,8 +454,8 @@ class Group:
     model: str
     weights: str
     config: object
-    # Our lowerings of the model, one a load: the plain one (PLAIN_LOAD) and those a session of some
-    # batch or switch loads (`lowered_for`), least recently used first.
+    # Our lowerings of the model by their load options (`load_key`): the plain one ({}) and those a
+    # session of some batch or switch loads (`lowered_for`), least recently used first.
     loaded: dict = dataclasses.field(default_factory=dict)
     cost: object = None
     jax_peer: object = None
@@ -472,14 +472,17 @@ class Group:
         jax.clear_caches()  # compiled functions close over the peers and sessions
 
 
-#: The load of a Group's plain lowering: (nbits layout, dense layout, qkv_prepare, gated_mlp, out_mlp).
-PLAIN_LOAD = ("onnx", "nk", False, False, False)
 #: Device memory kept free beside a lowering's weights and caches when deciding whether it fits.
 LOAD_HEADROOM = 2 << 30
 
 
-def lowered_for(g: Group, key: tuple, need: int):
-    """Our lowering of g's model for a load key (PLAIN_LOAD's fields), made on first use. Each one
+def load_key(options: dict) -> tuple:
+    """A lowering's key in Group.loaded: its `load` options, in order."""
+    return tuple(sorted(options.items()))
+
+
+def lowered_for(g: Group, options: dict, need: int):
+    """Our lowering of g's model with these `load` options, made on first use. Each one
     holds the weights on the device (~16 GB at ~8B fp16), so before making one that does not fit
     beside those held (`need` bytes plus LOAD_HEADROOM free) the least recently used are dropped:
     an 80 GB card then runs an ~8B A/B of ours' variants by loading each in turn, where holding
@@ -487,6 +490,7 @@ def lowered_for(g: Group, key: tuple, need: int):
     import jax
     import jax_onnx_attn
 
+    key = load_key(options)
     if key in g.loaded:
         g.loaded[key] = g.loaded.pop(key)  # most recently used last
         return g.loaded[key]
@@ -494,10 +498,7 @@ def lowered_for(g: Group, key: tuple, need: int):
         g.loaded.pop(next(iter(g.loaded)))
         _free()
         jax.clear_caches()  # compiled steps close over the dropped weights
-    layout, dense, qkv, mlp, out_mlp = key
-    extra = {"decode_rows": 32} if layout == "rows" else {}
-    g.loaded[key] = jax_onnx_attn.load(g.info["path"], nbits_layout=layout, dense_layout=dense,
-                                       qkv_prepare=qkv, gated_mlp=mlp, out_mlp=out_mlp, **extra)
+    g.loaded[key] = jax_onnx_attn.load(g.info["path"], **options)
     return g.loaded[key]
 
 
@@ -538,9 +539,9 @@ def open_group(case: Case, args, impls) -> Group:
     g = Group(case.model, case.weights, config)
     path, build_s = ensure_model(config, args.models_dir, progress=args.progress)
     t0 = time.perf_counter()
-    g.loaded[PLAIN_LOAD] = jax_onnx_attn.load(path)
+    plain = g.loaded[load_key({})] = jax_onnx_attn.load(path)
     load_s = time.perf_counter() - t0
-    g.cost = step_cost(g.loaded[PLAIN_LOAD])
+    g.cost = step_cost(plain)
     g.info = {"config": dataclasses.asdict(config), "path": str(path), "params": config.param_count(),
               "file_bytes": config.file_bytes(), "build_s": build_s, "load_s": load_s,
               "step_cost": g.cost.as_dict()}
@@ -660,22 +661,22 @@ def measure_ours(g: Group, case: Case, capacity: int, prefill: bool, verify: boo
     b, t, k = case.batch, case.ctx, args.steps
     out = {}
     mesh = make_mesh(devices) if devices > 1 else None
-    # What a session of this batch and these switches loads (runtime.session.*_for), shared by the
-    # cases that load the same (`lowered_for`): int4 in the rows layout for up to 32 rows (the most
-    # the rows kernel takes; the same layouts on the llama shapes at any batch), the record layout
-    # for one.
-    from jax_onnx_attn.runtime.session import (dense_layout_for, gated_mlp_for, nbits_layout_for, out_mlp_for,
-                                               qkv_prepare_for)
+    # What a session of this batch and these switches loads (runtime.session.load_options), shared by
+    # the cases that load the same (`lowered_for`): int4 in the rows layout for up to 32 rows (the
+    # most the rows kernel takes; the same layouts on the llama shapes at any batch); dense weights
+    # have no n-bit layout.
+    from jax_onnx_attn.runtime.session import load_options
 
-    layout = nbits_layout_for(b, mesh) if g.weights == "int4" else "onnx"
-    dense = dense_layout_for(b, mesh)  # dense weights [K, N] for 2+ rows (XLA's GEMM reads them)
-    qkv = qkv_prepare_for(b, mesh)  # the QKV projection with the step preparation (JOA_QKV_PREPARE)
-    mlp = gated_mlp_for(b, mesh)  # the gated MLP as one kernel (JOA_GATED_MLP)
-    out_mlp = out_mlp_for(b, mesh)  # with the attention's output projection (JOA_OUT_MLP)
-    key = (layout, dense, qkv, mlp, out_mlp)
-    lowered = lowered_for(g, key, g.config.file_bytes() + 2 * b * capacity * kv_bytes_per_token(g.config))
-    if key != PLAIN_LOAD:
-        out["nbits_layout"], out["dense_layout"] = layout, dense
+    options = load_options(b, mesh)
+    if g.weights != "int4":
+        options.pop("nbits_layout", None)
+        options.pop("decode_rows", None)
+    elif "decode_rows" in options:
+        options["decode_rows"] = 32
+    lowered = lowered_for(g, options, g.config.file_bytes() + 2 * b * capacity * kv_bytes_per_token(g.config))
+    if options:
+        out["nbits_layout"] = options.get("nbits_layout", "onnx")
+        out["dense_layout"] = options.get("dense_layout", "nk")
     session = DecoderSession(lowered, max_length=capacity, batch=b, steps_per_call=k, mesh=mesh)
     compile_s = 0.0
     if verify:
@@ -742,9 +743,8 @@ def measure_ours(g: Group, case: Case, capacity: int, prefill: bool, verify: boo
                          first_call_s=first_call_s, devices=devices, **detail)
     rec.update(jax_kernels_per_step(start, call, sync, k) if _profile_this(g, case, args)
                else {"kernels_per_step": None})
-    rec["qkv_prepare"] = qkv
-    rec["gated_mlp"] = mlp
-    rec["out_mlp"] = out_mlp
+    for name in ("qkv_prepare", "gated_mlp", "out_mlp"):
+        rec[name] = options.get(name, False)
     out["decode"] = rec
     del session, holder
     return out

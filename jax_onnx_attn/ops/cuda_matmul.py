@@ -287,12 +287,12 @@ def sm_count() -> int:
 
 
 def gated_mlp_split(split: str | None = None) -> str:
-    """The fused MLP's split (ffi/kernels/gemv/mlp_row.cuh): `split` when given, else
+    """The fused MLP's split (K: ffi/kernels/gemv/mlp_row.cuh, N: row_chain.cuh): `split` when given, else
     JOA_GATED_MLP_SPLIT (read at trace time), else "k". "k": CTA c streams the down weight's K slice
     of the h it made, f32 partials reduced after the grid barrier (measured, session 37); "n": h to
     global memory, the barrier in the middle, whole rows of y a CTA, no partials; at the dense row
-    kernel's warps, the two GEMVs' bits (not yet measured in the whole step). ValueError names a
-    split that is neither."""
+    kernel's warps, the two GEMVs' bits (the ~1B step no faster than with "k" on the H100, session
+    39). ValueError names a split that is neither."""
     if split is None:
         split, what = os.environ.get(GATED_MLP_SPLIT_ENV, "k"), GATED_MLP_SPLIT_ENV
     else:

@@ -757,16 +757,25 @@ def _check_mlp_weights(op, x, w_gate_up, w_down, norm_weight) -> int:
     return inter
 
 
+def _fused_row_unsupported(name, x, backend, enabled, env) -> str | None:
+    """The rules every fused one-row kernel shares (None when they hold): not the reference, one row
+    of `x` (operand `name`), and for "auto" its switch on (`enabled()`, the variable `env`)."""
+    if backend == "reference":
+        return "backend='reference'"
+    if math.prod(x.shape[:-1]) != 1:
+        return f"{name} has {math.prod(x.shape[:-1])} rows: the kernel takes one (a decode step of batch 1)"
+    if backend == "auto" and not enabled():
+        return f"{env}=0"
+    return None
+
+
 def _gated_mlp_unsupported(x, h, inter, norm, backend, split: str) -> str | None:
     """Why the fused MLP kernel does not take this call (None when it does): one row, the switch, the
     gate-up projection's own kernel rules (dtype, JOA_LINEAR_KERNELS, the dense row kernel; it is
     built on it) and a grid for the shape."""
-    if backend == "reference":
-        return "backend='reference'"
-    if math.prod(x.shape[:-1]) != 1:
-        return f"x has {math.prod(x.shape[:-1])} rows: the kernel takes one (a decode step of batch 1)"
-    if backend == "auto" and not cuda_matmul.gated_mlp_enabled():
-        return f"{cuda_matmul.GATED_MLP_ENV}=0"
+    why = _fused_row_unsupported("x", x, backend, cuda_matmul.gated_mlp_enabled, cuda_matmul.GATED_MLP_ENV)
+    if why is not None:
+        return why
     why = _kernel_unsupported(x, 2 * inter, cuda_matmul.DENSE_BITS, True, norm, backend=backend)
     if why is not None:
         return why
@@ -837,12 +846,9 @@ def _out_mlp_unsupported(a, x, inter, norm, backend) -> str | None:
     """Why the out_mlp kernel does not take this call (None when it does): one row, the switch, the
     dense row kernel's rules for both projections it is built on (dtype, JOA_LINEAR_KERNELS) and a
     grid for the chain."""
-    if backend == "reference":
-        return "backend='reference'"
-    if math.prod(a.shape[:-1]) != 1:
-        return f"a has {math.prod(a.shape[:-1])} rows: the kernel takes one (a decode step of batch 1)"
-    if backend == "auto" and not cuda_matmul.out_mlp_enabled():
-        return f"{cuda_matmul.OUT_MLP_ENV}=0"
+    why = _fused_row_unsupported("a", a, backend, cuda_matmul.out_mlp_enabled, cuda_matmul.OUT_MLP_ENV)
+    if why is not None:
+        return why
     h, ho = x.shape[-1], a.shape[-1]
     why = (_kernel_unsupported(a, h, cuda_matmul.DENSE_BITS, False, False, backend=backend) or
            _kernel_unsupported(x, 2 * inter, cuda_matmul.DENSE_BITS, True, norm, backend=backend))

@@ -251,6 +251,25 @@ def out_mlp_for(batch: int, mesh=None) -> bool:
     return gated_mlp_for(batch, mesh) and cuda_matmul.out_mlp_enabled()
 
 
+def load_options(batch: int, mesh=None) -> dict:
+    """The `load` keyword arguments of a session of `batch` rows on `mesh` (None: one device): the
+    weight layouts and fusions its decode steps take, by the rules above; only those that differ
+    from load's defaults (so {} is the plain load). bench e2e loads models by it too."""
+    options = {}
+    nbits = nbits_layout_for(batch, mesh)
+    if nbits != "onnx":
+        options["nbits_layout"] = nbits
+    if nbits == "rows":
+        options["decode_rows"] = batch
+    dense = dense_layout_for(batch, mesh)
+    if dense != "nk":
+        options["dense_layout"] = dense
+    for name, rule in (("qkv_prepare", qkv_prepare_for), ("gated_mlp", gated_mlp_for), ("out_mlp", out_mlp_for)):
+        if rule(batch, mesh):
+            options[name] = True
+    return options
+
+
 def steps_per_check_for(steps_per_call: int, requested: int | None = None) -> int:
     """Decode steps between two "every row finished?" checks of one call: `requested`, else
     $JOA_DECODE_STEPS_PER_CHECK, else the largest divisor of steps_per_call that is at most
@@ -269,10 +288,9 @@ def steps_per_check_for(steps_per_call: int, requested: int | None = None) -> in
     return k
 
 
-def _load(model, dtype, batch: int = 1, nbits_layout: str = "onnx", dense_layout: str = "nk",
-          qkv_prepare: bool = False, gated_mlp: bool = False, out_mlp: bool = False):
-    """A lowered model: anything with `fixed_cache_step` and `params` is taken as is (its layout
-    too)."""
+def _load(model, dtype, options: dict):
+    """A lowered model (`load(model, dtype=dtype, **options)`): anything with `fixed_cache_step` and
+    `params` is taken as is (its layout too)."""
     if hasattr(model, "fixed_cache_step") and hasattr(model, "params"):
         if dtype is not None:
             raise ValueError("dtype applies when the session loads the model; this one is already lowered")
@@ -285,18 +303,7 @@ def _load(model, dtype, batch: int = 1, nbits_layout: str = "onnx", dense_layout
             from jax_onnx_attn.onnx import load
         except ImportError as e:
             raise RuntimeError(f"the ONNX lowering (jax_onnx_attn.onnx) cannot be imported: {e}") from e
-    layout = {} if nbits_layout == "onnx" else {"nbits_layout": nbits_layout}
-    if nbits_layout == "rows":
-        layout["decode_rows"] = batch
-    if dense_layout != "nk":
-        layout["dense_layout"] = dense_layout
-    if qkv_prepare:
-        layout["qkv_prepare"] = True
-    if gated_mlp:
-        layout["gated_mlp"] = True
-    if out_mlp:
-        layout["out_mlp"] = True
-    return load(model, dtype=dtype, **layout)
+    return load(model, dtype=dtype, **options)
 
 
 def _takes(fn, name: str) -> bool:
@@ -386,9 +393,7 @@ class DecoderSession:
         # model larger than one device never lands whole on one.
         with (jax.default_device(jax.local_devices(backend="cpu")[0]) if mesh is not None
               else contextlib.nullcontext()):
-            self.lowered = _load(model, dtype, batch, nbits_layout_for(batch, mesh),
-                                 dense_layout_for(batch, mesh), qkv_prepare_for(batch, mesh),
-                                 gated_mlp_for(batch, mesh), out_mlp_for(batch, mesh))
+            self.lowered = _load(model, dtype, load_options(batch, mesh))
         self.max_length, self.batch, self.steps_per_call = int(max_length), int(batch), int(steps_per_call)
         self.steps_per_check = steps_per_check_for(self.steps_per_call, steps_per_check)
         self.compiler_options = (default_compiler_options() if compiler_options is None

@@ -119,9 +119,10 @@ def test_shapes_without_a_grid_fall_back():
         ops.gated_mlp(x, w_gu, w_down, backend="cuda")
 
 
-@pytest.mark.parametrize("n_split", [False, True])
-def test_handler_refuses_a_grid_the_kernel_does_not_take(n_split):
-    # The handler checks what it is given, whoever calls it: 100 CTAs do not divide I / 8 = 1024.
+@pytest.mark.parametrize("n_split,grid", [(False, 100), (True, 0)])
+def test_handler_refuses_a_grid_the_kernel_does_not_take(n_split, grid):
+    # The handler checks what it is given, whoever calls it: the K split's 100 CTAs do not divide
+    # I / 8 = 1024 gate-up tiles; the N split (the row chain) takes any grid of at least one CTA.
     from jax_onnx_attn._extension import target
 
     x, w_gu, w_down, _, _ = _operands(2048, 8192, jnp.float16)
@@ -129,7 +130,7 @@ def test_handler_refuses_a_grid_the_kernel_does_not_take(n_split):
                                                   jax.ShapeDtypeStruct((100 * 2048,), jnp.float32)))
     ph = jnp.zeros((1,), jnp.float16)
     with pytest.raises(Exception, match="geometry"):
-        y, _ = call(x, w_gu, w_down, ph, ph, has_norm=False, has_residual=False, eps=np.float32(1e-5), grid=100,
+        y, _ = call(x, w_gu, w_down, ph, ph, has_norm=False, has_residual=False, eps=np.float32(1e-5), grid=grid,
                     n_split=n_split)
         np.asarray(y)  # jax raises an FFI handler's error when the result is read
 

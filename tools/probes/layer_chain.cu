@@ -137,12 +137,10 @@ int main() {
     };
     auto chain_params = [&](int i) {
       const LayerW& w = lw[i];
-      RowChainParams c{};
+      // out_mlp's three phases (the tree's), then the next layer's norm + QKV.
+      RowChainParams c = OutMlpChain(H, H, I, attn, w.wo, x0, gamma1, w.wgu, w.wdn, x1c, hidc, x2c);
       c.phases = 4;
       c.eps = 1e-6f;
-      c.ph[0] = {w.wo, attn, nullptr, x0, x1c, H, H, 0};
-      c.ph[1] = {w.wgu, x1c, gamma1, nullptr, hidc, H, 2 * I, 1};
-      c.ph[2] = {w.wdn, hidc, nullptr, x1c, x2c, I, H, 0};
       c.ph[3] = {w.wqkv, x2c, gamma2, nullptr, qkvc, H, NQ, 0};
       return c;
     };
@@ -160,7 +158,6 @@ int main() {
       f.residual = x1;
       f.y = x2;
       f.partials = partials;
-      f.hidden = partials;
       f.eps = 1e-6f;
       f.h = H;
       f.inter = I;

@@ -5,9 +5,10 @@
 //   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
 //     -diag-suppress=940,2473,128 -I ffi -I tools/probes tools/probes/mlp_row.cu \
 //     ffi/kernels/gemv/inst/gemv_f16_dense.cu -o mlp_row
-// Also the N split (MlpRowNKernel, in the tree since session 38: JOA_GATED_MLP_SPLIT=n): h to
-// global, one grid barrier, then whole rows of y a CTA (no partials), the down tiles' first W in
-// flight across it; at 8 warps it adds in the dense row kernel's order (max |N - two| printed: 0 expected).
+// Also the N split (JOA_GATED_MLP_SPLIT=n; since session 39 the two-phase row chain, row_chain.cuh):
+// h to global, one grid barrier, then whole rows of y a CTA (no partials), the down tiles' first W
+// in flight across it; at 8 warps it adds in the dense row kernel's order (max |N - two| printed: 0
+// expected).
 // Env: JOA_PROBE_8B=1 adds the ~8B MLP (2: only it).
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
@@ -24,6 +25,7 @@
 #include "kernels/gemv/gemv.h"
 #include "kernels/gemv/mlp_row.cuh"
 #include "kernels/gemv/plan.h"
+#include "kernels/gemv/row_chain.cuh"
 #include "one_row.h"
 #include "probe_util.h"
 
@@ -36,10 +38,13 @@ cudaError_t LaunchMlp(const MlpRowParams& p, int grid, cudaStream_t s) {
                            MlpRowSmem<kW>::Bytes(p.h, p.tiles_per_cta), s);
 }
 
+// The N split: the two-phase row chain (row_chain.cuh) at kW x kDepth, h in p.partials' bytes.
 template <int kW, int kDepth>
 cudaError_t LaunchMlpN(const MlpRowParams& p, int grid, cudaStream_t s) {
-  return LaunchCooperative(MlpRowNKernel<__half, kW, kDepth, true>, p, grid, kW * 32,
-                           MlpRowNSmem<kW>::Bytes(p.h, p.inter), s);
+  RowChainParams c = GatedMlpChain(p.h, p.inter, p.x, p.gamma, p.w_gu, p.w_down, p.residual, p.partials, p.y);
+  c.eps = p.eps;
+  return LaunchCooperative(RowChainKernel<__half, kW, kDepth>, c, grid, kW * 32, RowChainSmemBytes<kW>(RowChainMaxK(c)),
+                           s);
 }
 
 struct Mlp {
@@ -111,7 +116,6 @@ int main() {
       f.residual = res;
       f.y = yf[i];
       f.partials = partials;
-      f.hidden = partials;  // the N split's h (I of T) fits in the partials' bytes
       f.eps = 1e-6f;
       f.h = H;
       f.inter = I;
@@ -168,18 +172,9 @@ int main() {
     if (variant("16x2", [&](const MlpRowParams& p, cudaStream_t st) { return LaunchMlp<16, 2>(p, grid, st); })) return 1;
     if (variant("16x3", [&](const MlpRowParams& p, cudaStream_t st) { return LaunchMlp<16, 3>(p, grid, st); })) return 1;
     if (variant("16x4", [&](const MlpRowParams& p, cudaStream_t st) { return LaunchMlp<16, 4>(p, grid, st); })) return 1;
-    // The N-split variant: its own grid (the most CTAs <= SMs dividing I / 8, H / 16 too if it can).
-    int grid_n = 0;
-    for (int pass = 0; pass < 2 && grid_n == 0; ++pass) {
-      for (int gr = env.sms; gr > 0; --gr) {
-        if (MlpRowNFits<8>(H, I, gr) && MlpRowNFits<16>(H, I, gr) && (pass == 1 || (H / 16) % gr == 0)) {
-          grid_n = gr;
-          break;
-        }
-      }
-    }
+    // The N split: its own grid (the tree's rule; its h, I of T, fits in the partials' bytes).
+    const int grid_n = RowChainGrid(GatedMlpShapes(H, I), env.sms);
     printf("  N-split grid %d\n", grid_n);
-    for (auto& f : pf) f.tiles_per_cta = I / 8 / grid_n;
     if (variant("N 8x3", [&](const MlpRowParams& p, cudaStream_t st) { return LaunchMlpN<8, 3>(p, grid_n, st); })) return 1;
     if (variant("N 8x4", [&](const MlpRowParams& p, cudaStream_t st) { return LaunchMlpN<8, 4>(p, grid_n, st); })) return 1;
     if (variant("N 16x2", [&](const MlpRowParams& p, cudaStream_t st) { return LaunchMlpN<16, 2>(p, grid_n, st); })) return 1;

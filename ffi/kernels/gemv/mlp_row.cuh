@@ -14,11 +14,8 @@
 // sum of all H outputs. The partials [G, H] go to the workspace; after a grid barrier CTA c adds
 // the partials of its rows in CTA order (deterministic) and applies the epilogue.
 //
-// The N split (MlpRowNKernel; JOA_GATED_MLP_SPLIT=n): CTA c writes its h slice to the workspace;
-// after one grid barrier (the down tiles' first W already in flight across it, as it does not
-// depend on h) every CTA stages all of h and computes whole rows of y, the down tiles c, c + G, ...
-// over all of K: no partials and no second pass. At kWarps warps each phase adds its sums in the
-// dense row kernel's order: the two GEMVs' bits.
+// The N split (JOA_GATED_MLP_SPLIT=n) is the two-phase row chain (row_chain.cuh): h to the
+// workspace, one grid barrier, whole rows of y a CTA; the two GEMVs' bits.
 //
 // Loads and MMAs are dense_row.cuh's: a step is 16 rows x 64 k (2 KB), lane (g, t) holds 16 bytes of
 // rows g/2, g/2 + 8, g/2 + 4, g/2 + 12 as the A operands of two m16n8k16 MMAs, B carries two 32-k
@@ -39,8 +36,8 @@
 
 namespace joa::gemv {
 
-// Both splits' W stream: the gate-up tiles [cta T, (cta + 1) T) a warp's K range at a time, then
-// the down tiles, `down_advance` bytes from one down tile's first step to the next one's.
+// The W stream: the gate-up tiles [cta T, (cta + 1) T) a warp's K range at a time, then the down
+// tiles, `down_advance` bytes from one down tile's first step to the next one's.
 struct MlpLoadCursor {
   const uint8_t* wp;
   int64_t stride, row_a, row_b, down_advance;
@@ -205,88 +202,6 @@ __global__ void __launch_bounds__(kW * 32, 1) MlpRowKernel(const __grid_constant
     T out = FromFloat<T>(v);
     if (p.residual != nullptr) out = FromFloat<T>(ToFloat(out) + ToFloat(static_cast<const T*>(p.residual)[r0 + r]));
     static_cast<T*>(p.y)[r0 + r] = out;
-  }
-}
-
-static_assert(kMlpRowNDepth == kDenseRowDepth, "the N split runs the dense row kernel's steps in flight");
-
-template <typename T, int kW, int kDepth, bool kNorm>
-__global__ void __launch_bounds__(kW * 32, 1) MlpRowNKernel(const __grid_constant__ MlpRowParams p) {
-  constexpr int kThreadsW = kW * 32;
-  using Smem = MlpRowNSmem<kW>;
-  extern __shared__ __align__(16) unsigned char smem[];
-  const int tiles = p.tiles_per_cta, hc = 8 * tiles;
-  uint4* s_x = reinterpret_cast<uint4*>(smem);
-  uint4* s_h = reinterpret_cast<uint4*>(smem + Smem::HOffset(p.h));
-  uint4* s_zero = reinterpret_cast<uint4*>(smem + Smem::ZeroOffset(p.h, p.inter));
-  float* s_red = reinterpret_cast<float*>(smem + Smem::RedOffset(p.h, p.inter));
-  float* s_wsum = s_red + 2 * kW * 16;
-  T* hidden = static_cast<T*>(p.hidden);
-
-  const int tid = threadIdx.x, lane = tid & 31, wk = tid >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  const int cta = int(blockIdx.x), grid = int(gridDim.x);
-  const int nsteps_a = p.h / (64 * kW);      // a gate-up tile's steps a warp (its K range of H)
-  const int steps_a = tiles * nsteps_a;
-  const int nsteps_b = p.inter / (64 * kW);  // a down tile's steps a warp (its K range of I)
-  const int tiles_b = (p.h / 16 - cta + grid - 1) / grid;
-  const int steps = steps_a + tiles_b * nsteps_b;
-  const int64_t row_a = int64_t(p.h) * 2, row_b = int64_t(p.inter) * 2;
-  const int64_t lane_a = int64_t(g >> 1) * row_a + (int64_t(wk) * nsteps_a * 64 + 32 * (g & 1) + 8 * t) * 2;
-  const int64_t lane_b = int64_t(g >> 1) * row_b + (int64_t(wk) * nsteps_b * 64 + 32 * (g & 1) + 8 * t) * 2;
-  const uint8_t* w_gu = static_cast<const uint8_t*>(p.w_gu) + int64_t(cta) * tiles * 16 * row_a + lane_a;
-  const uint8_t* w_dn = static_cast<const uint8_t*>(p.w_down) + int64_t(cta) * 16 * row_b + lane_b;
-
-  // The load cursor runs kDepth steps ahead of the math, across tiles and across the barrier.
-  MlpLoadCursor cur{w_gu, row_a, row_a, row_b, int64_t(grid) * 16 * row_b, w_dn, 0, 0, steps, steps_a, nsteps_a,
-                    nsteps_b};
-  DenseRowStep buf[kDepth];
-#pragma unroll
-  for (int s = 0; s < kDepth; ++s) cur.Next(buf[s]);
-
-  MlpStageInput<T, kW, kNorm>(p, s_x, s_zero, s_wsum, tid, lane, wk);
-
-  // B: lanes 0-7 read 8 units of the step's 64 k (of x, then of h), the others the zero unit.
-  const uint4* xb = lane < 8 ? s_x + wk * nsteps_a * 8 + lane : s_zero;
-  const uint4* hb = lane < 8 ? s_h + wk * nsteps_b * 8 + lane : s_zero;
-  const int xstep = lane < 8 ? 8 : 0;
-
-  float acc[2][2][4] = {};
-  int j = 0, it = 0;
-  for (int i0 = 0; i0 < steps; i0 += kDepth) {
-#pragma unroll
-    for (int s = 0; s < kDepth; ++s) {
-      const int i = i0 + s;
-      if (i >= steps) break;
-      const bool gate_up = i < steps_a;
-      if (i == steps_a) {
-        // Every CTA's h slice written: stage all of h while the down tiles' first W is in flight.
-        cooperative_groups::this_grid().sync();
-        const uint4* hg = static_cast<const uint4*>(p.hidden);
-        for (int u = tid; u < p.inter / 8; u += kThreadsW) s_h[u] = __ldcg(hg + u);
-        __syncthreads();
-      }
-      DenseRowMma<T>(acc, buf[s], gate_up ? xb[j * xstep] : hb[j * xstep]);
-      cur.Next(buf[s]);
-      if (++j < (gate_up ? nsteps_a : nsteps_b)) continue;
-      j = 0;
-      // End of a tile: the warps' sums to shared memory, then added in warp order.
-      float* red = s_red + (it & 1) * kW * 16;
-      DenseRowTileSums(acc, g, t, [&](int r, float v) { red[wk * 16 + r] = v; });
-      __syncthreads();
-      if (gate_up) {
-        if (tid < 8) hidden[int64_t(cta) * hc + it * 8 + tid] = MlpGatedOutput<T, kW>(red, tid);
-      } else if (tid < 16) {  // output row tid of the down tile
-        float v = 0.f;
-#pragma unroll
-        for (int w = 0; w < kW; ++w) v += red[w * 16 + tid];
-        const int row = (cta + (it - tiles) * grid) * 16 + tid;
-        T out = FromFloat<T>(v);
-        if (p.residual != nullptr) out = FromFloat<T>(ToFloat(out) + ToFloat(static_cast<const T*>(p.residual)[row]));
-        static_cast<T*>(p.y)[row] = out;
-      }
-      ++it;
-    }
   }
 }
 

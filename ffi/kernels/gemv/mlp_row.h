@@ -1,10 +1,12 @@
-// The fused gated MLP of one decode row (mlp_row.cuh): its parameters, the geometry's host-side rules
-// and the launch, for the handler (ffi/handlers/gated_mlp.cu) and the probe.
+// The fused gated MLP of one decode row: the K split (mlp_row.cuh) with its parameters, the
+// geometry's host-side rules and the launch, and the rules of both splits for the handler
+// (ffi/handlers/gated_mlp.cu) and the probe; the N split is the two-phase row chain (row_chain.h).
 #pragma once
 
 #include <cstdint>
 
-#include "kernels/gemv/plan.h"  // kSmemOnePerSm
+#include "kernels/gemv/plan.h"       // kSmemOnePerSm
+#include "kernels/gemv/row_chain.h"  // the N split
 
 namespace joa::gemv {
 
@@ -15,8 +17,7 @@ struct MlpRowParams {
   const void* w_down;    // [H, I] T
   const void* residual;  // [H] T, or null
   void* y;               // [H] T
-  float* partials;       // the K split: [G, H] f32 workspace
-  void* hidden;          // the N split: [I] T workspace (h)
+  float* partials;       // [G, H] f32 workspace
   float eps;
   int h, inter;          // H, I
   int tiles_per_cta;     // T: gate-up tiles a CTA (I / 8 / G)
@@ -44,63 +45,38 @@ inline bool MlpRowFits(int h, int inter, int grid) {
   return (8 * tiles) % 64 == 0 && MlpRowSmem<kW>::Bytes(h, tiles) <= kSmemOnePerSm;
 }
 
-// The N split (MlpRowNKernel): x (H of T), all of h (I of T), a zero unit, [2][kW][16] f32 partial
-// row sums, kW f32 norm sums.
-template <int kW>
-struct MlpRowNSmem {
-  static constexpr int HOffset(int h) { return h * 2; }
-  static constexpr int ZeroOffset(int h, int inter) { return h * 2 + inter * 2; }
-  static constexpr int RedOffset(int h, int inter) { return ZeroOffset(h, inter) + 16; }
-  static constexpr int Bytes(int h, int inter) { return RedOffset(h, inter) + (2 * kW * 16 + kW) * 4; }
-};
-
-// The N split's requirements: H and I multiples of 64 kW (the warps' K ranges of both phases),
-// (I / 8) % G == 0 (whole gate-up tiles a CTA), the shared memory within an sm_90 CTA's.
-template <int kW>
-inline bool MlpRowNFits(int h, int inter, int grid) {
-  if (h % (64 * kW) != 0 || inter % (64 * kW) != 0 || grid <= 0 || (inter / 8) % grid != 0) return false;
-  return MlpRowNSmem<kW>::Bytes(h, inter) <= kSmemOnePerSm;
-}
-
 // The variant the launch runs: warps a CTA and steps of W in flight a warp. tools/probes/mlp_row.cu
 // on an H100, µs a layer at 16 warps x 2 / 3 / 4 steps: ~1B 40.2 / 41.8 / 41.5, ~8B 125.4 / 129.9 /
 // 126.0 (8 warps x 3 / 4 / 6: 41.7 / 40.9 / 42.1 and 133.2 / 126.9 / 127.5). Session 37's whole-step
 // figures were taken at 16 x 3.
 inline constexpr int kMlpRowWarps = 16;
 inline constexpr int kMlpRowDepth = 2;
-// The N split: the dense row kernel's warps (kWarps: each phase's sums in that kernel's order, so
-// the two GEMVs' bits) and steps in flight (its kDenseRowDepth; mlp_row.cuh checks they agree).
-// Not yet measured against other choices.
-inline constexpr int kMlpRowNWarps = kWarps;
-inline constexpr int kMlpRowNDepth = 3;
 
-// Whether the launch's kernel of the split takes H x I on `grid` CTAs (the handler's and the
-// launch's check, the grid rule's candidates).
+// Whether the split's kernel takes H x I on `grid` CTAs (the handler's and the launch's check).
 inline bool MlpRowTakes(int h, int inter, int grid, bool n_split) {
-  return n_split ? MlpRowNFits<kMlpRowNWarps>(h, inter, grid) : MlpRowFits<kMlpRowWarps>(h, inter, grid);
+  return n_split ? RowChainFits<kRowChainWarps>(GatedMlpShapes(h, inter), grid)
+                 : MlpRowFits<kMlpRowWarps>(h, inter, grid);
 }
 
-// The grid for H x I on `sms` SMs: the most CTAs <= sms the split's kernel takes, 0 if none. The N
-// split first looks for one that also divides the H / 16 down tiles (every CTA the same number).
+// The grid for H x I on `sms` SMs, 0 if none: the K split's most CTAs <= sms it takes; the N
+// split's the row chain's rule (RowChainGrid).
 inline int MlpRowGrid(int h, int inter, int sms, bool n_split = false) {
-  for (int pass = n_split ? 0 : 1; pass < 2; ++pass) {
-    for (int g = sms; g > 0; --g) {
-      if (MlpRowTakes(h, inter, g, n_split) && (pass == 1 || (h / 16) % g == 0)) return g;
-    }
+  if (n_split) return RowChainGrid(GatedMlpShapes(h, inter), sms);
+  for (int g = sms; g > 0; --g) {
+    if (MlpRowFits<kMlpRowWarps>(h, inter, g)) return g;
   }
   return 0;
 }
 
 // The workspace a launch needs, f32 elements: the K split's partials [G, H], the N split's h (I of T).
 inline int64_t MlpRowWorkspaceElems(int h, int inter, int grid, bool n_split) {
-  return n_split ? (int64_t(inter) + 1) / 2 : int64_t(grid) * h;
+  return n_split ? GatedMlpChainWorkspaceElems(inter) : int64_t(grid) * h;
 }
 
 #if defined(__CUDACC__) || defined(__CUDA_RUNTIME_H__)  // the handler includes cuda_runtime.h first
-// Launches the kernel cooperatively (every CTA resident, or the launch fails) for dtype T
-// (bf16 = false: f16); norm: the RMS norm prologue (p.gamma set); n_split: MlpRowNKernel (p.hidden
-// set), else MlpRowKernel (p.partials set).
-cudaError_t LaunchMlpRow(const MlpRowParams& p, bool bf16, bool norm, int grid, bool n_split, cudaStream_t stream);
+// Launches the K split's kernel cooperatively (every CTA resident, or the launch fails) for dtype T
+// (bf16 = false: f16); norm: the RMS norm prologue (p.gamma set).
+cudaError_t LaunchMlpRow(const MlpRowParams& p, bool bf16, bool norm, int grid, cudaStream_t stream);
 #endif
 
 }  // namespace joa::gemv

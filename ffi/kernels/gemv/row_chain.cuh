@@ -1,7 +1,8 @@
 // A chain of one-row dense projections in one persistent kernel: phase q computes
 // out_q = epilogue(prologue(in_q) W_q^T), its input written by the kernel before or by an earlier
-// phase; a grid barrier between phases. The out_mlp target runs the attention's output projection
-// and the gated MLP as three phases (o + residual; norm + gate / up + SiLU·up; down + o's output).
+// phase; a grid barrier between phases. Two chains run on it (row_chain.h): the fused gated MLP's
+// N split (norm + gate / up + SiLU·up; down + residual) and out_mlp (the attention's output
+// projection + residual, then those two).
 //
 // Why one kernel: a one-row GEMV pays a ramp (no W in flight until its CTAs start), a drain (the
 // last tiles' CTAs alone) and a kernel boundary; the small ones (o: 8 MB at ~1B, 5.3 µs a call on
@@ -9,7 +10,7 @@
 // so the load cursor runs kDepth steps ahead across each barrier: the next phase's first W is in
 // flight while the grid waits. tools/probes/layer_chain.cu measures the chain against the launches.
 //
-// Geometry (MlpRowNKernel's N split, phase by phase): grid G (at most one CTA an SM, launched
+// Geometry (an N split a phase): grid G (at most one CTA an SM, launched
 // cooperatively: every CTA resident); CTA c takes the 16-row tiles c, c + G, ... of each phase over
 // all of K (warp w its K range), adds its warps' sums in warp order and applies the epilogue itself:
 // no partials. At the dense row kernel's 8 warps each phase adds in that kernel's order, so the chain

@@ -1,6 +1,7 @@
 // A chain of one-row dense projections in one persistent launch (row_chain.cuh): its parameters,
-// the geometry's host-side rules and the launch, for the handlers (ffi/handlers/gated_mlp.cu: the
-// attention's output projection + the gated MLP, out_mlp) and tools/probes/layer_chain.cu.
+// the geometry's host-side rules, the chains the handlers run and the launch, for the handlers
+// (ffi/handlers/gated_mlp.cu: gated_mlp's N split, and out_mlp: the attention's output projection +
+// the gated MLP) and the probes (tools/probes/mlp_row.cu, layer_chain.cu).
 #pragma once
 
 #include <cstdint>
@@ -81,22 +82,42 @@ inline int RowChainGrid(const RowChainParams& p, int sms) {
   return best;
 }
 
-// The out_mlp chain's phases, shapes only (the grid rule's input; pointers null): o [H, Ho] with the
-// residual, the gated gate / up [2 I, H], down [H, I] with o's output as its residual.
-inline RowChainParams OutMlpShapes(int h, int ho, int inter) {
+// The chains the handlers run (ffi/handlers/gated_mlp.cu), in one place for them, the grid rule
+// (pointers null: shapes only) and the probes. gated_mlp's N split: the gated gate / up [2 I, H]
+// (RMS norm when gamma) into h, then down [H, I] with the residual into y.
+inline RowChainParams GatedMlpChain(int h, int inter, const void* x, const void* gamma, const void* w_gate_up,
+                                    const void* w_down, const void* residual, void* hidden, void* y) {
   RowChainParams p{};
-  p.phases = 3;
-  p.ph[0].k = ho;
-  p.ph[0].n_rows = h;
-  p.ph[1].k = h;
-  p.ph[1].n_rows = 2 * inter;
-  p.ph[1].gated = 1;
-  p.ph[2].k = inter;
-  p.ph[2].n_rows = h;
+  p.phases = 2;
+  p.ph[0] = RowChainPhase{w_gate_up, x, gamma, nullptr, hidden, h, 2 * inter, 1};
+  p.ph[1] = RowChainPhase{w_down, hidden, nullptr, residual, y, inter, h, 0};
   return p;
 }
 
-// out_mlp's workspace, f32 elements: o's output (H of T) then h (I of T).
+// out_mlp: o [H, Ho] with the residual x into x1, then the gated MLP of x1 with x1 as its residual.
+inline RowChainParams OutMlpChain(int h, int ho, int inter, const void* a, const void* w_o, const void* x,
+                                  const void* gamma, const void* w_gate_up, const void* w_down, void* x1,
+                                  void* hidden, void* y) {
+  const RowChainParams mlp = GatedMlpChain(h, inter, x1, gamma, w_gate_up, w_down, x1, hidden, y);
+  RowChainParams p{};
+  p.phases = 3;
+  p.ph[0] = RowChainPhase{w_o, a, nullptr, x, x1, ho, h, 0};
+  p.ph[1] = mlp.ph[0];
+  p.ph[2] = mlp.ph[1];
+  return p;
+}
+
+// Their phases, shapes only (the grid rule and the handlers' checks read them).
+inline RowChainParams GatedMlpShapes(int h, int inter) {
+  return GatedMlpChain(h, inter, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
+}
+inline RowChainParams OutMlpShapes(int h, int ho, int inter) {
+  return OutMlpChain(h, ho, inter, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
+}
+
+// The workspaces, f32 elements: gated_mlp's N split h (I of T); out_mlp's x1 then h (H + I of T;
+// H a multiple of 512 keeps h 16-byte aligned).
+inline int64_t GatedMlpChainWorkspaceElems(int inter) { return (int64_t(inter) + 1) / 2; }
 inline int64_t OutMlpWorkspaceElems(int h, int inter) { return (int64_t(h) + inter + 1) / 2; }
 
 #if defined(__CUDACC__) || defined(__CUDA_RUNTIME_H__)  // the handler includes cuda_runtime.h first
