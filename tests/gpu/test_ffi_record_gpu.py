@@ -5,9 +5,9 @@ stream-capturing them; the results must be the same bits as without it.
 Each case runs a decode-like loop (norm + gated projection, then a residual projection back, in a
 fori_loop that XLA captures) in a fresh process, with JOA_FFI_RECORD=1 and =0 (the registration is
 per process), and compares the outputs' bytes. The record run must have registered both targets
-and created kernel nodes; plans that need a function attribute a node cannot carry (the ring
-kernel's shared-memory carveout, split-K clusters over 8 CTAs) fall back to stream capture,
-counted, with the same bits.
+and created kernel nodes; plans that need a function attribute a node cannot carry (a shared-memory
+carveout, over 48 KB of shared memory, split-K clusters over 8 CTAs: today every m=8 plan here) fall
+back to stream capture, counted, with the same bits.
 """
 
 from __future__ import annotations
@@ -93,14 +93,20 @@ def runs():
 
 def test_record_stage_is_registered_and_creates_nodes(runs):
     on, off = runs
-    assert on["status"]["targets"] == ["jax_onnx_attn_linear", "jax_onnx_attn_matmul_nbits"], on["status"]
+    assert on["status"]["targets"] == [
+        "jax_onnx_attn_linear", "jax_onnx_attn_linear_gqa_prepare", "jax_onnx_attn_matmul_nbits"], on["status"]
     assert not on["status"]["errors"], on["status"]
     assert off["status"]["targets"] == [] and not off["status"]["enabled"], off["status"]
     # The one-row dense kernel launches without function attributes: nodes only.
     assert on["cases"]["dense m=1"]["creates"] > 0 and on["cases"]["dense m=1"]["fallbacks"] == 0, on["cases"]
-    # The rows kernel: the gate-up's cluster of 4 is a node; the down projection's split-K cluster
-    # of 16 (K = 4096) needs the non-portable cluster attribute, so that call is stream-captured.
-    assert on["cases"]["int4 rows m=8"]["creates"] > 0, on["cases"]
+    # The m=8 plans (dense and int4 rows) take the max-shared carveout or over 48 KB of shared
+    # memory, function attributes a node XLA loads from our cubin cannot carry: those calls are
+    # stream-captured (counted, same bits: the next test). Every call is one or the other.
+    for case in ("dense m=8", "int4 rows m=8"):
+        got = on["cases"][case]
+        assert got["creates"] + got["fallbacks"] > 0, (case, got)
+    if on["status"]["fallbacks"]:
+        assert on["status"]["last_fallback"] == "a launch needs a function attribute", on["status"]
 
 
 def test_record_stage_gives_the_same_bits(runs):
