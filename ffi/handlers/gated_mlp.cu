@@ -8,8 +8,7 @@
 // norm_weight [H] T, residual [1, H] T (placeholders when absent) -> y [1, H] T, workspace f32 of
 // _ffi.gated_mlp_workspace elements (the K split's partial sums [grid, H], the N split's h; a
 // result XLA allocates, discarded). grid: the CTAs, from _ffi.gated_mlp_grid for the split; every
-// CTA must be resident at once (a cooperative launch, else it fails). pdl: also a programmatic
-// dependent launch (W read before the wait on the previous kernel; the next may launch early).
+// CTA must be resident at once (a cooperative launch, else it fails).
 #include <string>
 #include <utility>
 
@@ -32,7 +31,7 @@ ffi::Error LaunchResult(const char* op, cudaError_t err) {
 ffi::Error GatedMlpImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer w_gate_up, AnyBuffer w_down,
                         AnyBuffer norm_weight, AnyBuffer residual, AnyResult y,
                         ffi::Result<ffi::Buffer<ffi::F32>> workspace, bool has_norm, bool has_residual,
-                        float eps, int64_t grid, bool n_split, bool pdl) {
+                        float eps, int64_t grid, bool n_split) {
   auto fail = [](const std::string& what) { return InvalidArgument("gated_mlp: " + what); };
   const ffi::DataType dtype = x.element_type();
   if (dtype != ffi::DataType::F16 && dtype != ffi::DataType::BF16) return fail("x must be f16 or bf16");
@@ -69,7 +68,6 @@ ffi::Error GatedMlpImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer w_gate_up, A
     gemv::RowChainParams c = gemv::GatedMlpChain(int(h), int(inter), x.untyped_data(), gamma, w_gate_up.untyped_data(),
                                                  w_down.untyped_data(), res, workspace->typed_data(), y->untyped_data());
     c.eps = eps;
-    c.pdl = pdl;
     return LaunchResult("gated_mlp", gemv::LaunchRowChain(c, bf16, int(grid), stream));
   }
   gemv::MlpRowParams p{};
@@ -84,7 +82,6 @@ ffi::Error GatedMlpImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer w_gate_up, A
   p.h = int(h);
   p.inter = int(inter);
   p.tiles_per_cta = int(inter / 8 / grid);
-  p.pdl = pdl;
   return LaunchResult("gated_mlp", gemv::LaunchMlpRow(p, bf16, has_norm, int(grid), stream));
 }
 
@@ -95,12 +92,10 @@ ffi::Error GatedMlpImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer w_gate_up, A
 //
 // a [1, Ho] T, w_o [H, Ho] T, x [1, H] T, w_gate_up [2 I, H] T (interleave_gate_up), w_down [H, I] T,
 // norm_weight [H] T (placeholder when absent) -> y [1, H] T, workspace f32 of _ffi.out_mlp_workspace
-// elements (x1 then h, as T). grid: _ffi.out_mlp_grid's CTAs, all resident at once. pdl: as
-// gated_mlp's.
+// elements (x1 then h, as T). grid: _ffi.out_mlp_grid's CTAs, all resident at once.
 ffi::Error OutMlpImpl(cudaStream_t stream, AnyBuffer a, AnyBuffer w_o, AnyBuffer x, AnyBuffer w_gate_up,
                       AnyBuffer w_down, AnyBuffer norm_weight, AnyResult y,
-                      ffi::Result<ffi::Buffer<ffi::F32>> workspace, bool has_norm, float eps, int64_t grid,
-                      bool pdl) {
+                      ffi::Result<ffi::Buffer<ffi::F32>> workspace, bool has_norm, float eps, int64_t grid) {
   auto fail = [](const std::string& what) { return InvalidArgument("out_mlp: " + what); };
   const ffi::DataType dtype = a.element_type();
   if (dtype != ffi::DataType::F16 && dtype != ffi::DataType::BF16) return fail("a must be f16 or bf16");
@@ -136,7 +131,6 @@ ffi::Error OutMlpImpl(cudaStream_t stream, AnyBuffer a, AnyBuffer w_o, AnyBuffer
       has_norm ? norm_weight.untyped_data() : nullptr, w_gate_up.untyped_data(), w_down.untyped_data(), x1,
       static_cast<char*>(x1) + h * 2, y->untyped_data());
   p.eps = eps;
-  p.pdl = pdl;
   if (!gemv::RowChainFits<gemv::kRowChainWarps>(p, int(grid))) return bad_geometry();
   return LaunchResult("out_mlp", gemv::LaunchRowChain(p, dtype == ffi::DataType::BF16, int(grid), stream));
 }
@@ -157,8 +151,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JoaOutMlp, joa::OutMlpImpl,
                                   .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // workspace
                                   .Attr<bool>("has_norm")
                                   .Attr<float>("eps")
-                                  .Attr<int64_t>("grid")
-                                  .Attr<bool>("pdl"),
+                                  .Attr<int64_t>("grid"),
                               JOA_COMMAND_BUFFER_SAFE);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JoaGatedMlp, joa::GatedMlpImpl,
@@ -175,6 +168,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JoaGatedMlp, joa::GatedMlpImpl,
                                   .Attr<bool>("has_residual")
                                   .Attr<float>("eps")
                                   .Attr<int64_t>("grid")
-                                  .Attr<bool>("n_split")
-                                  .Attr<bool>("pdl"),
+                                  .Attr<bool>("n_split"),
                               JOA_COMMAND_BUFFER_SAFE);

@@ -48,9 +48,6 @@ OUT_MLP_ENV = "JOA_OUT_MLP"
 #: The environment variable that picks the fused MLP's split (`gated_mlp_split`): "k" or "n".
 GATED_MLP_SPLIT_ENV = "JOA_GATED_MLP_SPLIT"
 GATED_MLP_SPLITS = ("k", "n")
-#: The environment variable that launches the fused MLP kernels (`gated_mlp`, `out_mlp`) as
-#: programmatic dependents where their callers ask for PDL (`fused_mlp_pdl_enabled`).
-FUSED_MLP_PDL_ENV = "JOA_FUSED_MLP_PDL"
 
 
 def nbits_wide() -> bool:
@@ -315,26 +312,14 @@ def gated_mlp_grid(h: int, inter: int, split: str | None = None) -> int:
     return int(_ffi.gated_mlp_grid(int(h), int(inter), sm_count(), split == "n"))
 
 
-def fused_mlp_pdl_enabled() -> bool:
-    """Whether the fused MLP kernels (`gated_mlp`, `out_mlp`) launch as programmatic dependents
-    where their callers pass pdl=True (the ONNX handlers do): cooperative launches that may start
-    while the kernel before them runs, reading their first W steps before they wait for it, and that
-    let the next kernel (the next layer's QKV projection) launch and read its W while they run, as
-    the dense row GEMVs do. Without it the fused MLP is the one launch of a batch-1 layer with no
-    overlap on either side (session 40). Off until the GPU has timed it; JOA_FUSED_MLP_PDL=1 turns
-    it on (read at trace time)."""
-    return _switch(FUSED_MLP_PDL_ENV, "0")
-
-
 def gated_mlp(x, w_gate_up, w_down, norm_weight=None, residual=None, *, eps: float = 1e-6,
-              split: str | None = None, pdl: bool = False):
+              split: str | None = None):
     """x [1, H] f16/bf16, w_gate_up [2 I, H] (`ops.interleave_gate_up`), w_down [H, I] -> [1, H]:
     `linear(x, w_gate_up, norm_weight=, gated=True)` then `linear(., w_down, residual=)` in one
     launch (ffi/handlers/gated_mlp.cu). split (`gated_mlp_split`) "k": the down
     projection's f32 sums in another order than the two calls (within the dtype's tolerance of
     them, not the same bits); "n": the two calls' bits. norm_weight [H] and residual [1, H] or
-    None. pdl: a programmatic dependent launch where `fused_mlp_pdl_enabled` (the same bits). The
-    shape must have a grid (`gated_mlp_grid`); under vmap each example is its own call."""
+    None. The shape must have a grid (`gated_mlp_grid`); under vmap each example is its own call."""
     split = gated_mlp_split(split)
     h, inter = x.shape[1], w_down.shape[1]
     grid = gated_mlp_grid(h, inter, split)
@@ -349,8 +334,7 @@ def gated_mlp(x, w_gate_up, w_down, norm_weight=None, residual=None, *, eps: flo
     ph = _placeholder(x.dtype)
     y, _ = call(x, w_gate_up, w_down, ph if norm_weight is None else norm_weight,
                 ph if residual is None else residual, has_norm=norm_weight is not None,
-                has_residual=residual is not None, eps=np.float32(eps), grid=int(grid), n_split=n_split,
-                pdl=bool(pdl) and fused_mlp_pdl_enabled())
+                has_residual=residual is not None, eps=np.float32(eps), grid=int(grid), n_split=n_split)
     return y
 
 
@@ -372,13 +356,13 @@ def out_mlp_grid(h: int, ho: int, inter: int) -> int:
     return int(_ffi.out_mlp_grid(int(h), int(ho), int(inter), sm_count()))
 
 
-def out_mlp(a, w_o, x, w_gate_up, w_down, norm_weight=None, *, eps: float = 1e-6, pdl: bool = False):
+def out_mlp(a, w_o, x, w_gate_up, w_down, norm_weight=None, *, eps: float = 1e-6):
     """a [1, Ho] f16/bf16 (the attention's output), w_o [H, Ho], x [1, H] (the residual stream),
     w_gate_up [2 I, H] (`ops.interleave_gate_up`), w_down [H, I] -> [1, H]: x1 = `linear(a, w_o,
     residual=x)`, then `gated_mlp(x1, w_gate_up, w_down, norm_weight, residual=x1)` as one chain of
     three phases in one launch (ffi/handlers/gated_mlp.cu, kernels/gemv/row_chain.cuh): the separate
-    dense row kernels' bits (the MLP's as two GEMVs, the N split's). pdl: as `gated_mlp`'s. The
-    shapes must have a grid (`out_mlp_grid`); under vmap each example is its own call."""
+    dense row kernels' bits (the MLP's as two GEMVs, the N split's). The shapes must have a grid
+    (`out_mlp_grid`); under vmap each example is its own call."""
     h, ho, inter = x.shape[1], a.shape[1], w_down.shape[1]
     grid = out_mlp_grid(h, ho, inter)
     if grid == 0:
@@ -388,8 +372,7 @@ def out_mlp(a, w_o, x, w_gate_up, w_down, norm_weight=None, *, eps: float = 1e-6
                             (jax.ShapeDtypeStruct((1, h), x.dtype), jax.ShapeDtypeStruct((workspace,), jnp.float32)),
                             vmap_method="sequential")
     y, _ = call(a, w_o, x, w_gate_up, w_down, _placeholder(x.dtype) if norm_weight is None else norm_weight,
-                has_norm=norm_weight is not None, eps=np.float32(eps), grid=int(grid),
-                pdl=bool(pdl) and fused_mlp_pdl_enabled())
+                has_norm=norm_weight is not None, eps=np.float32(eps), grid=int(grid))
     return y
 
 

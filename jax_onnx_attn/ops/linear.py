@@ -702,8 +702,7 @@ def gated_mlp(x, w_gate_up, w_down, *, residual=None, norm_weight=None, norm_eps
         first, norm_epsilon).
       backend: "auto", "reference" or "cuda" ("cuda": the fused kernel, or NotImplementedError
         saying why it does not take the call).
-      pdl: as `linear`'s, for the two calls when they run; for the fused kernel where
-        `cuda_matmul.fused_mlp_pdl_enabled` (the same bits).
+      pdl: as `linear`'s, for the two calls when they run.
       split: the fused kernel's split, "k" or "n" (None: the JOA_GATED_MLP_SPLIT switch, "k" by
         default; `cuda_matmul.gated_mlp_split`).
 
@@ -737,7 +736,7 @@ def gated_mlp(x, w_gate_up, w_down, *, residual=None, norm_weight=None, norm_eps
         return reference.linear(hidden, wdn, None, r2)
 
     def cuda_fn(x2, wgu, wdn, nw, r2):
-        return cuda_matmul.gated_mlp(x2, wgu, wdn, nw, r2, eps=eps, split=split, pdl=pdl)
+        return cuda_matmul.gated_mlp(x2, wgu, wdn, nw, r2, eps=eps, split=split)
 
     return _run(op, backend, ref_fn, cuda_fn, None, x, (w_gate_up, w_down, norm_weight), residual, h)
 
@@ -801,7 +800,7 @@ def out_mlp(a, w_o, x, w_gate_up, w_down, *, norm_weight=None, norm_epsilon: flo
       norm_weight: None or [H]: the MLP's RMS norm of x1 (norm_epsilon).
       backend: "auto" (the kernel under JOA_OUT_MLP=1, `cuda_matmul.out_mlp_enabled`, read at trace
         time), "reference" or "cuda" (the kernel, or NotImplementedError saying why not).
-      pdl: as `linear`'s, for the calls when they run; for the fused kernel as `gated_mlp`'s.
+      pdl: as `linear`'s, for the calls when they run.
 
     Returns:
       [..., H] of a's dtype. The kernel adds every sum in the separate one-row kernels' order (the
@@ -836,7 +835,7 @@ def out_mlp(a, w_o, x, w_gate_up, w_down, *, norm_weight=None, norm_epsilon: flo
         return reference.linear(reference.linear(x1, wgu, None, None, nw, eps, True), wdn, None, x1)
 
     def cuda_fn(a2, wo, x2, wgu, wdn, nw):
-        return cuda_matmul.out_mlp(a2, wo, x2, wgu, wdn, nw, eps=eps, pdl=pdl)
+        return cuda_matmul.out_mlp(a2, wo, x2, wgu, wdn, nw, eps=eps)
 
     y = dispatch(op, backend, ref_fn, cuda_fn, a.reshape(1, ho), w_o, x.reshape(1, h), w_gate_up, w_down,
                  norm_weight)

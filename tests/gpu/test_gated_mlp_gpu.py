@@ -131,7 +131,7 @@ def test_handler_refuses_a_grid_the_kernel_does_not_take(n_split, grid):
     ph = jnp.zeros((1,), jnp.float16)
     with pytest.raises(Exception, match="geometry"):
         y, _ = call(x, w_gu, w_down, ph, ph, has_norm=False, has_residual=False, eps=np.float32(1e-5), grid=grid,
-                    n_split=n_split, pdl=False)
+                    n_split=n_split)
         np.asarray(y)  # jax raises an FFI handler's error when the result is read
 
 
@@ -155,36 +155,14 @@ _LOOP = textwrap.dedent("""
 """) + command_buffer.loop_checks("gated_mlp")
 
 
-@pytest.mark.parametrize("fused_pdl", ["0", "1"], ids=["launch", "pdl"])
 @pytest.mark.parametrize("split", cuda_matmul.GATED_MLP_SPLITS)
-def test_loop_is_captured_in_a_command_buffer(tmp_path, monkeypatch, split, fused_pdl):
-    # With the PDL switch on, each fused MLP of the loop starts while the one before runs (a
-    # cooperative launch and a programmatic dependent); the loop checks those bits against pdl=False.
-    monkeypatch.setenv(cuda_matmul.FUSED_MLP_PDL_ENV, fused_pdl)
+def test_loop_is_captured_in_a_command_buffer(tmp_path, split):
     command_buffer.assert_captured(_LOOP.replace("SPLIT", repr(split)), "gated_mlp", tmp_path)
 
 
 def _kernel_counts(session) -> dict:
     hlo = "\n".join(session.compiled_text("decode"))
     return {t: hlo.count(f'custom_call_target="jax_onnx_attn_{t}"') for t in ("linear", "gated_mlp")}
-
-
-def _mlp_pdl_attrs(session) -> list[bool]:
-    """The pdl attribute of each gated_mlp call in the session's compiled decode steps."""
-    lines = [l for text in session.compiled_text("decode") for l in text.splitlines()
-             if 'custom_call_target="jax_onnx_attn_gated_mlp"' in l]
-    return ["pdl = true" in l for l in lines]
-
-
-def test_session_steps_launch_the_fused_mlp_as_a_programmatic_dependent(monkeypatch):
-    # JOA_FUSED_MLP_PDL (read at trace time): the session's fused MLPs become programmatic
-    # dependents (the ONNX handler passes pdl=True); the same math, so the same tokens and logits.
-    monkeypatch.setenv(cuda_matmul.GATED_MLP_ENV, "1")
-    pair = session_switch.sessions_with_switch(monkeypatch, cuda_matmul.FUSED_MLP_PDL_ENV)
-    layers = session_switch.LAYERS
-    assert _mlp_pdl_attrs(pair.plain) == [False] * layers
-    assert _mlp_pdl_attrs(pair.session) == [True] * layers
-    assert pair.got.tokens == pair.want.tokens
 
 
 def test_session_of_batch_one_runs_each_mlp_as_one_kernel(monkeypatch):

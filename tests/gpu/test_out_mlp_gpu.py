@@ -121,7 +121,7 @@ def test_handler_refuses_a_geometry_the_kernel_does_not_take():
     z = lambda *s: jnp.zeros(s, jnp.float16)
     with pytest.raises(Exception, match="geometry"):
         y, _ = call(z(1, h), z(h, h), z(1, h), z(2 * inter, h), z(h, inter), z(1), has_norm=False,
-                    eps=np.float32(1e-5), grid=64, pdl=False)
+                    eps=np.float32(1e-5), grid=64)
         np.asarray(y)  # jax raises an FFI handler's error when the result is read
 
 
@@ -148,11 +148,7 @@ _LOOP = textwrap.dedent("""
 # of three projections a step carried through 8 steps, against the reference's other sum order.
 
 
-@pytest.mark.parametrize("fused_pdl", ["0", "1"], ids=["launch", "pdl"])
-def test_loop_is_captured_in_a_command_buffer(tmp_path, monkeypatch, fused_pdl):
-    # With the PDL switch on, each chain starts while the one before runs; the loop checks those
-    # bits against pdl=False.
-    monkeypatch.setenv(cuda_matmul.FUSED_MLP_PDL_ENV, fused_pdl)
+def test_loop_is_captured_in_a_command_buffer(tmp_path):
     command_buffer.assert_captured(_LOOP, "out_mlp", tmp_path)
 
 

@@ -8,13 +8,9 @@
 namespace joa::gemv {
 
 // kernel<<<grid, threads, smem, stream>>>(p) as a cooperative launch, the kernel's dynamic
-// shared-memory limit raised first where smem passes the default 48 KB. pdl: also a programmatic
-// dependent launch: the kernel may start while the previous one runs, so it must call
-// ptx::WaitForPrimary before it reads anything a kernel before it wrote (W it may read first).
-// Its CTAs become resident as the previous kernel's leave; the grid barrier waits for all of them.
+// shared-memory limit raised first where smem passes the default 48 KB.
 template <class Kernel, class Params>
-cudaError_t LaunchCooperative(Kernel kernel, const Params& p, int grid, int threads, int smem, cudaStream_t stream,
-                              bool pdl = false) {
+cudaError_t LaunchCooperative(Kernel kernel, const Params& p, int grid, int threads, int smem, cudaStream_t stream) {
   if (smem > 48 * 1024) {
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
@@ -24,13 +20,11 @@ cudaError_t LaunchCooperative(Kernel kernel, const Params& p, int grid, int thre
   cfg.blockDim = dim3(threads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
+  cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeCooperative;
   attr[0].val.cooperative = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 2 : 1;
+  cfg.numAttrs = 1;
   return cudaLaunchKernelEx(&cfg, kernel, p);
 }
 

@@ -132,19 +132,12 @@ __global__ void __launch_bounds__(kW * 32, 1) MlpRowKernel(const __grid_constant
   const uint8_t* w_gu = static_cast<const uint8_t*>(p.w_gu) + int64_t(cta) * tiles * 16 * row_a + lane_a;
   const uint8_t* w_dn = static_cast<const uint8_t*>(p.w_down) + int64_t(wk) * 16 * row_b + lane_b;
 
-  // Under PDL the next kernel (the next layer's QKV projection) may launch now and read its W
-  // while this one runs; it waits for this grid's end before it reads y.
-  if (p.pdl) ptx::LaunchDependents();
-
   // The load cursor runs kDepth steps ahead of the math, across tiles and across the phases.
   MlpLoadCursor cur{w_gu, row_a, row_a, row_b, kW * 16 * row_b, w_dn, 0, 0, steps, steps_a, nsteps_a, nsteps_b};
   DenseRowStep buf[kDepth];
 #pragma unroll
   for (int s = 0; s < kDepth; ++s) cur.Next(buf[s]);
 
-  // Everything above reads W only; x, the residual and the workspace (which the previous layer's
-  // call also wrote) wait for the kernels before this one (a no-op without the launch attribute).
-  ptx::WaitForPrimary();
   MlpStageInput<T, kW, kNorm>(p, s_x, s_zero, s_wsum, tid, lane, wk);
 
   // B: lanes 0-7 read 8 units of the step's 64 k, the others the zero unit.

@@ -21,9 +21,6 @@ struct MlpRowParams {
   float eps;
   int h, inter;          // H, I
   int tiles_per_cta;     // T: gate-up tiles a CTA (I / 8 / G)
-  // A programmatic dependent launch (LaunchMlpRow): the first W steps are read before the wait on
-  // the previous kernel, and the next kernel may launch once every CTA has started.
-  bool pdl;
 };
 
 // Shared memory: x (H of T, after the prologue), h slice (8 T of T), a zero unit, [2][kW][16] f32

@@ -110,18 +110,12 @@ __global__ void __launch_bounds__(kW * 32, 1) RowChainKernel(const __grid_consta
     steps += (p.ph[q].n_rows / 16 - cta + grid - 1) / grid * (p.ph[q].k / (64 * kW));
   }
 
-  // Under PDL the next kernel may launch now and read its W while this one runs.
-  if (p.pdl) ptx::LaunchDependents();
-
   RowChainCursor<kW> cur{&p, cta, grid, g, t, wk};
   cur.Enter(0);
   DenseRowStep buf[kDepth];
 #pragma unroll
   for (int s = 0; s < kDepth; ++s) cur.Next(buf[s]);
   if (tid == 0) *s_zero = make_uint4(0, 0, 0, 0);
-  // Everything above reads W only; the phases' inputs and outputs wait for the kernels before this
-  // one (a no-op without the launch attribute).
-  ptx::WaitForPrimary();
 
   // The consumer: phase q (its input staged), tile tile_i of it, step j of the tile. Every CTA
   // crosses the phases - 1 barriers, also through phases where it has no tile.

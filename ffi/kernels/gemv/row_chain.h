@@ -27,9 +27,6 @@ struct RowChainParams {
   RowChainPhase ph[kRowChainMaxPhases];
   int phases;
   float eps;
-  // A programmatic dependent launch (LaunchRowChain): the first W steps are read before the wait
-  // on the previous kernel, and the next kernel may launch once every CTA has started.
-  bool pdl;
 };
 
 // The variant the launch runs: the dense row kernel's warps and steps in flight, so each phase adds

@@ -9,7 +9,7 @@ cudaError_t LaunchMlpRow(const MlpRowParams& p, bool bf16, bool norm, int grid, 
   constexpr int kW = kMlpRowWarps, kD = kMlpRowDepth;
   if (!MlpRowFits<kW>(p.h, p.inter, grid) || p.tiles_per_cta * 8 * grid != p.inter) return cudaErrorInvalidValue;
   const int smem = MlpRowSmem<kW>::Bytes(p.h, p.tiles_per_cta);
-  auto launch = [&](auto kernel) { return LaunchCooperative(kernel, p, grid, kW * 32, smem, stream, p.pdl); };
+  auto launch = [&](auto kernel) { return LaunchCooperative(kernel, p, grid, kW * 32, smem, stream); };
   if (bf16) {
     return norm ? launch(MlpRowKernel<__nv_bfloat16, kW, kD, true>) : launch(MlpRowKernel<__nv_bfloat16, kW, kD, false>);
   }

@@ -8,7 +8,7 @@ cudaError_t LaunchRowChain(const RowChainParams& p, bool bf16, int grid, cudaStr
   constexpr int kW = kRowChainWarps, kD = kRowChainDepth;
   if (!RowChainFits<kW>(p, grid)) return cudaErrorInvalidValue;
   const int smem = RowChainSmemBytes<kW>(RowChainMaxK(p));
-  auto launch = [&](auto kernel) { return LaunchCooperative(kernel, p, grid, kW * 32, smem, stream, p.pdl); };
+  auto launch = [&](auto kernel) { return LaunchCooperative(kernel, p, grid, kW * 32, smem, stream); };
   return bf16 ? launch(RowChainKernel<__nv_bfloat16, kW, kD>) : launch(RowChainKernel<__half, kW, kD>);
 }
 
