@@ -393,3 +393,27 @@ def test_decode_attention_takes_the_key_rows_switch_at_trace_time(monkeypatch, k
     assert key_rows(key_rows=True) is bool(kv_bits)
     monkeypatch.setenv(cuda.QUANT_REGS_ENV, "0")
     assert key_rows(key_rows=True) is bool(kv_bits) and calls[-1][2]["quant_regs"] is False
+
+
+def test_decode_attention_takes_the_early_next_switch_at_trace_time(monkeypatch):
+    """cuda.decode_attention resolves JOA_DECODE_EARLY_NEXT when it is traced (off unless "1") and
+    hands it to the kernel call (the handler sets DecodeParams::early_next: the combine kernel lets
+    the next kernel launch at its start); an explicit argument wins; another value is refused,
+    naming the variable."""
+    calls = use_specs(monkeypatch)
+    q = jnp.zeros((1, 32, 1, 128), jnp.float16)
+    cache = jnp.zeros((1, 8, 2048, 128), jnp.float16)
+    lens = jnp.full((1,), 1500, jnp.int32)
+
+    def early_next(**kw):
+        cuda.decode_attention(q, cache, cache, lens, scale=0.1, **kw)
+        return calls[-1][2]["early_next"]
+
+    monkeypatch.delenv(cuda.EARLY_NEXT_ENV, raising=False)
+    assert cuda.decode_early_next() is False and early_next() is False
+    assert early_next(early_next=True) is True
+    monkeypatch.setenv(cuda.EARLY_NEXT_ENV, "1")
+    assert early_next() is True and early_next(early_next=False) is False
+    monkeypatch.setenv(cuda.EARLY_NEXT_ENV, "yes")
+    with pytest.raises(ValueError, match=cuda.EARLY_NEXT_ENV):
+        early_next()

@@ -333,3 +333,49 @@ def test_decode_loop_in_a_command_buffer_with_the_options(tmp_path, monkeypatch)
     monkeypatch.setenv(cuda.PLAN_POLICY_ENV, "fit")
     monkeypatch.setenv(cuda.CURSOR_LOADS_ENV, "1")
     command_buffer.assert_captured(_LOOP, "decode_attention", tmp_path)
+
+
+# The combine kernel's early trigger (DecodeParams::early_next, JOA_DECODE_EARLY_NEXT): a decode
+# step (B=1, 32/8 heads, split + combine kernel) followed by the o projection's GEMV launched as a
+# programmatic dependent, which with the trigger starts under the split and the combine.
+_EARLY_NEXT_LOOP = textwrap.dedent("""
+    import jax, jax.numpy as jnp, numpy as np
+    from jax_onnx_attn.ops import cuda, cuda_matmul
+
+    rng = np.random.default_rng(0)
+    q0 = jnp.asarray(rng.standard_normal((1, 32, 1, 128)), jnp.bfloat16)
+    k = jnp.asarray(rng.standard_normal((1, 8, 2048, 128)), jnp.bfloat16)
+    v = jnp.asarray(rng.standard_normal((1, 8, 2048, 128)), jnp.bfloat16)
+    w = jnp.asarray(rng.standard_normal((4096, 4096)) / 64, jnp.bfloat16)
+    lens = jnp.array([1500], jnp.int32)
+    assert cuda.decode_plan(1, 32, 8, 1, 2048, 128, 0, 256, False)["splits"] == 8  # a combine kernel
+
+    def steps(q, lens, early):
+        def body(i, carry):
+            q, lens = carry
+            a = cuda.decode_attention(q, k, v, lens, scale=0.09, split_rows=256, cluster=False, early_next=early)
+            y = cuda_matmul.linear(a.reshape(1, 4096), w, None, None, None, pdl=True)
+            return y.reshape(1, 32, 1, 128), lens + 1
+        return jax.lax.fori_loop(0, 16, body, (q, lens))
+
+    f = jax.jit(steps, static_argnums=2)
+    hlo = f.lower(q0, lens, True).compile().as_text()
+    names = [l.split("=")[0].strip().lstrip("%") for l in hlo.splitlines()
+             if 'custom_call_target="jax_onnx_attn_decode_attention"' in l]
+    assert all("early_next = true" in l for l in hlo.splitlines()
+               if 'custom_call_target="jax_onnx_attn_decode_attention"' in l)
+    print("CUSTOM_CALL_NAMES", *names)
+    got, _ = f(q0, lens, True)
+    got2, _ = f(q0, lens, True)  # replay
+    off, _ = f(q0, lens, False)
+    assert np.isfinite(np.asarray(got, np.float32)).all()
+    assert np.array_equal(np.asarray(got), np.asarray(got2)), "replay changed the bits"
+    assert np.array_equal(np.asarray(got), np.asarray(off)), "the early trigger changed the bits"
+    print("LOOP_OK")
+""")
+
+
+def test_combine_early_trigger_in_a_command_buffer(tmp_path):
+    """JOA_DECODE_EARLY_NEXT's kernel side: 16 steps of split + combine then a PDL GEMV reading the
+    attention output, captured; the same bits as without the trigger, replay included."""
+    command_buffer.assert_captured(_EARLY_NEXT_LOOP, "decode_attention", tmp_path)

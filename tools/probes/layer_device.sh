@@ -8,15 +8,19 @@
 #                 vs the separate kernels (4 GEMVs; o + fused MLP + qkv), ~1B / ~8B
 #   mlp-tests     tests/gpu/test_gated_mlp_gpu.py
 #   chain-tests   tests/gpu/test_out_mlp_gpu.py (o + the MLP as one chain kernel, JOA_OUT_MLP)
+#   early-tests   tests/gpu/test_decode_attention_gpu.py's command-buffer loops (the combine kernel's
+#                 early trigger, JOA_DECODE_EARLY_NEXT, session 40)
 #   e2e1b         ~1B fp16 B=1 1k: ours / ours[VARIANT] ... / JAX peer, breakdowns (VARIANTS, below)
-#   e2e8b         ~8B fp16 B=1 2k: the same, no profile
-# VARIANTS: --ours-env specs, default: the fused MLP off (ours has it on since session 39) and o + the
-# MLP as one chain (JOA_OUT_MLP=1); ROUNDS: bench e2e --rounds (default 1);
+#   e2e8b         ~8B fp16 B=1 2k: the same, profiled only with PROFILE_8B=first / all (then breakdowns)
+# VARIANTS: --ours-env specs, default: the fused MLP off (ours has it on since session 39) and the
+# decode combine kernel's early trigger (JOA_DECODE_EARLY_NEXT=1: the o projection streams its first W
+# under the attention; ~8B at 2k has the combine kernel, ~1B at 1k combines in a cluster, so there
+# it changes nothing); ROUNDS: bench e2e --rounds (default 1);
 # E2E_TIMEOUT: seconds for an e2e phase (default 300 / 330; ROUNDS=3 with four impls wants ~540, alone in a call).
-# To $OUT: prepare.log, mlp_row.log, layer_chain.log, tests_mlp.log, tests_chain.log, e2e_*.json, run_*.log (at most 8 files: pick phases).
+# To $OUT: prepare.log, mlp_row.log, layer_chain.log, tests_mlp.log, tests_chain.log, tests_early.log, e2e_*.json, run_*.log (at most 8 files: pick phases).
 set -uo pipefail
 phases=${*:-mlp-probe}
-variants=${VARIANTS:-nomlp:JOA_GATED_MLP=0 omlp:JOA_OUT_MLP=1}
+variants=${VARIANTS:-nomlp:JOA_GATED_MLP=0 early:JOA_DECODE_EARLY_NEXT=1}
 source "$(dirname "$0")/../device_prepare.sh"
 T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 NVCC="nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -diag-suppress=940,2473,128 -I ffi -I tools/probes"
@@ -37,6 +41,9 @@ case "$phase" in
   chain-tests)
     timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_out_mlp_gpu.py 2>&1 | tail -25 |
       tee "$out/tests_chain.log" ;;
+  early-tests)
+    timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_decode_attention_gpu.py -k "loop or early" \
+      2>&1 | tail -25 | tee "$out/tests_early.log" ;;
   e2e1b)
     timeout ${E2E_TIMEOUT:-300} $E2E --models 1b --weights fp16 --ctx 1024 --batch 1 --profile all \
       --max-seconds $(( ${E2E_TIMEOUT:-300} - 20 )) \
@@ -45,9 +52,14 @@ case "$phase" in
       python3 -m jax_onnx_attn.bench breakdown --impl "$i" "$out/e2e_1b.json" 2>&1 | tail -11
     done ;;
   e2e8b)
-    timeout ${E2E_TIMEOUT:-330} $E2E --models 8b --weights fp16 --ctx 2048 --batch 1 \
+    timeout ${E2E_TIMEOUT:-330} $E2E --models 8b --weights fp16 --ctx 2048 --batch 1 --profile ${PROFILE_8B:-none} \
       --max-seconds $(( ${E2E_TIMEOUT:-330} - 20 )) \
-      --out "$out/e2e_8b.json" 2>&1 | grep -v Warning | tail -10 ;;
+      --out "$out/e2e_8b.json" 2>&1 | grep -v Warning | tail -10
+    if [ "${PROFILE_8B:-none}" != none ]; then
+      for i in ours $(for v in $variants; do echo "ours[${v%%:*}]"; done); do
+        python3 -m jax_onnx_attn.bench breakdown --impl "$i" "$out/e2e_8b.json" 2>&1 | tail -11
+      done
+    fi ;;
   *) echo "unknown phase $phase" ;;
 esac
 el done

@@ -43,6 +43,11 @@ struct DecodeParams {
   int cluster;
   float* part_o;
   float* part_lse;
+  // The combine kernel lets the next kernel launch at its start (griddepcontrol.launch_dependents)
+  // instead of at its end: a next kernel launched as a programmatic dependent (the o projection)
+  // may then read what does not depend on the attention (its W) while the split and the combine
+  // run; it waits for the combine's end before it reads the output. The split kernel always does.
+  bool early_next;
 
   // The variant (what a query row sees, how a logit becomes a score): kernels/common/variant.cuh.
   VariantParams variant;
