@@ -22,6 +22,7 @@ from jax_onnx_attn import _extension
 from jax_onnx_attn._extension import target
 from jax_onnx_attn.ops import partitioning
 from jax_onnx_attn.ops.dtypes import HALF_DTYPES
+from jax_onnx_attn.ops.switches import switch
 
 
 def kv_append(cache, new, start):
@@ -255,10 +256,7 @@ def decode_early_next() -> bool:
     split and the combine, as it already does after a call without the combine kernel (the split
     kernel lets dependents in at its start). The same bits. Read at trace time
     (JOA_DECODE_EARLY_NEXT); off until the GPU has timed it (session 40)."""
-    value = os.environ.get(EARLY_NEXT_ENV, "0")
-    if value not in ("0", "1"):
-        raise ValueError(f"{EARLY_NEXT_ENV} must be 0 or 1, got {value!r}")
-    return value == "1"
+    return switch(EARLY_NEXT_ENV, "0")
 
 
 def decode_key_rows() -> bool:

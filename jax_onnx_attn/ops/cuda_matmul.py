@@ -18,6 +18,7 @@ import numpy as np
 
 from jax_onnx_attn._extension import _ffi, target
 from jax_onnx_attn.ops import partitioning
+from jax_onnx_attn.ops.switches import switch as _switch
 
 #: Bits per weight element of the dense format in the plan (the n-bit formats are 4 and 8).
 DENSE_BITS = 16
@@ -58,14 +59,6 @@ def nbits_wide() -> bool:
     JOA_GEMV_NBITS_WIDE=0 selects the one-piece format (read at trace time, here only).
     `matmul_nbits(..., wide=)` overrides it per call."""
     return _switch(NBITS_WIDE_ENV)
-
-
-def _switch(name: str, default: str = "1") -> bool:
-    """A 0 / 1 environment switch (on by default unless `default` says otherwise), read when asked."""
-    value = os.environ.get(name, default)
-    if value not in ("0", "1"):
-        raise ValueError(f"{name} must be 0 or 1, got {value!r}")
-    return value == "1"
 
 
 def _switch_where_kernels_run(name: str) -> bool:
@@ -340,8 +333,9 @@ def gated_mlp(x, w_gate_up, w_down, norm_weight=None, residual=None, *, eps: flo
 
 def out_mlp_enabled() -> bool:
     """Whether decode sessions of batch 1 run the attention's output projection and the gated MLP
-    after it as one kernel (`out_mlp`; `onnx.fusion`'s out_mlp, on top of gated_mlp). Off by default
-    until the GPU has timed it (session 39: tools/probes/layer_chain.cu, then the whole step);
+    after it as one kernel (`out_mlp`; `onnx.fusion`'s out_mlp, on top of gated_mlp). Off: the
+    same bits as the separate kernels, but the ~1B fp16 B=1 step is slower with it (H100, session
+    40: 1.188 against 1.162 ms; bench/results/2026-12-05-2689bfb-e2e-out-mlp-1b-h100.json).
     JOA_OUT_MLP=1 turns it on (read when a session loads a model, and by `ops.out_mlp`'s "auto"
     route at trace time)."""
     return _switch(OUT_MLP_ENV, "0")
