@@ -379,3 +379,61 @@ def test_combine_early_trigger_in_a_command_buffer(tmp_path):
     """JOA_DECODE_EARLY_NEXT's kernel side: 16 steps of split + combine then a PDL GEMV reading the
     attention output, captured; the same bits as without the trigger, replay included."""
     command_buffer.assert_captured(_EARLY_NEXT_LOOP, "decode_attention", tmp_path)
+
+
+# The split kernel reading its older rows before the kernel before it ends (DecodeParams::early_kv,
+# JOA_DECODE_EARLY_KV): a decode step as a session runs it — the QKV projection with GQA's step
+# preparation in its epilogue (a programmatic dependent GEMV writing the new K / V rows into the
+# donated caches and Q), then the attention over rows [0, P + i] — 16 steps, each feeding the next.
+# Early, the split kernel streams rows below P + i while the GEMV still writes row P + i.
+_EARLY_KV_LOOP = textwrap.dedent("""
+    import jax, jax.numpy as jnp, numpy as np
+    from jax_onnx_attn import ops
+    from jax_onnx_attn.ops import cuda, cuda_matmul
+
+    N, HKV, D, K, C, P = 32, 8, 128, 2048, 2048, 1030  # rows 1030-1045: the first tile of split 4
+    rng = np.random.default_rng(0)
+    order = ops.rotary_pair_order(N, HKV, D, D // 2)
+    w = jnp.asarray(ops.to_rotary_pair_order(rng.standard_normal(((N + 2 * HKV) * D, K)) / 45, order), jnp.bfloat16)
+    ang = rng.uniform(0, 6.28, (C, D // 2))
+    cos, sin = jnp.asarray(np.cos(ang), jnp.bfloat16), jnp.asarray(np.sin(ang), jnp.bfloat16)
+    x0 = jnp.asarray(rng.standard_normal((1, K)), jnp.bfloat16)
+    k0 = jnp.asarray(rng.standard_normal((1, HKV, C, D)), jnp.bfloat16)
+    v0 = jnp.asarray(rng.standard_normal((1, HKV, C, D)), jnp.bfloat16)
+
+    def steps(x, k_cache, v_cache, early, cluster):
+        def body(i, carry):
+            x, k_cache, v_cache = carry
+            q, k_cache, v_cache, _ = cuda_matmul.linear_gqa_prepare(
+                x, w, None, None, k_cache, v_cache, jnp.full((1,), P + i, jnp.int32), cos, sin, pdl=True,
+                num_heads=N, kv_num_heads=HKV)
+            a = cuda.decode_attention(q.reshape(1, N, 1, D), k_cache, v_cache, jnp.full((1,), P + i + 1, jnp.int32),
+                                      scale=D ** -0.5, cluster=cluster, split_rows=None if cluster else 256,
+                                      early_kv=early)
+            return (a.reshape(1, N * D)[:, :K] * 4).astype(x.dtype), k_cache, v_cache
+        return jax.lax.fori_loop(0, 16, body, (x, k_cache, v_cache))
+
+    f = jax.jit(steps, static_argnums=(3, 4), donate_argnums=(1, 2))
+    hlo = f.lower(x0, k0, v0, True, True).compile().as_text()
+    calls = [l for l in hlo.splitlines() if 'custom_call_target="jax_onnx_attn_decode_attention"' in l]
+    assert calls and all("early_kv = true" in l for l in calls)
+    print("CUSTOM_CALL_NAMES", *[l.split("=")[0].strip().lstrip("%") for l in calls])
+    for cluster in (True, False):  # 16 splits combined in a cluster; 8 splits and the combine kernel
+        got = f(x0, jnp.array(k0), jnp.array(v0), True, cluster)
+        again = f(x0, jnp.array(k0), jnp.array(v0), True, cluster)  # replay
+        off = f(x0, jnp.array(k0), jnp.array(v0), False, cluster)
+        for a, b in zip(got, off):
+            assert np.isfinite(np.asarray(a, np.float32)).all()
+            assert np.array_equal(np.asarray(a), np.asarray(b)), f"early_kv changed the bits (cluster={cluster})"
+        for a, b in zip(got, again):
+            assert np.array_equal(np.asarray(a), np.asarray(b)), "replay changed the bits"
+    print("LOOP_OK")
+""")
+
+
+def test_split_kernel_reading_older_rows_early_in_a_command_buffer(tmp_path):
+    """JOA_DECODE_EARLY_KV's kernel side: 16 captured decode steps of the QKV projection (writing the
+    new rows and Q as a programmatic dependent) then the attention reading its older rows before the
+    projection ends; the same bits as without (caches included), replay too, for a cluster combine
+    and for split + combine kernel."""
+    command_buffer.assert_captured(_EARLY_KV_LOOP, "decode_attention", tmp_path)
