@@ -69,7 +69,7 @@ def use_specs(monkeypatch) -> list:
     monkeypatch.setattr(cuda, "_decode_attention",
                         spec("decode", decode_reference.decode_attention,
                              drop=("split_rows", "pdl", "cluster", "quant_regs", "plan_policy",
-                                   "cursor_loads", "producer", "tile128", "key_rows", "early_next", "early_kv")))
+                                   "cursor_loads", "producer", "tile128", "key_rows")))
     monkeypatch.setattr(cuda, "_general_attention",
                         spec("general", general_reference.general_attention))
     monkeypatch.setattr(cuda, "_gqa_prepare", spec("gqa_prepare", gqa_reference.prepare_step))

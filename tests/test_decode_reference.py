@@ -393,35 +393,3 @@ def test_decode_attention_takes_the_key_rows_switch_at_trace_time(monkeypatch, k
     assert key_rows(key_rows=True) is bool(kv_bits)
     monkeypatch.setenv(cuda.QUANT_REGS_ENV, "0")
     assert key_rows(key_rows=True) is bool(kv_bits) and calls[-1][2]["quant_regs"] is False
-
-
-@pytest.mark.parametrize("name,env,reader", [("early_next", "EARLY_NEXT_ENV", "decode_early_next"),
-                                              ("early_kv", "EARLY_KV_ENV", "decode_early_kv")])
-def test_decode_attention_takes_the_early_switches_at_trace_time(monkeypatch, name, env, reader):
-    """cuda.decode_attention resolves JOA_DECODE_EARLY_NEXT / JOA_DECODE_EARLY_KV when it is traced
-    (off unless "1") and hands them to the kernel call (the handler sets DecodeParams::early_next /
-    early_kv); an explicit argument wins; another value is refused, naming the variable. early_kv
-    is for float caches: a quantised call never gets it."""
-    calls = use_specs(monkeypatch)
-    env = getattr(cuda, env)
-    q = jnp.zeros((1, 32, 1, 128), jnp.float16)
-    cache = jnp.zeros((1, 8, 2048, 128), jnp.float16)
-    lens = jnp.full((1,), 1500, jnp.int32)
-
-    def flag(**kw):
-        cuda.decode_attention(q, cache, cache, lens, scale=0.1, **kw)
-        return calls[-1][2][name]
-
-    monkeypatch.delenv(env, raising=False)
-    assert getattr(cuda, reader)() is False and flag() is False
-    assert flag(**{name: True}) is True
-    monkeypatch.setenv(env, "1")
-    assert flag() is True and flag(**{name: False}) is False
-    if name == "early_kv":
-        scales = jnp.ones((1,), jnp.float32)
-        cuda.decode_attention(q, cache.astype(jnp.int8), cache.astype(jnp.int8), lens, None, None, scales, scales,
-                              scale=0.1, kv_bits=8)
-        assert calls[-1][2]["early_kv"] is False
-    monkeypatch.setenv(env, "yes")
-    with pytest.raises(ValueError, match=env):
-        flag()

@@ -12,10 +12,7 @@
 // bits; sm_90 only, ignored on other GPUs); tile128: the wide KV tile for a float cache's 16-row
 // blocks at head dims 64 / 128 whose splits are whole 128-row tiles (LaunchOptions::tile128; not the
 // default tile's bits; ignored elsewhere and where the producer runs); key_rows: blocks of at most
-// 8 query rows put the keys in the MMAs' rows (key_rows.cuh; LaunchOptions::key_rows); early_next:
-// the combine kernel lets the next kernel launch at its start (DecodeParams::early_next); early_kv:
-// the split kernel launches as a programmatic dependent and reads kv_len and the tiles of rows below
-// kv_len - S before it waits (DecodeParams::early_kv: the caller's promise on who writes those)
+// 8 query rows put the keys in the MMAs' rows (key_rows.cuh; LaunchOptions::key_rows)
 //   -> out [B, Hq, S, D], workspace f32 (sized by the plan: kernels/decode/plan.h).
 // Query row i sits at position kv_len[b] - S + i + pos_shift (pos_shift 0: bottom-right causal). Read-only on the caches.
 #include <algorithm>
@@ -152,8 +149,7 @@ ffi::Error DecodeAttentionImpl(cudaStream_t stream, AnyBuffer q, AnyBuffer k, An
                                float softcap, bool causal, int64_t left, int64_t right,
                                int64_t pos_shift, bool has_bias, bool has_sink, int64_t kv_bits,
                                int64_t split_rows, bool pdl, bool cluster, bool quant_regs,
-                               bool cursor_loads, bool producer, bool tile128, bool key_rows,
-                               bool early_next, bool early_kv) {
+                               bool cursor_loads, bool producer, bool tile128, bool key_rows) {
   constexpr const char* kOp = "decode_attention";
   auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
   if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4) {
@@ -193,8 +189,6 @@ ffi::Error DecodeAttentionImpl(cudaStream_t stream, AnyBuffer q, AnyBuffer k, An
   p.out = out->untyped_data();
   p.kv_len = kv_len.typed_data();
   p.cluster = cluster && p.splits > 1 ? p.splits : 0;
-  p.early_next = early_next;
-  p.early_kv = early_kv;
   return decode::LaunchDecode(p, q.element_type(), qd[3], workspace->typed_data(),
                               int64_t(workspace->element_count()), pdl, stream, kOp, quant_regs,
                               cursor_loads, producer, tile128, key_rows);
@@ -232,7 +226,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JoaDecodeAttention, joa::DecodeAttentionImpl,
                                   .Attr<bool>("cursor_loads")
                                   .Attr<bool>("producer")
                                   .Attr<bool>("tile128")
-                                  .Attr<bool>("key_rows")
-                                  .Attr<bool>("early_next")
-                                  .Attr<bool>("early_kv"),
+                                  .Attr<bool>("key_rows"),
                               JOA_COMMAND_BUFFER_SAFE);

@@ -22,7 +22,6 @@ from jax_onnx_attn import _extension
 from jax_onnx_attn._extension import target
 from jax_onnx_attn.ops import partitioning
 from jax_onnx_attn.ops.dtypes import HALF_DTYPES
-from jax_onnx_attn.ops.switches import switch
 
 
 def kv_append(cache, new, start):
@@ -244,39 +243,6 @@ KEY_ROWS_ENV = "JOA_DECODE_KEY_ROWS"
 KEY_ROWS_MAX_ROWS = 8
 
 
-#: The combine kernel of a split decode call lets the next kernel launch at its start
-#: (`decode_early_next`).
-EARLY_NEXT_ENV = "JOA_DECODE_EARLY_NEXT"
-
-
-def decode_early_next() -> bool:
-    """Whether a split decode call's combine kernel lets the next kernel launch at its start rather
-    than at its end (DecodeParams::early_next): a next kernel launched as a programmatic dependent
-    (the o projection's GEMV, which reads its W before it waits) then streams its first W under the
-    split and the combine, as it already does after a call without the combine kernel (the split
-    kernel lets dependents in at its start). The same bits. Read at trace time
-    (JOA_DECODE_EARLY_NEXT); off until the GPU has timed it (session 40)."""
-    return switch(EARLY_NEXT_ENV, "0")
-
-
-#: The split kernel of a decode call reads its older rows before the previous kernel ends
-#: (`decode_early_kv`).
-EARLY_KV_ENV = "JOA_DECODE_EARLY_KV"
-
-
-def decode_early_kv() -> bool:
-    """Whether a decode call's split kernel (a float cache, the compute warps' copies) launches as a
-    programmatic dependent of the kernel before it and reads kv_len and the KV tiles of rows below
-    kv_len - S before it waits for that kernel (DecodeParams::early_kv): in a decode step that
-    kernel is the QKV projection writing the new rows and Q, and the split's older rows stream while
-    it runs. The same bits. It relies on no kernel of the running programmatic chain writing kv_len
-    or those rows: the ops of this package let no dependent in before their end except the GEMVs
-    (whose only cache writes are the QKV epilogue's new rows) and the decode kernels (which write no
-    cache); XLA's kernels never do. Read at trace time (JOA_DECODE_EARLY_KV); off until the GPU has
-    timed it (session 40)."""
-    return switch(EARLY_KV_ENV, "0")
-
-
 def decode_key_rows() -> bool:
     """Whether decode_attention's register kernel takes keys as its MMA rows where a block allows
     (KEY_ROWS_MAX_ROWS query rows at most): the one place the switch (JOA_DECODE_KEY_ROWS) is read,
@@ -337,8 +303,7 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=
                      quant_regs: bool | None = None, plan_policy: str | None = None,
                      cursor_loads: bool | None = None, producer: bool | None = None,
                      tile128: bool | None = None, engine: str | None = None,
-                     key_rows: bool | None = None, early_next: bool | None = None,
-                     early_kv: bool | None = None):
+                     key_rows: bool | None = None):
     """q [B, Hq, S, D] f16/bf16, k_cache / v_cache [B, Hkv, C, D], kv_len int32 [B] -> [B, Hq, S, D].
 
     Semantics of `jax_onnx_attn.ops.reference.decode.decode_attention`. bias: None or
@@ -363,12 +328,7 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=
     apply; ignored for a quantised cache and where the producer warp runs). key_rows: where the
     register kernel runs and a block holds at most KEY_ROWS_MAX_ROWS query rows, keys as its MMA rows
     (None: `decode_key_rows()`, JOA_DECODE_KEY_ROWS, on; not the other register kernel's bits;
-    ignored for a float cache). early_next: the combine kernel (where the plan has one) lets the
-    next kernel launch at its start (None: `decode_early_next()`, JOA_DECODE_EARLY_NEXT, off; the
-    same bits). early_kv: the split kernel reads kv_len and the rows below kv_len - S before the
-    kernel before it ends (None: `decode_early_kv()`, JOA_DECODE_EARLY_KV, off; the same bits; for
-    a float cache without the producer warp, ignored elsewhere; see `decode_early_kv` for what the
-    caller promises). engine: "decode" (the
+    ignored for a float cache). engine: "decode" (the
     split-KV decode engine), "prefill" (the prefill engine, `prefill_attention` with q_len = S: the
     same semantics; only a float cache without bias or pos_shift, sm_90) or None (`decode_engine`'s
     rule where the prefill engine covers the call, else the decode engine). Naming "prefill" for a
@@ -392,8 +352,6 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=
     cursor_loads = decode_cursor_loads(q.shape[-1]) if cursor_loads is None else bool(cursor_loads)
     producer = decode_producer() if producer is None else bool(producer)
     key_rows = decode_key_rows() if key_rows is None else bool(key_rows)
-    early_next = decode_early_next() if early_next is None else bool(early_next)
-    early_kv = decode_early_kv() if early_kv is None else bool(early_kv)
     static = dict(scale=scale, softcap=softcap, causal=causal, left=left, right=right,
                   pos_shift=pos_shift, kv_bits=kv_bits, split_rows=split_rows, pdl=pdl,
                   cluster=cluster, quant_regs=quant_regs if kv_bits else False,
@@ -401,8 +359,7 @@ def decode_attention(q, k_cache, v_cache, kv_len, bias=None, sink=None, k_scale=
                   cursor_loads=bool(cursor_loads and not kv_bits),
                   producer=bool(producer and not kv_bits),
                   tile128=bool(tile128 and not kv_bits),
-                  key_rows=bool(key_rows and kv_bits), early_next=early_next,
-                  early_kv=bool(early_kv and not kv_bits))
+                  key_rows=bool(key_rows and kv_bits))
     return partitioning.DECODE_ATTENTION.apply(
         _decode_attention, (q, k_cache, v_cache, kv_len, bias, sink, k_scale, v_scale), static,
         pin=_per_example_plan)
@@ -422,7 +379,7 @@ def _per_example_plan(static, axis_size, q, k_cache, *rest) -> dict:
 def _decode_attention(q, k_cache, v_cache, kv_len, bias, sink, k_scale, v_scale, *, scale, softcap,
                       causal, left, right, pos_shift, kv_bits, split_rows, pdl, cluster,
                       quant_regs: bool | None = False, plan_policy=None, cursor_loads=False, producer=False,
-                      tile128=False, key_rows=False, early_next=False, early_kv=False):
+                      tile128=False, key_rows=False):
     b, hq, s, d = q.shape
     hkv, c = k_cache.shape[1], k_cache.shape[2]
     plan = decode_plan(b, hq, hkv, s, c, d, kv_bits, split_rows, cluster, policy=plan_policy,
@@ -443,8 +400,7 @@ def _decode_attention(q, k_cache, v_cache, kv_len, bias, sink, k_scale, v_scale,
                   has_bias=bias is not None, has_sink=sink is not None, kv_bits=int(kv_bits),
                   split_rows=plan["split_rows"], pdl=bool(pdl), cluster=plan["cluster"],
                   quant_regs=plan["quant_regs"], cursor_loads=bool(cursor_loads),
-                  producer=bool(producer), tile128=bool(tile128), key_rows=bool(key_rows),
-                  early_next=bool(early_next), early_kv=bool(early_kv))
+                  producer=bool(producer), tile128=bool(tile128), key_rows=bool(key_rows))
     return out
 
 

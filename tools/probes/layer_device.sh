@@ -8,21 +8,15 @@
 #                 vs the separate kernels (4 GEMVs; o + fused MLP + qkv), ~1B / ~8B
 #   mlp-tests     tests/gpu/test_gated_mlp_gpu.py
 #   chain-tests   tests/gpu/test_out_mlp_gpu.py (o + the MLP as one chain kernel, JOA_OUT_MLP)
-#   early-tests   tests/gpu/test_decode_attention_gpu.py's command-buffer loops (the combine kernel's
-#                 early trigger, JOA_DECODE_EARLY_NEXT; the split kernel's early reads, JOA_DECODE_EARLY_KV;
-#                 session 40)
 #   e2e1b         ~1B fp16 B=1 1k: ours / ours[VARIANT] ... / JAX peer, breakdowns (VARIANTS, below)
 #   e2e8b         ~8B fp16 B=1 2k: the same, profiled only with PROFILE_8B=first / all (then breakdowns)
-# VARIANTS: --ours-env specs, default: the fused MLP off (ours has it on since session 39); the
-# decode combine kernel's early trigger (early: JOA_DECODE_EARLY_NEXT=1, the o projection streams its
-# first W under the attention; ~8B at 2k has the combine kernel, ~1B at 1k combines in a cluster, so
-# there it changes nothing); the split kernel reading its older rows under the QKV projection (ekv:
-# JOA_DECODE_EARLY_KV=1); both (session 40); ROUNDS: bench e2e --rounds (default 1);
+# VARIANTS: --ours-env specs, default: the fused MLP off (ours has it on since session 39);
+# ROUNDS: bench e2e --rounds (default 1);
 # E2E_TIMEOUT: seconds for an e2e phase (default 300 / 330; ROUNDS=3 with four impls wants ~540, alone in a call).
-# To $OUT: prepare.log, mlp_row.log, layer_chain.log, tests_mlp.log, tests_chain.log, tests_early.log, e2e_*.json, run_*.log (at most 8 files: pick phases).
+# To $OUT: prepare.log, mlp_row.log, layer_chain.log, tests_mlp.log, tests_chain.log, e2e_*.json, run_*.log (at most 8 files: pick phases).
 set -uo pipefail
 phases=${*:-mlp-probe}
-variants=${VARIANTS:-nomlp:JOA_GATED_MLP=0 early:JOA_DECODE_EARLY_NEXT=1 ekv:JOA_DECODE_EARLY_KV=1 both:JOA_DECODE_EARLY_NEXT=1,JOA_DECODE_EARLY_KV=1}
+variants=${VARIANTS:-nomlp:JOA_GATED_MLP=0}
 source "$(dirname "$0")/../device_prepare.sh"
 T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 NVCC="nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -diag-suppress=940,2473,128 -I ffi -I tools/probes"
@@ -43,9 +37,6 @@ case "$phase" in
   chain-tests)
     timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_out_mlp_gpu.py 2>&1 | tail -25 |
       tee "$out/tests_chain.log" ;;
-  early-tests)
-    timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_decode_attention_gpu.py -k "loop or early" \
-      2>&1 | tail -25 | tee "$out/tests_early.log" ;;
   e2e1b)
     timeout ${E2E_TIMEOUT:-300} $E2E --models 1b --weights fp16 --ctx 1024 --batch 1 --profile all \
       --max-seconds $(( ${E2E_TIMEOUT:-300} - 20 )) \

@@ -21,7 +21,6 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
   __shared__ float s_w[kCombineWarps][kMaxSplits];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row_id = int64_t(blockIdx.x) * kCombineWarps + warp;  // over [B, Hkv, M]
-  if (p.early_next) ptx::LaunchDependents();  // DecodeParams::early_next
   // Launched as a programmatic dependent of the split kernel: wait until its partials are visible.
   ptx::WaitForPrimary();
   if (row_id >= int64_t(p.batch) * p.kv_heads * p.rows) return;

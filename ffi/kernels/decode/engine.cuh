@@ -98,8 +98,6 @@ struct EngineConfig {
   static constexpr int kSmemBytes = kLayout.smem_bytes;
   static_assert(kSmemBytes <= SmemBudget(kCtasPerSm), "shared memory over budget");
   static constexpr bool kClusterCombine = kLayout.cluster_combine;
-  // DecodeParams::early_kv applies: a float cache whose tiles the compute warps copy (cp.async).
-  static constexpr bool kMayReadEarly = !Kv::kQuantized && !kProducer;
 };
 
 // The stages of DecodeSplitKernel. Every function is inlined into the kernel: they name the steps,
@@ -518,12 +516,6 @@ __device__ __forceinline__ void DecodeSplitBody(const DecodeParams& p) {
   // The combine (if any) may be scheduled now; it waits for this grid to finish before reading.
   ptx::LaunchDependents();
 
-  // DecodeParams::early_kv (a float cache copied by the compute warps only; the launcher clears it
-  // elsewhere): this grid is a programmatic dependent of the kernel before it, and kv_len and the
-  // tiles of rows below kv_len - S are read before waiting for it (the caller's promise: no kernel
-  // of the running programmatic chain writes them); Q and the tiles with newer rows after.
-  const bool early = Cfg::kMayReadEarly && p.early_kv;
-
   // load: Q, issued before kv_len is read (Q does not depend on it, and the two latencies overlap).
   // The cursor loads ask for kv_len first (a load the compiler keeps in place): its round trip then
   // also covers Q's address arithmetic. With a producer warp every warp asks for kv_len first, the
@@ -535,16 +527,12 @@ __device__ __forceinline__ void DecodeSplitBody(const DecodeParams& p) {
     if (producer_warp && lane == 0) Stages::InitBarriers(bars);
     __syncthreads();
     if (producer_warp) Stages::ProduceQ(s_q, p, b, kvh, row0, bars, lane);
+  } else if constexpr (Kv::kCursor) {
+    kv_len_b = ptx::LoadGlobalS32(p.kv_len + b);
+    Stages::LoadQ(s_q, p, b, kvh, row0, tid);
   } else {
-    if (early) {
-      kv_len_b = ptx::LoadGlobalS32(p.kv_len + b);  // Q after the wait (the prologue below)
-    } else if constexpr (Kv::kCursor) {
-      kv_len_b = ptx::LoadGlobalS32(p.kv_len + b);
-      Stages::LoadQ(s_q, p, b, kvh, row0, tid);
-    } else {
-      Stages::LoadQ(s_q, p, b, kvh, row0, tid);
-      kv_len_b = p.kv_len[b];
-    }
+    Stages::LoadQ(s_q, p, b, kvh, row0, tid);
+    kv_len_b = p.kv_len[b];
   }
 
   // The keys of this split the CTA's rows can see, from the variant's bounds.
@@ -591,30 +579,10 @@ __device__ __forceinline__ void DecodeSplitBody(const DecodeParams& p) {
   // scales are plain stores, visible after the first barrier of the loop.
   if constexpr (!Cfg::kProducer) {
     if constexpr (Kv::kQuantized) Kv::template LoadScales<kD, kThreads>(s_scale, p.kv_scales, kvh, tid);
-    if (early) {
-      // The prologue's tiles whose rows are all below kv_len - S (the same commit groups as below,
-      // some empty), then the wait, Q and the rest, all landed before the loop: its waits count
-      // pending groups only, so none of them waits longer than without early_kv.
-      const int old_end = len - p.q_len;
 #pragma unroll
-      for (int s = 0; s < kStages - 1; ++s) {
-        if (t_begin + s < t_end && (t_begin + s + 1) * kTileN <= old_end) load_tile(t_begin + s, s);
-        ptx::CpAsyncCommit();
-      }
-      ptx::WaitForPrimary();
-      Stages::LoadQ(s_q, p, b, kvh, row0, tid);
-#pragma unroll
-      for (int s = 0; s < kStages - 1; ++s) {
-        if (t_begin + s < t_end && (t_begin + s + 1) * kTileN > old_end) load_tile(t_begin + s, s);
-      }
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (t_begin + s < t_end) load_tile(t_begin + s, s);
       ptx::CpAsyncCommit();
-      ptx::CpAsyncWait<0>();
-    } else {
-#pragma unroll
-      for (int s = 0; s < kStages - 1; ++s) {
-        if (t_begin + s < t_end) load_tile(t_begin + s, s);
-        ptx::CpAsyncCommit();
-      }
     }
   }
 

@@ -44,39 +44,30 @@ cudaError_t LaunchLayout(DecodeParams p, bool pdl, cudaStream_t stream, bool key
   }
   if (err != cudaSuccess) return err;
   p.m_blocks = (p.rows + Cfg::kBlockM - 1) / Cfg::kBlockM;
-  p.early_kv = Cfg::kMayReadEarly && p.early_kv;  // DecodeParams::early_kv
   const dim3 grid(unsigned(p.splits), unsigned(p.kv_heads * p.m_blocks), unsigned(p.batch));
-  const bool in_cluster = p.cluster > 1;  // the splits of a block form one cluster and combine in it
-  if (in_cluster) {
+  if (p.cluster > 1) {  // the splits of a block form one cluster and combine in it: one launch
     if (!Cfg::kClusterCombine) return cudaErrorNotSupported;
     if (p.cluster > 8) {  // beyond the portable cluster size
       err = cudaFuncSetAttribute(split_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
       if (err != cudaSuccess) return err;
     }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(Cfg::kLaunchThreads);
+    cfg.dynamicSmemBytes = Cfg::kSmemBytes;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = unsigned(p.cluster);
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, split_kernel, p);
   }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(Cfg::kLaunchThreads);
-  cfg.dynamicSmemBytes = Cfg::kSmemBytes;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
-  unsigned n = 0;
-  if (in_cluster) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = unsigned(p.cluster);
-    attr[n].val.clusterDim.y = 1;
-    attr[n].val.clusterDim.z = 1;
-    ++n;
-  }
-  if (p.early_kv) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n].val.programmaticStreamSerializationAllowed = 1;
-    ++n;
-  }
-  cfg.attrs = attr;
-  cfg.numAttrs = n;
-  err = cudaLaunchKernelEx(&cfg, split_kernel, p);
-  if (err != cudaSuccess || in_cluster || p.splits == 1) return err;
+  split_kernel<<<grid, Cfg::kLaunchThreads, Cfg::kSmemBytes, stream>>>(p);
+  err = cudaGetLastError();
+  if (err != cudaSuccess || p.splits == 1) return err;
 
   return LaunchCombine(DecodeCombineKernel<T, kD>, p, int64_t(p.batch) * p.kv_heads * p.rows, kCombineWarps, pdl,
                        stream);

@@ -43,18 +43,6 @@ struct DecodeParams {
   int cluster;
   float* part_o;
   float* part_lse;
-  // The combine kernel lets the next kernel launch at its start (griddepcontrol.launch_dependents)
-  // instead of at its end: a next kernel launched as a programmatic dependent (the o projection)
-  // may then read what does not depend on the attention (its W) while the split and the combine
-  // run; it waits for the combine's end before it reads the output. The split kernel always does.
-  bool early_next;
-  // The split kernel is a programmatic dependent of the kernel before it and reads kv_len and the
-  // tiles whose rows are all below kv_len - S before it waits for that kernel (Q and the rest
-  // after): the caller promises that no kernel of the running programmatic chain writes those (in a
-  // decode step the new rows and Q come from the step's own projection; kv_len and the older rows
-  // from kernels that let no dependent in early, or from earlier steps). A float cache copied by the
-  // compute warps only (EngineConfig::kMayReadEarly); the launcher clears it elsewhere.
-  bool early_kv;
 
   // The variant (what a query row sees, how a logit becomes a score): kernels/common/variant.cuh.
   VariantParams variant;
