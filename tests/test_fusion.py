@@ -14,6 +14,8 @@ from jax_onnx_attn.models import build_tiny_decoder
 from jax_onnx_attn.onnx.fusion import JOA_DOMAIN
 from jax_onnx_attn.testing import assert_close, tolerance
 
+import session_switch
+
 FIXTURES = "tests/fixtures"
 
 
@@ -319,24 +321,9 @@ def test_tensor_parallel_plan_refuses_packed_qkv_in_the_rotary_pair_order():
 
 def test_sessions_of_one_row_reorder_qkv_under_the_switch_and_generate_the_same_tokens(monkeypatch):
     from jax_onnx_attn.ops import cuda_matmul
-    from jax_onnx_attn.runtime import DecoderSession
     from jax_onnx_attn.runtime.session import qkv_prepare_for
 
-    monkeypatch.delenv(cuda_matmul.QKV_PREPARE_ENV, raising=False)
-    assert not qkv_prepare_for(1)  # off by default until measured on the GPU
-    monkeypatch.setenv(cuda_matmul.QKV_PREPARE_ENV, "1")
-    assert qkv_prepare_for(1) and not qkv_prepare_for(2) and not qkv_prepare_for(1, mesh=object())
-    model = build_tiny_decoder(layers=2, hidden=128, heads=2, kv_heads=1, intermediate=96, dtype="f32")
-    session = DecoderSession(model, max_length=24, batch=1)
-    assert session.lowered.fusions.qkv_pairs == 2
-    monkeypatch.setenv(cuda_matmul.QKV_PREPARE_ENV, "0")
-    plain = DecoderSession(model, max_length=24, batch=1)
-    assert plain.lowered.fusions.qkv_pairs == 0
-    prompts = [[1, 2, 3, 4, 5]]
-    assert session.generate(prompts, max_new_tokens=8).tokens == plain.generate(prompts, max_new_tokens=8).tokens
-    monkeypatch.setenv(cuda_matmul.QKV_PREPARE_ENV, "on")
-    with pytest.raises(ValueError, match=cuda_matmul.QKV_PREPARE_ENV):
-        qkv_prepare_for(1)
+    session_switch.check_load_switch(monkeypatch, cuda_matmul.QKV_PREPARE_ENV, qkv_prepare_for, "qkv_pairs", "on")
 
 
 def test_a_query_given_with_its_projection_gives_the_same_results():
@@ -449,24 +436,9 @@ def test_tensor_parallel_plan_refuses_fused_gated_mlps():
 
 def test_sessions_of_one_row_fuse_the_mlp_under_the_switch_and_generate_the_same_tokens(monkeypatch):
     from jax_onnx_attn.ops import cuda_matmul
-    from jax_onnx_attn.runtime import DecoderSession
     from jax_onnx_attn.runtime.session import gated_mlp_for
 
-    monkeypatch.delenv(cuda_matmul.GATED_MLP_ENV, raising=False)
-    assert not gated_mlp_for(1)  # on only where the kernels run
-    monkeypatch.setenv(cuda_matmul.GATED_MLP_ENV, "1")
-    assert gated_mlp_for(1) and not gated_mlp_for(2) and not gated_mlp_for(1, mesh=object())
-    model = build_tiny_decoder(layers=2, hidden=128, heads=2, kv_heads=1, intermediate=96, dtype="f32")
-    session = DecoderSession(model, max_length=24, batch=1)
-    assert session.lowered.fusions.gated_mlp == 2
-    monkeypatch.setenv(cuda_matmul.GATED_MLP_ENV, "0")
-    plain = DecoderSession(model, max_length=24, batch=1)
-    assert plain.lowered.fusions.gated_mlp == 0
-    prompts = [[1, 2, 3, 4, 5]]
-    assert session.generate(prompts, max_new_tokens=8).tokens == plain.generate(prompts, max_new_tokens=8).tokens
-    monkeypatch.setenv(cuda_matmul.GATED_MLP_ENV, "yes")
-    with pytest.raises(ValueError, match=cuda_matmul.GATED_MLP_ENV):
-        gated_mlp_for(1)
+    session_switch.check_load_switch(monkeypatch, cuda_matmul.GATED_MLP_ENV, gated_mlp_for, "gated_mlp")
 
 
 

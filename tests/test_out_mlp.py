@@ -16,6 +16,7 @@ import jax_onnx_attn
 from jax_onnx_attn import ops
 from jax_onnx_attn.testing import assert_close
 
+import session_switch
 from test_gated_mlp import _operands, _oracle as _mlp_oracle
 
 
@@ -149,21 +150,7 @@ def test_tensor_parallel_plans_refuse_it():
 
 def test_sessions_of_one_row_take_it_under_the_switch_with_the_same_tokens(monkeypatch):
     from jax_onnx_attn.ops import cuda_matmul
-    from jax_onnx_attn.runtime import DecoderSession
     from jax_onnx_attn.runtime.session import out_mlp_for
 
-    monkeypatch.setenv(cuda_matmul.GATED_MLP_ENV, "1")
-    monkeypatch.delenv(cuda_matmul.OUT_MLP_ENV, raising=False)
-    assert not out_mlp_for(1)  # off by default
-    monkeypatch.setenv(cuda_matmul.OUT_MLP_ENV, "1")
-    assert out_mlp_for(1) and not out_mlp_for(2) and not out_mlp_for(1, mesh=object())
-    session = DecoderSession(_tiny("f32"), max_length=24, batch=1)
-    assert session.lowered.fusions.out_mlp == 2
-    monkeypatch.setenv(cuda_matmul.OUT_MLP_ENV, "0")
-    plain = DecoderSession(_tiny("f32"), max_length=24, batch=1)
-    assert plain.lowered.fusions.out_mlp == 0
-    prompts = [[1, 2, 3, 4, 5]]
-    assert session.generate(prompts, max_new_tokens=8).tokens == plain.generate(prompts, max_new_tokens=8).tokens
-    monkeypatch.setenv(cuda_matmul.OUT_MLP_ENV, "yes")
-    with pytest.raises(ValueError, match=cuda_matmul.OUT_MLP_ENV):
-        out_mlp_for(1)
+    monkeypatch.setenv(cuda_matmul.GATED_MLP_ENV, "1")  # out_mlp fuses on top of the fused MLP
+    session_switch.check_load_switch(monkeypatch, cuda_matmul.OUT_MLP_ENV, out_mlp_for, "out_mlp")
