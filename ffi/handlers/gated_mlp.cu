@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "common/ffi.h"  // cuda_runtime.h first: mlp_row.h and row_chain.h then declare the launches
+#include "kernels/gemv/mlp_nbits.h"
 #include "kernels/gemv/mlp_row.h"
 #include "kernels/gemv/row_chain.h"
 
@@ -28,6 +29,30 @@ ffi::Error LaunchResult(const char* op, cudaError_t err) {
                                    ? " (the grid's CTAs do not all fit on the GPU at once)" : ""));
 }
 
+// The dense gated MLP's weights, output and norm weight against x's H and dtype (`of`: the input
+// whose dtype they share): w_gate_up [2 I, H], w_down [H, I], y [1, H], norm_weight [H] when
+// has_norm. Sets inter; the first bad operand's message, or "".
+std::string CheckMlpOperands(AnyBuffer w_gate_up, AnyBuffer w_down, AnyBuffer norm_weight, AnyResult& y, int64_t h,
+                             ffi::DataType dtype, const std::string& of, bool has_norm, int64_t& inter) {
+  auto gd = w_gate_up.dimensions();
+  if (gd.size() != 2 || gd[1] != h || gd[0] % 2 != 0 || w_gate_up.element_type() != dtype) {
+    return "w_gate_up must be [2 I, H] in " + of + "'s dtype";
+  }
+  inter = gd[0] / 2;
+  if (!HasShape(w_down, {h, inter}) || w_down.element_type() != dtype) return "w_down must be [H, I] in " + of + "'s dtype";
+  if (!HasShape(*y, {1, h}) || y->element_type() != dtype) return "y must be [1, H] in " + of + "'s dtype";
+  if (has_norm && (!HasShape(norm_weight, {h}) || norm_weight.element_type() != dtype)) {
+    return "norm_weight must be [H] in " + of + "'s dtype";
+  }
+  return "";
+}
+
+// "" when the workspace holds `need` f32 elements, else the message.
+std::string CheckWorkspace(const ffi::Result<ffi::Buffer<ffi::F32>>& workspace, int64_t need) {
+  if (int64_t(workspace->element_count()) >= need) return "";
+  return "workspace has " + std::to_string(workspace->element_count()) + " f32 elements, needs " + std::to_string(need);
+}
+
 ffi::Error GatedMlpImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer w_gate_up, AnyBuffer w_down,
                         AnyBuffer norm_weight, AnyBuffer residual, AnyResult y,
                         ffi::Result<ffi::Buffer<ffi::F32>> workspace, bool has_norm, bool has_residual,
@@ -35,18 +60,12 @@ ffi::Error GatedMlpImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer w_gate_up, A
   auto fail = [](const std::string& what) { return InvalidArgument("gated_mlp: " + what); };
   const ffi::DataType dtype = x.element_type();
   if (dtype != ffi::DataType::F16 && dtype != ffi::DataType::BF16) return fail("x must be f16 or bf16");
-  auto xd = x.dimensions(), gd = w_gate_up.dimensions();
+  auto xd = x.dimensions();
   if (xd.size() != 2 || xd[0] != 1) return fail("x must be [1, H] (one decode row)");
   const int64_t h = xd[1];
-  if (gd.size() != 2 || gd[1] != h || gd[0] % 2 != 0 || w_gate_up.element_type() != dtype) {
-    return fail("w_gate_up must be [2 I, H] in x's dtype");
-  }
-  const int64_t inter = gd[0] / 2;
-  if (!HasShape(w_down, {h, inter}) || w_down.element_type() != dtype) return fail("w_down must be [H, I] in x's dtype");
-  if (!HasShape(*y, {1, h}) || y->element_type() != dtype) return fail("y must be [1, H] in x's dtype");
-  if (has_norm && (!HasShape(norm_weight, {h}) || norm_weight.element_type() != dtype)) {
-    return fail("norm_weight must be [H] in x's dtype");
-  }
+  int64_t inter = 0;
+  const std::string bad = CheckMlpOperands(w_gate_up, w_down, norm_weight, y, h, dtype, "x", has_norm, inter);
+  if (!bad.empty()) return fail(bad);
   if (has_residual && (!HasShape(residual, {1, h}) || residual.element_type() != dtype)) {
     return fail("residual must be [1, H] in x's dtype");
   }
@@ -56,11 +75,9 @@ ffi::Error GatedMlpImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer w_gate_up, A
                 " CTAs is not a geometry the kernel takes (_ffi.gated_mlp_grid, " + (n_split ? "N" : "K") +
                 " split)");
   }
-  const int64_t need = gemv::MlpRowWorkspaceElems(int(h), int(inter), int(grid), n_split);
-  if (int64_t(workspace->element_count()) < need) {
-    return fail("workspace has " + std::to_string(workspace->element_count()) + " f32 elements, needs " +
-                std::to_string(need));
-  }
+  const std::string short_ws =
+      CheckWorkspace(workspace, gemv::MlpRowWorkspaceElems(int(h), int(inter), int(grid), n_split));
+  if (!short_ws.empty()) return fail(short_ws);
   const void* gamma = has_norm ? norm_weight.untyped_data() : nullptr;
   const void* res = has_residual ? residual.untyped_data() : nullptr;
   const bool bf16 = dtype == ffi::DataType::BF16;
@@ -99,31 +116,22 @@ ffi::Error OutMlpImpl(cudaStream_t stream, AnyBuffer a, AnyBuffer w_o, AnyBuffer
   auto fail = [](const std::string& what) { return InvalidArgument("out_mlp: " + what); };
   const ffi::DataType dtype = a.element_type();
   if (dtype != ffi::DataType::F16 && dtype != ffi::DataType::BF16) return fail("a must be f16 or bf16");
-  auto ad = a.dimensions(), xd = x.dimensions(), gd = w_gate_up.dimensions();
+  auto ad = a.dimensions(), xd = x.dimensions();
   if (ad.size() != 2 || ad[0] != 1) return fail("a must be [1, Ho] (one decode row)");
   if (xd.size() != 2 || xd[0] != 1 || x.element_type() != dtype) return fail("x must be [1, H] in a's dtype");
   const int64_t ho = ad[1], h = xd[1];
   if (!HasShape(w_o, {h, ho}) || w_o.element_type() != dtype) return fail("w_o must be [H, Ho] in a's dtype");
-  if (gd.size() != 2 || gd[1] != h || gd[0] % 2 != 0 || w_gate_up.element_type() != dtype) {
-    return fail("w_gate_up must be [2 I, H] in a's dtype");
-  }
-  const int64_t inter = gd[0] / 2;
-  if (!HasShape(w_down, {h, inter}) || w_down.element_type() != dtype) return fail("w_down must be [H, I] in a's dtype");
-  if (!HasShape(*y, {1, h}) || y->element_type() != dtype) return fail("y must be [1, H] in a's dtype");
-  if (has_norm && (!HasShape(norm_weight, {h}) || norm_weight.element_type() != dtype)) {
-    return fail("norm_weight must be [H] in a's dtype");
-  }
+  int64_t inter = 0;
+  const std::string bad = CheckMlpOperands(w_gate_up, w_down, norm_weight, y, h, dtype, "a", has_norm, inter);
+  if (!bad.empty()) return fail(bad);
   auto bad_geometry = [&] {
     return fail("H=" + std::to_string(h) + ", Ho=" + std::to_string(ho) + ", I=" + std::to_string(inter) + " on " +
                 std::to_string(grid) + " CTAs is not a geometry the kernel takes (_ffi.out_mlp_grid)");
   };
   const int64_t limit = int64_t(1) << 24;
   if (h >= limit || ho >= limit || inter >= limit || grid < 1 || grid > 4096) return bad_geometry();
-  const int64_t need = gemv::OutMlpWorkspaceElems(int(h), int(inter));
-  if (int64_t(workspace->element_count()) < need) {
-    return fail("workspace has " + std::to_string(workspace->element_count()) + " f32 elements, needs " +
-                std::to_string(need));
-  }
+  const std::string short_ws = CheckWorkspace(workspace, gemv::OutMlpWorkspaceElems(int(h), int(inter)));
+  if (!short_ws.empty()) return fail(short_ws);
   // x1 (H of T) then h (I of T) in the workspace.
   void* x1 = workspace->typed_data();
   gemv::RowChainParams p = gemv::OutMlpChain(
@@ -133,6 +141,69 @@ ffi::Error OutMlpImpl(cudaStream_t stream, AnyBuffer a, AnyBuffer w_o, AnyBuffer
   p.eps = eps;
   if (!gemv::RowChainFits<gemv::kRowChainWarps>(p, int(grid))) return bad_geometry();
   return LaunchResult("out_mlp", gemv::LaunchRowChain(p, dtype == ffi::DataType::BF16, int(grid), stream));
+}
+
+// gated_mlp_nbits: the gated MLP of one decode row on 4-bit weights in one launch
+// (ffi/kernels/gemv/mlp_nbits.cuh): the semantics of matmul_nbits(gated, layout="record") then
+// matmul_nbits(residual) (jax_onnx_attn.ops.reference.linear), the sums in another order.
+//
+// x [1, H] T (f16 / bf16), w_gate_up uint8 [2 I / 16, H / 256, 2432] (the record layout of
+// interleave_gate_up_nbits' weight), w_down uint8 [H / 16, I / 64, 640] (the slice records of
+// W_down [H, I]), norm_weight [H] T, residual [1, H] T (placeholders when absent) -> y [1, H] T,
+// workspace f32 of _ffi.gated_mlp_nbits_workspace elements (the partial sums [grid, H]). grid:
+// _ffi.gated_mlp_nbits_grid's CTAs, all resident at once (a cooperative launch, else it fails).
+ffi::Error GatedMlpNbitsImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer w_gate_up, AnyBuffer w_down,
+                             AnyBuffer norm_weight, AnyBuffer residual, AnyResult y,
+                             ffi::Result<ffi::Buffer<ffi::F32>> workspace, bool has_norm, bool has_residual,
+                             float eps, int64_t grid) {
+  auto fail = [](const std::string& what) { return InvalidArgument("gated_mlp_nbits: " + what); };
+  const ffi::DataType dtype = x.element_type();
+  if (dtype != ffi::DataType::F16 && dtype != ffi::DataType::BF16) return fail("x must be f16 or bf16");
+  auto xd = x.dimensions(), gd = w_gate_up.dimensions();
+  if (xd.size() != 2 || xd[0] != 1) return fail("x must be [1, H] (one decode row)");
+  const int64_t h = xd[1];
+  if (h < gemv::kRecordK || h % gemv::kRecordK != 0 || h > (int64_t(1) << 20)) {
+    return fail("H=" + std::to_string(h) + " must be a positive multiple of " + std::to_string(gemv::kRecordK));
+  }
+  if (gd.size() != 3 || gd[1] != h / gemv::kRecordK || gd[2] != gemv::kRecordBytes ||
+      w_gate_up.element_type() != ffi::DataType::U8) {
+    return fail("w_gate_up must be uint8 [2 I / 16, H / 256, " + std::to_string(gemv::kRecordBytes) +
+                "] (the record layout)");
+  }
+  const int64_t inter = gd[0] * 8;
+  if (inter > (int64_t(1) << 24) ||
+      !HasShape(w_down, {h / gemv::kRecordRows, inter / gemv::kSliceK, gemv::kSliceBytes}) ||
+      inter % gemv::kSliceK != 0 || w_down.element_type() != ffi::DataType::U8) {
+    return fail("w_down must be uint8 [H / 16, I / 64, " + std::to_string(gemv::kSliceBytes) +
+                "] (the slice records), I = 8 * w_gate_up's first dimension");
+  }
+  if (!HasShape(*y, {1, h}) || y->element_type() != dtype) return fail("y must be [1, H] in x's dtype");
+  if (has_norm && (!HasShape(norm_weight, {h}) || norm_weight.element_type() != dtype)) {
+    return fail("norm_weight must be [H] in x's dtype");
+  }
+  if (has_residual && (!HasShape(residual, {1, h}) || residual.element_type() != dtype)) {
+    return fail("residual must be [1, H] in x's dtype");
+  }
+  if (grid < 1 || grid > 4096 || !gemv::MlpNbitsFits<gemv::kMlpNbitsWarps>(int(h), int(inter), int(grid))) {
+    return fail("H=" + std::to_string(h) + ", I=" + std::to_string(inter) + " on " + std::to_string(grid) +
+                " CTAs is not a geometry the kernel takes (_ffi.gated_mlp_nbits_grid)");
+  }
+  const std::string short_ws = CheckWorkspace(workspace, gemv::MlpNbitsWorkspaceElems(int(h), int(grid)));
+  if (!short_ws.empty()) return fail(short_ws);
+  gemv::MlpNbitsParams p{};
+  p.x = x.untyped_data();
+  p.gamma = has_norm ? norm_weight.untyped_data() : nullptr;
+  p.w_gu = static_cast<const uint8_t*>(w_gate_up.untyped_data());
+  p.w_down = static_cast<const uint8_t*>(w_down.untyped_data());
+  p.residual = has_residual ? residual.untyped_data() : nullptr;
+  p.y = y->untyped_data();
+  p.partials = workspace->typed_data();
+  p.eps = eps;
+  p.h = int(h);
+  p.inter = int(inter);
+  p.tiles_per_cta = int(inter / 8 / grid);
+  return LaunchResult("gated_mlp_nbits",
+                      gemv::LaunchMlpNbits(p, dtype == ffi::DataType::BF16, has_norm, int(grid), stream));
 }
 
 }  // namespace
@@ -169,4 +240,20 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JoaGatedMlp, joa::GatedMlpImpl,
                                   .Attr<float>("eps")
                                   .Attr<int64_t>("grid")
                                   .Attr<bool>("n_split"),
+                              JOA_COMMAND_BUFFER_SAFE);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JoaGatedMlpNbits, joa::GatedMlpNbitsImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<joa::Stream>()
+                                  .Arg<joa::AnyBuffer>()  // x [1, H]
+                                  .Arg<joa::AnyBuffer>()  // w_gate_up records [2 I / 16, H / 256, 2432]
+                                  .Arg<joa::AnyBuffer>()  // w_down slice records [H / 16, I / 64, 640]
+                                  .Arg<joa::AnyBuffer>()  // norm_weight [H] (or placeholder)
+                                  .Arg<joa::AnyBuffer>()  // residual [1, H] (or placeholder)
+                                  .Ret<joa::AnyBuffer>()  // y [1, H]
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // workspace
+                                  .Attr<bool>("has_norm")
+                                  .Attr<bool>("has_residual")
+                                  .Attr<float>("eps")
+                                  .Attr<int64_t>("grid"),
                               JOA_COMMAND_BUFFER_SAFE);

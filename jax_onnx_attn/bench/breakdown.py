@@ -27,8 +27,10 @@ from jax_onnx_attn.runtime.roofline import H200_HBM_BYTES_PER_S
 GROUPS = (
     # Gate-up and down in one kernel (ops.gated_mlp): MlpRowKernel (K split), RowChainKernel (N split;
     # with the attention's output projection too under out_mlp, the record's "out_mlp"); MlpRowNKernel
-    # is the N split's kernel in profiles from before session 39's row chain.
-    ("mlp (fused)", lambda n: any(k in n for k in ("MlpRowKernel", "RowChainKernel", "MlpRowNKernel"))),
+    # is the N split's kernel in profiles from before session 39's row chain; MlpNbitsKernel the
+    # 4-bit one (ops.gated_mlp_nbits).
+    ("mlp (fused)", lambda n: any(k in n for k in ("MlpRowKernel", "RowChainKernel", "MlpRowNKernel",
+                                                     "MlpNbitsKernel"))),
     ("gate-up", lambda n: "GatedSiluEpilogue" in n),
     ("qkv + LM head", lambda n: "RmsNormInput" in n or "QkvRotaryEpilogue" in n),  # the fused prepare too
     ("o + down", lambda n: "PlainInput" in n),

@@ -743,7 +743,7 @@ def measure_ours(g: Group, case: Case, capacity: int, prefill: bool, verify: boo
                          first_call_s=first_call_s, devices=devices, **detail)
     rec.update(jax_kernels_per_step(start, call, sync, k) if _profile_this(g, case, args)
                else {"kernels_per_step": None})
-    for name in ("qkv_prepare", "gated_mlp", "out_mlp"):
+    for name in ("qkv_prepare", "gated_mlp", "out_mlp", "gated_mlp_nbits"):
         rec[name] = options.get(name, False)
     out["decode"] = rec
     del session, holder

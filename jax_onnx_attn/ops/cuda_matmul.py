@@ -46,6 +46,9 @@ GATED_MLP_ENV = "JOA_GATED_MLP"
 #: The environment variable that runs the attention's output projection and the gated MLP of decode
 #: sessions of batch 1 as one kernel (`out_mlp_enabled`).
 OUT_MLP_ENV = "JOA_OUT_MLP"
+#: The environment variable that runs the 4-bit gated MLP of decode sessions of batch 1 (weights in
+#: the record layout) as one kernel (`gated_mlp_nbits_enabled`).
+GATED_MLP_NBITS_ENV = "JOA_GATED_MLP_NBITS"
 #: The environment variable that picks the fused MLP's split (`gated_mlp_split`): "k" or "n".
 GATED_MLP_SPLIT_ENV = "JOA_GATED_MLP_SPLIT"
 GATED_MLP_SPLITS = ("k", "n")
@@ -305,6 +308,14 @@ def gated_mlp_grid(h: int, inter: int, split: str | None = None) -> int:
     return int(_ffi.gated_mlp_grid(int(h), int(inter), sm_count(), split == "n"))
 
 
+def _row_call(name: str, h: int, dtype, workspace: int):
+    """The FFI call of a fused one-row target `name`: results y [1, h] of `dtype` and an f32 workspace
+    of `workspace` elements (discarded); under vmap each example is its own call."""
+    return jax.ffi.ffi_call(target(name),
+                            (jax.ShapeDtypeStruct((1, h), dtype), jax.ShapeDtypeStruct((workspace,), jnp.float32)),
+                            vmap_method="sequential")
+
+
 def gated_mlp(x, w_gate_up, w_down, norm_weight=None, residual=None, *, eps: float = 1e-6,
               split: str | None = None):
     """x [1, H] f16/bf16, w_gate_up [2 I, H] (`ops.interleave_gate_up`), w_down [H, I] -> [1, H]:
@@ -321,13 +332,49 @@ def gated_mlp(x, w_gate_up, w_down, norm_weight=None, residual=None, *, eps: flo
                          f"this shape")
     n_split = split == "n"
     workspace = int(_ffi.gated_mlp_workspace(int(h), int(inter), grid, n_split))
-    call = jax.ffi.ffi_call(target("gated_mlp"),
-                            (jax.ShapeDtypeStruct((1, h), x.dtype), jax.ShapeDtypeStruct((workspace,), jnp.float32)),
-                            vmap_method="sequential")
+    call = _row_call("gated_mlp", h, x.dtype, workspace)
     ph = _placeholder(x.dtype)
     y, _ = call(x, w_gate_up, w_down, ph if norm_weight is None else norm_weight,
                 ph if residual is None else residual, has_norm=norm_weight is not None,
                 has_residual=residual is not None, eps=np.float32(eps), grid=int(grid), n_split=n_split)
+    return y
+
+
+def gated_mlp_nbits_enabled() -> bool:
+    """Whether decode sessions of batch 1 run a 4-bit gated MLP in the record layout (norm + gate / up
+    + SiLU·up + down + residual) as one kernel (`gated_mlp_nbits`; `onnx.fusion`'s gated_mlp with
+    nbits_layout "record") rather than two GEMVs. Off until timed: built in session 41 without a
+    GPU (ffi/kernels/gemv/mlp_nbits.cuh). JOA_GATED_MLP_NBITS=1 turns it on (read at load, and by
+    `ops.gated_mlp_nbits`' "auto" route at trace time)."""
+    return _switch(GATED_MLP_NBITS_ENV, "0")
+
+
+def gated_mlp_nbits_grid(h: int, inter: int) -> int:
+    """The 4-bit fused MLP's CTAs for hidden size h and intermediate size inter on this GPU, 0 where
+    the kernel does not take the shape or the extension is missing (or predates it)."""
+    if _ffi is None or not hasattr(_ffi, "gated_mlp_nbits_grid"):
+        return 0
+    return int(_ffi.gated_mlp_nbits_grid(int(h), int(inter), sm_count()))
+
+
+def gated_mlp_nbits(x, w_gate_up, w_down, norm_weight=None, residual=None, *, eps: float = 1e-6):
+    """x [1, H] f16/bf16, w_gate_up uint8 [2 I / 16, H / 256, 2432] (`ops.to_record_layout` of
+    `ops.interleave_gate_up_nbits`' weight), w_down uint8 [H / 16, I / 64, 640]
+    (`ops.to_slice_record_layout`) -> [1, H]: `matmul_nbits(x, w_gate_up, gated=True,
+    layout="record")` then `matmul_nbits(., w_down, residual=)` in one launch
+    (ffi/handlers/gated_mlp.cu, kernels/gemv/mlp_nbits.cuh); the f32 sums in another order than the
+    two calls (within the dtype's tolerance of them). norm_weight [H] and residual [1, H] or None.
+    The shape must have a grid (`gated_mlp_nbits_grid`); under vmap each example is its own call."""
+    h, inter = x.shape[1], 8 * w_gate_up.shape[0]
+    grid = gated_mlp_nbits_grid(h, inter)
+    if grid == 0:
+        raise ValueError(f"gated_mlp_nbits: H={h}, I={inter}: the fused 4-bit MLP kernel does not take this shape")
+    workspace = int(_ffi.gated_mlp_nbits_workspace(int(h), grid))
+    call = _row_call("gated_mlp_nbits", h, x.dtype, workspace)
+    ph = _placeholder(x.dtype)
+    y, _ = call(x, w_gate_up, w_down, ph if norm_weight is None else norm_weight,
+                ph if residual is None else residual, has_norm=norm_weight is not None,
+                has_residual=residual is not None, eps=np.float32(eps), grid=int(grid))
     return y
 
 
@@ -362,9 +409,7 @@ def out_mlp(a, w_o, x, w_gate_up, w_down, norm_weight=None, *, eps: float = 1e-6
     if grid == 0:
         raise ValueError(f"out_mlp: H={h}, Ho={ho}, I={inter}: the kernel does not take these shapes")
     workspace = int(_ffi.out_mlp_workspace(int(h), int(inter)))
-    call = jax.ffi.ffi_call(target("out_mlp"),
-                            (jax.ShapeDtypeStruct((1, h), x.dtype), jax.ShapeDtypeStruct((workspace,), jnp.float32)),
-                            vmap_method="sequential")
+    call = _row_call("out_mlp", h, x.dtype, workspace)
     y, _ = call(a, w_o, x, w_gate_up, w_down, _placeholder(x.dtype) if norm_weight is None else norm_weight,
                 has_norm=norm_weight is not None, eps=np.float32(eps), grid=int(grid))
     return y

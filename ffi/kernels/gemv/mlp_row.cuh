@@ -105,6 +105,36 @@ __device__ __forceinline__ T MlpGatedOutput(const float* red, int o) {
   return FromFloat<T>(__fmul_rn(__fdiv_rn(gr, 1.f + expf(-gr)), ur));
 }
 
+// The K split's end, after the grid barrier: CTA c adds the f32 partials [G, H] of its rows of y in
+// CTA order (deterministic; a row's CTAs in runs over several threads, the runs then in order),
+// rounds, adds the residual (rounded again) and stores. s_fin: kW * 32 floats.
+template <typename T, int kW>
+__device__ __forceinline__ void MlpAddPartials(const float* partials, int h, const void* residual, void* y,
+                                               float* s_fin, int tid) {
+  constexpr int kThreadsW = kW * 32;
+  const int grid = int(gridDim.x), cta = int(blockIdx.x);
+  const int rows_per = (h + grid - 1) / grid;
+  const int r0 = cta * rows_per, nr = min(rows_per, h - r0);
+  if (nr <= 0) return;
+  const int parts = max(1, min(kThreadsW / nr, grid));  // threads a row, each a run of CTAs
+  const int per = (grid + parts - 1) / parts;
+  if (tid < nr * parts) {
+    const int r = tid % nr, q = tid / nr;
+    float v = 0.f;
+    const int c1 = min(grid, (q + 1) * per);
+    for (int c = q * per; c < c1; ++c) v += __ldcg(partials + int64_t(c) * h + r0 + r);
+    s_fin[q * nr + r] = v;
+  }
+  __syncthreads();
+  for (int r = tid; r < nr; r += kThreadsW) {
+    float v = 0.f;
+    for (int q = 0; q < parts; ++q) v += s_fin[q * nr + r];
+    T out = FromFloat<T>(v);
+    if (residual != nullptr) out = FromFloat<T>(ToFloat(out) + ToFloat(static_cast<const T*>(residual)[r0 + r]));
+    static_cast<T*>(y)[r0 + r] = out;
+  }
+}
+
 template <typename T, int kW, int kDepth, bool kNorm>
 __global__ void __launch_bounds__(kW * 32, 1) MlpRowKernel(const __grid_constant__ MlpRowParams p) {
   constexpr int kThreadsW = kW * 32;
@@ -182,27 +212,7 @@ __global__ void __launch_bounds__(kW * 32, 1) MlpRowKernel(const __grid_constant
 
   // Every CTA's partials written: CTA c adds those of its rows in CTA order.
   cooperative_groups::this_grid().sync();
-  const int grid = int(gridDim.x);
-  const int rows_per = (p.h + grid - 1) / grid;
-  const int r0 = cta * rows_per, nr = min(rows_per, p.h - r0);
-  if (nr <= 0) return;
-  const int parts = max(1, min(kThreadsW / nr, grid));  // threads a row, each a run of CTAs
-  const int per = (grid + parts - 1) / parts;
-  if (tid < nr * parts) {
-    const int r = tid % nr, q = tid / nr;
-    float v = 0.f;
-    const int c1 = min(grid, (q + 1) * per);
-    for (int c = q * per; c < c1; ++c) v += __ldcg(p.partials + int64_t(c) * p.h + r0 + r);
-    s_fin[q * nr + r] = v;
-  }
-  __syncthreads();
-  for (int r = tid; r < nr; r += kThreadsW) {
-    float v = 0.f;
-    for (int q = 0; q < parts; ++q) v += s_fin[q * nr + r];
-    T out = FromFloat<T>(v);
-    if (p.residual != nullptr) out = FromFloat<T>(ToFloat(out) + ToFloat(static_cast<const T*>(p.residual)[r0 + r]));
-    static_cast<T*>(p.y)[r0 + r] = out;
-  }
+  MlpAddPartials<T, kW>(p.partials, p.h, p.residual, p.y, s_fin, tid);
 }
 
 }  // namespace joa::gemv

@@ -35,14 +35,22 @@ struct MlpRowSmem {
   }
 };
 
+// The K splits' final reduction (mlp_row.cuh's MlpAddPartials) takes a CTA's ceil(H / G) rows of y
+// with at most one thread a row (its s_fin holds kW * 32 floats).
+template <int kW>
+inline bool MlpAddPartialsFits(int h, int grid) {
+  return grid > 0 && (h + grid - 1) / grid <= 32 * kW;
+}
+
 // The geometry's requirements (host side): H % (64 kW) == 0, (H / 16) % kW == 0, I % 8 == 0,
-// (I / 8) % G == 0, the h slice 8 T a multiple of 64, and the shared memory within an sm_90 CTA's.
+// (I / 8) % G == 0, the h slice 8 T a multiple of 64, a CTA's rows of y for the final reduction
+// (MlpAddPartialsFits), and the shared memory within an sm_90 CTA's.
 template <int kW>
 inline bool MlpRowFits(int h, int inter, int grid) {
   if (h % (64 * kW) != 0 || (h / 16) % kW != 0 || inter % 8 != 0 || grid <= 0) return false;
   if ((inter / 8) % grid != 0) return false;
   const int tiles = inter / 8 / grid;
-  return (8 * tiles) % 64 == 0 && MlpRowSmem<kW>::Bytes(h, tiles) <= kSmemOnePerSm;
+  return (8 * tiles) % 64 == 0 && MlpAddPartialsFits<kW>(h, grid) && MlpRowSmem<kW>::Bytes(h, tiles) <= kSmemOnePerSm;
 }
 
 // The variant the launch runs: warps a CTA and steps of W in flight a warp. tools/probes/mlp_row.cu

@@ -184,6 +184,29 @@ __device__ __forceinline__ int SlotUnitK(int u) {
   return (u >> 5) * 256 + 32 * (u & 3) + 128 * ((u >> 4) & 1) + 8 * ((u >> 2) & 3);
 }
 
+// A unit of x (8 elements of K) in the slots kernels' staged form: the nibble permutation and, f16,
+// 1/16 under the high nibbles (words 1 and 3: the permuted order (x0, x4 | x1, x5 | x2, x6 | x3, x7)
+// meets pairs (e0, e4), (e1, e5), ...). Adds the unit's sum as staged to `staged` and as it was
+// to `full` (in element order), for a piece's Off_p and X_p.
+template <typename T>
+__device__ __forceinline__ uint4 SlotsStageUnit(uint4 v, float& staged, float& full) {
+  using F = SlotFormat<T>;
+  v = PermuteForNibbles(v);
+  if constexpr (F::kHalf) {
+    const __half2 sixteenth = __float2half2_rn(0.0625f);
+    v.y = AsU32(__hmul2(AsH2<__half>(v.y), sixteenth));
+    v.w = AsU32(__hmul2(AsH2<__half>(v.w), sixteenth));
+  }
+  const Vec8<T> x = AsVec8<T>(v);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const float f = ToFloat(x.v[e]);
+    staged += f;
+    full += F::kHalf && (e & 2) ? 16.f * f : f;  // halves 2, 3, 6, 7: words 1, 3
+  }
+  return v;
+}
+
 // Starts copying x (and gamma with the norm) into shared memory: one commit group. The thread
 // copies units u = tid + i kThreads (and reads them back itself in SlotsStageFinish).
 template <typename T, class Prologue>
@@ -202,10 +225,8 @@ __device__ __forceinline__ void SlotsStageIssue(const GemvParams& p, unsigned ch
 }
 
 // Waits for x, applies the norm (its statistics: each thread's units, the warps' sums added in
-// warp order, so every thread computes the same inverse RMS), the nibble permutation and, f16, the
-// 1/16 under high nibbles (words 1 and 3 of a unit: the permuted order (x0, x4 | x1, x5 | x2, x6 |
-// x3, x7) meets pairs (e0, e4), (e1, e5), ...); then per 32-element piece of K (k / 32), Off_p and
-// X_p into s_piece. A warp holds one chunk (32 units); a piece's four units are the lanes that
+// warp order, so every thread computes the same inverse RMS) and the staged form (SlotsStageUnit);
+// then per 32-element piece of K (k / 32), Off_p and X_p into s_piece. A warp holds one chunk (32 units); a piece's four units are the lanes that
 // differ in bits 2-3 (the quad), summed by a butterfly over those (a fixed order). Ends with the
 // units written but not yet visible to other threads: the caller synchronises.
 // raw_x / raw_g: x and gamma as they are in memory (the cluster's multicast landed them), read
@@ -238,21 +259,8 @@ __device__ __forceinline__ void SlotsStageFinish(const GemvParams& p, unsigned c
     uint4* unit = reinterpret_cast<uint4*>(smem + int64_t(u) * 16);
     uint4 v = x_unit(u);
     if constexpr (Prologue::kNorm) v = Prologue::template Apply<T>(v, r, g_unit(u));
-    v = PermuteForNibbles(v);
-    if constexpr (F::kHalf) {
-      const __half2 sixteenth = __float2half2_rn(0.0625f);
-      v.y = AsU32(__hmul2(AsH2<__half>(v.y), sixteenth));
-      v.w = AsU32(__hmul2(AsH2<__half>(v.w), sixteenth));
-    }
-    *unit = v;
-    const Vec8<T> x = AsVec8<T>(v);
     float staged = 0.f, full = 0.f;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const float f = ToFloat(x.v[e]);
-      staged += f;
-      full += F::kHalf && (e & 2) ? 16.f * f : f;  // halves 2, 3, 6, 7: words 1, 3
-    }
+    *unit = SlotsStageUnit<T>(v, staged, full);
 #pragma unroll
     for (int m = 4; m <= 8; m <<= 1) {
       staged += __shfl_xor_sync(0xffffffffu, staged, m);
@@ -276,6 +284,65 @@ __host__ __device__ inline int SlotsSmemBytes(const GemvParams& p, bool norm) { 
 inline constexpr int kSlotsDepth = 2;
 // Accumulator chains a chunk's 16 MMAs are dealt over (probe: 1, 2, 4 chains: 2 best by ~1.5%).
 inline constexpr int kChains = 2;
+
+// A lane's B registers of a chunk, piece pc: x where g == 4 pc + t, else the zero area (512 bytes,
+// the same quad offsets).
+template <typename T>
+struct SlotsX {
+  const unsigned char* base[2];
+  int step[2];  // bytes per chunk
+
+  __device__ __forceinline__ SlotsX(const unsigned char* s_x, const unsigned char* s_zero, int g, int t) {
+#pragma unroll
+    for (int pc = 0; pc < 2; ++pc) {
+      const bool mine = g == 4 * pc + t;
+      base[pc] = (mine ? s_x : s_zero) + 16 * t;
+      step[pc] = mine ? SlotFormat<T>::kF.quads * 64 : 0;
+    }
+  }
+  __device__ __forceinline__ uint4 Quad(int c, int q) const {
+    const int pc = q >> 2;
+    return *reinterpret_cast<const uint4*>(base[pc] + c * step[pc] + 64 * (q & 3) + 256 * pc);
+  }
+};
+
+// Chunk c of a lane (Src's Chunk, Src = SlotFormat<T> or RecordFormat<T>): its 16 MMAs against the
+// staged x, then per (row g + 8 h, slot 2 t + e) the scale and zero point applied in f32 into tot[h]
+// with the slot's Off_p / X_p (s_piece).
+template <typename T, class Src, class Chunk>
+__device__ __forceinline__ void SlotsChunk(const Chunk& ch, const SlotsX<T>& xs, const float2* s_piece, int c, int t,
+                                           float (&tot)[2]) {
+  using F = Src;
+  // kChains accumulator chains (quad q in chain q % kChains), summed in a fixed order: the MMAs of
+  // one chain each wait for the one before.
+  float part[kChains][4] = {};
+#pragma unroll
+  for (int q = 0; q < F::kF.quads; ++q) {
+    uint32_t a[2][4];
+    F::Fragments(ch, q, a);
+    const uint4 xv = xs.Quad(c, q);
+    ptx::Mma16816Free<T>(part[q % kChains], a[0], xv.x, xv.y);
+    ptx::Mma16816Free<T>(part[q % kChains], a[1], xv.z, xv.w);
+  }
+  float acc[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    acc[i] = part[0][i];
+#pragma unroll
+    for (int k = 1; k < kChains; ++k) acc[i] += part[k][i];
+  }
+  // Columns 2t + e of rows g (acc[e]) and g + 8 (acc[2 + e]): one piece each.
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const float2 blk = s_piece[(c * F::kF.chunk_k + F::SlotK(2 * t + e)) >> 5];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float scale = ScaleToFloat<T>(Src::Scale(ch, h, e));
+      const float zp = float(Src::Zero(ch, h, e));
+      tot[h] = __fmaf_rn(scale, acc[2 * h + e] - __fmaf_rn(zp, blk.y, blk.x), tot[h]);
+    }
+  }
+}
 
 // Src: where W and its scales / zero points come from, SlotFormat<T> (the wide format, tiled
 // metadata) or RecordFormat<T> (the record layout); everything else is the same kernel.
@@ -386,15 +453,7 @@ __global__ void __launch_bounds__(kThreads, 2) GemvSlotsKernel(const __grid_cons
   using Ahead = OneRowAhead<T, Epilogue>;
   const Ahead ahead = tid < Epilogue::OutCols(16) / 8 ? Ahead::Read(p, int(blockIdx.x)) : Ahead{};
 
-  // B registers of piece pc: x where g == 4 pc + t, else the zero area (the same quad offsets).
-  const unsigned char* x_base[2];
-  int x_step[2];
-#pragma unroll
-  for (int pc = 0; pc < 2; ++pc) {
-    const bool mine = g == 4 * pc + t;
-    x_base[pc] = (mine ? s_x : s_zero) + 16 * t;
-    x_step[pc] = mine ? F::kF.quads * 64 : 0;  // bytes per chunk
-  }
+  const SlotsX<T> xs(s_x, s_zero, g, t);
 
   const int rs = p.red_stride;
   float tot[2] = {0.f, 0.f};  // rows g, g + 8
@@ -405,36 +464,7 @@ __global__ void __launch_bounds__(kThreads, 2) GemvSlotsKernel(const __grid_cons
       if (i0 + s >= steps) break;
       const int c = c_begin + j;
       if (c < p.kc) {
-        // kChains accumulator chains (quad q in chain q % kChains), summed in a fixed order: the
-        // MMAs of one chain each wait for the one before.
-        float part[kChains][4] = {};
-#pragma unroll
-        for (int q = 0; q < F::kF.quads; ++q) {
-          uint32_t a[2][4];
-          F::Fragments(buf[s], q, a);
-          const int pc = q >> 2;
-          const uint4 xv = *reinterpret_cast<const uint4*>(x_base[pc] + c * x_step[pc] + 64 * (q & 3) + 256 * pc);
-          ptx::Mma16816Free<T>(part[q % kChains], a[0], xv.x, xv.y);
-          ptx::Mma16816Free<T>(part[q % kChains], a[1], xv.z, xv.w);
-        }
-        float acc[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          acc[i] = part[0][i];
-#pragma unroll
-          for (int ch = 1; ch < kChains; ++ch) acc[i] += part[ch][i];
-        }
-        // Columns 2t + e of rows g (acc[e]) and g + 8 (acc[2 + e]): one piece each.
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float2 blk = s_piece[(c * F::kF.chunk_k + F::SlotK(2 * t + e)) >> 5];
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const float scale = ScaleToFloat<T>(Src::Scale(buf[s], h, e));
-            const float zp = float(Src::Zero(buf[s], h, e));
-            tot[h] = __fmaf_rn(scale, acc[2 * h + e] - __fmaf_rn(zp, blk.y, blk.x), tot[h]);
-          }
-        }
+        SlotsChunk<T, Src>(buf[s], xs, s_piece, c, t, tot);
       }
       JOA_GEMV_MARK(4);
       load_next(buf[s]);  // step i + kDepth into the registers just consumed
