@@ -349,6 +349,9 @@ def test_fusion_keeps_the_logits(dtype, block, zp):
         assert fused.params[n.input[2]].shape == (256 // 16, 512 // SLICE_K, SLICE_BYTES)
     assert jax_onnx_attn.load(model, nbits_layout="record").fusions.gated_mlp_nbits == 0
     assert jax_onnx_attn.load(model, gated_mlp_nbits=True).fusions.gated_mlp_nbits == 0  # record only
+    from jax_onnx_attn.onnx.sharding import plan_tensor_parallel
+    with pytest.raises(ValueError, match="gated_mlp_nbits=True"):  # a mesh splits Linear nodes only
+        plan_tensor_parallel(fused, 2)
     rng = np.random.default_rng(3)
     for s in (1, 5):
         feeds = _decoder_feeds(plain, s, rng)

@@ -39,7 +39,9 @@ std::string CheckMlpOperands(AnyBuffer w_gate_up, AnyBuffer w_down, AnyBuffer no
     return "w_gate_up must be [2 I, H] in " + of + "'s dtype";
   }
   inter = gd[0] / 2;
-  if (!HasShape(w_down, {h, inter}) || w_down.element_type() != dtype) return "w_down must be [H, I] in " + of + "'s dtype";
+  if (!HasShape(w_down, {h, inter}) || w_down.element_type() != dtype) {
+    return "w_down must be [H, I] in " + of + "'s dtype";
+  }
   if (!HasShape(*y, {1, h}) || y->element_type() != dtype) return "y must be [1, H] in " + of + "'s dtype";
   if (has_norm && (!HasShape(norm_weight, {h}) || norm_weight.element_type() != dtype)) {
     return "norm_weight must be [H] in " + of + "'s dtype";
@@ -47,10 +49,10 @@ std::string CheckMlpOperands(AnyBuffer w_gate_up, AnyBuffer w_down, AnyBuffer no
   return "";
 }
 
-// "" when the workspace holds `need` f32 elements, else the message.
-std::string CheckWorkspace(const ffi::Result<ffi::Buffer<ffi::F32>>& workspace, int64_t need) {
-  if (int64_t(workspace->element_count()) >= need) return "";
-  return "workspace has " + std::to_string(workspace->element_count()) + " f32 elements, needs " + std::to_string(need);
+// "" when a workspace of `have` f32 elements holds `need`, else the message.
+std::string CheckWorkspace(int64_t have, int64_t need) {
+  if (have >= need) return "";
+  return "workspace has " + std::to_string(have) + " f32 elements, needs " + std::to_string(need);
 }
 
 ffi::Error GatedMlpImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer w_gate_up, AnyBuffer w_down,
@@ -75,8 +77,8 @@ ffi::Error GatedMlpImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer w_gate_up, A
                 " CTAs is not a geometry the kernel takes (_ffi.gated_mlp_grid, " + (n_split ? "N" : "K") +
                 " split)");
   }
-  const std::string short_ws =
-      CheckWorkspace(workspace, gemv::MlpRowWorkspaceElems(int(h), int(inter), int(grid), n_split));
+  const std::string short_ws = CheckWorkspace(int64_t(workspace->element_count()),
+                                              gemv::MlpRowWorkspaceElems(int(h), int(inter), int(grid), n_split));
   if (!short_ws.empty()) return fail(short_ws);
   const void* gamma = has_norm ? norm_weight.untyped_data() : nullptr;
   const void* res = has_residual ? residual.untyped_data() : nullptr;
@@ -130,7 +132,8 @@ ffi::Error OutMlpImpl(cudaStream_t stream, AnyBuffer a, AnyBuffer w_o, AnyBuffer
   };
   const int64_t limit = int64_t(1) << 24;
   if (h >= limit || ho >= limit || inter >= limit || grid < 1 || grid > 4096) return bad_geometry();
-  const std::string short_ws = CheckWorkspace(workspace, gemv::OutMlpWorkspaceElems(int(h), int(inter)));
+  const std::string short_ws =
+      CheckWorkspace(int64_t(workspace->element_count()), gemv::OutMlpWorkspaceElems(int(h), int(inter)));
   if (!short_ws.empty()) return fail(short_ws);
   // x1 (H of T) then h (I of T) in the workspace.
   void* x1 = workspace->typed_data();
@@ -188,7 +191,8 @@ ffi::Error GatedMlpNbitsImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer w_gate_
     return fail("H=" + std::to_string(h) + ", I=" + std::to_string(inter) + " on " + std::to_string(grid) +
                 " CTAs is not a geometry the kernel takes (_ffi.gated_mlp_nbits_grid)");
   }
-  const std::string short_ws = CheckWorkspace(workspace, gemv::MlpNbitsWorkspaceElems(int(h), int(grid)));
+  const std::string short_ws =
+      CheckWorkspace(int64_t(workspace->element_count()), gemv::MlpNbitsWorkspaceElems(int(h), int(grid)));
   if (!short_ws.empty()) return fail(short_ws);
   gemv::MlpNbitsParams p{};
   p.x = x.untyped_data();

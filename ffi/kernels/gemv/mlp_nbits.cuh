@@ -160,7 +160,8 @@ __global__ void __launch_bounds__(kW * 32, 1) MlpNbitsKernel(const __grid_consta
 #pragma unroll
         for (int j = 0; j < 4; ++j) st.w[j] = LoadStream16(r + 512 * j);
         const uint8_t* m = ga + kRecordWBytes + 4 * lane;  // metadata word 0 of this lane
-        st.m[0] = make_uint2(__ldg(reinterpret_cast<const uint32_t*>(m)), __ldg(reinterpret_cast<const uint32_t*>(m + 128)));
+        st.m[0] = make_uint2(__ldg(reinterpret_cast<const uint32_t*>(m)),
+                             __ldg(reinterpret_cast<const uint32_t*>(m + 128)));
         st.m[1].x = __ldg(reinterpret_cast<const uint32_t*>(m + 256));
         ga += kRecordBytes;
       }

@@ -226,9 +226,10 @@ __device__ __forceinline__ void SlotsStageIssue(const GemvParams& p, unsigned ch
 
 // Waits for x, applies the norm (its statistics: each thread's units, the warps' sums added in
 // warp order, so every thread computes the same inverse RMS) and the staged form (SlotsStageUnit);
-// then per 32-element piece of K (k / 32), Off_p and X_p into s_piece. A warp holds one chunk (32 units); a piece's four units are the lanes that
-// differ in bits 2-3 (the quad), summed by a butterfly over those (a fixed order). Ends with the
-// units written but not yet visible to other threads: the caller synchronises.
+// then per 32-element piece of K (k / 32), Off_p and X_p into s_piece. A warp holds one chunk (32
+// units); a piece's four units are the lanes that differ in bits 2-3 (the quad), summed by a
+// butterfly over those (a fixed order). Ends with the units written but not yet visible to other
+// threads: the caller synchronises.
 // raw_x / raw_g: x and gamma as they are in memory (the cluster's multicast landed them), read
 // at k(u); null: the units were copied in place by SlotsStageIssue.
 template <typename T, class Prologue>
