@@ -121,13 +121,16 @@ inline void ApplyPlan(GemvParams& p, const Plan& plan, bool pdl) {
 // The slots kernel (one row, 4-bit wide weights; plan.slots): its fusion policies, shared memory,
 // the cluster that shares x, PDL. Src: SlotFormat<T> (the wide format) or RecordFormat<T> (the
 // record layout, plan.record).
-template <typename T, class Src, class Prologue, class Epilogue>
+// kDefer: the slots kernel's barrier-free tile end (an experiment of tools/probes/slots_defer.cu;
+// at most kDeferTiles tiles a CTA).
+template <typename T, class Src, class Prologue, class Epilogue, bool kDefer = false>
 cudaError_t LaunchSlotsKernel(const GemvParams& p, const Plan& plan, bool pdl, cudaStream_t stream) {
   const int smem = SlotsSmemBytes(p, Prologue::kNorm);
   if (smem != plan.smem_bytes) return cudaErrorInvalidValue;  // plan.h and slots.cuh disagree
+  if (kDefer && (p.blocks + plan.grid - 1) / plan.grid > kDeferTiles) return cudaErrorInvalidValue;
   // The default carveout: scales and zero points are read through L1 (a max-shared carveout made
   // the LM head 54 -> 66 us).
-  return LaunchPlanned(GemvSlotsKernel<T, Src, Prologue, Epilogue, kSlotsDepth>, p, plan, smem,
+  return LaunchPlanned(GemvSlotsKernel<T, Src, Prologue, Epilogue, kSlotsDepth, kDefer>, p, plan, smem,
                        /*max_shared=*/false, pdl, stream);
 }
 
