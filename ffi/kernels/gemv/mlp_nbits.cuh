@@ -17,8 +17,8 @@
 // kW)), so a tile's sums may come from several warps (slots [tile][warp] of shared memory, added
 // in warp order). Each record is the slots kernel's chunk (slots.cuh: raw magic-number halves as A,
 // eight quantisation pieces in the eight MMA columns, scale and zero point applied per piece in
-// f32). After a barrier h's slice (8 T) lands in shared memory, staged as the slots kernel stages x. The down
-// work is the K slice [8 c T, 8 (c + 1) T) of every 16-row tile of W_down (warp w: tiles w, w + kW,
+// f32). After a barrier h's slice (8 T) lands in shared memory, staged as the slots kernel stages
+// x. The down work is the K slice [8 c T, 8 (c + 1) T) of every 16-row tile of W_down (warp w: tiles w, w + kW,
 // ...), read from slice records (mlp_nbits.h): per record and lane 16 bytes, rows g and g + 8 at
 // 16 k, the four lanes t the four MMA columns t (one 16-k piece each, inside one quantisation
 // block), so per record 4 MMAs and the scale / zero point per (row, piece) in f32 again. A warp
