@@ -253,8 +253,8 @@ EMULATED = [(256, 512, 8), (256, 1024, 8), (512, 1024, 4)]
 
 @pytest.mark.parametrize("h,inter,grid", EMULATED)
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=str)
-@pytest.mark.parametrize("norm,zp", [(True, True), (False, False)])
-def test_kernel_emulation_gives_the_exact_product_and_the_reference(h, inter, grid, dtype, norm, zp):
+@pytest.mark.parametrize("norm,zp,block", [(True, True, 32), (False, False, 64), (True, True, 128)])
+def test_kernel_emulation_gives_the_exact_product_and_the_reference(h, inter, grid, dtype, norm, zp, block):
     # The emulation follows the kernel's loads and fragments; its per-CTA down partials equal the
     # exact product of the CTA's h slice with W_down's columns (to f64 rounding: the slice records,
     # the staged h and the per-piece Off / X fix-up are right), and its y the reference op's (the
@@ -262,7 +262,6 @@ def test_kernel_emulation_gives_the_exact_product_and_the_reference(h, inter, gr
     # residual) turns one ulp of the rounded down projection into a large relative error where the
     # residual cancels it (the GPU tests hold the kernel's residual path to the reference).
     dt = DTYPES[dtype]
-    block = 32 if zp else 64
     o = _mlp_operands(h, inter, block, zp, dt, seed=h + inter)
     w_gu = _dequant(*o["gu"])
     w_dn = _dequant(*o["down"])
