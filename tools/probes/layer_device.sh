@@ -15,7 +15,8 @@
 #   e2e1b         ~1B B=1 1k: ours / ours[VARIANT] ... / JAX peer, breakdowns (VARIANTS, below)
 #   e2e8b         ~8B B=1 2k: the same, profiled only with PROFILE_8B=first / all (then breakdowns)
 # WEIGHTS: the e2e phases' weights, fp16 (default) or int4 (e.g. WEIGHTS=int4
-#   VARIANTS=mlp4:JOA_GATED_MLP_NBITS=1: the 4-bit fused MLP, off in ours until timed);
+#   VARIANTS="mlp4:JOA_GATED_MLP_NBITS=1 defer:JOA_GEMV_SLOTS_DEFER=1": the 4-bit fused MLP and the
+#   slots kernel's barrier-free tile end, both off in ours until timed);
 # VARIANTS: --ours-env specs, default: the fused MLP off (ours has it on since session 39);
 # ROUNDS: bench e2e --rounds (default 1);
 # E2E_TIMEOUT: seconds for an e2e phase (default 300 / 330; ROUNDS=3 with four impls wants ~540, alone in a call).

@@ -137,13 +137,15 @@ cudaError_t LaunchSlotsKernel(const GemvParams& p, const Plan& plan, bool pdl, c
 // The slots kernel on 4-bit weights in the record layout (plan.record: MakeRecordPlan); p.w the
 // records, p.scales / p.zeros unused (the records hold them).
 template <typename T>
-cudaError_t LaunchRecord(GemvParams p, const Plan& plan, Fusion fusion, bool pdl, cudaStream_t stream) {
+cudaError_t LaunchRecord(GemvParams p, const Plan& plan, Fusion fusion, bool pdl, bool defer, cudaStream_t stream) {
   if (!plan.record || !plan.slots) return cudaErrorInvalidValue;
   ApplyPlan(p, plan, pdl);
+  const bool deferred = defer && (plan.blocks + plan.grid - 1) / plan.grid <= kDeferTiles;
   return WithPolicies(fusion, [&](auto pol) {
     using Pro = typename decltype(pol)::Prologue;
     using Epi = typename decltype(pol)::Epilogue;
-    return LaunchSlotsKernel<T, RecordFormat<T>, Pro, Epi>(p, plan, pdl, stream);
+    return deferred ? LaunchSlotsKernel<T, RecordFormat<T>, Pro, Epi, true>(p, plan, pdl, stream)
+                    : LaunchSlotsKernel<T, RecordFormat<T>, Pro, Epi, false>(p, plan, pdl, stream);
   });
 }
 
@@ -268,7 +270,7 @@ cudaError_t LaunchFormat(GemvParams p, const Plan& plan, Fusion fusion, bool pdl
                                                 bool, cudaStream_t);
 #define JOA_GEMV_INSTANTIATE_RECORD(T) \
   template cudaError_t joa::gemv::LaunchRecord<T>(joa::gemv::GemvParams, const joa::gemv::Plan&, \
-                                                  joa::gemv::Fusion, bool, cudaStream_t);
+                                                  joa::gemv::Fusion, bool, bool, cudaStream_t);
 #define JOA_GEMV_INSTANTIATE_QKV_ROTARY(T) \
   template cudaError_t joa::gemv::LaunchQkvRotary<T>(joa::gemv::GemvParams, const joa::gemv::Plan&, bool, \
                                                      bool, cudaStream_t);
