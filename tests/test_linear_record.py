@@ -341,20 +341,3 @@ def test_load_in_the_record_layout_keeps_unfit_shapes_in_the_onnx_layout():
     got, want = cast.apply(cast.params, feeds), plain.apply(plain.params, feeds)
     for name in want:
         np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]), err_msg=name)
-
-
-def test_slots_defer_switch_reaches_the_record_call(monkeypatch):
-    # JOA_GEMV_SLOTS_DEFER (off until timed) is read at trace time and becomes the record call's
-    # `defer` attribute (the handler's; the GPU test holds both forms to the same bits).
-    seen = {}
-    monkeypatch.setattr(cuda_matmul, "_nbits_call", lambda *a, **kw: seen.update(kw))
-    monkeypatch.delenv(cuda_matmul.SLOTS_DEFER_ENV, raising=False)
-    assert not cuda_matmul.slots_defer_enabled()
-    for value, want in (("0", False), ("1", True)):
-        monkeypatch.setenv(cuda_matmul.SLOTS_DEFER_ENV, value)
-        cuda_matmul._matmul_nbits_record(None, None, None, None, None, n=16, block_size=32, eps=1e-6,
-                                         gated=False, pdl=False)
-        assert seen["defer"] is want and seen["record_layout"] is True
-    monkeypatch.setenv(cuda_matmul.SLOTS_DEFER_ENV, "2")
-    with pytest.raises(ValueError, match=cuda_matmul.SLOTS_DEFER_ENV):
-        cuda_matmul.slots_defer_enabled()

@@ -13,8 +13,6 @@
 // jax_onnx_attn.ops.linear.to_record_layout): b_quant uint8 [N / 16, K / 256, 2432] holding W, scales
 // and zero points (scales and zero_points are placeholders, has_zero_points ignored); N from y (and
 // gated); on the slots kernel's plan (plan.h's MakeRecordPlan); the other plan attributes do not apply.
-// defer (record layout only): the slots kernel's barrier-free tile end where the plan gives a CTA at
-// most kDeferTiles tiles (slots.cuh's kDefer: the same bits; an experiment, JOA_GEMV_SLOTS_DEFER).
 #include <string>
 #include <utility>
 
@@ -95,7 +93,7 @@ ffi::Error RowsImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer b_quant, AnyBuff
 ffi::Error RecordImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer b_quant, AnyBuffer scales, AnyBuffer zero_points,
                       AnyBuffer bias, AnyBuffer residual,
                       AnyBuffer norm_weight, AnyResult y, int64_t bits, int64_t block_size, bool has_bias,
-                      bool has_residual, bool has_norm, bool gated, float eps, bool pdl, bool defer) {
+                      bool has_residual, bool has_norm, bool gated, float eps, bool pdl) {
   constexpr const char* kOp = "matmul_nbits (record layout)";
   const ffi::DataType dtype = x.element_type();
   auto xd = x.dimensions(), bd = b_quant.dimensions(), yd = y->dimensions();
@@ -119,7 +117,7 @@ ffi::Error RecordImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer b_quant, AnyBu
   p.scales = nullptr;  // the records hold the scales and zero points
   std::string err = gemv::ConfigureExtras(p, dtype, bias, residual, norm_weight, has_bias, has_residual, has_norm);
   if (!err.empty()) return InvalidArgument(std::string(kOp) + ": " + err);
-  return gemv::RecordPlanAndLaunch(p, dtype, gemv::Fusion{gated, has_norm}, block_size, pdl, defer, stream, kOp);
+  return gemv::RecordPlanAndLaunch(p, dtype, gemv::Fusion{gated, has_norm}, block_size, pdl, stream, kOp);
 }
 
 ffi::Error MatMulNBitsImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer b_quant, AnyBuffer scales,
@@ -128,10 +126,10 @@ ffi::Error MatMulNBitsImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer b_quant, 
                            bool has_zero_points, bool has_bias, bool has_residual, bool has_norm,
                            bool gated, float eps, int64_t cluster, int64_t warps_k, bool wide,
                            bool pdl, bool slots, bool rows, int64_t warps_n, int64_t depth,
-                           int64_t occupancy, bool record_layout, bool defer) {
+                           int64_t occupancy, bool record_layout) {
   if (record_layout) {
-    return RecordImpl(stream, x, b_quant, scales, zero_points, bias, residual, norm_weight, y, bits, block_size,
-                      has_bias, has_residual, has_norm, gated, eps, pdl, defer);
+    return RecordImpl(stream, x, b_quant, scales, zero_points, bias, residual, norm_weight, y, bits, block_size, has_bias, has_residual,
+                      has_norm, gated, eps, pdl);
   }
   if (rows) {
     return RowsImpl(stream, x, b_quant, scales, zero_points, bias, residual, norm_weight, y, bits, block_size,
@@ -210,8 +208,7 @@ auto MatMulNBitsOperands(Binding binding) {
       .template Attr<int64_t>("warps_n")
       .template Attr<int64_t>("depth")
       .template Attr<int64_t>("occupancy")
-      .template Attr<bool>("record_layout")
-      .template Attr<bool>("defer");
+      .template Attr<bool>("record_layout");
 }
 }  // namespace
 }  // namespace joa

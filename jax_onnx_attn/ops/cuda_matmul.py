@@ -49,9 +49,6 @@ OUT_MLP_ENV = "JOA_OUT_MLP"
 #: The environment variable that runs the 4-bit gated MLP of decode sessions of batch 1 (weights in
 #: the record layout) as one kernel (`gated_mlp_nbits_enabled`).
 GATED_MLP_NBITS_ENV = "JOA_GATED_MLP_NBITS"
-#: The environment variable that ends the slots kernel's tiles without a CTA barrier on the record
-#: layout (`slots_defer_enabled`).
-SLOTS_DEFER_ENV = "JOA_GEMV_SLOTS_DEFER"
 #: The environment variable that picks the fused MLP's split (`gated_mlp_split`): "k" or "n".
 GATED_MLP_SPLIT_ENV = "JOA_GATED_MLP_SPLIT"
 GATED_MLP_SPLITS = ("k", "n")
@@ -341,15 +338,6 @@ def gated_mlp(x, w_gate_up, w_down, norm_weight=None, residual=None, *, eps: flo
                 ph if residual is None else residual, has_norm=norm_weight is not None,
                 has_residual=residual is not None, eps=np.float32(eps), grid=int(grid), n_split=n_split)
     return y
-
-
-def slots_defer_enabled() -> bool:
-    """Whether one-row 4-bit GEMVs in the record layout run the slots kernel's barrier-free tile end
-    (ffi/kernels/gemv/slots.cuh's kDefer: each tile's warp sums in a shared-memory slot of its own,
-    one CTA barrier after the last tile; the same bits) where a CTA holds at most 32 tiles. Off until
-    timed (session 41, no GPU: at K = 2048 the slots kernel's warps wait at a barrier after every
-    2.4 KB chunk). JOA_GEMV_SLOTS_DEFER=1 turns it on (read at trace time)."""
-    return _switch(SLOTS_DEFER_ENV, "0")
 
 
 def gated_mlp_nbits_enabled() -> bool:
@@ -651,12 +639,12 @@ def _matmul_nbits_record(x, rec, bias, residual, norm_weight, *, n, block_size, 
     return _nbits_call(x, rec, None, None, bias, residual, norm_weight, n_out=n // 2 if gated else n,
                        bits=4, block_size=block_size, eps=eps, gated=gated, pdl=pdl, cluster=0,
                        warps_k=0, wide=True, slots=True, rows=False, warps_n=0, depth=0, occupancy=0,
-                       record_layout=True, defer=slots_defer_enabled())
+                       record_layout=True)
 
 
 def _nbits_call(x, w, scales, zero_points, bias, residual, norm_weight, *, n_out, bits, block_size, eps,
                 gated, pdl, cluster, warps_k, wide, slots, rows, warps_n, depth, occupancy,
-                record_layout=False, defer=False):
+                record_layout=False):
     """The matmul_nbits FFI call (ffi/handlers/matmul_nbits.cu): absent operands as placeholders
     with their has_* flags, every attribute as the handler binds it."""
     call = jax.ffi.ffi_call(target("matmul_nbits"), jax.ShapeDtypeStruct((x.shape[0], n_out), x.dtype))
@@ -670,7 +658,7 @@ def _nbits_call(x, w, scales, zero_points, bias, residual, norm_weight, *, n_out
                 has_norm=norm_weight is not None, gated=bool(gated), eps=np.float32(eps),
                 cluster=int(cluster), warps_k=int(warps_k), wide=bool(wide), pdl=bool(pdl),
                 slots=bool(slots), rows=bool(rows), warps_n=int(warps_n), depth=int(depth),
-                occupancy=int(occupancy), record_layout=bool(record_layout), defer=bool(defer))
+                occupancy=int(occupancy), record_layout=bool(record_layout))
 
 
 def _placeholder(dtype):

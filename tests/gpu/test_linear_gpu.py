@@ -422,7 +422,7 @@ def test_every_output_element_is_written(gated):
             got = jax.jit(lambda x: _poisoned_call(
                 "matmul_nbits", m, n_out, dtype, (x, bq, s, z, ph, None, ph), bits=4, block_size=32,
                 has_zero_points=True, has_bias=False, cluster=c, wide=wide, slots=True, rows=False,
-                warps_n=0, depth=0, occupancy=0, record_layout=False, defer=False, **common))(xk)
+                warps_n=0, depth=0, occupancy=0, record_layout=False, **common))(xk)
             _check(got, ref, dtype, f"int4 K={k} N={n} M={m} wide={wide}")
 
 

@@ -132,7 +132,7 @@ def _poisoned(n, k, block, gated, dtype, rec, x):
         return f(x, rec, ph, jnp.zeros((1,), jnp.uint8), ph, poison, ph, bits=4, block_size=block,
                  has_zero_points=False, has_bias=False, has_residual=False, has_norm=False, gated=gated,
                  eps=np.float32(1e-6), cluster=0, warps_k=0, wide=True, pdl=False, slots=True, rows=False,
-                 warps_n=0, depth=0, occupancy=0, record_layout=True, defer=False)
+                 warps_n=0, depth=0, occupancy=0, record_layout=True)
     return jax.jit(call)(x)
 
 
@@ -164,33 +164,6 @@ def test_bitwise_repeatable_and_pdl_invariant():
         np.testing.assert_array_equal(np.asarray(pdl), first)
 
 
-@pytest.mark.parametrize("k,n,block,gated,norm", [
-    (2048, 2048, 32, False, False),      # ~1B o: cpp 1, one tile a CTA
-    (2048, 16384, 32, True, True),       # ~1B gate-up: cpp 1, several tiles a CTA
-    (2048, 128256, 32, False, True),     # ~1B LM head: cpp 1, ~31 tiles a CTA
-    (14336, 4096, 128, False, False),    # ~8B down: cpp 7
-    (4096, 28672, 128, True, True),      # ~8B gate-up: cpp 2
-])
-def test_barrier_free_tile_end_gives_the_same_bits(k, n, block, gated, norm, monkeypatch):
-    # JOA_GEMV_SLOTS_DEFER=1 (slots.cuh's kDefer: a shared-memory slot a tile, one barrier at the
-    # end) adds the same warp sums in the same order: the barrier form's bits, with a residual too.
-    x, rec, _ = _weights(k, n, block, True, jnp.bfloat16, seed=6)
-    n_out = n // 2 if gated else n
-    arrays = {"residual": jnp.asarray(np.random.default_rng(7).normal(size=(1, n_out)), jnp.bfloat16)}
-    if norm:
-        arrays["norm_weight"] = jnp.ones((k,), jnp.bfloat16)
-
-    def run(defer):
-        monkeypatch.setenv(cuda_matmul.SLOTS_DEFER_ENV, defer)
-        fn = jax.jit(lambda x, rec, **a: ops.matmul_nbits(x, rec, None, k=k, n=n, bits=4, block_size=block,
-                                                           gated=gated, layout="record", backend="cuda", **a))
-        return np.asarray(fn(x, rec, **arrays))
-
-    barrier, deferred = run("0"), run("1")
-    assert np.isfinite(barrier).all()
-    np.testing.assert_array_equal(deferred, barrier)
-
-
 def test_vmap_runs_one_call_per_example():
     k, n = 2048, 3072
     x, rec, _ = _weights(k, n, 32, False, jnp.float16, seed=5)
@@ -211,7 +184,7 @@ def test_handler_refusals_name_the_input():
         return f(x, rec, ph, jnp.zeros((1,), jnp.uint8), ph, ph, ph, bits=4, block_size=block_size,
                  has_zero_points=False, has_bias=False, has_residual=False, has_norm=False, gated=False,
                  eps=np.float32(1e-6), cluster=0, warps_k=0, wide=True, pdl=False, slots=True, rows=False,
-                 warps_n=0, depth=0, occupancy=0, record_layout=True, defer=False)
+                 warps_n=0, depth=0, occupancy=0, record_layout=True)
     for args, match in (((x, rec[:, :1]), "b_quant must be uint8"), ((x, rec, n + 16), "b_quant must be uint8"),
                         ((jnp.concatenate([x, x]), rec), "one row"),
                         ((x, rec, n, 16), "block_size must be a power of two >= 32")):

@@ -194,7 +194,7 @@ def _poisoned(m, n, k, block, gated, dtype, rows, x):
         return f(x, w, s, z, ph, poison, ph, bits=4, block_size=block, has_zero_points=True,
                  has_bias=False, has_residual=False, has_norm=False, gated=gated, eps=np.float32(1e-6),
                  cluster=0, warps_k=0, wide=False, pdl=False, slots=False, rows=True, warps_n=0, depth=0,
-                 occupancy=0, record_layout=False, defer=False)
+                 occupancy=0, record_layout=False)
     return jax.jit(call)(x)
 
 

@@ -4,8 +4,6 @@
 # 38 ran the read-ahead of tools/patches/read-ahead/ with it). Here: commit; bash tools/snapshot.sh
 # --so <the .so>; carry .snap. Phases (any of, in order):
 #   mlp-probe     tools/probes/mlp_row.cu: the fused MLP (K and N splits) vs the two dense row GEMVs, ~1B / ~8B
-#   defer-probe   tools/probes/slots_defer.cu: the slots kernel with a barrier a tile vs its kDefer form
-#                 (one barrier at the end), ~1B / ~8B 4-bit projections (session 41)
 #   chain-probe   tools/probes/layer_chain.cu: o + gate-up + down + qkv as one persistent kernel (session 39)
 #                 vs the separate kernels (4 GEMVs; o + fused MLP + qkv), ~1B / ~8B
 #   mlp-tests     tests/gpu/test_gated_mlp_gpu.py
@@ -15,12 +13,11 @@
 #   e2e1b         ~1B B=1 1k: ours / ours[VARIANT] ... / JAX peer, breakdowns (VARIANTS, below)
 #   e2e8b         ~8B B=1 2k: the same, profiled only with PROFILE_8B=first / all (then breakdowns)
 # WEIGHTS: the e2e phases' weights, fp16 (default) or int4 (e.g. WEIGHTS=int4
-#   VARIANTS="mlp4:JOA_GATED_MLP_NBITS=1 defer:JOA_GEMV_SLOTS_DEFER=1": the 4-bit fused MLP and the
-#   slots kernel's barrier-free tile end, both off in ours until timed);
+#   VARIANTS=mlp4:JOA_GATED_MLP_NBITS=1: the 4-bit fused MLP, off in ours until timed);
 # VARIANTS: --ours-env specs, default: the fused MLP off (ours has it on since session 39);
 # ROUNDS: bench e2e --rounds (default 1);
 # E2E_TIMEOUT: seconds for an e2e phase (default 300 / 330; ROUNDS=3 with four impls wants ~540, alone in a call).
-# To $OUT: prepare.log, mlp_row.log, slots_defer.log, layer_chain.log, tests_mlp.log, tests_nbits.log, tests_chain.log, e2e_*.json, run_*.log (at most 8 files: pick phases).
+# To $OUT: prepare.log, mlp_row.log, layer_chain.log, tests_mlp.log, tests_nbits.log, tests_chain.log, e2e_*.json, run_*.log (at most 8 files: pick phases).
 set -uo pipefail
 phases=${*:-mlp-probe}
 variants=${VARIANTS:-nomlp:JOA_GATED_MLP=0}
@@ -35,9 +32,6 @@ case "$phase" in
   mlp-probe)
     $NVCC tools/probes/mlp_row.cu ffi/kernels/gemv/inst/gemv_f16_dense.cu -o /tmp/mlp_row 2>&1 | grep -v Warn | tail -3
     JOA_PROBE_8B=1 timeout 200 /tmp/mlp_row 2>&1 | tee "$out/mlp_row.log" ;;
-  defer-probe)
-    $NVCC tools/probes/slots_defer.cu -o /tmp/slots_defer 2>&1 | grep -v Warn | tail -3
-    JOA_PROBE_8B=1 timeout 200 /tmp/slots_defer 2>&1 | tee "$out/slots_defer.log" ;;
   chain-probe)
     $NVCC tools/probes/layer_chain.cu ffi/kernels/gemv/inst/gemv_f16_dense.cu -o /tmp/layer_chain 2>&1 | grep -v Warn | tail -3
     JOA_PROBE_8B=1 timeout 200 /tmp/layer_chain 2>&1 | tee "$out/layer_chain.log" ;;

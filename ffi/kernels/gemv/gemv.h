@@ -44,12 +44,11 @@ extern template cudaError_t LaunchRows<__half>(GemvParams, const Plan&, Fusion, 
 extern template cudaError_t LaunchRows<__nv_bfloat16>(GemvParams, const Plan&, Fusion, bool, cudaStream_t);
 
 // Launches the slots kernel (slots.cuh's RecordFormat) for one row of x against 4-bit weights in
-// the record layout with `plan` (MakeRecordPlan). defer: its barrier-free tile end (slots.cuh's
-// kDefer; an experiment, JOA_GEMV_SLOTS_DEFER) where a CTA holds at most kDeferTiles tiles.
+// the record layout with `plan` (MakeRecordPlan).
 template <typename T>
-cudaError_t LaunchRecord(GemvParams p, const Plan& plan, Fusion fusion, bool pdl, bool defer, cudaStream_t stream);
-extern template cudaError_t LaunchRecord<__half>(GemvParams, const Plan&, Fusion, bool, bool, cudaStream_t);
-extern template cudaError_t LaunchRecord<__nv_bfloat16>(GemvParams, const Plan&, Fusion, bool, bool, cudaStream_t);
+cudaError_t LaunchRecord(GemvParams p, const Plan& plan, Fusion fusion, bool pdl, cudaStream_t stream);
+extern template cudaError_t LaunchRecord<__half>(GemvParams, const Plan&, Fusion, bool, cudaStream_t);
+extern template cudaError_t LaunchRecord<__nv_bfloat16>(GemvParams, const Plan&, Fusion, bool, cudaStream_t);
 
 // Launches the packed QKV projection with GroupQueryAttention's step preparation in its epilogue
 // (epilogue.cuh's QkvRotaryEpilogue; p.qkv set) with `plan`: MakePlan's dense row plan (dense

@@ -72,13 +72,12 @@ inline ffi::Error RowsPlanAndLaunch(GemvParams& p, ffi::DataType dtype, Fusion f
   });
 }
 
-// Plans the slots kernel on the record layout (MakeRecordPlan) for p's shape and launches it (defer:
-// LaunchRecord's).
+// Plans the slots kernel on the record layout (MakeRecordPlan) for p's shape and launches it.
 inline ffi::Error RecordPlanAndLaunch(GemvParams& p, ffi::DataType dtype, Fusion fusion, int64_t block_size,
-                                      bool pdl, bool defer, cudaStream_t stream, const char* op) {
+                                      bool pdl, cudaStream_t stream, const char* op) {
   const Plan plan = MakeRecordPlan(p.m, p.n_rows, p.k, block_size, fusion.gated, fusion.norm, Sm90());
   return LaunchChecked(p, plan, dtype, op, [&](auto t) {
-    return LaunchRecord<decltype(t)>(p, plan, fusion, pdl, defer, stream);
+    return LaunchRecord<decltype(t)>(p, plan, fusion, pdl, stream);
   });
 }
 

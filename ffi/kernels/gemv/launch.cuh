@@ -121,31 +121,26 @@ inline void ApplyPlan(GemvParams& p, const Plan& plan, bool pdl) {
 // The slots kernel (one row, 4-bit wide weights; plan.slots): its fusion policies, shared memory,
 // the cluster that shares x, PDL. Src: SlotFormat<T> (the wide format) or RecordFormat<T> (the
 // record layout, plan.record).
-// kDefer: the slots kernel's barrier-free tile end (an experiment of tools/probes/slots_defer.cu;
-// at most kDeferTiles tiles a CTA).
-template <typename T, class Src, class Prologue, class Epilogue, bool kDefer = false>
+template <typename T, class Src, class Prologue, class Epilogue>
 cudaError_t LaunchSlotsKernel(const GemvParams& p, const Plan& plan, bool pdl, cudaStream_t stream) {
   const int smem = SlotsSmemBytes(p, Prologue::kNorm);
   if (smem != plan.smem_bytes) return cudaErrorInvalidValue;  // plan.h and slots.cuh disagree
-  if (kDefer && (p.blocks + plan.grid - 1) / plan.grid > kDeferTiles) return cudaErrorInvalidValue;
   // The default carveout: scales and zero points are read through L1 (a max-shared carveout made
   // the LM head 54 -> 66 us).
-  return LaunchPlanned(GemvSlotsKernel<T, Src, Prologue, Epilogue, kSlotsDepth, kDefer>, p, plan, smem,
+  return LaunchPlanned(GemvSlotsKernel<T, Src, Prologue, Epilogue, kSlotsDepth>, p, plan, smem,
                        /*max_shared=*/false, pdl, stream);
 }
 
 // The slots kernel on 4-bit weights in the record layout (plan.record: MakeRecordPlan); p.w the
 // records, p.scales / p.zeros unused (the records hold them).
 template <typename T>
-cudaError_t LaunchRecord(GemvParams p, const Plan& plan, Fusion fusion, bool pdl, bool defer, cudaStream_t stream) {
+cudaError_t LaunchRecord(GemvParams p, const Plan& plan, Fusion fusion, bool pdl, cudaStream_t stream) {
   if (!plan.record || !plan.slots) return cudaErrorInvalidValue;
   ApplyPlan(p, plan, pdl);
-  const bool deferred = defer && (plan.blocks + plan.grid - 1) / plan.grid <= kDeferTiles;
   return WithPolicies(fusion, [&](auto pol) {
     using Pro = typename decltype(pol)::Prologue;
     using Epi = typename decltype(pol)::Epilogue;
-    return deferred ? LaunchSlotsKernel<T, RecordFormat<T>, Pro, Epi, true>(p, plan, pdl, stream)
-                    : LaunchSlotsKernel<T, RecordFormat<T>, Pro, Epi, false>(p, plan, pdl, stream);
+    return LaunchSlotsKernel<T, RecordFormat<T>, Pro, Epi>(p, plan, pdl, stream);
   });
 }
 
@@ -270,7 +265,7 @@ cudaError_t LaunchFormat(GemvParams p, const Plan& plan, Fusion fusion, bool pdl
                                                 bool, cudaStream_t);
 #define JOA_GEMV_INSTANTIATE_RECORD(T) \
   template cudaError_t joa::gemv::LaunchRecord<T>(joa::gemv::GemvParams, const joa::gemv::Plan&, \
-                                                  joa::gemv::Fusion, bool, bool, cudaStream_t);
+                                                  joa::gemv::Fusion, bool, cudaStream_t);
 #define JOA_GEMV_INSTANTIATE_QKV_ROTARY(T) \
   template cudaError_t joa::gemv::LaunchQkvRotary<T>(joa::gemv::GemvParams, const joa::gemv::Plan&, bool, \
                                                      bool, cudaStream_t);

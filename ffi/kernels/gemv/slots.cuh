@@ -347,21 +347,13 @@ __device__ __forceinline__ void SlotsChunk(const Chunk& ch, const SlotsX<T>& xs,
 
 // Src: where W and its scales / zero points come from, SlotFormat<T> (the wide format, tiled
 // metadata) or RecordFormat<T> (the record layout); everything else is the same kernel.
-// kDefer (an experiment, tools/probes/slots_defer.cu only; the engine instantiates false): each of
-// the CTA's tiles keeps its warps' sums in a slot of its own (static shared memory, at most
-// kDeferTiles tiles a CTA), so no CTA barrier ends a tile; one barrier after the last tile, then
-// every tile's epilogue, 16 threads a tile. The same sums in the same order: the same bits. Why: at
-// K = 2048 each warp streams one chunk of a tile (cpp 1), so the ~1B projections and LM head wait at
-// a barrier every 2.4 KB a warp; the 4-bit fused MLP's gate / up phase (mlp_nbits.cuh) has none.
-inline constexpr int kDeferTiles = 32;
-template <typename T, class Src, class Prologue, class Epilogue, int kDepth, bool kDefer = false>
+template <typename T, class Src, class Prologue, class Epilogue, int kDepth>
 __global__ void __launch_bounds__(kThreads, 2) GemvSlotsKernel(const __grid_constant__ GemvParams p) {
   using F = Src;
   using Chunk = typename Src::Chunk;
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* s_x = smem;
   float* s_red = reinterpret_cast<float*>(smem + p.x_bytes);  // [2][kWarps][red_stride]
-  __shared__ float s_defer[kDefer ? kDeferTiles * kWarps * 16 : 1];  // kDefer: [tile][warp][16]
   // After StageX's areas (x | reductions | norm | gamma): 512 zero bytes (the B registers of lanes
   // whose slot is not the current piece's), then Off_p, X_p per piece.
   unsigned char* s_zero = smem + p.ring_offset;
@@ -487,15 +479,6 @@ __global__ void __launch_bounds__(kThreads, 2) GemvSlotsKernel(const __grid_cons
         tot[h] += __shfl_xor_sync(0xffffffffu, tot[h], 2);
       }
       const int tile = int(blockIdx.x) + it * int(gridDim.x);
-      if constexpr (kDefer) {
-        if (t == 0) {
-          s_defer[(it * kWarps + wk) * 16 + g] = tot[0];
-          s_defer[(it * kWarps + wk) * 16 + g + 8] = tot[1];
-        }
-        ++it;
-        tot[0] = tot[1] = 0.f;
-        continue;
-      }
       float* red = s_red + (it & 1) * kWarps * rs;
       ++it;
       if (t == 0) {
@@ -506,28 +489,6 @@ __global__ void __launch_bounds__(kThreads, 2) GemvSlotsKernel(const __grid_cons
       __syncthreads();
       OneRowTileEpilogue<T, Epilogue>(p, tile, red, rs, tid, ahead);
       JOA_GEMV_MARK(5);
-    }
-  }
-  if constexpr (kDefer) {
-    __syncthreads();
-    // Tile i's epilogue on the 16 threads 16 q .. 16 q + 15 (q = i mod kThreads / 16): thread r adds
-    // the warps' sums of row r in warp order (OneRowTileEpilogue's order), then the epilogue's threads.
-    const int q = tid >> 4, r = tid & 15;
-    const unsigned half = 0xFFFFu << (tid & 16);
-    for (int i = q; i < it; i += kThreads / 16) {
-      float* red = s_defer + i * kWarps * 16;
-      float v = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) v += red[w * 16 + r];
-      red[r] = v;
-      __syncwarp(half);
-      const int tile = int(blockIdx.x) + i * int(gridDim.x);
-      if (r < Epilogue::OutCols(16) / 8) {
-        OneRowAhead<T, Epilogue>::Read(p, tile).Apply(p, tile, r * 8, [&](int r0, float (&v8)[8]) {
-#pragma unroll
-          for (int e = 0; e < 8; ++e) v8[e] = red[r0 + e];
-        });
-      }
     }
   }
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // the multicast: sm_90a
