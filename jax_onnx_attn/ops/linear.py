@@ -809,9 +809,7 @@ def gated_mlp(x, w_gate_up, w_down, *, residual=None, norm_weight=None, norm_eps
     _check_x(op, x)
     h = x.shape[-1]
     inter = _check_mlp_weights(op, x, w_gate_up, w_down, norm_weight)
-    if residual is not None and (tuple(residual.shape) != tuple(x.shape) or residual.dtype != x.dtype):
-        raise ValueError(f"{op}: residual must be {x.dtype}{list(x.shape)} (x's shape and dtype), got "
-                         f"{residual.dtype}{list(residual.shape)}")
+    _check_mlp_residual(op, x, residual)
     eps = float(norm_epsilon)
     split = cuda_matmul.gated_mlp_split(split)
     why = _gated_mlp_unsupported(x, h, inter, norm_weight is not None, backend, split)
@@ -876,9 +874,7 @@ def gated_mlp_nbits(x, w_gate_up, w_down, *, block_size: int, residual=None, nor
         raise ValueError(f"{op}: w_down must be uint8 {list(want)} (to_slice_record_layout of W_down [H={h}, "
                          f"I={inter}]), got {w_down.dtype}{list(w_down.shape)}")
     _check_operands(op, x, 2 * inter, "w_gate_up", True, None, None, norm_weight)
-    if residual is not None and (tuple(residual.shape) != tuple(x.shape) or residual.dtype != x.dtype):
-        raise ValueError(f"{op}: residual must be {x.dtype}{list(x.shape)} (x's shape and dtype), got "
-                         f"{residual.dtype}{list(residual.shape)}")
+    _check_mlp_residual(op, x, residual)
     eps = float(norm_epsilon)
     why = _fused_row_unsupported("x", x, backend, cuda_matmul.gated_mlp_nbits_enabled,
                                  cuda_matmul.GATED_MLP_NBITS_ENV)
@@ -899,6 +895,13 @@ def gated_mlp_nbits(x, w_gate_up, w_down, *, block_size: int, residual=None, nor
         def cuda_fn(x2, wgu, wdn, nw, r2):
             return cuda_matmul.gated_mlp_nbits(x2, wgu, wdn, nw, r2, eps=eps)
     return _run(op, backend, ref_fn, cuda_fn, why, x, (w_gate_up, w_down, norm_weight), residual, h)
+
+
+def _check_mlp_residual(op, x, residual) -> None:
+    """A gated MLP's residual: None or x's shape and dtype (it is added to the MLP's output)."""
+    if residual is not None and (tuple(residual.shape) != tuple(x.shape) or residual.dtype != x.dtype):
+        raise ValueError(f"{op}: residual must be {x.dtype}{list(x.shape)} (x's shape and dtype), got "
+                         f"{residual.dtype}{list(residual.shape)}")
 
 
 def _check_mlp_weights(op, x, w_gate_up, w_down, norm_weight) -> int:
