@@ -17,21 +17,23 @@ import sys
 import textwrap
 
 
-def loop_checks(target: str, same_bits_as: str | None = None, rel_tol: float = 0.03) -> str:
+def loop_checks(target: str, same_bits_as: str | None = None, rel_tol: float = 0.03,
+                oracle: str = "reference") -> str:
     """The end of a decode-like loop script for `assert_captured`: with `steps(x, backend, pdl)` (a
     loop of calls to `target`, bf16) and `x0` defined, jits it with x donated, prints the
     target's custom-call names, checks that a replay and PDL off give the same bits and that the
     reference is within 8 layers of bf16 roundings (rel_tol of its largest value; and, with
     `same_bits_as`, that steps(x, same_bits_as, True) gives the same bits: another kernel the
-    target must equal), and prints LOOP_OK."""
-    oracle = []
+    target must equal; `oracle`: the backend steps() compares with, "reference" unless the script's
+    steps() names another whose semantics the target shares), and prints LOOP_OK."""
+    checks = []
     if same_bits_as is not None:  # the stronger claim first
-        oracle += [f'other = f(jnp.array(x0), "{same_bits_as}", True)',
+        checks += [f'other = f(jnp.array(x0), "{same_bits_as}", True)',
                    f'assert np.array_equal(np.asarray(a), np.asarray(other)), "not the bits of {same_bits_as}"']
-    oracle += ['ref = np.asarray(f(jnp.array(x0), "reference", False), np.float32)',
+    checks += [f'ref = np.asarray(f(jnp.array(x0), "{oracle}", False), np.float32)',
                "err = np.abs(np.asarray(a, np.float32) - ref).max() / np.abs(ref).max()",
                f"assert err < {rel_tol}, err  # 8 layers of bf16 roundings apart"]
-    oracle = "".join("\n        " + line for line in oracle)
+    checks = "".join("\n        " + line for line in checks)
     return textwrap.dedent(f"""
         f = jax.jit(steps, static_argnums=(1, 2), donate_argnums=0)
         hlo = f.lower(x0, "cuda", True).compile().as_text()
@@ -42,7 +44,7 @@ def loop_checks(target: str, same_bits_as: str | None = None, rel_tol: float = 0
         b = f(jnp.array(x0), "cuda", True)  # replay
         c = f(jnp.array(x0), "cuda", False)
         assert np.array_equal(np.asarray(a), np.asarray(b)), "replay changed the bits"
-        assert np.array_equal(np.asarray(a), np.asarray(c)), "pdl changed the bits"{oracle}
+        assert np.array_equal(np.asarray(a), np.asarray(c)), "pdl changed the bits"{checks}
         print("LOOP_OK")
     """)
 
