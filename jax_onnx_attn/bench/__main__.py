@@ -1,12 +1,13 @@
 """`python -m jax_onnx_attn.bench <suite> [options]`: benchmark suites (decode, prefill, gqa, linear, e2e),
-and `breakdown FILE.json`: where a profiled e2e decode step's time goes against its bound."""
+and `breakdown FILE.json`: where a profiled e2e decode step's time goes against its bound;
+`targets FILE.json`: issue 12's whole-model targets met or missed."""
 
 from __future__ import annotations
 
 import importlib
 import sys
 
-SUITES = ("decode", "prefill", "gqa", "linear", "e2e", "breakdown")
+SUITES = ("decode", "prefill", "gqa", "linear", "e2e", "breakdown", "targets")
 
 
 def main(argv: list[str] | None = None) -> int:
