@@ -37,6 +37,7 @@ class Target:
     at_most: bool = False
 
     def met(self, value: float | None) -> bool:
+        """Whether a measured value meets the target (a missing one does not)."""
         return value is not None and (value <= self.limit if self.at_most else value >= self.limit)
 
 
