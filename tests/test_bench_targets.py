@@ -97,3 +97,22 @@ def test_no_covered_case_is_status_2(tmp_path, capsys):
     path.write_text(json.dumps(_doc(_prefill("1b", 2048, 5.0, 6.0, 0.5))))
     assert bench_main(["targets", str(path)]) == 2
     assert "covered by a target" in capsys.readouterr().err
+
+
+def test_latest_takes_each_cases_latest_h200_run(tmp_path, capsys):
+    """--latest: a case measured twice counts once, from the later run; another GPU's run is not
+    the targets' (the H200's) and is left out."""
+    older = _doc(_decode("1b", "fp16", 1, 1024, 1.0, 1.2, 0.50), _decode("1b", "int4", 1, 1024, 1.0, 3.0, 0.20))
+    newer = _doc(_decode("1b", "fp16", 1, 1024, 1.0, 1.4, 0.55))
+    h100 = {**_doc(_decode("1b", "fp16", 1, 1024, 1.0, 1.0, 0.90)), "gpu": "NVIDIA H100 80GB HBM3"}
+    for name, doc in (("2026-12-01-aaaaaaa-e2e.json", older), ("2026-12-02-bbbbbbb-e2e.json", newer),
+                      ("2026-12-03-ccccccc-e2e.json", h100)):
+        (tmp_path / name).write_text(json.dumps(doc))
+    runs = targets.latest_runs(tmp_path)
+    assert [(p.name, [(r["weights"], r["impls"]["ours"]["frac_of_bound"]) for r in recs]) for p, _, recs in runs] == [
+        ("2026-12-01-aaaaaaa-e2e.json", [("int4", 0.20)]), ("2026-12-02-bbbbbbb-e2e.json", [("fp16", 0.55)])]
+    assert bench_main(["targets", "--latest", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "1 of 3 met" in out and "0.90" not in out  # 1.4x the peer is the one met
+    with pytest.raises(SystemExit):
+        bench_main(["targets", "--latest", str(tmp_path), str(tmp_path / "2026-12-01-aaaaaaa-e2e.json")])

@@ -1,6 +1,7 @@
 """Issue 12's whole-model targets against `bench e2e` JSON files: each case met or missed.
 
     python -m jax_onnx_attn.bench targets bench/results/FILE.json [...] [--impl ours] [--markdown]
+    python -m jax_onnx_attn.bench targets --latest [bench/results]   # each case's latest H200 run
 
 The targets (measured on the H200; a file from another GPU is checked but flagged):
 - decode, fp16, B=1, ctx 1k-8k: >= 0.80 of the bandwidth bound and >= 1.3x the JAX peer's speed;
@@ -90,13 +91,14 @@ TARGETS = (
 )
 
 
-def check(doc: dict, impl: str = "ours") -> list[dict]:
+def check(doc: dict, impl: str = "ours", records: list[dict] | None = None) -> list[dict]:
     """Rows {target, model, weights, batch, ctx, value, limit, at_most, unit, met} for each (target, case) of `doc`
-    (a bench e2e JSON) the target covers and `impl` measured; value None (and met False) where the
-    figure is missing (a case not profiled has no kernel count: left out instead)."""
+    (a bench e2e JSON; `records`: only those of its results) the target covers and `impl` measured;
+    value None (and met False) where the figure is missing (a case not profiled has no kernel
+    count: left out instead)."""
     rows = []
     for t in TARGETS:
-        for r in doc.get("results", []):
+        for r in doc.get("results", []) if records is None else records:
             if impl not in r.get("impls", {}) or not t.covers(r):
                 continue
             value = t.figure(doc, r, impl)
@@ -107,6 +109,27 @@ def check(doc: dict, impl: str = "ours") -> list[dict]:
                          "value": value, "limit": t.limit, "at_most": t.at_most, "unit": t.unit,
                          "met": t.met(value)})
     return rows
+
+
+def latest_runs(results_dir: str | Path, impl: str = "ours", gpu: str = "H200") -> list[tuple[Path, dict, list[dict]]]:
+    """(path, doc, its records) such that each case (model, weights, batch, ctx, phase) measured on a
+    `gpu` by `impl` appears once, from the latest run that measured it (the e2e figure's order:
+    `plots._ordered_docs`); files in the order they ran."""
+    from jax_onnx_attn.bench.plots import _ordered_docs, gpu_name
+
+    latest: dict[tuple, tuple[int, Path, dict, dict]] = {}
+    for i, (path, doc) in enumerate(_ordered_docs(Path(results_dir))):
+        if not isinstance(doc, dict) or doc.get("suite") != "e2e":
+            continue
+        if gpu not in str(gpu_name(doc.get("env") or {}) or doc.get("gpu") or ""):
+            continue
+        for r in doc.get("results", []):
+            if "ms" in r.get("impls", {}).get(impl, {}):
+                latest[(r["model"], r["weights"], r["batch"], r["ctx"], r["phase"])] = (i, path, doc, r)
+    by_file: dict[int, tuple[Path, dict, list[dict]]] = {}
+    for i, path, doc, r in sorted(latest.values(), key=lambda v: v[0]):
+        by_file.setdefault(i, (path, doc, []))[2].append(r)
+    return list(by_file.values())
 
 
 def format_rows(rows: list[dict], markdown: bool = False) -> str:
@@ -125,17 +148,24 @@ def main(argv: list[str] | None = None) -> int:
     """Print each file's rows and a count; 0 all met, 1 any missed, 2 nothing covered."""
     ap = argparse.ArgumentParser(prog="python -m jax_onnx_attn.bench targets", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("files", nargs="+", type=Path, help="bench e2e JSON files")
+    ap.add_argument("files", nargs="*", type=Path, help="bench e2e JSON files")
+    ap.add_argument("--latest", nargs="?", const=Path("bench/results"), type=Path, metavar="DIR",
+                    help="instead of files: each case's latest H200 run in DIR (default bench/results)")
     ap.add_argument("--impl", default="ours", help="the implementation held to the targets")
     ap.add_argument("--markdown", action="store_true", help="print markdown tables (for notes and docs)")
     args = ap.parse_args(argv)
+    if bool(args.files) == bool(args.latest):
+        ap.error("name bench e2e JSON files or --latest [DIR], not both")
+    if args.latest:
+        runs = latest_runs(args.latest, args.impl)
+    else:
+        runs = [(path, json.loads(path.read_text()), None) for path in args.files]
     met = listed = 0
-    for path in args.files:
-        doc = json.loads(path.read_text())
+    for path, doc, records in runs:
         if doc.get("suite") != "e2e":
             print(f"{path}: not a bench e2e result (suite {doc.get('suite')!r})", file=sys.stderr)
             continue
-        rows = check(doc, args.impl)
+        rows = check(doc, args.impl, records)
         if not rows:
             continue
         gpu = str(doc.get("gpu", ""))
@@ -145,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         listed += len(rows)
         met += sum(r["met"] for r in rows)
     if not listed:
-        print(f"no case of {[str(f) for f in args.files]} is covered by a target", file=sys.stderr)
+        print(f"no case of {[str(f) for f in args.files] or str(args.latest)} is covered by a target",
+              file=sys.stderr)
         return 2
     print(f"\n{met} of {listed} met")
     return 0 if met == listed else 1
