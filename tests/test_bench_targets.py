@@ -111,6 +111,7 @@ def test_latest_takes_each_cases_latest_h200_run(tmp_path, capsys):
     runs = targets.latest_runs(tmp_path)
     assert [(p.name, [(r["weights"], r["impls"]["ours"]["frac_of_bound"]) for r in recs]) for p, _, recs in runs] == [
         ("2026-12-01-aaaaaaa-e2e.json", [("int4", 0.20)]), ("2026-12-02-bbbbbbb-e2e.json", [("fp16", 0.55)])]
+    assert [p.name for p, _, _ in targets.latest_runs(tmp_path, gpu="H100")] == ["2026-12-03-ccccccc-e2e.json"]
     assert bench_main(["targets", "--latest", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert "1 of 3 met" in out and "0.90" not in out  # 1.4x the peer is the one met

@@ -1,7 +1,7 @@
 """Issue 12's whole-model targets against `bench e2e` JSON files: each case met or missed.
 
     python -m jax_onnx_attn.bench targets bench/results/FILE.json [...] [--impl ours] [--markdown]
-    python -m jax_onnx_attn.bench targets --latest [bench/results]   # each case's latest H200 run
+    python -m jax_onnx_attn.bench targets --latest [bench/results] [--gpu H200]   # each case's latest run
 
 The targets (measured on the H200; a file from another GPU is checked but flagged):
 - decode, fp16, B=1, ctx 1k-8k: >= 0.80 of the bandwidth bound and >= 1.3x the JAX peer's speed;
@@ -136,7 +136,7 @@ def format_rows(rows: list[dict], markdown: bool = False) -> str:
     """The rows as an aligned table (or a markdown one)."""
     head = ["target", "model", "weights", "B", "ctx / tokens", "measured", "target", "met"]
     body = [[r["target"], r["model"], r["weights"], str(r["batch"]), str(r["ctx"]),
-             "n/a" if r["value"] is None else f"{r['value']:.2f}",
+             "n/a" if r["value"] is None else f"{r['value']:.3f}",  # 3 places: 0.798 is not 0.80
              ("<= " if r["at_most"] else ">= ") + f"{r['limit']:g} {r['unit']}",
              "yes" if r["met"] else "**no**" if markdown else "NO"] for r in rows]
     if markdown:
@@ -150,14 +150,15 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("files", nargs="*", type=Path, help="bench e2e JSON files")
     ap.add_argument("--latest", nargs="?", const=Path("bench/results"), type=Path, metavar="DIR",
-                    help="instead of files: each case's latest H200 run in DIR (default bench/results)")
+                    help="instead of files: each case's latest run on --gpu in DIR (default bench/results)")
+    ap.add_argument("--gpu", default="H200", help="with --latest: runs on GPUs whose name holds this (default H200)")
     ap.add_argument("--impl", default="ours", help="the implementation held to the targets")
     ap.add_argument("--markdown", action="store_true", help="print markdown tables (for notes and docs)")
     args = ap.parse_args(argv)
     if bool(args.files) == bool(args.latest):
         ap.error("name bench e2e JSON files or --latest [DIR], not both")
     if args.latest:
-        runs = latest_runs(args.latest, args.impl)
+        runs = latest_runs(args.latest, args.impl, args.gpu)
     else:
         runs = [(path, json.loads(path.read_text()), None) for path in args.files]
     met = listed = 0
