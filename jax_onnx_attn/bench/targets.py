@@ -7,7 +7,8 @@ The targets (measured on the H200; a file from another GPU is checked but flagge
 - decode, fp16, B=1, ctx 1k-8k: >= 0.80 of the bandwidth bound and >= 1.3x the JAX peer's speed;
 - decode, int4, B=1, ctx 1k-8k: >= 0.60 of its own bound (packed bytes and scales);
 - decode, fp16, B=8: >= 0.75 of the bound; B=32: >= 0.70;
-- every profiled decode case: <= 10 kernels a decoder layer a step;
+- every profiled decode case: <= 10 kernels a decoder layer a step (a step's kernels over its
+  layers, so the LM head's and the sampler's count too);
 - prefill, the ~8B model, 2k-8k tokens: >= 0.60 of the GEMM peak measured in the same run, and a
   time to first token no slower than the JAX peer's.
 A case no rule covers is not listed. The exit status is 0 when every listed case meets its target,
