@@ -15,7 +15,6 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaMatMulNBits);  // ffi/handlers/matmul_nbits.cu
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaLinearGqaPrepare);  // ffi/handlers/linear_gqa_prepare.cu
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaGatedMlp);  // ffi/handlers/gated_mlp.cu
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaOutMlp);    // ffi/handlers/gated_mlp.cu
-XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaGatedMlpNbits);  // ffi/handlers/gated_mlp.cu
 #endif
 #if JOA_HAVE_FFI_RECORD  // their record stages (ffi/record/stage.h)
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JoaLinearRecord);
@@ -42,7 +41,6 @@ inline constexpr Target kTargets[] = {
     {"linear_gqa_prepare", JoaLinearGqaPrepare},
     {"gated_mlp", JoaGatedMlp},
     {"out_mlp", JoaOutMlp},
-    {"gated_mlp_nbits", JoaGatedMlpNbits},
 };
 #else
 inline constexpr Target* kTargets = nullptr;

@@ -150,9 +150,6 @@ NB_MODULE(_ffi, m) {
     gemv["record_k"] = joa::gemv::kRecordK;
     gemv["record_w_bytes"] = joa::gemv::kRecordWBytes;
     gemv["record_bytes"] = joa::gemv::kRecordBytes;
-    gemv["slice_k"] = joa::gemv::kSliceK;
-    gemv["slice_w_bytes"] = joa::gemv::kSliceWBytes;
-    gemv["slice_bytes"] = joa::gemv::kSliceBytes;
     nb::dict prefill;
     nb::list prefill_dims;
     for (int d : joa::prefill::kHeadDims) prefill_dims.append(d);

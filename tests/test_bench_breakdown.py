@@ -110,3 +110,30 @@ def test_profiled_idle_splits_into_kernel_boundaries_and_host_waits():
     assert rows[breakdown.IDLE_BOUNDARIES]["us"] == pytest.approx(6.0 / STEPS)
     assert rows[breakdown.IDLE_BOUNDARIES]["calls"] == pytest.approx(20 / STEPS)
     assert rows[breakdown.IDLE_HOST]["us"] == pytest.approx(34.0 / STEPS)
+
+
+def test_wall_times_count_overlapping_kernels_once():
+    # The split kernel's successor (a programmatic dependent launch) overlapped it: the attention's
+    # 24 µs of durations add 16 to the busy time; the rest add what they last.
+    doc = _doc()
+    prof = doc["results"][0]["impls"]["ours"]["profile"]
+    walls = {name: total for name, _, total in prof["top_time"]}
+    split = next(n for n in walls if "DecodeSplit" in n)
+    walls[split] = 16.0
+    prof["top_wall"] = [[n, walls[n]] for n, _, _ in prof["top_time"]]
+    prof["busy_us"] = 212.0  # 220 of durations less the 8 counted twice
+    rows = {r["group"]: r for r in breakdown.step_breakdown(doc, doc["results"][0], hbm=1e12)}
+    att = rows["attention"]
+    assert att["us"] == pytest.approx(24.0 / STEPS) and att["wall_us"] == pytest.approx(16.0 / STEPS)
+    assert att["over_us"] == pytest.approx(16.0 / STEPS - att["bound_us"])  # of the wall time
+    assert rows["gate-up"]["wall_us"] == pytest.approx(rows["gate-up"]["us"])
+    assert rows["other"]["wall_us"] == pytest.approx((4.0 + 4.0) / STEPS)  # busy less the listed walls
+    assert rows["kernels"]["wall_us"] == pytest.approx(212.0 / STEPS)
+    assert rows[breakdown.TIMED_NOT_KERNELS]["us"] == pytest.approx(70.0 - 212.0 / STEPS)
+    table = breakdown.format_breakdown(list(rows.values()))
+    assert "µs wall" in table.splitlines()[0]
+    # A profile without wall times: no such column, over of the summed durations
+    del prof["top_wall"]
+    plain = breakdown.step_breakdown(doc, doc["results"][0], hbm=1e12)
+    assert all(r["wall_us"] is None for r in plain)
+    assert "µs wall" not in breakdown.format_breakdown(plain)

@@ -167,6 +167,22 @@ def test_kernel_timeline_finds_the_device_idle_gaps():
     assert info["span_us"] == 2 and info["idle_us"] == 0
 
 
+def test_kernel_wall_times_count_an_overlap_once():
+    # split [0, 10), combine [2, 12) launched early (waits on split), gemm [12, 20), then gemm again
+    # [25, 30) after a gap: the combine adds 2, the rest their durations; the sum is busy_us.
+    kernels = [{"ts": 0, "dur": 10, "name": "split"}, {"ts": 2, "dur": 10, "name": "combine"},
+               {"ts": 12, "dur": 8, "name": "gemm"}, {"ts": 25, "dur": 5, "name": "gemm"}]
+    wall = e2e.kernel_wall_times(kernels)
+    assert wall == {"split": 10, "combine": 2, "gemm": 13}
+    assert sum(wall.values()) == e2e.kernel_timeline(kernels)["busy_us"]
+    events = [{"ph": "M", "pid": 2, "name": "process_name", "args": {"name": "/device:GPU:0"}},
+              {"ph": "M", "pid": 2, "tid": 0, "name": "thread_name", "args": {"name": "Stream #13(Compute)"}}]
+    events += [{"ph": "X", "pid": 2, "tid": 0, **k} for k in kernels]
+    _, info = e2e.count_device_kernels(events)
+    assert dict(info["top_wall"]) == {"split": 10, "combine": 2, "gemm": 13}
+    assert dict((n, t) for n, _, t in info["top_time"])["combine"] == 10  # the summed duration
+
+
 def test_command_buffers_during_profiling_flag_only_where_xla_knows_it(tmp_path):
     knows, old = tmp_path / "xla_cuda_plugin.so", tmp_path / "libjax_common.so"
     knows.write_bytes(b"\0xla_gpu_enable_command_buffer\0" + e2e.COMMAND_BUFFERS_DURING_PROFILING.encode() + b"\0")

@@ -13,7 +13,6 @@
 #include <utility>
 
 #include "common/ffi.h"  // cuda_runtime.h first: mlp_row.h and row_chain.h then declare the launches
-#include "kernels/gemv/mlp_nbits.h"
 #include "kernels/gemv/mlp_row.h"
 #include "kernels/gemv/row_chain.h"
 
@@ -146,70 +145,6 @@ ffi::Error OutMlpImpl(cudaStream_t stream, AnyBuffer a, AnyBuffer w_o, AnyBuffer
   return LaunchResult("out_mlp", gemv::LaunchRowChain(p, dtype == ffi::DataType::BF16, int(grid), stream));
 }
 
-// gated_mlp_nbits: the gated MLP of one decode row on 4-bit weights in one launch
-// (ffi/kernels/gemv/mlp_nbits.cuh): the semantics of matmul_nbits(gated, layout="record") then
-// matmul_nbits(residual) (jax_onnx_attn.ops.reference.linear), the sums in another order.
-//
-// x [1, H] T (f16 / bf16), w_gate_up uint8 [2 I / 16, H / 256, 2432] (the record layout of
-// interleave_gate_up_nbits' weight), w_down uint8 [H / 16, I / 64, 640] (the slice records of
-// W_down [H, I]), norm_weight [H] T, residual [1, H] T (placeholders when absent) -> y [1, H] T,
-// workspace f32 of _ffi.gated_mlp_nbits_workspace elements (the partial sums [grid, H]). grid:
-// _ffi.gated_mlp_nbits_grid's CTAs, all resident at once (a cooperative launch, else it fails).
-ffi::Error GatedMlpNbitsImpl(cudaStream_t stream, AnyBuffer x, AnyBuffer w_gate_up, AnyBuffer w_down,
-                             AnyBuffer norm_weight, AnyBuffer residual, AnyResult y,
-                             ffi::Result<ffi::Buffer<ffi::F32>> workspace, bool has_norm, bool has_residual,
-                             float eps, int64_t grid) {
-  auto fail = [](const std::string& what) { return InvalidArgument("gated_mlp_nbits: " + what); };
-  const ffi::DataType dtype = x.element_type();
-  if (dtype != ffi::DataType::F16 && dtype != ffi::DataType::BF16) return fail("x must be f16 or bf16");
-  auto xd = x.dimensions(), gd = w_gate_up.dimensions();
-  if (xd.size() != 2 || xd[0] != 1) return fail("x must be [1, H] (one decode row)");
-  const int64_t h = xd[1];
-  if (h < gemv::kRecordK || h % gemv::kRecordK != 0 || h > (int64_t(1) << 20)) {
-    return fail("H=" + std::to_string(h) + " must be a positive multiple of " + std::to_string(gemv::kRecordK));
-  }
-  if (gd.size() != 3 || gd[1] != h / gemv::kRecordK || gd[2] != gemv::kRecordBytes ||
-      w_gate_up.element_type() != ffi::DataType::U8) {
-    return fail("w_gate_up must be uint8 [2 I / 16, H / 256, " + std::to_string(gemv::kRecordBytes) +
-                "] (the record layout)");
-  }
-  const int64_t inter = gd[0] * 8;
-  if (inter > (int64_t(1) << 24) ||
-      !HasShape(w_down, {h / gemv::kRecordRows, inter / gemv::kSliceK, gemv::kSliceBytes}) ||
-      inter % gemv::kSliceK != 0 || w_down.element_type() != ffi::DataType::U8) {
-    return fail("w_down must be uint8 [H / 16, I / 64, " + std::to_string(gemv::kSliceBytes) +
-                "] (the slice records), I = 8 * w_gate_up's first dimension");
-  }
-  if (!HasShape(*y, {1, h}) || y->element_type() != dtype) return fail("y must be [1, H] in x's dtype");
-  if (has_norm && (!HasShape(norm_weight, {h}) || norm_weight.element_type() != dtype)) {
-    return fail("norm_weight must be [H] in x's dtype");
-  }
-  if (has_residual && (!HasShape(residual, {1, h}) || residual.element_type() != dtype)) {
-    return fail("residual must be [1, H] in x's dtype");
-  }
-  if (grid < 1 || grid > 4096 || !gemv::MlpNbitsFits<gemv::kMlpNbitsWarps>(int(h), int(inter), int(grid))) {
-    return fail("H=" + std::to_string(h) + ", I=" + std::to_string(inter) + " on " + std::to_string(grid) +
-                " CTAs is not a geometry the kernel takes (_ffi.gated_mlp_nbits_grid)");
-  }
-  const std::string short_ws =
-      CheckWorkspace(int64_t(workspace->element_count()), gemv::MlpNbitsWorkspaceElems(int(h), int(grid)));
-  if (!short_ws.empty()) return fail(short_ws);
-  gemv::MlpNbitsParams p{};
-  p.x = x.untyped_data();
-  p.gamma = has_norm ? norm_weight.untyped_data() : nullptr;
-  p.w_gu = static_cast<const uint8_t*>(w_gate_up.untyped_data());
-  p.w_down = static_cast<const uint8_t*>(w_down.untyped_data());
-  p.residual = has_residual ? residual.untyped_data() : nullptr;
-  p.y = y->untyped_data();
-  p.partials = workspace->typed_data();
-  p.eps = eps;
-  p.h = int(h);
-  p.inter = int(inter);
-  p.tiles_per_cta = int(inter / 8 / grid);
-  return LaunchResult("gated_mlp_nbits",
-                      gemv::LaunchMlpNbits(p, dtype == ffi::DataType::BF16, has_norm, int(grid), stream));
-}
-
 }  // namespace
 }  // namespace joa
 
@@ -244,20 +179,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JoaGatedMlp, joa::GatedMlpImpl,
                                   .Attr<float>("eps")
                                   .Attr<int64_t>("grid")
                                   .Attr<bool>("n_split"),
-                              JOA_COMMAND_BUFFER_SAFE);
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JoaGatedMlpNbits, joa::GatedMlpNbitsImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<joa::Stream>()
-                                  .Arg<joa::AnyBuffer>()  // x [1, H]
-                                  .Arg<joa::AnyBuffer>()  // w_gate_up records [2 I / 16, H / 256, 2432]
-                                  .Arg<joa::AnyBuffer>()  // w_down slice records [H / 16, I / 64, 640]
-                                  .Arg<joa::AnyBuffer>()  // norm_weight [H] (or placeholder)
-                                  .Arg<joa::AnyBuffer>()  // residual [1, H] (or placeholder)
-                                  .Ret<joa::AnyBuffer>()  // y [1, H]
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // workspace
-                                  .Attr<bool>("has_norm")
-                                  .Attr<bool>("has_residual")
-                                  .Attr<float>("eps")
-                                  .Attr<int64_t>("grid"),
                               JOA_COMMAND_BUFFER_SAFE);

@@ -9,7 +9,11 @@ beside the µs its bytes take at the HBM bandwidth the run's bound used (its --h
 projections' weight bytes (from the model's shapes and its bytes a weight, so int4 weights count
 with their scales) and the KV cache's bytes.
 "over bound" is what a group costs beyond streaming its bytes: fixed costs a launch, ramp and
-drain, low achieved bandwidth. This is the profile that explains a case's fraction of the bound
+drain, low achieved bandwidth. Profiles since session 43 also give each group's wall time ("µs
+wall": what its kernels add to the union of kernel intervals), and then "over bound" is of that:
+a programmatically dependent launch (our decode combine kernel, XLA's chained kernels) starts
+while its predecessor runs, so its duration counts that wait too (summed, the ~8B attention's split
++ combine read 13.8 µs a layer where the call takes ~8.5). This is the profile that explains a case's fraction of the bound
 (issue 12). The groups follow our kernels' names; a peer's kernels land in "other".
 """
 
@@ -28,7 +32,7 @@ GROUPS = (
     # Gate-up and down in one kernel (ops.gated_mlp): MlpRowKernel (K split), RowChainKernel (N split;
     # with the attention's output projection too under out_mlp, the record's "out_mlp"); MlpRowNKernel
     # is the N split's kernel in profiles from before session 39's row chain; MlpNbitsKernel the
-    # 4-bit one (ops.gated_mlp_nbits).
+    # 4-bit one in the profiles of sessions 41-43 (taken out: tools/patches/fused-mlp-nbits/).
     ("mlp (fused)", lambda n: any(k in n for k in ("MlpRowKernel", "RowChainKernel", "MlpRowNKernel",
                                                      "MlpNbitsKernel"))),
     ("gate-up", lambda n: "GatedSiluEpilogue" in n),
@@ -75,14 +79,16 @@ def group_bytes(config: dict, step_cost: dict, batch: int, ctx: int, fused_mlp: 
 
 
 def step_breakdown(doc: dict, record: dict, impl: str = "ours", hbm: float | None = None) -> list[dict] | None:
-    """Rows {group, calls, us, mb, tbs, bound_us, over_us} a decode step of `record` (a result of
+    """Rows {group, calls, us, wall_us, mb, tbs, bound_us, over_us} a decode step of `record` (a result of
     `doc`, a bench e2e JSON) for `impl`, bounds at `hbm` bytes/s (None: the run's own --hbm, else
     the H200's), groups in GROUPS order then "other" (kernels outside the
     profile's top list included there, from its total), then "kernels" (their sum), "idle, profiled"
     (span - busy: the device waiting, in the profiled run, which widens those gaps), split where the
     profile says into gaps between kernels (IDLE_BOUNDARIES) and waits on the host (IDLE_HOST), then
     "step (timed)" and the timed step less "kernels" (TIMED_NOT_KERNELS, the unprofiled figure).
-    None when `impl` has no profile."""
+    wall_us (None in profiles before session 43): the group's wall time (`e2e.kernel_wall_times`);
+    where given, tbs and over_us are of it, and "kernels" is the busy time. None when `impl` has no
+    profile."""
     prof = record.get("impls", {}).get(impl, {}).get("profile") or {}
     if not prof.get("top_time"):
         return None
@@ -91,54 +97,66 @@ def step_breakdown(doc: dict, record: dict, impl: str = "ours", hbm: float | Non
     fused = any(group_of(name) == "mlp (fused)" for name, _, _ in prof["top_time"])
     nbytes = group_bytes(model["config"], model["step_cost"], record["batch"], record["ctx"], fused,
                          bool(record["impls"][impl].get("out_mlp")))
-    acc = {g: [0, 0.0] for g, _ in GROUPS} | {OTHER: [0, 0.0]}
+    walls = dict(prof["top_wall"]) if prof.get("top_wall") else None  # e2e.kernel_wall_times
+    acc = {g: [0, 0.0, 0.0] for g, _ in GROUPS} | {OTHER: [0, 0.0, 0.0]}
     for name, count, total in prof["top_time"]:
         a = acc[group_of(name)]
         a[0] += count
         a[1] += total
-    listed = sum(a[1] for a in acc.values())
+        a[2] += walls.get(name, 0.0) if walls else 0.0
+    listed, listed_wall = sum(a[1] for a in acc.values()), sum(a[2] for a in acc.values())
     acc[OTHER][1] += max(0.0, float(prof.get("total_us", listed)) - listed)
+    if walls:
+        acc[OTHER][2] += max(0.0, float(prof.get("busy_us", listed_wall)) - listed_wall)
     if hbm is None:
         hbm = doc.get("args", {}).get("hbm") or H200_HBM_BYTES_PER_S
     rows: list[dict] = []
-    for g, (count, total) in acc.items():
+    for g, (count, total, wall) in acc.items():
         us = total / steps
+        spent = wall / steps if walls else us  # what the group adds to the step
         b = nbytes[g]
         bound = b / hbm * 1e6
-        rows.append({"group": g, "calls": count / steps, "us": us, "mb": b / 1e6,
-                     "tbs": b / (us * 1e6) if us > 0 and b else None, "bound_us": bound, "over_us": us - bound})
+        rows.append({"group": g, "calls": count / steps, "us": us, "wall_us": wall / steps if walls else None,
+                     "mb": b / 1e6, "tbs": b / (spent * 1e6) if spent > 0 and b else None, "bound_us": bound,
+                     "over_us": spent - bound})
     kernels = sum(r["us"] for r in rows)
+    busy = sum(r["wall_us"] for r in rows) if walls else None
+    spent = busy if walls else kernels
     bound = sum(r["bound_us"] for r in rows)
     mb = sum(r["mb"] for r in rows)
-    rows.append({"group": "kernels", "calls": sum(r["calls"] for r in rows), "us": kernels, "mb": mb,
-                 "tbs": mb / kernels if kernels > 0 else None, "bound_us": bound, "over_us": kernels - bound})
+    rows.append({"group": "kernels", "calls": sum(r["calls"] for r in rows), "us": kernels, "wall_us": busy,
+                 "mb": mb, "tbs": mb / spent if spent > 0 else None, "bound_us": bound, "over_us": spent - bound})
     idle = (prof.get("span_us", 0.0) - prof.get("busy_us", 0.0)) / steps
-    rows.append({"group": "idle, profiled", "calls": None, "us": idle, "mb": 0.0, "tbs": None,
+    rows.append({"group": "idle, profiled", "calls": None, "us": idle, "wall_us": None, "mb": 0.0, "tbs": None,
                  "bound_us": 0.0, "over_us": idle})
     if "short_gaps_us" in prof:  # e2e.kernel_timeline's split (runs since session 39)
         short = prof["short_gaps_us"] / steps
         for group, us, calls in ((IDLE_BOUNDARIES, short, prof.get("short_gaps", 0) / steps),
                                  (IDLE_HOST, idle - short, None)):
-            rows.append({"group": group, "calls": calls, "us": us, "mb": 0.0, "tbs": None, "bound_us": 0.0,
-                         "over_us": us})
+            rows.append({"group": group, "calls": calls, "us": us, "wall_us": None, "mb": 0.0, "tbs": None,
+                         "bound_us": 0.0, "over_us": us})
     ms = record["impls"][impl]["ms"]
-    rows.append({"group": "step (timed)", "calls": None, "us": ms * 1e3, "mb": record["bytes_per_step"] / 1e6,
+    rows.append({"group": "step (timed)", "calls": None, "us": ms * 1e3, "wall_us": None,
+                 "mb": record["bytes_per_step"] / 1e6,
                  "tbs": record["bytes_per_step"] / (ms * 1e9), "bound_us": record["bound_ms"] * 1e3,
                  "over_us": ms * 1e3 - record["bound_ms"] * 1e3})
-    rows.append({"group": TIMED_NOT_KERNELS, "calls": None, "us": ms * 1e3 - kernels, "mb": 0.0, "tbs": None,
-                 "bound_us": 0.0, "over_us": ms * 1e3 - kernels})
+    rows.append({"group": TIMED_NOT_KERNELS, "calls": None, "us": ms * 1e3 - spent, "wall_us": None, "mb": 0.0,
+                 "tbs": None, "bound_us": 0.0, "over_us": ms * 1e3 - spent})
     return rows
 
 
 def format_breakdown(rows: list[dict]) -> str:
     """The rows as an aligned text table."""
-    head = ["group", "calls/step", "µs/step", "MB/step", "TB/s", "µs at peak", "µs over"]
+    walls = any(r.get("wall_us") is not None for r in rows)
+    head = ["group", "calls/step", "µs/step"] + (["µs wall"] if walls else []) + \
+        ["MB/step", "TB/s", "µs at peak", "µs over"]
     out = [head]
     for r in rows:
         none = r["calls"] == 0 and not r["us"]  # no kernel of the group (a peer's step): bytes only
-        out.append([r["group"], "" if r["calls"] is None else f"{r['calls']:.0f}", "" if none else f"{r['us']:.1f}",
-                    f"{r['mb']:.1f}" if r["mb"] else "", f"{r['tbs']:.2f}" if r["tbs"] else "",
-                    f"{r['bound_us']:.1f}" if r["bound_us"] else "", "" if none else f"{r['over_us']:.1f}"])
+        wall = [] if not walls else ["" if none or r.get("wall_us") is None else f"{r['wall_us']:.1f}"]
+        out.append([r["group"], "" if r["calls"] is None else f"{r['calls']:.0f}", "" if none else f"{r['us']:.1f}"]
+                   + wall + [f"{r['mb']:.1f}" if r["mb"] else "", f"{r['tbs']:.2f}" if r["tbs"] else "",
+                             f"{r['bound_us']:.1f}" if r["bound_us"] else "", "" if none else f"{r['over_us']:.1f}"])
     return align_rows(out)
 
 

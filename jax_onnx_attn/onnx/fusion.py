@@ -36,13 +36,6 @@ into nodes of our own domain (`JOA_DOMAIN`) whose handlers call `jax_onnx_attn.o
    whole into the rows layout (`ops.to_rows_layout`; the node's attribute layout="rows"), with
    nbits_layout="record" those the slots kernel's record reader takes into the record layout
    (`ops.to_record_layout`; layout="record").
-6b. First of those, with gated_mlp_nbits and nbits_layout="record": a 4-bit gated Linear (no bias
-   or residual) whose output only a 4-bit Linear of the same block size reads as its input (the
-   down projection: no norm, bias or rotary order) becomes one `GatedMlpNbits(x, w_gate_up,
-   w_down, residual, norm_weight)` (attribute block_size), the gate / up weight in the record
-   layout and the down weight in slice records (`ops.to_slice_record_layout`), where the fused
-   kernel has a grid for the shape: one kernel for one row of x (`ops.gated_mlp_nbits`), the
-   reference on the layouts' weights otherwise.
 
 A builder decoder layer is then: Linear (norm + QKV), GroupQueryAttention, Linear (o + residual),
 Linear (norm + gate/up + SiLU·up), Linear (down + residual). Each rewrite keeps the math of the
@@ -81,7 +74,6 @@ class FusionReport:
     qkv_pairs: int = 0
     gated_mlp: int = 0
     out_mlp: int = 0
-    gated_mlp_nbits: int = 0
 
     def __str__(self) -> str:
         return ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(self).items() if v) or "none"
@@ -152,7 +144,7 @@ def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
                  nbits: bool = True, nbits_layout: str = "onnx",
                  decode_rows: int = 2, float_map: dict | None = None, dense_layout: str = "nk",
                  qkv_prepare: bool = False, gated_mlp: bool = False,
-                 out_mlp: bool = False, gated_mlp_nbits: bool = False) -> tuple[onnx.ModelProto, dict, FusionReport]:
+                 out_mlp: bool = False) -> tuple[onnx.ModelProto, dict, FusionReport]:
     """The rewrites of the module doc on `model` (local functions already inlined).
 
     Args:
@@ -186,9 +178,6 @@ def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
       out_mlp: with gated_mlp, each GatedMlp and the attention output projection that alone feeds it
         as one OutMlp node (pass 4c), for decode steps of one row (`runtime.DecoderSession` of batch
         1 under `ops.cuda_matmul.out_mlp_enabled`).
-      gated_mlp_nbits: with nbits_layout "record", 4-bit gated MLPs as one GatedMlpNbits node (pass
-        6b), for decode steps of one row (`runtime.DecoderSession` of batch 1 under
-        `ops.cuda_matmul.gated_mlp_nbits_enabled`).
 
     Returns:
       (model, arrays, FusionReport).
@@ -478,8 +467,6 @@ def fuse_decoder(model: onnx.ModelProto, arrays: dict[str, np.ndarray], *,
     tiled: dict[str, str] = {}
     rows: dict[tuple, tuple] = {}
     records: dict[tuple, str] = {}
-    if gated_mlp_nbits and nbits_layout == "record":
-        _fuse_mlp_nbits(g, arrays, records, linear_ops, float_map or {}, report)
     for node in g.nodes:
         if node is None or node.op_type != "Linear" or not _attr(node, "bits"):
             continue
@@ -617,49 +604,6 @@ def _record_layout(node, arrays, done: dict, linear_ops, float_map: dict) -> boo
         _set_input(node, what, "")
     node.attribute.append(helper.make_attribute("layout", "record"))
     return True
-
-
-def _fuse_mlp_nbits(g: _Graph, arrays, records: dict, linear_ops, float_map: dict, report: FusionReport) -> None:
-    """Pass 6b (module doc): each 4-bit gated Linear and the down projection that alone reads it as
-    one GatedMlpNbits node at the down's place, the gate / up weight in the record layout
-    (`_record_layout`, sharing its `records`) and W_down in slice records; a pair the fused kernel
-    has no grid for (asked of its plan: nothing moves without a compiled extension) stays as it is."""
-    from jax_onnx_attn.ops import cuda_matmul
-
-    readers = g.readers()
-    for i, gu in enumerate(g.nodes):
-        if (gu is None or gu.op_type != "Linear" or not _attr(gu, "gated", 0) or _attr(gu, "bits") != 4
-                or _get_input(gu, "bias") or _get_input(gu, "residual") or _attr(gu, "qkv_pairs") is not None
-                or not g.private(gu.output[0], readers)):
-            continue
-        j = readers[gu.output[0]][0]
-        down = g.nodes[j]
-        if (down.op_type != "Linear" or _attr(down, "gated", 0) or _attr(down, "bits") != 4
-                or down.input[0] != gu.output[0] or _get_input(down, "bias")
-                or _get_input(down, "norm_weight") or _attr(down, "qkv_pairs") is not None):
-            continue
-        h, block = int(_attr(gu, "K")), int(_attr(gu, "block_size"))
-        inter = int(_attr(gu, "N")) // 2
-        if (int(_attr(down, "K")), int(_attr(down, "N")), int(_attr(down, "block_size"))) != (inter, h, block):
-            continue
-        w, scales_name, zp = (_get_input(down, what) for what in ("w", "scales", "zero_points"))
-        scales = arrays[scales_name]
-        scales = scales.astype(float_map.get(scales.dtype, scales.dtype))
-        if (scales.ndim != 2 or scales.dtype.itemsize != 2 or block < 32 or inter % linear_ops.SLICE_K
-                or inter % block or cuda_matmul.gated_mlp_nbits_grid(h, inter) == 0
-                or not _record_layout(gu, arrays, records, linear_ops, float_map)):
-            continue
-        name = f"{w}.slices"
-        if name not in arrays:
-            arrays[name] = linear_ops.to_slice_record_layout(arrays[w], scales, arrays[zp] if zp else None)
-        mlp = helper.make_node("GatedMlpNbits", [gu.input[0], _get_input(gu, "w"), name, _get_input(down, "residual"),
-                                                 _get_input(gu, "norm_weight")],
-                               [down.output[0]], name=down.name, domain=JOA_DOMAIN, block_size=block)
-        if _get_input(gu, "norm_weight"):
-            mlp.attribute.append(helper.make_attribute("norm_epsilon", float(_attr(gu, "norm_epsilon"))))
-        g.nodes[i], g.nodes[j] = None, mlp
-        report.gated_mlp_nbits += 1
-        readers = g.readers()
 
 
 def _text(value) -> str:

@@ -488,7 +488,7 @@ def check_model(model: onnx.ModelProto) -> None:
 def load(model, dtype=None, *, base_dir: str | os.PathLike | None = None,
          int8_activations: bool = False, fuse: bool = True, nbits_layout: str = "onnx",
          decode_rows: int = 2, dense_layout: str = "nk", qkv_prepare: bool = False,
-         gated_mlp: bool = False, out_mlp: bool = False, gated_mlp_nbits: bool = False) -> LoweredModel:
+         gated_mlp: bool = False, out_mlp: bool = False) -> LoweredModel:
     """Lower an ONNX model to JAX.
 
     Args:
@@ -524,9 +524,6 @@ def load(model, dtype=None, *, base_dir: str | os.PathLike | None = None,
       out_mlp: with gated_mlp, each fused MLP and the attention output projection before it as one
         node (`onnx.fusion` pass 4c), for decode steps of one row: the CUDA route runs them as one
         kernel (`ops.out_mlp`: the separate one-row kernels' bits).
-      gated_mlp_nbits: with nbits_layout "record", 4-bit gated MLPs as one node (`onnx.fusion` pass
-        6b), for decode steps of one row: the CUDA route runs each as one kernel
-        (`ops.gated_mlp_nbits`, within the dtype's rounding of the two projections).
 
     Returns:
       LoweredModel (`params`, `apply`, `fixed_cache_step`, `input_names`, `output_names`, `model`).
@@ -560,8 +557,7 @@ def load(model, dtype=None, *, base_dir: str | os.PathLike | None = None,
         model, arrays, fusions = fuse_decoder(model, arrays, nbits=not int8_activations,
                                               nbits_layout=nbits_layout, decode_rows=decode_rows,
                                               float_map=float_map, dense_layout=dense_layout,
-                                              qkv_prepare=qkv_prepare, gated_mlp=gated_mlp, out_mlp=out_mlp,
-                                              gated_mlp_nbits=gated_mlp_nbits)
+                                              qkv_prepare=qkv_prepare, gated_mlp=gated_mlp, out_mlp=out_mlp)
     params, constants = {}, {}
     for name, arr in arrays.items():
         if _is_static_initializer(arr):

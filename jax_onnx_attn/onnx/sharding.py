@@ -237,11 +237,10 @@ def plan_tensor_parallel(lowered, pieces: int, logits_name: str | None = None) -
         raise ValueError(f"plan_tensor_parallel: packed QKV weights in the rotary-pair order "
                          f"(load(qkv_prepare=True)) do not split; load the model without it for a mesh "
                          f"(e.g. {pairs[0]})")
-    mlps = sorted(n.name for n in graph.node if n.op_type in ("GatedMlp", "OutMlp", "GatedMlpNbits"))
+    mlps = sorted(n.name for n in graph.node if n.op_type in ("GatedMlp", "OutMlp"))
     if mlps:  # the splits below see Linear nodes only
-        raise ValueError(f"plan_tensor_parallel: fused gated MLPs (load(gated_mlp=True), out_mlp=True, "
-                         f"gated_mlp_nbits=True) do not split; load the model without them for a mesh "
-                         f"(e.g. {mlps[0]})")
+        raise ValueError(f"plan_tensor_parallel: fused gated MLPs (load(gated_mlp=True), out_mlp=True) do not "
+                         f"split; load the model without them for a mesh (e.g. {mlps[0]})")
     embedding = next((params[n.input[0]] for n in graph.node
                       if n.op_type == "Gather" and n.input[0] in params and n.input[1] == "input_ids"),
                      None)

@@ -12,13 +12,12 @@ from jax_onnx_attn.ops.gqa import GroupQueryAttentionOutput, QkvProjection, grou
 
 __all__ += ["group_query_attention", "GroupQueryAttentionOutput", "QkvProjection"]
 from jax_onnx_attn.ops.linear import (deinterleave_gate_up, from_record_layout, from_rotary_pair_order,
-                                      from_rows_layout, from_slice_record_layout, gated_mlp, gated_mlp_nbits,
-                                      interleave_gate_up, interleave_gate_up_nbits, linear, matmul_nbits, out_mlp,
-                                      pack_nbits_rows, prepare_nbits, rotary_pair_order, tile_nbits_meta,
-                                      to_record_layout, to_rotary_pair_order, to_rows_layout,
-                                      to_slice_record_layout, untile_nbits_meta)
+                                      from_rows_layout, gated_mlp, interleave_gate_up, interleave_gate_up_nbits,
+                                      linear, matmul_nbits, out_mlp, pack_nbits_rows, prepare_nbits,
+                                      rotary_pair_order, tile_nbits_meta, to_record_layout,
+                                      to_rotary_pair_order, to_rows_layout, untile_nbits_meta)
 
-__all__ += ["linear", "gated_mlp", "gated_mlp_nbits", "out_mlp", "matmul_nbits", "prepare_nbits", "interleave_gate_up", "deinterleave_gate_up",
+__all__ += ["linear", "gated_mlp", "out_mlp", "matmul_nbits", "prepare_nbits", "interleave_gate_up", "deinterleave_gate_up",
             "interleave_gate_up_nbits", "tile_nbits_meta", "untile_nbits_meta", "to_rows_layout",
-            "from_rows_layout", "pack_nbits_rows", "to_record_layout", "from_record_layout", "to_slice_record_layout", "from_slice_record_layout",
+            "from_rows_layout", "pack_nbits_rows", "to_record_layout", "from_record_layout",
             "rotary_pair_order", "to_rotary_pair_order", "from_rotary_pair_order"]

@@ -46,9 +46,6 @@ GATED_MLP_ENV = "JOA_GATED_MLP"
 #: The environment variable that runs the attention's output projection and the gated MLP of decode
 #: sessions of batch 1 as one kernel (`out_mlp_enabled`).
 OUT_MLP_ENV = "JOA_OUT_MLP"
-#: The environment variable that runs the 4-bit gated MLP of decode sessions of batch 1 (weights in
-#: the record layout) as one kernel (`gated_mlp_nbits_enabled`).
-GATED_MLP_NBITS_ENV = "JOA_GATED_MLP_NBITS"
 #: The environment variable that picks the fused MLP's split (`gated_mlp_split`): "k" or "n".
 GATED_MLP_SPLIT_ENV = "JOA_GATED_MLP_SPLIT"
 GATED_MLP_SPLITS = ("k", "n")
@@ -337,44 +334,6 @@ def gated_mlp(x, w_gate_up, w_down, norm_weight=None, residual=None, *, eps: flo
     y, _ = call(x, w_gate_up, w_down, ph if norm_weight is None else norm_weight,
                 ph if residual is None else residual, has_norm=norm_weight is not None,
                 has_residual=residual is not None, eps=np.float32(eps), grid=int(grid), n_split=n_split)
-    return y
-
-
-def gated_mlp_nbits_enabled() -> bool:
-    """Whether decode sessions of batch 1 run a 4-bit gated MLP in the record layout (norm + gate / up
-    + SiLU·up + down + residual) as one kernel (`gated_mlp_nbits`; `onnx.fusion`'s gated_mlp with
-    nbits_layout "record") rather than two GEMVs. Off until timed: built in session 41 without a
-    GPU (ffi/kernels/gemv/mlp_nbits.cuh). JOA_GATED_MLP_NBITS=1 turns it on (read at load, and by
-    `ops.gated_mlp_nbits`' "auto" route at trace time)."""
-    return _switch(GATED_MLP_NBITS_ENV, "0")
-
-
-def gated_mlp_nbits_grid(h: int, inter: int) -> int:
-    """The 4-bit fused MLP's CTAs for hidden size h and intermediate size inter on this GPU, 0 where
-    the kernel does not take the shape or the extension is missing (or predates it)."""
-    if _ffi is None or not hasattr(_ffi, "gated_mlp_nbits_grid"):
-        return 0
-    return int(_ffi.gated_mlp_nbits_grid(int(h), int(inter), sm_count()))
-
-
-def gated_mlp_nbits(x, w_gate_up, w_down, norm_weight=None, residual=None, *, eps: float = 1e-6):
-    """x [1, H] f16/bf16, w_gate_up uint8 [2 I / 16, H / 256, 2432] (`ops.to_record_layout` of
-    `ops.interleave_gate_up_nbits`' weight), w_down uint8 [H / 16, I / 64, 640]
-    (`ops.to_slice_record_layout`) -> [1, H]: `matmul_nbits(x, w_gate_up, gated=True,
-    layout="record")` then `matmul_nbits(., w_down, residual=)` in one launch
-    (ffi/handlers/gated_mlp.cu, kernels/gemv/mlp_nbits.cuh); the f32 sums in another order than the
-    two calls (within the dtype's tolerance of them). norm_weight [H] and residual [1, H] or None.
-    The shape must have a grid (`gated_mlp_nbits_grid`); under vmap each example is its own call."""
-    h, inter = x.shape[1], 8 * w_gate_up.shape[0]
-    grid = gated_mlp_nbits_grid(h, inter)
-    if grid == 0:
-        raise ValueError(f"gated_mlp_nbits: H={h}, I={inter}: the fused 4-bit MLP kernel does not take this shape")
-    workspace = int(_ffi.gated_mlp_nbits_workspace(int(h), grid))
-    call = _row_call("gated_mlp_nbits", h, x.dtype, workspace)
-    ph = _placeholder(x.dtype)
-    y, _ = call(x, w_gate_up, w_down, ph if norm_weight is None else norm_weight,
-                ph if residual is None else residual, has_norm=norm_weight is not None,
-                has_residual=residual is not None, eps=np.float32(eps), grid=int(grid))
     return y
 
 

@@ -38,12 +38,6 @@ ROWS_GROUP = 64
 #: plan.h's kRecord*; tests check that they agree).
 RECORD_ROWS, RECORD_K, RECORD_W_BYTES = 16, 256, 2048
 RECORD_BYTES = RECORD_W_BYTES + 3 * 4 * 32
-#: The slice records of a fused 4-bit MLP's down projection (`to_slice_record_layout`): one record of
-#: SLICE_BYTES per (RECORD_ROWS-row tile, SLICE_K-element chunk of K): SLICE_W_BYTES of W (16 bytes a
-#: lane), then 8 bytes of scales and zero points per (32-element half of the chunk, row g)
-#: (ffi/kernels/gemv/mlp_nbits.h's kSlice*; tests check that they agree).
-SLICE_K, SLICE_W_BYTES = 64, 512
-SLICE_BYTES = SLICE_W_BYTES + 2 * 8 * 8
 #: The weight layouts `matmul_nbits` takes: "onnx" (`prepare_nbits`' form, scales / zero points
 #: row-major or tiled), "rows" (`to_rows_layout`: 4-bit weights for the rows kernel, M >= 2) and
 #: "record" (`to_record_layout`: 4-bit weights for the slots kernel's record reader, M = 1).
@@ -356,9 +350,9 @@ def _record_slots(k: int, block_size: int):
 
 
 def _record_operands(op, b_quant, scales, zero_points, k_multiple: int):
-    """The checks of the 4-bit record layouts (`to_record_layout`, `to_slice_record_layout`) on
-    `prepare_nbits`' form: (b_quant, scales, zero_points as NumPy arrays, (N, k_blocks, block_size,
-    K)); NotImplementedError for forms the layouts do not hold, ValueError for bad operands."""
+    """The checks of the 4-bit record layout (`to_record_layout`) on `prepare_nbits`' form: (b_quant,
+    scales, zero_points as NumPy arrays, (N, k_blocks, block_size, K)); NotImplementedError for forms
+    the layout does not hold, ValueError for bad operands."""
     b_quant, scales = np.asarray(b_quant), np.asarray(scales)
     if b_quant.dtype != np.uint8 or b_quant.ndim != 3:
         raise ValueError(f"{op}: b_quant must be uint8 [N, k_blocks, block_size / 2], got "
@@ -461,83 +455,6 @@ def from_record_layout(rec, *, n: int, block_size: int, dtype):
 def record_shape(n: int, k: int) -> tuple[int, int, int]:
     """The uint8 shape of [N, K] 4-bit weights in the record layout (`to_record_layout`)."""
     return (n // RECORD_ROWS, k // RECORD_K, RECORD_BYTES)
-
-
-def to_slice_record_layout(b_quant, scales, zero_points):
-    """4-bit MatMulNBits weights in `prepare_nbits`' form -> the slice records of the fused 4-bit MLP's
-    down projection (`gated_mlp_nbits`; ffi/kernels/gemv/mlp_nbits.cuh), once at load. NumPy in,
-    NumPy out.
-
-    The fused kernel's CTA c streams the K slice of W_down that matches the slice of h it computed
-    (a multiple of SLICE_K elements), for every 16-row tile; the record layout's 256-element chunks
-    are too long for such slices, so the down weight has records of SLICE_K (64) elements. Per
-    (16-row tile T, chunk c) one record of SLICE_BYTES (640) bytes:
-      - W: lane L = 4 g + t at 16 L: the 8 bytes of row 16 T + g at K offsets 64 c + 16 t .. + 15,
-        then the 8 bytes of row 16 T + g + 8 at the same offsets (ONNX's nibble order);
-      - metadata: at 512 + 8 (8 half + g), for the chunk's half (K offsets 64 c + 32 half .. + 31,
-        inside one quantisation block): the scale bits of rows g and g + 8 (two little-endian
-        16-bit words), their zero points (two bytes; 8 when absent: the same values), two zero
-        bytes.
-
-    Args:
-      b_quant: uint8 [N, k_blocks, block_size / 2]; N a multiple of 16, K = k_blocks * block_size a
-        multiple of 64, block_size a power of two >= 32 (NotImplementedError otherwise).
-      scales: [N, k_blocks] float16 or bfloat16 (row-major, not tiled).
-      zero_points: None (8) or uint8 [N, k_blocks], one value 0..15 a block.
-
-    Returns:
-      uint8 [N / 16, K / 64, 640]. `from_slice_record_layout` inverts it.
-    """
-    op = "to_slice_record_layout"
-    b_quant, scales, zero_points, (n, kb, block, k) = _record_operands(op, b_quant, scales, zero_points, SLICE_K)
-    tiles, chunks = n // RECORD_ROWS, k // SLICE_K
-    blk = (np.arange(chunks)[:, None] * SLICE_K + 32 * np.arange(2)[None, :]) // block  # [c, half]
-    rec = np.zeros((tiles, chunks, SLICE_BYTES), np.uint8)
-    rows = b_quant.reshape(n, k // 2)
-    scale_bits = scales.view(np.uint16)
-    slab = 256  # tiles a pass
-
-    def one_slab(t0):
-        t1 = min(tiles, t0 + slab)
-        r0, r1, nt = RECORD_ROWS * t0, RECORD_ROWS * t1, t1 - t0
-        w = rows[r0:r1].reshape(nt, 2, 8, chunks, 4, 8)                      # T h g c t byte
-        rec[t0:t1, :, :SLICE_W_BYTES] = w.transpose(0, 3, 2, 4, 1, 5).reshape(nt, chunks, -1)
-        meta = rec[t0:t1, :, SLICE_W_BYTES:].reshape(nt, chunks, 2, 8, 8)   # T c half g byte
-        sc = scale_bits[r0:r1].reshape(nt, 2, 8, kb)[..., blk]                # T h g c half
-        meta[..., 0:4] = (np.ascontiguousarray(sc.transpose(0, 3, 4, 2, 1)).astype("<u2")
-                          .view(np.uint8).reshape(nt, chunks, 2, 8, 4))
-        if zero_points is None:
-            meta[..., 4:6] = 8
-        else:
-            meta[..., 4:6] = zero_points[r0:r1].reshape(nt, 2, 8, kb)[..., blk].transpose(0, 3, 4, 2, 1)
-
-    _in_slabs(one_slab, tiles, slab)
-    return rec
-
-
-def from_slice_record_layout(rec, *, n: int, block_size: int, dtype):
-    """The inverse of `to_slice_record_layout`: (b_quant uint8 [N, k_blocks, block_size / 2], scales
-    [N, k_blocks] of `dtype` (the scales' bits reinterpreted), zero_points uint8 [N, k_blocks]: 8
-    where the weight had none). NumPy or jax arrays (traceable: the reference computes from it)."""
-    xp = _xp(rec)
-    tiles, chunks = rec.shape[0], rec.shape[1]
-    k = chunks * SLICE_K
-    w = rec[..., :SLICE_W_BYTES].reshape(tiles, chunks, 8, 4, 2, 8)            # T c g t h byte
-    b_quant = w.transpose(0, 4, 2, 1, 3, 5).reshape(n, k // block_size, block_size // 2)
-    # A block's first half (32 elements) holds its scale and zero point.
-    k0 = np.arange(k // block_size) * block_size
-    c, half = k0 // SLICE_K, (k0 % SLICE_K) // 32
-    meta = rec[..., SLICE_W_BYTES:].reshape(tiles, chunks, 2, 8, 8)[:, c, half]  # T kb g byte
-    lo_hi = meta[..., 0:4].reshape(tiles, -1, 8, 2, 2).astype(xp.uint16)        # T kb g h byte
-    bits = (lo_hi[..., 0] | (lo_hi[..., 1] << 8)).transpose(0, 3, 2, 1).reshape(n, -1)
-    scales = bits.view(dtype) if xp is np else jax.lax.bitcast_convert_type(bits, dtype)
-    zp = meta[..., 4:6].transpose(0, 3, 2, 1).reshape(n, -1)
-    return b_quant, scales, zp
-
-
-def slice_record_shape(n: int, k: int) -> tuple[int, int, int]:
-    """The uint8 shape of [N, K] 4-bit weights in the slice-record layout (`to_slice_record_layout`)."""
-    return (n // RECORD_ROWS, k // SLICE_K, SLICE_BYTES)
 
 
 def _matmul_nbits_record(x, rec, scales, zero_points, bias, residual, norm_weight, *, k, n, bits,
@@ -828,73 +745,6 @@ def gated_mlp(x, w_gate_up, w_down, *, residual=None, norm_weight=None, norm_eps
         return cuda_matmul.gated_mlp(x2, wgu, wdn, nw, r2, eps=eps, split=split)
 
     return _run(op, backend, ref_fn, cuda_fn, None, x, (w_gate_up, w_down, norm_weight), residual, h)
-
-
-def gated_mlp_nbits(x, w_gate_up, w_down, *, block_size: int, residual=None, norm_weight=None,
-                    norm_epsilon: float = 1e-6, backend: str = "auto"):
-    """A gated MLP on 4-bit MatMulNBits weights, `matmul_nbits(matmul_nbits(x, w_gate_up, gated=True,
-    norm_weight=, layout="record"), W_down, residual=)`: one kernel (`cuda_matmul.gated_mlp_nbits`)
-    for one row of x where it takes the shape and the switch is on (`JOA_GATED_MLP_NBITS`), else the
-    reference on the weights the layouts give back (prefill, CPU).
-
-    Args:
-      x: [..., H] float16 / bfloat16 (float32 / float64 on the reference); H a multiple of 256.
-      w_gate_up: uint8 [2 I / 16, H / 256, 2432]: `to_record_layout` of the interleaved gate / up
-        weight (`interleave_gate_up_nbits`), scales in x's dtype.
-      w_down: uint8 [H / 16, I / 64, 640]: `to_slice_record_layout` of W_down [H, I], scales in x's
-        dtype.
-      block_size: both weights' quantisation block, a power of two >= 32 dividing H and I.
-      residual: None or [..., H] of x's dtype, added last. norm_weight: None or [H] (RMS norm of x
-        first, norm_epsilon).
-      backend: "auto", "reference" or "cuda" ("cuda": the fused kernel, or NotImplementedError
-        saying why it does not take the call).
-
-    Returns:
-      [..., H] of x's dtype, every product and the activation rounded as the two calls round them;
-      the kernel adds the f32 sums in another order (within the dtype's tolerance of the two calls).
-    """
-    op = "gated_mlp_nbits"
-    x, w_gate_up, w_down = _array(x), _array(w_gate_up), _array(w_down)
-    residual, norm_weight = _array(residual), _array(norm_weight)
-    _check_x(op, x)
-    h = x.shape[-1]
-    if block_size < 32 or block_size & (block_size - 1):
-        raise ValueError(f"{op}: block_size must be a power of two >= 32, got {block_size}")
-    if h % RECORD_K or h % block_size:
-        raise ValueError(f"{op}: x's H={h} must be a multiple of {RECORD_K} and of block_size={block_size}")
-    if w_gate_up.dtype != jnp.uint8 or w_gate_up.ndim != 3 or tuple(w_gate_up.shape[1:]) != record_shape(16, h)[1:]:
-        raise ValueError(f"{op}: w_gate_up must be uint8 [2 I / 16, {h // RECORD_K}, {RECORD_BYTES}] (to_record_layout "
-                         f"of the interleaved gate / up weight), got {w_gate_up.dtype}{list(w_gate_up.shape)}")
-    inter = 8 * w_gate_up.shape[0]
-    if inter % SLICE_K or inter % block_size:
-        raise ValueError(f"{op}: w_gate_up gives I={inter}, which must be a multiple of {SLICE_K} and of "
-                         f"block_size={block_size}")
-    want = slice_record_shape(h, inter)
-    if w_down.dtype != jnp.uint8 or tuple(w_down.shape) != want:
-        raise ValueError(f"{op}: w_down must be uint8 {list(want)} (to_slice_record_layout of W_down [H={h}, "
-                         f"I={inter}]), got {w_down.dtype}{list(w_down.shape)}")
-    _check_operands(op, x, 2 * inter, "w_gate_up", True, None, None, norm_weight)
-    _check_mlp_residual(op, x, residual)
-    eps = float(norm_epsilon)
-    why = _fused_row_unsupported("x", x, backend, cuda_matmul.gated_mlp_nbits_enabled,
-                                 cuda_matmul.GATED_MLP_NBITS_ENV)
-    if why is None:
-        why = _kernel_unsupported(x, 2 * inter, 4, True, norm_weight is not None, block_size, backend=backend,
-                                  record_layout=True)
-    if why is None and cuda_matmul.gated_mlp_nbits_grid(h, inter) == 0:
-        why = f"H={h}, I={inter}: not a geometry the kernel takes (ffi/kernels/gemv/mlp_nbits.h)"
-
-    def ref_fn(x2, wgu, wdn, nw, r2):
-        b, s, z = from_record_layout(wgu, n=2 * inter, block_size=block_size, dtype=x2.dtype)
-        hidden = reference.matmul_nbits(x2, b, s, z, None, None, nw, eps, True, bits=4, block_size=block_size)
-        b, s, z = from_slice_record_layout(wdn, n=h, block_size=block_size, dtype=x2.dtype)
-        return reference.matmul_nbits(hidden, b, s, z, None, r2, None, eps, False, bits=4, block_size=block_size)
-
-    cuda_fn = None
-    if why is None:
-        def cuda_fn(x2, wgu, wdn, nw, r2):
-            return cuda_matmul.gated_mlp_nbits(x2, wgu, wdn, nw, r2, eps=eps)
-    return _run(op, backend, ref_fn, cuda_fn, why, x, (w_gate_up, w_down, norm_weight), residual, h)
 
 
 def _check_mlp_residual(op, x, residual) -> None:

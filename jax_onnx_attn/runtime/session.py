@@ -251,15 +251,6 @@ def out_mlp_for(batch: int, mesh=None) -> bool:
     return gated_mlp_for(batch, mesh) and cuda_matmul.out_mlp_enabled()
 
 
-def gated_mlp_nbits_for(batch: int, mesh=None) -> bool:
-    """Whether a session loads 4-bit gated MLPs as one node each (`onnx.fusion` pass 6b: one kernel a
-    layer): where it loads the record layout (`nbits_layout_for`), when
-    `cuda_matmul.gated_mlp_nbits_enabled()`."""
-    from jax_onnx_attn.ops import cuda_matmul
-
-    return nbits_layout_for(batch, mesh) == "record" and cuda_matmul.gated_mlp_nbits_enabled()
-
-
 def load_options(batch: int, mesh=None) -> dict:
     """The `load` keyword arguments of a session of `batch` rows on `mesh` (None: one device): the
     weight layouts and fusions its decode steps take, by the rules above; only those that differ
@@ -273,8 +264,7 @@ def load_options(batch: int, mesh=None) -> dict:
     dense = dense_layout_for(batch, mesh)
     if dense != "nk":
         options["dense_layout"] = dense
-    for name, rule in (("qkv_prepare", qkv_prepare_for), ("gated_mlp", gated_mlp_for), ("out_mlp", out_mlp_for),
-                       ("gated_mlp_nbits", gated_mlp_nbits_for)):
+    for name, rule in (("qkv_prepare", qkv_prepare_for), ("gated_mlp", gated_mlp_for), ("out_mlp", out_mlp_for)):
         if rule(batch, mesh):
             options[name] = True
     return options

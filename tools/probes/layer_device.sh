@@ -7,17 +7,14 @@
 #   chain-probe   tools/probes/layer_chain.cu: o + gate-up + down + qkv as one persistent kernel (session 39)
 #                 vs the separate kernels (4 GEMVs; o + fused MLP + qkv), ~1B / ~8B
 #   mlp-tests     tests/gpu/test_gated_mlp_gpu.py
-#   nbits-tests   tests/gpu/test_gated_mlp_nbits_gpu.py (the 4-bit fused MLP, session 41, JOA_GATED_MLP_NBITS),
-#                 then the kernels whose code it shares: test_gated_mlp_gpu.py, test_linear_record_gpu.py
 #   chain-tests   tests/gpu/test_out_mlp_gpu.py (o + the MLP as one chain kernel, JOA_OUT_MLP)
 #   e2e1b         ~1B B=1 1k: ours / ours[VARIANT] ... / JAX peer, breakdowns (VARIANTS, below)
 #   e2e8b         ~8B B=1 2k: the same, profiled only with PROFILE_8B=first / all (then breakdowns)
-# WEIGHTS: the e2e phases' weights, fp16 (default) or int4 (e.g. WEIGHTS=int4
-#   VARIANTS=mlp4:JOA_GATED_MLP_NBITS=1: the 4-bit fused MLP, off in ours until timed);
+# WEIGHTS: the e2e phases' weights, fp16 (default) or int4;
 # VARIANTS: --ours-env specs, default: the fused MLP off (ours has it on since session 39);
 # ROUNDS: bench e2e --rounds (default 1);
 # E2E_TIMEOUT: seconds for an e2e phase (default 300 / 330; ROUNDS=3 with four impls wants ~540, alone in a call).
-# To $OUT: prepare.log, mlp_row.log, layer_chain.log, tests_mlp.log, tests_nbits.log, tests_chain.log, e2e_*.json, run_*.log (at most 8 files: pick phases).
+# To $OUT: prepare.log, mlp_row.log, layer_chain.log, tests_mlp.log, tests_chain.log, e2e_*.json, run_*.log (at most 8 files: pick phases).
 set -uo pipefail
 phases=${*:-mlp-probe}
 variants=${VARIANTS:-nomlp:JOA_GATED_MLP=0}
@@ -38,10 +35,6 @@ case "$phase" in
   mlp-tests)
     timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_gated_mlp_gpu.py 2>&1 | tail -25 |
       tee "$out/tests_mlp.log" ;;
-  nbits-tests)
-    timeout 400 python3 -m pytest -q -m gpu -n 4 -p no:cacheprovider tests/gpu/test_gated_mlp_nbits_gpu.py \
-      tests/gpu/test_gated_mlp_gpu.py tests/gpu/test_linear_record_gpu.py > "$out/tests_nbits.log" 2>&1
-    tail -30 "$out/tests_nbits.log" ;;
   chain-tests)
     timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_out_mlp_gpu.py 2>&1 | tail -25 |
       tee "$out/tests_chain.log" ;;

@@ -35,7 +35,7 @@ struct MlpRowSmem {
   }
 };
 
-// The K splits' final reduction (mlp_row.cuh's MlpAddPartials) takes a CTA's ceil(H / G) rows of y
+// The K split's final reduction (mlp_row.cuh's MlpAddPartials) takes a CTA's ceil(H / G) rows of y
 // with at most one thread a row (its s_fin holds kW * 32 floats).
 template <int kW>
 inline bool MlpAddPartialsFits(int h, int grid) {

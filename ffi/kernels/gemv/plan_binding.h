@@ -5,7 +5,6 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
-#include "kernels/gemv/mlp_nbits.h"
 #include "kernels/gemv/mlp_row.h"
 #include "kernels/gemv/plan.h"
 #include "kernels/gemv/row_chain.h"
@@ -75,17 +74,6 @@ inline void BindPlan(nanobind::module_& m) {
         },
         nb::arg("h"), nb::arg("inter"), nb::arg("grid"), nb::arg("n_split"),
         "The fused gated MLP's workspace in f32 elements for a launch of `grid` CTAs.");
-  m.def("gated_mlp_nbits_grid", [](int64_t h, int64_t inter, int64_t sms) {
-          if (h < 1 || inter < 1 || sms < 1 || h > (int64_t(1) << 20) || inter > (int64_t(1) << 24)) return 0;
-          return MlpNbitsGrid(int(h), int(inter), int(std::min<int64_t>(sms, 4096)));
-        },
-        nb::arg("h"), nb::arg("inter"), nb::arg("sms"),
-        "The fused gated MLP's grid on 4-bit weights (ffi/kernels/gemv/mlp_nbits.h) for hidden size h "
-        "and intermediate size inter on a GPU of `sms` SMs: its CTAs (all resident at once), 0 where the "
-        "kernel does not take the shape.");
-  m.def("gated_mlp_nbits_workspace", [](int64_t h, int64_t grid) { return MlpNbitsWorkspaceElems(int(h), int(grid)); },
-        nb::arg("h"), nb::arg("grid"),
-        "The 4-bit fused gated MLP's workspace in f32 elements for a launch of `grid` CTAs.");
   m.def("out_mlp_grid", [](int64_t h, int64_t ho, int64_t inter, int64_t sms) {
           const int64_t limit = int64_t(1) << 24;
           if (h < 1 || ho < 1 || inter < 1 || sms < 1 || h >= limit || ho >= limit || inter >= limit) return 0;

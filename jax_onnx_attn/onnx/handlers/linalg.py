@@ -241,31 +241,6 @@ def fused_gated_mlp(ctx, x, w_gate_up, w_down, residual=None, norm_weight=None):
     return y if late is None else y + late
 
 
-@register("GatedMlpNbits", 1, domain=JOA_DOMAIN)
-def fused_gated_mlp_nbits(ctx, x, w_gate_up, w_down, residual=None, norm_weight=None):
-    """jax_onnx_attn::GatedMlpNbits (`onnx.fusion` pass 6b): a 4-bit gated Linear and the 4-bit down
-    projection that alone reads it, `ops.gated_mlp_nbits`: y = down(silu(gate)·up of rms_norm(x))
-    (+ residual).
-
-    Args:
-      x: [..., H]. w_gate_up: uint8 records (`ops.to_record_layout` of the interleaved gate / up).
-      w_down: uint8 slice records (`ops.to_slice_record_layout`). residual: [..., H] or None
-      (another shape: added after, the broadcasting way). norm_weight: [H] or None (attribute
-      norm_epsilon). Attribute block_size: both weights' quantisation block.
-
-    Returns:
-      y [..., H] in x's dtype.
-    """
-    from jax_onnx_attn import ops
-
-    x, w_gate_up, w_down, residual, norm_weight = (
-        to_jax(v) for v in (x, w_gate_up, w_down, residual, norm_weight))
-    residual, late = _fusable_residual(x, residual)
-    y = ops.gated_mlp_nbits(x, w_gate_up, w_down, block_size=int(ctx.attr("block_size")), residual=residual,
-                            norm_weight=norm_weight, norm_epsilon=float(ctx.attr("norm_epsilon", 1e-6)))
-    return y if late is None else y + late
-
-
 @register("OutMlp", 1, domain=JOA_DOMAIN)
 def fused_out_mlp(ctx, a, w_o, x, w_gate_up, w_down, norm_weight=None):
     """jax_onnx_attn::OutMlp (`onnx.fusion` pass 4c): the attention's output projection with its
