@@ -1,4 +1,4 @@
-"""One decode-attention call shape, run a few times, for Nsight Compute (tools/probes/s24_a.sh):
+"""One decode-attention call shape, run a few times, for Nsight Compute (tools/probes/sessions/s24_a.sh):
     python tools/probes/decode_ncu_case.py IMPL [B CTX D]
 IMPL "ours" (cuda.decode_attention with the JOA_DECODE_* defaults) or "cudnn"
 (jax.nn.dot_product_attention, implementation="cudnn", static lengths: the bench's jax-cudnn peer).

@@ -1,4 +1,4 @@
-"""One prefill-attention shape, run a few times, for Nsight Compute (tools/probes/issue14_close.sh):
+"""One prefill-attention shape, run a few times, for Nsight Compute (tools/probes/sessions/issue14_close.sh):
     python tools/probes/prefill_ncu_case.py IMPL B S CAUSAL [D]
 IMPL: ours (cuda.prefill_attention, the head size's default schedule) or jax-cudnn
 (jax.nn.dot_product_attention, implementation="cudnn"); bf16, 32/8 heads, D 128 by default."""

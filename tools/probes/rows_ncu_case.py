@@ -1,5 +1,5 @@
 """One int4 projection on the rows kernel (ffi/kernels/gemv/rows.cuh), run a few times, for Nsight
-Compute (tools/probes/s21_rows2.sh):
+Compute (tools/probes/sessions/s21_rows2.sh):
     python tools/probes/rows_ncu_case.py K N M [CLUSTER WARPS_N DEPTH]
 Weights of rows_kernel_times.rows_weights (block 32, zero points, fp16 x); zeros in the plan = the
 planner's."""
