@@ -13,8 +13,8 @@ drain, low achieved bandwidth. Profiles since session 43 also give each group's 
 wall": what its kernels add to the union of kernel intervals), and then "over bound" is of that:
 a programmatically dependent launch (our decode combine kernel, XLA's chained kernels) starts
 while its predecessor runs, so its duration counts that wait too (summed, the ~8B attention's split
-+ combine read 13.8 µs a layer where the call takes ~8.5). This is the profile that explains a case's fraction of the bound
-(issue 12). The groups follow our kernels' names; a peer's kernels land in "other".
++ combine read 13.8 µs a layer where the call takes ~8.5). This is the profile that explains a
+case's fraction of the bound (issue 12). The groups follow our kernels' names; a peer's kernels land in "other".
 """
 
 from __future__ import annotations
@@ -121,11 +121,12 @@ def step_breakdown(doc: dict, record: dict, impl: str = "ours", hbm: float | Non
                      "over_us": spent - bound})
     kernels = sum(r["us"] for r in rows)
     busy = sum(r["wall_us"] for r in rows) if walls else None
-    spent = busy if walls else kernels
+    kernels_spent = busy if walls else kernels  # what the kernels add to the step
     bound = sum(r["bound_us"] for r in rows)
     mb = sum(r["mb"] for r in rows)
     rows.append({"group": "kernels", "calls": sum(r["calls"] for r in rows), "us": kernels, "wall_us": busy,
-                 "mb": mb, "tbs": mb / spent if spent > 0 else None, "bound_us": bound, "over_us": spent - bound})
+                 "mb": mb, "tbs": mb / kernels_spent if kernels_spent > 0 else None, "bound_us": bound,
+                 "over_us": kernels_spent - bound})
     idle = (prof.get("span_us", 0.0) - prof.get("busy_us", 0.0)) / steps
     rows.append({"group": "idle, profiled", "calls": None, "us": idle, "wall_us": None, "mb": 0.0, "tbs": None,
                  "bound_us": 0.0, "over_us": idle})
@@ -140,8 +141,8 @@ def step_breakdown(doc: dict, record: dict, impl: str = "ours", hbm: float | Non
                  "mb": record["bytes_per_step"] / 1e6,
                  "tbs": record["bytes_per_step"] / (ms * 1e9), "bound_us": record["bound_ms"] * 1e3,
                  "over_us": ms * 1e3 - record["bound_ms"] * 1e3})
-    rows.append({"group": TIMED_NOT_KERNELS, "calls": None, "us": ms * 1e3 - spent, "wall_us": None, "mb": 0.0,
-                 "tbs": None, "bound_us": 0.0, "over_us": ms * 1e3 - spent})
+    rows.append({"group": TIMED_NOT_KERNELS, "calls": None, "us": ms * 1e3 - kernels_spent, "wall_us": None,
+                 "mb": 0.0, "tbs": None, "bound_us": 0.0, "over_us": ms * 1e3 - kernels_spent})
     return rows
 
 

@@ -349,7 +349,7 @@ def _record_slots(k: int, block_size: int):
     return k0 // RECORD_K, 4 * (off // 128) + (off % 128) // 32
 
 
-def _record_operands(op, b_quant, scales, zero_points, k_multiple: int):
+def _record_operands(op, b_quant, scales, zero_points):
     """The checks of the 4-bit record layout (`to_record_layout`) on `prepare_nbits`' form: (b_quant,
     scales, zero_points as NumPy arrays, (N, k_blocks, block_size, K)); NotImplementedError for forms
     the layout does not hold, ValueError for bad operands."""
@@ -361,8 +361,8 @@ def _record_operands(op, b_quant, scales, zero_points, k_multiple: int):
     block, k = 2 * blob, kb * blob * 2
     if block < 32 or block & (block - 1):
         raise NotImplementedError(f"{op}: b_quant: block_size={block} must be a power of two >= 32")
-    if k % k_multiple or n % RECORD_ROWS:
-        raise NotImplementedError(f"{op}: b_quant: K={k} must be a multiple of {k_multiple} and N={n} "
+    if k % RECORD_K or n % RECORD_ROWS:
+        raise NotImplementedError(f"{op}: b_quant: K={k} must be a multiple of {RECORD_K} and N={n} "
                                   f"of {RECORD_ROWS}")
     if scales.shape != (n, kb) or scales.dtype.itemsize != 2 or scales.dtype.kind not in "fV":
         raise ValueError(f"{op}: scales must be float16 / bfloat16 [{n}, {kb}] (row-major), got "
@@ -403,7 +403,7 @@ def to_record_layout(b_quant, scales, zero_points):
       uint8 [N / 16, K / 256, 2432]. `from_record_layout` inverts it.
     """
     op = "to_record_layout"
-    b_quant, scales, zero_points, (n, kb, block, k) = _record_operands(op, b_quant, scales, zero_points, RECORD_K)
+    b_quant, scales, zero_points, (n, kb, block, k) = _record_operands(op, b_quant, scales, zero_points)
     tiles, chunks = n // RECORD_ROWS, k // RECORD_K
     # Per (chunk, lane t, e): the block of slot 2 t + e.
     slot_k = 32 * (np.arange(8) % 4) + 128 * (np.arange(8) // 4)
