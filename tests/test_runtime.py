@@ -264,6 +264,24 @@ def test_steps_per_check_must_divide_steps_per_call(lowered, monkeypatch):
         steps_per_check_for(32)
 
 
+def test_command_buffers_by_name(lowered, monkeypatch):
+    from jax_onnx_attn.runtime.session import (COMMAND_BUFFER_ENV, command_buffer_options,
+                                               default_compiler_options)
+
+    monkeypatch.delenv(COMMAND_BUFFER_ENV, raising=False)
+    assert default_compiler_options() == {} and command_buffer_options("default") == {}
+    assert command_buffer_options("off") == {"xla_gpu_enable_command_buffer": ""}
+    monkeypatch.setenv(COMMAND_BUFFER_ENV, "while")
+    kinds = default_compiler_options()["xla_gpu_enable_command_buffer"].split(",")
+    assert {"WHILE", "CONDITIONAL", "CUSTOM_CALL"} <= set(kinds)
+    assert DecoderSession(lowered, max_length=MAX_LENGTH).compiler_options == default_compiler_options()
+    assert DecoderSession(lowered, max_length=MAX_LENGTH, compiler_options={}).compiler_options == {}
+    monkeypatch.setenv(COMMAND_BUFFER_ENV, "loops")
+    with pytest.raises(ValueError, match=r"\$JOA_XLA_COMMAND_BUFFER: command buffers must be one of "
+                                         r"\['default', 'off', 'while'\], got 'loops'"):
+        default_compiler_options()
+
+
 # --------------------------------------------------------------------------------------------------
 # Sampling
 

@@ -29,14 +29,7 @@ from jax_onnx_attn.models import TinyConfig, build_tiny_decoder  # noqa: E402
 from jax_onnx_attn.onnx import load  # noqa: E402
 from jax_onnx_attn.runtime import DecoderSession  # noqa: E402
 from jax_onnx_attn.runtime.roofline import step_cost  # noqa: E402
-
-CMDBUF = {
-    "default": None,
-    "while": {"xla_gpu_enable_command_buffer":
-              "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"},
-    "off": {"xla_gpu_enable_command_buffer": ""},
-}
-
+from jax_onnx_attn.runtime.session import COMMAND_BUFFERS, command_buffer_options  # noqa: E402
 
 def weight_bytes(params) -> int:
     return sum(int(v.nbytes) for v in jax.tree_util.tree_leaves(params))
@@ -76,7 +69,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, nargs="+", default=[1])
     ap.add_argument("--ctx", type=int, nargs="+", default=[2048])
     ap.add_argument("--steps", type=int, nargs="+", default=[8])
-    ap.add_argument("--cmdbuf", nargs="+", default=["default"], choices=sorted(CMDBUF))
+    ap.add_argument("--cmdbuf", nargs="+", default=["default"], choices=sorted(COMMAND_BUFFERS))
     ap.add_argument("--prefill", type=int, nargs="*", default=[])
     ap.add_argument("--n1", type=int, default=2, help="decode calls of the short generate")
     ap.add_argument("--n2", type=int, default=6, help="decode calls of the long generate")
@@ -103,7 +96,7 @@ def main(argv=None) -> int:
                     n1, n2 = 1 + steps * args.n1, 1 + steps * args.n2
                     try:
                         s = DecoderSession(lowered, max_length=ctx + n2 + 8, batch=b,
-                                           steps_per_call=steps, compiler_options=CMDBUF[cb] or {})
+                                           steps_per_call=steps, compiler_options=command_buffer_options(cb))
                         tc = time.perf_counter()
                         s.generate(prompts, max_new_tokens=n1)  # compile + warm
                         compile_s = time.perf_counter() - tc

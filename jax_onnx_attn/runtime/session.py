@@ -69,6 +69,17 @@ _MIN_STOP_SLOTS = 8
 DEFAULT_STEPS_PER_CHECK = 8
 #: Overrides DEFAULT_STEPS_PER_CHECK for sessions made without `steps_per_check` (A/B runs).
 STEPS_PER_CHECK_ENV = "JOA_DECODE_STEPS_PER_CHECK"
+#: XLA command-buffer settings by name, for A/B runs (`$JOA_XLA_COMMAND_BUFFER`, tools/probe_step.py):
+#: "default" XLA's own (jax 0.11: FUSION, CUBLAS, CUBLASLT, CUSTOM_CALL, CUDNN,
+#: DYNAMIC_SLICE_FUSION), "while" those plus WHILE and CONDITIONAL (loops captured whole, their
+#: predicates evaluated on the device), "off" none.
+COMMAND_BUFFERS = {
+    "default": None,
+    "while": "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION,WHILE,CONDITIONAL",
+    "off": "",
+}
+#: Names a COMMAND_BUFFERS entry for sessions made without `compiler_options`.
+COMMAND_BUFFER_ENV = "JOA_XLA_COMMAND_BUFFER"
 
 
 class DecodeState(NamedTuple):
@@ -320,14 +331,29 @@ def _bucket(n: int, cap: int) -> int:
     return min(cap, max(_MIN_BUCKET, 1 << (n - 1).bit_length()))
 
 
+def command_buffer_options(name: str) -> dict:
+    """The compiler options of COMMAND_BUFFERS[name] ({} for XLA's own)."""
+    if name not in COMMAND_BUFFERS:
+        raise ValueError(f"command buffers must be one of {sorted(COMMAND_BUFFERS)}, got {name!r}")
+    kinds = COMMAND_BUFFERS[name]
+    return {} if kinds is None else {"xla_gpu_enable_command_buffer": kinds}
+
+
 def default_compiler_options() -> dict:
-    """The XLA options DecoderSession compiles with by default (none: XLA's own).
+    """The XLA options DecoderSession compiles with by default: XLA's own, or the
+    COMMAND_BUFFERS entry `$JOA_XLA_COMMAND_BUFFER` names.
 
     Measured on the H200 (bench/results/2026-11-30-fb50f57-probe.json): adding WHILE and
     CONDITIONAL to XLA's command-buffer kinds made a 0.73 B decoder's decode step slower (B=1:
     1.17-1.18 ms against 1.02-1.10 ms with XLA's default command buffers), so the default stays.
     """
-    return {}
+    name = os.environ.get(COMMAND_BUFFER_ENV)
+    if not name:
+        return {}
+    try:
+        return command_buffer_options(name)
+    except ValueError as e:
+        raise ValueError(f"${COMMAND_BUFFER_ENV}: {e}") from None
 
 
 def describe_backend() -> str:
