@@ -343,9 +343,11 @@ def default_compiler_options() -> dict:
     """The XLA options DecoderSession compiles with by default: XLA's own, or the
     COMMAND_BUFFERS entry `$JOA_XLA_COMMAND_BUFFER` names.
 
-    Measured on the H200 (bench/results/2026-11-30-fb50f57-probe.json): adding WHILE and
-    CONDITIONAL to XLA's command-buffer kinds made a 0.73 B decoder's decode step slower (B=1:
-    1.17-1.18 ms against 1.02-1.10 ms with XLA's default command buffers), so the default stays.
+    XLA's own is the default because adding WHILE and CONDITIONAL made the decode step slower
+    both times it was measured: on the H200 with the first session's loop (a 0.73 B decoder, B=1:
+    1.17-1.18 ms against 1.02-1.10; bench/results/2026-11-30-fb50f57-probe.json), and on an H100
+    with today's blocks of fixed-count steps (~1B B=1 1k, two rounds each: fp16 1.222 against
+    1.195 ms, int4 0.733 against 0.708; 2026-12-06-366e59b-e2e-1b-while-h100.json).
     """
     name = os.environ.get(COMMAND_BUFFER_ENV)
     if not name:
