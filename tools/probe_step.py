@@ -31,6 +31,7 @@ from jax_onnx_attn.runtime import DecoderSession  # noqa: E402
 from jax_onnx_attn.runtime.roofline import step_cost  # noqa: E402
 from jax_onnx_attn.runtime.session import COMMAND_BUFFERS, command_buffer_options  # noqa: E402
 
+
 def weight_bytes(params) -> int:
     return sum(int(v.nbytes) for v in jax.tree_util.tree_leaves(params))
 
